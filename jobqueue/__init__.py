@@ -1,0 +1,34 @@
+"""jobqueue: a Redis-backed distributed job scheduler and task queue."""
+
+from .base import Request
+from .client import JobQueue, RunHandle
+from .errors import (
+    ConfigError,
+    ConnectionFailed,
+    JobQueueError,
+    OperationRefused,
+    PayloadError,
+    RunNotFound,
+    RunTimeout,
+    UnknownTask,
+)
+from .models import Run
+from .settings import Settings
+from .tasks import Task
+
+__all__ = [
+    "ConfigError",
+    "ConnectionFailed",
+    "JobQueue",
+    "JobQueueError",
+    "OperationRefused",
+    "PayloadError",
+    "Request",
+    "Run",
+    "RunHandle",
+    "RunNotFound",
+    "RunTimeout",
+    "Settings",
+    "Task",
+    "UnknownTask",
+]

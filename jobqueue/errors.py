@@ -1,0 +1,46 @@
+"""Typed exceptions: everything a user can get wrong or a server can refuse has a name here.
+
+No bare ``redis.ResponseError`` reaches users: the client layer translates them.
+"""
+
+from __future__ import annotations
+
+
+class JobQueueError(Exception):
+    """Base class of every error jobqueue raises on purpose."""
+
+
+class ConfigError(JobQueueError):
+    """A bad setting: URL, queue name, limits."""
+
+
+class ConnectionFailed(JobQueueError):
+    """Redis is unreachable, refused the credentials, or went away."""
+
+
+class PayloadError(JobQueueError, ValueError):
+    """Arguments or a result that cannot be stored: not JSON, or too large."""
+
+
+class UnknownTask(JobQueueError, LookupError):
+    """A task name that is not registered with this JobQueue."""
+
+
+class RunNotFound(JobQueueError, LookupError):
+    """No run with that id (never created, or its record expired after retention)."""
+
+
+class InvalidRunId(JobQueueError, ValueError):
+    """A run id that is empty, too long or has characters we refuse."""
+
+
+class OperationRefused(JobQueueError):
+    """The run is in a state that does not allow the operation (e.g. cancel a finished run)."""
+
+
+class ScriptError(JobQueueError):
+    """A Lua script failed inside Redis: a bug or a corrupted key, never a user mistake."""
+
+
+class RunTimeout(JobQueueError, TimeoutError):
+    """``RunHandle.wait`` gave up before the run finished."""

