@@ -6,7 +6,9 @@ from __future__ import annotations
 import random
 
 
-def retry_delay_ms(attempt: int, base_ms: int, cap_ms: int, rng: random.Random | None = None) -> int:
+def retry_delay_ms(
+    attempt: int, base_ms: int, cap_ms: int, rng: random.Random | None = None
+) -> int:
     """Delay before retry number ``attempt`` (1 = after the first failure): a uniform draw in
     [d/2, d] where d = min(cap, base * 2**(attempt-1)) ("equal jitter": never zero, never more
     than the cap)."""

@@ -79,7 +79,7 @@ class ClientBase:
         backoff_cap: float | None = None,
     ) -> Callable[[F], Task[Any, Any]]: ...
 
-    def task(
+    def task(  # type: ignore[misc]  # mypy cannot match a positional-only optional
         self,
         func: Callable[..., Any] | None = None,
         /,
@@ -127,7 +127,9 @@ class ClientBase:
     ) -> Task[Any, Any]:
         options = make_options(
             queue=queue or self.settings.default_queue,
-            max_attempts=self.settings.default_max_attempts if max_attempts is None else max_attempts,
+            max_attempts=self.settings.default_max_attempts
+            if max_attempts is None
+            else max_attempts,
             timeout=timeout,
             lease=lease,
             backoff_base=backoff,
@@ -143,7 +145,7 @@ class ClientBase:
         if isinstance(ref, str):
             return self.registry.get(ref)
         name = getattr(ref, "__name__", None)
-        if name in self.registry and self.registry.get(name).func is ref:
+        if isinstance(name, str) and name in self.registry and self.registry.get(name).func is ref:
             return self.registry.get(name)
         raise UnknownTask(f"{ref!r} is not a registered task: decorate it with @jq.task")
 
@@ -195,4 +197,3 @@ def group_by_partition(planned: list[Planned]) -> dict[PartitionKeys, list[int]]
 def chunks(items: list[int], size: int = CREATE_CHUNK) -> Iterable[list[int]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-

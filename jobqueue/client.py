@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -59,16 +60,20 @@ class JobQueue(ClientBase):
 
     def __init__(
         self,
-        client: Any,
+        client: Any = None,
         *,
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
         url: str | None = None,
     ) -> None:
+        """With a client, use it; else connect lazily, at first use, to ``url`` (else
+        $JOBQUEUE_REDIS_URL, else an embedded server). Lazy, so that an app module can create
+        its JobQueue at import time and a worker or CLI can still point it elsewhere."""
         super().__init__(settings=settings, partitions=partitions)
-        self.redis = client
+        self._client = client
+        self._scripts = ScriptRunner(client) if client is not None else None
         self.url = url
-        self.scripts = ScriptRunner(client)
+        self._connect_lock = threading.Lock()
         self._registered_queues: set[str] = set()
 
     @classmethod
@@ -79,18 +84,45 @@ class JobQueue(ClientBase):
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
     ) -> JobQueue:
-        """Connect (and check the connection): an explicit URL, else $JOBQUEUE_REDIS_URL,
-        else a private embedded server."""
-        resolved = resolve_url(url)
-        client = sync_client(resolved)
-        check(client, resolved)
-        return cls(client, settings=settings, partitions=partitions, url=resolved)
+        """A JobQueue for ``url`` (redis://, rediss://, unix://, redis+cluster://); with no
+        URL, $JOBQUEUE_REDIS_URL, else a private embedded server. Connects at first use."""
+        return cls(settings=settings, partitions=partitions, url=url)
+
+    def use_url(self, url: str) -> None:
+        """Point a not-yet-connected JobQueue elsewhere (the CLI's --redis-url)."""
+        if self._client is not None:
+            raise ConfigError("this JobQueue is already connected; set the URL before first use")
+        self.url = url
+
+    def connect(self) -> None:
+        """Connect now and check the server answers (a clear error if not)."""
+        with self._connect_lock:
+            if self._client is not None:
+                return
+            resolved = resolve_url(self.url)
+            client = sync_client(resolved)
+            check(client, resolved)
+            self.url, self._client, self._scripts = resolved, client, ScriptRunner(client)
+
+    @property
+    def redis(self) -> Any:
+        if self._client is None:
+            self.connect()
+        return self._client
+
+    @property
+    def scripts(self) -> ScriptRunner:
+        if self._scripts is None:
+            self.connect()
+        assert self._scripts is not None
+        return self._scripts
 
     def close(self) -> None:
-        self.redis.close()
+        if self._client is not None:
+            self._client.close()
 
     def __repr__(self) -> str:
-        return f"JobQueue({redact(self.url or repr(self.redis))})"
+        return f"JobQueue({redact(self.url) if self.url else 'not connected'})"
 
     # -- queues ----------------------------------------------------------------------------
 

@@ -30,13 +30,14 @@ def _split(url: str) -> tuple[str, bool]:
             "redis+cluster:// or rediss+cluster://"
         )
     if scheme.endswith("+cluster"):
-        return scheme.removesuffix("+cluster") + url[len(scheme):], True
+        return scheme.removesuffix("+cluster") + url[len(scheme) :], True
     return url, False
 
 
 _COMMON: dict[str, Any] = {
     "decode_responses": True,
     "socket_connect_timeout": 5,
+    "socket_timeout": 10,  # above the worker's longest blocking wait (2 s)
     "health_check_interval": 30,
 }
 

@@ -69,14 +69,22 @@ class EmbeddedServer:
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
         args = [
             self.binary,
-            "--port", "0",
-            "--unixsocket", str(self.socket),
-            "--unixsocketperm", "700",
-            "--dir", str(self.directory),
-            "--save", "",
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--loglevel", "warning",
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket),
+            "--unixsocketperm",
+            "700",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
             *self.extra_args,
         ]
         self.process = subprocess.Popen(
@@ -91,7 +99,11 @@ class EmbeddedServer:
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
             if self.process.poll() is not None:
-                err = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+                err = (
+                    self.process.stderr.read().decode(errors="replace")
+                    if self.process.stderr
+                    else ""
+                )
                 raise ConfigError(f"embedded Redis ({self.binary}) exited at start: {err.strip()}")
             if time.monotonic() > deadline:
                 self.stop()

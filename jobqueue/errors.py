@@ -44,3 +44,7 @@ class ScriptError(JobQueueError):
 
 class RunTimeout(JobQueueError, TimeoutError):
     """``RunHandle.wait`` gave up before the run finished."""
+
+
+class Fatal(JobQueueError):
+    """Raised by a task to fail its run for good: no retry, straight to the dead set."""

@@ -7,7 +7,7 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q):
     jq:{q#p}:due            zset   run_id -> due time (ms): the claimable queue
     jq:{q#p}:leases         zset   run_id -> lease expiry (ms): what is running
     jq:{q#p}:dead           zset   run_id -> time it died
-    jq:{q#p}:done           zset   run_id -> time it finished (done or cancelled), trimmed by retention
+    jq:{q#p}:done           zset   run_id -> finish time (done, cancelled); trimmed by retention
     jq:{q#p}:wake           list   wake tokens for idle workers
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
     jq:queues               hash   queue name -> partition count (global, plain commands only)
@@ -30,9 +30,7 @@ MAX_RUN_ID_LENGTH = 512
 
 def validate_queue_name(name: str) -> str:
     if not isinstance(name, str) or not _QUEUE_NAME.match(name):
-        raise ConfigError(
-            f"invalid queue name {name!r}: use 1-64 letters, digits, '_', '.' or '-'"
-        )
+        raise ConfigError(f"invalid queue name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
     return name
 
 

@@ -184,7 +184,7 @@ def fail_call(
 ) -> Call:
     return Call(
         "fail",
-        (pk.due, pk.leases, pk.dead, pk.stats),
+        (pk.due, pk.leases, pk.dead, pk.stats, pk.wake),
         (
             _now(now),
             pk.prefix,
@@ -198,9 +198,7 @@ def fail_call(
 
 
 def release_call(pk: PartitionKeys, run_id: str, fence: int, now: NowArg = None) -> Call:
-    return Call(
-        "release", (pk.due, pk.leases, pk.wake), (_now(now), pk.prefix, run_id, fence)
-    )
+    return Call("release", (pk.due, pk.leases, pk.wake), (_now(now), pk.prefix, run_id, fence))
 
 
 def cancel_call(
@@ -225,9 +223,7 @@ def parse_state_change(reply: Sequence[Any]) -> tuple[bool, str]:
 def fenced_write_call(
     pk: PartitionKeys, resource: str, fence: int, value: str, run_id: str, now: NowArg = None
 ) -> Call:
-    return Call(
-        "fenced_write", (pk.fence_resource(resource),), (_now(now), fence, value, run_id)
-    )
+    return Call("fenced_write", (pk.fence_resource(resource),), (_now(now), fence, value, run_id))
 
 
 def parse_fenced_write(reply: Sequence[Any]) -> tuple[bool, int]:

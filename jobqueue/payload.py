@@ -32,8 +32,9 @@ def encode_payload(
     kwargs: dict[str, Any],
     limit: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> str:
-    return _check_size(_dumps({"args": list(args), "kwargs": kwargs}, "task arguments"), limit,
-                       "task arguments")
+    return _check_size(
+        _dumps({"args": list(args), "kwargs": kwargs}, "task arguments"), limit, "task arguments"
+    )
 
 
 def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:

@@ -178,4 +178,3 @@ class AsyncScriptRunner:
             if isinstance(reply, Exception):
                 raise _translate(call, reply) from reply
         return replies
-

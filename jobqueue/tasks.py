@@ -32,8 +32,10 @@ class TaskOptions:
 
     def __post_init__(self) -> None:
         validate_queue_name(self.queue)
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or (
-            self.max_attempts < 1
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or (self.max_attempts < 1)
         ):
             raise ConfigError(f"max_attempts must be an integer >= 1, not {self.max_attempts!r}")
 
@@ -64,8 +66,11 @@ class Task(Generic[P, R]):
 
 
 def validate_task_name(name: str) -> str:
-    if not isinstance(name, str) or not name or len(name) > _TASK_NAME_MAX or any(
-        c.isspace() or ord(c) < 32 for c in name
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > _TASK_NAME_MAX
+        or any(c.isspace() or ord(c) < 32 for c in name)
     ):
         raise ConfigError(
             f"invalid task name {name!r}: 1-{_TASK_NAME_MAX} characters, no spaces or controls"

@@ -18,8 +18,10 @@ def delay_to_ms(delay: Delay | None) -> int:
     if delay is None:
         return 0
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-    if not isinstance(seconds, int | float) or isinstance(seconds, bool) or not math.isfinite(
-        seconds
+    if (
+        not isinstance(seconds, int | float)
+        or isinstance(seconds, bool)
+        or not math.isfinite(seconds)
     ):
         raise ConfigError(f"delay must be a number of seconds or a timedelta, not {delay!r}")
     if seconds < 0:

@@ -4,6 +4,7 @@
 -- KEYS[2]  leases zset   jq:{q#p}:leases
 -- KEYS[3]  dead zset     jq:{q#p}:dead
 -- KEYS[4]  stats hash    jq:{q#p}:stats
+-- KEYS[5]  wake list     jq:{q#p}:wake  (a retry wakes an idle worker to re-plan its sleep)
 -- ARGV[1]  now ms, or '' for the server clock
 -- ARGV[2]  key prefix    jq:{q#p}:
 -- ARGV[3]  run_id
@@ -38,6 +39,8 @@ if delay and attempt < max_attempts then
   history(prefix, run_id, now .. ' failed fence=' .. fence .. ' attempt=' .. attempt ..
           ' retry at ' .. due .. ': ' .. string.sub(err, 1, 200))
   redis.call('HINCRBY', KEYS[4], 'retried', 1)
+  redis.call('LPUSH', KEYS[5], '1')
+  redis.call('LTRIM', KEYS[5], 0, 15)
   return {1, 'retry', due}
 end
 

@@ -1,0 +1,73 @@
+"""What a running task can know about its run, and the fenced-write helper for side effects."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from .errors import JobQueueError
+
+_current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("jobqueue_run")
+
+
+@dataclass
+class RunContext:
+    """Passed to a task that declares a ``ctx`` parameter; also ``jobqueue.current_run()``.
+
+    ``cancelled`` is set when the run's lease was lost (fenced out, cancelled) or it timed out:
+    a long task should check it and stop, since its commit will be refused anyway.
+    """
+
+    run_id: str
+    fence: int
+    attempt: int
+    max_attempts: int
+    task: str
+    queue: str
+    job_id: str
+    scheduled_for_ms: int | None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancel_reason: str | None = None
+    _writer: Callable[[str, str, int, str], bool] | None = field(default=None, repr=False)
+
+    @property
+    def scheduled_for(self) -> datetime | None:
+        if self.scheduled_for_ms is None:
+            return None
+        return datetime.fromtimestamp(self.scheduled_for_ms / 1000, UTC)
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self.cancelled.is_set()
+
+    def cancel(self, reason: str) -> None:
+        if not self.cancelled.is_set():
+            self.cancel_reason = reason
+            self.cancelled.set()
+
+    def fenced_write(self, resource: str, value: str) -> bool:
+        """Write ``value`` to a Redis resource that accepts only fences >= the last it saw
+        (kept in this run's partition). Returns False when a newer attempt already wrote:
+        this attempt is stale and must not apply its side effect elsewhere either."""
+        if self._writer is None:
+            raise JobQueueError("fenced_write is only available inside a worker")
+        return self._writer(resource, value, self.fence, self.run_id)
+
+
+def current_run() -> RunContext:
+    """The context of the run executing in this thread or task."""
+    try:
+        return _current.get()
+    except LookupError:
+        raise JobQueueError("current_run() called outside a running task") from None
+
+
+def bind(ctx: RunContext) -> contextvars.Token[RunContext]:
+    return _current.set(ctx)
+
+
+def unbind(token: contextvars.Token[RunContext]) -> None:
+    _current.reset(token)

@@ -1,0 +1,647 @@
+"""The worker daemon: claims runs in batches, executes them, keeps their leases alive, and
+commits each with its fence.
+
+Threads, each with one job:
+- the claim loop (the caller's thread): claims up to the free slots, else sleeps on the wake
+  list until the next due time or lease expiry that the claim script reported;
+- a thread pool for sync tasks, and one event loop thread for ``async def`` tasks;
+- the committer: drains finished runs and commits them (complete / fail) in one pipeline;
+- the keeper: heartbeats every in-flight lease in one pipeline every lease/3, enforces task
+  timeouts, and refreshes this worker's entry in the registry.
+
+A run whose heartbeat is refused (fenced out, cancelled) has ``ctx.cancelled`` set; its commit
+is refused by the fence in any case, so a stalled worker can never overwrite a newer attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import inspect
+import json
+import logging
+import os
+import queue as queue_mod
+import random
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import redis
+
+from . import ops
+from .backoff import retry_delay_ms
+from .client import JobQueue
+from .context import RunContext, bind, unbind
+from .errors import ConnectionFailed, Fatal, JobQueueError, PayloadError, UnknownTask
+from .keys import WORKERS_KEY, PartitionKeys
+from .payload import decode_payload, encode_result
+from .scripts import Call
+from .tasks import Task
+
+log = logging.getLogger("jobqueue.worker")
+
+MAX_CLAIM_BATCH = 500
+# Below the client's socket timeout, so a blocking wait never looks like a dead server.
+MAX_IDLE_WAIT_S = 2.0
+STOPPED_BY_SECOND_SIGNAL = 1
+
+
+@dataclass
+class InFlight:
+    """One claimed run from claim to commit."""
+
+    run: ops.ClaimedRun
+    keys: PartitionKeys
+    ctx: RunContext
+    started: float  # monotonic, for the timeout only
+    timeout_s: float | None
+    lease_ms: int
+    future: concurrent.futures.Future[Any] | None = None
+    is_async: bool = False
+    timed_out: bool = False
+    settled: bool = False  # a commit (or release) has been accepted or refused
+    released: bool = False  # handed back at shutdown: a late result is discarded
+    lease_lost: bool = False
+
+
+@dataclass
+class Finished:
+    """What the committer must write for one run."""
+
+    entry: InFlight
+    ok: bool
+    result_json: str = "null"
+    error: str = ""
+    retry: bool = True
+    frees_slot: bool = True
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    fenced_out: int = 0
+    released: int = 0
+    timeouts: int = 0
+    rejected_commits: list[tuple[str, int, str]] = field(default_factory=list)
+
+
+class Worker:
+    def __init__(
+        self,
+        jq: JobQueue,
+        queues: Iterable[str] | None = None,
+        *,
+        concurrency: int = 8,
+        lease: float | None = None,
+        grace: float = 30.0,
+        worker_id: str | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.jq = jq
+        self.queues = list(queues or [jq.settings.default_queue])
+        self.concurrency = concurrency
+        self.lease_ms = int((lease or jq.settings.default_lease_s) * 1000)
+        self.grace = grace
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.install_signal_handlers = install_signal_handlers
+        self.stats = WorkerStats()
+
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, InFlight] = {}
+        self._busy_slots = 0
+        self._slot_freed = threading.Condition(self._lock)
+        self._finished: queue_mod.Queue[Finished | None] = queue_mod.Queue()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._signals = 0
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=concurrency, thread_name_prefix="jq-task"
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._partitions: list[PartitionKeys] = []
+        self._rr = 0
+        self._started_ms = 0
+
+    # -- public ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code."""
+        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        self._prepare()
+        threads = [
+            threading.Thread(target=self._committer, name="jq-commit", daemon=True),
+            threading.Thread(target=self._keeper, name="jq-keeper", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        log.info(
+            "worker %s started: queues=%s concurrency=%d lease=%.1fs",
+            self.id,
+            ",".join(self.queues),
+            self.concurrency,
+            self.lease_ms / 1000,
+        )
+        try:
+            self._claim_loop()
+            self._drain()
+        finally:
+            self._stopped.set()
+            self._finished.put(None)
+            for t in threads:
+                t.join(timeout=5)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            self._unregister()
+        log.info(
+            "worker %s stopped: claimed=%d completed=%d failed=%d released=%d fenced_out=%d",
+            self.id,
+            self.stats.claimed,
+            self.stats.completed,
+            self.stats.failed,
+            self.stats.released,
+            self.stats.fenced_out,
+        )
+        return 0
+
+    def stop(self) -> None:
+        """Graceful: stop claiming, let in-flight runs finish within the grace period."""
+        self._stopping.set()
+        with self._lock:
+            self._slot_freed.notify_all()
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        for q in self.queues:
+            self._retrying(functools.partial(self.jq.register_queue, q))
+        self._partitions = [k for q in self.queues for k in self.jq.all_partition_keys(q)]
+        self._started_ms = self._retrying(self.jq.server_time_ms)
+        if any(t.is_async for t in self.jq.registry.all()):
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="jq-async", daemon=True).start()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            # Second signal: leave now; our leases expire and other workers reclaim the runs.
+            log.warning("second signal: exiting at once, in-flight runs will be reclaimed")
+            os._exit(STOPPED_BY_SECOND_SIGNAL)
+        log.info(
+            "signal %s: draining (grace %.0fs); a second signal exits at once", signum, self.grace
+        )
+        self.stop()
+
+    def _retrying(self, fn: Callable[[], Any]) -> Any:
+        """Call fn until Redis answers (startup and reconnects): backoff with jitter, no crash."""
+        delay = 0.1
+        while True:
+            try:
+                return fn()
+            except (
+                ConnectionFailed,
+                redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError,
+            ) as exc:
+                log.warning("Redis unavailable (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay * (0.5 + random.random() / 2))
+                delay = min(delay * 2, 5.0)
+
+    # -- claiming --------------------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        with self._lock:
+            return self.concurrency - self._busy_slots
+
+    def _claim_loop(self) -> None:
+        delay = 0.1
+        while not self._stopping.is_set():
+            free = self._free_slots()
+            if free <= 0:
+                with self._lock:
+                    while self._busy_slots >= self.concurrency and not self._stopping.is_set():
+                        self._slot_freed.wait(1.0)
+                continue
+            try:
+                claimed, wait_s = self._claim(free)
+                delay = 0.1
+            except (ConnectionFailed, redis.exceptions.RedisError) as exc:
+                log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
+                self._stopping.wait(delay * (0.5 + random.random() / 2))
+                delay = min(delay * 2, 5.0)
+                continue
+            if claimed == 0:
+                self._sleep_until_woken(wait_s)
+
+    def _claim(self, free: int) -> tuple[int, float]:
+        """Claim across this worker's partitions, queues in priority order; round-robin among
+        partitions of equal priority so none starves. Returns (claimed, seconds to sleep)."""
+        claimed = 0
+        wait_ms: int | None = None
+        order = self._partitions[self._rr :] + self._partitions[: self._rr]
+        self._rr = (self._rr + 1) % max(len(self._partitions), 1)
+        order.sort(key=lambda k: self.queues.index(k.queue))  # stable: keeps the rotation
+        for keys in order:
+            want = min(free - claimed, MAX_CLAIM_BATCH)
+            if want <= 0:
+                break
+            call = ops.claim_call(
+                keys, want, self.id, self.lease_ms, self.jq.settings.dead_retention_ms
+            )
+            result = ops.parse_claim(self.jq.scripts.run(call))
+            for run in result.runs:
+                self._start(run, keys, result.now_ms)
+            claimed += len(result.runs)
+            if result.next_wake_ms is not None:
+                gap = max(result.next_wake_ms - result.now_ms, 0)
+                wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+        wait_s = MAX_IDLE_WAIT_S if wait_ms is None else min(wait_ms / 1000, MAX_IDLE_WAIT_S)
+        return claimed, wait_s
+
+    def _sleep_until_woken(self, wait_s: float) -> None:
+        """Block on the wake lists (a token arrives with every enqueue) at most wait_s."""
+        wake_keys = sorted({k.wake for k in self._partitions})
+        timeout = max(wait_s, 0.01)
+        try:
+            if self._is_cluster():
+                # One slot per blocking call in a cluster: wait on one list, in turn.
+                key = wake_keys[self._rr % len(wake_keys)]
+                self.jq.redis.blpop([key], timeout=min(timeout, 0.5))
+            else:
+                self.jq.redis.blpop(wake_keys, timeout=timeout)
+        except redis.exceptions.RedisError as exc:
+            log.warning("waiting for work failed (%s)", exc)
+            self._stopping.wait(0.5)
+
+    def _is_cluster(self) -> bool:
+        return isinstance(self.jq.redis, redis.cluster.RedisCluster)
+
+    # -- executing -------------------------------------------------------------------------
+
+    def _start(self, run: ops.ClaimedRun, keys: PartitionKeys, now_ms: int) -> None:
+        ctx = RunContext(
+            run_id=run.run_id,
+            fence=run.fence,
+            attempt=run.attempt,
+            max_attempts=run.max_attempts,
+            task=run.task,
+            queue=keys.queue,
+            job_id=run.job_id,
+            scheduled_for_ms=run.scheduled_for_ms,
+            _writer=self._writer_for(keys),
+        )
+        timeout_s = run.timeout_ms / 1000 if run.timeout_ms > 0 else None
+        entry = InFlight(
+            run,
+            keys,
+            ctx,
+            time.monotonic(),
+            timeout_s,
+            lease_ms=max(run.lease_until_ms - now_ms, 1),
+        )
+        with self._lock:
+            self._in_flight[run.run_id] = entry
+            self._busy_slots += 1
+        self.stats.claimed += 1
+        log.debug("claimed run_id=%s fence=%d attempt=%d", run.run_id, run.fence, run.attempt)
+
+        try:
+            task = self._task_for(run.task)
+            args, kwargs = decode_payload(run.payload)
+        except (UnknownTask, PayloadError) as exc:
+            # Never retried: another attempt would meet the same name or bytes.
+            self._finish(Finished(entry, ok=False, error=str(exc), retry=False))
+            return
+        entry.is_async = task.is_async
+        if task.is_async:
+            assert self._loop is not None
+            fut = asyncio.run_coroutine_threadsafe(
+                self._run_async(task, ctx, args, kwargs), self._loop
+            )
+        else:
+            fut = self._pool.submit(self._run_sync, task, ctx, args, kwargs)
+        entry.future = fut
+        fut.add_done_callback(functools.partial(self._on_done, entry))
+
+    def _task_for(self, name: str) -> Task[Any, Any]:
+        task = self.jq.registry.get(name)
+        if task.func is None:
+            raise UnknownTask(f"task {name!r} is declared but this worker has no code for it")
+        return task
+
+    @staticmethod
+    def _call_args(task: Task[Any, Any], ctx: RunContext, kwargs: dict[str, Any]) -> dict[str, Any]:
+        assert task.func is not None
+        if "ctx" in inspect.signature(task.func).parameters:
+            return {**kwargs, "ctx": ctx}
+        return kwargs
+
+    def _run_sync(
+        self, task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        token = bind(ctx)
+        try:
+            return task(*args, **self._call_args(task, ctx, kwargs))
+        finally:
+            unbind(token)
+
+    async def _run_async(
+        self, task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]
+    ) -> Any:
+        token = bind(ctx)
+        try:
+            return await task(*args, **self._call_args(task, ctx, kwargs))
+        finally:
+            unbind(token)
+
+    def _on_done(self, entry: InFlight, fut: concurrent.futures.Future[Any]) -> None:
+        # A timed-out run was failed already: this late commit is sent all the same, is refused
+        # by the fence, and frees the slot the stuck code held.
+        if entry.released:
+            self._release_slot(entry)
+            return
+        try:
+            value = fut.result()
+        except (concurrent.futures.CancelledError, asyncio.CancelledError):
+            reason = entry.ctx.cancel_reason or "cancelled"
+            self._finish(Finished(entry, ok=False, error=reason, retry=not entry.lease_lost))
+            return
+        except Fatal as exc:
+            self._finish(Finished(entry, ok=False, error=f"Fatal: {exc}", retry=False))
+            return
+        except BaseException as exc:
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            self._finish(Finished(entry, ok=False, error=text[:8000], retry=True))
+            return
+        try:
+            result = encode_result(value, self.jq.settings.max_payload_bytes)
+        except PayloadError as exc:
+            self._finish(Finished(entry, ok=False, error=str(exc), retry=False))
+            return
+        self._finish(Finished(entry, ok=True, result_json=result))
+
+    def _finish(self, item: Finished) -> None:
+        self._finished.put(item)
+
+    # -- committing ------------------------------------------------------------------------
+
+    def _committer(self) -> None:
+        while True:
+            item = self._finished.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < 500:
+                try:
+                    nxt = self._finished.get_nowait()
+                except queue_mod.Empty:
+                    break
+                if nxt is None:
+                    self._finished.put(None)
+                    break
+                batch.append(nxt)
+            self._commit(batch)
+
+    def _commit_call(self, item: Finished) -> Call:
+        run, keys, settings = item.entry.run, item.entry.keys, self.jq.settings
+        if item.ok:
+            return ops.complete_call(
+                keys, run.run_id, run.fence, item.result_json, settings.done_retention_ms
+            )
+        delay = None
+        if item.retry:
+            task = self.jq.registry.get(run.task) if run.task in self.jq.registry else None
+            base = (task and task.options.backoff_base_ms) or int(settings.backoff_base_s * 1000)
+            cap = (task and task.options.backoff_cap_ms) or int(settings.backoff_cap_s * 1000)
+            delay = retry_delay_ms(run.attempt, base, cap)
+        return ops.fail_call(
+            keys, run.run_id, run.fence, item.error, delay, settings.dead_retention_ms
+        )
+
+    def _commit(self, batch: list[Finished]) -> None:
+        calls = [self._commit_call(i) for i in batch]
+        replies = self._retrying(lambda: self.jq.scripts.run_many(calls))
+        for item, reply in zip(batch, replies, strict=True):
+            self._settle(item, ops.parse_outcome(reply))
+
+    def _settle(self, item: Finished, outcome: ops.Outcome) -> None:
+        run = item.entry.run
+        if outcome.accepted:
+            if item.ok:
+                self.stats.completed += 1
+                log.debug("done run_id=%s fence=%d attempt=%d", run.run_id, run.fence, run.attempt)
+            else:
+                self.stats.failed += 1
+                log.info(
+                    "failed run_id=%s fence=%d attempt=%d -> %s: %s",
+                    run.run_id,
+                    run.fence,
+                    run.attempt,
+                    outcome.status,
+                    item.error.splitlines()[-1][:300] if item.error else "",
+                )
+        else:
+            self.stats.fenced_out += 1
+            self.stats.rejected_commits.append((run.run_id, run.fence, outcome.status))
+            log.warning(
+                "fenced out: commit of run_id=%s fence=%d attempt=%d refused (%s, "
+                "current fence %s); result discarded",
+                run.run_id,
+                run.fence,
+                run.attempt,
+                outcome.status,
+                outcome.current_fence,
+            )
+        item.entry.settled = True
+        if item.frees_slot:
+            self._release_slot(item.entry)
+
+    def _release_slot(self, entry: InFlight) -> None:
+        with self._lock:
+            if self._in_flight.get(entry.run.run_id) is entry:
+                del self._in_flight[entry.run.run_id]
+            self._busy_slots -= 1
+            self._slot_freed.notify_all()
+
+    # -- keeping leases --------------------------------------------------------------------
+
+    def _beat_interval(self) -> float:
+        """A third of the shortest lease held: two heartbeats may be lost before it expires."""
+        with self._lock:
+            shortest = min((e.lease_ms for e in self._in_flight.values()), default=self.lease_ms)
+        return min(shortest, self.lease_ms) / 3000
+
+    def _keeper(self) -> None:
+        next_beat = 0.0
+        while not self._stopped.is_set():
+            now = time.monotonic()
+            self._enforce_timeouts(now)
+            interval = self._beat_interval()
+            if now >= next_beat:
+                try:
+                    self._heartbeat()
+                    next_beat = now + interval
+                except (JobQueueError, redis.exceptions.RedisError) as exc:
+                    log.warning("heartbeat failed (%s); retrying", exc)
+                    next_beat = now + min(interval, 1.0)
+            self._stopped.wait(min(0.05, interval))
+
+    def _heartbeat(self) -> None:
+        with self._lock:
+            entries = [
+                e
+                for e in self._in_flight.values()
+                if not e.settled and not e.lease_lost and not e.timed_out
+            ]
+        groups: dict[PartitionKeys, list[InFlight]] = {}
+        for e in entries:
+            groups.setdefault(e.keys, []).append(e)
+        calls = [
+            ops.heartbeat_call(k, [(e.run.run_id, e.run.fence) for e in es], self.lease_ms)
+            for k, es in groups.items()
+        ]
+        server_now = None
+        for es, reply in zip(groups.values(), self.jq.scripts.run_many(calls), strict=True):
+            server_now = int(reply[0])
+            for e, answer in zip(es, ops.parse_heartbeat(reply), strict=True):
+                if isinstance(answer, str):
+                    self._lost(e, answer)
+        self._register(server_now)
+
+    def _lost(self, entry: InFlight, reason: str) -> None:
+        if entry.settled:
+            return
+        entry.lease_lost = True
+        run = entry.run
+        log.warning(
+            "fenced out: heartbeat of run_id=%s fence=%d attempt=%d refused (%s); "
+            "stopping the work, its commit will be refused",
+            run.run_id,
+            run.fence,
+            run.attempt,
+            reason,
+        )
+        entry.ctx.cancel(f"lease lost: {reason}")
+        self._cancel_async(entry)
+
+    @staticmethod
+    def _cancel_async(entry: InFlight) -> None:
+        if entry.is_async and entry.future is not None:
+            entry.future.cancel()  # cancels the task on the event loop
+
+    def _enforce_timeouts(self, now: float) -> None:
+        with self._lock:
+            expired = [
+                e
+                for e in self._in_flight.values()
+                if e.timeout_s is not None
+                and not e.timed_out
+                and not e.settled
+                and now - e.started > e.timeout_s
+            ]
+        for e in expired:
+            e.timed_out = True
+            self.stats.timeouts += 1
+            e.ctx.cancel(f"timed out after {e.timeout_s:g}s")
+            log.warning(
+                "timeout: run_id=%s fence=%d attempt=%d ran over %gs; failing it",
+                e.run.run_id,
+                e.run.fence,
+                e.run.attempt,
+                e.timeout_s,
+            )
+            # Fail now (a retry per policy); the slot stays taken until the code returns.
+            self._finish(
+                Finished(
+                    e,
+                    ok=False,
+                    error=f"timed out after {e.timeout_s:g}s",
+                    retry=True,
+                    frees_slot=False,
+                )
+            )
+            self._cancel_async(e)
+
+    # -- registry --------------------------------------------------------------------------
+
+    def _register(self, server_now_ms: int | None) -> None:
+        if server_now_ms is None:
+            server_now_ms = self.jq.server_time_ms()
+        with self._lock:
+            in_flight = len(self._in_flight)
+        info = {
+            "id": self.id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "concurrency": self.concurrency,
+            "started_ms": self._started_ms,
+            "last_seen_ms": server_now_ms,
+            "in_flight": in_flight,
+            "lease_ms": self.lease_ms,
+            "stopping": self._stopping.is_set(),
+        }
+        self.jq.redis.hset(WORKERS_KEY, self.id, json.dumps(info))
+
+    def _unregister(self) -> None:
+        # If Redis is gone the entry stays; the CLI flags it stale by its last_seen.
+        with contextlib.suppress(redis.exceptions.RedisError):
+            self.jq.redis.hdel(WORKERS_KEY, self.id)
+
+    # -- fenced writes ---------------------------------------------------------------------
+
+    def _writer_for(self, keys: PartitionKeys) -> Callable[[str, str, int, str], bool]:
+        def write(resource: str, value: str, fence: int, run_id: str) -> bool:
+            call = ops.fenced_write_call(keys, resource, fence, value, run_id)
+            ok, _ = ops.parse_fenced_write(self.jq.scripts.run(call))
+            return ok
+
+        return write
+
+    # -- shutting down ---------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        """Let in-flight runs finish within the grace period, then hand the rest back."""
+        deadline = time.monotonic() + self.grace
+        with self._lock:
+            while self._busy_slots > 0 and time.monotonic() < deadline:
+                self._slot_freed.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
+            leftover = [e for e in self._in_flight.values() if not e.settled]
+        if not leftover:
+            return
+        calls = [ops.release_call(e.keys, e.run.run_id, e.run.fence) for e in leftover]
+        for e in leftover:
+            e.released = True  # a late result must not be committed after the release
+            e.ctx.cancel("worker shutting down")
+        try:
+            replies = self.jq.scripts.run_many(calls)
+        except JobQueueError as exc:
+            log.warning("release failed (%s); the leases will expire and be reclaimed", exc)
+            return
+        for e, reply in zip(leftover, replies, strict=True):
+            outcome = ops.parse_outcome(reply)
+            if outcome.accepted:
+                self.stats.released += 1
+            log.info(
+                "released run_id=%s fence=%d attempt=%d: %s",
+                e.run.run_id,
+                e.run.fence,
+                e.run.attempt,
+                outcome.status,
+            )
