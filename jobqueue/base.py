@@ -8,10 +8,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from .errors import ConfigError, UnknownTask
+from . import ops
+from .errors import ConfigError, RunNotFound, UnknownTask
 from .keys import PartitionKeys, partition_of, validate_queue_name, validate_run_id
 from .ops import RunSpec
 from .payload import encode_payload
+from .scripts import Call
 from .settings import Settings
 from .tasks import Registry, Task, make_options
 from .timeutil import Delay, Instant, delay_to_ms, instant_to_ms
@@ -185,15 +187,52 @@ class ClientBase:
     def plan_many(self, requests: Iterable[Request]) -> list[Planned]:
         return [self.plan(r) for r in requests]
 
+    def adopt_partition_count(self, queue: str, stored: int) -> int:
+        """Check the partition count recorded in Redis against ours, then use it."""
+        wanted = self._partitions.get(queue)
+        if wanted is not None and wanted != stored:
+            raise ConfigError(
+                f"queue {queue!r} has {stored} partitions in Redis but {wanted} are "
+                "configured here; changing the partition count needs a migration"
+            )
+        self._partitions[queue] = stored
+        return stored
 
-def group_by_partition(planned: list[Planned]) -> dict[PartitionKeys, list[int]]:
-    """Indexes of planned runs per partition, in order, for batched create_run calls."""
+    def queues_of(self, requests: list[Request]) -> set[str]:
+        return {r.queue or self.resolve_task(r.task).options.queue for r in requests}
+
+    def lookup_candidates(
+        self, run_id: str, queue: str | None, known: Iterable[str]
+    ) -> list[PartitionKeys]:
+        """Where a run may live: its partition in ``queue``, else in every known queue."""
+        validate_run_id(run_id)
+        names = [queue] if queue else sorted(set(known) | set(self._partitions))
+        return [self.keys_for(q, run_id) for q in names]
+
+
+def create_batches(planned: list[Planned], now: int | None = None) -> list[tuple[Call, list[int]]]:
+    """One create_run call per partition and chunk, with the indexes of the runs it carries."""
     groups: dict[PartitionKeys, list[int]] = {}
     for i, p in enumerate(planned):
         groups.setdefault(p.keys, []).append(i)
-    return groups
+    batches = []
+    for keys, indexes in groups.items():
+        for start in range(0, len(indexes), CREATE_CHUNK):
+            chunk = indexes[start : start + CREATE_CHUNK]
+            batches.append((ops.create_call(keys, [planned[i].spec for i in chunk], now), chunk))
+    return batches
 
 
-def chunks(items: list[int], size: int = CREATE_CHUNK) -> Iterable[list[int]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+def created_flags(
+    count: int, batches: list[tuple[Call, list[int]]], replies: list[Any]
+) -> list[bool]:
+    created = [False] * count
+    for (_, chunk), reply in zip(batches, replies, strict=True):
+        for i, flag in zip(chunk, ops.parse_create(reply), strict=True):
+            created[i] = flag
+    return created
+
+
+def not_found(run_id: str, queue: str | None) -> RunNotFound:
+    where = f"queue {queue!r}" if queue else "any queue"
+    return RunNotFound(f"no run {run_id!r} in {where} (never created, or expired)")

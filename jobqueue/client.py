@@ -10,11 +10,19 @@ from typing import Any
 import redis
 
 from . import ops
-from .base import ClientBase, Planned, Request, TaskRef, chunks, group_by_partition
+from .base import (
+    ClientBase,
+    Planned,
+    Request,
+    TaskRef,
+    create_batches,
+    created_flags,
+    not_found,
+)
 from .connection import check, redact, sync_client
 from .embedded import resolve_url
-from .errors import ConfigError, ConnectionFailed, OperationRefused, RunNotFound, RunTimeout
-from .keys import QUEUES_KEY, PartitionKeys, validate_run_id
+from .errors import ConfigError, ConnectionFailed, OperationRefused, RunTimeout
+from .keys import QUEUES_KEY, PartitionKeys
 from .models import Run
 from .scripts import ScriptRunner
 from .settings import Settings
@@ -131,23 +139,16 @@ class JobQueue(ClientBase):
         with the recorded count is refused (runs would be looked for in the wrong slots)."""
         if queue in self._registered_queues:
             return self.partitions_of(queue)
-        wanted = self._partitions.get(queue)
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hsetnx(QUEUES_KEY, queue, wanted or 1)
+            pipe.hsetnx(QUEUES_KEY, queue, self._partitions.get(queue, 1))
             pipe.hget(QUEUES_KEY, queue)
             _, stored = pipe.execute()
         except redis.exceptions.RedisError as exc:
             raise ConnectionFailed(f"cannot register queue {queue!r}: {exc}") from None
-        stored_count = int(stored)
-        if wanted is not None and wanted != stored_count:
-            raise ConfigError(
-                f"queue {queue!r} has {stored_count} partitions in Redis but {wanted} are "
-                "configured here; changing the partition count needs a migration"
-            )
-        self._partitions[queue] = stored_count
+        count = self.adopt_partition_count(queue, int(stored))
         self._registered_queues.add(queue)
-        return stored_count
+        return count
 
     def queues(self) -> dict[str, int]:
         """Every queue recorded in Redis, with its partition count."""
@@ -182,30 +183,21 @@ class JobQueue(ClientBase):
 
     def _plan_registered(self, requests: Iterable[Request]) -> list[Planned]:
         requests = list(requests)
-        for queue in {r.queue or self.resolve_task(r.task).options.queue for r in requests}:
+        for queue in self.queues_of(requests):
             self.register_queue(queue)
         return self.plan_many(requests)
 
     def _create(self, planned: list[Planned], now: int | None = None) -> list[bool]:
-        calls, order = [], []
-        for keys, indexes in group_by_partition(planned).items():
-            for chunk in chunks(indexes):
-                calls.append(ops.create_call(keys, [planned[i].spec for i in chunk], now))
-                order.append(chunk)
-        created = [False] * len(planned)
+        batches = create_batches(planned, now)
+        calls = [call for call, _ in batches]
         replies = self.scripts.run_many(calls) if len(calls) > 1 else [self.scripts.run(calls[0])]
-        for chunk, reply in zip(order, replies, strict=True):
-            for i, flag in zip(chunk, ops.parse_create(reply), strict=True):
-                created[i] = flag
-        return created
+        return created_flags(len(planned), batches, replies)
 
     # -- look-ups --------------------------------------------------------------------------
 
     def locate(self, run_id: str, queue: str | None = None) -> PartitionKeys | None:
         """The partition holding a run: in ``queue`` if given, else in any known queue."""
-        validate_run_id(run_id)
-        candidates = [queue] if queue else sorted(set(self.queues()) | set(self._partitions))
-        keys = [self.keys_for(q, run_id) for q in candidates]
+        keys = self.lookup_candidates(run_id, queue, () if queue else self.queues())
         if not keys:
             return None
         pipe = self.redis.pipeline(transaction=False)
@@ -219,8 +211,7 @@ class JobQueue(ClientBase):
     def _located(self, run_id: str, queue: str | None) -> PartitionKeys:
         keys = self.locate(run_id, queue)
         if keys is None:
-            where = f"queue {queue!r}" if queue else "any queue"
-            raise RunNotFound(f"no run {run_id!r} in {where} (never created, or expired)")
+            raise not_found(run_id, queue)
         return keys
 
     def find_run(self, run_id: str, queue: str | None = None) -> Run | None:
@@ -230,8 +221,7 @@ class JobQueue(ClientBase):
     def get_run(self, run_id: str, queue: str | None = None) -> Run:
         run = self.find_run(run_id, queue)
         if run is None:
-            where = f"queue {queue!r}" if queue else "any queue"
-            raise RunNotFound(f"no run {run_id!r} in {where} (never created, or expired)")
+            raise not_found(run_id, queue)
         return run
 
     def _read(self, keys: PartitionKeys, run_id: str) -> Run | None:

@@ -1,0 +1,113 @@
+"""The asyncio client: same behaviour as the sync one, through the same scripts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis.asyncio
+
+from jobqueue.aio import AsyncJobQueue
+from jobqueue.client import JobQueue
+from jobqueue.embedded import EmbeddedServer
+from jobqueue.errors import OperationRefused, PayloadError, RunNotFound
+from jobqueue.keys import PartitionKeys
+
+
+@pytest.fixture
+def async_client(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    if backend == "fake":
+        yield fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        return
+    server: EmbeddedServer = request.getfixturevalue("real_server")
+    redis.Redis.from_url(server.url).flushall()
+    yield redis.asyncio.Redis.from_url(server.url, decode_responses=True)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def make(client: Any) -> AsyncJobQueue:
+    jq = AsyncJobQueue(client)
+    jq.declare_task("report")
+    return jq
+
+
+def test_async_enqueue_creates_once_per_run_id(async_client: Any) -> None:
+    async def go() -> tuple[bool, bool]:
+        jq = make(async_client)
+        first = await jq.enqueue("report", 1, run_id="r-1")
+        second = await jq.enqueue("report", 1, run_id="r-1")
+        return first.created, second.created
+
+    assert run(go()) == (True, False)
+
+
+def test_async_get_run_reads_what_enqueue_wrote(async_client: Any) -> None:
+    async def go() -> Any:
+        jq = make(async_client)
+        await jq.enqueue("report", 7, run_id="r-2", region="eu")
+        return await jq.get_run("r-2")
+
+    stored = run(go())
+    assert (stored.state, stored.task, stored.args, stored.kwargs) == (
+        "pending",
+        "report",
+        [7],
+        {"region": "eu"},
+    )
+
+
+def test_async_and_sync_clients_see_the_same_runs(async_client: Any, backend: str,
+                                                  request: pytest.FixtureRequest) -> None:
+    if backend == "fake":
+        server = async_client.connection_pool.connection_kwargs["server"]
+        sync = JobQueue(fakeredis.FakeRedis(server=server, decode_responses=True))
+    else:
+        sync = JobQueue.from_url(request.getfixturevalue("real_server").url)
+
+    async def go() -> None:
+        await make(async_client).enqueue("report", run_id="shared")
+
+    run(go())
+    assert sync.get_run("shared").state == "pending"
+
+
+def test_async_cancel_then_cancel_again_is_refused(async_client: Any) -> None:
+    async def go() -> None:
+        jq = make(async_client)
+        await jq.enqueue("report", run_id="r-3", delay=60)
+        assert await jq.cancel("r-3") == "pending"
+        with pytest.raises(OperationRefused):
+            await jq.cancel("r-3")
+
+    run(go())
+
+
+def test_async_unknown_run_raises_run_not_found(async_client: Any) -> None:
+    with pytest.raises(RunNotFound):
+        run(make(async_client).get_run("nope"))
+
+
+def test_async_bad_payload_is_refused_before_anything_is_written(async_client: Any) -> None:
+    async def go() -> list[str]:
+        jq = make(async_client)
+        with pytest.raises(PayloadError):
+            await jq.enqueue("report", object(), run_id="bad")
+        return [k async for k in async_client.scan_iter(PartitionKeys("default", 0).prefix + "*")]
+
+    assert run(go()) == []
+
+
+def test_async_client_recovers_from_an_empty_script_cache(async_client: Any) -> None:
+    async def go() -> bool:
+        jq = make(async_client)
+        await jq.enqueue("report", run_id="before")
+        await async_client.script_flush()
+        return (await jq.enqueue("report", run_id="after")).created
+
+    assert run(go()) is True

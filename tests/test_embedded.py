@@ -1,0 +1,86 @@
+"""The embedded server: private, on a unix socket, and never outliving its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from jobqueue.embedded import EmbeddedServer, resolve_url
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_embedded_server_answers_on_a_private_unix_socket() -> None:
+    server = EmbeddedServer().start()
+    try:
+        assert server.url.startswith("unix:///tmp/jq-")
+        assert oct(server.directory.stat().st_mode & 0o777) == "0o700"
+        client = redis.Redis.from_url(server.url)
+        assert client.ping()
+        assert client.config_get("appendonly")["appendonly"] in ("no", b"no")
+        assert client.config_get("save")["save"] in ("", b"")
+    finally:
+        server.stop()
+
+
+def test_stop_kills_the_server_and_removes_its_directory() -> None:
+    server = EmbeddedServer().start()
+    assert server.process is not None
+    pid = server.process.pid
+    server.stop()
+    assert not _alive(pid)
+    assert not server.directory.exists()
+
+
+def test_server_dies_when_its_parent_is_killed_with_sigkill() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "from jobqueue.embedded import EmbeddedServer; import time\n"
+         "s = EmbeddedServer().start(); print(s.process.pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert child.stdout is not None
+    server_pid = int(child.stdout.readline())
+    assert _alive(server_pid)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 5
+    while _alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(server_pid), "embedded redis outlived its SIGKILLed parent"
+
+
+def test_server_stops_when_its_parent_exits_normally() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "from jobqueue.embedded import EmbeddedServer\n"
+         "s = EmbeddedServer().start(); print(s.process.pid)"],
+        capture_output=True, text=True, check=True,
+    )
+    server_pid = int(out.stdout)
+    deadline = time.monotonic() + 5
+    while _alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(server_pid)
+
+
+def test_explicit_url_wins_over_environment_and_embedded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("JOBQUEUE_REDIS_URL", "redis://env-host:6379/0")
+    assert resolve_url("redis://explicit:6379/0") == "redis://explicit:6379/0"
+    assert resolve_url(None) == "redis://env-host:6379/0"
