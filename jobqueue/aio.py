@@ -114,10 +114,10 @@ class AsyncJobQueue(ClientBase):
         return (await self.enqueue_many([req]))[0]
 
     async def enqueue_many(self, requests: Iterable[Request]) -> list[AsyncRunHandle]:
-        requests = list(requests)
-        for queue in self.queues_of(requests):
+        prepared = [self.prepare(r) for r in requests]
+        for queue in {q for q, _ in prepared}:
             await self.register_queue(queue)
-        planned: list[Planned] = self.plan_many(requests)
+        planned: list[Planned] = self.place(prepared)
         batches = create_batches(planned)
         replies = await self.scripts.run_many([call for call, _ in batches])
         created = created_flags(len(planned), batches, replies)
@@ -127,8 +127,7 @@ class AsyncJobQueue(ClientBase):
         ]
 
     async def locate(self, run_id: str, queue: str | None = None) -> PartitionKeys | None:
-        known = () if queue else await self.queues()
-        keys = self.lookup_candidates(run_id, queue, known)
+        keys = self.lookup_candidates(run_id, queue, await self.queues())
         if not keys:
             return None
         pipe = self.redis.pipeline(transaction=False)

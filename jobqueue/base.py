@@ -4,7 +4,7 @@ into RunSpecs grouped by partition. No I/O here."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
@@ -164,8 +164,8 @@ class ClientBase:
 
     # -- planning --------------------------------------------------------------------------
 
-    def plan(self, req: Request) -> Planned:
-        """Validate one request completely before anything is written."""
+    def prepare(self, req: Request) -> tuple[str, RunSpec]:
+        """Validate one request completely before anything is written: (queue, run)."""
         task = self.resolve_task(req.task)
         if req.delay is not None and req.at is not None:
             raise ConfigError("pass delay or at, not both")
@@ -182,10 +182,11 @@ class ClientBase:
             lease_ms=task.options.lease_ms,
             timeout_ms=task.options.timeout_ms,
         )
-        return Planned(self.keys_for(queue, run_id), spec)
+        return queue, spec
 
-    def plan_many(self, requests: Iterable[Request]) -> list[Planned]:
-        return [self.plan(r) for r in requests]
+    def place(self, prepared: list[tuple[str, RunSpec]]) -> list[Planned]:
+        """Partition keys for prepared runs (the queues' partition counts must be known)."""
+        return [Planned(self.keys_for(q, spec.run_id), spec) for q, spec in prepared]
 
     def adopt_partition_count(self, queue: str, stored: int) -> int:
         """Check the partition count recorded in Redis against ours, then use it."""
@@ -198,16 +199,17 @@ class ClientBase:
         self._partitions[queue] = stored
         return stored
 
-    def queues_of(self, requests: list[Request]) -> set[str]:
-        return {r.queue or self.resolve_task(r.task).options.queue for r in requests}
-
     def lookup_candidates(
-        self, run_id: str, queue: str | None, known: Iterable[str]
+        self, run_id: str, queue: str | None, recorded: dict[str, int]
     ) -> list[PartitionKeys]:
-        """Where a run may live: its partition in ``queue``, else in every known queue."""
+        """Where a run may live: its partition in ``queue``, else in every known queue, with
+        partition counts as recorded in Redis (a client need not configure them)."""
         validate_run_id(run_id)
-        names = [queue] if queue else sorted(set(known) | set(self._partitions))
-        return [self.keys_for(q, run_id) for q in names]
+        names = [queue] if queue else sorted(set(recorded) | set(self._partitions))
+        return [
+            PartitionKeys(q, partition_of(run_id, self._partitions.get(q) or recorded.get(q, 1)))
+            for q in names
+        ]
 
 
 def create_batches(planned: list[Planned], now: int | None = None) -> list[tuple[Call, list[int]]]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from .cli_ops import COMMANDS
 from .client import JobQueue
 from .connection import redact
 from .errors import (
@@ -284,6 +285,238 @@ def requeue(state: State, run_id: str, queue: str | None) -> None:
     """Put a dead, cancelled or done run back to pending, attempts reset."""
     previous = state.jq().requeue(run_id, queue=queue)
     click.echo(f"requeued {run_id} (was {previous})")
+
+
+# -- recurring jobs: the scheduler daemon, `schedule ...` and `jitter` ----------------------
+
+
+@main.command()
+@click.option("--app", "app_spec", help="module:attribute of your JobQueue (optional).")
+@click.option(
+    "--lookahead",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Create runs this many seconds before their fire time.",
+)
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.01))
+@click.option(
+    "--grace",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="A fire time later than this is a misfire (its job's policy decides).",
+)
+@click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 16384),
+    help="Scheduler partitions K (default: what Redis records, else 1).",
+)
+@pass_state
+def scheduler(
+    state: State,
+    app_spec: str | None,
+    lookahead: float,
+    interval: float,
+    grace: float,
+    batch: int,
+    partitions: int | None,
+) -> None:
+    """Run a scheduler: turn recurring jobs into runs (any number of instances)."""
+    from .recurring import Recurring
+    from .scheduler import Scheduler
+
+    jq = state.jq(load_app(app_spec) if app_spec else None)
+    logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
+    store = Recurring(jq, partitions) if partitions else None
+    daemon = Scheduler(
+        jq, lookahead=lookahead, interval=interval, grace=grace, batch=batch, store=store
+    )
+    sys.exit(daemon.run())
+
+
+@main.group(cls=_Group)
+def schedule() -> None:
+    """Recurring jobs: add (upsert), remove, pause, resume, trigger, backfill, list, show."""
+
+
+def _schedule_line(info: Any) -> str:
+    d = info.to_dict()
+    when = d["cron"] if d["cron"] is not None else f"every {d['every_s']:g}s"
+    state = "paused" if d["paused"] else f"next {d['next_fire'] or '-'}"
+    return (
+        f"{d['job_id']}  {d['task']}  [{when} {d['tz']}]  {state}  fired {d['fired']}, "
+        f"missed {d['missed']}, skipped {d['skipped_by_overlap']}, dropped {d['dropped_by_cap']}"
+    )
+
+
+@schedule.command("add")
+@click.argument("job_id")
+@click.argument("task")
+@click.option("--cron", help="5 fields, 6 with seconds first, or an alias like @daily.")
+@click.option("--every", type=float, help="Fixed interval in seconds.")
+@click.option("--tz", default="UTC", show_default=True)
+@click.option("--args", "args_json", default="[]", help="Positional arguments, a JSON array.")
+@click.option("--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object.")
+@click.option("--misfire", default="fire-once", show_default=True)
+@click.option("--jitter", type=float, help="Jitter window in seconds (< the period).")
+@click.option("--overlap", default="allow", show_default=True, help="allow, forbid or buffer-one.")
+@click.option("--queue")
+@click.option("--max-attempts", type=click.IntRange(1), default=None)
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedule_add(
+    state: State,
+    job_id: str,
+    task: str,
+    cron: str | None,
+    every: float | None,
+    tz: str,
+    args_json: str,
+    kwargs_json: str,
+    misfire: str,
+    jitter: float | None,
+    overlap: str,
+    queue: str | None,
+    max_attempts: int | None,
+    as_json: bool,
+) -> None:
+    """Create or update the recurring job JOB_ID running TASK."""
+    args = _json_arg(args_json, "--args", list)
+    kwargs = _json_arg(kwargs_json, "--kwargs", dict)
+    info = state.jq().schedule(
+        job_id,
+        task,
+        cron=cron,
+        every=every,
+        tz=tz,
+        args=args,
+        kwargs=kwargs,
+        misfire=misfire,
+        jitter=jitter,
+        overlap=overlap,
+        queue=queue,
+        max_attempts=max_attempts,
+    )
+    click.echo(json.dumps(info.to_dict()) if as_json else f"scheduled {_schedule_line(info)}")
+
+
+@schedule.command("remove")
+@click.argument("job_id")
+@pass_state
+def schedule_remove(state: State, job_id: str) -> None:
+    """Remove a recurring job (runs already created stay)."""
+    if not state.jq().unschedule(job_id):
+        raise OperationRefused(f"no recurring job {job_id!r}")
+    click.echo(f"removed {job_id}")
+
+
+@schedule.command("pause")
+@click.argument("job_id")
+@pass_state
+def schedule_pause(state: State, job_id: str) -> None:
+    """Stop firing a recurring job until resumed."""
+    click.echo(f"paused {_schedule_line(state.jq().pause_schedule(job_id))}")
+
+
+@schedule.command("resume")
+@click.argument("job_id")
+@pass_state
+def schedule_resume(state: State, job_id: str) -> None:
+    """Fire again from the next fire time (those missed while paused are not fired)."""
+    click.echo(f"resumed {_schedule_line(state.jq().resume_schedule(job_id))}")
+
+
+@schedule.command("trigger")
+@click.argument("job_id")
+@pass_state
+def schedule_trigger(state: State, job_id: str) -> None:
+    """Run a recurring job now, with its own run id; its schedule is untouched."""
+    handle = state.jq().trigger(job_id)
+    click.echo(f"created {handle.run_id} in queue {handle.queue}")
+
+
+def _cli_instant(text: str, what: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"not an ISO 8601 instant: {text!r}", param_hint=what) from None
+    if value.tzinfo is None:
+        raise click.BadParameter(f"{text!r} has no time zone (add Z or +hh:mm)", param_hint=what)
+    return value
+
+
+@schedule.command("backfill")
+@click.argument("job_id")
+@click.option("--start", "start_text", required=True, help="ISO 8601 instant with a zone.")
+@click.option("--end", "end_text", required=True, help="ISO 8601 instant with a zone.")
+@pass_state
+def schedule_backfill(state: State, job_id: str, start_text: str, end_text: str) -> None:
+    """Create the runs of every fire time in [start, end] (existing ones are left alone)."""
+    start, end = _cli_instant(start_text, "--start"), _cli_instant(end_text, "--end")
+    handles = state.jq().backfill(job_id, start, end)
+    created = sum(h.created for h in handles)
+    click.echo(
+        f"{len(handles)} fire times: {created} runs created, {len(handles) - created} existed"
+    )
+
+
+@schedule.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedule_list(state: State, as_json: bool) -> None:
+    """Every recurring job with its next fire time and counters."""
+    infos = state.jq().list_schedules()
+    if as_json:
+        click.echo(json.dumps([i.to_dict() for i in infos]))
+        return
+    for info in infos:
+        click.echo(_schedule_line(info))
+    if not infos:
+        click.echo("no recurring jobs")
+
+
+@schedule.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedule_show(state: State, job_id: str, as_json: bool) -> None:
+    """One recurring job: its definition, next fire time and counters."""
+    info = state.jq().get_schedule(job_id)
+    if info is None:
+        raise OperationRefused(f"no recurring job {job_id!r}")
+    data = info.to_dict()
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    width = max(len(k) for k in data)
+    for key, value in data.items():
+        click.echo(f"{key.ljust(width)}  {'-' if value is None else value}")
+
+
+@main.command()
+@click.option("--jobs", default=100_000, show_default=True, type=click.IntRange(0))
+@click.option("--window", default=60, show_default=True, type=click.IntRange(0))
+@click.option("--prefix", default="job-", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def jitter(jobs: int, window: int, prefix: str, as_json: bool) -> None:
+    """How a herd of JOBS ids <prefix>0.. firing at once spreads over a WINDOW-second jitter."""
+    from .jitter import herd_histogram
+
+    counts = herd_histogram(jobs, window, prefix)
+    low, high = min(counts), max(counts)
+    if as_json:
+        click.echo(json.dumps({"jobs": jobs, "window": window, "min": low, "max": high}))
+        return
+    if window <= 0:
+        click.echo(f"no jitter: second 0 gets {jobs:,}")
+        return
+    click.echo(f"jitter = fnv1a(job_id) % {window}: min {low:,}/s, max {high:,}/s")
+
+
+for _command in COMMANDS:
+    main.add_command(_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

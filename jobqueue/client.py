@@ -174,30 +174,28 @@ class JobQueue(ClientBase):
     def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle]:
         """Validate all, then create all in one pipelined round trip (one script call per
         partition and chunk)."""
-        planned = self._plan_registered(requests)
+        prepared = [self.prepare(r) for r in requests]
+        for queue in {q for q, _ in prepared}:
+            self.register_queue(queue)
+        planned = self.place(prepared)
         created = self._create(planned)
         return [
             RunHandle(self, p.spec.run_id, p.keys.queue, c)
             for p, c in zip(planned, created, strict=True)
         ]
 
-    def _plan_registered(self, requests: Iterable[Request]) -> list[Planned]:
-        requests = list(requests)
-        for queue in self.queues_of(requests):
-            self.register_queue(queue)
-        return self.plan_many(requests)
-
     def _create(self, planned: list[Planned], now: int | None = None) -> list[bool]:
         batches = create_batches(planned, now)
         calls = [call for call, _ in batches]
-        replies = self.scripts.run_many(calls) if len(calls) > 1 else [self.scripts.run(calls[0])]
+        # A single call goes without a pipeline: its overhead matters at one run per enqueue.
+        replies = [self.scripts.run(calls[0])] if len(calls) == 1 else self.scripts.run_many(calls)
         return created_flags(len(planned), batches, replies)
 
     # -- look-ups --------------------------------------------------------------------------
 
     def locate(self, run_id: str, queue: str | None = None) -> PartitionKeys | None:
         """The partition holding a run: in ``queue`` if given, else in any known queue."""
-        keys = self.lookup_candidates(run_id, queue, () if queue else self.queues())
+        keys = self.lookup_candidates(run_id, queue, self.queues())
         if not keys:
             return None
         pipe = self.redis.pipeline(transaction=False)
@@ -256,3 +254,85 @@ class JobQueue(ClientBase):
     def server_time_ms(self) -> int:
         seconds, micros = self.redis.time()
         return int(seconds) * 1000 + int(micros) // 1000
+
+    # -- recurring jobs --------------------------------------------------------------------
+    # Delegates to jobqueue.recurring (the definitions store); the daemon is
+    # jobqueue.scheduler.Scheduler. ``now`` (ms) is for tests; the server clock otherwise.
+
+    from .recurring import Recurring, ScheduleInfo
+
+    @property
+    def recurring(self) -> Recurring:
+        store = self.__dict__.get("_recurring_store")
+        if store is None:
+            from .recurring import Recurring
+
+            store = self.__dict__.setdefault("_recurring_store", Recurring(self))
+        return store  # type: ignore[no-any-return]
+
+    def schedule(
+        self,
+        job_id: str,
+        task: TaskRef,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str = "UTC",
+        args: Iterable[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        misfire: str = "fire-once",
+        jitter: float | None = None,
+        overlap: str = "allow",
+        queue: str | None = None,
+        start_at: Instant | None = None,
+        end_at: Instant | None = None,
+        max_attempts: int | None = None,
+        now: int | None = None,
+    ) -> ScheduleInfo:
+        """Create or update a recurring job (upsert). Everything is validated first: a bad
+        cron, time zone, jitter (>= the period) or policy raises and writes nothing."""
+        from .recurring import make_definition
+
+        defn = make_definition(
+            self,
+            job_id,
+            task,
+            cron=cron,
+            every=every,
+            tz=tz,
+            args=list(args),
+            kwargs=kwargs,
+            misfire=misfire,
+            jitter=jitter,
+            overlap=overlap,
+            queue=queue,
+            start_at=start_at,
+            end_at=end_at,
+            max_attempts=max_attempts,
+        )
+        return self.recurring.schedule(defn, now=now)
+
+    def unschedule(self, job_id: str) -> bool:
+        return self.recurring.unschedule(job_id)
+
+    def pause_schedule(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+        return self.recurring.pause(job_id, now=now)
+
+    def resume_schedule(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+        return self.recurring.resume(job_id, now=now)
+
+    def trigger(self, job_id: str, now: int | None = None) -> RunHandle:
+        return self.recurring.trigger(job_id, now=now)
+
+    def backfill(
+        self, job_id: str, start: Instant, end: Instant, now: int | None = None
+    ) -> list[RunHandle]:
+        return self.recurring.backfill(job_id, start, end, now=now)
+
+    def get_schedule(self, job_id: str) -> ScheduleInfo | None:
+        return self.recurring.get(job_id)
+
+    def list_schedules(self) -> list[ScheduleInfo]:
+        return self.recurring.list_jobs()
+
+    # -- end of recurring jobs -------------------------------------------------------------

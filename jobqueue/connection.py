@@ -36,6 +36,9 @@ def _split(url: str) -> tuple[str, bool]:
 
 _COMMON: dict[str, Any] = {
     "decode_responses": True,
+    # Bytes that are not UTF-8 (a record written by something else) must not make a reply
+    # undecodable: a claim that leased runs would then lose them all until their leases expire.
+    "encoding_errors": "replace",
     "socket_connect_timeout": 5,
     "socket_timeout": 10,  # above the worker's longest blocking wait (2 s)
     "health_check_interval": 30,

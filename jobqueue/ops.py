@@ -228,3 +228,132 @@ def fenced_write_call(
 
 def parse_fenced_write(reply: Sequence[Any]) -> tuple[bool, int]:
     return int(reply[0]) == 1, int(reply[1])
+
+
+# -- recurring jobs (scheduler partitions, hash tag {sched#k}) ---------------------------------
+
+
+@dataclass(frozen=True)
+class SchedKeys:
+    """The keys of one scheduler partition; every name carries the same hash tag."""
+
+    partition: int
+
+    @property
+    def prefix(self) -> str:
+        return f"jq:{{sched#{self.partition}}}:"
+
+    @property
+    def defs(self) -> str:
+        return self.prefix + "def"
+
+    @property
+    def next(self) -> str:
+        return self.prefix + "next"
+
+    @property
+    def state(self) -> str:
+        return self.prefix + "state"
+
+    def all(self) -> tuple[str, str, str]:
+        return (self.next, self.defs, self.state)
+
+
+@dataclass(frozen=True)
+class DueJob:
+    job_id: str
+    next_ms: int
+    definition: str  # '' when the definition vanished
+    state: str  # '' when the job never fired
+
+
+def sched_due_call(sk: SchedKeys, lookahead_ms: int, limit: int, now: NowArg = None) -> Call:
+    return Call("sched_due", sk.all(), (_now(now), lookahead_ms, limit))
+
+
+def parse_sched_due(reply: Sequence[Any]) -> tuple[int, list[DueJob]]:
+    jobs = [
+        DueJob(
+            _text(reply[i]),
+            int(float(_text(reply[i + 1]))),
+            _text(reply[i + 2]),
+            _text(reply[i + 3]),
+        )
+        for i in range(1, len(reply), 4)
+    ]
+    return int(reply[0]), jobs
+
+
+@dataclass(frozen=True)
+class Advance:
+    """One job's compare-and-set move of its next fire time, with what the tick counted."""
+
+    job_id: str
+    expected_next_ms: int
+    new_next_ms: int | None
+    fired: int = 0
+    missed: int = 0
+    skipped: int = 0
+    dropped: int = 0
+    last_fire_ms: int | None = None
+    through_ms: int = 0
+
+
+def advance_call(sk: SchedKeys, moves: Sequence[Advance], now: NowArg = None) -> Call:
+    args: list[str | int] = [_now(now)]
+    for m in moves:
+        args += [
+            m.job_id,
+            m.expected_next_ms,
+            "" if m.new_next_ms is None else m.new_next_ms,
+            m.fired,
+            m.missed,
+            m.skipped,
+            m.dropped,
+            "" if m.last_fire_ms is None else m.last_fire_ms,
+            m.through_ms,
+        ]
+    return Call("advance", sk.all(), tuple(args))
+
+
+def parse_advance(reply: Sequence[Any]) -> list[bool]:
+    return [int(x) == 1 for x in reply[1:]]
+
+
+def sched_define_call(
+    sk: SchedKeys,
+    job_id: str,
+    *,
+    expected_definition: str | None,
+    expected_next_ms: int | None,
+    definition: str | None,
+    next_ms: int | None,
+    state: str = "",
+) -> Call:
+    """Put (``definition`` given) or delete (``definition`` None) one job, compare-and-set."""
+    return Call(
+        "sched_define",
+        sk.all(),
+        (
+            job_id,
+            "delete" if definition is None else "put",
+            expected_definition or "",
+            "" if expected_next_ms is None else expected_next_ms,
+            definition or "",
+            "" if next_ms is None else next_ms,
+            state,
+        ),
+    )
+
+
+def parse_sched_define(reply: Any) -> bool:
+    return int(reply) == 1
+
+
+def purge_call(pk: PartitionKeys, run_ids: Sequence[str]) -> Call:
+    return Call("purge", (pk.dead,), ("", pk.prefix, *run_ids))
+
+
+def parse_purge(reply: Sequence[Any]) -> tuple[int, int]:
+    """(purged, refused because no longer dead)."""
+    return int(reply[0]), int(reply[1])

@@ -28,6 +28,10 @@ SCRIPT_NAMES = (
     "release",
     "requeue",
     "fenced_write",
+    "purge",
+    "sched_due",
+    "advance",
+    "sched_define",
 )
 PRELUDE = "_prelude"
 

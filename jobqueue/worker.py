@@ -56,6 +56,51 @@ MAX_IDLE_WAIT_S = 2.0
 STOPPED_BY_SECOND_SIGNAL = 1
 
 
+class _DaemonPool:
+    """A fixed pool of daemon threads running sync tasks.
+
+    Not ``ThreadPoolExecutor``: the interpreter joins its threads at exit, so one task stuck
+    past the grace period would keep a drained worker process from exiting (its run already
+    released). A stuck daemon thread dies with the process.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self._jobs: queue_mod.SimpleQueue[
+            tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None
+        ] = queue_mod.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._jobs.put((fut, functools.partial(fn, *args)))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fut, call = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+
+    def shutdown(self) -> None:
+        """Idle threads exit; busy ones finish their task (or die with the process)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+
+
 @dataclass
 class InFlight:
     """One claimed run from claim to commit."""
@@ -72,6 +117,7 @@ class InFlight:
     settled: bool = False  # a commit (or release) has been accepted or refused
     released: bool = False  # handed back at shutdown: a late result is discarded
     lease_lost: bool = False
+    result_queued: bool = False  # an outcome waits for the committer
 
 
 @dataclass
@@ -121,16 +167,17 @@ class Worker:
         self.stats = WorkerStats()
 
         self._lock = threading.Lock()
-        self._in_flight: dict[str, InFlight] = {}
+        # Keyed by (run id, fence): after a stall this worker may hold a stale attempt of a
+        # run and, having reclaimed it, the current one; both need heartbeats (the stale one
+        # to learn it was fenced out and stop) and both hold a slot.
+        self._in_flight: dict[tuple[str, int], InFlight] = {}
         self._busy_slots = 0
         self._slot_freed = threading.Condition(self._lock)
         self._finished: queue_mod.Queue[Finished | None] = queue_mod.Queue()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._signals = 0
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=concurrency, thread_name_prefix="jq-task"
-        )
+        self._pool = _DaemonPool(concurrency, "jq-task")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
@@ -165,7 +212,7 @@ class Worker:
             self._finished.put(None)
             for t in threads:
                 t.join(timeout=5)
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._loop.stop)
             self._unregister()
@@ -182,9 +229,26 @@ class Worker:
 
     def stop(self) -> None:
         """Graceful: stop claiming, let in-flight runs finish within the grace period."""
+        first = not self._stopping.is_set()
         self._stopping.set()
         with self._lock:
             self._slot_freed.notify_all()
+        if first:
+            # Wake the claim loop from its blocking wait at once (not up to MAX_IDLE_WAIT_S
+            # later). From a thread: stop() may run in a signal handler, which must not
+            # do I/O on a connection the interrupted code may be using.
+            threading.Thread(target=self._wake_self, name="jq-stop", daemon=True).start()
+
+    @property
+    def _own_wake_key(self) -> str:
+        return f"jq:worker-wake:{self.id}"
+
+    def _wake_self(self) -> None:
+        with contextlib.suppress(redis.exceptions.RedisError, JobQueueError):
+            pipe = self.jq.redis.pipeline(transaction=False)
+            pipe.lpush(self._own_wake_key, "stop")
+            pipe.pexpire(self._own_wake_key, 60_000)
+            pipe.execute()
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -241,7 +305,7 @@ class Worker:
             try:
                 claimed, wait_s = self._claim(free)
                 delay = 0.1
-            except (ConnectionFailed, redis.exceptions.RedisError) as exc:
+            except (JobQueueError, redis.exceptions.RedisError) as exc:
                 log.warning("claim failed (%s); retrying in %.1fs", exc, delay)
                 self._stopping.wait(delay * (0.5 + random.random() / 2))
                 delay = min(delay * 2, 5.0)
@@ -284,7 +348,7 @@ class Worker:
                 key = wake_keys[self._rr % len(wake_keys)]
                 self.jq.redis.blpop([key], timeout=min(timeout, 0.5))
             else:
-                self.jq.redis.blpop(wake_keys, timeout=timeout)
+                self.jq.redis.blpop([*wake_keys, self._own_wake_key], timeout=timeout)
         except redis.exceptions.RedisError as exc:
             log.warning("waiting for work failed (%s)", exc)
             self._stopping.wait(0.5)
@@ -316,7 +380,7 @@ class Worker:
             lease_ms=max(run.lease_until_ms - now_ms, 1),
         )
         with self._lock:
-            self._in_flight[run.run_id] = entry
+            self._in_flight[(run.run_id, run.fence)] = entry
             self._busy_slots += 1
         self.stats.claimed += 1
         log.debug("claimed run_id=%s fence=%d attempt=%d", run.run_id, run.fence, run.attempt)
@@ -397,6 +461,7 @@ class Worker:
         self._finish(Finished(entry, ok=True, result_json=result))
 
     def _finish(self, item: Finished) -> None:
+        item.entry.result_queued = True
         self._finished.put(item)
 
     # -- committing ------------------------------------------------------------------------
@@ -416,7 +481,24 @@ class Worker:
                     self._finished.put(None)
                     break
                 batch.append(nxt)
-            self._commit(batch)
+            try:
+                self._commit(batch)
+            except Exception:
+                # Not a connection problem (those are retried): the outcome is unknown. Stop
+                # heartbeating these runs and free their slots; their leases expire and they
+                # are claimed again, so nothing is lost and nothing stays leased forever.
+                log.exception("commit of %d runs failed; their leases will expire", len(batch))
+                for item in batch:
+                    self._abandon(item)
+
+    def _abandon(self, item: Finished) -> None:
+        entry = item.entry
+        if not entry.settled:
+            entry.lease_lost = True
+            entry.settled = True
+            self.stats.rejected_commits.append((entry.run.run_id, entry.run.fence, "error"))
+        if item.frees_slot:
+            self._release_slot(entry)
 
     def _commit_call(self, item: Finished) -> Call:
         run, keys, settings = item.entry.run, item.entry.keys, self.jq.settings
@@ -474,8 +556,7 @@ class Worker:
 
     def _release_slot(self, entry: InFlight) -> None:
         with self._lock:
-            if self._in_flight.get(entry.run.run_id) is entry:
-                del self._in_flight[entry.run.run_id]
+            self._in_flight.pop((entry.run.run_id, entry.run.fence), None)
             self._busy_slots -= 1
             self._slot_freed.notify_all()
 
@@ -491,15 +572,20 @@ class Worker:
         next_beat = 0.0
         while not self._stopped.is_set():
             now = time.monotonic()
-            self._enforce_timeouts(now)
             interval = self._beat_interval()
-            if now >= next_beat:
-                try:
-                    self._heartbeat()
-                    next_beat = now + interval
-                except (JobQueueError, redis.exceptions.RedisError) as exc:
-                    log.warning("heartbeat failed (%s); retrying", exc)
-                    next_beat = now + min(interval, 1.0)
+            try:
+                self._enforce_timeouts(now)
+                if now >= next_beat:
+                    try:
+                        self._heartbeat()
+                        next_beat = now + interval
+                    except (JobQueueError, redis.exceptions.RedisError) as exc:
+                        log.warning("heartbeat failed (%s); retrying", exc)
+                        next_beat = now + min(interval, 1.0)
+            except Exception:
+                # This thread keeps every lease alive: it must not die of a surprise.
+                log.exception("keeper iteration failed; carrying on")
+                next_beat = now + min(interval, 1.0)
             self._stopped.wait(min(0.05, interval))
 
     def _heartbeat(self) -> None:
@@ -526,6 +612,10 @@ class Worker:
 
     def _lost(self, entry: InFlight, reason: str) -> None:
         if entry.settled:
+            return
+        if entry.result_queued and reason in ("finished", "not-running"):
+            # Our own commit (same fence) landed between this heartbeat's read of the
+            # in-flight set and its reply: nothing was lost.
             return
         entry.lease_lost = True
         run = entry.run
@@ -603,6 +693,7 @@ class Worker:
         # If Redis is gone the entry stays; the CLI flags it stale by its last_seen.
         with contextlib.suppress(redis.exceptions.RedisError):
             self.jq.redis.hdel(WORKERS_KEY, self.id)
+            self.jq.redis.delete(self._own_wake_key)
 
     # -- fenced writes ---------------------------------------------------------------------
 

@@ -37,10 +37,12 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def redis_client(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
     if backend == "fake":
-        client: Any = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        client: Any = fakeredis.FakeRedis(
+            server=fakeredis.FakeServer(), decode_responses=True, encoding_errors="replace"
+        )
     else:
         server: EmbeddedServer = request.getfixturevalue("real_server")
-        client = redis.Redis.from_url(server.url, decode_responses=True)
+        client = redis.Redis.from_url(server.url, decode_responses=True, encoding_errors="replace")
         client.flushall()
         client.script_flush()
     yield client

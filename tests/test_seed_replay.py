@@ -43,7 +43,8 @@ def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str]:
     effects: set[str] = set()
 
     def claim(t: int, worker: str) -> ops.ClaimedRun | None:
-        result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, worker, LEASE_MS, 1, now=t * 1000)))
+        call = ops.claim_call(pk, 1, worker, LEASE_MS, 1, now=t * 1000)
+        result = ops.parse_claim(runner.run(call))
         if not result.runs:
             lines4.append(f"t={t} {worker} finds nothing to claim")
             return None

@@ -1,0 +1,591 @@
+"""Recurring jobs: the definitions store (schedule, unschedule, pause, resume, trigger, backfill,
+list), validated completely at declaration: a bad definition raises and writes nothing.
+
+Storage (scheduler partition k of K, hash tag ``{sched#k}``, k = fnv1a_32(job_id) % K):
+
+    jq:{sched#k}:def    hash   job_id -> definition (compact JSON, defaults omitted)
+    jq:{sched#k}:next   zset   job_id -> next fire instant (ms); absent while paused or ended
+    jq:{sched#k}:state  hash   job_id -> 'fired missed skipped dropped last through'
+    jq:sched:config     hash   partitions -> K (global, plain commands only)
+
+``last`` is the latest fire instant that got a run (-1: none yet) and ``through`` the instant up
+to which fire times have been handled. Scheduled runs are ``<job_id>@<fire instant, UTC>``
+(see ``cron.format_fire_instant``), so a job id must not contain '@'.
+
+Upsert: ``schedule`` on an existing job keeps its next fire when the timing (cron, every, tz,
+start, end) is unchanged; otherwise the new timing applies from the first fire after both now
+and every fire time already handled, so a change neither repeats nor drops a fire.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Literal
+
+from . import ops
+from .base import Planned
+from .cron import (
+    Schedule,
+    ScheduleError,
+    fire_times_between,
+    format_fire_instant,
+    next_fire_after,
+    parse_schedule,
+    period_ms,
+)
+from .errors import ConfigError, OperationRefused
+from .hashing import fnv1a_32
+from .jitter import jitter_ms
+from .keys import PartitionKeys, partition_of, validate_queue_name, validate_run_id
+from .misfire import MisfireError, parse_policy
+from .ops import RunSpec, SchedKeys
+from .payload import encode_payload
+from .tasks import Task
+from .timeutil import Instant, instant_to_ms
+
+if TYPE_CHECKING:
+    from .client import JobQueue, RunHandle
+
+SCHED_CONFIG_KEY = "jq:sched:config"
+ENV_SCHED_PARTITIONS = "JOBQUEUE_SCHED_PARTITIONS"
+DEFAULT_MISFIRE = "fire-once"
+MAX_BACKFILL = 10_000
+_CAS_ATTEMPTS = 20
+
+Overlap = Literal["allow", "forbid", "buffer-one"]
+OVERLAP_POLICIES: tuple[Overlap, ...] = ("allow", "forbid", "buffer-one")
+
+
+class RecurringError(ConfigError):
+    """A recurring job definition that cannot be accepted: the message names the bad value."""
+
+
+class UnknownSchedule(OperationRefused, LookupError):
+    """No recurring job with that id."""
+
+
+def validate_job_id(job_id: str) -> str:
+    try:
+        validate_run_id(job_id)
+    except ValueError as exc:
+        raise RecurringError(f"invalid job id: {exc}") from None
+    if "@" in job_id:
+        raise RecurringError(
+            f"invalid job id {job_id!r}: '@' is reserved (run ids are <job_id>@<fire time>)"
+        )
+    return job_id
+
+
+def sched_partition_of(job_id: str, partitions: int) -> int:
+    return 0 if partitions <= 1 else fnv1a_32(job_id) % partitions
+
+
+@lru_cache(maxsize=65536)
+def schedule_of(cron: str | None, every_ms: int | None, tz: str) -> Schedule:
+    """Schedules are validated on construction (croniter work): build each one once."""
+    return Schedule(cron=cron, every_ms=every_ms, tz=tz)
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One recurring job, as stored. Build it with :func:`make_definition` (validated)."""
+
+    job_id: str
+    task: str
+    queue: str
+    cron: str | None = None
+    every_ms: int | None = None
+    tz: str = "UTC"
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    misfire: str = DEFAULT_MISFIRE
+    jitter_ms: int = 0
+    overlap: Overlap = "allow"
+    max_attempts: int = 3
+    lease_ms: int = 0
+    timeout_ms: int = 0
+    start_ms: int | None = None
+    end_ms: int | None = None
+    paused: bool = False
+
+    @property
+    def schedule(self) -> Schedule:
+        return schedule_of(self.cron, self.every_ms, self.tz)
+
+    @property
+    def timing(self) -> tuple[Any, ...]:
+        """What decides the fire times: a change here moves the next fire."""
+        return (self.cron, self.every_ms, self.tz, self.start_ms, self.end_ms)
+
+    def payload(self, limit: int) -> str:
+        return encode_payload(list(self.args), dict(self.kwargs), limit)
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"task": self.task, "queue": self.queue}
+        if self.cron is not None:
+            data["cron"] = self.cron
+        else:
+            data["every_ms"] = self.every_ms
+        optional: dict[str, Any] = {
+            "tz": (self.tz, "UTC"),
+            "args": (list(self.args), []),
+            "kwargs": (self.kwargs, {}),
+            "misfire": (self.misfire, DEFAULT_MISFIRE),
+            "jitter_ms": (self.jitter_ms, 0),
+            "overlap": (self.overlap, "allow"),
+            "max_attempts": (self.max_attempts, 3),
+            "lease_ms": (self.lease_ms, 0),
+            "timeout_ms": (self.timeout_ms, 0),
+            "start_ms": (self.start_ms, None),
+            "end_ms": (self.end_ms, None),
+            "paused": (self.paused, False),
+        }
+        for name, (value, default) in optional.items():
+            if value != default:
+                data[name] = value
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, job_id: str, text: str) -> Definition:
+        return _definition_from_json(job_id, text)
+
+
+@lru_cache(maxsize=131072)
+def _definition_from_json(job_id: str, text: str) -> Definition:
+    """Parsed definitions are immutable: a scheduler re-reading the same text reuses them."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"definition of {job_id!r} is not a JSON object")
+    return Definition(
+        job_id=job_id,
+        task=str(data["task"]),
+        queue=str(data["queue"]),
+        cron=data.get("cron"),
+        every_ms=data.get("every_ms"),
+        tz=str(data.get("tz", "UTC")),
+        args=tuple(data.get("args", ())),
+        kwargs=dict(data.get("kwargs", {})),
+        misfire=str(data.get("misfire", DEFAULT_MISFIRE)),
+        jitter_ms=int(data.get("jitter_ms", 0)),
+        overlap=data.get("overlap", "allow"),
+        max_attempts=int(data.get("max_attempts", 3)),
+        lease_ms=int(data.get("lease_ms", 0)),
+        timeout_ms=int(data.get("timeout_ms", 0)),
+        start_ms=data.get("start_ms"),
+        end_ms=data.get("end_ms"),
+        paused=bool(data.get("paused", False)),
+    )
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job's counters and cursors, as ``advance.lua`` keeps them."""
+
+    fired: int = 0
+    missed: int = 0
+    skipped: int = 0
+    dropped: int = 0
+    last_fire_ms: int | None = None
+    through_ms: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> JobState:
+        if not text:
+            return cls()
+        f = [int(x) for x in text.split()] + [0, 0, 0, 0, -1, -1][len(text.split()) :]
+        return cls(f[0], f[1], f[2], f[3], None if f[4] < 0 else f[4], None if f[5] < 0 else f[5])
+
+    def text(self) -> str:
+        last = -1 if self.last_fire_ms is None else self.last_fire_ms
+        through = -1 if self.through_ms is None else self.through_ms
+        return f"{self.fired} {self.missed} {self.skipped} {self.dropped} {last} {through}"
+
+
+@dataclass(frozen=True)
+class ScheduleInfo:
+    """What ``get_schedule`` and ``list_schedules`` return."""
+
+    definition: Definition
+    next_fire_ms: int | None
+    state: JobState
+
+    @property
+    def job_id(self) -> str:
+        return self.definition.job_id
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.definition
+        return {
+            "job_id": d.job_id,
+            "task": d.task,
+            "queue": d.queue,
+            "cron": d.cron,
+            "every_s": None if d.every_ms is None else d.every_ms / 1000,
+            "tz": d.tz,
+            "misfire": d.misfire,
+            "jitter_s": d.jitter_ms / 1000,
+            "overlap": d.overlap,
+            "paused": d.paused,
+            "next_fire": None
+            if self.next_fire_ms is None
+            else format_fire_instant(self.next_fire_ms),
+            "next_fire_ms": self.next_fire_ms,
+            "last_fire": None
+            if self.state.last_fire_ms is None
+            else format_fire_instant(self.state.last_fire_ms),
+            "fired": self.state.fired,
+            "missed": self.state.missed,
+            "skipped_by_overlap": self.state.skipped,
+            "dropped_by_cap": self.state.dropped,
+        }
+
+
+def run_id_for(job_id: str, fire_ms: int) -> str:
+    return f"{job_id}@{format_fire_instant(fire_ms)}"
+
+
+def fire_spec(defn: Definition, fire_ms: int, payload: str) -> RunSpec:
+    """The run of one fire time: due = nominal + the job's deterministic jitter."""
+    return RunSpec(
+        run_id=run_id_for(defn.job_id, fire_ms),
+        task=defn.task,
+        payload=payload,
+        due_at_ms=fire_ms + jitter_ms(defn.job_id, defn.jitter_ms),
+        max_attempts=defn.max_attempts,
+        lease_ms=defn.lease_ms,
+        timeout_ms=defn.timeout_ms,
+        job_id=defn.job_id,
+        scheduled_for_ms=fire_ms,
+    )
+
+
+def first_fire_after(defn: Definition, after_ms: int) -> int | None:
+    """The first fire strictly after ``after_ms`` within start/end, or None when it has ended."""
+    try:
+        fire = next_fire_after(defn.schedule, after_ms, defn.start_ms)
+    except ScheduleError:
+        return None
+    if defn.end_ms is not None and fire > defn.end_ms:
+        return None
+    return fire
+
+
+def _seconds_to_ms(value: float | None, what: str, *, allow_zero: bool) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise RecurringError(f"invalid {what} {value!r}: expected a number of seconds")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise RecurringError(f"invalid {what} {value!r}: must be positive")
+    return round(value * 1000)
+
+
+def make_definition(
+    jq: JobQueue,
+    job_id: str,
+    task: Task[Any, Any] | Any,
+    *,
+    cron: str | None = None,
+    every: float | None = None,
+    tz: str = "UTC",
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    misfire: str = DEFAULT_MISFIRE,
+    jitter: float | None = None,
+    overlap: str = "allow",
+    queue: str | None = None,
+    start_at: Instant | None = None,
+    end_at: Instant | None = None,
+    max_attempts: int | None = None,
+) -> Definition:
+    """Validate everything about a recurring job; raise RecurringError naming what is wrong."""
+    validate_job_id(job_id)
+    if isinstance(task, str) and task not in jq.registry:
+        from .tasks import validate_task_name
+
+        task_name, options = validate_task_name(task), None
+    else:
+        resolved = jq.resolve_task(task)
+        task_name, options = resolved.name, resolved.options
+    try:
+        schedule = parse_schedule(cron, every, tz)
+        policy = parse_policy(misfire)
+    except (ScheduleError, MisfireError) as exc:
+        raise RecurringError(f"job {job_id!r}: {exc}") from None
+    jitter_window = _seconds_to_ms(jitter, "jitter", allow_zero=True)
+    period = period_ms(schedule)
+    if jitter_window and jitter_window >= period:
+        raise RecurringError(
+            f"job {job_id!r}: jitter {jitter_window / 1000:g} s must be shorter than the "
+            f"schedule's period {period / 1000:g} s (runs would overtake each other)"
+        )
+    if overlap not in OVERLAP_POLICIES:
+        raise RecurringError(
+            f"job {job_id!r}: unknown overlap policy {overlap!r}: expected one of "
+            + ", ".join(OVERLAP_POLICIES)
+        )
+    start_ms = None if start_at is None else instant_to_ms(start_at)
+    end_ms = None if end_at is None else instant_to_ms(end_at)
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        raise RecurringError(f"job {job_id!r}: end_at is before start_at")
+    attempts = max_attempts or (options.max_attempts if options else None)
+    attempts = attempts or jq.settings.default_max_attempts
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise RecurringError(f"job {job_id!r}: max_attempts must be an integer >= 1")
+    defn = Definition(
+        job_id=job_id,
+        task=task_name,
+        queue=validate_queue_name(
+            queue or (options.queue if options else None) or jq.settings.default_queue
+        ),
+        cron=schedule.cron,
+        every_ms=schedule.every_ms,
+        tz=schedule.tz,
+        args=tuple(args),
+        kwargs=dict(kwargs or {}),
+        misfire=str(policy),
+        jitter_ms=jitter_window,
+        overlap=overlap,
+        max_attempts=attempts,
+        lease_ms=options.lease_ms if options else 0,
+        timeout_ms=options.timeout_ms if options else 0,
+        start_ms=start_ms,
+        end_ms=end_ms,
+    )
+    defn.payload(jq.settings.max_payload_bytes)  # raises PayloadError on bad arguments
+    return defn
+
+
+class Recurring:
+    """The definitions store of one JobQueue (``jq.schedule(...)`` and friends delegate here)."""
+
+    def __init__(self, jq: JobQueue, partitions: int | None = None) -> None:
+        self.jq = jq
+        self._wanted = partitions
+        self._partitions: int | None = None
+
+    # -- partitions ------------------------------------------------------------------------
+
+    @property
+    def partitions(self) -> int:
+        """K, recorded in Redis once; a process configured otherwise is refused."""
+        if self._partitions is None:
+            wanted = self._wanted
+            if wanted is None and os.environ.get(ENV_SCHED_PARTITIONS):
+                wanted = int(os.environ[ENV_SCHED_PARTITIONS])
+            if wanted is not None and wanted < 1:
+                raise ConfigError("scheduler partitions must be at least 1")
+            r = self.jq.redis
+            r.hsetnx(SCHED_CONFIG_KEY, "partitions", wanted or 1)
+            stored = int(r.hget(SCHED_CONFIG_KEY, "partitions"))
+            if wanted is not None and wanted != stored:
+                raise ConfigError(
+                    f"recurring jobs use {stored} scheduler partitions in Redis but {wanted} "
+                    "are configured here; changing it needs a migration"
+                )
+            self._partitions = stored
+        return self._partitions
+
+    def keys(self, job_id: str) -> SchedKeys:
+        return SchedKeys(sched_partition_of(job_id, self.partitions))
+
+    def all_keys(self) -> list[SchedKeys]:
+        return [SchedKeys(k) for k in range(self.partitions)]
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _read(self, job_id: str) -> tuple[str | None, int | None, str | None]:
+        sk = self.keys(job_id)
+        pipe = self.jq.redis.pipeline(transaction=False)
+        pipe.hget(sk.defs, job_id)
+        pipe.zscore(sk.next, job_id)
+        pipe.hget(sk.state, job_id)
+        text, score, state = pipe.execute()
+        return _str(text), None if score is None else int(score), _str(state)
+
+    def get(self, job_id: str) -> ScheduleInfo | None:
+        text, next_ms, state = self._read(validate_job_id(job_id))
+        if text is None:
+            return None
+        return ScheduleInfo(Definition.from_json(job_id, text), next_ms, JobState.parse(state))
+
+    def require(self, job_id: str) -> ScheduleInfo:
+        info = self.get(job_id)
+        if info is None:
+            raise UnknownSchedule(f"no recurring job {job_id!r}")
+        return info
+
+    def list_jobs(self) -> list[ScheduleInfo]:
+        out: list[ScheduleInfo] = []
+        r = self.jq.redis
+        for sk in self.all_keys():
+            pipe = r.pipeline(transaction=False)
+            pipe.hgetall(sk.defs)
+            pipe.zrange(sk.next, 0, -1, withscores=True)
+            pipe.hgetall(sk.state)
+            defs, nexts, states = pipe.execute()
+            next_of = {_str(j): int(s) for j, s in nexts}
+            state_of = {_str(j): _str(s) for j, s in states.items()}
+            for raw_id, text in defs.items():
+                job_id = _str(raw_id) or ""
+                out.append(
+                    ScheduleInfo(
+                        Definition.from_json(job_id, _str(text) or "{}"),
+                        next_of.get(job_id),
+                        JobState.parse(state_of.get(job_id)),
+                    )
+                )
+        return sorted(out, key=lambda i: i.job_id)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _now(self, now: int | None) -> int:
+        return self.jq.server_time_ms() if now is None else int(now)
+
+    def _put(self, job_id: str, build: Any, now: int | None) -> ScheduleInfo:
+        """Read, let ``build(old_info, now)`` decide (definition, next), write with CAS; retry
+        when a scheduler or another client changed the job in between."""
+        sk = self.keys(job_id)
+        for _ in range(_CAS_ATTEMPTS):
+            text, next_ms, state_text = self._read(job_id)
+            old = (
+                None
+                if text is None
+                else ScheduleInfo(
+                    Definition.from_json(job_id, text), next_ms, JobState.parse(state_text)
+                )
+            )
+            defn, new_next = build(old, self._now(now))
+            call = ops.sched_define_call(
+                sk,
+                job_id,
+                expected_definition=text,
+                expected_next_ms=next_ms,
+                definition=None if defn is None else defn.to_json(),
+                next_ms=new_next,
+            )
+            if ops.parse_sched_define(self.jq.scripts.run(call)):
+                state = old.state if old else JobState()
+                if defn is None:  # deleted: report what was there
+                    if old is None:
+                        raise UnknownSchedule(f"no recurring job {job_id!r}")
+                    return old
+                return ScheduleInfo(defn, new_next, state)
+        raise OperationRefused(f"recurring job {job_id!r} kept changing; gave up after retries")
+
+    def schedule(self, defn: Definition, now: int | None = None) -> ScheduleInfo:
+        """Create or update (upsert) a validated definition."""
+
+        def build(old: ScheduleInfo | None, t: int) -> tuple[Definition, int | None]:
+            if old is None:
+                return defn, first_fire_after(defn, t)
+            new = replace(defn, paused=old.definition.paused)
+            if new.paused:
+                return new, None
+            if old.definition.timing == new.timing and old.next_fire_ms is not None:
+                return new, old.next_fire_ms
+            return new, first_fire_after(new, max(t, old.state.through_ms or t))
+
+        return self._put(defn.job_id, build, now)
+
+    def unschedule(self, job_id: str) -> bool:
+        """Remove a job's definition, next fire and counters; runs already created stay."""
+        validate_job_id(job_id)
+        if self.get(job_id) is None:
+            return False
+
+        def build(old: ScheduleInfo | None, t: int) -> tuple[None, None]:
+            return None, None
+
+        self._put(job_id, build, 0)
+        return True
+
+    def pause(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+        self.require(job_id)
+
+        def build(old: ScheduleInfo | None, t: int) -> tuple[Definition, None]:
+            if old is None:
+                raise UnknownSchedule(f"no recurring job {job_id!r}")
+            return replace(old.definition, paused=True), None
+
+        return self._put(job_id, build, now)
+
+    def resume(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+        """Fire times that passed while paused are not fired (use backfill for those)."""
+        self.require(job_id)
+
+        def build(old: ScheduleInfo | None, t: int) -> tuple[Definition, int | None]:
+            if old is None:
+                raise UnknownSchedule(f"no recurring job {job_id!r}")
+            if not old.definition.paused:
+                return old.definition, old.next_fire_ms
+            new = replace(old.definition, paused=False)
+            return new, first_fire_after(new, max(t, old.state.through_ms or t))
+
+        return self._put(job_id, build, now)
+
+    def _create(self, defn: Definition, specs: list[RunSpec], now: int | None) -> list[bool]:
+        if not specs:
+            return []
+        count = self.jq.register_queue(defn.queue)
+        planned = [
+            Planned(PartitionKeys(defn.queue, partition_of(s.run_id, count)), s) for s in specs
+        ]
+        return self.jq._create(planned, now)
+
+    def trigger(self, job_id: str, now: int | None = None) -> RunHandle:
+        """Run the job now, outside its schedule, with its own run id
+        ``<job_id>@manual-<now>``; the schedule is untouched."""
+        from .client import RunHandle
+
+        defn = self.require(job_id).definition
+        t = self._now(now)
+        spec = RunSpec(
+            run_id=f"{job_id}@manual-{format_fire_instant(t)}",
+            task=defn.task,
+            payload=defn.payload(self.jq.settings.max_payload_bytes),
+            due_at_ms=t,
+            max_attempts=defn.max_attempts,
+            lease_ms=defn.lease_ms,
+            timeout_ms=defn.timeout_ms,
+            job_id=job_id,
+            scheduled_for_ms=t,
+        )
+        (created,) = self._create(defn, [spec], now)
+        return RunHandle(self.jq, spec.run_id, defn.queue, created)
+
+    def backfill(
+        self, job_id: str, start: Instant, end: Instant, now: int | None = None
+    ) -> list[RunHandle]:
+        """Create the runs of every fire time in [start, end] (same run ids as the scheduler
+        would use, so fire times that already ran create nothing); due at once."""
+        from .client import RunHandle
+
+        defn = self.require(job_id).definition
+        start_ms, end_ms = instant_to_ms(start), instant_to_ms(end)
+        if end_ms < start_ms:
+            raise RecurringError("backfill: end is before start")
+        fires = fire_times_between(
+            defn.schedule, start_ms - 1, end_ms, limit=MAX_BACKFILL + 1, anchor_ms=defn.start_ms
+        )
+        if len(fires) > MAX_BACKFILL:
+            raise RecurringError(
+                f"backfill of {job_id!r} covers more than {MAX_BACKFILL:,} fire times; "
+                "split the range"
+            )
+        payload = defn.payload(self.jq.settings.max_payload_bytes)
+        specs = [replace(fire_spec(defn, f, payload), due_at_ms=None) for f in fires]
+        created = self._create(defn, specs, now)
+        return [
+            RunHandle(self.jq, s.run_id, defn.queue, c) for s, c in zip(specs, created, strict=True)
+        ]
+
+
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,24 @@
+-- purge.lua: delete dead runs for good (record, history and dead-set entry).
+--
+-- KEYS[1]  dead zset     jq:{q#p}:dead
+-- ARGV[1]  now ms, or '' for the server clock (unused; every script takes it)
+-- ARGV[2]  key prefix    jq:{q#p}:
+-- ARGV[3..] run ids
+-- Returns  {purged_count, refused_count}: a run that is not dead (requeued meanwhile,
+--          or gone) is left alone and counted as refused.
+
+local prefix = ARGV[2]
+local purged, refused = 0, 0
+for i = 3, #ARGV do
+  local run_id = ARGV[i]
+  local key = prefix .. 'run:' .. run_id
+  if redis.call('HGET', key, 'state') == 'dead' then
+    redis.call('DEL', key, prefix .. 'hist:' .. run_id)
+    redis.call('ZREM', KEYS[1], run_id)
+    purged = purged + 1
+  else
+    if redis.call('EXISTS', key) == 0 then redis.call('ZREM', KEYS[1], run_id) end
+    refused = refused + 1
+  end
+end
+return {purged, refused}

@@ -1,0 +1,57 @@
+"""The app that tests/test_worker_processes.py runs in real worker processes
+(``jobqueue worker --app chaos_app:jq`` with this directory on PYTHONPATH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any
+
+from jobqueue import JobQueue
+from jobqueue.context import RunContext
+
+jq = JobQueue.from_url()  # the CLI points it at --redis-url before first use
+
+# The idempotent side effect, keyed by run id: applied once whatever the number of
+# executions. ``executions`` counts every attempt that reached it (at-least-once is visible).
+_APPLY = """
+redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
+if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+  return 1
+end
+return 0
+"""
+APPLIED, EFFECTS, EXECUTIONS = "chaos:applied", "chaos:effects", "chaos:executions"
+
+
+@jq.task(max_attempts=20)
+def chaos(n: int, ctx: RunContext) -> dict[str, Any]:
+    time.sleep(random.uniform(0, 0.05))
+    mine = {"fence": ctx.fence, "pid": os.getpid(), "n": n}
+    if ctx.fenced_write(f"chaos:{ctx.run_id}", json.dumps(mine, sort_keys=True)):
+        jq.redis.eval(_APPLY, 3, APPLIED, EFFECTS, EXECUTIONS, ctx.run_id)
+    return mine
+
+
+@jq.task
+def stall(seconds: float, ctx: RunContext) -> dict[str, Any]:
+    time.sleep(seconds)  # does not look at ctx.cancelled: a stalled process
+    mine = {"fence": ctx.fence, "pid": os.getpid()}
+    wrote = ctx.fenced_write(f"stall:{ctx.run_id}", json.dumps(mine, sort_keys=True))
+    return {**mine, "wrote": wrote}
+
+
+@jq.task(max_attempts=10)
+def work(low: float, high: float) -> int:
+    time.sleep(random.uniform(low, high))
+    return os.getpid()
+
+
+@jq.task
+def stuck_once(ctx: RunContext) -> int:
+    if ctx.fence == 1:
+        time.sleep(120)  # ignores cancellation: only the process exiting ends it
+    return os.getpid()

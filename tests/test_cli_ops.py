@@ -1,0 +1,178 @@
+"""The operator's commands against a real server: what they print matches the state created."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from jobqueue import ops
+from jobqueue.cli import main
+from jobqueue.client import JobQueue
+from jobqueue.embedded import EmbeddedServer
+
+
+@pytest.fixture
+def url(real_server: EmbeddedServer) -> str:
+    redis.Redis.from_url(real_server.url).flushall()
+    return real_server.url
+
+
+@pytest.fixture
+def jq(url: str) -> JobQueue:
+    q = JobQueue.from_url(url)
+    q.declare_task("report")
+    return q
+
+
+def cli(url: str, *args: str, input: str | None = None) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, ["--redis-url", url, *args], input=input)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def cli_json(url: str, *args: str) -> Any:
+    code, out, err = cli(url, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def claim(jq: JobQueue, owner: str, lease_ms: int = 30_000, now: int | None = None) -> Any:
+    keys = jq.keys_for("default", "x")
+    return ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 10, owner, lease_ms, 60_000, now)))
+
+
+def test_leases_lists_owner_fence_attempt_and_time_left(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="r1")
+    claim(jq, "host-a:123:abc")
+    (lease,) = cli_json(url, "leases")
+    assert (lease["run_id"], lease["owner"], lease["fence"], lease["attempt"]) == (
+        "r1", "host-a:123:abc", 1, 1)
+    assert 25_000 < lease["remaining_ms"] <= 30_000
+    assert lease["expired"] is False
+
+
+def test_leases_flags_expired_leases(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="r1")
+    jq.enqueue("report", run_id="r2")
+    now = jq.server_time_ms()
+    keys = jq.keys_for("default", "r1")
+    ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 1, "w-old", 1, 60_000, now)))
+    claim(jq, "w-new")
+    expired = cli_json(url, "leases", "--expired")
+    assert [lease["run_id"] for lease in expired] == ["r1"]
+    assert expired[0]["remaining_ms"] < 0
+    code, out, _ = cli(url, "leases")
+    assert code == 0 and "EXPIRED" in out and "w-new" in out
+
+
+def test_leases_filters_by_worker(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="r1")
+    claim(jq, "w-1")
+    jq.enqueue("report", run_id="r2")
+    claim(jq, "w-2")
+    assert [lease["run_id"] for lease in cli_json(url, "leases", "--worker", "w-2")] == ["r2"]
+
+
+def test_runs_filters_by_state(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="pending-1")
+    jq.enqueue("report", run_id="cancelled-1", delay=60)
+    jq.cancel("cancelled-1")
+    assert [r["run_id"] for r in cli_json(url, "runs", "--state", "pending")] == ["pending-1"]
+    assert [r["run_id"] for r in cli_json(url, "runs", "--state", "cancelled")] == ["cancelled-1"]
+    assert {r["run_id"] for r in cli_json(url, "runs")} == {"pending-1", "cancelled-1"}
+
+
+def test_runs_filters_by_job(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="nightly@2026-11-29T00:00:00Z")
+    jq.enqueue("report", run_id="hourly@2026-11-29T10:00:00Z")
+    found = cli_json(url, "runs", "--job", "nightly")
+    assert [r["run_id"] for r in found] == ["nightly@2026-11-29T00:00:00Z"]
+
+
+def test_stats_counts_due_later_running_and_dead(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="now-1")
+    jq.enqueue("report", run_id="now-2")
+    jq.enqueue("report", run_id="later", delay=600)
+    claim_keys = jq.keys_for("default", "x")
+    ops.parse_claim(jq.scripts.run(ops.claim_call(claim_keys, 1, "w", 30_000, 60_000)))
+    (row,) = cli_json(url, "stats")
+    assert (row["due_now"], row["scheduled_later"], row["running"], row["dead"]) == (1, 1, 1, 0)
+    assert row["counters"]["created"] == 3
+
+
+def test_dead_list_retry_and_purge(jq: JobQueue, url: str) -> None:
+    keys = jq.keys_for("default", "x")
+    for run_id in ("d1", "d2"):
+        jq.enqueue("report", run_id=run_id)
+    for r in claim(jq, "w").runs:
+        jq.scripts.run(ops.fail_call(keys, r.run_id, r.fence, "boom", None, 60_000))
+    assert {r["run_id"] for r in cli_json(url, "dead", "list")} == {"d1", "d2"}
+    code, out, _ = cli(url, "dead", "retry", "d1")
+    assert code == 0 and "retried 1 of 1" in out
+    assert jq.get_run("d1").state == "pending"
+    code, out, _ = cli(url, "dead", "purge", "--all", "--yes")
+    assert code == 0 and "purged 1" in out
+    assert jq.find_run("d2") is None
+    assert jq.get_run("d1").state == "pending", "purge touches only dead runs"
+
+
+def test_purge_asks_before_deleting(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="d1")
+    keys = jq.keys_for("default", "x")
+    (r,) = claim(jq, "w").runs
+    jq.scripts.run(ops.fail_call(keys, r.run_id, r.fence, "boom", None, 60_000))
+    code, _, _ = cli(url, "dead", "purge", "d1", input="n\n")
+    assert code == 1  # aborted
+    assert jq.get_run("d1").state == "dead"
+
+
+def test_cancel_of_a_finished_run_is_refused_with_exit_1(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="c1", delay=60)
+    assert cli(url, "cancel", "c1")[0] == 0
+    code, _, err = cli(url, "cancel", "c1")
+    assert code == 1 and "cancelled" in err
+
+
+def test_capacity_prints_the_seeds_section_1() -> None:
+    result = CliRunner().invoke(main, ["capacity", "--jobs", "5000000", "--every", "3600",
+                                       "--row-bytes", "300"])
+    assert result.exit_code == 0, result.output
+    assert "runs/day 120,000,000; average 1,389 runs/s" in result.stdout
+    assert "if every job fires at minute 0: 5,000,000 runs in one second" in result.stdout
+    assert "run rows/day at 300 bytes each: 36 GB" in result.stdout
+    assert "bytes per finished run (measured)" in result.stdout
+
+
+def test_workers_lists_the_registry_with_stale_flag(jq: JobQueue, url: str) -> None:
+    now = jq.server_time_ms()
+    jq.redis.hset("jq:workers", mapping={
+        "w-live": json.dumps({"id": "w-live", "host": "h", "pid": 1, "last_seen_ms": now,
+                              "lease_ms": 30000}),
+        "w-gone": json.dumps({"id": "w-gone", "host": "h", "pid": 2,
+                              "last_seen_ms": now - 600_000, "lease_ms": 30000}),
+    })
+    found = {w["id"]: w["stale"] for w in cli_json(url, "workers")}
+    assert found == {"w-live": False, "w-gone": True}
+
+
+def test_check_warns_about_an_evicting_memory_policy(jq: JobQueue, url: str) -> None:
+    jq.redis.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        code, out, _ = cli(url, "check")
+    finally:
+        jq.redis.config_set("maxmemory-policy", "noeviction")
+    assert code == 0
+    assert "WARN  maxmemory-policy allkeys-lru" in out
+
+
+def test_leases_json_in_a_real_subprocess(jq: JobQueue, url: str) -> None:
+    jq.enqueue("report", run_id="sub-1")
+    claim(jq, "w-sub")
+    out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--redis-url", url, "leases",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    assert [(x["run_id"], x["owner"]) for x in json.loads(out)] == [("sub-1", "w-sub")]

@@ -1,0 +1,766 @@
+"""The six DESIGN invariants, each shown by tests that fail if it breaks.
+
+1. A run id is created at most once, whatever the number of schedulers.
+2. At most one completion of a run is accepted, and only with the current fence.
+3. No run is lost: a run whose worker dies is claimed again after its lease expires.
+4. Time that decides comes from one clock, the Redis server's.
+5. Every script touches keys of one hash slot only.
+6. Payloads are JSON; nothing is ever unpickled or imported from a string.
+"""
+
+from __future__ import annotations
+
+import ast
+import pickle
+import random
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from redis.crc import key_slot
+
+from jobqueue import JobQueue, PayloadError, Request, UnknownTask, ops
+from jobqueue.embedded import EmbeddedServer
+from jobqueue.keys import QUEUES_KEY, PartitionKeys
+from jobqueue.payload import decode_payload
+from jobqueue.scripts import SCRIPT_NAMES, Call, ScriptRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE = 30_000
+RETENTION = 3_600_000
+
+
+def sibling_client(redis_client: Any, backend: str, request: pytest.FixtureRequest) -> Any:
+    """Another connection to the same server (what another process or thread would have)."""
+    if backend == "fake":
+        server = redis_client.connection_pool.connection_kwargs["server"]
+        return fakeredis.FakeRedis(server=server, decode_responses=True)
+    real: EmbeddedServer = request.getfixturevalue("real_server")
+    return redis.Redis.from_url(real.url, decode_responses=True)
+
+
+def race(n: int, action: Callable[[int], Any]) -> list[Any]:
+    """Run action(i) in n threads released together by a barrier; return results in order."""
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[i] = action(i)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    return results
+
+
+def server_ms(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def create(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int = 0,
+           max_attempts: int = 3) -> bool:
+    spec = ops.RunSpec(run_id, "t", PAYLOAD, max_attempts=max_attempts)
+    (created,) = ops.parse_create(runner.run(ops.create_call(pk, [spec], now=now)))
+    return created
+
+
+def claim(runner: ScriptRunner, pk: PartitionKeys, now: int | None, owner: str = "w",
+          limit: int = 10) -> ops.ClaimResult:
+    return ops.parse_claim(runner.run(ops.claim_call(pk, limit, owner, LEASE, RETENTION, now=now)))
+
+
+def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int | None,
+             result: str = "null") -> ops.Outcome:
+    call = ops.complete_call(pk, run_id, fence, result, RETENTION, now=now)
+    return ops.parse_outcome(runner.run(call))
+
+
+# == 1. created at most once ==================================================================
+
+
+def test_inv1_eight_threads_racing_on_one_run_id_create_it_once(
+    redis_client: Any, backend: str, request: pytest.FixtureRequest
+) -> None:
+    for round_ in range(3):
+        run_id = f"report@{round_}"
+        clients = [sibling_client(redis_client, backend, request) for _ in range(8)]
+        queues = []
+        for c in clients:
+            jq = JobQueue(c)
+            jq.declare_task("report")
+            queues.append(jq)
+        handles = race(8, lambda i, run_id=run_id, queues=queues: queues[i].enqueue(
+            "report", i, run_id=run_id))
+        assert sum(h.created for h in handles) == 1
+        winner = next(i for i, h in enumerate(handles) if h.created)
+        pk = PartitionKeys("default", 0)
+        assert redis_client.hget(pk.stats, "created") == str(round_ + 1)
+        assert redis_client.zcard(pk.due) == round_ + 1
+        assert JobQueue(redis_client).get_run(run_id).args == [winner]
+        for c in clients:
+            c.close()
+
+
+def test_inv1_eight_threads_racing_scripts_without_a_clock_create_once(
+    redis_client: Any, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The scheduler path: the same batch of runs (several ids) from 8 schedulers at once."""
+    pk = PartitionKeys("default", 0)
+    ids = [f"job-{k}@60" for k in range(5)]
+    runners = [ScriptRunner(sibling_client(redis_client, backend, request)) for _ in range(8)]
+
+    def schedule(i: int) -> list[bool]:
+        specs = [ops.RunSpec(r, "t", PAYLOAD) for r in (ids if i % 2 else ids[::-1])]
+        created = ops.parse_create(runners[i].run(ops.create_call(pk, specs)))
+        return created if i % 2 else created[::-1]
+
+    results = race(8, schedule)
+    for k in range(len(ids)):
+        assert sum(r[k] for r in results) == 1, k
+    assert redis_client.hget(pk.stats, "created") == str(len(ids))
+    assert redis_client.zcard(pk.due) == len(ids)
+
+
+RACER = textwrap.dedent(
+    """
+    import sys, redis
+    from jobqueue import JobQueue
+    url, run_id, who = sys.argv[1], sys.argv[2], sys.argv[3]
+    control = redis.Redis.from_url(url, decode_responses=True, socket_timeout=90)
+    jq = JobQueue.from_url(url)
+    jq.declare_task("report")
+    jq.register_queue("default")
+    jq.scripts.load()
+    control.rpush("race:ready", who)
+    assert control.blpop("race:go", timeout=60) is not None
+    handle = jq.enqueue("report", who, run_id=run_id)
+    print("CREATED" if handle.created else "EXISTS", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_inv1_eight_processes_racing_on_one_run_id_create_it_once(
+    real_server: EmbeddedServer,
+) -> None:
+    # BLPOP waits longer than redis-py's default 5 s socket timeout while the children start
+    client = redis.Redis.from_url(real_server.url, decode_responses=True, socket_timeout=90)
+    client.flushall()
+    run_id = f"nightly@{uuid.uuid4().hex}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, real_server.url, run_id, str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for i in range(8)
+    ]
+    try:
+        ready, deadline = 0, time.monotonic() + 60
+        while ready < 8:
+            assert time.monotonic() < deadline, "the racers did not start"
+            crashed = [p.communicate()[1] for p in procs if p.poll() not in (None, 0)]
+            assert not crashed, crashed
+            ready += client.blpop("race:ready", timeout=1) is not None
+        client.rpush("race:go", *["go"] * 8)
+        outputs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * 8, [err for _, err in outputs]
+    answers = [out.strip() for out, _ in outputs]
+    assert sorted(answers) == ["CREATED"] + ["EXISTS"] * 7
+    winner = answers.index("CREATED")
+    run = JobQueue(client).get_run(run_id)
+    assert run.args == [str(winner)]
+    assert client.hget(PartitionKeys("default", 0).stats, "created") == "1"
+    client.flushall()
+    client.close()
+
+
+# == 2. at most one accepted completion, only with the current fence ===========================
+
+
+@pytest.mark.parametrize("stale_first", [True, False])
+def test_inv2_after_reclaim_only_the_current_fence_completes(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, stale_first: bool
+) -> None:
+    create(runner, pk, "a")
+    (w1,) = claim(runner, pk, now=0, owner="w1").runs
+    assert claim(runner, pk, now=LEASE - 1, owner="w2").runs == []
+    (w2,) = claim(runner, pk, now=LEASE, owner="w2").runs
+    assert (w1.fence, w2.fence) == (1, 2)
+    order = [(w1, '"from w1"'), (w2, '"from w2"')]
+    if not stale_first:
+        order.reverse()
+    outcomes = {c.fence: complete(runner, pk, "a", c.fence, now=LEASE + 10, result=res)
+                for c, res in order}
+    assert [f for f, o in outcomes.items() if o.accepted] == [w2.fence]
+    assert outcomes[w1.fence].status in ("fenced", "finished")
+    assert outcomes[w1.fence].current_fence == w2.fence
+    assert redis_client.hget(pk.run("a"), "result") == '"from w2"'
+    assert redis_client.hget(pk.stats, "completed") == "1"
+    again = complete(runner, pk, "a", w2.fence, now=LEASE + 20, result='"again"')
+    assert (again.accepted, again.status) == (False, "finished")
+    assert redis_client.hget(pk.run("a"), "result") == '"from w2"'
+
+
+def test_inv2_stale_holder_cannot_fail_or_release_the_new_holders_run(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    (w1,) = claim(runner, pk, now=0, owner="w1").runs
+    (w2,) = claim(runner, pk, now=LEASE, owner="w2").runs
+    failed = runner.run(ops.fail_call(pk, "a", w1.fence, "late", None, RETENTION, now=LEASE + 1))
+    assert not ops.parse_outcome(failed).accepted
+    assert not ops.parse_outcome(runner.run(ops.release_call(pk, "a", w1.fence,
+                                                             now=LEASE + 1))).accepted
+    assert redis_client.hget(pk.run("a"), "state") == "running"
+    assert complete(runner, pk, "a", w2.fence, now=LEASE + 2).accepted
+
+
+@pytest.mark.parametrize("how", ["lease-expiry", "release", "fail-retry", "cancel-requeue"])
+def test_inv2_every_way_of_losing_a_run_fences_out_the_old_holder(
+    runner: ScriptRunner, pk: PartitionKeys, how: str
+) -> None:
+    create(runner, pk, "a")
+    (old,) = claim(runner, pk, now=0, owner="old").runs
+    if how == "release":
+        runner.run(ops.release_call(pk, "a", old.fence, now=10))
+    elif how == "fail-retry":
+        runner.run(ops.fail_call(pk, "a", old.fence, "x", 0, RETENTION, now=10))
+    elif how == "cancel-requeue":
+        runner.run(ops.cancel_call(pk, "a", RETENTION, "x", now=10))
+        runner.run(ops.requeue_call(pk, "a", now=11))
+    (new,) = claim(runner, pk, now=LEASE, owner="new").runs
+    assert new.fence > old.fence
+    assert not complete(runner, pk, "a", old.fence, now=LEASE + 1).accepted
+    assert complete(runner, pk, "a", new.fence, now=LEASE + 2).accepted
+    assert not complete(runner, pk, "a", new.fence, now=LEASE + 3).accepted
+
+
+def test_inv2_eight_threads_completing_with_the_current_fence_are_accepted_once(
+    redis_client: Any, backend: str, request: pytest.FixtureRequest, pk: PartitionKeys
+) -> None:
+    runner = ScriptRunner(redis_client)
+    for k in range(3):
+        run_id = f"r{k}"
+        create(runner, pk, run_id)
+        (c,) = claim(runner, pk, now=None, limit=1).runs
+        runners = [ScriptRunner(sibling_client(redis_client, backend, request)) for _ in range(8)]
+
+        def commit(i: int, c: ops.ClaimedRun = c, runners: list[ScriptRunner] = runners
+                   ) -> ops.Outcome:
+            if i % 3 == 2:  # a few of them try to fail it instead: still one winner
+                call = ops.fail_call(pk, c.run_id, c.fence, f"e{i}", None, RETENTION)
+                return ops.parse_outcome(runners[i].run(call))
+            return complete(runners[i], pk, c.run_id, c.fence, now=None, result=str(i))
+
+        outcomes = race(8, commit)
+        assert sum(o.accepted for o in outcomes) == 1
+        assert {o.status for o in outcomes if not o.accepted} == {"finished"}
+
+
+def test_inv2_random_interleavings_never_accept_two_completions(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """Several workers with stale and current fences, random clocks and operations."""
+    for seed in range(4):
+        rng = random.Random(seed)
+        run_ids = [f"s{seed}-{i}" for i in range(4)]
+        for r in run_ids:
+            create(runner, pk, r, now=0, max_attempts=50)
+        held: list[tuple[str, int]] = []
+        accepted: dict[str, int] = {}
+        now = 0
+        for _ in range(60):
+            now += rng.choice([1, 500, LEASE // 2, LEASE])
+            op = rng.random()
+            if op < 0.35 or not held:
+                held += [(c.run_id, c.fence) for c in claim(runner, pk, now=now, limit=2).runs]
+                continue
+            run_id, fence = rng.choice(held)
+            current = int(redis_client.hget(pk.run(run_id), "fence"))
+            state = redis_client.hget(pk.run(run_id), "state")
+            if op < 0.7:
+                outcome = complete(runner, pk, run_id, fence, now=now)
+                if outcome.accepted:
+                    assert fence == current and state == "running"
+                    accepted[run_id] = accepted.get(run_id, 0) + 1
+            elif op < 0.8:
+                runner.run(ops.fail_call(pk, run_id, fence, "x", 100, RETENTION, now=now))
+            elif op < 0.9:
+                runner.run(ops.release_call(pk, run_id, fence, now=now))
+            else:
+                runner.run(ops.heartbeat_call(pk, [(run_id, fence)], LEASE, now=now))
+        assert all(n == 1 for n in accepted.values()), accepted
+        assert accepted, "the random walk should complete something"
+        done = [r for r in run_ids if redis_client.hget(pk.run(r), "state") == "done"]
+        assert sorted(done) == sorted(accepted)
+
+
+# == 3. no run is lost ========================================================================
+
+
+def test_inv3_a_claimed_run_whose_worker_never_heartbeats_is_claimed_again(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", now=1_000)
+    (first,) = claim(runner, pk, now=1_000, owner="dies").runs
+    assert claim(runner, pk, now=1_000 + LEASE - 1, owner="w2").runs == []
+    (again,) = claim(runner, pk, now=1_000 + LEASE, owner="w2").runs
+    assert (again.run_id, again.attempt, again.fence) == ("a", 2, first.fence + 1)
+    assert complete(runner, pk, "a", again.fence, now=1_000 + LEASE + 1).accepted
+
+
+def test_inv3_a_worker_that_dies_after_heartbeating_loses_its_runs_after_the_last_lease(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    (c,) = claim(runner, pk, now=0, owner="dies").runs
+    runner.run(ops.heartbeat_call(pk, [("a", c.fence)], LEASE, now=20_000))
+    assert claim(runner, pk, now=20_000 + LEASE - 1, owner="w2").runs == []
+    assert [r.run_id for r in claim(runner, pk, now=20_000 + LEASE, owner="w2").runs] == ["a"]
+
+
+def test_inv3_every_run_of_a_dead_worker_is_recovered(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    specs = [ops.RunSpec(f"r{i}", "t", PAYLOAD) for i in range(25)]
+    runner.run(ops.create_call(pk, specs, now=0))
+    taken: list[str] = []
+    while batch := claim(runner, pk, now=0, owner="dies", limit=10).runs:
+        taken += [r.run_id for r in batch]
+    assert len(taken) == 25
+    recovered: dict[str, ops.ClaimedRun] = {}
+    while batch := claim(runner, pk, now=LEASE, owner="w2", limit=10).runs:
+        recovered.update({r.run_id: r for r in batch})
+    assert sorted(recovered) == sorted(taken)
+    for r in recovered.values():
+        assert complete(runner, pk, r.run_id, r.fence, now=LEASE + 1).accepted
+    assert redis_client.zcard(pk.done) == 25
+    assert redis_client.zcard(pk.leases) == 0
+
+
+def test_inv3_a_run_past_its_attempts_is_dead_lettered_not_dropped(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", max_attempts=1)
+    claim(runner, pk, now=0, owner="dies")
+    assert claim(runner, pk, now=LEASE).runs == []
+    assert redis_client.zscore(pk.dead, "a") == LEASE
+    assert "lease expired" in redis_client.hget(pk.run("a"), "error")
+    assert ops.parse_state_change(runner.run(ops.requeue_call(pk, "a", now=LEASE + 1))) == (
+        True, "dead"
+    )
+    assert [r.run_id for r in claim(runner, pk, now=LEASE + 1).runs] == ["a"]
+
+
+def test_inv3_an_enqueued_run_whose_worker_dies_runs_again(jq: JobQueue) -> None:
+    jq.declare_task("job", lease=5)
+    jq.enqueue("job", 1, run_id="x")
+    pk = jq.keys_for("default", "x")
+    started = server_ms(jq.redis)
+    (c,) = claim(jq.scripts, pk, now=started, owner="dies").runs
+    assert c.lease_until_ms == started + 5_000
+    (again,) = claim(jq.scripts, pk, now=started + 5_000, owner="w2").runs
+    assert again.fence == c.fence + 1
+    assert jq.get_run("x").owner == "w2"
+
+
+# == 4. one clock =============================================================================
+
+
+def test_inv4_client_calls_never_pass_a_python_clock(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Call] = []
+    original_run, original_many = ScriptRunner.run, ScriptRunner.run_many
+
+    def run(self: ScriptRunner, call: Call) -> Any:
+        calls.append(call)
+        return original_run(self, call)
+
+    def run_many(self: ScriptRunner, batch: Any) -> list[Any]:
+        calls.extend(batch)
+        return original_many(self, batch)
+
+    monkeypatch.setattr(ScriptRunner, "run", run)
+    monkeypatch.setattr(ScriptRunner, "run_many", run_many)
+    jq = JobQueue(redis_client, partitions={"default": 3})
+    jq.declare_task("t")
+    jq.enqueue("t", 1, run_id="one", delay=10)
+    jq.enqueue_many(Request("t", (i,), run_id=f"j{i}@1") for i in range(6))
+    jq.cancel("one")
+    jq.requeue("one")
+    assert {c.script for c in calls} >= {"create_run", "cancel", "requeue"}
+    assert all(c.args[0] == "" for c in calls), [c.args[0] for c in calls]
+
+
+def test_inv4_enqueued_times_come_from_redis_time(jq: JobQueue, redis_client: Any) -> None:
+    jq.declare_task("t")
+    lo = server_ms(redis_client)
+    jq.enqueue("t", run_id="now")
+    jq.enqueue("t", run_id="later", delay=2.5)
+    hi = server_ms(redis_client)
+    for run_id, offset in (("now", 0), ("later", 2_500)):
+        run = jq.get_run(run_id)
+        assert run.created_ms is not None and run.due_ms is not None
+        assert lo <= run.created_ms <= hi
+        assert run.due_ms == run.created_ms + offset
+
+
+@pytest.fixture
+def real_client(real_server: EmbeddedServer) -> Iterator[Any]:
+    client = redis.Redis.from_url(real_server.url, decode_responses=True)
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+def test_inv4_a_wrong_python_clock_changes_nothing(
+    real_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real server only: fakeredis's TIME *is* the Python clock, so it could not tell."""
+    y2000 = 946_684_800.0
+    monkeypatch.setattr(time, "time", lambda: y2000)
+    monkeypatch.setattr(time, "time_ns", lambda: int(y2000 * 1e9))
+    assert time.time() == y2000
+    jq = JobQueue(real_client)
+    jq.declare_task("t", lease=10)
+    lo = server_ms(real_client)
+    assert lo > (y2000 + 365 * 86_400) * 1000  # the server does not share our fake clock
+    jq.enqueue("t", run_id="a", delay=60)
+    jq.enqueue("t", run_id="b")
+    pk = jq.keys_for("default", "a")
+    result = claim(jq.scripts, pk, now=None, owner="w")
+    hi = server_ms(real_client)
+    a, b = jq.get_run("a"), jq.get_run("b")
+    assert a.created_ms is not None and b.created_ms is not None
+    assert lo <= a.created_ms <= b.created_ms <= hi
+    assert a.due_ms == a.created_ms + 60_000
+    assert lo <= result.now_ms <= hi
+    assert [r.run_id for r in result.runs] == ["b"]  # "a" is not due for a minute of server time
+    assert lo + 10_000 <= result.runs[0].lease_until_ms <= hi + 10_000
+    assert result.next_wake_ms == result.runs[0].lease_until_ms  # before a's due time
+    assert result.next_wake_ms < a.due_ms
+
+
+# == 5. one hash slot per script ===============================================================
+
+
+def slots_of_call(call: Call) -> set[int]:
+    """The slots of the call's KEYS and of every key prefix it passes as an argument."""
+    slots = {key_slot(k.encode()) for k in call.keys}
+    for arg in call.args:
+        if isinstance(arg, str) and arg.startswith("jq:"):
+            slots.add(key_slot((arg + "run:probe").encode()))
+    return slots
+
+
+def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
+    """Every script, for runs spread over the partitions of 'default' (and one other queue)."""
+    jq.enqueue_many(Request("t", (i,), run_id=r) for i, r in enumerate(run_ids))
+    jq.enqueue("t", run_id="elsewhere", queue="other")
+    for p in jq.all_partition_keys("default"):
+        got = claim(runner, p, now=None, owner="w1", limit=100).runs
+        ops.parse_heartbeat(runner.run(ops.heartbeat_call(p, [(c.run_id, c.fence)
+                                                              for c in got], LEASE)))
+        for i, c in enumerate(got):
+            runner.run(ops.fenced_write_call(p, f"res-{c.run_id}", c.fence, "v", c.run_id))
+            if i % 4 == 0:
+                runner.run(ops.complete_call(p, c.run_id, c.fence, "1", RETENTION))
+            elif i % 4 == 1:
+                runner.run(ops.fail_call(p, c.run_id, c.fence, "boom", None, RETENTION))
+            elif i % 4 == 2:
+                runner.run(ops.release_call(p, c.run_id, c.fence))
+            else:
+                runner.run(ops.cancel_call(p, c.run_id, RETENTION, "stop"))
+        for i, c in enumerate(got):
+            if i % 4 in (0, 3):
+                runner.run(ops.requeue_call(p, c.run_id))
+        dead = [c.run_id for i, c in enumerate(got) if i % 4 == 1]
+        runner.run(ops.purge_call(p, [*dead, "never-existed"]))
+    jq.cancel("elsewhere")
+    jq.requeue("elsewhere")
+    sched_lifecycle(runner)
+
+
+def sched_lifecycle(runner: ScriptRunner) -> None:
+    """The recurring-job scripts, on three scheduler partitions."""
+    for k in range(3):
+        sk = ops.SchedKeys(k)
+        job, definition = f"job-{k}", '{"task":"t","every":60}'
+        assert ops.parse_sched_define(runner.run(ops.sched_define_call(
+            sk, job, expected_definition=None, expected_next_ms=None, definition=definition,
+            next_ms=60_000)))
+        _, due = ops.parse_sched_due(runner.run(ops.sched_due_call(sk, 0, 10, now=60_000)))
+        assert [d.job_id for d in due] == [job]
+        move = ops.Advance(job, 60_000, 120_000, fired=1, last_fire_ms=60_000, through_ms=60_000)
+        assert ops.parse_advance(runner.run(ops.advance_call(sk, [move], now=60_000))) == [True]
+        assert ops.parse_sched_define(runner.run(ops.sched_define_call(
+            sk, f"gone-{k}", expected_definition=None, expected_next_ms=None,
+            definition=definition, next_ms=None)))
+        assert ops.parse_sched_define(runner.run(ops.sched_define_call(
+            sk, f"gone-{k}", expected_definition=definition, expected_next_ms=None,
+            definition=None, next_ms=None)))
+
+
+RUN_IDS = [f"job-{i}@{t}" for i in range(6) for t in (1, 2)] + ["{x}", "a}{b", "c@{d}"]
+
+
+def test_inv5_every_script_call_names_keys_of_one_slot(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[Call] = []
+    original_run, original_many = ScriptRunner.run, ScriptRunner.run_many
+
+    def run(self: ScriptRunner, call: Call) -> Any:
+        calls.append(call)
+        return original_run(self, call)
+
+    def run_many(self: ScriptRunner, batch: Any) -> list[Any]:
+        calls.extend(batch)
+        return original_many(self, batch)
+
+    monkeypatch.setattr(ScriptRunner, "run", run)
+    monkeypatch.setattr(ScriptRunner, "run_many", run_many)
+    jq = JobQueue(redis_client, partitions={"default": 4})
+    jq.declare_task("t")
+    lifecycle(ScriptRunner(redis_client), jq, RUN_IDS)
+    assert {c.script for c in calls} == set(SCRIPT_NAMES)
+    for call in calls:
+        assert len(slots_of_call(call)) == 1, call
+    assert len({next(iter(slots_of_call(c))) for c in calls}) >= 4
+
+
+def test_inv5_every_stored_key_carries_its_partitions_hash_tag(redis_client: Any) -> None:
+    jq = JobQueue(redis_client, partitions={"default": 4})
+    jq.declare_task("t")
+    lifecycle(ScriptRunner(redis_client), jq, RUN_IDS)
+    tag = re.compile(r"^jq:(\{(?:default#[0-3]|other#0|sched#[0-2])\}):")
+    keys = list(redis_client.scan_iter("*"))
+    assert len(keys) > 40
+    used = set()
+    for key in keys:
+        if key == QUEUES_KEY:
+            continue
+        m = tag.match(key)
+        assert m, key
+        assert key_slot(key.encode()) == key_slot(m.group(1)[1:-1].encode()), key
+        used.add(m.group(1))
+    assert len(used) == 8
+
+
+def test_inv5_keys_touched_inside_each_script_share_one_slot(real_client: Any) -> None:
+    """Real server only: keyspace notifications name every key each script writes, including
+    the ones it builds from the prefix (run:, hist:), which no KEYS list shows."""
+    runner = ScriptRunner(real_client)
+    jq = JobQueue(real_client, partitions={"default": 4})
+    jq.declare_task("t")
+    jq.register_queue("default")
+    jq.register_queue("other")
+    runner.load()
+    real_client.config_set("notify-keyspace-events", "KA")
+    pubsub = real_client.pubsub()
+    pubsub.psubscribe("__keyspace@0__:*")
+    pubsub.subscribe("jq-test-marker")
+    for _ in range(2):
+        pubsub.get_message(timeout=1)  # the subscribe confirmations
+    touched: list[tuple[Call, set[str]]] = []
+    original_run = ScriptRunner.run
+
+    def drain(n: int) -> set[str]:
+        real_client.publish("jq-test-marker", str(n))
+        keys: set[str] = set()
+        while True:
+            msg = pubsub.get_message(timeout=5)
+            assert msg is not None, "keyspace notification stream stalled"
+            if msg["type"] == "message" and msg["data"] == str(n):
+                return keys
+            if msg["type"] == "pmessage":
+                keys.add(msg["channel"].split(":", 1)[1])
+
+    def run(self: ScriptRunner, call: Call) -> Any:
+        drain(-1)
+        reply = original_run(self, call)
+        touched.append((call, drain(len(touched))))
+        return reply
+
+    def run_many(self: ScriptRunner, batch: Any) -> list[Any]:
+        return [run(self, c) for c in batch]  # one at a time, so each write is attributed
+
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ScriptRunner, "run", run)
+            mp.setattr(ScriptRunner, "run_many", run_many)
+            lifecycle(runner, jq, RUN_IDS)
+    finally:
+        real_client.config_set("notify-keyspace-events", "")
+        pubsub.close()
+    assert {c.script for c, _ in touched} == set(SCRIPT_NAMES)
+    assert sum(len(keys) for _, keys in touched) > 50
+    for call, keys in touched:
+        expected = key_slot(call.keys[0].encode())
+        assert {key_slot(k.encode()) for k in keys} <= {expected}, (call.script, keys)
+
+
+# == 6. JSON only =============================================================================
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("something tried to unpickle")
+
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "Unpickler", refuse)
+
+
+class Boom:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (print, ("unpickled!",))
+
+
+@pytest.mark.usefixtures("no_unpickling")
+def test_inv6_a_pickled_payload_is_never_unpickled(
+    jq: JobQueue, redis_client: Any, pk: PartitionKeys
+) -> None:
+    jq.declare_task("t")
+    jq.enqueue("t", 1, run_id="victim")
+    pickled = pickle.dumps(Boom(), protocol=0).decode("ascii")
+    redis_client.hset(pk.run("victim"), "payload", pickled)
+    run = jq.get_run("victim")
+    assert run.payload == pickled
+    with pytest.raises(PayloadError):
+        _ = run.args
+    with pytest.raises(PayloadError):
+        _ = run.kwargs
+    with pytest.raises(PayloadError):
+        decode_payload(pickled)
+    assert run.to_dict()["payload"] == pickled
+    (claimed,) = claim(jq.scripts, pk, now=None).runs
+    assert claimed.payload == pickled  # handed over as text; decoding it is the JSON decoder's job
+
+
+@pytest.mark.usefixtures("no_unpickling")
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_inv6_decode_payload_refuses_pickle_bytes_of_every_protocol(protocol: int) -> None:
+    data = pickle.dumps({"args": [1], "kwargs": {}}, protocol=protocol)
+    with pytest.raises(PayloadError):
+        decode_payload(data)  # type: ignore[arg-type]
+    with pytest.raises(PayloadError):
+        decode_payload(data.decode("latin-1"))
+
+
+@pytest.mark.parametrize(
+    "name", ["os.system", "os:system", "builtins.eval", "subprocess.Popen", "jobqueue.ops"]
+)
+def test_inv6_a_task_name_is_only_resolved_through_the_registry(jq: JobQueue, name: str) -> None:
+    jq.declare_task("known")
+    with pytest.raises(UnknownTask):
+        jq.resolve_task(name)
+    with pytest.raises(UnknownTask):
+        jq.enqueue(name, 1)
+
+
+# What turns bytes or text into objects or code: deserialisers and eval/exec ...
+DESERIALISERS = {"pickle", "cPickle", "_pickle", "marshal", "shelve", "dill", "cloudpickle",
+                 "jsonpickle"}
+EVALUATORS = {"eval", "exec", "compile"}
+# ... and what turns a name into imported code.
+IMPORTERS = {"importlib", "runpy", "pydoc", "pkgutil"}
+IMPORT_CALLS = {"__import__", "import_module"}
+
+
+def forbidden_uses(source: str, modules: set[str], names: set[str]) -> list[str]:
+    """Imports of ``modules``; uses of ``names`` as a bare name (``eval(...)``, ``f = eval``) or
+    an attribute (``builtins.eval``, ``importlib.import_module``). ``compile`` counts only
+    bare, so ``re.compile`` is fine."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in modules]
+        elif isinstance(node, ast.ImportFrom):
+            if node.module and node.module.split(".")[0] in modules:
+                found.append(node.module)
+        elif isinstance(node, ast.Name) and node.id in names:
+            found.append(node.id)
+        elif isinstance(node, ast.Attribute) and node.attr in names - {"compile"}:
+            found.append(f".{node.attr}")
+    return found
+
+
+def test_inv6_the_scanner_catches_what_it_looks_for() -> None:
+    for bad in ("import pickle", "from marshal import loads", "import shelve as s",
+                "x = eval('1')", "exec('pass')", "f = eval", "builtins.eval(x)",
+                "compile('1', 'f', 'eval')"):
+        assert forbidden_uses(bad, DESERIALISERS, EVALUATORS), bad
+    for bad in ("import importlib.util", "from importlib import import_module",
+                "m = __import__('os')", "mod.import_module(name)", "builtins.__import__('x')"):
+        assert forbidden_uses(bad, IMPORTERS, IMPORT_CALLS), bad
+    fine = "client.evalsha(sha, 0)\nimport json\nexecute = 1\nre.compile('x')\nself.locate(r)"
+    assert forbidden_uses(fine, DESERIALISERS | IMPORTERS, EVALUATORS | IMPORT_CALLS) == []
+
+
+def scan(modules: set[str], names: set[str]) -> dict[str, list[str]]:
+    files = sorted((ROOT / "jobqueue").rglob("*.py"))
+    assert len(files) > 5
+    return {
+        str(f.relative_to(ROOT)): uses
+        for f in files
+        if (uses := forbidden_uses(f.read_text(), modules, names))
+    }
+
+
+def test_inv6_no_jobqueue_module_unpickles_or_evaluates_code() -> None:
+    assert scan(DESERIALISERS, EVALUATORS) == {}
+
+
+def test_inv6_no_jobqueue_module_imports_code_by_name() -> None:
+    """No importlib & co: task names come only from the registry the worker was given.
+
+    The one import by name is ``jobqueue worker --app module:attr`` in cli.py: the operator's
+    own command line naming the app that holds that registry (like ``celery -A``); nothing
+    stored in Redis or sent by a user reaches it. Any other use fails this test."""
+    found = scan(IMPORTERS, IMPORT_CALLS)
+    cli_uses = found.pop("jobqueue/cli.py", [])
+    assert found == {}
+    cli_source = (ROOT / "jobqueue" / "cli.py").read_text()
+    assert cli_source.count("importlib.import_module(") == 1
+    load_app = cli_source[cli_source.index("def load_app("):]
+    assert "importlib.import_module(" in load_app[: load_app.index("\ndef ")], cli_uses
+
+
+def test_inv6_no_lua_script_evaluates_a_string() -> None:
+    scripts = sorted((ROOT / "lua").glob("*.lua"))
+    assert len(scripts) >= len(SCRIPT_NAMES)
+    bad = re.compile(r"\b(loadstring|dofile|loadfile|require|setfenv)\b|\bload\s*\(")
+    offenders = {s.name: bad.findall(s.read_text()) for s in scripts if bad.search(s.read_text())}
+    assert offenders == {}

@@ -1,0 +1,364 @@
+"""cancel.lua, release.lua and requeue.lua through ops, plus the history cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobqueue import ops
+from jobqueue.keys import PartitionKeys
+from jobqueue.scripts import ScriptRunner
+
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE = 30_000
+RETENTION = 3_600_000
+DEAD_RETENTION = 7_200_000
+
+
+def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, max_attempts: int = 3,
+           now: int = 0, delay_ms: int = 0) -> None:
+    specs = [ops.RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts, delay_ms=delay_ms)
+             for r in run_ids]
+    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
+
+
+def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1",
+          limit: int = 1) -> list[ops.ClaimedRun]:
+    call = ops.claim_call(pk, limit, owner, LEASE, DEAD_RETENTION, now=now)
+    return ops.parse_claim(runner.run(call)).runs
+
+
+def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
+              ) -> ops.ClaimedRun:
+    (run,) = claim(runner, pk, now, owner)
+    return run
+
+
+def cancel(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int,
+           reason: str = "stop", retention: int = RETENTION) -> tuple[bool, str]:
+    return ops.parse_state_change(
+        runner.run(ops.cancel_call(pk, run_id, retention, reason, now=now))
+    )
+
+
+def release(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int
+            ) -> ops.Outcome:
+    return ops.parse_outcome(runner.run(ops.release_call(pk, run_id, fence, now=now)))
+
+
+def requeue(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int) -> tuple[bool, str]:
+    return ops.parse_state_change(runner.run(ops.requeue_call(pk, run_id, now=now)))
+
+
+def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int
+             ) -> ops.Outcome:
+    call = ops.complete_call(pk, run_id, fence, '"ok"', RETENTION, now=now)
+    return ops.parse_outcome(runner.run(call))
+
+
+def make_state(runner: ScriptRunner, pk: PartitionKeys, state: str) -> None:
+    """Run 'a' in the given state."""
+    create(runner, pk, "a", max_attempts=1)
+    if state == "pending":
+        return
+    c = claim_one(runner, pk, now=0)
+    if state == "done":
+        complete(runner, pk, "a", c.fence, now=10)
+    elif state == "dead":
+        runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, DEAD_RETENTION, now=10))
+    elif state == "cancelled":
+        cancel(runner, pk, "a", now=10)
+    else:
+        assert state == "running"
+
+
+# -- cancel ----------------------------------------------------------------------------------
+
+
+def test_cancel_pending_run_removes_it_from_the_due_queue(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", delay_ms=1_000)
+    assert cancel(runner, pk, "a", now=500) == (True, "pending")
+    run = redis_client.hgetall(pk.run("a"))
+    assert (run["state"], run["fence"], run["finished"]) == ("cancelled", "1", "500")
+    assert redis_client.zscore(pk.due, "a") is None
+    assert redis_client.zscore(pk.done, "a") == 500
+    assert claim(runner, pk, now=10**9) == []
+
+
+def test_cancel_running_run_bumps_fence_so_the_worker_is_refused(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert cancel(runner, pk, "a", now=100) == (True, "running")
+    assert redis_client.hget(pk.run("a"), "fence") == str(c.fence + 1)
+    beat = runner.run(ops.heartbeat_call(pk, [("a", c.fence)], LEASE, now=200))
+    assert ops.parse_heartbeat(beat) == ["cancelled"]
+    assert complete(runner, pk, "a", c.fence, now=300) == ops.Outcome(
+        False, "cancelled", current_fence=c.fence + 1
+    )
+    failed = runner.run(ops.fail_call(pk, "a", c.fence, "x", 0, DEAD_RETENTION, now=300))
+    assert ops.parse_outcome(failed).status == "cancelled"
+    assert release(runner, pk, "a", c.fence, now=300).status == "cancelled"
+    assert redis_client.hget(pk.run("a"), "state") == "cancelled"
+
+
+def test_cancel_running_run_removes_its_lease(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    claim_one(runner, pk, now=0)
+    cancel(runner, pk, "a", now=100)
+    assert redis_client.zscore(pk.leases, "a") is None
+    assert not redis_client.hexists(pk.run("a"), "lease_until")
+    # its old lease time passing does not bring it back
+    assert claim(runner, pk, now=10 * LEASE) == []
+    assert redis_client.hget(pk.run("a"), "state") == "cancelled"
+
+
+def test_cancel_of_unknown_run_reports_unknown(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    assert cancel(runner, pk, "ghost", now=1) == (False, "unknown")
+    assert redis_client.keys("*") == []
+
+
+@pytest.mark.parametrize("state", ["done", "dead", "cancelled"])
+def test_cancel_of_finished_run_reports_its_state_and_changes_nothing(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, state: str
+) -> None:
+    make_state(runner, pk, state)
+    before = redis_client.hgetall(pk.run("a"))
+    assert cancel(runner, pk, "a", now=1_000) == (False, state)
+    assert redis_client.hgetall(pk.run("a")) == before
+
+
+def test_cancelled_record_expires_after_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    cancel(runner, pk, "a", now=1, retention=40_000)
+    for key in (pk.run("a"), pk.history("a")):
+        assert 30_000 < redis_client.pttl(key) <= 40_000
+
+
+def test_cancel_stores_the_reason_and_counts_in_stats(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", "b")
+    long_reason = "operator said so " + "!" * 300
+    cancel(runner, pk, "a", now=1, reason=long_reason)
+    cancel(runner, pk, "b", now=2)
+    cancel(runner, pk, "b", now=3)  # refused, not counted
+    assert redis_client.hget(pk.run("a"), "error") == long_reason
+    assert redis_client.hget(pk.stats, "cancelled") == "2"
+    assert redis_client.lrange(pk.history("a"), -1, -1) == [
+        "1 cancelled (was pending): " + long_reason[:200]
+    ]
+
+
+# -- release ---------------------------------------------------------------------------------
+
+
+def test_release_does_not_count_an_attempt(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", max_attempts=1)
+    c = claim_one(runner, pk, now=0)
+    assert c.attempt == 1
+    assert release(runner, pk, "a", c.fence, now=10) == ops.Outcome(True, "released")
+    assert redis_client.hget(pk.run("a"), "attempt") == "0"
+    again = claim_one(runner, pk, now=20, owner="w2")
+    assert (again.attempt, again.fence) == (1, c.fence + 1)
+
+
+def test_release_puts_run_back_due_now_without_owner_or_lease(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    release(runner, pk, "a", c.fence, now=1_500)
+    run = redis_client.hgetall(pk.run("a"))
+    assert (run["state"], run["due"]) == ("pending", "1500")
+    assert "owner" not in run
+    assert "lease_until" not in run
+    assert redis_client.zscore(pk.leases, "a") is None
+    assert redis_client.zscore(pk.due, "a") == 1_500
+
+
+def test_release_keeps_the_fence_until_the_next_claim_bumps_it(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    release(runner, pk, "a", c.fence, now=10)
+    assert redis_client.hget(pk.run("a"), "fence") == str(c.fence)
+    # the releasing worker can no longer commit: the run is not running
+    assert complete(runner, pk, "a", c.fence, now=11).status == "not-running"
+
+
+def test_release_pushes_a_wake_token(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    redis_client.delete(pk.wake)
+    release(runner, pk, "a", c.fence, now=10)
+    assert redis_client.lrange(pk.wake, 0, -1) == ["1"]
+
+
+def test_release_trims_the_wake_list(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    redis_client.rpush(pk.wake, *["1"] * 30)
+    c = claim_one(runner, pk, now=0)
+    release(runner, pk, "a", c.fence, now=10)
+    assert redis_client.llen(pk.wake) == 16
+
+
+def test_release_with_stale_fence_is_refused(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    old = claim_one(runner, pk, now=0, owner="w1")
+    new = claim_one(runner, pk, now=LEASE, owner="w2")
+    before = redis_client.hgetall(pk.run("a"))
+    assert release(runner, pk, "a", old.fence, now=LEASE + 1) == ops.Outcome(
+        False, "fenced", current_fence=new.fence
+    )
+    assert redis_client.hgetall(pk.run("a")) == before
+    assert redis_client.zscore(pk.due, "a") is None
+
+
+@pytest.mark.parametrize(
+    ("state", "reason"),
+    [("pending", "not-running"), ("done", "finished"), ("dead", "finished"),
+     ("cancelled", "cancelled")],
+)
+def test_release_is_refused_unless_the_run_is_running(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, state: str, reason: str
+) -> None:
+    make_state(runner, pk, state)
+    fence = int(redis_client.hget(pk.run("a"), "fence"))
+    before = redis_client.hgetall(pk.run("a"))
+    assert release(runner, pk, "a", fence, now=1_000).status == reason
+    assert redis_client.hgetall(pk.run("a")) == before
+
+
+def test_release_of_unknown_run_is_refused(runner: ScriptRunner, pk: PartitionKeys,
+                                           redis_client: Any) -> None:
+    assert release(runner, pk, "ghost", 1, now=1) == ops.Outcome(False, "unknown", current_fence=0)
+    assert redis_client.keys("*") == []
+
+
+def test_release_writes_a_history_entry(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    release(runner, pk, "a", c.fence, now=42)
+    assert redis_client.lrange(pk.history("a"), -1, -1) == [
+        "42 released fence=1 (attempt not counted)"
+    ]
+
+
+def test_history_keeps_only_the_last_32_entries(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    for i in range(20):
+        c = claim_one(runner, pk, now=i * 10)
+        release(runner, pk, "a", c.fence, now=i * 10 + 5)
+    history = redis_client.lrange(pk.history("a"), 0, -1)
+    assert len(history) == 32
+    assert history[-1] == "195 released fence=20 (attempt not counted)"
+    assert history[0] == "40 claimed fence=5 attempt=1 owner=w1"
+
+
+# -- requeue ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["dead", "cancelled", "done"])
+def test_requeue_finished_run_resets_attempts_and_makes_it_due_now(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, state: str
+) -> None:
+    make_state(runner, pk, state)
+    assert requeue(runner, pk, "a", now=5_000) == (True, state)
+    run = redis_client.hgetall(pk.run("a"))
+    assert (run["state"], run["attempt"], run["due"]) == ("pending", "0", "5000")
+    for gone in ("finished", "result", "owner", "lease_until"):
+        assert gone not in run
+    assert redis_client.zscore(pk.due, "a") == 5_000
+    again = claim_one(runner, pk, now=5_000)
+    assert again.attempt == 1
+
+
+@pytest.mark.parametrize("state", ["dead", "cancelled", "done"])
+def test_requeue_removes_the_expiry_of_a_finished_record(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, state: str
+) -> None:
+    make_state(runner, pk, state)
+    assert redis_client.pttl(pk.run("a")) > 0
+    requeue(runner, pk, "a", now=5_000)
+    assert redis_client.pttl(pk.run("a")) == -1
+    assert redis_client.pttl(pk.history("a")) == -1
+
+
+def test_requeue_removes_run_from_dead_and_done_indexes(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    make_state(runner, pk, "dead")
+    assert redis_client.zscore(pk.dead, "a") is not None
+    requeue(runner, pk, "a", now=100)
+    assert redis_client.zscore(pk.dead, "a") is None
+    c = claim_one(runner, pk, now=100)
+    complete(runner, pk, "a", c.fence, now=200)
+    assert redis_client.zscore(pk.done, "a") == 200
+    requeue(runner, pk, "a", now=300)
+    assert redis_client.zscore(pk.done, "a") is None
+
+
+def test_requeue_keeps_the_fence_so_an_old_worker_stays_refused(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    complete(runner, pk, "a", c.fence, now=10)
+    requeue(runner, pk, "a", now=20)
+    assert redis_client.hget(pk.run("a"), "fence") == str(c.fence)
+    assert complete(runner, pk, "a", c.fence, now=21).status == "not-running"
+    new = claim_one(runner, pk, now=30, owner="w2")
+    assert new.fence == c.fence + 1
+    assert complete(runner, pk, "a", c.fence, now=31).status == "fenced"
+    assert complete(runner, pk, "a", new.fence, now=32).accepted
+
+
+@pytest.mark.parametrize("state", ["pending", "running"])
+def test_requeue_of_a_live_run_is_refused_and_changes_nothing(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, state: str
+) -> None:
+    make_state(runner, pk, state)
+    before = redis_client.hgetall(pk.run("a"))
+    assert requeue(runner, pk, "a", now=1_000) == (False, state)
+    assert redis_client.hgetall(pk.run("a")) == before
+
+
+def test_requeue_of_unknown_run_reports_unknown(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    assert requeue(runner, pk, "ghost", now=1) == (False, "unknown")
+    assert redis_client.keys("*") == []
+
+
+def test_requeue_pushes_a_wake_token_and_writes_history(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    make_state(runner, pk, "cancelled")
+    redis_client.delete(pk.wake)
+    requeue(runner, pk, "a", now=77)
+    assert redis_client.lrange(pk.wake, 0, -1) == ["1"]
+    assert redis_client.lrange(pk.history("a"), -1, -1) == ["77 requeued (was cancelled)"]

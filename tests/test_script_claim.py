@@ -1,0 +1,388 @@
+"""claim.lua through ops: due runs, expired leases first, dead-lettering, corrupt records,
+stray index entries, next_wake, stats and history. Explicit clock throughout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobqueue import ops
+from jobqueue.keys import PartitionKeys
+from jobqueue.scripts import ScriptRunner
+
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE = 30_000
+DEAD_RETENTION = 7_200_000
+
+
+def spec(run_id: str, **kw: Any) -> ops.RunSpec:
+    task = kw.pop("task", "t")
+    payload = kw.pop("payload", PAYLOAD)
+    return ops.RunSpec(run_id, task, payload, **kw)
+
+
+def create(runner: ScriptRunner, pk: PartitionKeys, *specs: ops.RunSpec, now: int = 0) -> None:
+    assert all(ops.parse_create(runner.run(ops.create_call(pk, list(specs), now=now))))
+
+
+def claim(
+    runner: ScriptRunner,
+    pk: PartitionKeys,
+    now: int,
+    limit: int = 10,
+    owner: str = "w1",
+    lease_ms: int = LEASE,
+) -> ops.ClaimResult:
+    call = ops.claim_call(pk, limit, owner, lease_ms, DEAD_RETENTION, now=now)
+    return ops.parse_claim(runner.run(call))
+
+
+def ids(result: ops.ClaimResult) -> list[str]:
+    return [r.run_id for r in result.runs]
+
+
+def test_claim_takes_a_due_run_and_returns_its_fields(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(
+        runner,
+        pk,
+        spec("job@60", task="report", payload='{"args":[1],"kwargs":{}}', due_at_ms=60_000,
+             max_attempts=4, timeout_ms=9_000, job_id="job", scheduled_for_ms=59_000),
+    )
+    result = claim(runner, pk, now=61_000)
+    assert result.now_ms == 61_000
+    assert result.runs == [
+        ops.ClaimedRun(
+            run_id="job@60",
+            fence=1,
+            attempt=1,
+            max_attempts=4,
+            task="report",
+            payload='{"args":[1],"kwargs":{}}',
+            lease_until_ms=61_000 + LEASE,
+            timeout_ms=9_000,
+            job_id="job",
+            scheduled_for_ms=59_000,
+            due_ms=60_000,
+        )
+    ]
+
+
+def test_claim_reports_no_job_and_no_scheduled_for_for_a_plain_run(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, spec("a"))
+    (r,) = claim(runner, pk, now=0).runs
+    assert r.job_id == ""
+    assert r.scheduled_for_ms is None
+
+
+def test_claim_marks_the_record_running_with_owner_and_lease(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a"), now=1_000)
+    claim(runner, pk, now=2_000, owner="worker-7")
+    run = redis_client.hgetall(pk.run("a"))
+    assert run["state"] == "running"
+    assert run["owner"] == "worker-7"
+    assert run["fence"] == "1"
+    assert run["attempt"] == "1"
+    assert run["lease_until"] == str(2_000 + LEASE)
+    assert run["started"] == "2000"
+    assert redis_client.zscore(pk.due, "a") is None
+    assert redis_client.zscore(pk.leases, "a") == 2_000 + LEASE
+
+
+def test_claim_skips_runs_not_yet_due(runner: ScriptRunner, pk: PartitionKeys,
+                                      redis_client: Any) -> None:
+    create(runner, pk, spec("later", due_at_ms=5_000), spec("now", due_at_ms=1_000))
+    assert ids(claim(runner, pk, now=4_999)) == ["now"]
+    assert redis_client.hget(pk.run("later"), "state") == "pending"
+    assert redis_client.zscore(pk.due, "later") == 5_000
+
+
+def test_claim_takes_a_run_due_exactly_now(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    create(runner, pk, spec("a", due_at_ms=5_000))
+    assert ids(claim(runner, pk, now=4_999)) == []
+    assert ids(claim(runner, pk, now=5_000)) == ["a"]
+
+
+def test_claim_takes_due_runs_in_due_order(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    create(runner, pk, spec("c", due_at_ms=300), spec("a", due_at_ms=100), spec("b", due_at_ms=200))
+    assert ids(claim(runner, pk, now=1_000, limit=2)) == ["a", "b"]
+    assert ids(claim(runner, pk, now=1_000, limit=2)) == ["c"]
+
+
+def test_claim_takes_at_most_limit_runs(runner: ScriptRunner, pk: PartitionKeys,
+                                        redis_client: Any) -> None:
+    create(runner, pk, *(spec(f"r{i}", due_at_ms=i) for i in range(5)))
+    assert len(claim(runner, pk, now=100, limit=3).runs) == 3
+    assert redis_client.zcard(pk.due) == 2
+    assert redis_client.zcard(pk.leases) == 3
+
+
+def test_claim_never_hands_one_run_to_two_claims(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    create(runner, pk, spec("a"))
+    assert ids(claim(runner, pk, now=0, owner="w1")) == ["a"]
+    assert ids(claim(runner, pk, now=1, owner="w2")) == []
+
+
+def test_claim_uses_the_runs_own_lease_over_the_default(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, spec("own", lease_ms=5_000), spec("default"))
+    runs = {r.run_id: r for r in claim(runner, pk, now=1_000).runs}
+    assert runs["own"].lease_until_ms == 6_000
+    assert runs["default"].lease_until_ms == 1_000 + LEASE
+
+
+def test_claim_returns_nothing_and_no_next_wake_on_an_empty_partition(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    result = claim(runner, pk, now=1_000)
+    assert result.runs == []
+    assert result.next_wake_ms is None
+
+
+def test_claim_returns_next_wake_as_earliest_due_or_lease(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, spec("now"), spec("later", due_at_ms=50_000))
+    # "now" leased until 30_000, "later" due at 50_000: the lease comes first
+    assert claim(runner, pk, now=0, limit=1).next_wake_ms == LEASE
+    create(runner, pk, spec("soon", due_at_ms=10_000), now=1)
+    # now the due run at 10_000 is the earliest
+    assert claim(runner, pk, now=2, limit=1).next_wake_ms == 10_000
+
+
+def test_claim_next_wake_is_the_lease_when_nothing_is_due(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, spec("a"))
+    assert claim(runner, pk, now=100).next_wake_ms == 100 + LEASE
+
+
+def test_claim_next_wake_ignores_claimed_runs(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    create(runner, pk, spec("a", due_at_ms=10), spec("b", due_at_ms=70_000))
+    result = claim(runner, pk, now=20, lease_ms=100_000)
+    assert ids(result) == ["a"]
+    assert result.next_wake_ms == 70_000
+
+
+def test_claim_takes_expired_leases_before_due_runs(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("stalled"), now=0)
+    claim(runner, pk, now=0, owner="w1")
+    create(runner, pk, spec("fresh", due_at_ms=1_000), now=1)
+    result = claim(runner, pk, now=LEASE + 1, limit=1, owner="w2")
+    assert ids(result) == ["stalled"]
+    assert redis_client.zscore(pk.due, "fresh") == 1_000
+
+
+def test_claim_fills_the_remaining_limit_with_due_runs_after_expired_leases(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, spec("stalled"), now=0)
+    claim(runner, pk, now=0)
+    create(runner, pk, spec("d1", due_at_ms=1), spec("d2", due_at_ms=2), now=1)
+    assert ids(claim(runner, pk, now=LEASE, limit=2, owner="w2")) == ["stalled", "d1"]
+
+
+def test_claim_does_not_take_a_lease_that_has_not_expired(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, spec("a"))
+    claim(runner, pk, now=0)
+    assert ids(claim(runner, pk, now=LEASE - 1, owner="w2")) == []
+    assert ids(claim(runner, pk, now=LEASE, owner="w2")) == ["a"]
+
+
+def test_claim_of_an_expired_lease_counts_an_attempt_and_bumps_the_fence(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a", max_attempts=3))
+    claim(runner, pk, now=0, owner="w1")
+    (r,) = claim(runner, pk, now=LEASE + 5, owner="w2").runs
+    assert (r.fence, r.attempt, r.lease_until_ms) == (2, 2, 2 * LEASE + 5)
+    run = redis_client.hgetall(pk.run("a"))
+    assert (run["owner"], run["fence"], run["attempt"]) == ("w2", "2", "2")
+    assert redis_client.zscore(pk.leases, "a") == 2 * LEASE + 5
+
+
+def test_expired_lease_past_max_attempts_goes_dead_with_reason(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a", max_attempts=2))
+    claim(runner, pk, now=0)
+    claim(runner, pk, now=LEASE)  # attempt 2 of 2
+    result = claim(runner, pk, now=2 * LEASE + 1)
+    assert result.runs == []
+    run = redis_client.hgetall(pk.run("a"))
+    assert run["state"] == "dead"
+    assert run["error"] == "lease expired on attempt 2 of 2 (worker died or stalled)"
+    assert run["finished"] == str(2 * LEASE + 1)
+    assert "lease_until" not in run
+    assert redis_client.zscore(pk.dead, "a") == 2 * LEASE + 1
+    assert redis_client.zscore(pk.leases, "a") is None
+    assert redis_client.zscore(pk.due, "a") is None
+
+
+def test_dead_lettered_record_expires_after_dead_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a", max_attempts=1))
+    claim(runner, pk, now=0)
+    claim(runner, pk, now=LEASE)
+    assert redis_client.hget(pk.run("a"), "state") == "dead"
+    for key in (pk.run("a"), pk.history("a")):
+        assert DEAD_RETENTION - 60_000 < redis_client.pttl(key) <= DEAD_RETENTION
+
+
+def test_a_dead_run_is_never_claimed_again(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    create(runner, pk, spec("a", max_attempts=1))
+    claim(runner, pk, now=0)
+    claim(runner, pk, now=LEASE)
+    assert ids(claim(runner, pk, now=10 * LEASE)) == []
+
+
+def corrupt(redis_client: Any, pk: PartitionKeys, run_id: str, **fields: Any) -> None:
+    record = {"state": "pending", "task": "t", "payload": PAYLOAD, "attempt": 0,
+              "max_attempts": 3, "fence": 0, "due": 0}
+    record.update(fields)
+    redis_client.hset(pk.run(run_id), mapping={k: v for k, v in record.items() if v is not None})
+    if record["state"] == "pending":
+        redis_client.zadd(pk.due, {run_id: 0})
+
+
+def test_claim_dead_letters_a_corrupt_record_with_a_reason(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    corrupt(redis_client, pk, "no-task", task=None)
+    corrupt(redis_client, pk, "bad-max", max_attempts="lots")
+    create(runner, pk, spec("good"))
+    result = claim(runner, pk, now=5_000)
+    assert ids(result) == ["good"]
+    assert redis_client.hget(pk.run("no-task"), "state") == "dead"
+    assert redis_client.hget(pk.run("no-task"), "error") == "corrupt record: no task"
+    assert redis_client.hget(pk.run("bad-max"), "state") == "dead"
+    assert redis_client.hget(pk.run("bad-max"), "error") == "corrupt record: bad max_attempts"
+    assert redis_client.zscore(pk.dead, "no-task") == 5_000
+    assert redis_client.zscore(pk.dead, "bad-max") == 5_000
+    assert redis_client.zcard(pk.leases) == 1
+    assert redis_client.hget(pk.stats, "dead") == "2"
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"task": ""}, "corrupt record: no task"),
+        ({"task": None}, "corrupt record: no task"),
+        ({"payload": None}, "corrupt record: no payload"),
+        ({"max_attempts": None}, "corrupt record: bad max_attempts"),
+        ({"max_attempts": "3x"}, "corrupt record: bad max_attempts"),
+    ],
+)
+def test_claim_dead_letters_each_kind_of_corrupt_pending_record(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, fields: dict[str, Any],
+    reason: str
+) -> None:
+    corrupt(redis_client, pk, "x", **fields)
+    assert claim(runner, pk, now=1_000).runs == []
+    run = redis_client.hgetall(pk.run("x"))
+    assert (run["state"], run["error"]) == ("dead", reason)
+    assert redis_client.zscore(pk.due, "x") is None
+    assert redis_client.zscore(pk.dead, "x") == 1_000
+    assert redis_client.lrange(pk.history("x"), -1, -1) == [f"1000 dead {reason}"]
+    assert 0 < redis_client.pttl(pk.run("x")) <= DEAD_RETENTION
+
+
+def test_claim_dead_letters_a_corrupt_running_record_whose_lease_expired(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a", max_attempts=5))
+    claim(runner, pk, now=0)
+    redis_client.hdel(pk.run("a"), "task")
+    assert claim(runner, pk, now=LEASE, owner="w2").runs == []
+    run = redis_client.hgetall(pk.run("a"))
+    assert (run["state"], run["error"]) == ("dead", "corrupt record: no task")
+    assert redis_client.zscore(pk.leases, "a") is None
+    assert redis_client.zscore(pk.dead, "a") == LEASE
+
+
+def test_claim_drops_a_stray_due_entry_of_a_run_in_another_state(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a"))
+    (r,) = claim(runner, pk, now=0).runs
+    runner.run(ops.complete_call(pk, "a", r.fence, '"ok"', 60_000, now=10))
+    redis_client.zadd(pk.due, {"a": 5})
+    before = redis_client.hgetall(pk.run("a"))
+    assert claim(runner, pk, now=20).runs == []
+    assert redis_client.zscore(pk.due, "a") is None
+    assert redis_client.hgetall(pk.run("a")) == before
+    assert redis_client.lrange(pk.history("a"), -1, -1) == [
+        "20 stray due entry dropped (state done)"
+    ]
+
+
+def test_claim_drops_a_due_entry_whose_record_is_gone(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    redis_client.zadd(pk.due, {"ghost": 1})
+    assert claim(runner, pk, now=20).runs == []
+    assert redis_client.zcard(pk.due) == 0
+    assert not redis_client.exists(pk.run("ghost"))
+    assert not redis_client.exists(pk.history("ghost"))
+
+
+def test_claim_drops_a_lease_entry_whose_record_is_not_running(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("pending-one", due_at_ms=10**9))
+    redis_client.zadd(pk.leases, {"pending-one": 1, "ghost": 2})
+    result = claim(runner, pk, now=100)
+    assert result.runs == []
+    assert redis_client.zcard(pk.leases) == 0
+    assert redis_client.hget(pk.run("pending-one"), "state") == "pending"
+    assert redis_client.hget(pk.run("pending-one"), "attempt") == "0"
+    assert redis_client.hget(pk.stats, "lease_expired") is None
+
+
+def test_claim_counts_claimed_expired_and_dead_in_stats(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("retry", max_attempts=2), spec("die", max_attempts=1))
+    claim(runner, pk, now=0)
+    create(runner, pk, spec("fresh"), now=1)
+    claim(runner, pk, now=LEASE + 1)  # retry reclaimed, die buried, fresh claimed
+    stats = redis_client.hgetall(pk.stats)
+    assert stats["claimed"] == "4"
+    assert stats["lease_expired"] == "2"
+    assert stats["dead"] == "1"
+
+
+def test_claim_writes_claimed_and_lease_expired_history_entries(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a"), now=0)
+    claim(runner, pk, now=10, owner="w1")
+    claim(runner, pk, now=10 + LEASE, owner="w2")
+    assert redis_client.lrange(pk.history("a"), 0, -1) == [
+        "0 created due=0",
+        "10 claimed fence=1 attempt=1 owner=w1",
+        f"{10 + LEASE} lease expired fence=1 attempt=1",
+        f"{10 + LEASE} claimed fence=2 attempt=2 owner=w2",
+    ]
+
+
+def test_claim_of_a_retried_run_continues_the_attempt_count(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, spec("a", max_attempts=3))
+    (r,) = claim(runner, pk, now=0).runs
+    runner.run(ops.fail_call(pk, "a", r.fence, "boom", 100, DEAD_RETENTION, now=10))
+    (r2,) = claim(runner, pk, now=110).runs
+    assert (r2.fence, r2.attempt) == (2, 2)

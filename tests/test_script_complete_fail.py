@@ -1,0 +1,362 @@
+"""complete.lua and fail.lua through ops: fenced commits, retry with delay, dead-lettering,
+retention, the done index, stats and history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobqueue import ops
+from jobqueue.keys import PartitionKeys
+from jobqueue.scripts import ScriptRunner
+
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE = 30_000
+RETENTION = 3_600_000
+DEAD_RETENTION = 7_200_000
+
+
+def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, max_attempts: int = 3,
+           now: int = 0) -> None:
+    specs = [ops.RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts) for r in run_ids]
+    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
+
+
+def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
+              ) -> ops.ClaimedRun:
+    call = ops.claim_call(pk, 1, owner, LEASE, DEAD_RETENTION, now=now)
+    (run,) = ops.parse_claim(runner.run(call)).runs
+    return run
+
+
+def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int,
+             result: str = '"ok"', retention: int = RETENTION) -> ops.Outcome:
+    call = ops.complete_call(pk, run_id, fence, result, retention, now=now)
+    return ops.parse_outcome(runner.run(call))
+
+
+def fail(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int,
+         delay: int | None = 1_000, error: str = "boom") -> ops.Outcome:
+    call = ops.fail_call(pk, run_id, fence, error, delay, DEAD_RETENTION, now=now)
+    return ops.parse_outcome(runner.run(call))
+
+
+# -- complete --------------------------------------------------------------------------------
+
+
+def test_complete_with_current_fence_is_accepted_once(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert complete(runner, pk, "a", c.fence, now=10) == ops.Outcome(True, "done")
+    assert complete(runner, pk, "a", c.fence, now=20) == ops.Outcome(
+        False, "finished", current_fence=c.fence
+    )
+
+
+def test_complete_marks_done_with_result_and_finish_time(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    complete(runner, pk, "a", c.fence, now=1_234, result='{"n":[1,2]}')
+    run = redis_client.hgetall(pk.run("a"))
+    assert run["state"] == "done"
+    assert run["result"] == '{"n":[1,2]}'
+    assert run["finished"] == "1234"
+    assert "lease_until" not in run
+
+
+def test_complete_removes_the_lease_and_indexes_the_run_as_done(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    complete(runner, pk, "a", c.fence, now=500)
+    assert redis_client.zscore(pk.leases, "a") is None
+    assert redis_client.zscore(pk.done, "a") == 500
+    # a completed run is not reclaimed when its old lease time passes
+    result = ops.parse_claim(runner.run(ops.claim_call(pk, 5, "w2", LEASE, 1, now=10 * LEASE)))
+    assert result.runs == []
+
+
+def test_complete_with_stale_fence_is_refused_as_fenced_with_current_fence(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    old = claim_one(runner, pk, now=0, owner="w1")
+    new = claim_one(runner, pk, now=LEASE, owner="w2")
+    assert complete(runner, pk, "a", old.fence, now=LEASE + 1) == ops.Outcome(
+        False, "fenced", current_fence=new.fence
+    )
+
+
+def test_refused_complete_changes_nothing(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    old = claim_one(runner, pk, now=0, owner="w1")
+    claim_one(runner, pk, now=LEASE, owner="w2")
+    record = redis_client.hgetall(pk.run("a"))
+    history = redis_client.lrange(pk.history("a"), 0, -1)
+    leases = redis_client.zrange(pk.leases, 0, -1, withscores=True)
+    complete(runner, pk, "a", old.fence, now=LEASE + 1)
+    assert redis_client.hgetall(pk.run("a")) == record
+    assert redis_client.lrange(pk.history("a"), 0, -1) == history
+    assert redis_client.zrange(pk.leases, 0, -1, withscores=True) == leases
+    assert redis_client.zcard(pk.done) == 0
+    assert redis_client.pttl(pk.run("a")) == -1
+
+
+def test_complete_of_unknown_run_is_refused_as_unknown(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    outcome = complete(runner, pk, "ghost", 1, now=10)
+    assert outcome == ops.Outcome(False, "unknown", current_fence=0)
+    assert not redis_client.exists(pk.run("ghost"))
+    assert not redis_client.exists(pk.history("ghost"))
+    assert redis_client.zcard(pk.done) == 0
+
+
+def test_complete_of_a_pending_run_is_refused_as_not_running(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    outcome = complete(runner, pk, "a", 0, now=10)
+    assert outcome == ops.Outcome(False, "not-running", current_fence=0)
+    assert redis_client.hget(pk.run("a"), "state") == "pending"
+
+
+def test_complete_of_cancelled_run_is_refused_as_cancelled(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=5))
+    assert complete(runner, pk, "a", c.fence, now=10) == ops.Outcome(
+        False, "cancelled", current_fence=c.fence + 1
+    )
+
+
+def test_complete_of_dead_run_is_refused_as_finished(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    fail(runner, pk, "a", c.fence, now=5, delay=None)
+    assert complete(runner, pk, "a", c.fence, now=10).status == "finished"
+
+
+def test_finished_record_expires_after_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert redis_client.pttl(pk.run("a")) == -1
+    complete(runner, pk, "a", c.fence, now=10, retention=50_000)
+    for key in (pk.run("a"), pk.history("a")):
+        assert 40_000 < redis_client.pttl(key) <= 50_000
+
+
+def test_complete_trims_done_index_entries_older_than_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "old", "new")
+    fences = {r.run_id: r.fence for r in ops.parse_claim(
+        runner.run(ops.claim_call(pk, 2, "w", 10**9, 1, now=0))).runs}
+    complete(runner, pk, "old", fences["old"], now=1_000, retention=10_000)
+    complete(runner, pk, "new", fences["new"], now=20_000, retention=10_000)
+    assert redis_client.zrange(pk.done, 0, -1) == ["new"]
+
+
+def test_complete_keeps_done_index_entries_within_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "old", "new")
+    fences = {r.run_id: r.fence for r in ops.parse_claim(
+        runner.run(ops.claim_call(pk, 2, "w", 10**9, 1, now=0))).runs}
+    complete(runner, pk, "old", fences["old"], now=1_000, retention=10_000)
+    complete(runner, pk, "new", fences["new"], now=10_999, retention=10_000)
+    assert redis_client.zrange(pk.done, 0, -1) == ["old", "new"]
+
+
+def test_complete_counts_completed_and_rejected_in_stats(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    complete(runner, pk, "a", c.fence, now=10)
+    complete(runner, pk, "a", c.fence, now=11)
+    complete(runner, pk, "ghost", 1, now=12)
+    assert redis_client.hget(pk.stats, "completed") == "1"
+    assert redis_client.hget(pk.stats, "rejected") == "2"
+
+
+def test_complete_writes_a_done_history_entry(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    complete(runner, pk, "a", c.fence, now=77)
+    assert redis_client.lrange(pk.history("a"), -1, -1) == ["77 done fence=1"]
+
+
+# -- fail ------------------------------------------------------------------------------------
+
+
+def test_fail_retries_at_now_plus_delay_until_max_attempts(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", max_attempts=3)
+    now = 0
+    outcomes = []
+    for _ in range(3):
+        c = claim_one(runner, pk, now=now)
+        outcome = fail(runner, pk, "a", c.fence, now=now + 100, delay=2_000)
+        outcomes.append(outcome)
+        if outcome.retry_at_ms is not None:
+            now = outcome.retry_at_ms
+    assert outcomes == [
+        ops.Outcome(True, "retry", retry_at_ms=2_100),
+        ops.Outcome(True, "retry", retry_at_ms=4_200),
+        ops.Outcome(True, "dead"),
+    ]
+    assert redis_client.hget(pk.run("a"), "attempt") == "3"
+
+
+def test_fail_retry_puts_the_run_back_to_pending_with_the_error(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    fail(runner, pk, "a", c.fence, now=100, delay=5_000, error="ValueError: nope")
+    run = redis_client.hgetall(pk.run("a"))
+    assert run["state"] == "pending"
+    assert run["error"] == "ValueError: nope"
+    assert run["due"] == "5100"
+    assert run["attempt"] == "1"
+    assert "lease_until" not in run
+    assert redis_client.zscore(pk.due, "a") == 5_100
+    assert redis_client.zscore(pk.leases, "a") is None
+    assert redis_client.pttl(pk.run("a")) == -1
+
+
+def test_fail_retry_is_claimable_at_its_due_time_not_before(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    fail(runner, pk, "a", c.fence, now=100, delay=5_000)
+    early = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w", LEASE, 1, now=5_099)))
+    assert early.runs == []
+    assert early.next_wake_ms == 5_100
+    again = claim_one(runner, pk, now=5_100)
+    assert (again.fence, again.attempt) == (2, 2)
+
+
+def test_fail_without_retry_delay_buries_at_once(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", max_attempts=10)
+    c = claim_one(runner, pk, now=0)
+    assert fail(runner, pk, "a", c.fence, now=100, delay=None) == ops.Outcome(True, "dead")
+    assert redis_client.hget(pk.run("a"), "state") == "dead"
+    assert redis_client.zscore(pk.due, "a") is None
+
+
+def test_fail_on_last_attempt_buries_in_dead_set_with_dead_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", max_attempts=1)
+    c = claim_one(runner, pk, now=0)
+    assert fail(runner, pk, "a", c.fence, now=300, delay=1_000, error="final") == ops.Outcome(
+        True, "dead"
+    )
+    run = redis_client.hgetall(pk.run("a"))
+    assert (run["state"], run["error"], run["finished"]) == ("dead", "final", "300")
+    assert "lease_until" not in run
+    assert redis_client.zscore(pk.dead, "a") == 300
+    assert redis_client.zscore(pk.leases, "a") is None
+    assert redis_client.zscore(pk.due, "a") is None
+    for key in (pk.run("a"), pk.history("a")):
+        assert DEAD_RETENTION - 60_000 < redis_client.pttl(key) <= DEAD_RETENTION
+
+
+def test_fail_with_stale_fence_is_refused_and_changes_nothing(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    old = claim_one(runner, pk, now=0, owner="w1")
+    new = claim_one(runner, pk, now=LEASE, owner="w2")
+    record = redis_client.hgetall(pk.run("a"))
+    outcome = fail(runner, pk, "a", old.fence, now=LEASE + 1, delay=None)
+    assert outcome == ops.Outcome(False, "fenced", current_fence=new.fence)
+    assert redis_client.hgetall(pk.run("a")) == record
+    assert redis_client.zscore(pk.leases, "a") == 2 * LEASE
+    assert redis_client.zcard(pk.dead) == 0
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [("none", "unknown"), ("pending", "not-running"), ("cancelled", "cancelled"),
+     ("done", "finished")],
+)
+def test_fail_is_refused_unless_the_run_is_running(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, setup: str, reason: str
+) -> None:
+    fence = 0
+    if setup != "none":
+        create(runner, pk, "a")
+    if setup in ("cancelled", "done"):
+        fence = claim_one(runner, pk, now=0).fence
+    if setup == "cancelled":
+        runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=1))
+        fence += 1  # even the new fence is refused: the run is cancelled
+    if setup == "done":
+        complete(runner, pk, "a", fence, now=1)
+    before = redis_client.hgetall(pk.run("a"))
+    outcome = fail(runner, pk, "a", fence, now=10)
+    assert (outcome.accepted, outcome.status) == (False, reason)
+    assert redis_client.hgetall(pk.run("a")) == before
+    assert redis_client.hget(pk.stats, "failed") is None
+
+
+def test_fail_counts_failed_retried_dead_and_rejected(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", max_attempts=2)
+    c = claim_one(runner, pk, now=0)
+    fail(runner, pk, "a", c.fence, now=1, delay=0)
+    c = claim_one(runner, pk, now=2)
+    fail(runner, pk, "a", c.fence, now=3, delay=0)
+    fail(runner, pk, "a", c.fence, now=4, delay=0)  # refused: already dead
+    stats = redis_client.hgetall(pk.stats)
+    assert (stats["failed"], stats["retried"], stats["dead"], stats["rejected"]) == (
+        "2", "1", "1", "1"
+    )
+
+
+def test_fail_writes_retry_and_dead_history_entries(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", max_attempts=2)
+    c = claim_one(runner, pk, now=0)
+    fail(runner, pk, "a", c.fence, now=10, delay=90, error="E1")
+    c = claim_one(runner, pk, now=100)
+    fail(runner, pk, "a", c.fence, now=110, delay=90, error="E2 " + "x" * 500)
+    history = redis_client.lrange(pk.history("a"), 0, -1)
+    assert history[2] == "10 failed fence=1 attempt=1 retry at 100: E1"
+    assert history[-1] == "110 dead fence=2 attempt=2: E2 " + "x" * 197
+    # the record keeps the whole error, only history is abridged
+    assert redis_client.hget(pk.run("a"), "error") == "E2 " + "x" * 500
+
+
+def test_fail_with_zero_delay_is_due_at_once(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert fail(runner, pk, "a", c.fence, now=50, delay=0).retry_at_ms == 50
+    assert claim_one(runner, pk, now=50).attempt == 2

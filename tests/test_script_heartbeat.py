@@ -1,0 +1,190 @@
+"""heartbeat.lua through ops: extend a lease only with the current fence of a running run,
+else say why, so the worker stops."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobqueue import ops
+from jobqueue.keys import PartitionKeys
+from jobqueue.scripts import ScriptRunner
+
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE = 30_000
+RETENTION = 3_600_000
+
+
+def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, lease_ms: int = 0,
+           now: int = 0) -> None:
+    specs = [ops.RunSpec(r, "t", PAYLOAD, lease_ms=lease_ms, max_attempts=3) for r in run_ids]
+    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
+
+
+def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
+              ) -> ops.ClaimedRun:
+    result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, owner, LEASE, RETENTION, now=now)))
+    (run,) = result.runs
+    return run
+
+
+def beat(runner: ScriptRunner, pk: PartitionKeys, leases: list[tuple[str, int]], now: int,
+         lease_ms: int = LEASE) -> list[int | str]:
+    return ops.parse_heartbeat(runner.run(ops.heartbeat_call(pk, leases, lease_ms, now=now)))
+
+
+def test_heartbeat_extends_the_lease_from_now(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert beat(runner, pk, [("a", c.fence)], now=10_000) == [10_000 + LEASE]
+    assert redis_client.hget(pk.run("a"), "lease_until") == str(10_000 + LEASE)
+    assert redis_client.zscore(pk.leases, "a") == 10_000 + LEASE
+
+
+def test_heartbeat_returns_the_now_it_used(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    reply = runner.run(ops.heartbeat_call(pk, [], LEASE, now=4_321))
+    assert [int(x) for x in reply] == [4_321]
+
+
+def test_heartbeat_uses_the_callers_lease_length_when_the_run_has_none(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert beat(runner, pk, [("a", c.fence)], now=1_000, lease_ms=5_000) == [6_000]
+
+
+def test_heartbeat_uses_the_runs_own_lease_over_the_default(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", lease_ms=90_000)
+    c = claim_one(runner, pk, now=0)
+    assert c.lease_until_ms == 90_000
+    assert beat(runner, pk, [("a", c.fence)], now=1_000, lease_ms=5_000) == [91_000]
+
+
+def test_heartbeat_keeps_an_extended_lease_from_being_reclaimed(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    beat(runner, pk, [("a", c.fence)], now=20_000)
+    result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, RETENTION, now=LEASE)))
+    assert result.runs == []
+    assert result.next_wake_ms == 20_000 + LEASE
+
+
+def test_heartbeat_refuses_a_stale_fence_as_fenced(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    old = claim_one(runner, pk, now=0, owner="w1")
+    new = claim_one(runner, pk, now=LEASE, owner="w2")
+    assert new.fence == old.fence + 1
+    assert beat(runner, pk, [("a", old.fence)], now=LEASE + 1) == ["fenced"]
+    # the refusal changed nothing: w2's lease stands
+    assert redis_client.zscore(pk.leases, "a") == 2 * LEASE
+    assert redis_client.hget(pk.run("a"), "lease_until") == str(2 * LEASE)
+
+
+def test_heartbeat_refuses_a_fence_from_the_future_as_fenced(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert beat(runner, pk, [("a", c.fence + 1)], now=1) == ["fenced"]
+
+
+def test_heartbeat_refuses_a_cancelled_run(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=5))
+    assert beat(runner, pk, [("a", c.fence)], now=10) == ["cancelled"]
+
+
+def test_heartbeat_refuses_a_completed_run_as_finished(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    runner.run(ops.complete_call(pk, "a", c.fence, "null", RETENTION, now=5))
+    assert beat(runner, pk, [("a", c.fence)], now=10) == ["finished"]
+    assert redis_client.zscore(pk.leases, "a") is None
+    assert not redis_client.hexists(pk.run("a"), "lease_until")
+
+
+def test_heartbeat_refuses_a_dead_run_as_finished(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, RETENTION, now=5))
+    assert beat(runner, pk, [("a", c.fence)], now=10) == ["finished"]
+
+
+def test_heartbeat_refuses_a_released_run_as_not_running(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    runner.run(ops.release_call(pk, "a", c.fence, now=5))
+    assert beat(runner, pk, [("a", c.fence)], now=10) == ["not-running"]
+    assert redis_client.zscore(pk.leases, "a") is None
+
+
+def test_heartbeat_refuses_a_run_failed_back_to_pending_as_not_running(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    runner.run(ops.fail_call(pk, "a", c.fence, "boom", 1_000, RETENTION, now=5))
+    assert beat(runner, pk, [("a", c.fence)], now=10) == ["not-running"]
+
+
+def test_heartbeat_refuses_an_unknown_run(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    assert beat(runner, pk, [("nope", 1)], now=10) == ["unknown"]
+    assert redis_client.zcard(pk.leases) == 0
+    assert not redis_client.exists(pk.run("nope"))
+
+
+def test_heartbeat_answers_each_lease_of_a_batch_in_order(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", "b", "c")
+    got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w1", LEASE, RETENTION, now=0)))
+    fences = {r.run_id: r.fence for r in got.runs}
+    runner.run(ops.complete_call(pk, "b", fences["b"], "null", RETENTION, now=1))
+    answer = beat(
+        runner,
+        pk,
+        [("a", fences["a"]), ("b", fences["b"]), ("ghost", 1), ("c", fences["c"] - 1),
+         ("c", fences["c"])],
+        now=2_000,
+    )
+    assert answer == [2_000 + LEASE, "finished", "unknown", "fenced", 2_000 + LEASE]
+
+
+def test_heartbeat_does_not_change_the_fence_attempt_or_owner(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    before = redis_client.hgetall(pk.run("a"))
+    beat(runner, pk, [("a", c.fence)], now=10_000)
+    after = redis_client.hgetall(pk.run("a"))
+    before.pop("lease_until")
+    after.pop("lease_until")
+    assert after == before
+
+
+def test_heartbeat_after_lease_expiry_but_before_reclaim_is_still_accepted(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    """Nobody took the run yet, so the fence is still current: the worker keeps it."""
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert beat(runner, pk, [("a", c.fence)], now=LEASE + 5) == [2 * LEASE + 5]
+    result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, RETENTION,
+                                                       now=LEASE + 6)))
+    assert result.runs == []

@@ -1,0 +1,418 @@
+"""The worker in-process: ``Worker.run()`` in a thread (no signal handlers), stopped with
+``worker.stop()``. Every test runs on both backends (fakeredis blocks and wakes on BLPOP with
+a timeout, checked when this file was written), unless its docstring says why not."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from jobqueue import ops
+from jobqueue.client import JobQueue
+from jobqueue.context import RunContext
+from jobqueue.errors import Fatal
+from jobqueue.keys import WORKERS_KEY
+from jobqueue.models import Run
+from jobqueue.settings import Settings
+from jobqueue.worker import Worker
+
+FAST = Settings(backoff_base_s=0.05, backoff_cap_s=0.2)
+
+
+@pytest.fixture
+def fast_jq(redis_client: Any) -> JobQueue:
+    """A JobQueue with short retry backoff, on the parametrized backend."""
+    return JobQueue(redis_client, settings=FAST)
+
+
+@contextmanager
+def running(worker: Worker, join_timeout: float = 10.0) -> Iterator[Worker]:
+    thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(join_timeout)
+        assert not thread.is_alive(), "worker did not stop"
+
+
+def make_worker(jq: JobQueue, **kw: Any) -> Worker:
+    kw.setdefault("concurrency", 4)
+    kw.setdefault("lease", 5.0)
+    kw.setdefault("grace", 5.0)
+    return Worker(jq, install_signal_handlers=False, **kw)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.01)
+
+
+def finished(jq: JobQueue, run_id: str, timeout: float = 10.0) -> Run:
+    def check() -> Run | None:
+        run = jq.get_run(run_id)
+        return run if run.finished else None
+
+    run: Run = wait_for(check, timeout, f"run {run_id} to finish")
+    return run
+
+
+def state_is(jq: JobQueue, run_id: str, state: str, timeout: float = 10.0) -> Run:
+    run: Run = wait_for(
+        lambda: (r := jq.get_run(run_id)).state == state and r, timeout, f"{run_id} {state}"
+    )
+    return run
+
+
+def claims(run: Run) -> list[str]:
+    return [h for h in run.history if " claimed " in h]
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+def test_sync_task_completes_with_its_result(fast_jq: JobQueue) -> None:
+    @fast_jq.task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with running(make_worker(fast_jq)):
+        handle = fast_jq.enqueue(add, 2, 3)
+        run = finished(fast_jq, handle.run_id)
+    assert (run.state, run.result, run.attempt) == ("done", 5, 1)
+
+
+def test_async_task_completes_with_its_result(fast_jq: JobQueue) -> None:
+    @fast_jq.task
+    async def shout(word: str) -> dict[str, Any]:
+        import asyncio
+
+        await asyncio.sleep(0.01)
+        return {"word": word.upper(), "thread": threading.current_thread().name}
+
+    with running(make_worker(fast_jq)):
+        handle = fast_jq.enqueue(shout, "hi")
+        run = finished(fast_jq, handle.run_id)
+    assert run.state == "done"
+    assert run.result == {"word": "HI", "thread": "jq-async"}
+
+
+def test_task_gets_a_context_describing_its_run(fast_jq: JobQueue) -> None:
+    seen: dict[str, Any] = {}
+
+    @fast_jq.task
+    def inspect_ctx(ctx: RunContext) -> str:
+        seen.update(run_id=ctx.run_id, fence=ctx.fence, attempt=ctx.attempt, queue=ctx.queue)
+        return "ok"
+
+    with running(make_worker(fast_jq)):
+        handle = fast_jq.enqueue(inspect_ctx, run_id="ctx-run-1")
+        finished(fast_jq, handle.run_id)
+    assert seen == {"run_id": "ctx-run-1", "fence": 1, "attempt": 1, "queue": "default"}
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+def test_raising_task_retries_with_backoff_then_goes_dead_with_its_error(
+    fast_jq: JobQueue,
+) -> None:
+    calls: list[float] = []
+
+    @fast_jq.task(max_attempts=3, backoff=0.1, backoff_cap=1.0)
+    def flaky() -> None:
+        calls.append(time.monotonic())
+        raise ValueError(f"boom {len(calls)}")
+
+    with running(make_worker(fast_jq)):
+        handle = fast_jq.enqueue(flaky)
+        run = finished(fast_jq, handle.run_id)
+    assert (run.state, run.attempt, len(calls)) == ("dead", 3, 3)
+    assert run.error is not None and "ValueError: boom 3" in run.error
+    retries = [h for h in run.history if " failed " in h and " retry at " in h]
+    assert len(retries) == 2
+    # Backoff: equal jitter in [d/2, d] with d = 100 ms, then 200 ms.
+    for line, (low, high) in zip(retries, [(50, 100), (100, 200)], strict=True):
+        failed_at = int(line.split()[0])
+        due = int(line.split(" retry at ")[1].split(":")[0])
+        assert low <= due - failed_at <= high, line
+    # Each retry waited for its due time before running again.
+    assert calls[1] - calls[0] >= 0.045 and calls[2] - calls[1] >= 0.095
+
+
+def test_fatal_error_goes_dead_at_once(fast_jq: JobQueue) -> None:
+    @fast_jq.task(max_attempts=5)
+    def doomed() -> None:
+        raise Fatal("bad input, do not retry")
+
+    with running(make_worker(fast_jq)):
+        handle = fast_jq.enqueue(doomed)
+        run = finished(fast_jq, handle.run_id)
+    assert (run.state, run.attempt) == ("dead", 1)
+    assert run.error == "Fatal: bad input, do not retry"
+
+
+def test_unknown_task_name_goes_dead_with_a_clear_error_and_imports_nothing(
+    redis_client: Any,
+) -> None:
+    module = "jq_test_never_imported_module"
+    client = JobQueue(redis_client, settings=FAST)
+    client.declare_task(f"{module}.run", max_attempts=3)
+    worker_jq = JobQueue(redis_client, settings=FAST)
+
+    @worker_jq.task
+    def known() -> str:
+        return "still working"
+
+    with running(make_worker(worker_jq)):
+        handle = client.enqueue(f"{module}.run", 1)
+        run = finished(client, handle.run_id)
+        after = finished(client, worker_jq.enqueue(known).run_id)
+    assert (run.state, run.attempt) == ("dead", 1)
+    assert run.error is not None and f"unknown task '{module}.run'" in run.error
+    assert module not in sys.modules
+    assert after.result == "still working"
+
+
+def test_malformed_payload_goes_dead_with_the_reason_and_the_worker_keeps_running(
+    fast_jq: JobQueue, redis_client: Any
+) -> None:
+    @fast_jq.task
+    def echo(x: Any) -> Any:
+        return x
+
+    handle = fast_jq.enqueue(echo, 1)  # before the worker starts: nothing claims it yet
+    keys = fast_jq.keys_for("default", handle.run_id)
+    redis_client.hset(keys.run(handle.run_id), "payload", "{not json")
+    with running(make_worker(fast_jq)):
+        run = finished(fast_jq, handle.run_id)
+        after = finished(fast_jq, fast_jq.enqueue(echo, "next").run_id)
+    assert (run.state, run.attempt) == ("dead", 1)
+    assert run.error is not None and "not valid JSON" in run.error
+    assert (after.state, after.result) == ("done", "next")
+
+
+def test_result_that_is_not_json_goes_dead_with_the_reason(fast_jq: JobQueue) -> None:
+    @fast_jq.task(max_attempts=3)
+    def returns_a_set() -> Any:
+        return {1, 2}
+
+    with running(make_worker(fast_jq)):
+        run = finished(fast_jq, fast_jq.enqueue(returns_a_set).run_id)
+    assert (run.state, run.attempt) == ("dead", 1)
+    assert run.error is not None and "not JSON-serialisable" in run.error
+
+
+# -- timeouts, cancellation, fences --------------------------------------------------------
+
+
+def test_timeout_fails_and_retries_the_run_and_refuses_the_stuck_threads_late_commit(
+    fast_jq: JobQueue,
+) -> None:
+    release_stuck = threading.Event()
+
+    @fast_jq.task(timeout=0.2, max_attempts=2, backoff=0.05)
+    def slow(ctx: RunContext) -> str:
+        if ctx.attempt == 1:
+            release_stuck.wait(5)  # ignores ctx.cancelled: a stuck thread
+            return "late"
+        return "second"
+
+    worker = make_worker(fast_jq)
+    with running(worker):
+        handle = fast_jq.enqueue(slow)
+        run = finished(fast_jq, handle.run_id)
+        assert (run.state, run.result, run.attempt) == ("done", "second", 2)
+        release_stuck.set()
+        wait_for(lambda: worker.stats.rejected_commits, what="the late commit")
+    assert [(r, f) for r, f, _ in worker.stats.rejected_commits] == [(handle.run_id, 1)]
+    assert worker.stats.timeouts == 1
+    assert any("failed fence=1 attempt=1" in h and "timed out after 0.2s" in h for h in run.history)
+    final = fast_jq.get_run(handle.run_id)
+    assert (final.result, final.fence) == ("second", 2)
+    assert sum(" done " in h for h in final.history) == 1
+
+
+def test_refused_heartbeat_sets_ctx_cancelled_and_the_late_commit_is_refused(
+    fast_jq: JobQueue,
+) -> None:
+    started = threading.Event()
+    observed: dict[str, Any] = {}
+
+    @fast_jq.task
+    def long_running(ctx: RunContext) -> str:
+        started.set()
+        observed["cancelled"] = ctx.cancelled.wait(5)
+        observed["reason"] = ctx.cancel_reason
+        return "should be discarded"
+
+    worker = make_worker(fast_jq, lease=0.3)
+    with running(worker):
+        handle = fast_jq.enqueue(long_running)
+        assert started.wait(5)
+        fast_jq.cancel(handle.run_id, reason="operator said stop")
+        wait_for(lambda: worker.stats.rejected_commits, what="the refused commit")
+    assert observed["cancelled"] is True
+    assert "cancelled" in observed["reason"]
+    assert worker.stats.rejected_commits == [(handle.run_id, 1, "cancelled")]
+    run = fast_jq.get_run(handle.run_id)
+    assert (run.state, run.result_json, run.error) == ("cancelled", None, "operator said stop")
+
+
+def test_fenced_write_refuses_a_stale_fence(fast_jq: JobQueue) -> None:
+    @fast_jq.task
+    def write(resource: str, ctx: RunContext) -> bool:
+        return ctx.fenced_write(resource, f"from fence {ctx.fence}")
+
+    keys = fast_jq.keys_for("default", "stale")
+    # A newer holder (fence 7) already wrote "contested"; nobody wrote "fresh".
+    assert ops.parse_fenced_write(
+        fast_jq.scripts.run(ops.fenced_write_call(keys, "contested", 7, "newer", "other"))
+    ) == (True, 7)
+    with running(make_worker(fast_jq)):
+        stale = finished(fast_jq, fast_jq.enqueue(write, "contested", run_id="stale").run_id)
+        fresh = finished(fast_jq, fast_jq.enqueue(write, "fresh", run_id="fresh").run_id)
+    assert (stale.result, fresh.result) == (False, True)
+    redis = fast_jq.redis
+    assert redis.hget(keys.fence_resource("contested"), "value") == "newer"
+    fresh_keys = fast_jq.keys_for("default", "fresh")
+    assert redis.hget(fresh_keys.fence_resource("fresh"), "value") == "from fence 1"
+
+
+def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue) -> None:
+    @fast_jq.task
+    def sleeper() -> str:
+        time.sleep(1.5)
+        return "slept"
+
+    # Two workers: the second would reclaim the run if the first stopped heartbeating.
+    with running(make_worker(fast_jq, lease=0.5)), running(make_worker(fast_jq, lease=0.5)):
+        handle = fast_jq.enqueue(sleeper)
+        run = finished(fast_jq, handle.run_id)
+    assert (run.state, run.result, run.attempt, run.fence) == ("done", "slept", 1, 1)
+    assert len(claims(run)) == 1
+    assert not any("lease expired" in h for h in run.history)
+
+
+# -- idling and the registry ---------------------------------------------------------------
+
+
+def test_run_enqueued_while_idle_starts_within_a_few_milliseconds(fast_jq: JobQueue) -> None:
+    @fast_jq.task
+    def noop() -> None:
+        return None
+
+    latencies = []
+    with running(make_worker(fast_jq)):
+        for _ in range(5):
+            time.sleep(0.3)  # the worker is asleep on the wake list (its idle wait is 2 s)
+            run = finished(fast_jq, fast_jq.enqueue(noop).run_id)
+            assert run.started_ms is not None and run.created_ms is not None
+            latencies.append(run.started_ms - run.created_ms)
+    # Loose: a wake token, not the 2 s idle timeout, started these runs.
+    assert statistics.median(latencies) < 50, latencies
+    assert max(latencies) < 500, latencies
+
+
+def test_worker_registers_itself_and_removes_itself_on_stop(fast_jq: JobQueue) -> None:
+    worker = make_worker(fast_jq, worker_id="w-registry-test")
+    with running(worker):
+        raw = wait_for(lambda: fast_jq.redis.hget(WORKERS_KEY, worker.id), what="registry")
+        info = json.loads(raw)
+        server_now = fast_jq.server_time_ms()
+    assert info["id"] == "w-registry-test"
+    assert info["host"] == socket.gethostname()
+    assert info["pid"] == os.getpid()
+    assert abs(server_now - info["last_seen_ms"]) < 5_000
+    assert fast_jq.redis.hget(WORKERS_KEY, worker.id) is None
+
+
+def test_graceful_stop_releases_runs_past_the_grace_without_counting_an_attempt(
+    fast_jq: JobQueue,
+) -> None:
+    started = threading.Semaphore(0)
+
+    @fast_jq.task
+    def stubborn(ctx: RunContext) -> str:
+        started.release()
+        ctx.cancelled.wait(5)
+        return "too late"
+
+    worker = make_worker(fast_jq, grace=0.2)
+    handles = []
+    with running(worker):
+        handles = [fast_jq.enqueue(stubborn) for _ in range(2)]
+        for _ in handles:
+            assert started.acquire(timeout=5)
+    assert worker.stats.released == 2
+    for h in handles:
+        run = fast_jq.get_run(h.run_id)
+        assert (run.state, run.attempt) == ("pending", 0)
+        assert any("released fence=1 (attempt not counted)" in line for line in run.history)
+
+    # The next worker gets them as first attempts.
+    fast_jq.registry = type(fast_jq.registry)()
+
+    @fast_jq.task(name="stubborn")
+    def quick() -> str:
+        return "done now"
+
+    with running(make_worker(fast_jq)):
+        runs = [finished(fast_jq, h.run_id) for h in handles]
+    assert [(r.state, r.attempt, r.fence, r.result) for r in runs] == [
+        ("done", 1, 2, "done now")
+    ] * 2
+
+
+def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_the_run(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stall (heartbeats paused past the lease) lets this very worker reclaim the run; the
+    stale attempt must still get its refused heartbeat, so it is cancelled, not orphaned."""
+    first_ctx: list[RunContext] = []
+
+    @fast_jq.task
+    def patient(ctx: RunContext) -> str:
+        if ctx.attempt == 1:
+            first_ctx.append(ctx)
+            ctx.cancelled.wait(5)
+            return "stale"
+        return "second"
+
+    worker = make_worker(fast_jq, lease=0.3)
+    paused = threading.Event()
+    real_heartbeat = worker._heartbeat
+
+    def heartbeat() -> None:
+        if not paused.is_set():
+            real_heartbeat()
+
+    monkeypatch.setattr(worker, "_heartbeat", heartbeat)
+    with running(worker):
+        handle = fast_jq.enqueue(patient)
+        wait_for(lambda: first_ctx, what="the first attempt")
+        paused.set()  # a stall: the lease runs out and the claim loop takes the run again
+        run = finished(fast_jq, handle.run_id)
+        paused.clear()
+        assert first_ctx[0].cancelled.wait(5), "the stale attempt was never told"
+        wait_for(lambda: worker.stats.rejected_commits, what="the stale commit")
+    assert (run.state, run.result, run.fence, run.attempt) == ("done", "second", 2, 2)
+    assert first_ctx[0].cancel_reason == "lease lost: fenced"
+    assert worker.stats.rejected_commits == [(handle.run_id, 1, "fenced")]

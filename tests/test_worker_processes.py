@@ -1,0 +1,509 @@
+"""Worker daemons as real processes on a real Redis server (one private server per test).
+
+Real server only: these tests kill, stop and restart processes, including the server itself,
+which fakeredis (an in-process emulation) cannot stand for. Workers run
+``python -m jobqueue.cli --redis-url URL worker --app chaos_app:jq`` with tests/apps on
+PYTHONPATH. Every process started here is killed at teardown, pass or fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue.base import Request
+from jobqueue.client import JobQueue
+from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.keys import WORKERS_KEY, PartitionKeys
+from jobqueue.scripts import scripts
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = Path(__file__).resolve().parent / "apps"
+PK = PartitionKeys("default", 0)  # one partition: every run of these tests lives here
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class Procs:
+    """Starts worker processes and guarantees they are gone at teardown."""
+
+    url: str
+    logs: Path
+    started: list[Proc] = field(default_factory=list)
+    extra_pids: set[int] = field(default_factory=set)  # grandchildren (supervised workers)
+
+    def worker(self, *args: str, session: bool = False) -> Proc:
+        log = self.logs / f"worker-{len(self.started)}.log"
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(APPS), str(ROOT)]),
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.pop("JOBQUEUE_REDIS_URL", None)
+        cmd = [sys.executable, "-m", "jobqueue.cli", "--redis-url", self.url]
+        cmd += ["worker", "--app", "chaos_app:jq", *args]
+        with log.open("wb") as err:
+            popen = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                start_new_session=session,
+            )
+        proc = Proc(popen, log)
+        self.started.append(proc)
+        return proc
+
+    def cleanup(self) -> None:
+        for pid in self.extra_pids:
+            _kill(pid)
+        for proc in self.started:
+            if proc.alive():
+                _kill(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(10)
+
+
+def _kill(pid: int) -> None:
+    for sig in (signal.SIGCONT, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of ours still answers kill(0): look at its state.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def owner_pid(owner: str) -> int:
+    """Worker ids are ``host:pid:random``."""
+    return int(owner.rsplit(":", 2)[1])
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(find_server_binary()).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def aof_server() -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(
+        find_server_binary(), extra_args=("--appendonly", "yes", "--appendfsync", "always")
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def restart(srv: EmbeddedServer) -> None:
+    """Stop the server process (SIGTERM: it syncs its AOF and exits) and start a new one on
+    the same directory and socket. EmbeddedServer.stop() would delete the directory, so this
+    stops the process by hand."""
+    proc = srv.process
+    assert proc is not None
+    proc.terminate()
+    proc.wait(10)
+    if proc.stderr:
+        proc.stderr.close()
+    srv.process = None
+    srv.socket.unlink(missing_ok=True)
+    srv.start()
+    # Until the AOF is loaded the server answers LOADING; the test's own client waits here.
+    probe = redis.Redis.from_url(srv.url)
+
+    def loaded() -> bool:
+        try:
+            return bool(probe.ping())
+        except redis.exceptions.BusyLoadingError:
+            return False
+
+    wait_for(loaded, 20, "the restarted server to load its AOF")
+    probe.close()
+
+
+def client_for(url: str) -> JobQueue:
+    jq = JobQueue(redis.Redis.from_url(url, decode_responses=True))
+    # The tasks of tests/apps/chaos_app.py, by name and with the same options; their code is
+    # only in the worker processes.
+    jq.declare_task("chaos", max_attempts=20)
+    jq.declare_task("stall")
+    jq.declare_task("work", max_attempts=10)
+    jq.declare_task("stuck_once")
+    return jq
+
+
+@pytest.fixture
+def procs_factory(tmp_path: Path) -> Iterator[Callable[[str], Procs]]:
+    made: list[Procs] = []
+
+    def make(url: str) -> Procs:
+        p = Procs(url, tmp_path)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.cleanup()
+
+
+# -- reading runs in bulk ------------------------------------------------------------------
+
+
+@dataclass
+class RunView:
+    run_id: str
+    fields: dict[str, str]
+    history: list[str]
+
+    @property
+    def state(self) -> str:
+        return self.fields.get("state", "missing")
+
+    @property
+    def attempt(self) -> int:
+        return int(self.fields.get("attempt", "0"))
+
+    @property
+    def fence(self) -> int:
+        return int(self.fields.get("fence", "0"))
+
+    @property
+    def result(self) -> Any:
+        return json.loads(self.fields["result"])
+
+    def claim_owners(self) -> list[str]:
+        return [h.split(" owner=", 1)[1] for h in self.history if " claimed " in h]
+
+    def count(self, word: str) -> int:
+        return sum(f" {word} " in f"{h} " for h in self.history)
+
+
+def read_runs(r: redis.Redis, run_ids: list[str]) -> dict[str, RunView]:
+    pipe = r.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hgetall(PK.run(run_id))
+        pipe.lrange(PK.history(run_id), 0, -1)
+    replies = pipe.execute()
+    return {
+        run_id: RunView(run_id, replies[2 * i], replies[2 * i + 1])
+        for i, run_id in enumerate(run_ids)
+    }
+
+
+def done_count(r: redis.Redis) -> int:
+    return int(r.zcard(PK.done))
+
+
+def registered_pids(r: redis.Redis) -> set[int]:
+    return {json.loads(v)["pid"] for v in r.hvals(WORKERS_KEY)}
+
+
+def stop_gracefully(proc: Proc, r: redis.Redis, timeout: float = 15.0) -> int:
+    """SIGTERM once the worker runs (registered): a process still importing has no handler
+    yet and would die of the signal, harmlessly but not with exit code 0."""
+    wait_for(lambda: proc.pid in registered_pids(r) or not proc.alive(), 20, "registration")
+    proc.popen.send_signal(signal.SIGTERM)
+    return proc.popen.wait(timeout)
+
+
+# -- the tests -----------------------------------------------------------------------------
+
+
+def test_sigkill_chaos_every_run_done_once_and_every_effect_applied_once(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """3 workers, 2,000 runs sleeping 0-50 ms with a fenced, idempotent side effect; a random
+    worker is SIGKILLed every 0.5 s and replaced.
+
+    What at-least-once execution with fencing guarantees, and what is asserted:
+    - exactly one accepted commit per run (one 'done' in its history, stats.completed = N),
+      made by the holder of the run's last fence;
+    - the fenced resource holds the committing attempt's write (a killed attempt's write, if
+      it got that far, was overwritten by the newer fence, never the other way round);
+    - the effect keyed by run id is applied exactly once; the executions counter shows where
+      the code really ran twice, which may only happen for a run reclaimed from a killed
+      worker;
+    - attempt > 1 only where every earlier claim's owner was killed by this test.
+    """
+    n_runs, n_workers = 2000, 3
+    worker_args = ("--concurrency", "4", "--lease", "2", "--grace", "1")
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    r = jq.redis
+    rng = random.Random(20601)
+    live = [procs.worker(*worker_args) for _ in range(n_workers)]
+    run_ids = [f"chaos-{i:04d}" for i in range(n_runs)]
+    jq.enqueue_many(Request("chaos", (i,), run_id=run_ids[i]) for i in range(n_runs))
+
+    killed: set[int] = set()
+    deadline = time.monotonic() + 60
+    while done_count(r) < n_runs:
+        assert time.monotonic() < deadline, f"only {done_count(r)} of {n_runs} runs done"
+        time.sleep(0.5)
+        if done_count(r) >= n_runs:
+            break
+        victim = live.pop(rng.randrange(len(live)))
+        victim.popen.send_signal(signal.SIGKILL)
+        victim.popen.wait(5)
+        killed.add(victim.pid)
+        live.append(procs.worker(*worker_args))
+
+    for proc in live:
+        assert stop_gracefully(proc, r) == 0, proc.text()[-2000:]
+
+    runs = read_runs(r, run_ids)
+    resources = r.pipeline(transaction=False)
+    for run_id in run_ids:
+        resources.hgetall(PK.fence_resource(f"chaos:{run_id}"))
+    fenced = dict(zip(run_ids, resources.execute(), strict=True))
+    effects = r.hgetall("chaos:effects")
+    executions = {k: int(v) for k, v in r.hgetall("chaos:executions").items()}
+    stats = r.hgetall(PK.stats)
+
+    # Every run done, exactly one accepted commit each, nothing left in any index.
+    assert {v.state for v in runs.values()} == {"done"}
+    assert all(v.count("done") == 1 for v in runs.values())
+    assert int(stats["completed"]) == n_runs
+    assert r.zcard(PK.leases) == r.zcard(PK.due) == r.zcard(PK.dead) == 0
+    for v in runs.values():
+        # The commit came from the last claim, with the run's current fence.
+        assert v.result["fence"] == v.fence
+        assert v.result["pid"] == owner_pid(v.claim_owners()[-1])
+        # The fenced resource holds that attempt's write.
+        assert int(fenced[v.run_id]["fence"]) == v.fence
+        assert json.loads(fenced[v.run_id]["value"]) == v.result
+
+    # The idempotent effect: applied exactly once per run.
+    assert r.scard("chaos:applied") == n_runs
+    assert set(effects) == set(run_ids) and set(effects.values()) == {"1"}
+
+    # Reclaims only where a killed worker held the run.
+    reclaimed = [v for v in runs.values() if v.attempt > 1]
+    for v in runs.values():
+        owners = v.claim_owners()
+        assert len(owners) == v.attempt, v.history  # no release here: claims == attempts
+        assert all(owner_pid(o) in killed for o in owners[:-1]), (v.history, killed)
+        assert v.count("expired") == v.attempt - 1, v.history
+        assert executions[v.run_id] <= v.attempt
+        if executions[v.run_id] > 1:
+            assert v.attempt > 1
+
+    assert len(killed) >= 5
+    assert reclaimed, "no kill hit a worker holding runs: the test proved nothing"
+    print(
+        f"\nchaos: runs={n_runs} kills={len(killed)} reclaimed_runs={len(reclaimed)} "
+        f"lease_expiries={stats.get('lease_expired', 0)} "
+        f"rejected_commits={stats.get('rejected', 0)} "
+        f"double_executions={sum(1 for c in executions.values() if c > 1)} "
+        f"max_attempt={max(v.attempt for v in runs.values())}"
+    )
+
+
+def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    args = ("--concurrency", "1", "--lease", "1", "--grace", "1")
+    first = procs.worker(*args)
+    jq.enqueue("stall", 1.5, run_id="stalled")
+
+    def held_by_first() -> bool:
+        run = jq.get_run("stalled")
+        return run.state == "running" and owner_pid(run.owner or "x:0:x") == first.pid
+
+    wait_for(held_by_first, 15, "the first worker to hold the run")
+    first.popen.send_signal(signal.SIGSTOP)
+    try:
+        second = procs.worker(*args)
+        run = wait_for(
+            lambda: (x := jq.get_run("stalled")).finished and x, 15, "the second to finish"
+        )
+    finally:
+        first.popen.send_signal(signal.SIGCONT)
+    assert (run.state, run.fence, run.attempt) == ("done", 2, 2)
+    assert run.result == {"fence": 2, "pid": second.pid, "wrote": True}
+
+    line = "fenced out: commit of run_id=stalled fence=1 attempt=1 refused (fenced"
+    wait_for(lambda: line in first.text(), 15, "the first worker to log its refused commit")
+
+    after = jq.get_run("stalled")
+    assert (after.state, after.fence, after.result) == ("done", 2, run.result)
+    assert sum(" done " in h for h in after.history) == 1
+    resource = jq.redis.hgetall(PK.fence_resource("stall:stalled"))
+    assert (int(resource["fence"]), json.loads(resource["value"])["pid"]) == (2, second.pid)
+    assert int(jq.redis.hget(PK.stats, "rejected") or 0) >= 1
+    assert stop_gracefully(first, jq.redis) == 0
+    assert stop_gracefully(second, jq.redis) == 0
+
+
+def test_sigterm_under_load_releases_without_counting_attempts_and_loses_nothing(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """The draining worker also holds a run stuck in code that ignores cancellation: it must
+    still exit 0 promptly after the grace period (its run released, not waited for)."""
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    args = ("--concurrency", "8", "--lease", "5", "--grace", "0.3")
+    draining = procs.worker(*args)
+    jq.enqueue("stuck_once", run_id="stuck")
+    wait_for(lambda: jq.get_run("stuck").state == "running", 15, "the stuck run to start")
+    handles = jq.enqueue_many(Request("work", (0.4, 0.8)) for _ in range(100))
+    run_ids = ["stuck", *(h.run_id for h in handles)]
+    other = procs.worker(*args)
+    wait_for(lambda: done_count(jq.redis) >= 10, 15, "work to be under way")
+
+    sent = time.monotonic()
+    draining.popen.send_signal(signal.SIGTERM)
+    assert draining.popen.wait(10) == 0, draining.text()[-2000:]
+    exit_s = time.monotonic() - sent
+    assert exit_s < 5, f"drain took {exit_s:.1f}s with a 0.3s grace"
+    assert "released run_id=stuck" in draining.text()
+
+    wait_for(lambda: done_count(jq.redis) >= len(run_ids), 30, "every run to be done")
+    assert stop_gracefully(other, jq.redis) == 0
+
+    runs = read_runs(jq.redis, run_ids)
+    assert {v.state for v in runs.values()} == {"done"}
+    released = [v for v in runs.values() if v.count("released")]
+    assert runs["stuck"] in released
+    assert len(released) >= 3  # runs of 0.4-0.8 s in flight outlast a 0.3 s grace
+    for v in released:
+        # Released attempts are not counted: attempt = claims - releases, here 1.
+        assert v.count("claimed") - v.count("released") == v.attempt == 1, v.history
+        assert v.count("expired") == 0, v.history
+        assert v.result == other.pid
+    assert all(v.attempt == 1 for v in runs.values())
+    print(f"\ngraceful: runs={len(run_ids)} released={len(released)} exit_s={exit_s:.2f}")
+
+
+def test_redis_restart_with_aof_under_load_workers_recover_and_no_run_is_lost(
+    aof_server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    procs = procs_factory(aof_server.url)
+    jq = client_for(aof_server.url)
+    args = ("--concurrency", "4", "--lease", "5", "--grace", "1")
+    workers = [procs.worker(*args) for _ in range(2)]
+    n_runs = 1500
+    run_ids = [f"r-{i:04d}" for i in range(n_runs)]
+    jq.enqueue_many(Request("work", (0.005, 0.015), run_id=run_ids[i]) for i in range(n_runs))
+    wait_for(lambda: done_count(jq.redis) >= 200, 20, "work to be under way")
+
+    before = done_count(jq.redis)
+    restart(aof_server)
+    restarted_ms = jq.server_time_ms()  # the client reconnects on its own
+    assert done_count(jq.redis) >= before  # the AOF kept what was done
+
+    wait_for(lambda: done_count(jq.redis) >= n_runs, 40, "every run to be done")
+    assert all(w.alive() for w in workers), [w.text()[-2000:] for w in workers]
+    # The new server started with no scripts; only the workers call claim: they met NOSCRIPT
+    # and loaded it again.
+    assert jq.redis.script_exists(scripts()["claim"].sha) == [True]
+    # They saw the outage (and carried on): a warning, not a crash.
+    logs = [w.text() for w in workers]
+    assert any("WARNING" in t and ("failed" in t or "unavailable" in t) for t in logs), logs
+    assert not any("Traceback" in t for t in logs), logs
+    runs = read_runs(jq.redis, run_ids)
+    assert {v.state for v in runs.values()} == {"done"}
+    finished_after = sum(int(v.fields["finished"]) > restarted_ms for v in runs.values())
+    assert finished_after > 0
+    assert jq.redis.zcard(PK.leases) == jq.redis.zcard(PK.due) == 0
+    for w in workers:
+        assert stop_gracefully(w, jq.redis) == 0, w.text()[-2000:]
+    print(
+        f"\nrestart: runs={n_runs} done_before_restart={before} "
+        f"finished_after_restart={finished_after} "
+        f"max_attempt={max(v.attempt for v in runs.values())}"
+    )
+
+
+def test_supervisor_restarts_a_sigkilled_child_and_drains_on_ctrl_c(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    r = jq.redis
+    # Own session, so that a "Ctrl-C" can go to its whole process group as a terminal's would.
+    supervisor = procs.worker("--processes", "2", "--lease", "2", "--grace", "1", session=True)
+
+    def live_children() -> set[int]:
+        alive = {p for p in registered_pids(r) if pid_alive(p)}
+        procs.extra_pids |= alive
+        return alive
+
+    children = wait_for(lambda: len(x := live_children()) == 2 and x, 20, "two workers")
+    assert supervisor.pid not in children
+    victim = sorted(children)[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(
+        lambda: len(x := live_children()) == 2 and victim not in x, 20, "a replacement worker"
+    )
+    handles = jq.enqueue_many(Request("work", (0.0, 0.01)) for _ in range(20))
+    wait_for(lambda: done_count(r) >= len(handles), 20, "runs done by the new set of workers")
+    assert "restarting" in supervisor.text()
+
+    survivors = live_children()
+    os.killpg(supervisor.pid, signal.SIGINT)  # what Ctrl-C at a terminal does
+    assert supervisor.popen.wait(20) == 0, supervisor.text()[-3000:]
+    assert not any(pid_alive(p) for p in survivors)
+    assert "second signal: exiting at once" not in supervisor.text()
