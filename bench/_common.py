@@ -296,18 +296,19 @@ class RedisBenchmark:
         argv = [
             self.binary,
             *self.connection,
-            "-n", str(self.requests),
-            "-c", str(clients),
-            "-P", str(pipeline),
+            "-n",
+            str(self.requests),
+            "-c",
+            str(clients),
+            "-P",
+            str(pipeline),
             "-q",
         ]
         if random_range is not None:
             argv += ["-r", str(random_range)]
         argv += list(command)
         try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=BASELINE_TIMEOUT_S
-            )
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=BASELINE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return Baseline(label, clients, pipeline, None, f"timed out ({BASELINE_TIMEOUT_S} s)")
         except OSError as exc:

@@ -223,11 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             report_header(server, n, warmup, repeat, baselines)
             python_rate = python_evalsha_rate(server, n, warmup)
             say()
-            say(
-                baseline_table(
-                    baselines, [("same script via redis-py", "-c 1 -P 1", python_rate)]
-                )
-            )
+            say(baseline_table(baselines, [("same script via redis-py", "-c 1 -P 1", python_rate)]))
             serial, pipelined = baselines.write_serial, baselines.write_pipelined
             measurements = [
                 Measurement(

@@ -13,6 +13,36 @@ from .errors import JobQueueError
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("jobqueue_run")
 
 
+class CancelFlag:
+    """Set once when the run should stop. Cheaper than a threading.Event (one per run, and
+    most runs are never cancelled); the Event for ``wait`` is made only if someone waits."""
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._event is not None:
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def __bool__(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep up to ``timeout`` unless cancelled; True when cancelled."""
+        if self._event is None:
+            self._event = threading.Event()
+            if self._set:
+                self._event.set()
+        return self._event.wait(timeout)
+
+
 @dataclass
 class RunContext:
     """Passed to a task that declares a ``ctx`` parameter; also ``jobqueue.current_run()``.
@@ -29,7 +59,7 @@ class RunContext:
     queue: str
     job_id: str
     scheduled_for_ms: int | None
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: CancelFlag = field(default_factory=CancelFlag)
     cancel_reason: str | None = None
     _writer: Callable[[str, str, int, str], bool] | None = field(default=None, repr=False)
 

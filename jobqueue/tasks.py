@@ -6,6 +6,7 @@ imported from a string found in Redis (DESIGN invariant 6).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,11 @@ class Task(Generic[P, R]):
     @property
     def is_async(self) -> bool:
         return self.func is not None and inspect.iscoroutinefunction(self.func)
+
+    @functools.cached_property
+    def wants_ctx(self) -> bool:
+        """Whether the function declares a ``ctx`` parameter (looked up once, not per run)."""
+        return self.func is not None and "ctx" in inspect.signature(self.func).parameters
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         if self.func is None:

@@ -19,7 +19,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import inspect
 import json
 import logging
 import os
@@ -181,6 +180,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
+        self._writers: dict[PartitionKeys, Callable[[str, str, int, str], bool]] = {}
+        self._batch_floor = max(1, min(concurrency // 4, 64))
         self._started_ms = 0
 
     # -- public ----------------------------------------------------------------------------
@@ -302,6 +303,12 @@ class Worker:
                     while self._busy_slots >= self.concurrency and not self._stopping.is_set():
                         self._slot_freed.wait(1.0)
                 continue
+            if free < self._batch_floor and free < self.concurrency:
+                # Busy: let a few more slots free up (a few ms at most) so that one claim
+                # fetches a batch instead of one round trip per finished run.
+                with self._lock:
+                    self._slot_freed.wait(0.002)
+                free = self._free_slots()
             try:
                 claimed, wait_s = self._claim(free)
                 delay = 0.1
@@ -368,7 +375,8 @@ class Worker:
             queue=keys.queue,
             job_id=run.job_id,
             scheduled_for_ms=run.scheduled_for_ms,
-            _writer=self._writer_for(keys),
+            _writer=self._writers.get(keys)
+            or self._writers.setdefault(keys, self._writer_for(keys)),
         )
         timeout_s = run.timeout_ms / 1000 if run.timeout_ms > 0 else None
         entry = InFlight(
@@ -411,10 +419,7 @@ class Worker:
 
     @staticmethod
     def _call_args(task: Task[Any, Any], ctx: RunContext, kwargs: dict[str, Any]) -> dict[str, Any]:
-        assert task.func is not None
-        if "ctx" in inspect.signature(task.func).parameters:
-            return {**kwargs, "ctx": ctx}
-        return kwargs
+        return {**kwargs, "ctx": ctx} if task.wants_ctx else kwargs
 
     def _run_sync(
         self, task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]

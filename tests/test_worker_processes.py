@@ -495,9 +495,7 @@ def test_supervisor_restarts_a_sigkilled_child_and_drains_on_ctrl_c(
     assert supervisor.pid not in children
     victim = sorted(children)[0]
     os.kill(victim, signal.SIGKILL)
-    wait_for(
-        lambda: len(x := live_children()) == 2 and victim not in x, 20, "a replacement worker"
-    )
+    wait_for(lambda: len(x := live_children()) == 2 and victim not in x, 20, "a replacement worker")
     handles = jq.enqueue_many(Request("work", (0.0, 0.01)) for _ in range(20))
     wait_for(lambda: done_count(r) >= len(handles), 20, "runs done by the new set of workers")
     assert "restarting" in supervisor.text()
