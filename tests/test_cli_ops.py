@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -57,12 +58,12 @@ def test_leases_lists_owner_fence_attempt_and_time_left(jq: JobQueue, url: str) 
 
 
 def test_leases_flags_expired_leases(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="r1")
     jq.enqueue("report", run_id="r2")
-    now = jq.server_time_ms()
-    keys = jq.keys_for("default", "r1")
-    ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 1, "w-old", 1, 60_000, now)))
     claim(jq, "w-new")
+    jq.enqueue("report", run_id="r1")
+    # A 1 ms lease that nobody reclaims (no claim runs after it): expired, not yet taken over.
+    claim(jq, "w-old", lease_ms=1, now=jq.server_time_ms())
+    time.sleep(0.01)
     expired = cli_json(url, "leases", "--expired")
     assert [lease["run_id"] for lease in expired] == ["r1"]
     assert expired[0]["remaining_ms"] < 0
