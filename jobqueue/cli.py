@@ -10,6 +10,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -168,6 +169,9 @@ def worker(
     """Run a worker: claim runs, execute them, heartbeat leases, commit with fences."""
     from .worker import Worker
 
+    # Until the worker installs its draining handler it holds no run: a SIGTERM while the app
+    # imports or Redis connects is a clean exit, not a death by signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     app = load_app(app_spec)
     jq = state.jq(app)
     if processes > 1 and not os.environ.get(SUPERVISED_ENV):
