@@ -14,10 +14,19 @@ from typing import Any
 import redis
 
 from . import ops
-from .base import ClientBase, Planned, Request, TaskRef, create_batches, created_flags, not_found
+from .base import (
+    ClientBase,
+    Planned,
+    Request,
+    TaskRef,
+    cancel_refused,
+    create_batches,
+    created_flags,
+    not_found,
+)
 from .connection import async_client, redact
 from .embedded import resolve_url
-from .errors import ConnectionFailed, OperationRefused, RunTimeout
+from .errors import ConnectionFailed, RunTimeout
 from .keys import QUEUES_KEY, PartitionKeys
 from .models import Run
 from .scripts import AsyncScriptRunner
@@ -161,5 +170,5 @@ class AsyncJobQueue(ClientBase):
         call = ops.cancel_call(keys, run_id, self.settings.done_retention_ms, reason)
         changed, state = ops.parse_state_change(await self.scripts.run(call))
         if not changed:
-            raise OperationRefused(f"run {run_id} is {state}; only pending or running runs cancel")
+            raise cancel_refused(run_id, state)
         return state

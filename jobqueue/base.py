@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from . import ops
-from .errors import ConfigError, RunNotFound, UnknownTask
+from .errors import ConfigError, OperationRefused, RunNotFound, UnknownTask
 from .keys import PartitionKeys, partition_of, validate_queue_name, validate_run_id
 from .ops import RunSpec
 from .payload import encode_payload
@@ -233,6 +233,10 @@ def created_flags(
         for i, flag in zip(chunk, ops.parse_create(reply), strict=True):
             created[i] = flag
     return created
+
+
+def cancel_refused(run_id: str, state: str) -> OperationRefused:
+    return OperationRefused(f"run {run_id} is {state}; only pending or running runs cancel")
 
 
 def not_found(run_id: str, queue: str | None) -> RunNotFound:

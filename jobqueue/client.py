@@ -15,6 +15,7 @@ from .base import (
     Planned,
     Request,
     TaskRef,
+    cancel_refused,
     create_batches,
     created_flags,
     not_found,
@@ -240,7 +241,7 @@ class JobQueue(ClientBase):
         call = ops.cancel_call(keys, run_id, self.settings.done_retention_ms, reason)
         changed, state = ops.parse_state_change(self.scripts.run(call))
         if not changed:
-            raise OperationRefused(f"run {run_id} is {state}; only pending or running runs cancel")
+            raise cancel_refused(run_id, state)
         return state
 
     def requeue(self, run_id: str, queue: str | None = None) -> str:

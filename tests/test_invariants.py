@@ -395,9 +395,8 @@ def test_inv3_an_enqueued_run_whose_worker_dies_runs_again(jq: JobQueue) -> None
 # == 4. one clock =============================================================================
 
 
-def test_inv4_client_calls_never_pass_a_python_clock(
-    redis_client: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def record_script_calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
+    """Every Call any ScriptRunner sends from now on, in order (the calls still run)."""
     calls: list[Call] = []
     original_run, original_many = ScriptRunner.run, ScriptRunner.run_many
 
@@ -411,6 +410,13 @@ def test_inv4_client_calls_never_pass_a_python_clock(
 
     monkeypatch.setattr(ScriptRunner, "run", run)
     monkeypatch.setattr(ScriptRunner, "run_many", run_many)
+    return calls
+
+
+def test_inv4_client_calls_never_pass_a_python_clock(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = record_script_calls(monkeypatch)
     jq = JobQueue(redis_client, partitions={"default": 3})
     jq.declare_task("t")
     jq.enqueue("t", 1, run_id="one", delay=10)
@@ -537,19 +543,7 @@ RUN_IDS = [f"job-{i}@{t}" for i in range(6) for t in (1, 2)] + ["{x}", "a}{b", "
 def test_inv5_every_script_call_names_keys_of_one_slot(
     redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[Call] = []
-    original_run, original_many = ScriptRunner.run, ScriptRunner.run_many
-
-    def run(self: ScriptRunner, call: Call) -> Any:
-        calls.append(call)
-        return original_run(self, call)
-
-    def run_many(self: ScriptRunner, batch: Any) -> list[Any]:
-        calls.extend(batch)
-        return original_many(self, batch)
-
-    monkeypatch.setattr(ScriptRunner, "run", run)
-    monkeypatch.setattr(ScriptRunner, "run_many", run_many)
+    calls = record_script_calls(monkeypatch)
     jq = JobQueue(redis_client, partitions={"default": 4})
     jq.declare_task("t")
     lifecycle(ScriptRunner(redis_client), jq, RUN_IDS)
