@@ -155,7 +155,9 @@ class AsyncJobQueue(ClientBase):
         pipe.hgetall(keys.run(run_id))
         pipe.lrange(keys.history(run_id), 0, -1)
         fields, history = await pipe.execute()
-        return Run.from_hash(run_id, keys.partition, fields, history) if fields else None
+        if not fields:
+            return None
+        return Run.from_hash(run_id, keys.partition, fields, history, keys.queue)
 
     async def get_run(self, run_id: str, queue: str | None = None) -> Run:
         run = await self.find_run(run_id, queue)

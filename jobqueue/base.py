@@ -3,10 +3,10 @@ into RunSpecs grouped by partition. No I/O here."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from . import ops
 from .errors import ConfigError, OperationRefused, RunNotFound, UnknownTask
@@ -17,6 +17,9 @@ from .scripts import Call
 from .settings import Settings
 from .tasks import Registry, Task, make_options
 from .timeutil import Delay, Instant, delay_to_ms, instant_to_ms
+
+if TYPE_CHECKING:
+    from .recurring import Definition
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +60,8 @@ class ClientBase:
     ) -> None:
         self.settings = settings or Settings()
         self.registry = Registry()
+        self._keys: dict[tuple[str, int], PartitionKeys] = {}
+        self._valid_queues: set[str] = set()
         self._partitions: dict[str, int] = {}
         for queue, count in (partitions or {}).items():
             if not isinstance(count, int) or count < 1:
@@ -79,6 +84,13 @@ class ClientBase:
         lease: float | None = None,
         backoff: float | None = None,
         backoff_cap: float | None = None,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | None = None,
+        misfire: str | None = None,
+        jitter: float | None = None,
+        overlap: str | None = None,
+        schedules: Sequence[dict[str, Any]] | None = None,
     ) -> Callable[[F], Task[Any, Any]]: ...
 
     def task(  # type: ignore[misc]  # mypy cannot match a positional-only optional
@@ -93,15 +105,53 @@ class ClientBase:
         lease: float | None = None,
         backoff: float | None = None,
         backoff_cap: float | None = None,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | None = None,
+        misfire: str | None = None,
+        jitter: float | None = None,
+        overlap: str | None = None,
+        schedules: Sequence[dict[str, Any]] | None = None,
     ) -> Any:
-        """Register a function as a task: ``@jq.task`` or ``@jq.task(name=..., queue=...)``."""
+        """Register a function as a task: ``@jq.task`` or ``@jq.task(name=..., queue=...)``.
+
+        ``cron=``/``every=`` (with ``tz``, ``misfire``, ``jitter``, ``overlap``) also declare a
+        recurring job named after the task, and ``schedules=[{"id": ..., "cron": ...}, ...]``
+        several; they are validated here and written by the scheduler at start."""
+        schedule = {
+            "cron": cron,
+            "every": every,
+            "tz": tz,
+            "misfire": misfire,
+            "jitter": jitter,
+            "overlap": overlap,
+        }
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
-            return self._register(
+            task = self._register(
                 name or f.__name__, f, queue, max_attempts, timeout, lease, backoff, backoff_cap
             )
+            if schedules or any(v is not None for v in schedule.values()):
+                from .recurring import declare_task_schedules
+
+                declare_task_schedules(self, task, schedule, schedules)
+            return task
 
         return register(func) if func is not None else register
+
+    def declare_schedule(self, job_id: str, task: TaskRef, **options: Any) -> Definition:
+        """Declare a recurring job in code (the options of ``jq.schedule``): validated now,
+        written by ``jobqueue scheduler --app`` at start, removed there with ``--prune`` once
+        no longer declared."""
+        from .recurring import declare
+
+        return declare(self, job_id, task, **options)
+
+    @property
+    def declared_schedules(self) -> list[Definition]:
+        """The recurring jobs this app declares in code, in declaration order."""
+        declared: list[Definition] = self.__dict__.setdefault("_declared_schedules", [])
+        return declared
 
     def declare_task(
         self,
@@ -156,37 +206,63 @@ class ClientBase:
     def partitions_of(self, queue: str) -> int:
         return self._partitions.get(queue, 1)
 
+    def partition_keys(self, queue: str, partition: int) -> PartitionKeys:
+        """One shared instance per partition: its key names are built once."""
+        keys = self._keys.get((queue, partition))
+        if keys is None:
+            keys = self._keys[(queue, partition)] = PartitionKeys(queue, partition)
+        return keys
+
     def keys_for(self, queue: str, run_id: str) -> PartitionKeys:
-        return PartitionKeys(queue, partition_of(run_id, self.partitions_of(queue)))
+        return self.partition_keys(queue, partition_of(run_id, self.partitions_of(queue)))
 
     def all_partition_keys(self, queue: str) -> list[PartitionKeys]:
-        return [PartitionKeys(queue, p) for p in range(self.partitions_of(queue))]
+        return [self.partition_keys(queue, p) for p in range(self.partitions_of(queue))]
 
     # -- planning --------------------------------------------------------------------------
 
     def prepare(self, req: Request) -> tuple[str, RunSpec]:
         """Validate one request completely before anything is written: (queue, run)."""
-        task = self.resolve_task(req.task)
-        if req.delay is not None and req.at is not None:
-            raise ConfigError("pass delay or at, not both")
-        queue = validate_queue_name(req.queue or task.options.queue)
-        run_id = validate_run_id(req.run_id) if req.run_id is not None else uuid.uuid4().hex
-        payload = encode_payload(req.args, dict(req.kwargs), self.settings.max_payload_bytes)
-        spec = RunSpec(
-            run_id=run_id,
-            task=task.name,
-            payload=payload,
-            due_at_ms=None if req.at is None else instant_to_ms(req.at),
-            delay_ms=delay_to_ms(req.delay),
-            max_attempts=task.options.max_attempts,
-            lease_ms=task.options.lease_ms,
-            timeout_ms=task.options.timeout_ms,
+        return self.prepare_args(
+            req.task, req.args, req.kwargs, req.run_id, req.delay, req.at, req.queue
         )
-        return queue, spec
+
+    def prepare_args(
+        self,
+        ref: TaskRef,
+        args: tuple[Any, ...] | list[Any],
+        kwargs: dict[str, Any],
+        run_id: str | None,
+        delay: Delay | None,
+        at: Instant | None,
+        queue: str | None,
+    ) -> tuple[str, RunSpec]:
+        """``prepare`` without building a Request first (enqueue's path: a run per call)."""
+        task = ref if isinstance(ref, Task) else self.resolve_task(ref)
+        if delay is not None and at is not None:
+            raise ConfigError("pass delay or at, not both")
+        name = queue or task.options.queue
+        if name not in self._valid_queues:
+            self._valid_queues.add(validate_queue_name(name))
+        payload = encode_payload(args, dict(kwargs), self.settings.max_payload_bytes)
+        options = task.options
+        spec = RunSpec(
+            # 128 random bits, like uuid4().hex, for a fraction of its cost.
+            validate_run_id(run_id) if run_id is not None else os.urandom(16).hex(),
+            task.name,
+            payload,
+            None if at is None else instant_to_ms(at),
+            0 if delay is None else delay_to_ms(delay),
+            options.max_attempts,
+            options.lease_ms,
+            options.timeout_ms,
+        )
+        return name, spec
 
     def place(self, prepared: list[tuple[str, RunSpec]]) -> list[Planned]:
         """Partition keys for prepared runs (the queues' partition counts must be known)."""
         return [Planned(self.keys_for(q, spec.run_id), spec) for q, spec in prepared]
+
 
     def adopt_partition_count(self, queue: str, stored: int) -> int:
         """Check the partition count recorded in Redis against ours, then use it."""

@@ -107,11 +107,9 @@ def measure_bytes_per_run(samples: int = 2000) -> float | None:
         done = 0
         while done < samples:
             claimed = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 500, "w", 30000, 1)))
-            calls = [
-                ops.complete_call(keys, r.run_id, r.fence, '"ok"', 86_400_000) for r in claimed.runs
-            ]
-            jq.scripts.run_many(calls)
-            done += len(calls)
+            items = [(r.run_id, r.fence, '"ok"') for r in claimed.runs]
+            jq.scripts.run(ops.complete_many_call(keys, items, 86_400_000))
+            done += len(items)
         after = int(jq.redis.info("memory")["used_memory"])
         jq.close()
         return max(after - before, 0) / samples

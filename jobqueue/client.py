@@ -127,6 +127,8 @@ class JobQueue(ClientBase):
         return self._scripts
 
     def close(self) -> None:
+        if self._scripts is not None:
+            self._scripts.close()
         if self._client is not None:
             self._client.close()
 
@@ -169,8 +171,11 @@ class JobQueue(ClientBase):
     ) -> RunHandle:
         """Create one run; with a run id that already exists, nothing is written and the
         handle says ``created=False``."""
-        req = Request(task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue)
-        return self.enqueue_many([req])[0]
+        name, spec = self.prepare_args(task, args, kwargs, run_id, delay, at, queue)
+        self.register_queue(name)
+        keys = self.keys_for(name, spec.run_id)
+        (created,) = ops.parse_create(self.scripts.run(ops.create_call(keys, (spec,))))
+        return RunHandle(self, spec.run_id, name, created)
 
     def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle]:
         """Validate all, then create all in one pipelined round trip (one script call per
@@ -230,7 +235,7 @@ class JobQueue(ClientBase):
         fields, history = pipe.execute()
         if not fields:
             return None
-        return Run.from_hash(run_id, keys.partition, fields, history)
+        return Run.from_hash(run_id, keys.partition, fields, history, keys.queue)
 
     # -- steering --------------------------------------------------------------------------
 

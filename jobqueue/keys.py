@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import ConfigError, InvalidRunId
 from .hashing import fnv1a_32
@@ -25,6 +26,7 @@ QUEUES_KEY = "jq:queues"
 WORKERS_KEY = "jq:workers"
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_RUN_ID_LENGTH = 512
 
 
@@ -40,8 +42,15 @@ def validate_run_id(run_id: str) -> str:
         raise InvalidRunId("run id must be a non-empty string")
     if len(run_id) > MAX_RUN_ID_LENGTH:
         raise InvalidRunId(f"run id is {len(run_id)} characters; the limit is {MAX_RUN_ID_LENGTH}")
-    if any(ord(c) < 32 or ord(c) == 127 for c in run_id):
+    if _CONTROL.search(run_id):
         raise InvalidRunId(f"run id {run_id!r} contains control characters")
+    if not run_id.isascii():
+        try:
+            run_id.encode()
+        except UnicodeEncodeError:
+            # A lone surrogate (e.g. from a non-UTF-8 byte in argv) has no UTF-8 form: the
+            # client would fail to send it, or store '?' and merge it with another id.
+            raise InvalidRunId(f"run id {run_id!r} is not valid Unicode text") from None
     return run_id
 
 
@@ -63,36 +72,45 @@ def partition_of(run_id: str, partitions: int) -> int:
 
 @dataclass(frozen=True)
 class PartitionKeys:
-    """The keys of one queue partition; every name carries the same hash tag."""
+    """The keys of one queue partition; every name carries the same hash tag. The names are
+    built once per instance (clients keep one instance per partition)."""
 
     queue: str
     partition: int
 
-    @property
+    def __hash__(self) -> int:
+        # Hashed per run on the worker's paths (dict keys): computed once per instance.
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.queue, self.partition))
+
+    @cached_property
     def prefix(self) -> str:
         return f"jq:{{{self.queue}#{self.partition}}}:"
 
-    @property
+    @cached_property
     def due(self) -> str:
         return self.prefix + "due"
 
-    @property
+    @cached_property
     def leases(self) -> str:
         return self.prefix + "leases"
 
-    @property
+    @cached_property
     def dead(self) -> str:
         return self.prefix + "dead"
 
-    @property
+    @cached_property
     def done(self) -> str:
         return self.prefix + "done"
 
-    @property
+    @cached_property
     def wake(self) -> str:
         return self.prefix + "wake"
 
-    @property
+    @cached_property
     def stats(self) -> str:
         return self.prefix + "stats"
 

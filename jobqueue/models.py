@@ -59,11 +59,18 @@ class Run:
 
     @classmethod
     def from_hash(
-        cls, run_id: str, partition: int, fields: dict[str, str], history: list[str]
+        cls,
+        run_id: str,
+        partition: int,
+        fields: dict[str, str],
+        history: list[str],
+        queue: str = "",
     ) -> Run:
+        """A run from its record. Fields at their defaults are not stored (see create_run.lua),
+        and the queue comes from the key the record was read from."""
         return cls(
             run_id=run_id,
-            queue=fields.get("queue", ""),
+            queue=fields.get("queue") or queue,
             partition=partition,
             state=fields.get("state", "unknown"),
             task=fields.get("task", ""),

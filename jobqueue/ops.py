@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .keys import PartitionKeys
 from .scripts import Call
@@ -22,9 +22,10 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RunSpec:
-    """Everything create_run needs to write one run."""
+    """Everything create_run needs to write one run (not frozen: built once per enqueued run,
+    and a frozen dataclass costs several microseconds more to build)."""
 
     run_id: str
     task: str
@@ -39,7 +40,7 @@ class RunSpec:
 
 
 def create_call(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Call:
-    args: list[str | int] = [_now(now), pk.prefix, pk.queue]
+    args: list[str | int] = [_now(now), pk.prefix]
     for s in specs:
         args += [
             s.run_id,
@@ -61,8 +62,9 @@ def parse_create(reply: Sequence[Any]) -> list[bool]:
     return [int(x) == 1 for x in reply[1:]]
 
 
-@dataclass(frozen=True)
-class ClaimedRun:
+class ClaimedRun(NamedTuple):
+    """One claimed run (a tuple: built per run on the worker's hot path)."""
+
     run_id: str
     fence: int
     attempt: int
@@ -103,23 +105,26 @@ def claim_call(
 
 def parse_claim(reply: Sequence[Any]) -> ClaimResult:
     now, next_wake, count = int(reply[0]), int(reply[1]), int(reply[2])
+    if count and isinstance(reply[3], bytes):  # a client without decode_responses
+        reply = [*reply[:3], *(_text(x) if isinstance(x, bytes) else x for x in reply[3:])]
     runs = []
     for i in range(3, 3 + count * CLAIM_STRIDE, CLAIM_STRIDE):
-        r = reply[i : i + CLAIM_STRIDE]
-        sched = _text(r[9])
+        rid, fence, attempt, most, task, payload, until, timeout, job, sched, due = reply[
+            i : i + CLAIM_STRIDE
+        ]
         runs.append(
             ClaimedRun(
-                run_id=_text(r[0]),
-                fence=int(r[1]),
-                attempt=int(r[2]),
-                max_attempts=int(r[3]),
-                task=_text(r[4]),
-                payload=_text(r[5]),
-                lease_until_ms=int(r[6]),
-                timeout_ms=int(r[7]),
-                job_id=_text(r[8]),
-                scheduled_for_ms=int(sched) if sched else None,
-                due_ms=int(r[10]),
+                rid,
+                int(fence),
+                int(attempt),
+                int(most),
+                task,
+                payload,
+                int(until),
+                int(timeout),
+                job,
+                int(sched) if sched else None,
+                int(due),
             )
         )
     return ClaimResult(now, None if next_wake < 0 else next_wake, runs)
@@ -150,6 +155,9 @@ class Outcome:
 
 
 def parse_outcome(reply: Sequence[Any]) -> Outcome:
+    """The outcome of a one-run fenced call (complete's batched reply of one included)."""
+    if len(reply) == 1 and isinstance(reply[0], list | tuple):
+        reply = reply[0]
     status = _text(reply[1])
     if int(reply[0]) == 1:
         retry_at = int(reply[2]) if status == "retry" else None
@@ -166,11 +174,26 @@ def complete_call(
     retention_ms: int,
     now: NowArg = None,
 ) -> Call:
-    return Call(
-        "complete",
-        (pk.leases, pk.done, pk.stats),
-        (_now(now), pk.prefix, run_id, fence, result_json, retention_ms),
-    )
+    """One run's completion (its reply parses with ``parse_outcome``)."""
+    return complete_many_call(pk, [(run_id, fence, result_json)], retention_ms, now)
+
+
+def complete_many_call(
+    pk: PartitionKeys,
+    items: Sequence[tuple[str, int, str]],
+    retention_ms: int,
+    now: NowArg = None,
+) -> Call:
+    """Completions of several runs of one partition: (run_id, fence, result JSON) each."""
+    args: list[str | int] = [_now(now), pk.prefix, retention_ms]
+    for run_id, fence, result_json in items:
+        args += [run_id, fence, result_json]
+    return Call("complete", (pk.leases, pk.done, pk.stats), tuple(args))
+
+
+def parse_outcomes(reply: Sequence[Any]) -> list[Outcome]:
+    """A batched script's outcomes, one per run (complete.lua)."""
+    return [parse_outcome(r) for r in reply]
 
 
 def fail_call(
@@ -255,8 +278,13 @@ class SchedKeys:
     def state(self) -> str:
         return self.prefix + "state"
 
-    def all(self) -> tuple[str, str, str]:
-        return (self.next, self.defs, self.state)
+    @property
+    def held(self) -> str:
+        """buffer-one: job_id -> 'held_fire predecessor_fire' while its run waits."""
+        return self.prefix + "held"
+
+    def all(self) -> tuple[str, str, str, str]:
+        return (self.next, self.defs, self.state, self.held)
 
 
 @dataclass(frozen=True)
@@ -267,20 +295,31 @@ class DueJob:
     state: str  # '' when the job never fired
 
 
-def sched_due_call(sk: SchedKeys, lookahead_ms: int, limit: int, now: NowArg = None) -> Call:
-    return Call("sched_due", sk.all(), (_now(now), lookahead_ms, limit))
+def sched_due_call(
+    sk: SchedKeys,
+    lookahead_ms: int,
+    limit: int,
+    now: NowArg = None,
+    after: tuple[int, str] | None = None,
+) -> Call:
+    """``after`` = (next fire, job id) of the previous batch's last job (see sched_due.lua)."""
+    cursor: tuple[str | int, str] = ("", "") if after is None else after
+    return Call("sched_due", sk.all(), (_now(now), lookahead_ms, limit, *cursor))
 
 
 def parse_sched_due(reply: Sequence[Any]) -> tuple[int, list[DueJob]]:
-    jobs = [
-        DueJob(
-            _text(reply[i]),
-            int(float(_text(reply[i + 1]))),
-            _text(reply[i + 2]),
-            _text(reply[i + 3]),
+    """(now, due jobs); ``state`` is the '<state>|<held>' text of overlap-policed jobs only."""
+    ndefs = int(reply[1])
+    defs = ["", *(_text(d) for d in reply[2 : 2 + ndefs])]
+    jobs: list[DueJob] = []
+    i = 2 + ndefs
+    while i < len(reply):  # segments: next, def index, extra, count, job ids
+        next_ms, text, extra = int(float(_text(reply[i]))), defs[int(reply[i + 1])], reply[i + 2]
+        count = int(reply[i + 3])
+        jobs += (
+            DueJob(_text(j), next_ms, text, _text(extra)) for j in reply[i + 4 : i + 4 + count]
         )
-        for i in range(1, len(reply), 4)
-    ]
+        i += 4 + count
     return int(reply[0]), jobs
 
 
@@ -297,13 +336,14 @@ class Advance:
     dropped: int = 0
     last_fire_ms: int | None = None
     through_ms: int = 0
+    held: str = ""  # buffer-one: 'held_fire predecessor_fire' to record, '' for none
 
 
 def advance_call(sk: SchedKeys, moves: Sequence[Advance], now: NowArg = None) -> Call:
-    args: list[str | int] = [_now(now)]
+    """Moves that share everything but the job id travel as one group (advance.lua)."""
+    groups: dict[tuple[str | int, ...], list[str]] = {}
     for m in moves:
-        args += [
-            m.job_id,
+        header = (
             m.expected_next_ms,
             "" if m.new_next_ms is None else m.new_next_ms,
             m.fired,
@@ -312,7 +352,12 @@ def advance_call(sk: SchedKeys, moves: Sequence[Advance], now: NowArg = None) ->
             m.dropped,
             "" if m.last_fire_ms is None else m.last_fire_ms,
             m.through_ms,
-        ]
+            m.held,
+        )
+        groups.setdefault(header, []).append(m.job_id)
+    args: list[str | int] = [_now(now)]
+    for fields, jobs in groups.items():
+        args += [len(jobs), *fields, *jobs]
     return Call("advance", sk.all(), tuple(args))
 
 

@@ -10,10 +10,14 @@ from .errors import PayloadError
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
 
 
+# allow_nan=False: NaN and Infinity are not JSON and other readers choke on them. One encoder
+# for the process: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _dumps(value: Any, what: str) -> str:
     try:
-        # allow_nan=False: NaN and Infinity are not JSON and other readers choke on them.
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _ENCODER.encode(value)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"{what} is not JSON-serialisable: {exc}") from None
     except RecursionError:
@@ -21,7 +25,11 @@ def _dumps(value: Any, what: str) -> str:
 
 
 def _check_size(text: str, limit: int, what: str) -> str:
-    size = len(text.encode())
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError as exc:
+        # A lone surrogate has no UTF-8 form: refuse it rather than store it mangled.
+        raise PayloadError(f"{what} contain text that is not valid Unicode: {exc.reason}") from None
     if size > limit:
         raise PayloadError(f"{what} is {size:,} bytes as JSON; the limit is {limit:,} bytes")
     return text

@@ -50,8 +50,9 @@ class Task(Generic[P, R]):
     func: Callable[P, R] | None = None
     enqueuer: Any = field(default=None, repr=False)
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
+        """Whether the function is ``async def`` (looked up once, not per run)."""
         return self.func is not None and inspect.iscoroutinefunction(self.func)
 
     @functools.cached_property
@@ -76,7 +77,7 @@ def validate_task_name(name: str) -> str:
         not isinstance(name, str)
         or not name
         or len(name) > _TASK_NAME_MAX
-        or any(c.isspace() or ord(c) < 32 for c in name)
+        or any(c.isspace() or ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in name)
     ):
         raise ConfigError(
             f"invalid task name {name!r}: 1-{_TASK_NAME_MAX} characters, no spaces or controls"

@@ -39,7 +39,7 @@ end
 local function refusal(run, fence)
   if not run.state then return 'unknown' end
   if run.state == 'cancelled' then return 'cancelled' end
-  if tonumber(run.fence) ~= fence then return 'fenced' end
+  if (tonumber(run.fence) or 0) ~= fence then return 'fenced' end -- 0 until first claim
   if run.state == 'done' or run.state == 'dead' then return 'finished' end
   if run.state ~= 'running' then return 'not-running' end
   return nil

@@ -19,6 +19,10 @@
 -- Runs whose lease expired are taken first (their worker died or stalled); each expiry counts
 -- an attempt and a run past max_attempts goes to the dead set instead. Every claim increments
 -- the fence, so the previous holder's heartbeat and commit are refused from now on.
+--
+-- A claim writes no history entry: the record holds the current attempt (owner, fence,
+-- attempt, started). The history keeps what the record cannot: how earlier attempts ended
+-- (lease expired, with the owner that lost it; failed; released).
 
 local now = clock(ARGV[1])
 local prefix, limit, owner = ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -27,7 +31,18 @@ local out = {}
 local claimed, expired, died = 0, 0, 0
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
-                'timeout_ms', 'job', 'scheduled_for', 'due'}
+                'timeout_ms', 'job', 'scheduled_for', 'due', 'owner'}
+local STATES = {pending = true, running = true, done = true, dead = true, cancelled = true}
+
+-- The record, or nil and the error when the key is not a hash: pcall, because one foreign
+-- key must not fail every claim of its partition (a poison pill for all workers).
+local function read(key)
+  local values = redis.pcall('HMGET', key, unpack(FIELDS))
+  if values.err then return nil, values.err end
+  local run = {}
+  for i, name in ipairs(FIELDS) do run[name] = values[i] or nil end
+  return run
+end
 
 local function bury(run_id, key, reason)
   redis.call('HSET', key, 'state', 'dead', 'error', reason, 'finished', now)
@@ -36,6 +51,14 @@ local function bury(run_id, key, reason)
   redis.call('ZADD', KEYS[3], now, run_id)
   history(prefix, run_id, now .. ' dead ' .. reason)
   expire_record(prefix, run_id, dead_retention)
+  died = died + 1
+end
+
+-- A run id whose key is not a hash: listed as dead so an operator sees it; the key itself is
+-- someone else's data and is left alone.
+local function bury_foreign(run_id)
+  redis.call('ZREM', KEYS[2], run_id)
+  redis.call('ZADD', KEYS[3], now, run_id)
   died = died + 1
 end
 
@@ -48,8 +71,6 @@ local function take(run_id, key, run)
   redis.call('HSET', key, 'state', 'running', 'fence', fence, 'attempt', attempt,
              'owner', owner, 'lease_until', lease_until, 'started', now)
   redis.call('ZADD', KEYS[2], lease_until, run_id)
-  history(prefix, run_id, now .. ' claimed fence=' .. fence .. ' attempt=' .. attempt ..
-          ' owner=' .. owner)
   local n = #out
   out[n + 1] = run_id; out[n + 2] = fence; out[n + 3] = attempt
   out[n + 4] = tonumber(run.max_attempts) or 1; out[n + 5] = run.task
@@ -60,10 +81,14 @@ local function take(run_id, key, run)
 end
 
 -- A record that cannot be run is dead-lettered with the reason, never handed to a worker.
+-- Fields at their default are absent (create_run stores only what differs), so only a
+-- present, non-numeric fence or attempt is corrupt.
 local function corrupt(run)
   if not run.task or run.task == '' then return 'corrupt record: no task' end
   if not run.payload then return 'corrupt record: no payload' end
   if not tonumber(run.max_attempts) then return 'corrupt record: bad max_attempts' end
+  if run.fence and not tonumber(run.fence) then return 'corrupt record: bad fence' end
+  if run.attempt and not tonumber(run.attempt) then return 'corrupt record: bad attempt' end
   return nil
 end
 
@@ -72,13 +97,15 @@ local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limi
 for _, run_id in ipairs(stale) do
   if claimed >= limit then break end
   local key = prefix .. 'run:' .. run_id
-  local run = load_run(key, unpack(FIELDS))
-  if run.state ~= 'running' then
+  local run, err = read(key)
+  if err then
+    bury_foreign(run_id)
+  elseif run.state ~= 'running' then
     redis.call('ZREM', KEYS[2], run_id) -- index entry without a running record: drop it
   else
     expired = expired + 1
     history(prefix, run_id, now .. ' lease expired fence=' .. (run.fence or '?') ..
-            ' attempt=' .. (run.attempt or '?'))
+            ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
     local bad = corrupt(run)
     if bad then
       bury(run_id, key, bad)
@@ -94,14 +121,23 @@ end
 -- 2. Due runs.
 if claimed < limit then
   local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit - claimed)
+  -- They are the lowest-ranked members: one removal by rank instead of one ZREM each.
+  if #due > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #due - 1) end
   for _, run_id in ipairs(due) do
-    redis.call('ZREM', KEYS[1], run_id)
     local key = prefix .. 'run:' .. run_id
-    local run = load_run(key, unpack(FIELDS))
-    if run.state == 'pending' then
+    local run, err = read(key)
+    if err then
+      bury_foreign(run_id)
+    elseif run.state == 'pending' then
       local bad = corrupt(run)
       if bad then bury(run_id, key, bad) else take(run_id, key, run) end
-    elseif run.state ~= nil then
+    elseif run.state == nil then
+      -- No record (expired or purged): a stray entry, dropped. A record without a state is
+      -- corrupt: dead-lettered so that it is seen.
+      if redis.call('EXISTS', key) == 1 then bury(run_id, key, 'corrupt record: no state') end
+    elseif not STATES[run.state] then
+      bury(run_id, key, 'corrupt record: unknown state ' .. string.sub(run.state, 1, 40))
+    else
       -- A record in another state has no business in the due set: drop the stray entry.
       history(prefix, run_id, now .. ' stray due entry dropped (state ' .. run.state .. ')')
     end

@@ -20,7 +20,7 @@ local now = clock(ARGV[1])
 local prefix, run_id, fence, err = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local delay, dead_retention = tonumber(ARGV[6]), tonumber(ARGV[7])
 local key = prefix .. 'run:' .. run_id
-local run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts')
+local run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner')
 local why = refusal(run, fence)
 if why then
   redis.call('HINCRBY', KEYS[4], 'rejected', 1)
@@ -37,7 +37,7 @@ if delay and attempt < max_attempts then
   redis.call('HSET', key, 'state', 'pending', 'error', err, 'due', due)
   redis.call('ZADD', KEYS[1], due, run_id)
   history(prefix, run_id, now .. ' failed fence=' .. fence .. ' attempt=' .. attempt ..
-          ' retry at ' .. due .. ': ' .. string.sub(err, 1, 200))
+          ' owner=' .. (run.owner or '?') .. ' retry at ' .. due .. ': ' .. string.sub(err, 1, 200))
   redis.call('HINCRBY', KEYS[4], 'retried', 1)
   redis.call('LPUSH', KEYS[5], '1')
   redis.call('LTRIM', KEYS[5], 0, 15)
@@ -46,8 +46,8 @@ end
 
 redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished', now)
 redis.call('ZADD', KEYS[3], now, run_id)
-history(prefix, run_id, now .. ' dead fence=' .. fence .. ' attempt=' .. attempt .. ': ' ..
-        string.sub(err, 1, 200))
+history(prefix, run_id, now .. ' dead fence=' .. fence .. ' attempt=' .. attempt ..
+        ' owner=' .. (run.owner or '?') .. ': ' .. string.sub(err, 1, 200))
 expire_record(prefix, run_id, dead_retention)
 redis.call('HINCRBY', KEYS[4], 'dead', 1)
 return {1, 'dead'}

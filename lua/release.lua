@@ -16,7 +16,7 @@
 local now = clock(ARGV[1])
 local prefix, run_id, fence = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local key = prefix .. 'run:' .. run_id
-local run = load_run(key, 'state', 'fence', 'attempt')
+local run = load_run(key, 'state', 'fence', 'attempt', 'owner')
 local why = refusal(run, fence)
 if why then return {0, why, tonumber(run.fence) or 0} end
 
@@ -25,7 +25,8 @@ redis.call('HSET', key, 'state', 'pending', 'attempt', attempt, 'due', now)
 redis.call('HDEL', key, 'lease_until', 'owner')
 redis.call('ZREM', KEYS[2], run_id)
 redis.call('ZADD', KEYS[1], now, run_id)
-history(prefix, run_id, now .. ' released fence=' .. fence .. ' (attempt not counted)')
+history(prefix, run_id, now .. ' released fence=' .. fence .. ' owner=' .. (run.owner or '?') ..
+        ' (attempt not counted)')
 redis.call('LPUSH', KEYS[3], '1')
 redis.call('LTRIM', KEYS[3], 0, 15)
 return {1, 'released'}

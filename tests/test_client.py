@@ -305,7 +305,9 @@ def test_get_run_returns_the_stored_run(jq: JobQueue, redis_client: Any) -> None
     )
     assert run.owner is None and run.lease_until_ms is None and run.finished_ms is None
     assert not run.finished
-    assert run.history == [f"{run.created_ms} created due={run.due_ms}"]
+    assert run.created_ms is not None and run.due_ms == run.created_ms
+    assert (run.attempt, run.fence, run.job_id) == (0, 0, "")
+    assert run.history == []  # the history starts at the first claim
 
 
 def test_cancel_pending_returns_pending_and_a_second_cancel_is_refused(jq: JobQueue) -> None:

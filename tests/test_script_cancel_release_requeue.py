@@ -243,7 +243,7 @@ def test_release_is_refused_unless_the_run_is_running(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, state: str, reason: str
 ) -> None:
     make_state(runner, pk, state)
-    fence = int(redis_client.hget(pk.run("a"), "fence"))
+    fence = int(redis_client.hget(pk.run("a"), "fence") or 0)  # not stored until a claim
     before = redis_client.hgetall(pk.run("a"))
     assert release(runner, pk, "a", fence, now=1_000).status == reason
     assert redis_client.hgetall(pk.run("a")) == before
@@ -262,7 +262,7 @@ def test_release_writes_a_history_entry(
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=42)
     assert redis_client.lrange(pk.history("a"), -1, -1) == [
-        "42 released fence=1 (attempt not counted)"
+        "42 released fence=1 owner=w1 (attempt not counted)"
     ]
 
 
@@ -273,10 +273,13 @@ def test_history_keeps_only_the_last_32_entries(
     for i in range(20):
         c = claim_one(runner, pk, now=i * 10)
         release(runner, pk, "a", c.fence, now=i * 10 + 5)
+    for i in range(20, 40):
+        c = claim_one(runner, pk, now=i * 10)
+        release(runner, pk, "a", c.fence, now=i * 10 + 5)
     history = redis_client.lrange(pk.history("a"), 0, -1)
     assert len(history) == 32
-    assert history[-1] == "195 released fence=20 (attempt not counted)"
-    assert history[0] == "40 claimed fence=5 attempt=1 owner=w1"
+    assert history[-1] == "395 released fence=40 owner=w1 (attempt not counted)"
+    assert history[0] == "85 released fence=9 owner=w1 (attempt not counted)"
 
 
 # -- requeue ---------------------------------------------------------------------------------

@@ -347,7 +347,7 @@ def test_claim_drops_a_lease_entry_whose_record_is_not_running(
     assert result.runs == []
     assert redis_client.zcard(pk.leases) == 0
     assert redis_client.hget(pk.run("pending-one"), "state") == "pending"
-    assert redis_client.hget(pk.run("pending-one"), "attempt") == "0"
+    assert redis_client.hget(pk.run("pending-one"), "attempt") is None  # never claimed: 0
     assert redis_client.hget(pk.stats, "lease_expired") is None
 
 
@@ -364,18 +364,18 @@ def test_claim_counts_claimed_expired_and_dead_in_stats(
     assert stats["dead"] == "1"
 
 
-def test_claim_writes_claimed_and_lease_expired_history_entries(
+def test_claim_writes_a_lease_expired_history_entry_with_the_owner_that_lost_it(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, spec("a"), now=0)
     claim(runner, pk, now=10, owner="w1")
     claim(runner, pk, now=10 + LEASE, owner="w2")
+    # The claims themselves are in the record (owner w2, fence 2 now); the history keeps
+    # how the first attempt ended and whose it was.
     assert redis_client.lrange(pk.history("a"), 0, -1) == [
-        "0 created due=0",
-        "10 claimed fence=1 attempt=1 owner=w1",
-        f"{10 + LEASE} lease expired fence=1 attempt=1",
-        f"{10 + LEASE} claimed fence=2 attempt=2 owner=w2",
+        f"{10 + LEASE} lease expired fence=1 attempt=1 owner=w1",
     ]
+    assert redis_client.hmget(pk.run("a"), "owner", "fence", "attempt") == ["w2", "2", "2"]
 
 
 def test_claim_of_a_retried_run_continues_the_attempt_count(

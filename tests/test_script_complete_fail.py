@@ -155,6 +155,8 @@ def test_finished_record_expires_after_retention(
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert redis_client.pttl(pk.run("a")) == -1
+    fail(runner, pk, "a", c.fence, now=5, delay=0)  # a history entry: a history key exists
+    c = claim_one(runner, pk, now=6)
     complete(runner, pk, "a", c.fence, now=10, retention=50_000)
     for key in (pk.run("a"), pk.history("a")):
         assert 40_000 < redis_client.pttl(key) <= 50_000
@@ -194,13 +196,43 @@ def test_complete_counts_completed_and_rejected_in_stats(
     assert redis_client.hget(pk.stats, "rejected") == "2"
 
 
-def test_complete_writes_a_done_history_entry(
+def test_a_first_attempt_that_completes_writes_no_history(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
+    """The record tells it all (owner, fence, attempt, started, finished): no list key."""
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=77)
-    assert redis_client.lrange(pk.history("a"), -1, -1) == ["77 done fence=1"]
+    assert not redis_client.exists(pk.history("a"))
+    assert redis_client.hmget(pk.run("a"), "state", "owner", "fence", "started", "finished") == [
+        "done", "w1", "1", "0", "77"
+    ]
+
+
+def test_complete_many_accepts_each_current_fence_and_refuses_each_stale_one(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", "b", "c")
+    claimed = {r.run_id: r for r in ops.parse_claim(runner.run(
+        ops.claim_call(pk, 3, "w1", 30_000, DEAD_RETENTION, now=0))).runs}
+    call = ops.complete_many_call(
+        pk,
+        [("a", claimed["a"].fence, '"A"'), ("b", claimed["b"].fence + 7, '"B"'),
+         ("c", claimed["c"].fence, '"C"'), ("ghost", 1, "null")],
+        RETENTION,
+        now=50,
+    )
+    outcomes = ops.parse_outcomes(runner.run(call))
+    assert [(o.accepted, o.status) for o in outcomes] == [
+        (True, "done"), (False, "fenced"), (True, "done"), (False, "unknown")
+    ]
+    assert outcomes[1].current_fence == claimed["b"].fence
+    assert redis_client.hmget(pk.run("a"), "state", "result") == ["done", '"A"']
+    assert redis_client.hget(pk.run("b"), "state") == "running"
+    assert redis_client.zrange(pk.leases, 0, -1) == ["b"]
+    assert sorted(redis_client.zrange(pk.done, 0, -1)) == ["a", "c"]
+    stats = redis_client.hgetall(pk.stats)
+    assert (stats["completed"], stats["rejected"]) == ("2", "2")
 
 
 # -- fail ------------------------------------------------------------------------------------
@@ -347,8 +379,10 @@ def test_fail_writes_retry_and_dead_history_entries(
     c = claim_one(runner, pk, now=100)
     fail(runner, pk, "a", c.fence, now=110, delay=90, error="E2 " + "x" * 500)
     history = redis_client.lrange(pk.history("a"), 0, -1)
-    assert history[2] == "10 failed fence=1 attempt=1 retry at 100: E1"
-    assert history[-1] == "110 dead fence=2 attempt=2: E2 " + "x" * 197
+    assert history == [
+        "10 failed fence=1 attempt=1 owner=w1 retry at 100: E1",
+        "110 dead fence=2 attempt=2 owner=w1: E2 " + "x" * 197,
+    ]
     # the record keeps the whole error, only history is abridged
     assert redis_client.hget(pk.run("a"), "error") == "E2 " + "x" * 500
 

@@ -32,23 +32,40 @@ def server_ms(client: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def test_create_run_creates_a_pending_record_with_every_field(
+def test_create_run_creates_a_pending_record_with_every_field_given(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    s = spec("r1", task="mail", max_attempts=5, lease_ms=7_000, timeout_ms=3_000, job_id="job-a")
+    s = spec(
+        "r1", task="mail", max_attempts=5, lease_ms=7_000, timeout_ms=3_000, job_id="job-a",
+        scheduled_for_ms=NOW - 5,
+    )
     assert create(runner, pk, s) == [True]
     assert redis_client.hgetall(pk.run("r1")) == {
         "state": "pending",
-        "queue": "default",
         "task": "mail",
         "payload": PAYLOAD,
         "due": str(NOW),
-        "attempt": "0",
         "max_attempts": "5",
-        "fence": "0",
         "lease_ms": "7000",
         "timeout_ms": "3000",
         "job": "job-a",
+        "scheduled_for": str(NOW - 5),
+        "created": str(NOW),
+    }
+
+
+def test_create_run_stores_no_field_left_at_its_default(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """Attempt and fence are 0, lease and timeout 0 (the worker's), no job: none stored; the
+    queue is in the key. Readers treat a missing field as its default."""
+    assert create(runner, pk, spec("r1", max_attempts=3)) == [True]
+    assert redis_client.hgetall(pk.run("r1")) == {
+        "state": "pending",
+        "task": "t",
+        "payload": PAYLOAD,
+        "due": str(NOW),
+        "max_attempts": "3",
         "created": str(NOW),
     }
 
@@ -88,7 +105,7 @@ def test_create_run_never_overwrites_an_existing_run(
     assert create(runner, pk, again, now=2_000) == [False]
     assert redis_client.hgetall(pk.run("a")) == before
     assert redis_client.zscore(pk.due, "a") == 5_000
-    assert len(redis_client.lrange(pk.history("a"), 0, -1)) == 1
+    assert redis_client.llen(pk.history("a")) == 0
 
 
 def test_create_run_refuses_to_recreate_a_run_in_any_state(
@@ -143,14 +160,14 @@ def test_create_run_stores_scheduled_for_only_when_given(
     assert redis_client.hget(pk.run("job@60"), "job") == "job"
 
 
-def test_create_run_pushes_a_wake_token_and_trims_the_wake_list(
+def test_create_run_pushes_a_wake_token_and_never_grows_the_wake_list_past_eight(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, spec("first"))
     assert redis_client.llen(pk.wake) == 1
     for i in range(10):
         create(runner, pk, *(spec(f"r{i}-{j}") for j in range(3)))
-    assert redis_client.llen(pk.wake) == 16
+    assert redis_client.llen(pk.wake) == 8
 
 
 def test_create_run_pushes_one_token_per_created_run_up_to_eight(
@@ -180,11 +197,12 @@ def test_create_run_counts_created_runs_in_stats(
     assert redis_client.hget(pk.stats, "created") == "3"
 
 
-def test_create_run_writes_a_created_history_entry(
+def test_create_run_records_creation_in_the_record_not_in_the_history(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, spec("a", delay_ms=500), now=7_000)
-    assert redis_client.lrange(pk.history("a"), 0, -1) == ["7000 created due=7500"]
+    assert redis_client.hmget(pk.run("a"), "created", "due") == ["7000", "7500"]
+    assert not redis_client.exists(pk.history("a"))
 
 
 def test_create_run_keeps_a_run_id_with_braces_in_the_partition_slot(
@@ -205,8 +223,7 @@ def test_create_run_writes_only_keys_of_its_partition(
     pk = PartitionKeys("default", 2)
     create(runner, pk, spec("a"), spec("b"))
     keys = set(redis_client.keys("*"))
-    assert keys == {pk.run("a"), pk.run("b"), pk.history("a"), pk.history("b"), pk.due, pk.wake,
-                    pk.stats}
+    assert keys == {pk.run("a"), pk.run("b"), pk.due, pk.wake, pk.stats}
 
 
 def test_scripts_use_the_server_clock_when_no_now_is_given(
