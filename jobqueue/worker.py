@@ -43,6 +43,8 @@ from .client import JobQueue
 from .context import RunContext, bind, unbind
 from .errors import ConnectionFailed, Fatal, JobQueueError, PayloadError, UnknownTask
 from .keys import WORKERS_KEY, PartitionKeys
+from .logs import run_fields
+from .metrics import NO_METRICS, Metrics
 from .payload import decode_payload, encode_result
 from .scripts import Call
 from .tasks import Task
@@ -60,13 +62,20 @@ class _DaemonPool:
 
     Not ``ThreadPoolExecutor``: the interpreter joins its threads at exit, so one task stuck
     past the grace period would keep a drained worker process from exiting (its run already
-    released). A stuck daemon thread dies with the process.
+    released). A stuck daemon thread dies with the process. And no Future per job: a job
+    carries a token and the pool calls ``done(token, value, error)`` when it ends (a Future,
+    with its Condition and callback list, was a third of a no-op run's cost).
     """
 
-    def __init__(self, size: int, name: str) -> None:
-        self._jobs: queue_mod.SimpleQueue[
-            tuple[concurrent.futures.Future[Any], Callable[[], Any]] | None
-        ] = queue_mod.SimpleQueue()
+    def __init__(
+        self,
+        size: int,
+        name: str,
+        done: Callable[[Any, Any, BaseException | None], None],
+    ) -> None:
+        self._done = done
+        self._jobs: queue_mod.SimpleQueue[tuple[Any, Callable[..., Any], tuple[Any, ...]] | None]
+        self._jobs = queue_mod.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
             for i in range(size)
@@ -74,25 +83,27 @@ class _DaemonPool:
         for t in self._threads:
             t.start()
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any) -> concurrent.futures.Future[Any]:
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._jobs.put((fut, functools.partial(fn, *args)))
-        return fut
+    def submit(self, token: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._jobs.put((token, fn, args))
 
     def _work(self) -> None:
+        get, done = self._jobs.get, self._done
         while True:
-            job = self._jobs.get()
+            job = get()
             if job is None:
                 return
-            fut, call = job
-            if not fut.set_running_or_notify_cancel():
-                continue
+            token, fn, args = job
             try:
-                result = call()
+                value = fn(*args)
             except BaseException as exc:
-                fut.set_exception(exc)
+                error: BaseException | None = exc
+                value = None
             else:
-                fut.set_result(result)
+                error = None
+            try:
+                done(token, value, error)
+            except Exception:  # the pool thread must survive a failing callback
+                log.exception("finishing a run failed")
 
     def shutdown(self) -> None:
         """Idle threads exit; busy ones finish their task (or die with the process)."""
@@ -153,6 +164,7 @@ class Worker:
         grace: float = 30.0,
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -164,6 +176,7 @@ class Worker:
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.install_signal_handlers = install_signal_handlers
         self.stats = WorkerStats()
+        self.metrics = metrics
 
         self._lock = threading.Lock()
         # Keyed by (run id, fence): after a stall this worker may hold a stale attempt of a
@@ -172,11 +185,11 @@ class Worker:
         self._in_flight: dict[tuple[str, int], InFlight] = {}
         self._busy_slots = 0
         self._slot_freed = threading.Condition(self._lock)
-        self._finished: queue_mod.Queue[Finished | None] = queue_mod.Queue()
+        self._finished: queue_mod.SimpleQueue[Finished | None] = queue_mod.SimpleQueue()
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._signals = 0
-        self._pool = _DaemonPool(concurrency, "jq-task")
+        self._pool = _DaemonPool(concurrency, "jq-task", self._on_outcome)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
@@ -283,6 +296,9 @@ class Worker:
                 ConnectionFailed,
                 redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError,
+                # A cluster failing over: CLUSTERDOWN, or a slot with no known master yet.
+                redis.exceptions.ClusterError,
+                redis.exceptions.RedisClusterException,
             ) as exc:
                 log.warning("Redis unavailable (%s); retrying in %.1fs", exc, delay)
                 time.sleep(delay * (0.5 + random.random() / 2))
@@ -336,6 +352,7 @@ class Worker:
                 keys, want, self.id, self.lease_ms, self.jq.settings.dead_retention_ms
             )
             result = ops.parse_claim(self.jq.scripts.run(call))
+            self.metrics.claimed(keys.queue, result.runs, result.now_ms)
             for run in result.runs:
                 self._start(run, keys, result.now_ms)
             claimed += len(result.runs)
@@ -356,7 +373,8 @@ class Worker:
                 self.jq.redis.blpop([key], timeout=min(timeout, 0.5))
             else:
                 self.jq.redis.blpop([*wake_keys, self._own_wake_key], timeout=timeout)
-        except redis.exceptions.RedisError as exc:
+        # RedisClusterException (not a RedisError): a slot without a known master mid-failover.
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
             log.warning("waiting for work failed (%s)", exc)
             self._stopping.wait(0.5)
 
@@ -391,7 +409,14 @@ class Worker:
             self._in_flight[(run.run_id, run.fence)] = entry
             self._busy_slots += 1
         self.stats.claimed += 1
-        log.debug("claimed run_id=%s fence=%d attempt=%d", run.run_id, run.fence, run.attempt)
+        if log.isEnabledFor(logging.DEBUG):  # run_fields costs a dict per run: only if shown
+            log.debug(
+                "claimed run_id=%s fence=%d attempt=%d",
+                run.run_id,
+                run.fence,
+                run.attempt,
+                extra=run_fields(run),
+            )
 
         try:
             task = self._task_for(run.task)
@@ -406,10 +431,10 @@ class Worker:
             fut = asyncio.run_coroutine_threadsafe(
                 self._run_async(task, ctx, args, kwargs), self._loop
             )
+            entry.future = fut
+            fut.add_done_callback(functools.partial(self._on_future_done, entry))
         else:
-            fut = self._pool.submit(self._run_sync, task, ctx, args, kwargs)
-        entry.future = fut
-        fut.add_done_callback(functools.partial(self._on_done, entry))
+            self._pool.submit(entry, self._run_sync, (task, ctx, args, kwargs))
 
     def _task_for(self, name: str) -> Task[Any, Any]:
         task = self.jq.registry.get(name)
@@ -439,23 +464,29 @@ class Worker:
         finally:
             unbind(token)
 
-    def _on_done(self, entry: InFlight, fut: concurrent.futures.Future[Any]) -> None:
+    def _on_future_done(self, entry: InFlight, fut: concurrent.futures.Future[Any]) -> None:
+        try:
+            value = fut.result()
+        except BaseException as exc:
+            self._on_outcome(entry, None, exc)
+        else:
+            self._on_outcome(entry, value, None)
+
+    def _on_outcome(self, entry: InFlight, value: Any, error: BaseException | None) -> None:
         # A timed-out run was failed already: this late commit is sent all the same, is refused
         # by the fence, and frees the slot the stuck code held.
         if entry.released:
             self._release_slot(entry)
             return
-        try:
-            value = fut.result()
-        except (concurrent.futures.CancelledError, asyncio.CancelledError):
+        if isinstance(error, concurrent.futures.CancelledError | asyncio.CancelledError):
             reason = entry.ctx.cancel_reason or "cancelled"
             self._finish(Finished(entry, ok=False, error=reason, retry=not entry.lease_lost))
             return
-        except Fatal as exc:
-            self._finish(Finished(entry, ok=False, error=f"Fatal: {exc}", retry=False))
+        if isinstance(error, Fatal):
+            self._finish(Finished(entry, ok=False, error=f"Fatal: {error}", retry=False))
             return
-        except BaseException as exc:
-            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if error is not None:
+            text = "".join(traceback.format_exception_only(type(error), error)).strip()
             self._finish(Finished(entry, ok=False, error=text[:8000], retry=True))
             return
         try:
@@ -505,12 +536,8 @@ class Worker:
         if item.frees_slot:
             self._release_slot(entry)
 
-    def _commit_call(self, item: Finished) -> Call:
+    def _fail_call(self, item: Finished) -> Call:
         run, keys, settings = item.entry.run, item.entry.keys, self.jq.settings
-        if item.ok:
-            return ops.complete_call(
-                keys, run.run_id, run.fence, item.result_json, settings.done_retention_ms
-            )
         delay = None
         if item.retry:
             task = self.jq.registry.get(run.task) if run.task in self.jq.registry else None
@@ -522,17 +549,47 @@ class Worker:
         )
 
     def _commit(self, batch: list[Finished]) -> None:
-        calls = [self._commit_call(i) for i in batch]
+        """One complete call per partition for the successes (one script call for many runs
+        is most of a no-op run's cost), one fail call per failure, all in one round trip."""
+        done: dict[PartitionKeys, list[Finished]] = {}
+        failed: list[Finished] = []
+        for item in batch:
+            if item.ok:
+                done.setdefault(item.entry.keys, []).append(item)
+            else:
+                failed.append(item)
+        retention = self.jq.settings.done_retention_ms
+        calls = [
+            ops.complete_many_call(
+                keys, [(i.entry.run.run_id, i.entry.run.fence, i.result_json) for i in items],
+                retention,
+            )
+            for keys, items in done.items()
+        ]
+        calls += [self._fail_call(i) for i in failed]
         replies = self._retrying(lambda: self.jq.scripts.run_many(calls))
-        for item, reply in zip(batch, replies, strict=True):
+        for items, reply in zip(done.values(), replies, strict=False):
+            for item, outcome in zip(items, ops.parse_outcomes(reply), strict=True):
+                self._settle(item, outcome)
+        for item, reply in zip(failed, replies[len(done) :], strict=True):
             self._settle(item, ops.parse_outcome(reply))
+        self._release_slots(batch)
 
     def _settle(self, item: Finished, outcome: ops.Outcome) -> None:
+        """Record the outcome of one commit; the caller frees the slot (see _release_slots)."""
         run = item.entry.run
+        self.metrics.committed(item.entry.keys.queue, item.ok, outcome.accepted, outcome.status)
         if outcome.accepted:
             if item.ok:
                 self.stats.completed += 1
-                log.debug("done run_id=%s fence=%d attempt=%d", run.run_id, run.fence, run.attempt)
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "done run_id=%s fence=%d attempt=%d",
+                        run.run_id,
+                        run.fence,
+                        run.attempt,
+                        extra=run_fields(run),
+                    )
             else:
                 self.stats.failed += 1
                 log.info(
@@ -542,6 +599,7 @@ class Worker:
                     run.attempt,
                     outcome.status,
                     item.error.splitlines()[-1][:300] if item.error else "",
+                    extra=run_fields(run),
                 )
         else:
             self.stats.fenced_out += 1
@@ -554,10 +612,20 @@ class Worker:
                 run.attempt,
                 outcome.status,
                 outcome.current_fence,
+                extra=run_fields(run),
             )
         item.entry.settled = True
-        if item.frees_slot:
-            self._release_slot(item.entry)
+
+    def _release_slots(self, items: list[Finished]) -> None:
+        """Free the slots of a committed batch: one lock and one wake-up for all of them."""
+        freed = [i.entry for i in items if i.frees_slot]
+        if not freed:
+            return
+        with self._lock:
+            for entry in freed:
+                self._in_flight.pop((entry.run.run_id, entry.run.fence), None)
+            self._busy_slots -= len(freed)
+            self._slot_freed.notify_all()
 
     def _release_slot(self, entry: InFlight) -> None:
         with self._lock:
@@ -608,7 +676,11 @@ class Worker:
             for k, es in groups.items()
         ]
         server_now = None
-        for es, reply in zip(groups.values(), self.jq.scripts.run_many(calls), strict=True):
+        sent = time.perf_counter()
+        replies = self.jq.scripts.run_many(calls)
+        if calls:
+            self.metrics.heartbeat(time.perf_counter() - sent)
+        for es, reply in zip(groups.values(), replies, strict=True):
             server_now = int(reply[0])
             for e, answer in zip(es, ops.parse_heartbeat(reply), strict=True):
                 if isinstance(answer, str):
@@ -623,6 +695,7 @@ class Worker:
             # in-flight set and its reply: nothing was lost.
             return
         entry.lease_lost = True
+        self.metrics.lease_lost(entry.keys.queue, reason)
         run = entry.run
         log.warning(
             "fenced out: heartbeat of run_id=%s fence=%d attempt=%d refused (%s); "
@@ -631,6 +704,7 @@ class Worker:
             run.fence,
             run.attempt,
             reason,
+            extra=run_fields(run),
         )
         entry.ctx.cancel(f"lease lost: {reason}")
         self._cancel_async(entry)
@@ -660,6 +734,7 @@ class Worker:
                 e.run.fence,
                 e.run.attempt,
                 e.timeout_s,
+                extra=run_fields(e.run),
             )
             # Fail now (a retry per policy); the slot stays taken until the code returns.
             self._finish(
@@ -740,4 +815,5 @@ class Worker:
                 e.run.fence,
                 e.run.attempt,
                 outcome.status,
+                extra=run_fields(e.run),
             )

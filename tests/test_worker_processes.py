@@ -232,7 +232,10 @@ class RunView:
         return json.loads(self.fields["result"])
 
     def claim_owners(self) -> list[str]:
-        return [h.split(" owner=", 1)[1] for h in self.history if " claimed " in h]
+        """Every claim's owner in order: the earlier attempts' from the history entries that
+        ended them (lease expired, released, failed), the last one's from the record."""
+        ended = [h.split(" owner=", 1)[1].split(" ", 1)[0] for h in self.history if " owner=" in h]
+        return [o.rstrip(":") for o in ended] + [self.fields["owner"]]
 
     def count(self, word: str) -> int:
         return sum(f" {word} " in f"{h} " for h in self.history)
@@ -276,7 +279,7 @@ def test_sigkill_chaos_every_run_done_once_and_every_effect_applied_once(
     worker is SIGKILLed every 0.5 s and replaced.
 
     What at-least-once execution with fencing guarantees, and what is asserted:
-    - exactly one accepted commit per run (one 'done' in its history, stats.completed = N),
+    - exactly one accepted commit per run (state done, stats.completed = N),
       made by the holder of the run's last fence;
     - the fenced resource holds the committing attempt's write (a killed attempt's write, if
       it got that far, was overwritten by the newer fence, never the other way round);
@@ -322,7 +325,6 @@ def test_sigkill_chaos_every_run_done_once_and_every_effect_applied_once(
 
     # Every run done, exactly one accepted commit each, nothing left in any index.
     assert {v.state for v in runs.values()} == {"done"}
-    assert all(v.count("done") == 1 for v in runs.values())
     assert int(stats["completed"]) == n_runs
     assert r.zcard(PK.leases) == r.zcard(PK.due) == r.zcard(PK.dead) == 0
     for v in runs.values():
@@ -389,7 +391,7 @@ def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(
 
     after = jq.get_run("stalled")
     assert (after.state, after.fence, after.result) == ("done", 2, run.result)
-    assert sum(" done " in h for h in after.history) == 1
+    assert int(jq.redis.hget(PK.stats, "completed") or 0) == 1  # one commit accepted
     resource = jq.redis.hgetall(PK.fence_resource("stall:stalled"))
     assert (int(resource["fence"]), json.loads(resource["value"])["pid"]) == (2, second.pid)
     assert int(jq.redis.hget(PK.stats, "rejected") or 0) >= 1
@@ -430,7 +432,7 @@ def test_sigterm_under_load_releases_without_counting_attempts_and_loses_nothing
     assert len(released) >= 3  # runs of 0.4-0.8 s in flight outlast a 0.3 s grace
     for v in released:
         # Released attempts are not counted: attempt = claims - releases, here 1.
-        assert v.count("claimed") - v.count("released") == v.attempt == 1, v.history
+        assert len(v.claim_owners()) - v.count("released") == v.attempt == 1, v.history
         assert v.count("expired") == 0, v.history
         assert v.result == other.pid
     assert all(v.attempt == 1 for v in runs.values())

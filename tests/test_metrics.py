@@ -1,0 +1,269 @@
+"""Prometheus metrics (``--metrics-port``): each test serves a private registry over HTTP on
+127.0.0.1 (any free port), lets a real worker or scheduler work, scrapes ``/metrics`` and
+checks the values. In-process daemons run on both backends; the CLI test is a real process
+on the real server."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobqueue import ops
+from jobqueue.cli import main
+from jobqueue.client import JobQueue
+from jobqueue.context import RunContext
+from jobqueue.embedded import EmbeddedServer
+from jobqueue.errors import Fatal
+from jobqueue.metrics import NO_METRICS, PrometheusMetrics, serve
+from jobqueue.scheduler import Scheduler
+from jobqueue.settings import Settings
+from jobqueue.worker import Worker
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = Settings(backoff_base_s=0.02, backoff_cap_s=0.05)
+S = 1000
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int | None) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+    return result
+
+
+@pytest.fixture
+def metrics() -> Iterator[PrometheusMetrics]:
+    served = serve("worker", 0, "127.0.0.1")
+    yield served
+    served.close()
+
+
+@pytest.fixture
+def fast_jq(redis_client: Any) -> JobQueue:
+    return JobQueue(redis_client, settings=FAST)
+
+
+def test_worker_counts_claims_completions_failures_retries_deaths_and_fenced_commits(
+    fast_jq: JobQueue, metrics: PrometheusMetrics
+) -> None:
+    attempts: dict[str, int] = {}
+    started = threading.Event()
+
+    @fast_jq.task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @fast_jq.task(max_attempts=3)
+    def flaky_once(key: str) -> str:
+        attempts[key] = attempts.get(key, 0) + 1
+        if attempts[key] == 1:
+            raise ValueError("first attempt fails")
+        return "ok"
+
+    @fast_jq.task
+    def hopeless() -> None:
+        raise Fatal("no retry can fix this")
+
+    @fast_jq.task
+    def cancelled_midway(ctx: RunContext) -> str:
+        started.set()
+        ctx.cancelled.wait(5)  # returns once the refused heartbeat has told us
+        return "discarded"
+
+    worker = Worker(fast_jq, concurrency=4, lease=0.3, grace=2, install_signal_handlers=False,
+                    metrics=metrics)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        ids = [fast_jq.enqueue(add, i, 1).run_id for i in range(3)]
+        ids.append(fast_jq.enqueue(flaky_once, "k").run_id)
+        ids.append(fast_jq.enqueue(hopeless).run_id)
+        victim = fast_jq.enqueue(cancelled_midway).run_id
+        assert started.wait(5)
+        fast_jq.cancel(victim, reason="operator")
+        wait_for(lambda: all(fast_jq.get_run(r).finished for r in ids), what="runs to finish")
+        wait_for(lambda: worker.stats.rejected_commits, what="the refused commit")
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+    metrics.refresh_depth(fast_jq, ["default"])
+    got = scrape(metrics.port)
+    q = {"queue": "default"}
+    # 3 add + 2 flaky_once attempts + hopeless + cancelled_midway
+    assert value(got, "jobqueue_runs_claimed_total", **q) == 7
+    assert value(got, "jobqueue_runs_completed_total", **q) == 4
+    assert value(got, "jobqueue_runs_failed_total", **q) == 2
+    assert value(got, "jobqueue_runs_retried_total", **q) == 1
+    assert value(got, "jobqueue_runs_dead_total", **q) == 1
+    assert value(got, "jobqueue_commits_rejected_total", reason="cancelled", **q) == 1
+    assert value(got, "jobqueue_leases_lost_total", reason="cancelled", **q) == 1
+    assert value(got, "jobqueue_start_lateness_seconds_count", **q) == 7
+    assert value(got, "jobqueue_heartbeat_seconds_count") >= 1
+    assert value(got, "jobqueue_queue_runs", state="dead", **q) == 1
+    assert value(got, "jobqueue_queue_runs", state="running", **q) == 0
+    assert value(got, "jobqueue_daemon", daemon="worker") == 1
+
+
+def test_start_lateness_is_claim_time_minus_due_time_on_the_server_clock(
+    jq: JobQueue, metrics: PrometheusMetrics
+) -> None:
+    jq.declare_task("t")
+    pk = jq.keys_for("default", "late")
+    jq.enqueue("t", run_id="late")
+    due = int(jq.redis.zscore(pk.due, "late"))
+    claim = ops.parse_claim(jq.scripts.run(ops.claim_call(pk, 1, "w", 1000, 1000, now=due + 7000)))
+    metrics.claimed("default", claim.runs, claim.now_ms)
+    got = scrape(metrics.port)
+    assert value(got, "jobqueue_start_lateness_seconds_sum", queue="default") == 7.0
+    assert value(got, "jobqueue_start_lateness_seconds_bucket", queue="default", le="5.0") == 0
+    assert value(got, "jobqueue_start_lateness_seconds_bucket", queue="default", le="10.0") == 1
+
+
+def test_queue_depth_and_lease_expiries_come_from_the_queue_stats(
+    jq: JobQueue, metrics: PrometheusMetrics
+) -> None:
+    jq.declare_task("t")
+    pk = jq.keys_for("default", "a")
+    for run_id in ("a", "b", "c"):
+        jq.enqueue("t", run_id=run_id)
+    jq.enqueue("t", run_id="later", delay=3600)
+    now = jq.server_time_ms()
+    # Claim one run with a 1 ms lease, then claim again after it expired: one expiry.
+    jq.scripts.run(ops.claim_call(pk, 1, "w1", 1, 1000, now=now))
+    jq.scripts.run(ops.claim_call(pk, 1, "w2", 60_000, 1000, now=now + 10))
+    metrics.refresh_depth(jq, ["default"])
+    got = scrape(metrics.port)
+    q = {"queue": "default"}
+    assert value(got, "jobqueue_queue_runs", state="due", **q) == 2
+    assert value(got, "jobqueue_queue_runs", state="running", **q) == 1
+    assert value(got, "jobqueue_queue_runs", state="dead", **q) == 0
+    assert value(got, "jobqueue_queue_lease_expiries", **q) == 1
+
+
+def test_scheduler_counts_fires_misses_and_drops(jq: JobQueue) -> None:
+    metrics = serve("scheduler", 0, "127.0.0.1")
+    try:
+        # Every 60 s, last fired at 120 s, scheduler down until 370 s: 180, 240, 300 and 360
+        # are late; fire-all:2 fires the last two and drops the others.
+        jq.schedule("report", "report_task", every=60, misfire="fire-all:2", now=120 * S)
+        jq.schedule("skipper", "report_task", every=60, misfire="skip", now=120 * S)
+        sched = Scheduler(jq, lookahead=0, install_signal_handlers=False, metrics=metrics)
+        report = sched.tick(now=370 * S)
+        got = scrape(metrics.port)
+    finally:
+        metrics.close()
+    assert report.runs_created == 2
+    assert value(got, "jobqueue_scheduler_fires_total") == 2
+    assert value(got, "jobqueue_scheduler_runs_created_total") == 2
+    assert value(got, "jobqueue_scheduler_drops_total") == 2
+    assert value(got, "jobqueue_scheduler_misses_total") == report.missed >= 4 + 2
+    assert value(got, "jobqueue_daemon", daemon="scheduler") == 1
+
+
+def test_metrics_off_is_a_no_op_that_serves_nothing(jq: JobQueue) -> None:
+    jq.schedule("j", "t", every=60, now=0)
+    sched = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    assert sched.metrics is NO_METRICS
+    assert sched.tick(now=60 * S).runs_created == 1
+
+
+def test_two_registries_in_one_process_count_separately() -> None:
+    a, b = serve("worker", 0, "127.0.0.1"), serve("worker", 0, "127.0.0.1")
+    try:
+        a.committed("q", ok=True, accepted=True, status="done")
+        assert value(scrape(a.port), "jobqueue_runs_completed_total", queue="q") == 1
+        assert value(scrape(b.port), "jobqueue_runs_completed_total", queue="q") == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_metrics_port_without_prometheus_client_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch, real_server: EmbeddedServer
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+    monkeypatch.chdir(ROOT / "docker")
+    result = CliRunner().invoke(
+        main,
+        ["--redis-url", real_server.url, "--log-level", "WARNING", "scheduler", "--app",
+         "example_app:jq",
+         "--metrics-port", "0"],
+    )
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: --metrics-port needs prometheus-client: pip install 'jobqueue[metrics]'"
+    ]
+
+
+def test_metrics_port_with_several_worker_processes_is_refused_before_any_starts() -> None:
+    result = CliRunner().invoke(
+        main, ["worker", "--app", "example_app:jq", "--processes", "2", "--metrics-port", "0"]
+    )
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: --metrics-port serves one process: use it with --processes 1"
+    ]
+
+
+def test_worker_process_serves_metrics_on_its_metrics_port(real_server: EmbeddedServer) -> None:
+    jq = JobQueue.from_url(real_server.url)
+    jq.redis.flushall()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "docker"), str(ROOT)])}
+    env.pop("JOBQUEUE_REDIS_URL", None)
+    cmd = [sys.executable, "-m", "jobqueue.cli", "--redis-url", real_server.url, "worker",
+           "--app", "example_app:jq", "--metrics-port", "0", "--grace", "1"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        port = None
+        while port is None:
+            line = proc.stderr.readline()
+            assert line, "worker exited before serving metrics"
+            if match := re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", line):
+                port = int(match.group(1))
+        jq.declare_task("send_welcome_email")
+        handle = jq.enqueue("send_welcome_email", 1, address="a@example.com")
+        assert handle.wait(timeout=10).state == "done"
+        got = wait_for(
+            lambda: (s := scrape(port))
+            and value(s, "jobqueue_runs_completed_total", queue="default") == 1
+            and s,
+            what="the completion to be counted",
+        )
+        assert value(got, "jobqueue_runs_claimed_total", queue="default") == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert proc.returncode == 0
