@@ -1,4 +1,5 @@
-"""The operator's commands: leases, runs, stats, workers, dead runs, capacity, check.
+"""The operator's commands: leases, runs, queues (alias stats), workers, dead runs, capacity,
+check.
 
 Every listing has ``--json``; human output is an aligned table with relative and absolute
 times. Data comes from ``jobqueue.inspect`` (the same functions any dashboard would use).
@@ -7,45 +8,28 @@ times. Data comes from ``jobqueue.inspect`` (the same functions any dashboard wo
 from __future__ import annotations
 
 import json
+import sys
 import time
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
 
 from . import inspect, ops
 from .capacity import CapacityInputs, estimate
-from .errors import OperationRefused
+from .cli_format import abs_time, duration, when
+from .cli_format import table as table
+from .keys import PartitionKeys
 
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
 pass_state = click.pass_obj
 
+# Older names, kept for code that imported them from here.
+_abs, _rel = abs_time, duration
 
-def _abs(ms: int | None) -> str:
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _rel(ms: int | None) -> str:
-    """Signed duration, e.g. '12.3s', '-4.0s' (expired), '2h05m'."""
-    if ms is None:
-        return "-"
-    sign, ms = ("-" if ms < 0 else ""), abs(ms)
-    if ms < 60_000:
-        return f"{sign}{ms / 1000:.1f}s"
-    if ms < 3_600_000:
-        return f"{sign}{ms // 60_000}m{(ms // 1000) % 60:02d}s"
-    return f"{sign}{ms // 3_600_000}h{(ms // 60_000) % 60:02d}m"
-
-
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
-    cells = [[str(h) for h in headers], *[[str(c) for c in r] for r in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
-    )
+# Script calls per pipelined round trip in bulk commands (as enqueue_many's CREATE_CHUNK).
+BULK_CHUNK = 500
 
 
 def emit(
@@ -57,6 +41,30 @@ def emit(
         click.echo(empty)
     else:
         click.echo(table(rows, headers))
+
+
+def stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextmanager
+def progress(length: int, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar (click's) on a terminal; silence in a pipe, a file or CI, where a bar
+    is only noise in a log. Yields ``advance(n)``."""
+    if length < 2 or not stdout_is_terminal():
+        yield lambda n: None
+        return
+    with click.progressbar(length=length, label=label, file=sys.stdout) as bar:
+        yield bar.update
+
+
+def confirm(what: str, yes: bool) -> None:
+    """Ask before a destructive or bulk change unless --yes; 'no' exits 1 (refused)."""
+    if not yes and not click.confirm(what, default=False):
+        raise click.Abort()
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -129,7 +137,9 @@ def runs(
     as_json: bool,
 ) -> None:
     """Runs by state, newest finished first."""
-    found = inspect.runs(state.jq(), state=state_filter, queue=queue, job=job, limit=limit)
+    jq = state.jq()
+    found = inspect.runs(jq, state=state_filter, queue=queue, job=job, limit=limit)
+    now = jq.server_time_ms()
     rows = [
         [
             r.run_id,
@@ -138,9 +148,9 @@ def runs(
             r.state,
             f"{r.attempt}/{r.max_attempts}",
             r.fence,
-            _abs(r.due_ms),
-            _abs(r.finished_ms),
-            (r.error or "")[:60],
+            when(r.due_ms, now),
+            when(r.finished_ms, now),
+            (r.error or "").strip().splitlines()[-1][:60] if (r.error or "").strip() else "",
         ]
         for r in found
     ]
@@ -164,11 +174,14 @@ def runs(
 
 
 @click.command()
-@click.option("--queue")
+@click.option("--queue", help="Only this queue.")
 @json_option
 @pass_state
-def stats(state: Any, queue: str | None, as_json: bool) -> None:
-    """Per queue and partition: due now, later, running, expired leases, dead, throughput."""
+def queues(state: Any, queue: str | None, as_json: bool) -> None:
+    """Per queue and partition: due now, later, running, expired leases, dead, done in the
+    last minute and hour, and how late the oldest due run is. (Alias: stats.)
+
+    DONE counts runs that left through the done index: completed or cancelled."""
     found = inspect.stats(state.jq(), queue)
     rows = [
         [
@@ -181,7 +194,9 @@ def stats(state: Any, queue: str | None, as_json: bool) -> None:
             s.dead,
             s.done_last_minute,
             s.done_last_hour,
-            _rel(s.oldest_due_age_ms),
+            "-"
+            if s.oldest_due_age_ms is None
+            else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
         ]
         for s in found
     ]
@@ -199,10 +214,20 @@ def stats(state: Any, queue: str | None, as_json: bool) -> None:
             "DEAD",
             "DONE/1M",
             "DONE/1H",
-            "OLDEST DUE",
+            "OLDEST DUE (UTC)",
         ],
         "no queues yet",
     )
+
+
+# `stats` is the older name, in scripts and the design: the same command under both names.
+stats = click.Command(
+    "stats",
+    callback=queues.callback,
+    params=queues.params,
+    help="Same as `queues`.",
+    short_help="Same as `queues`.",
+)
 
 
 @click.command()
@@ -210,7 +235,9 @@ def stats(state: Any, queue: str | None, as_json: bool) -> None:
 @pass_state
 def workers(state: Any, as_json: bool) -> None:
     """The live worker registry; stale workers (no heartbeat for 3 beats) are flagged."""
-    found = inspect.workers(state.jq())
+    jq = state.jq()
+    found = inspect.workers(jq)
+    now = jq.server_time_ms()
     rows = [
         [
             w.id,
@@ -218,8 +245,8 @@ def workers(state: Any, as_json: bool) -> None:
             w.pid,
             ",".join(w.queues),
             f"{w.in_flight}/{w.concurrency}",
-            _abs(w.started_ms),
-            _rel(w.seen_ago_ms) + " ago",
+            when(w.started_ms, now),
+            when(w.last_seen_ms, now),
             "STALE" if w.stale else "ok",
         ]
         for w in found
@@ -244,14 +271,17 @@ def dead() -> None:
 @json_option
 @pass_state
 def dead_list(state: Any, queue: str | None, limit: int, as_json: bool) -> None:
-    found = inspect.runs(state.jq(), state="dead", queue=queue, limit=limit)
+    """Dead runs, most recent first, with the last line of their error."""
+    jq = state.jq()
+    found = inspect.runs(jq, state="dead", queue=queue, limit=limit)
+    now = jq.server_time_ms()
     rows = [
         [
             r.run_id,
             r.queue,
             r.task,
             f"{r.attempt}/{r.max_attempts}",
-            _abs(r.finished_ms),
+            when(r.finished_ms, now),
             (r.error or "").splitlines()[-1][:80] if r.error else "",
         ]
         for r in found
@@ -271,36 +301,79 @@ def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None) 
     if not run_ids and not all_:
         raise click.UsageError("give run ids, or --all for every dead run")
     if run_ids:
-        return list(run_ids)
+        return list(dict.fromkeys(run_ids))
     return [r.run_id for r in inspect.runs(jq, state="dead", queue=queue, limit=100_000)]
 
 
-def _confirm(what: str, yes: bool) -> None:
-    if not yes and not click.confirm(what, default=False):
-        raise click.Abort()
+def _states(jq: Any, run_ids: list[str], queue: str | None) -> list[tuple[str, Any, str]]:
+    """(run id, partition keys or None, state or 'missing') for each id, states read in one
+    pipeline."""
+    located = [(rid, jq.locate(rid, queue)) for rid in run_ids]
+    pipe = jq.redis.pipeline(transaction=False)
+    for rid, keys in located:
+        if keys is not None:
+            pipe.hget(keys.run(rid), "state")
+    found = iter(pipe.execute())
+    return [
+        (rid, keys, "missing" if keys is None else next(found) or "missing")
+        for rid, keys in located
+    ]
 
 
 @dead.command("retry")
 @click.argument("run_ids", nargs=-1)
-@click.option("--all", "all_", is_flag=True)
+@click.option("--all", "all_", is_flag=True, help="Every dead run (of --queue, if given).")
 @click.option("--queue")
-@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--yes", is_flag=True, help="Do not ask (--all asks first).")
 @pass_state
 def dead_retry(
     state: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None, yes: bool
 ) -> None:
-    """Put dead runs back to pending, attempts reset."""
+    """Put dead runs back to pending, attempts reset.
+
+    Idempotent: a run already back to pending is reported, not retried twice. A run in another
+    state (done, running, unknown) is refused: exit 1."""
     jq = state.jq()
     ids = _dead_ids(jq, run_ids, all_, queue)
-    _confirm(f"retry {len(ids)} dead run(s)?", yes or not all_)
+    if not ids:
+        click.echo("no dead runs to retry")
+        return
+    confirm(f"retry {len(ids)} dead run(s)?", yes or not all_)
+    targets: list[tuple[str, PartitionKeys]] = []
+    already, refused = 0, 0
+    for rid, keys, run_state in _states(jq, ids, queue):
+        if run_state == "dead":
+            targets.append((rid, keys))
+        elif run_state == "pending":
+            already += 1
+            click.echo(f"{rid} is already pending (nothing to do)", err=True)
+        else:
+            refused += 1
+            what = "not found" if run_state == "missing" else f"is {run_state}"
+            click.echo(f"refused {rid}: {what}; only dead runs retry", err=True)
     retried = 0
-    for run_id in ids:
-        try:
-            jq.requeue(run_id, queue=queue)
-            retried += 1
-        except OperationRefused as exc:
-            click.echo(f"skipped {run_id}: {exc}", err=True)
-    click.echo(f"retried {retried} of {len(ids)} dead run(s)")
+    with progress(len(targets), "retrying dead runs") as advance:
+        for start in range(0, len(targets), BULK_CHUNK):
+            chunk = targets[start : start + BULK_CHUNK]
+            replies = jq.scripts.run_many([ops.requeue_call(k, rid) for rid, k in chunk])
+            for (rid, _), reply in zip(chunk, replies, strict=True):
+                changed, previous = ops.parse_state_change(reply)
+                if changed:
+                    retried += 1
+                elif previous == "pending":  # retried by someone else meanwhile
+                    already += 1
+                else:
+                    refused += 1
+                    click.echo(f"refused {rid}: is {previous}; only dead runs retry", err=True)
+            advance(len(chunk))
+    summary = f"retried {retried} of {len(ids)} dead run(s)"
+    if already:
+        summary += f"; {already} already pending"
+    if refused:
+        summary += f"; {refused} refused"
+    click.echo(summary)
+    if refused:
+        sys.exit(1)
 
 
 @dead.command("purge")
@@ -315,7 +388,10 @@ def dead_purge(
     """Delete dead runs for good (only runs still dead are touched)."""
     jq = state.jq()
     ids = _dead_ids(jq, run_ids, all_, queue)
-    _confirm(f"purge {len(ids)} dead run(s) for good?", yes)
+    if not ids:
+        click.echo("no dead runs to purge")
+        return
+    confirm(f"purge {len(ids)} dead run(s) for good?", yes)
     groups: dict[Any, list[str]] = {}
     for run_id in ids:
         keys = jq.locate(run_id, queue)
@@ -402,4 +478,4 @@ def check(state: Any) -> None:
         click.echo(f"{warnings} warning(s)")
 
 
-COMMANDS = [leases, runs, stats, workers, dead, capacity, check]
+COMMANDS = [leases, runs, queues, stats, workers, dead, capacity, check]

@@ -10,6 +10,7 @@ from typing import Any
 from .client import JobQueue
 from .keys import WORKERS_KEY, PartitionKeys
 from .models import Run
+from .recurring import Definition, JobState, ScheduleInfo
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
 STALE_AFTER_BEATS = 3
@@ -51,6 +52,8 @@ class PartitionStats:
     done_last_hour: int
     oldest_due_age_ms: int | None
     counters: dict[str, int]
+    # Absolute due time of the oldest due run, so a view can show it relative and absolute.
+    oldest_due_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +109,15 @@ def workers(jq: JobQueue) -> list[WorkerInfo]:
     return sorted(out, key=lambda w: w.id)
 
 
+def _int_or(text: str | None, default: int | None) -> Any:
+    """A number field of a run record; a garbage value (corrupt record) shows as the default
+    instead of crashing the listing."""
+    try:
+        return int(text) if text else default
+    except ValueError:
+        return default
+
+
 def leases(
     jq: JobQueue,
     queue: str | None = None,
@@ -147,11 +159,11 @@ def leases(
                 owner=owner or "?",
                 host=w.host if w else None,
                 pid=w.pid if w else None,
-                fence=int(fence or 0),
-                attempt=int(attempt or 0),
+                fence=_int_or(fence, 0),
+                attempt=_int_or(attempt, 0),
                 lease_until_ms=until,
                 remaining_ms=until - now,
-                running_for_ms=now - int(started) if started else None,
+                running_for_ms=None if (t := _int_or(started, None)) is None else now - t,
             )
         )
     out.sort(key=lambda lease: lease.remaining_ms)
@@ -190,6 +202,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> list[PartitionStats]:
                 done_last_hour=r[6],
                 oldest_due_age_ms=None if oldest is None else now - int(oldest),
                 counters={name: int(v) for name, v in r[8].items()},
+                oldest_due_ms=None if oldest is None else int(oldest),
             )
         )
     return out
@@ -238,7 +251,167 @@ def runs(
     for (k, rid), fields in zip(ids, pipe.execute(), strict=True):
         if not fields or (state and fields.get("state") != state):
             continue
-        out.append(Run.from_hash(rid, k.partition, fields, []))
+        out.append(Run.from_hash(rid, k.partition, fields, [], k.queue))
         if len(out) >= limit:
             break
     return out
+
+
+def schedules(jq: JobQueue, *, limit: int = 1000, scan_count: int = 500) -> list[ScheduleInfo]:
+    """Recurring jobs, at most ``limit``, sorted by job id. Read with HSCAN in pages and
+    pipelined ZSCORE/HGET per page, so a store of millions of jobs never blocks the server
+    (``Recurring.list_jobs`` reads whole hashes: fine for a few jobs, not for an operator's
+    listing)."""
+    out: list[ScheduleInfo] = []
+    seen: set[str] = set()  # HSCAN may return an entry twice across pages
+    r = jq.redis
+    for sk in jq.recurring.all_keys():
+        cursor: int = 0
+        while len(out) < limit:
+            cursor, page = r.hscan(sk.defs, cursor, count=scan_count)
+            items = [(j, t) for j, t in page.items() if j not in seen][: limit - len(out)]
+            seen.update(j for j, _ in items)
+            pipe = r.pipeline(transaction=False)
+            for job_id, _ in items:
+                pipe.zscore(sk.next, job_id)
+                pipe.hget(sk.state, job_id)
+            replies = pipe.execute()
+            for i, (job_id, text) in enumerate(items):
+                score, state = replies[2 * i], replies[2 * i + 1]
+                try:
+                    defn = Definition.from_json(job_id, text)
+                except (ValueError, KeyError, TypeError):
+                    continue  # a corrupt definition is the scheduler's problem, not the listing's
+                out.append(
+                    ScheduleInfo(defn, None if score is None else int(score), JobState.parse(state))
+                )
+            if int(cursor) == 0:
+                break
+        if len(out) >= limit:
+            break
+    return sorted(out, key=lambda i: i.job_id)
+
+
+@dataclass(frozen=True)
+class TopSnapshot:
+    """One frame of ``jobqueue top``: everything it shows, read at server time ``now_ms``."""
+
+    now_ms: int
+    stats: list[PartitionStats]
+    leases: list[Lease]
+    workers: list[WorkerInfo]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "now_ms": self.now_ms,
+            "stats": [s.to_dict() for s in self.stats],
+            "leases": [lease.to_dict() for lease in self.leases],
+            "workers": [w.to_dict() for w in self.workers],
+        }
+
+
+def top_snapshot(jq: JobQueue, queue: str | None = None, *, lease_limit: int = 10) -> TopSnapshot:
+    """Queue stats, the leases with least time left and the worker registry, in a few
+    pipelined round trips (each bounded as in :func:`stats`, :func:`leases`)."""
+    now = jq.server_time_ms()
+    return TopSnapshot(
+        now_ms=now,
+        stats=stats(jq, queue),
+        leases=leases(jq, queue, limit=lease_limit),
+        workers=workers(jq),
+    )
+
+
+@dataclass(frozen=True)
+class QueueTotals:
+    """One queue's partitions added up (a dashboard's row; the CLI lists partitions)."""
+
+    queue: str
+    partitions: int
+    due_now: int
+    scheduled_later: int
+    running: int
+    expired_leases: int
+    dead: int
+    done_last_minute: int
+    done_last_hour: int
+    oldest_due_age_ms: int | None  # the latest any due run of the queue is
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
+    """Add up :func:`stats` rows per queue (pure: no Redis call)."""
+    grouped: dict[str, list[PartitionStats]] = {}
+    for s in per_partition:
+        grouped.setdefault(s.queue, []).append(s)
+    out = []
+    for queue, rows in sorted(grouped.items()):
+        ages = [s.oldest_due_age_ms for s in rows if s.oldest_due_age_ms is not None]
+        out.append(
+            QueueTotals(
+                queue=queue,
+                partitions=len(rows),
+                due_now=sum(s.due_now for s in rows),
+                scheduled_later=sum(s.scheduled_later for s in rows),
+                running=sum(s.running for s in rows),
+                expired_leases=sum(s.expired_leases for s in rows),
+                dead=sum(s.dead for s in rows),
+                done_last_minute=sum(s.done_last_minute for s in rows),
+                done_last_hour=sum(s.done_last_hour for s in rows),
+                oldest_due_age_ms=max(ages) if ages else None,
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Runs that finished per time bucket, oldest bucket first: bucket i covers
+    [start_ms + i * bucket_ms, start_ms + (i + 1) * bucket_ms)."""
+
+    queue: str
+    start_ms: int
+    bucket_ms: int
+    finished: list[int]  # left through the done index: completed or cancelled
+    dead: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def throughput(
+    jq: JobQueue,
+    queue: str | None = None,
+    *,
+    window_ms: int = 3_600_000,
+    bucket_ms: int = 60_000,
+    now_ms: int | None = None,
+) -> list[Throughput]:
+    """Per queue, finished and dead runs per bucket over the last ``window_ms``, counted from
+    the done and dead indexes (scored by finish time), so the history exists as soon as the
+    runs do, with no sampler. One ZCOUNT per bucket and partition (O(log n) each), all in one
+    pipeline; the done index is trimmed by retention, so a window longer than
+    ``done_retention_s`` undercounts its oldest buckets."""
+    now = jq.server_time_ms() if now_ms is None else now_ms
+    buckets = max(1, -(-window_ms // bucket_ms))
+    start = now - buckets * bucket_ms
+    parts = _partitions(jq, queue)
+    pipe = jq.redis.pipeline(transaction=False)
+    for k in parts:
+        for index in (k.done, k.dead):
+            for i in range(buckets):
+                low = start + i * bucket_ms
+                pipe.zcount(index, low, f"({low + bucket_ms}")
+    replies = iter(pipe.execute())
+    per_queue: dict[str, Throughput] = {}
+    for k in parts:
+        finished = [int(next(replies)) for _ in range(buckets)]
+        dead = [int(next(replies)) for _ in range(buckets)]
+        seen = per_queue.get(k.queue)
+        if seen is not None:
+            finished = [a + b for a, b in zip(seen.finished, finished, strict=True)]
+            dead = [a + b for a, b in zip(seen.dead, dead, strict=True)]
+        per_queue[k.queue] = Throughput(k.queue, start, bucket_ms, finished, dead)
+    return [per_queue[q] for q in sorted(per_queue)]

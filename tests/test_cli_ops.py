@@ -132,13 +132,6 @@ def test_purge_asks_before_deleting(jq: JobQueue, url: str) -> None:
     assert jq.get_run("d1").state == "dead"
 
 
-def test_cancel_of_a_finished_run_is_refused_with_exit_1(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="c1", delay=60)
-    assert cli(url, "cancel", "c1")[0] == 0
-    code, _, err = cli(url, "cancel", "c1")
-    assert code == 1 and "cancelled" in err
-
-
 def test_capacity_prints_the_seeds_section_1() -> None:
     result = CliRunner().invoke(main, ["capacity", "--jobs", "5000000", "--every", "3600",
                                        "--row-bytes", "300"])
