@@ -1,0 +1,5 @@
+"""``jobqueue dashboard``: the web view of the same data as the ops CLI.
+
+Importing this package needs nothing beyond jobqueue itself; the web stack (the
+``dashboard`` extra: Starlette, Jinja2, uvicorn) is imported by ``app`` and ``security``.
+"""

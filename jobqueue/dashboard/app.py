@@ -1,0 +1,440 @@
+"""The dashboard: a Starlette app over the CLI's data functions (``jobqueue.inspect`` and the
+``JobQueue`` client), rendered server-side with Jinja2 (autoescape on) and SVG charts.
+
+Pages are GETs with no side effect; every change is a POST to ``/actions/<name>``, one route,
+so no action can skip the CSRF check. Handlers are plain functions run in Starlette's thread
+pool: the Redis client is synchronous and thread-safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote
+
+import jinja2
+import redis
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .. import inspect, ops
+from ..cli_format import abs_time, duration, relative
+from ..client import JobQueue
+from ..errors import ConnectionFailed, JobQueueError
+from ..models import STATES
+from .charts import Series, svg_chart
+from .sampler import Sampler
+from .security import CSRF_FIELD, SESSION_COOKIE, AuthGate, Credentials, Csrf
+
+HERE = Path(__file__).parent
+FLASH_COOKIE = "jq_flash"
+HOUR_MS = 3_600_000
+MAX_FORM_BYTES = 256 * 1024
+# No script at all: the pages are forms and SVG. Framing is refused (clickjacking on buttons).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass
+class Settings:
+    jq: JobQueue
+    csrf: Csrf
+    sampler: Sampler
+    templates: jinja2.Environment
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # run ids, payloads and errors come from users
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["abs_time"] = abs_time
+    env.filters["duration"] = duration
+    env.filters["q"] = lambda s: quote(str(s), safe="")
+    env.filters["pretty_json"] = _pretty_json
+    return env
+
+
+def _pretty_json(text: str | None) -> str:
+    if not text:
+        return "-"
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def render(request: Request, name: str, **context: Any) -> Response:
+    s = _settings(request)
+    session = request.cookies.get(SESSION_COOKIE)
+    new_session = session is None
+    if session is None:
+        session = Csrf.new_session()
+    flash = unquote(request.cookies.get(FLASH_COOKIE, ""))
+    now = context.pop("now", None) or s.jq.server_time_ms()
+    body = s.templates.get_template(name).render(
+        request=request,
+        csrf_field=CSRF_FIELD,
+        csrf_token=s.csrf.token_for(session),
+        flash=flash,
+        now=now,
+        rel=lambda ms: relative(ms, now),
+        states=STATES,
+        **context,
+    )
+    response = HTMLResponse(body)
+    if new_session:
+        response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict")
+    if flash:
+        response.delete_cookie(FLASH_COOKIE)
+    return response
+
+
+# -- pages -----------------------------------------------------------------------------------
+
+
+def _minute_labels(now: int) -> list[tuple[float, str]]:
+    return [(now - m * 60_000, f"-{m}m" if m else "now") for m in (60, 45, 30, 15, 0)]
+
+
+def queues_page(request: Request) -> Response:
+    s = _settings(request)
+    jq = s.jq
+    now = jq.server_time_ms()
+    totals = inspect.queue_totals(inspect.stats(jq))
+    s.sampler.record(now, totals)
+    flows = {t.queue: t for t in inspect.throughput(jq, now_ms=now)}
+    labels = _minute_labels(now)
+    charts = []
+    for t in totals:
+        flow = flows.get(t.queue)
+        # Bar i ends at its bucket's end, so the last bar sits at "now".
+        ends = (
+            []
+            if flow is None
+            else [flow.start_ms + (i + 1) * flow.bucket_ms for i in range(len(flow.finished))]
+        )
+        common: dict[str, Any] = {"x_min": now - HOUR_MS, "x_max": now, "x_labels": labels}
+        charts.append(
+            {
+                "queue": t.queue,
+                "throughput": svg_chart(
+                    [
+                        Series(
+                            "finished/min",
+                            list(zip(ends, flow.finished, strict=True)) if flow else [],
+                        ),
+                        Series("dead/min", list(zip(ends, flow.dead, strict=True)) if flow else []),
+                    ],
+                    title="throughput",
+                    bars=True,
+                    element_id=f"chart-throughput-{t.queue}",
+                    **common,
+                ),
+                "depth": svg_chart(
+                    [
+                        Series("due now", s.sampler.depth(t.queue, now, t)),
+                        Series("running", s.sampler.running(t.queue, now, t)),
+                    ],
+                    title="depth",
+                    element_id=f"chart-depth-{t.queue}",
+                    **common,
+                ),
+                "lateness": svg_chart(
+                    [Series("oldest due, s", s.sampler.lateness_s(t.queue, now, t))],
+                    title="lateness",
+                    element_id=f"chart-lateness-{t.queue}",
+                    **common,
+                ),
+            }
+        )
+    return render(
+        request,
+        "queues.html",
+        now=now,
+        totals=totals,
+        charts=charts,
+        every_s=s.sampler.every_ms / 1000,
+    )
+
+
+def leases_page(request: Request) -> Response:
+    p = request.query_params
+    found = inspect.leases(
+        _settings(request).jq,
+        p.get("queue") or None,
+        expired_only=p.get("expired") == "1",
+        worker=p.get("worker") or None,
+        limit=500,
+    )
+    return render(request, "leases.html", leases=found, params=p)
+
+
+def runs_page(request: Request) -> Response:
+    jq = _settings(request).jq
+    p = request.query_params
+    state = p.get("state") or None
+    if state is not None and state not in STATES:
+        return PlainTextResponse(f"unknown state {state!r}", 400)
+    queue, job, search = p.get("queue") or None, p.get("job") or None, p.get("q", "").strip()
+    try:
+        limit = max(1, min(1000, int(p.get("limit") or 100)))
+    except ValueError:
+        return PlainTextResponse("limit must be a number", 400)
+    if search:
+        exact = jq.find_run(search, queue)
+        if exact is not None:
+            target = f"/run?id={quote(exact.run_id, safe='')}&queue={quote(exact.queue)}"
+            return RedirectResponse(target, status_code=303)
+    found = inspect.runs(jq, state=state, queue=queue, job=job, limit=limit)
+    if search:  # no run with exactly that id: narrow the listing to ids that contain it
+        found = [r for r in found if search in r.run_id]
+    return render(
+        request, "runs.html", runs=found, params=p, search=search, queues=sorted(jq.queues())
+    )
+
+
+def run_page(request: Request) -> Response:
+    jq = _settings(request).jq
+    run_id = request.query_params.get("id", "")
+    run = jq.find_run(run_id, request.query_params.get("queue") or None) if run_id else None
+    if run is None:
+        return render(request, "missing.html", what=f"run {run_id!r}")
+    history = []
+    for line in run.history:
+        stamp, _, text = line.partition(" ")
+        history.append((int(stamp) if stamp.isdigit() else None, text if stamp.isdigit() else line))
+    return render(request, "run.html", run=run, history=history)
+
+
+def schedules_page(request: Request) -> Response:
+    return render(request, "schedules.html", schedules=inspect.schedules(_settings(request).jq))
+
+
+def dead_page(request: Request) -> Response:
+    p = request.query_params
+    found = inspect.runs(
+        _settings(request).jq, state="dead", queue=p.get("queue") or None, limit=500
+    )
+    return render(request, "dead.html", runs=found, params=p)
+
+
+def workers_page(request: Request) -> Response:
+    return render(request, "workers.html", workers=inspect.workers(_settings(request).jq))
+
+
+# -- actions ---------------------------------------------------------------------------------
+
+Form = list[tuple[str, str]]
+
+
+def _one(form: Form, name: str) -> str:
+    for key, value in form:
+        if key == name and value:
+            return value
+    raise ValueError(f"missing {name}")
+
+
+def _queue(form: Form) -> str | None:
+    return next((v for k, v in form if k == "queue" and v), None)
+
+
+def _retry(jq: JobQueue, form: Form) -> str:
+    ids = [v for k, v in form if k == "run_id" and v]
+    if not ids:
+        return "nothing selected"
+    done, refused = 0, []
+    for run_id in ids:
+        try:
+            jq.requeue(run_id, queue=_queue(form))
+            done += 1
+        except JobQueueError as exc:
+            refused.append(str(exc))
+    return f"retried {done} run(s)" + (f"; refused: {'; '.join(refused)}" if refused else "")
+
+
+def _purge(jq: JobQueue, form: Form) -> str:
+    ids = [v for k, v in form if k == "run_id" and v]
+    groups: dict[Any, list[str]] = {}
+    for run_id in ids:
+        keys = jq.locate(run_id, _queue(form))
+        if keys is not None:
+            groups.setdefault(keys, []).append(run_id)
+    purged = 0
+    for keys, members in groups.items():
+        # The purge script deletes only runs still dead, like `jobqueue dead purge`.
+        purged += ops.parse_purge(jq.scripts.run(ops.purge_call(keys, members)))[0]
+    return f"purged {purged} of {len(ids)} dead run(s)"
+
+
+def _cancel(jq: JobQueue, form: Form) -> str:
+    run_id = _one(form, "run_id")
+    was = jq.cancel(run_id, queue=_queue(form), reason="cancelled from the dashboard")
+    return f"cancelled {run_id} (was {was})"
+
+
+def _pause(jq: JobQueue, form: Form) -> str:
+    return f"paused {jq.pause_schedule(_one(form, 'job_id')).job_id}"
+
+
+def _resume(jq: JobQueue, form: Form) -> str:
+    return f"resumed {jq.resume_schedule(_one(form, 'job_id')).job_id}"
+
+
+def _trigger(jq: JobQueue, form: Form) -> str:
+    handle = jq.trigger(_one(form, "job_id"))
+    return f"created {handle.run_id} in queue {handle.queue}"
+
+
+ACTIONS: dict[str, Callable[[JobQueue, Form], str]] = {
+    "retry": _retry,
+    "purge": _purge,
+    "cancel": _cancel,
+    "pause": _pause,
+    "resume": _resume,
+    "trigger": _trigger,
+}
+
+
+def _same_origin(request: Request) -> bool:
+    """A browser's Origin, when sent, must be this very host (defence in depth beside the
+    token)."""
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    host = request.headers.get("host", "")
+    return origin.split("://", 1)[-1] == host
+
+
+def _back(form: Form, default: str) -> str:
+    """Where to go after the action: a local path only (never an open redirect)."""
+    target = next((v for k, v in form if k == "next"), default)
+    ok = target.startswith("/") and not target.startswith("//") and "\\" not in target
+    return target if ok else default
+
+
+async def action(request: Request) -> Response:
+    s = _settings(request)
+    name = request.path_params["name"]
+    if request.headers.get("content-type", "").split(";")[0].strip() != (
+        "application/x-www-form-urlencoded"
+    ):
+        return PlainTextResponse("forms only", 415)
+    body = await request.body()
+    if len(body) > MAX_FORM_BYTES:
+        return PlainTextResponse("form too large", 413)
+    form = parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+    submitted = next((v for k, v in form if k == CSRF_FIELD), None)
+    if not s.csrf.valid(request.cookies.get(SESSION_COOKIE), submitted) or not _same_origin(
+        request
+    ):
+        return PlainTextResponse("CSRF check failed: reload the page and try again", 403)
+    handler = ACTIONS.get(name)
+    if handler is None:
+        return PlainTextResponse(f"unknown action {name!r}", 404)
+    try:
+        message = await run_in_threadpool(handler, s.jq, form)
+    except (JobQueueError, ValueError) as exc:
+        message = f"{name} refused: {exc}"
+    response = RedirectResponse(_back(form, "/"), status_code=303)
+    response.set_cookie(FLASH_COOKIE, quote(message[:500]), httponly=True, samesite="strict")
+    return response
+
+
+# -- the app ---------------------------------------------------------------------------------
+
+
+async def _unavailable(request: Request, exc: Exception) -> Response:
+    """Redis down or refusing: one line and 503, not a traceback page."""
+    return PlainTextResponse(f"Redis unavailable: {type(exc).__name__}: {exc}"[:300], 503)
+
+
+async def _add_headers(request: Request, call_next: Any) -> Response:
+    response: Response = await call_next(request)
+    for key, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(key, value)
+    return response
+
+
+def create_app(
+    jq: JobQueue,
+    *,
+    credentials: Credentials | None = None,
+    sample_every_s: float = 10.0,
+    allowed_hosts: list[str] | None = None,
+    secret: bytes | None = None,
+) -> Starlette:
+    """The dashboard for ``jq``. ``allowed_hosts`` (Host header check) guards a loopback
+    dashboard against DNS rebinding; ``secret`` signs CSRF tokens (random if not given)."""
+    secret = secret or secrets.token_bytes(32)
+    sampler = Sampler(every_s=sample_every_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def loop() -> None:
+            while True:
+                with contextlib.suppress(Exception):  # Redis down: the pages say so
+                    await run_in_threadpool(sampler.sample, jq)
+                await asyncio.sleep(sample_every_s)
+
+        task = asyncio.create_task(loop())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    from starlette.middleware.base import BaseHTTPMiddleware
+
+    middleware = [Middleware(BaseHTTPMiddleware, dispatch=_add_headers)]
+    if allowed_hosts:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
+    if credentials is not None and credentials.required:
+        middleware.append(Middleware(AuthGate, credentials=credentials, secret=secret))
+    app = Starlette(
+        routes=[
+            Route("/", lambda request: RedirectResponse("/queues", status_code=303)),
+            Route("/queues", queues_page),
+            Route("/leases", leases_page),
+            Route("/runs", runs_page),
+            Route("/run", run_page),
+            Route("/schedules", schedules_page),
+            Route("/dead", dead_page),
+            Route("/workers", workers_page),
+            Route("/actions/{name}", action, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ],
+        middleware=middleware,
+        exception_handlers={
+            redis.exceptions.RedisError: _unavailable,
+            ConnectionFailed: _unavailable,
+        },
+        lifespan=lifespan,
+    )
+    app.state.settings = Settings(jq, Csrf(secret), sampler, _environment())
+    return app

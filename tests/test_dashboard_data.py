@@ -1,0 +1,106 @@
+"""The data behind the dashboard's charts: inspect.throughput and inspect.queue_totals (shared
+with the CLI) and the in-memory sampler of depth and lateness."""
+
+from __future__ import annotations
+
+from jobqueue import inspect, ops
+from jobqueue.client import JobQueue
+from jobqueue.dashboard.sampler import Sampler
+
+MIN = 60_000
+DAY = 24 * 60 * MIN  # retention: the done index keeps finished runs this long
+
+
+def finish(jq: JobQueue, run_id: str, at_ms: int, *, fail: bool = False) -> None:
+    """Create and claim one run now; complete (or kill) it at server time ``at_ms``."""
+    jq.enqueue("report", run_id=run_id)
+    keys = jq.keys_for("default", run_id)
+    claim = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 1, "w", 30_000, MIN)))
+    fence = claim.runs[0].fence
+    if fail:
+        jq.scripts.run(ops.fail_call(keys, run_id, fence, "boom", None, DAY, at_ms))
+    else:
+        jq.scripts.run(ops.complete_call(keys, run_id, fence, "null", DAY, at_ms))
+
+
+def test_throughput_counts_finished_and_dead_runs_per_minute(jq: JobQueue) -> None:
+    jq.declare_task("report", max_attempts=1)
+    now = jq.server_time_ms()
+    finish(jq, "a", now - 30 * MIN - 1)  # 30 minutes ago
+    finish(jq, "b", now - 30 * MIN - 2)
+    finish(jq, "c", now - 1)  # the last minute
+    finish(jq, "d", now - 5 * MIN - 1, fail=True)
+    (flow,) = inspect.throughput(jq, now_ms=now)
+    assert flow.queue == "default" and flow.bucket_ms == MIN
+    assert len(flow.finished) == len(flow.dead) == 60
+    assert flow.start_ms == now - 60 * MIN
+    assert flow.finished[29] == 2 and flow.finished[59] == 1 and sum(flow.finished) == 3
+    assert flow.dead[54] == 1 and sum(flow.dead) == 1
+
+
+def test_throughput_ignores_runs_older_than_the_window(jq: JobQueue) -> None:
+    jq.declare_task("report", max_attempts=1)
+    now = jq.server_time_ms()
+    finish(jq, "old", now - 61 * MIN)
+    (flow,) = inspect.throughput(jq, now_ms=now)
+    assert sum(flow.finished) == 0
+
+
+def test_throughput_adds_up_the_partitions_of_a_queue(redis_client: object) -> None:
+    jq = JobQueue(redis_client, partitions={"default": 4})
+    jq.declare_task("report", max_attempts=1)
+    now = jq.server_time_ms()
+    ids = [f"job-{i}" for i in range(8)]
+    assert len({jq.keys_for("default", i).partition for i in ids}) > 1
+    for run_id in ids:
+        finish(jq, run_id, now - 10)
+    (flow,) = inspect.throughput(jq, now_ms=now)
+    assert flow.finished[-1] == 8
+
+
+def test_queue_totals_sum_partitions_and_keep_the_latest_due_run() -> None:
+    def part(p: int, due: int, age: int | None) -> inspect.PartitionStats:
+        return inspect.PartitionStats("q", p, due, 1, 2, 0, 1, 3, 4, age, {})
+
+    (total,) = inspect.queue_totals([part(0, 5, 100), part(1, 2, None), part(2, 1, 900)])
+    assert (total.partitions, total.due_now, total.running, total.done_last_hour) == (3, 8, 6, 12)
+    assert total.oldest_due_age_ms == 900
+
+
+def test_sampler_keeps_at_most_one_point_per_interval() -> None:
+    sampler = Sampler(every_s=10)
+    row = inspect.QueueTotals("q", 1, 3, 0, 1, 0, 0, 0, 0, 2_000)
+    assert sampler.record(0, [row]) is True
+    assert sampler.record(5_000, [row]) is False
+    assert sampler.record(10_000, [row]) is True
+    assert sampler.depth("q", 10_000) == [(0, 3), (10_000, 3)]
+    assert sampler.lateness_s("q", 10_000) == [(0, 2.0), (10_000, 2.0)]
+
+
+def test_sampler_forgets_points_older_than_its_window() -> None:
+    sampler = Sampler(every_s=10, window_s=60)
+    row = inspect.QueueTotals("q", 1, 1, 0, 0, 0, 0, 0, 0, None)
+    for t in range(0, 200_000, 10_000):
+        sampler.record(t, [row])
+    points = sampler.depth("q", 190_000)
+    assert points[0][0] >= 130_000 and len(points) <= 7
+
+
+def test_sampler_reads_the_cli_stats_from_redis(jq: JobQueue) -> None:
+    jq.declare_task("report")
+    jq.enqueue("report", run_id="r1")
+    jq.enqueue("report", run_id="r2")
+    sampler = Sampler(every_s=10)
+    assert sampler.sample(jq) is True
+    now = jq.server_time_ms()
+    ((_, depth),) = sampler.depth("default", now)
+    assert depth == 2
+
+
+def test_sampler_ends_the_line_with_the_current_reading() -> None:
+    sampler = Sampler(every_s=10)
+    old = inspect.QueueTotals("q", 1, 3, 0, 0, 0, 0, 0, 0, None)
+    new = inspect.QueueTotals("q", 1, 5, 0, 0, 0, 0, 0, 0, None)
+    sampler.record(0, [old])
+    assert sampler.depth("q", 4_000, new) == [(0, 3), (4_000, 5)]
+    assert sampler.depth("fresh-queue", 4_000, new) == [(4_000, 5)]

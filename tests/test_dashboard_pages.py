@@ -1,0 +1,221 @@
+"""Dashboard pages show what the CLI's data functions return, escaped; actions change Redis."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+from markupsafe import escape
+from starlette.testclient import TestClient
+
+from jobqueue import ops
+from jobqueue.client import JobQueue
+from jobqueue.dashboard.app import create_app
+from jobqueue.keys import WORKERS_KEY
+
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+EVIL = '<script>alert("pwned")</script>'
+
+
+@pytest.fixture
+def client(jq: JobQueue) -> TestClient:
+    jq.declare_task("report", max_attempts=1)
+    return TestClient(create_app(jq), follow_redirects=False)
+
+
+def claim(jq: JobQueue, run_id: str, lease_ms: int = 30_000) -> int:
+    """Claim the one due run (tests keep a single one due at a time)."""
+    keys = jq.keys_for("default", run_id)
+    reply = jq.scripts.run(ops.claim_call(keys, 1, "w-1", lease_ms, 60_000))
+    (run,) = ops.parse_claim(reply).runs
+    assert run.run_id == run_id
+    return run.fence
+
+
+def claim_expiring(jq: JobQueue, run_id: str) -> None:
+    """Claim with a 1 ms lease, and let it pass: an expired lease nobody reclaimed yet."""
+    claim(jq, run_id, lease_ms=1)
+    time.sleep(0.01)
+
+
+def kill(jq: JobQueue, run_id: str, error: str = "boom") -> None:
+    jq.enqueue("report", run_id=run_id)
+    fence = claim(jq, run_id)
+    keys = jq.keys_for("default", run_id)
+    jq.scripts.run(ops.fail_call(keys, run_id, fence, error, None, 60_000))
+
+
+def post(client: TestClient, action: str, page: str, **fields: str) -> str:
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get(page).text)
+    assert token
+    reply = client.post(f"/actions/{action}", data={"csrf_token": token.group(1), **fields})
+    assert reply.status_code == 303
+    return reply.headers["location"]
+
+
+def test_root_goes_to_the_queues_page(client: TestClient) -> None:
+    assert client.get("/").headers["location"] == "/queues"
+
+
+def test_queues_page_shows_totals_and_three_charts_per_queue(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.enqueue("report", run_id="r1")
+    jq.enqueue("report", run_id="r2", delay=600)
+    page = client.get("/queues").text
+    row = re.search(r"<tr>\s*<td><a href=\"/runs\?queue=default\">default</a>.*?</tr>", page, re.S)
+    assert row
+    cells = re.findall(r'<td class="num[^"]*">(\d+)</td>', row.group(0))
+    assert cells[:3] == ["1", "1", "1"]  # partitions, due now, later
+    for chart in ("throughput", "depth", "lateness"):
+        assert f'id="chart-{chart}-default"' in page
+
+
+def test_run_ids_payloads_and_errors_are_escaped(jq: JobQueue, client: TestClient) -> None:
+    jq.declare_task("report", max_attempts=1)
+    kill(jq, EVIL, error=EVIL)
+    listing = client.get("/runs").text + client.get("/dead").text
+    detail = client.get("/run", params={"id": EVIL}).text
+    for page in (listing, detail):
+        assert EVIL not in page
+        assert str(escape(EVIL)) in page
+
+
+def test_payload_shown_on_the_detail_page_is_escaped(jq: JobQueue, client: TestClient) -> None:
+    jq.enqueue("report", EVIL, note="</pre><b>x</b>", run_id="r1")
+    page = client.get("/run", params={"id": "r1"}).text
+    assert "<b>x</b>" not in page and EVIL not in page
+    assert "&lt;/pre&gt;&lt;b&gt;x&lt;/b&gt;" in page
+
+
+def test_runs_page_filters_by_state(jq: JobQueue, client: TestClient) -> None:
+    kill(jq, "gone")
+    jq.enqueue("report", run_id="waiting")
+    page = client.get("/runs", params={"state": "dead"}).text
+    assert ">gone<" in page and ">waiting<" not in page
+
+
+def test_runs_page_filters_by_job(jq: JobQueue, client: TestClient) -> None:
+    jq.enqueue("report", run_id="nightly@2026-11-29T01:00:00Z")
+    jq.enqueue("report", run_id="other@2026-11-29T01:00:00Z")
+    page = client.get("/runs", params={"job": "nightly"}).text
+    assert "nightly@" in page and "other@" not in page
+
+
+def test_searching_an_exact_run_id_opens_its_page(jq: JobQueue, client: TestClient) -> None:
+    jq.enqueue("report", run_id="invoice/42 #1")
+    reply = client.get("/runs", params={"q": "invoice/42 #1"})
+    assert reply.status_code == 303
+    assert reply.headers["location"] == "/run?id=invoice%2F42%20%231&queue=default"
+    assert "invoice/42 #1" in client.get(reply.headers["location"]).text
+
+
+def test_searching_part_of_a_run_id_lists_the_runs_containing_it(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.enqueue("report", run_id="invoice-42")
+    jq.enqueue("report", run_id="receipt-7")
+    page = client.get("/runs", params={"q": "voice"}).text
+    assert "invoice-42" in page and "receipt-7" not in page
+
+
+def test_run_page_shows_the_history_of_attempts(jq: JobQueue, client: TestClient) -> None:
+    jq.declare_task("report", max_attempts=2)
+    jq.enqueue("report", run_id="r1")
+    claim_expiring(jq, "r1")
+    claim(jq, "r1")  # reclaimed: attempt 2
+    page = client.get("/run", params={"id": "r1"}).text
+    history = re.search(r'<table id="history">.*?</table>', page, re.S)
+    assert history
+    events = re.findall(r"<td>([a-z][^<]*)</td>", history.group(0))
+    stored = jq.get_run("r1").history  # what `jobqueue show` prints, in the same order
+    assert stored and events == [line.partition(" ")[2] for line in stored]
+    assert any(e.startswith("lease expired fence=1") for e in events)
+    assert ">2/2<" in page and "fence</th><td>2<" in page  # the current attempt and fence
+
+
+def test_an_unknown_run_says_so(client: TestClient) -> None:
+    reply = client.get("/run", params={"id": "nope"})
+    assert reply.status_code == 200 and "No run &#39;nope&#39;" in reply.text
+
+
+def test_leases_page_highlights_expired_leases(jq: JobQueue, client: TestClient) -> None:
+    jq.enqueue("report", run_id="alive")
+    claim(jq, "alive")
+    jq.enqueue("report", run_id="stuck")
+    claim_expiring(jq, "stuck")
+    page = client.get("/leases").text
+    rows = re.findall(r'<tr class="(expired|)">\s*<td><a[^>]*>([^<]+)</a>', page)
+    assert sorted(rows) == [("", "alive"), ("expired", "stuck")]
+
+
+def test_workers_page_lists_the_registry(jq: JobQueue, client: TestClient) -> None:
+    now = jq.server_time_ms()
+    info = {
+        "id": "host-a:12:ab",
+        "host": "host-a",
+        "pid": 12,
+        "queues": ["default"],
+        "concurrency": 8,
+        "in_flight": 3,
+        "started_ms": now,
+        "last_seen_ms": now,
+    }
+    jq.redis.hset(WORKERS_KEY, "host-a:12:ab", json.dumps(info))
+    page = client.get("/workers").text
+    assert "host-a:12:ab" in page and "3/8" in page and "STALE" not in page
+
+
+def test_retry_button_puts_a_dead_run_back_to_pending(jq: JobQueue, client: TestClient) -> None:
+    kill(jq, "r1")
+    assert post(client, "retry", "/dead", run_id="r1", queue="default", next="/dead") == "/dead"
+    assert jq.get_run("r1").state == "pending"
+    page = client.get("/dead").text
+    assert "retried 1 run(s)" in page and "No dead runs." in page
+
+
+def test_purge_deletes_dead_runs_only(jq: JobQueue, client: TestClient) -> None:
+    kill(jq, "dead-1")
+    jq.enqueue("report", run_id="alive")
+    post(client, "purge", "/dead", run_id="dead-1")
+    assert jq.find_run("dead-1") is None
+    assert "purged 1 of 1 dead run(s)" in client.get("/dead").text
+    post(client, "purge", "/run?id=alive", run_id="alive")
+    assert jq.get_run("alive").state == "pending"
+    assert "purged 0 of 1 dead run(s)" in client.get("/dead").text
+
+
+def test_bulk_retry_takes_every_selected_run(jq: JobQueue, client: TestClient) -> None:
+    for rid in ("a", "b", "c"):
+        kill(jq, rid)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/dead").text)
+    assert token
+    body = f"csrf_token={token.group(1)}&run_id=a&run_id=c"
+    assert client.post("/actions/retry", content=body, headers=FORM).status_code == 303
+    assert [jq.get_run(r).state for r in "abc"] == ["pending", "dead", "pending"]
+
+
+def test_a_refused_action_is_reported_not_raised(jq: JobQueue, client: TestClient) -> None:
+    kill(jq, "r1")
+    post(client, "cancel", "/dead", run_id="r1")
+    assert "cancel refused" in client.get("/dead").text
+    assert jq.get_run("r1").state == "dead"
+
+
+def test_schedule_buttons_pause_resume_and_trigger(jq: JobQueue, client: TestClient) -> None:
+    jq.schedule("nightly", "report", cron="0 1 * * *", tz="Europe/Paris")
+    page = client.get("/schedules").text
+    assert "nightly" in page and "0 1 * * *" in page and "Europe/Paris" in page
+    post(client, "pause", "/schedules", job_id="nightly")
+    info = jq.get_schedule("nightly")
+    assert info is not None and info.definition.paused
+    assert "<strong>paused</strong>" in client.get("/schedules").text
+    post(client, "resume", "/schedules", job_id="nightly")
+    info = jq.get_schedule("nightly")
+    assert info is not None and not info.definition.paused
+    post(client, "trigger", "/schedules", job_id="nightly")
+    (run,) = [r for r in jq.redis.zrange("jq:{default#0}:due", 0, -1) if r.startswith("nightly@")]
+    assert run.startswith("nightly@manual-")
+    assert "created nightly@manual-" in client.get("/schedules").text
