@@ -43,15 +43,21 @@ _COMMON: dict[str, Any] = {
     "socket_timeout": 10,  # above the worker's longest blocking wait (2 s)
     "health_check_interval": 30,
 }
+# RedisCluster drops health_check_interval silently (it is not one of its per-node options);
+# a dead node's connections are found by the command that fails, which makes redis-py reload
+# the topology (and the caller, e.g. the worker, retries with backoff).
+_CLUSTER = {k: v for k, v in _COMMON.items() if k != "health_check_interval"}
 
 
 def sync_client(url: str) -> Any:
     plain, cluster = _split(url)
     try:
         if cluster:
-            return redis.cluster.RedisCluster.from_url(plain, **_COMMON)
+            return redis.cluster.RedisCluster.from_url(plain, **_CLUSTER)
         return redis.Redis.from_url(plain, **_COMMON)
-    except redis.exceptions.RedisError as exc:
+    # RedisCluster connects at once; when no seed node answers it raises
+    # RedisClusterException, which is not a RedisError.
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise ConnectionFailed(f"cannot connect to {redact(url)}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
@@ -61,7 +67,7 @@ def async_client(url: str) -> Any:
     plain, cluster = _split(url)
     try:
         if cluster:
-            return redis.asyncio.cluster.RedisCluster.from_url(plain, **_COMMON)
+            return redis.asyncio.cluster.RedisCluster.from_url(plain, **_CLUSTER)
         return redis.asyncio.Redis.from_url(plain, **_COMMON)
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
@@ -77,5 +83,5 @@ def check(client: Any, url: str) -> None:
         if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc) or "NOPERM" in str(exc):
             raise ConnectionFailed(f"Redis at {redact(url)} refused: {exc}") from None
         raise
-    except redis.exceptions.RedisError as exc:
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise ConnectionFailed(f"cannot reach Redis at {redact(url)}: {exc}") from None

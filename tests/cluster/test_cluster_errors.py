@@ -1,0 +1,92 @@
+"""What a cluster in the middle of a failover raises (CLUSTERDOWN, TRYAGAIN, a slot with no
+known master) is a passing outage, like a lost connection: script calls report it as
+ConnectionFailed, which the worker's and the scheduler's retry loops wait out with backoff.
+A cluster answering a script with a real error is still a ScriptError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue import JobQueue
+from jobqueue.errors import ConnectionFailed, ScriptError
+from jobqueue.keys import PartitionKeys
+from jobqueue.ops import cancel_call
+from jobqueue.scripts import ScriptRunner
+from jobqueue.worker import Worker
+
+CALL = cancel_call(PartitionKeys("default", 0), "r", 1000, "stop")
+
+
+class Raising:
+    """A client whose every script call (single or pipelined) raises ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def evalsha(self, *args: Any) -> Any:
+        raise self.exc
+
+    def pipeline(self, transaction: bool = False) -> Any:
+        return self
+
+    def execute_command(self, *args: Any) -> None:
+        return None
+
+    def execute(self, raise_on_error: bool = True) -> Any:
+        raise self.exc
+
+
+OUTAGES = [
+    redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"),
+    redis.exceptions.MasterDownError("MASTERDOWN Link with MASTER is down"),
+    redis.exceptions.TryAgainError("TRYAGAIN Multiple keys request during rehashing of slot"),
+    redis.exceptions.SlotNotCoveredError('Slot "42" is not covered by the cluster.'),
+    redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:7000."),
+]
+
+
+@pytest.mark.parametrize("exc", OUTAGES, ids=lambda e: type(e).__name__)
+def test_a_cluster_outage_during_a_script_call_is_connection_failed(exc: BaseException) -> None:
+    runner = ScriptRunner(Raising(exc))
+    with pytest.raises(ConnectionFailed):
+        runner.run(CALL)
+    with pytest.raises(ConnectionFailed):
+        runner.run_many([CALL, CALL])
+
+
+def test_a_script_error_from_a_cluster_is_still_a_script_error() -> None:
+    runner = ScriptRunner(Raising(redis.exceptions.ResponseError("ERR user_script:1: boom")))
+    with pytest.raises(ScriptError):
+        runner.run(CALL)
+
+
+def test_a_redis_cluster_exception_is_translated_not_leaked() -> None:
+    exc = redis.exceptions.RedisClusterException("Redis Cluster cannot be connected.")
+    with pytest.raises(ScriptError):
+        ScriptRunner(Raising(exc)).run(CALL)
+
+
+@pytest.mark.parametrize("exc", OUTAGES, ids=lambda e: type(e).__name__)
+def test_the_worker_waits_out_a_cluster_outage_and_carries_on(
+    exc: BaseException, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committer's path: script calls retried until the cluster answers again."""
+    monkeypatch.setattr("jobqueue.worker.time.sleep", lambda s: None)
+    outage = ScriptRunner(Raising(exc))
+    worker = Worker(JobQueue(Raising(exc)), install_signal_handlers=False)
+    attempts: list[int] = []
+
+    def commit() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            outage.run_many([CALL])
+        return "committed"
+
+    try:
+        assert worker._retrying(commit) == "committed"
+    finally:
+        worker._pool.shutdown()  # its idle task threads
+    assert len(attempts) == 3

@@ -1,0 +1,93 @@
+"""A real Worker (in this process, its own threads) on the cluster: it drains a 16-partition
+queue spread over three masters, and its round-robin claims reach every partition while one
+partition is flooded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from jobqueue import JobQueue, Request
+from jobqueue.keys import partition_of
+from jobqueue.worker import Worker
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[Worker]:
+    thread = threading.Thread(target=worker.run, name="cluster-worker", daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def wait_for(condition: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def done_count(jq: JobQueue, run_ids: list[str]) -> int:
+    return sum(jq.get_run(r).state == "done" for r in run_ids)
+
+
+def ids_in_partition(partition: int, count: int, partitions: int = 16) -> list[str]:
+    out, i = [], 0
+    while len(out) < count:
+        if partition_of(f"p{partition}-{i}", partitions) == partition:
+            out.append(f"p{partition}-{i}")
+        i += 1
+    return out
+
+
+def test_a_worker_drains_a_16_partition_queue_spread_over_three_masters(
+    cluster_url: str,
+) -> None:
+    jq = JobQueue.from_url(cluster_url, partitions={"default": 16})
+    seen: list[int] = []
+
+    @jq.task
+    def double(x: int) -> int:
+        seen.append(x)
+        return 2 * x
+
+    run_ids = [f"n-{i}" for i in range(300)]
+    jq.enqueue_many(Request(double, (i,), run_id=r) for i, r in enumerate(run_ids))
+    assert len({partition_of(r, 16) for r in run_ids}) == 16
+    worker = Worker(jq, concurrency=8, install_signal_handlers=False, grace=5)
+    with running(worker):
+        wait_for(lambda: len(seen) >= 300, 30, "300 runs to execute")
+        wait_for(lambda: worker.stats.completed >= 300, 10, "300 commits")
+    assert sorted(seen) == list(range(300))  # each once
+    assert done_count(jq, run_ids) == 300
+    assert jq.get_run("n-7").result == 14
+    assert (worker.stats.failed, worker.stats.fenced_out) == (0, 0)
+    jq.close()
+
+
+def test_round_robin_claims_reach_every_partition_while_one_is_flooded(cluster_url: str) -> None:
+    jq = JobQueue.from_url(cluster_url, partitions={"default": 16})
+    order: list[str] = []
+
+    @jq.task
+    def note(name: str) -> None:
+        order.append(name)
+
+    flood = ids_in_partition(0, 200)
+    lonely = [ids_in_partition(p, 1)[0] for p in range(1, 16)]
+    jq.enqueue_many(Request(note, (r,), run_id=r) for r in flood)  # flood first: oldest
+    jq.enqueue_many(Request(note, (r,), run_id=r) for r in lonely)
+    worker = Worker(jq, concurrency=1, install_signal_handlers=False, grace=5)
+    with running(worker):
+        wait_for(lambda: set(lonely) <= set(order), 30, "every partition's run")
+    # One claim per free slot, starting one partition further each time: within two turns
+    # of the 16 partitions, every lonely run has been served despite 200 older runs in p0.
+    last_lonely = max(order.index(r) for r in lonely)
+    assert last_lonely < 2 * 16, (last_lonely, order[:40])
+    jq.close()
