@@ -33,6 +33,10 @@ def test_wheel_contains_every_lua_script(wheel: Path) -> None:
         assert f"jobqueue/lua/{script}.lua" in names
 
 
+def test_wheel_is_marked_typed_with_py_typed(wheel: Path) -> None:
+    assert "jobqueue/py.typed" in zipfile.ZipFile(wheel).namelist()
+
+
 def test_installed_package_loads_its_scripts_from_inside_itself(wheel: Path,
                                                                 tmp_path: Path) -> None:
     target = tmp_path / "site"
