@@ -6,7 +6,9 @@ Storage (scheduler partition k of K, hash tag ``{sched#k}``, k = fnv1a_32(job_id
     jq:{sched#k}:def    hash   job_id -> definition (compact JSON, defaults omitted)
     jq:{sched#k}:next   zset   job_id -> next fire instant (ms); absent while paused or ended
     jq:{sched#k}:state  hash   job_id -> 'fired missed skipped dropped last through'
+    jq:{sched#k}:held   hash   job_id -> 'fire pred_fire due queue' (buffer-one: a held run)
     jq:sched:config     hash   partitions -> K (global, plain commands only)
+    jq:sched:declared   set    job ids synced from code declarations (global, plain commands)
 
 ``last`` is the latest fire instant that got a run (-1: none yet) and ``through`` the instant up
 to which fire times have been handled. Scheduled runs are ``<job_id>@<fire instant, UTC>``
@@ -15,6 +17,10 @@ to which fire times have been handled. Scheduled runs are ``<job_id>@<fire insta
 Upsert: ``schedule`` on an existing job keeps its next fire when the timing (cron, every, tz,
 start, end) is unchanged; otherwise the new timing applies from the first fire after both now
 and every fire time already handled, so a change neither repeats nor drops a fire.
+
+Declared in code (``@jq.task(cron=...)``, ``jq.declare_schedule``): validated at declaration,
+written by the scheduler at start (:meth:`Recurring.sync`) with ``origin: "code"`` in the
+definition, which is what ``--prune`` requires before removing one.
 """
 
 from __future__ import annotations
@@ -48,9 +54,15 @@ from .tasks import Task
 from .timeutil import Instant, instant_to_ms
 
 if TYPE_CHECKING:
+    from .base import ClientBase
     from .client import JobQueue, RunHandle
 
 SCHED_CONFIG_KEY = "jq:sched:config"
+# Job ids ever synced from code declarations (global, plain commands only): where --prune
+# looks for candidates, so it never scans every definition. Each candidate is removed only if
+# its stored definition still says origin "code" (jq.schedule at run time makes it "").
+DECLARED_KEY = "jq:sched:declared"
+ORIGIN_CODE = "code"
 ENV_SCHED_PARTITIONS = "JOBQUEUE_SCHED_PARTITIONS"
 DEFAULT_MISFIRE = "fire-once"
 MAX_BACKFILL = 10_000
@@ -111,6 +123,7 @@ class Definition:
     start_ms: int | None = None
     end_ms: int | None = None
     paused: bool = False
+    origin: str = ""  # ORIGIN_CODE: declared in code (synced, and pruned only with --prune)
 
     @property
     def schedule(self) -> Schedule:
@@ -143,6 +156,7 @@ class Definition:
             "start_ms": (self.start_ms, None),
             "end_ms": (self.end_ms, None),
             "paused": (self.paused, False),
+            "origin": (self.origin, ""),
         }
         for name, (value, default) in optional.items():
             if value != default:
@@ -178,6 +192,7 @@ def _definition_from_json(job_id: str, text: str) -> Definition:
         start_ms=data.get("start_ms"),
         end_ms=data.get("end_ms"),
         paused=bool(data.get("paused", False)),
+        origin=str(data.get("origin", "")),
     )
 
 
@@ -230,6 +245,7 @@ class ScheduleInfo:
             "jitter_s": d.jitter_ms / 1000,
             "overlap": d.overlap,
             "paused": d.paused,
+            "origin": d.origin or "runtime",
             "next_fire": None
             if self.next_fire_ms is None
             else format_fire_instant(self.next_fire_ms),
@@ -285,7 +301,7 @@ def _seconds_to_ms(value: float | None, what: str, *, allow_zero: bool) -> int:
 
 
 def make_definition(
-    jq: JobQueue,
+    jq: ClientBase,
     job_id: str,
     task: Task[Any, Any] | Any,
     *,
@@ -358,6 +374,78 @@ def make_definition(
     )
     defn.payload(jq.settings.max_payload_bytes)  # raises PayloadError on bad arguments
     return defn
+
+
+# -- schedules declared in code ------------------------------------------------------------------
+
+# What a declaration may set (the keyword arguments of ``jq.schedule`` but ``now``).
+DECLARATION_OPTIONS = frozenset(
+    {
+        "cron",
+        "every",
+        "tz",
+        "args",
+        "kwargs",
+        "misfire",
+        "jitter",
+        "overlap",
+        "queue",
+        "start_at",
+        "end_at",
+        "max_attempts",
+    }
+)
+
+
+def declare(jq: ClientBase, job_id: str, task: Task[Any, Any] | Any, **options: Any) -> Definition:
+    """Validate a code-declared recurring job now (a bad cron, zone, jitter or policy raises
+    RecurringError here, at import time) and add it to ``jq.declared_schedules``; the scheduler
+    writes it at start (:meth:`Recurring.sync`). Nothing touches Redis here."""
+    unknown = sorted(set(options) - DECLARATION_OPTIONS)
+    if unknown:
+        raise RecurringError(f"job {job_id!r}: unknown schedule option(s) {', '.join(unknown)}")
+    defn = replace(make_definition(jq, job_id, task, **options), origin=ORIGIN_CODE)
+    declared = jq.declared_schedules
+    if any(d.job_id == job_id for d in declared):
+        raise RecurringError(f"recurring job {job_id!r} is declared twice")
+    declared.append(defn)
+    return defn
+
+
+def declare_task_schedules(
+    jq: ClientBase,
+    task: Task[Any, Any],
+    schedule: dict[str, Any],
+    schedules: Sequence[dict[str, Any]] | None,
+) -> list[Definition]:
+    """``@jq.task(cron=...)`` (job id = task name) and ``@jq.task(schedules=[{...}, ...])``
+    (each a dict of ``jq.schedule`` options plus ``"id"``, required when there are several)."""
+    items: list[dict[str, Any]] = []
+    if any(v is not None for v in schedule.values()):
+        items.append({k: v for k, v in schedule.items() if v is not None})
+    for item in schedules or ():
+        if not isinstance(item, dict):
+            raise RecurringError(f"task {task.name!r}: each schedule must be a dict of options")
+        items.append(dict(item))
+    out = []
+    for item in items:
+        job_id = item.pop("id", None)
+        if job_id is None:
+            if len(items) > 1:
+                raise RecurringError(f"task {task.name!r} has several schedules: give each an 'id'")
+            job_id = task.name
+        out.append(declare(jq, str(job_id), task, **item))
+    return out
+
+
+@dataclass
+class SyncReport:
+    """What :meth:`Recurring.sync` did, by job id."""
+
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
 
 class Recurring:
@@ -491,6 +579,54 @@ class Recurring:
             return new, first_fire_after(new, max(t, old.state.through_ms or t))
 
         return self._put(defn.job_id, build, now)
+
+    def sync(
+        self, declared: Sequence[Definition], prune: bool = False, now: int | None = None
+    ) -> SyncReport:
+        """Write the code-declared definitions (upsert: an unchanged one is not written at all,
+        so its next fire stays; a changed one applies from its next fire), and with ``prune``
+        remove the code-declared ones no longer declared. Schedules added at run time
+        (``jq.schedule``, the CLI) are never pruned."""
+        report = SyncReport()
+        names = {d.job_id for d in declared}
+        r = self.jq.redis
+        for defn in declared:
+            info = self.get(defn.job_id)
+            if info is not None and replace(defn, paused=info.definition.paused).to_json() == (
+                info.definition.to_json()
+            ):
+                report.unchanged.append(defn.job_id)
+            else:
+                self.schedule(defn, now=now)
+                (report.created if info is None else report.updated).append(defn.job_id)
+            # After the write: a crash in between leaves a definition prune never sees (safe).
+            r.sadd(DECLARED_KEY, defn.job_id)
+        if prune:
+            known = sorted(_str(j) or "" for j in r.smembers(DECLARED_KEY))
+            for job_id in known:
+                if job_id not in names:
+                    if self._remove_declared(job_id):
+                        report.removed.append(job_id)
+                    r.srem(DECLARED_KEY, job_id)
+        return report
+
+    def _remove_declared(self, job_id: str) -> bool:
+        """Delete the job only if its stored definition still comes from code."""
+        removed = False
+
+        def build(old: ScheduleInfo | None, t: int) -> tuple[Definition | None, int | None]:
+            nonlocal removed
+            if old is None or old.definition.origin != ORIGIN_CODE:
+                removed = False
+                return (None, None) if old is None else (old.definition, old.next_fire_ms)
+            removed = True
+            return None, None
+
+        try:
+            self._put(job_id, build, 0)
+        except UnknownSchedule:
+            return False
+        return removed
 
     def unschedule(self, job_id: str) -> bool:
         """Remove a job's definition, next fire and counters; runs already created stay."""

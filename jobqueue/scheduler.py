@@ -1,51 +1,71 @@
 """The scheduler daemon: turns recurring jobs into runs, exactly once per fire time, with any
 number of instances running at once.
 
-One tick, per scheduler partition ``{sched#k}``:
+One tick, per scheduler partition ``{sched#k}``, batch after batch:
 
-1. ``sched_due.lua`` reads the server clock and the jobs whose next fire <= now + lookahead,
-   with their definitions and counters (one round trip);
-2. :func:`plan_fires` (pure) computes each job's fire times in ``[next, now + lookahead]`` in
-   its zone (``cron``: DST policy included), applies the misfire policy to the late ones
-   (``misfire.apply_misfire``) and says where the next fire moves; :func:`apply_overlap`
-   (pure) applies the overlap policy, given the state of the job's previous run;
-3. the runs are created with ``create_run.lua`` in the queue's slot (``{q#p}``), idempotent by
-   run id ``<job_id>@<fire instant>``, due at fire + jitter;
+1. ``sched_due.lua`` reads the server clock and the jobs whose next fire <= now + lookahead
+   (one round trip; each distinct definition text once, jobs in segments sharing next fire and
+   definition);
+2. :func:`plan_fires` (pure, once per segment) computes the fire times in
+   ``[next, now + lookahead]`` in the job's zone (``cron``: DST policy included), applies the
+   misfire policy to the late ones (``misfire.apply_misfire``) and says where the next fire
+   moves; :func:`apply_overlap` (pure) applies the overlap policy of the jobs that have one,
+   given the state of their previous run;
+3. the runs are created with ``sched_create.lua`` in the queue's slot (``{q#p}``), idempotent
+   by run id ``<job_id>@<fire instant>``, due at fire + jitter;
 4. ``advance.lua`` moves each job's next fire forward in the scheduler slot, compare-and-set
    against the next fire read in step 1 and never backwards, and adds the tick's counters.
 
 Steps 3 and 4 are in different slots, so they cannot be one transaction; they do not need to
 be. A scheduler that dies between them leaves the next fire where it was: the next tick (of any
-instance) computes the same fire times, ``create_run`` finds those runs already there, and the
-advance happens then: nothing lost, nothing doubled. Two instances racing on one tick both
+instance) computes the same fire times, ``sched_create`` finds those runs already there, and
+the advance happens then: nothing lost, nothing doubled. Two instances racing on one tick both
 create (the second creation is a no-op) and only one advance is accepted, so each tick's
-counters are added once.
+counters are added once. Steps 3-4 of one batch run on a writer thread while steps 1-2 of the
+next batch run here (see :meth:`Scheduler.tick`).
 
 Jobs with an overlap policy other than ``allow`` are not looked ahead: whether their previous
 run is still unfinished is decided when a fire time comes, not a lookahead earlier.
+``buffer-one``'s waiting run is created held and released by ``sched_release.lua`` once its
+predecessor has finished (see :meth:`Scheduler.release_held`).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import signal
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import redis
 
 from . import ops
-from .base import Planned
 from .cron import Schedule, fire_times_between, format_fire_instant, next_fire_after, period_ms
 from .errors import ConnectionFailed, JobQueueError
-from .jitter import jitter_ms
+from .jitter import jitter_ms, job_hash
 from .keys import PartitionKeys, partition_of
+from .metrics import NO_METRICS, Metrics
 from .misfire import DEFAULT_GRACE_MS, MisfirePolicy, apply_misfire, parse_policy
-from .ops import Advance, DueJob, RunSpec, SchedKeys
-from .recurring import Definition, JobState, Overlap, Recurring
+from .ops import SchedKeys
+from .recurring import Definition, JobState, Overlap, Recurring, SyncReport
+from .sched_ops import (
+    HOLD_MS,
+    RunGroup,
+    advance_groups_call,
+    parse_sched_create,
+    parse_sched_release,
+    sched_create_call,
+    sched_release_call,
+    sched_unhold_call,
+)
+from .scripts import Call
 
 if TYPE_CHECKING:
     from .client import JobQueue
@@ -60,6 +80,14 @@ MAX_FIRES_PER_TICK = 1000
 # Counting late fire times of a cron schedule past this many is an estimate (by its period).
 LATE_SCAN_LIMIT = 100_000
 UNFINISHED = frozenset({"pending", "running"})
+# Scheduled runs per sched_create call: large enough to amortise the call, small enough that
+# one script never blocks the server for long (about 10 ms).
+CREATE_CHUNK = 1000
+ADVANCE_CHUNK = 1000
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # -- pure decisions ------------------------------------------------------------------------------
@@ -186,19 +214,21 @@ def plan_fires(
 
 
 def apply_overlap(
-    overlap: Overlap, fires: Sequence[int], previous_state: str | None
+    overlap: Overlap, fires: Sequence[int], previous_state: str | None, buffered: bool = False
 ) -> tuple[list[int], int]:
-    """(fire times kept, number skipped) given the state of the job's previous run.
+    """(fire times kept, number skipped) given the state of the job's previous run and, for
+    ``buffer-one``, whether a buffered run is already waiting.
 
     * ``allow``: every fire time runs;
     * ``forbid``: nothing while the previous run is pending or running; otherwise only the
       latest fire time (the runs of several would overlap each other);
-    * ``buffer-one``: at most one run waits: nothing while the previous run has not started,
-      otherwise the latest fire time.
+    * ``buffer-one``: at most one run waits: nothing while one is buffered, otherwise the
+      latest fire time, whose run is held until the previous one finishes (see
+      :meth:`Scheduler.release_held`).
     """
     if overlap == "allow" or not fires:
         return list(fires), 0
-    blocked = previous_state in UNFINISHED if overlap == "forbid" else previous_state == "pending"
+    blocked = previous_state in UNFINISHED if overlap == "forbid" else buffered
     if blocked:
         return [], len(fires)
     return list(fires[-1:]), len(fires) - 1
@@ -212,7 +242,7 @@ class TickReport:
     """What one tick did, summed over partitions and batches."""
 
     now_ms: int = 0
-    due_jobs: int = 0
+    due_jobs: int = 0  # jobs read as due (one that cannot move yet may be read again)
     runs_requested: int = 0
     runs_created: int = 0
     advanced: int = 0
@@ -220,6 +250,7 @@ class TickReport:
     missed: int = 0
     skipped: int = 0
     dropped: int = 0
+    released: int = 0
 
     def add(self, other: TickReport) -> None:
         self.now_ms = max(self.now_ms, other.now_ms)
@@ -232,8 +263,14 @@ class TickReport:
             "missed",
             "skipped",
             "dropped",
+            "released",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+# An advance group's header (see advance.lua): expected next, new next, fired, missed, skipped,
+# dropped, last fire, through, held text.
+AdvanceHeader = tuple[int, int | str, int, int, int, int, int | str, int, str]
 
 
 @dataclass
@@ -242,14 +279,39 @@ class Batch:
 
     keys: SchedKeys
     now_ms: int
-    jobs: list[DueJob]
-    moves: list[Advance] = field(default_factory=list)
+    groups: dict[AdvanceHeader, list[str]] = field(default_factory=dict)
     report: TickReport = field(default_factory=TickReport)
+    cursor: tuple[int, str] | None = None  # (next, job) of the last job read
+    creates: list[Call] = field(default_factory=list)
+    held: int = 0  # buffer-one entries this batch records
+
+
+@dataclass
+class _DefInfo:
+    """What a batch needs of one distinct definition text, worked out once."""
+
+    tmpl: Definition
+    payload: str
+    keys: list[PartitionKeys]  # the queue's partitions
 
 
 @lru_cache(maxsize=4096)
 def _fire_instant(ms: int) -> str:
     return format_fire_instant(ms)
+
+
+def _header(plan: FirePlan, fires: Sequence[int], skipped: int, held: str) -> AdvanceHeader:
+    return (
+        plan.expected_next_ms,
+        "" if plan.new_next_ms is None else plan.new_next_ms,
+        len(fires),
+        plan.missed,
+        skipped,
+        plan.dropped,
+        fires[-1] if fires else "",
+        plan.through_ms,
+        held,
+    )
 
 
 class Scheduler:
@@ -266,7 +328,13 @@ class Scheduler:
         max_fires: int = MAX_FIRES_PER_TICK,
         store: Recurring | None = None,
         install_signal_handlers: bool = True,
+        metrics: Metrics = NO_METRICS,
+        declared: Sequence[Definition] | None = None,
+        prune: bool = False,
     ) -> None:
+        """``declared``: the app's code-declared schedules (``jq.declared_schedules`` when
+        None), written by :meth:`run` at start; ``prune`` also removes the code-declared ones
+        no longer declared."""
         if lookahead < 0 or interval <= 0 or grace < 0 or batch < 1 or max_fires < 1:
             raise ValueError("lookahead and grace >= 0, interval > 0, batch and max_fires >= 1")
         self.jq = jq
@@ -278,127 +346,359 @@ class Scheduler:
         self.max_fires = max_fires
         self.install_signal_handlers = install_signal_handlers
         self.total = TickReport()
+        self.metrics = metrics
         self._stopping = threading.Event()
+        self._executor: ThreadPoolExecutor | None = None
+        self._start = random.randrange(1 << 30)
+        self.declared = list(jq.declared_schedules if declared is None else declared)
+        self.prune = prune
+
+    # -- code-declared schedules -----------------------------------------------------------
+
+    def sync_declared(self) -> SyncReport:
+        """Upsert the declared schedules; with ``prune``, remove the code-declared ones no
+        longer declared (never those added at run time). Each change is logged."""
+        report = self.store.sync(self.declared, prune=self.prune)
+        for what, jobs in (
+            ("created", report.created),
+            ("updated (applies from its next fire)", report.updated),
+            ("removed (no longer declared in code)", report.removed),
+        ):
+            for job_id in jobs:
+                log.info("declared recurring job %s %s", job_id, what)
+        if self.declared or report.removed:
+            log.info(
+                "declared schedules synced: %d created, %d updated, %d unchanged, %d removed",
+                len(report.created),
+                len(report.updated),
+                len(report.unchanged),
+                len(report.removed),
+            )
+        return report
 
     # -- one tick --------------------------------------------------------------------------
 
     def tick(self, now: int | None = None) -> TickReport:
-        """Fire everything due in every partition (batch after batch)."""
+        """Fire everything due in every partition (batch after batch), then release buffered
+        runs whose predecessor finished.
+
+        The writes of batch i (creates, then its advance) go out on a writer thread while this
+        thread reads and plans batch i + 1, so the client's planning and the server's script
+        time overlap. The read of i + 1 starts after batch i's last job (sched_due.lua's
+        cursor) while i's advance is still in flight. Writes stay in order: a batch's advance
+        follows its creates, and batch i + 1's writes wait for batch i's.
+        """
         report = TickReport()
-        for sk in self.store.all_keys():
+        keys = self.store.all_keys()
+        # Each instance starts at its own partition: several schedulers then mostly work on
+        # different partitions at once instead of all racing through partition 0 first.
+        start = self._start % len(keys)
+        for sk in keys[start:] + keys[:start]:
+            # Release first: a fire that comes after the buffered run's predecessor finished
+            # must not be skipped as "one already waiting".
+            report.released += self.release_held(sk, now)
+            held = 0
+            inflight: tuple[Batch, Future[None]] | None = None
+            after: tuple[int, str] | None = None
             for _ in range(10_000):  # bounded: a partition is drained in batches
-                batch = self.fire(sk, now)
-                self.advance(batch)
-                report.add(batch.report)
-                if len(batch.jobs) < self.batch or batch.report.advanced == 0:
+                batch = self._plan(sk, now, after)
+                if inflight is not None:
+                    # No "nothing advanced: stop" here: the cursor moves past jobs that cannot
+                    # move yet (an overlap job not due until its fire time, a definition that
+                    # vanished), so they never hide the due jobs behind them.
+                    self._finish(inflight, report)
+                    inflight = None
+                held += batch.held
+                if batch.groups:
+                    inflight = (batch, self._writer().submit(self._write, batch, now))
+                else:
+                    report.add(batch.report)
+                if batch.report.due_jobs < self.batch:
                     break
+                after = batch.cursor
+            if inflight is not None:
+                self._finish(inflight, report)
+            if held:  # a run buffered behind a predecessor that already finished: run it now
+                report.released += self.release_held(sk, now)
         self.total.add(report)
+        self.metrics.scheduler_tick(report)
         return report
+
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="jobqueue-sched-writer")
+        return self._executor
+
+    def _write(self, batch: Batch, now: int | None) -> None:
+        batch.report.runs_created = self._send_creates(batch.creates)
+        self.advance(batch)
+
+    @staticmethod
+    def _finish(inflight: tuple[Batch, Future[None]], report: TickReport) -> Batch:
+        batch, future = inflight
+        future.result()  # the writer's error, if any, is this tick's error
+        report.add(batch.report)
+        return batch
+
+    def close(self) -> None:
+        """Stop the writer thread (``run`` does this when it returns)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def fire(self, sk: SchedKeys, now: int | None = None) -> Batch:
         """Step one: read the due jobs, decide, create their runs (idempotent). The advance is
         left to :meth:`advance`; stopping here is what a crash between the two looks like."""
-        reply = self.jq.scripts.run(ops.sched_due_call(sk, self.lookahead_ms, self.batch, now))
-        now_ms, jobs = ops.parse_sched_due(reply)
-        batch = Batch(sk, now_ms, jobs)
-        batch.report.now_ms = now_ms
-        batch.report.due_jobs = len(jobs)
-        # A herd shares its definition text (job ids live outside it): parse, plan and encode
-        # the payload once per (text, next fire), then only the run id and jitter per job.
-        plans: list[tuple[str, Definition, JobState, FirePlan | None]] = []
-        shared: dict[tuple[str, int], FirePlan | None] = {}
-        for job in jobs:
-            if not job.definition:
-                log.warning("recurring job %s has a next fire but no definition", job.job_id)
-                continue
-            try:
-                tmpl = Definition.from_json("", job.definition)
-                key = (job.definition, job.next_ms)
-                if key not in shared:
-                    shared[key] = plan_fires(
-                        tmpl, job.next_ms, now_ms, self.lookahead_ms, self.grace_ms, self.max_fires
-                    )
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error("recurring job %s: unusable definition: %s", job.job_id, exc)
-                continue
-            if shared[key] is not None:
-                plans.append((job.job_id, tmpl, JobState.parse(job.state), shared[key]))
-        previous = self._previous_states([(j, d, s) for j, d, s, _ in plans])
-        planned: list[Planned] = []
-        payloads: dict[int, str] = {}  # by id() of the shared parsed definition
-        limit = self.jq.settings.max_payload_bytes
-        for job_id, tmpl, _state, plan in plans:
-            assert plan is not None
-            fires, skipped = apply_overlap(tmpl.overlap, plan.fires, previous.get(job_id))
-            if fires:
-                payload = payloads.get(id(tmpl))
-                if payload is None:
-                    payload = payloads[id(tmpl)] = tmpl.payload(limit)
-                count = self.jq.register_queue(tmpl.queue)
-                pk = PartitionKeys(tmpl.queue, partition_of(job_id, count))
-                jitter = jitter_ms(job_id, tmpl.jitter_ms)
-                for fire in fires:
-                    spec = RunSpec(
-                        run_id=f"{job_id}@{_fire_instant(fire)}",
-                        task=tmpl.task,
-                        payload=payload,
-                        due_at_ms=fire + jitter,
-                        max_attempts=tmpl.max_attempts,
-                        lease_ms=tmpl.lease_ms,
-                        timeout_ms=tmpl.timeout_ms,
-                        job_id=job_id,
-                        scheduled_for_ms=fire,
-                    )
-                    planned.append(Planned(pk, spec))
-            batch.moves.append(
-                Advance(
-                    job_id=job_id,
-                    expected_next_ms=plan.expected_next_ms,
-                    new_next_ms=plan.new_next_ms,
-                    fired=len(fires),
-                    missed=plan.missed,
-                    skipped=skipped,
-                    dropped=plan.dropped,
-                    last_fire_ms=fires[-1] if fires else None,
-                    through_ms=plan.through_ms,
-                )
-            )
-            batch.report.runs_requested += len(fires)
-            batch.report.missed += plan.missed
-            batch.report.skipped += skipped
-            batch.report.dropped += plan.dropped
-        if planned:
-            batch.report.runs_created = sum(self.jq._create(planned, now))
+        batch = self._plan(sk, now)
+        batch.report.runs_created = self._send_creates(batch.creates)
         return batch
+
+    def _plan(
+        self, sk: SchedKeys, now: int | None = None, after: tuple[int, str] | None = None
+    ) -> Batch:
+        """Read the due jobs (after ``after``, see sched_due.lua) and decide: the create calls
+        and the advance groups, nothing written yet.
+
+        The hot path of a herd: one parsed definition, payload and plan per distinct
+        (definition text, next fire); per job only its jitter, its queue partition and two
+        list appends. Runs go out grouped (sched_create.lua), advances too (advance.lua).
+        """
+        reply = self.jq.scripts.run(
+            ops.sched_due_call(sk, self.lookahead_ms, self.batch, now, after)
+        )
+        now_ms, ndefs = int(reply[0]), int(reply[1])
+        base = 2 + ndefs
+        batch = Batch(sk, now_ms)
+        report = batch.report
+        report.now_ms = now_ms
+        if len(reply) == base:
+            return batch
+        infos = self._definitions(reply[2:base])
+        runs: dict[tuple[PartitionKeys, int, int], list[str | int]] = {}
+        groups = batch.groups
+        policed: list[tuple[str, _DefInfo, FirePlan, str]] = []
+        i = base
+        while i < len(reply):  # segments: next, def index, extra, count, job ids
+            next_ms, idx, extra, count = (
+                int(float(_text(reply[i]))),
+                int(reply[i + 1]),
+                _text(reply[i + 2]),
+                int(reply[i + 3]),
+            )
+            jobs = [_text(j) for j in reply[i + 4 : i + 4 + count]]
+            i += 4 + count
+            report.due_jobs += count
+            batch.cursor = (next_ms, jobs[-1])
+            info = infos[idx]
+            if info is None:
+                if idx == 0:
+                    log.warning("recurring jobs %s have a next fire but no definition", jobs)
+                continue
+            plan = plan_fires(
+                info.tmpl, next_ms, now_ms, self.lookahead_ms, self.grace_ms, self.max_fires
+            )
+            if plan is None:
+                continue
+            if extra:  # an overlap policy: one job per segment, decided in _police
+                policed.append((jobs[0], info, plan, extra))
+                continue
+            groups.setdefault(_header(plan, plan.fires, 0, ""), []).extend(jobs)
+            report.runs_requested += len(plan.fires) * count
+            report.missed += plan.missed * count
+            report.dropped += plan.dropped * count
+            if not plan.fires:
+                continue
+            # Per job: its jitter and its queue partition; the rest is shared by the segment.
+            keys, window = info.keys, info.tmpl.jitter_ms
+            nkeys = len(keys)
+            for fire in plan.fires:
+                if nkeys == 1:
+                    flat = runs.setdefault((keys[0], idx, fire), [])
+                    if window:
+                        for job in jobs:
+                            flat += (job, fire + job_hash(job) % window)
+                    else:
+                        for job in jobs:
+                            flat += (job, fire)
+                    continue
+                for job in jobs:
+                    pk = keys[partition_of(job, nkeys)]
+                    jitter = job_hash(job) % window if window else 0
+                    runs.setdefault((pk, idx, fire), []).extend((job, fire + jitter))
+        if policed:
+            self._police(batch, policed, infos, runs)
+        batch.creates = self._create_calls(runs, infos, now)
+        return batch
+
+    def _definitions(self, texts: Sequence[Any]) -> list[_DefInfo | None]:
+        """Index 0 is 'no definition'; an unusable text is logged and its jobs left alone."""
+        out: list[_DefInfo | None] = [None]
+        limit = self.jq.settings.max_payload_bytes
+        for raw in texts:
+            text = _text(raw)
+            try:
+                tmpl = Definition.from_json("", text)
+                count = self.jq.register_queue(tmpl.queue)
+                keys = [PartitionKeys(tmpl.queue, p) for p in range(count)]
+                out.append(_DefInfo(tmpl, tmpl.payload(limit), keys))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("unusable recurring job definition %.200s: %s", text, exc)
+                out.append(None)
+        return out
+
+    def _police(
+        self,
+        batch: Batch,
+        jobs: list[tuple[str, _DefInfo, FirePlan, str]],
+        infos: list[_DefInfo | None],
+        runs: dict[tuple[PartitionKeys, int, int], list[str | int]],
+    ) -> None:
+        """Jobs with an overlap policy: decide from the state of their previous run."""
+        lasts = []
+        for _job, _info, _plan, extra in jobs:
+            state_text, _, _held = extra.partition("|")
+            lasts.append(JobState.parse(state_text).last_fire_ms)
+        previous = self._previous_states(
+            [(job, info, last) for (job, info, _, _), last in zip(jobs, lasts, strict=True)]
+        )
+        index_of = {id(info): i for i, info in enumerate(infos) if info is not None}
+        report = batch.report
+        for (job, info, plan, extra), last, prev in zip(jobs, lasts, previous, strict=True):
+            tmpl = info.tmpl
+            buffered = bool(extra.partition("|")[2])
+            fires, skipped = apply_overlap(tmpl.overlap, plan.fires, prev, buffered)
+            keys = info.keys
+            pk = keys[0] if len(keys) == 1 else keys[partition_of(job, len(keys))]
+            held = ""
+            jitter = jitter_ms(job, tmpl.jitter_ms)
+            for fire in fires:
+                due = fire + jitter
+                if tmpl.overlap == "buffer-one":
+                    # Always recorded, held only while the predecessor is unfinished: a crash
+                    # before the advance recomputes the same fire, finds the run created, and
+                    # records it then; the release pass sorts out which ones still wait.
+                    pred = -1 if last is None else last
+                    held = f"{fire} {pred} {due} {tmpl.queue}"
+                    if prev in UNFINISHED:
+                        due = HOLD_MS
+                    batch.held += 1
+                runs.setdefault((pk, index_of[id(info)], fire), []).extend((job, due))
+            batch.groups.setdefault(_header(plan, fires, skipped, held), []).append(job)
+            report.runs_requested += len(fires)
+            report.missed += plan.missed
+            report.skipped += skipped
+            report.dropped += plan.dropped
+
+    def _create_calls(
+        self,
+        runs: dict[tuple[PartitionKeys, int, int], list[str | int]],
+        infos: list[_DefInfo | None],
+        now: int | None,
+    ) -> list[Call]:
+        """sched_create calls of at most CREATE_CHUNK runs each."""
+        by_pk: dict[PartitionKeys, list[tuple[RunGroup, list[str | int]]]] = {}
+        for (pk, idx, fire), flat in runs.items():
+            info = infos[idx]
+            assert info is not None
+            tmpl = info.tmpl
+            group = RunGroup(
+                task=tmpl.task,
+                payload=info.payload,
+                max_attempts=tmpl.max_attempts,
+                lease_ms=tmpl.lease_ms,
+                timeout_ms=tmpl.timeout_ms,
+                suffix="@" + _fire_instant(fire),
+                scheduled_for_ms=fire,
+            )
+            by_pk.setdefault(pk, []).append((group, flat))
+        calls = []
+        for pk, groups in by_pk.items():
+            chunk: list[tuple[RunGroup, Sequence[str | int]]] = []
+            size = 0
+            for group, flat in groups:
+                for start in range(0, len(flat), 2 * CREATE_CHUNK):
+                    part = flat[start : start + 2 * CREATE_CHUNK]
+                    chunk.append((group, part))
+                    size += len(part) // 2
+                    if size >= CREATE_CHUNK:
+                        calls.append(sched_create_call(pk, chunk, now))
+                        chunk, size = [], 0
+            if chunk:
+                calls.append(sched_create_call(pk, chunk, now))
+        return calls
+
+    def _send_creates(self, calls: list[Call]) -> int:
+        """One pipelined round trip; how many runs were created."""
+        if not calls:
+            return 0
+        return sum(parse_sched_create(r) for r in self.jq.scripts.run_many(calls))
 
     def advance(self, batch: Batch) -> None:
         """Step two: compare-and-set every job's next fire forward, with its counters."""
-        if not batch.moves:
+        if not batch.groups:
             return
-        reply = self.jq.scripts.run(ops.advance_call(batch.keys, batch.moves, batch.now_ms))
-        accepted = ops.parse_advance(reply)
-        batch.report.advanced = sum(accepted)
-        batch.report.conflicts = len(accepted) - batch.report.advanced
+        # At most ADVANCE_CHUNK jobs per group (advance.lua unpacks them onto the Lua stack).
+        chunks: list[tuple[AdvanceHeader, list[str]]] = [
+            (header, jobs[i : i + ADVANCE_CHUNK])
+            for header, jobs in batch.groups.items()
+            for i in range(0, len(jobs), ADVANCE_CHUNK)
+        ]
+        reply = self.jq.scripts.run(advance_groups_call(batch.keys, chunks, batch.now_ms))
+        flags = reply[1:]
+        batch.report.advanced = sum(int(x) for x in flags)
+        batch.report.conflicts = len(flags) - batch.report.advanced
 
-    def _previous_states(
-        self, jobs: list[tuple[str, Definition, JobState]]
-    ) -> dict[str, str | None]:
-        """The state of each overlap-policed job's previous run (None: none, or expired)."""
+    def _previous_states(self, jobs: list[tuple[str, _DefInfo, int | None]]) -> list[str | None]:
+        """The state of each job's previous run (None: none, or expired)."""
+        out: list[str | None] = [None] * len(jobs)
         wanted = [
-            (j, d, s.last_fire_ms)
-            for j, d, s in jobs
-            if d.overlap != "allow" and s.last_fire_ms is not None
+            (i, job, info, last) for i, (job, info, last) in enumerate(jobs) if last is not None
         ]
         if not wanted:
-            return {}
+            return out
         pipe = self.jq.redis.pipeline(transaction=False)
-        for job_id, defn, last in wanted:
+        for _i, job, info, last in wanted:
             assert last is not None
-            count = self.jq.register_queue(defn.queue)
-            run_id = f"{job_id}@{_fire_instant(last)}"
-            pipe.hget(PartitionKeys(defn.queue, partition_of(run_id, count)).run(run_id), "state")
-        states = pipe.execute()
-        return {j: s for (j, _, _), s in zip(wanted, states, strict=True)}
+            keys = info.keys
+            pk = keys[0] if len(keys) == 1 else keys[partition_of(job, len(keys))]
+            pipe.hget(pk.run(f"{job}@{_fire_instant(last)}"), "state")
+        for (i, _, _, _), state in zip(wanted, pipe.execute(), strict=True):
+            out[i] = None if state is None else _text(state)
+        return out
+
+    def release_held(self, sk: SchedKeys, now: int | None = None) -> int:
+        """buffer-one: release the held runs whose predecessor has finished (sched_release.lua,
+        one atomic check-and-release in the run's slot), then forget the entries whose run no
+        longer waits (compare-and-set). Returns how many runs were released."""
+        entries = {_text(k): _text(v) for k, v in self.jq.redis.hgetall(sk.held).items()}
+        if not entries:
+            return 0
+        by_pk: dict[PartitionKeys, list[tuple[str, str, tuple[str, str, int]]]] = {}
+        for job, text in entries.items():
+            try:
+                fire_s, pred_s, due_s, queue = text.split(" ", 3)
+                fire, pred, due = int(fire_s), int(pred_s), int(due_s)
+                count = self.jq.register_queue(queue)
+            except (ValueError, JobQueueError) as exc:
+                log.error("recurring job %s: unusable held entry %r: %s", job, text, exc)
+                continue
+            pk = PartitionKeys(queue, partition_of(job, count))
+            pred_id = "" if pred < 0 else f"{job}@{_fire_instant(pred)}"
+            by_pk.setdefault(pk, []).append(
+                (job, text, (f"{job}@{_fire_instant(fire)}", pred_id, due))
+            )
+        calls = [
+            sched_release_call(pk, [h for _, _, h in items], now) for pk, items in by_pk.items()
+        ]
+        released, done = 0, []
+        for (_pk, items), reply in zip(by_pk.items(), self.jq.scripts.run_many(calls), strict=True):
+            for (job, text, _), result in zip(items, parse_sched_release(reply), strict=True):
+                released += result == 1
+                if result:
+                    done.append((job, text))
+        if done:
+            self.jq.scripts.run(sched_unhold_call(sk, done, now))
+        return released
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -421,10 +721,13 @@ class Scheduler:
             self.interval,
             self.store.partitions,
         )
-        ticks, failures = 0, 0
+        ticks, failures, synced = 0, 0, False
         while not self._stopping.is_set():
             started = time.monotonic()
             try:
+                if not synced:  # at start, retried like a tick while Redis is unreachable
+                    self.sync_declared()
+                    synced = True
                 report = self.tick()
                 failures = 0
                 if report.runs_requested or report.conflicts:
@@ -436,7 +739,14 @@ class Scheduler:
                         report.advanced,
                         report.conflicts,
                     )
-            except (ConnectionFailed, JobQueueError) as exc:
+            # Plain redis-py errors too: the tick's direct reads (held runs, previous states)
+            # meet a restarting server as ConnectionError, which must not end the daemon.
+            except (
+                ConnectionFailed,
+                JobQueueError,
+                redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError,
+            ) as exc:
                 failures += 1
                 log.warning("tick failed (%s); retrying", exc)
                 self._stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
@@ -445,5 +755,6 @@ class Scheduler:
             if max_ticks is not None and ticks >= max_ticks:
                 break
             self._stopping.wait(max(0.0, self.interval - (time.monotonic() - started)))
+        self.close()
         log.info("scheduler stopped after %d ticks", ticks)
         return 0

@@ -26,7 +26,14 @@ def delay_to_ms(delay: Delay | None) -> int:
         raise ConfigError(f"delay must be a number of seconds or a timedelta, not {delay!r}")
     if seconds < 0:
         raise ConfigError(f"delay must not be negative (got {seconds} s)")
-    return int(seconds * 1000)
+    return _finite_ms(seconds, "delay")
+
+
+def _finite_ms(seconds: float, what: str) -> int:
+    ms = seconds * 1000
+    if not math.isfinite(ms):  # finite seconds can overflow to infinity in ms
+        raise ConfigError(f"{what} of {seconds} s is out of range")
+    return int(ms)
 
 
 def instant_to_ms(at: Instant) -> int:
@@ -40,7 +47,7 @@ def instant_to_ms(at: Instant) -> int:
         return int(at.timestamp() * 1000)
     if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
         raise ConfigError(f"at must be an aware datetime or epoch seconds, not {at!r}")
-    return int(at * 1000)
+    return _finite_ms(at, "at")
 
 
 def seconds_to_ms(value: float, what: str) -> int:

@@ -4,6 +4,8 @@
 -- KEYS[1]  next zset     jq:{sched#k}:next
 -- KEYS[2]  def hash      jq:{sched#k}:def
 -- KEYS[3]  state hash    jq:{sched#k}:state
+-- KEYS[4]  held hash     jq:{sched#k}:held   (untouched: a buffered run waiting for its
+--                                               predecessor is still released after a delete)
 -- ARGV[1]  job_id
 -- ARGV[2]  'put' or 'delete'
 -- ARGV[3]  expected definition ('' = expect none)

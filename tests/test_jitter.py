@@ -5,11 +5,16 @@ from __future__ import annotations
 import pytest
 
 from jobqueue.hashing import fnv1a_32
-from jobqueue.jitter import herd_histogram, jitter_ms
+from jobqueue.jitter import herd_histogram, jitter_ms, job_hash
 
 
 def test_jitter_is_the_fnv1a_hash_of_the_job_id_modulo_the_window() -> None:
     assert jitter_ms("report", 60_000) == fnv1a_32("report") % 60_000
+
+
+@pytest.mark.parametrize("job_id", ["job-42", "", "réunion", "日報", "emoji-\U0001f600"])
+def test_the_fast_job_hash_is_fnv1a_for_ascii_and_other_ids(job_id: str) -> None:
+    assert job_hash(job_id) == fnv1a_32(job_id)
 
 
 def test_jitter_is_a_pure_function_of_job_id_and_window() -> None:

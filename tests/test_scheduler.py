@@ -14,6 +14,7 @@ from jobqueue.cron import format_fire_instant, parse_fire_instant
 from jobqueue.jitter import jitter_ms
 from jobqueue.ops import SchedKeys
 from jobqueue.recurring import Definition
+from jobqueue.sched_ops import HOLD_MS
 from jobqueue.scheduler import Scheduler, apply_overlap, plan_fires
 
 S = 1000  # ms per second
@@ -234,6 +235,27 @@ def test_trigger_and_backfill_do_not_disturb_the_schedule(jq: JobQueue, redis_cl
     assert jq.get_run("j@manual-1970-01-01T00:00:30Z").state == "pending"
 
 
+def test_a_tick_drains_a_partition_in_many_batches_creating_each_run_once(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    for i in range(25):
+        jq.schedule(f"j{i:02d}", "t", every=60, jitter=30, now=0)
+    report = scheduler(jq, batch=4).tick(now=60 * S)
+    assert (report.due_jobs, report.runs_created, report.advanced) == (25, 25, 25)
+    assert all(seconds(fires_of(redis_client, f"j{i:02d}")) == [60] for i in range(25))
+
+
+def test_jobs_that_cannot_fire_yet_do_not_hide_due_jobs_behind_them(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    for name in ("a", "b", "c"):  # overlap jobs are not looked ahead: not due before 120
+        jq.schedule(name, "t", every=120, overlap="forbid", now=0)
+    jq.schedule("z", "t", every=120, now=0)  # same next fire, read after them
+    report = scheduler(jq, lookahead=60, batch=2).tick(now=70 * S)
+    assert (report.runs_created, report.advanced) == (1, 1)
+    assert seconds(fires_of(redis_client, "z")) == [120]
+
+
 # -- overlap -----------------------------------------------------------------------------------
 
 
@@ -254,18 +276,18 @@ def test_overlap_forbid_skips_while_the_previous_run_is_unfinished_and_counts(
     assert (info.state.fired, info.state.skipped) == (2, 2)
 
 
-def test_overlap_buffer_one_creates_one_while_running_none_while_pending(
+def test_overlap_buffer_one_buffers_one_run_held_and_skips_further_fires(
     jq: JobQueue, redis_client: Any
 ) -> None:
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
-    sched.tick(now=60 * S)
-    sched.tick(now=120 * S)  # previous pending: nothing
-    redis_client.hset("jq:{default#0}:run:j@1970-01-01T00:01:00Z", "state", "running")
-    sched.tick(now=180 * S)  # previous running: one buffered
-    sched.tick(now=240 * S)  # the buffered one (180) is pending: nothing
-    assert seconds(fires_of(redis_client, "j")) == [60, 180]
-    assert jq.get_schedule("j").state.skipped == 2  # type: ignore[union-attr]
+    sched.tick(now=60 * S)  # no previous run: 60 runs at once
+    sched.tick(now=120 * S)  # 60 unfinished: 120 is buffered, held
+    sched.tick(now=180 * S)  # one is buffered already: skipped
+    assert seconds(fires_of(redis_client, "j")) == [60, 120]
+    assert redis_client.zscore("jq:{default#0}:due", "j@1970-01-01T00:02:00Z") == HOLD_MS
+    info = jq.get_schedule("j")
+    assert info is not None and (info.state.fired, info.state.skipped) == (2, 1)
 
 
 # -- DST ---------------------------------------------------------------------------------------
@@ -325,4 +347,5 @@ def test_apply_overlap_rules() -> None:
     assert apply_overlap("forbid", [1, 2], "done") == ([2], 1)
     assert apply_overlap("forbid", [1], None) == ([1], 0)
     assert apply_overlap("buffer-one", [1], "running") == ([1], 0)
-    assert apply_overlap("buffer-one", [1, 2], "pending") == ([], 2)
+    assert apply_overlap("buffer-one", [1, 2], "running") == ([2], 1)
+    assert apply_overlap("buffer-one", [1, 2], "done", buffered=True) == ([], 2)

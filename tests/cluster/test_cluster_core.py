@@ -19,7 +19,7 @@ from recorder import record_cluster_commands
 from redis.crc import key_slot
 from test_invariants import RUN_IDS, lifecycle, record_script_calls, slots_of_call
 
-from jobqueue import ConfigError, ConnectionFailed, JobQueue, OperationRefused, Request, ops
+from jobqueue import ConfigError, ConnectionFailed, JobQueue, OperationRefused, Request
 from jobqueue.aio import AsyncJobQueue
 from jobqueue.cli import main as cli_main
 from jobqueue.connection import async_client, sync_client
@@ -132,23 +132,6 @@ def test_runs_spread_over_all_three_masters(cjq: JobQueue, cluster: Cluster) -> 
     assert all(count >= 60 for count in per_master.values()), per_master
 
 
-def buffered_job(jq: JobQueue) -> None:
-    """The scheduler's overlap scripts: a buffer-one job whose second run is held while the
-    first is pending, then released once it completes (explicit clock, server-side scripts)."""
-    s = 1000
-    jq.schedule("buffered", "t", every=60, overlap="buffer-one", now=0)
-    scheduler = Scheduler(jq, lookahead=0, install_signal_handlers=False)
-    scheduler.tick(now=60 * s)
-    scheduler.tick(now=120 * s)  # the 60 s run is still pending: the 120 s run is held
-    pk = jq.keys_for("default", "buffered@x")
-    for run in ops.parse_claim(jq.scripts.run(
-            ops.claim_call(pk, 10, "w", 30_000, 3_600_000, now=121 * s))).runs:
-        jq.scripts.run(ops.complete_call(pk, run.run_id, run.fence, "1", 3_600_000,
-                                         now=122 * s))
-    for now in (130, 180, 240):
-        scheduler.tick(now=now * s)
-
-
 def test_every_script_call_names_keys_of_one_slot_on_a_real_cluster(
     cluster_url: str, cluster_client: Any, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,8 +141,7 @@ def test_every_script_call_names_keys_of_one_slot_on_a_real_cluster(
     calls = record_script_calls(monkeypatch)
     jq = JobQueue.from_url(cluster_url, partitions={"default": 4})
     jq.declare_task("t")
-    lifecycle(ScriptRunner(cluster_client), jq, RUN_IDS)
-    buffered_job(jq)
+    lifecycle(ScriptRunner(cluster_client), jq, RUN_IDS)  # buffered_job() included
     assert {c.script for c in calls} == set(SCRIPT_NAMES)
     for call in calls:
         assert len(slots_of_call(call)) == 1, call

@@ -1,0 +1,216 @@
+"""Schedules declared in code (``@jq.task(cron=...)``, ``schedules=[...]``,
+``jq.declare_schedule``): validated at declaration with nothing written, synced by the
+scheduler at start (upsert: unchanged keeps its next fire, changed applies from the next
+fire), and pruned only on request and only when they came from code."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from jobqueue.cli import main
+from jobqueue.client import JobQueue
+from jobqueue.cron import parse_fire_instant
+from jobqueue.recurring import ORIGIN_CODE, RecurringError
+from jobqueue.scheduler import Scheduler
+
+S = 1000
+
+
+def app(redis_client: Any = None) -> JobQueue:
+    """A fresh app (what a new deployment of the code is), on the same Redis."""
+    return JobQueue(redis_client) if redis_client is not None else JobQueue()
+
+
+def fires(redis_client: Any, job_id: str) -> list[int]:
+    out = []
+    for key in redis_client.scan_iter(match=f"jq:{{*}}:run:{job_id}@*"):
+        out.append(parse_fire_instant(key.rsplit("@", 1)[1]) // S)
+    return sorted(out)
+
+
+def tick(jq: JobQueue, now_s: int) -> None:
+    Scheduler(jq, lookahead=0, install_signal_handlers=False).tick(now=now_s * S)
+
+
+# -- declaring (no Redis involved) ------------------------------------------------------------
+
+
+def test_task_decorator_with_cron_declares_a_schedule_named_after_the_task() -> None:
+    jq = app()
+
+    @jq.task(cron="0 * * * *", tz="Europe/Paris", jitter=30, overlap="forbid")
+    def report() -> None: ...
+
+    (defn,) = jq.declared_schedules
+    assert (defn.job_id, defn.task, defn.cron, defn.tz) == (
+        "report",
+        "report",
+        "0 * * * *",
+        "Europe/Paris",
+    )
+    assert (defn.jitter_ms, defn.overlap, defn.origin) == (30 * S, "forbid", ORIGIN_CODE)
+
+
+def test_task_decorator_with_schedules_declares_each_with_its_id() -> None:
+    jq = app()
+
+    @jq.task(
+        schedules=[{"id": "hourly", "cron": "0 * * * *"}, {"id": "fast", "every": 10, "args": [1]}]
+    )
+    def ping(n: int = 0) -> None: ...
+
+    assert [(d.job_id, d.cron, d.every_ms, d.args) for d in jq.declared_schedules] == [
+        ("hourly", "0 * * * *", None, ()),
+        ("fast", None, 10 * S, (1,)),
+    ]
+
+
+def test_declare_schedule_adds_to_the_apps_schedule_list() -> None:
+    jq = app()
+    jq.declare_task("nightly")
+    jq.declare_schedule("nightly-report", "nightly", cron="30 1 * * *", misfire="skip")
+    assert [(d.job_id, d.misfire) for d in jq.declared_schedules] == [("nightly-report", "skip")]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"cron": "61 * * * *"}, "invalid cron expression"),
+        ({"cron": "0 * * * *", "tz": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
+        ({"cron": "* * * * *", "jitter": 60}, "must be shorter than the schedule's period"),
+        ({"every": 60, "misfire": "sometimes"}, "unknown misfire policy 'sometimes'"),
+        ({"every": 60, "overlap": "queue"}, "unknown overlap policy 'queue'"),
+        ({"every": 60, "colour": "red"}, "unknown schedule option(s) colour"),
+    ],
+)
+def test_invalid_declaration_raises_at_declaration_and_writes_nothing(
+    redis_client: Any, options: dict[str, Any], message: str
+) -> None:
+    jq = app(redis_client)
+    jq.declare_task("t")
+    with pytest.raises(RecurringError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        jq.declare_schedule("j", "t", **options)
+    with pytest.raises(RecurringError, match="must be shorter"):
+
+        @jq.task(every=10, jitter=10)
+        def late() -> None: ...
+
+    assert jq.declared_schedules == []
+    assert redis_client.keys("*") == []
+
+
+def test_several_schedules_of_a_task_need_ids() -> None:
+    jq = app()
+    with pytest.raises(RecurringError, match="give each an 'id'"):
+
+        @jq.task(cron="0 * * * *", schedules=[{"every": 60}])
+        def twice() -> None: ...
+
+
+def test_the_same_job_id_declared_twice_is_refused() -> None:
+    jq = app()
+    jq.declare_task("t")
+    jq.declare_schedule("j", "t", every=60)
+    with pytest.raises(RecurringError, match="declared twice"):
+        jq.declare_schedule("j", "t", every=30)
+
+
+# -- syncing ----------------------------------------------------------------------------------
+
+
+def test_sync_creates_the_declared_schedules_marked_as_from_code(redis_client: Any) -> None:
+    jq = app(redis_client)
+    jq.declare_task("t")
+    jq.declare_schedule("j", "t", every=60)
+    report = jq.recurring.sync(jq.declared_schedules, now=0)
+    info = jq.get_schedule("j")
+    assert report.created == ["j"]
+    assert info is not None and info.definition.origin == ORIGIN_CODE
+    assert info.next_fire_ms == 60 * S
+
+
+def test_sync_of_an_unchanged_declaration_writes_nothing_and_keeps_the_next_fire(
+    redis_client: Any,
+) -> None:
+    first = app(redis_client)
+    first.declare_task("t")
+    first.declare_schedule("j", "t", every=60)
+    first.recurring.sync(first.declared_schedules, now=0)
+    tick(first, 60)
+    tick(first, 120)
+    again = app(redis_client)  # the same code, restarted
+    again.declare_task("t")
+    again.declare_schedule("j", "t", every=60)
+    report = again.recurring.sync(again.declared_schedules, now=130 * S)
+    info = again.get_schedule("j")
+    assert report.unchanged == ["j"] and report.updated == []
+    assert info is not None and info.next_fire_ms == 180 * S and info.state.fired == 2
+
+
+def test_a_changed_declaration_applies_from_the_next_fire_without_duplicate_or_drop(
+    redis_client: Any,
+) -> None:
+    first = app(redis_client)
+    first.declare_task("t")
+    first.declare_schedule("j", "t", every=60)
+    first.recurring.sync(first.declared_schedules, now=0)
+    tick(first, 60)
+    tick(first, 120)
+    changed = app(redis_client)
+    changed.declare_task("t")
+    changed.declare_schedule("j", "t", every=30)
+    report = changed.recurring.sync(changed.declared_schedules, now=130 * S)
+    for t in (150, 180, 210):
+        tick(changed, t)
+    assert report.updated == ["j"]
+    assert fires(redis_client, "j") == [60, 120, 150, 180, 210]
+
+
+def test_prune_removes_only_code_declared_schedules_no_longer_declared(
+    redis_client: Any,
+) -> None:
+    old = app(redis_client)
+    old.declare_task("t")
+    old.declare_schedule("kept", "t", every=60)
+    old.declare_schedule("dropped", "t", every=60)
+    old.declare_schedule("redefined", "t", every=60)
+    old.recurring.sync(old.declared_schedules, now=0)
+    old.schedule("runtime", "t", every=60, now=0)  # added at run time, never pruned
+    old.schedule("redefined", "t", every=120, now=0)  # taken over at run time
+    new = app(redis_client)
+    new.declare_task("t")
+    new.declare_schedule("kept", "t", every=60)
+    without = new.recurring.sync(new.declared_schedules, now=10 * S)
+    assert without.removed == [] and new.get_schedule("dropped") is not None
+    report = new.recurring.sync(new.declared_schedules, prune=True, now=10 * S)
+    assert report.removed == ["dropped"]
+    assert sorted(i.job_id for i in new.list_schedules()) == ["kept", "redefined", "runtime"]
+
+
+def test_scheduler_syncs_at_start_and_logs_what_it_pruned(
+    redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = app(redis_client)
+    old.declare_task("t")
+    old.declare_schedule("gone", "t", every=3600)
+    old.recurring.sync(old.declared_schedules)
+    new = app(redis_client)
+
+    @new.task(every=3600)
+    def hourly() -> None: ...
+
+    daemon = Scheduler(new, prune=True, install_signal_handlers=False, interval=0.01)
+    with caplog.at_level(logging.INFO, logger="jobqueue.scheduler"):
+        assert daemon.run(max_ticks=1) == 0
+    assert [i.job_id for i in new.list_schedules()] == ["hourly"]
+    assert "declared recurring job gone removed (no longer declared in code)" in caplog.text
+
+
+def test_cli_scheduler_prune_without_an_app_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["scheduler", "--prune"])
+    assert result.exit_code == 2
+    assert "--prune needs --app" in result.output

@@ -1,0 +1,148 @@
+"""Overlap policies through the real scripts, with workers' claims and completions made by the
+claim and complete scripts (explicit clock, fakeredis and a real server): ``allow`` runs every
+fire, ``forbid`` skips (and counts) fires while the previous run is unfinished, ``buffer-one``
+keeps at most one run waiting, held in Redis until the previous run has finished."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobqueue import ops
+from jobqueue.client import JobQueue
+from jobqueue.keys import PartitionKeys
+from jobqueue.ops import ClaimedRun
+from jobqueue.sched_ops import HOLD_MS, parse_sched_release, sched_release_call
+from jobqueue.scheduler import Scheduler
+
+S = 1000
+PK = PartitionKeys("default", 0)
+
+
+def scheduler(jq: JobQueue) -> Scheduler:
+    return Scheduler(jq, lookahead=0, install_signal_handlers=False)
+
+
+def claim(jq: JobQueue, now_s: int) -> list[ClaimedRun]:
+    reply = jq.scripts.run(ops.claim_call(PK, 10, "w1", 600 * S, 3600 * S, now=now_s * S))
+    return ops.parse_claim(reply).runs
+
+
+def complete(jq: JobQueue, run: ClaimedRun, now_s: int) -> None:
+    call = ops.complete_call(PK, run.run_id, run.fence, "null", 3600 * S, now=now_s * S)
+    assert ops.parse_outcome(jq.scripts.run(call)).accepted
+
+
+def run_id(second: int) -> str:
+    return f"j@1970-01-01T00:{second // 60:02d}:{second % 60:02d}Z"
+
+
+def counters(jq: JobQueue) -> tuple[int, int]:
+    info = jq.get_schedule("j")
+    assert info is not None
+    return info.state.fired, info.state.skipped
+
+
+def test_allow_creates_every_fire_while_the_previous_run_is_running(jq: JobQueue) -> None:
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, now=0)
+    sched.tick(now=60 * S)
+    (first,) = claim(jq, 60)
+    sched.tick(now=120 * S)
+    assert [r.run_id for r in claim(jq, 120)] == [run_id(120)]  # while 60 still runs
+    assert first.run_id == run_id(60)
+    assert counters(jq) == (2, 0)
+
+
+def test_forbid_skips_fires_while_the_previous_run_is_running_and_counts_them(
+    jq: JobQueue,
+) -> None:
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, overlap="forbid", now=0)
+    sched.tick(now=60 * S)
+    (first,) = claim(jq, 60)
+    sched.tick(now=120 * S)
+    sched.tick(now=180 * S)
+    assert claim(jq, 181) == []
+    complete(jq, first, 200)
+    sched.tick(now=240 * S)
+    assert [r.run_id for r in claim(jq, 240)] == [run_id(240)]
+    assert counters(jq) == (2, 2)
+
+
+def test_buffer_one_holds_the_buffered_run_until_the_previous_run_finishes(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
+    sched.tick(now=60 * S)
+    (first,) = claim(jq, 60)
+    sched.tick(now=120 * S)  # 60 running: 120 is created, held
+    assert redis_client.zscore(PK.due, run_id(120)) == HOLD_MS
+    assert claim(jq, 130) == []  # held: no worker can start it
+    sched.tick(now=180 * S)  # one already waits: skipped
+    complete(jq, first, 190)
+    sched.tick(now=191 * S)  # sees 60 finished: releases 120, due at its fire time
+    (second,) = claim(jq, 191)
+    assert second.run_id == run_id(120) and second.due_ms == 120 * S
+    assert counters(jq) == (2, 1)
+
+
+def test_buffer_one_runs_at_once_when_the_previous_run_has_finished(jq: JobQueue) -> None:
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
+    sched.tick(now=60 * S)
+    (first,) = claim(jq, 60)
+    complete(jq, first, 70)
+    report = sched.tick(now=120 * S)
+    assert [r.run_id for r in claim(jq, 120)] == [run_id(120)]
+    assert (report.runs_created, counters(jq)) == (1, (2, 0))
+
+
+def test_buffer_one_counts_a_waiting_run_that_is_still_pending_as_unfinished(
+    jq: JobQueue,
+) -> None:
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
+    sched.tick(now=60 * S)  # 60 pending, never claimed
+    sched.tick(now=120 * S)  # buffered behind it
+    sched.tick(now=180 * S)  # skipped
+    assert [r.run_id for r in claim(jq, 200)] == [run_id(60)]  # only the first can start
+    assert counters(jq) == (2, 1)
+
+
+def test_buffer_one_release_survives_a_scheduler_crash_before_its_advance(
+    jq: JobQueue,
+) -> None:
+    jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
+    scheduler(jq).tick(now=60 * S)
+    (first,) = claim(jq, 60)
+    scheduler(jq).fire(ops.SchedKeys(0), 120 * S)  # held run created, then the process dies
+    complete(jq, first, 125)
+    scheduler(jq).tick(now=130 * S)  # redoes fire 120: records the held run, releases it
+    assert [r.run_id for r in claim(jq, 130)] == [run_id(120)]
+    assert counters(jq) == (2, 0)
+
+
+def test_release_script_checks_the_predecessor_and_releases_once(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
+    scheduler(jq).tick(now=60 * S)
+    (first,) = claim(jq, 60)
+    scheduler(jq).tick(now=120 * S)
+    call = sched_release_call(PK, [(run_id(120), run_id(60), 120 * S)], now=121 * S)
+    assert parse_sched_release(jq.scripts.run(call)) == [0]  # predecessor running
+    complete(jq, first, 122)
+    assert parse_sched_release(jq.scripts.run(call)) == [1]  # released
+    assert redis_client.zscore(PK.due, run_id(120)) == 120 * S
+    assert parse_sched_release(jq.scripts.run(call)) == [2]  # nothing held any more
+
+
+def test_get_schedule_reports_missed_dropped_skipped_and_last_fire(jq: JobQueue) -> None:
+    jq.schedule("j", "t", every=60, misfire="fire-all:2", now=0)
+    scheduler(jq).tick(now=370 * S)  # 60..360 late: the cap keeps 300 and 360, 4 missed
+    info = jq.get_schedule("j")
+    assert info is not None
+    shown = info.to_dict()
+    assert (shown["fired"], shown["missed"], shown["dropped_by_cap"]) == (2, 4, 4)
+    assert (shown["skipped_by_overlap"], shown["last_fire"]) == (0, "1970-01-01T00:06:00Z")
