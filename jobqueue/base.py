@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 from . import ops
 from .errors import ConfigError, OperationRefused, RunNotFound, UnknownTask
@@ -43,9 +43,8 @@ class Request:
     queue: str | None = None
 
 
-@dataclass(frozen=True)
-class Planned:
-    """A validated run and where it goes."""
+class Planned(NamedTuple):
+    """A validated run and where it goes (a tuple: one per enqueued run)."""
 
     keys: PartitionKeys
     spec: RunSpec

@@ -91,6 +91,31 @@ class Run:
             history=history,
         )
 
+    def timeline(self) -> list[tuple[int | None, str]]:
+        """The run's story, oldest first: (ms, event). The stored history keeps only what the
+        record cannot show (how earlier attempts ended); creation, the latest claim and a
+        success come from the record's fields."""
+        events: list[tuple[int | None, str]] = []
+        if self.created_ms is not None:
+            # not the due time: retries and releases move it
+            events.append((self.created_ms, "created"))
+        for line in self.history:
+            stamp, _, text = line.partition(" ")
+            events.append((_int(stamp), text) if stamp.isdigit() else (None, line))
+        if self.attempt >= 1 and self.owner and self.started_ms is not None:
+            # cancel bumps the fence past the one this claim was given
+            fence = self.fence - 1 if self.state == "cancelled" else self.fence
+            events.append(
+                (
+                    self.started_ms,
+                    f"claimed fence={fence} attempt={self.attempt} owner={self.owner}",
+                )
+            )
+        if self.state == "done" and self.finished_ms is not None:
+            events.append((self.finished_ms, f"done fence={self.fence}"))
+        events.sort(key=lambda e: -1 if e[0] is None else e[0])
+        return events
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (for --json output)."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("payload", "result_json")}
@@ -99,4 +124,5 @@ class Run:
         except ValueError:
             out["payload"] = self.payload
         out["result"] = self.result
+        out["timeline"] = [{"at_ms": ms, "event": text} for ms, text in self.timeline()]
         return out

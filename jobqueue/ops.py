@@ -123,7 +123,8 @@ def parse_claim(reply: Sequence[Any]) -> ClaimResult:
                 int(until),
                 int(timeout),
                 job,
-                int(sched) if sched else None,
+                # Informational only: a garbage value in a record must not fail the claim.
+                int(sched) if sched and sched.lstrip("-").isdigit() else None,
                 int(due),
             )
         )
@@ -144,9 +145,9 @@ def parse_heartbeat(reply: Sequence[Any]) -> list[int | str]:
     return [x if isinstance(x, int) else _text(x) for x in reply[1:]]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """The answer of a fenced operation: accepted, or refused with the reason."""
+class Outcome(NamedTuple):
+    """The answer of a fenced operation: accepted, or refused with the reason (a tuple: one
+    per committed run)."""
 
     accepted: bool
     status: str  # 'done', 'retry', 'dead', 'released' or the refusal reason

@@ -111,7 +111,7 @@ class _DaemonPool:
             self._jobs.put(None)
 
 
-@dataclass
+@dataclass(slots=True)
 class InFlight:
     """One claimed run from claim to commit."""
 
@@ -130,7 +130,7 @@ class InFlight:
     result_queued: bool = False  # an outcome waits for the committer
 
 
-@dataclass
+@dataclass(slots=True)
 class Finished:
     """What the committer must write for one run."""
 

@@ -1,0 +1,102 @@
+"""Run.timeline(): a run's story from its record and its (lean) history, oldest first, as
+`jobqueue show` prints it. Explicit clock throughout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobqueue import JobQueue, ops
+from jobqueue.keys import PartitionKeys
+from jobqueue.scripts import ScriptRunner
+
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE = 30_000
+
+
+def create(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int) -> None:
+    spec = ops.RunSpec(run_id, "t", PAYLOAD, max_attempts=3)
+    runner.run(ops.create_call(pk, [spec], now=now))
+
+
+def claim(runner: ScriptRunner, pk: PartitionKeys, owner: str, now: int) -> ops.ClaimedRun:
+    (run,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, owner, LEASE, 1, now=now))).runs
+    return run
+
+
+def events(jq: JobQueue, run_id: str) -> list[tuple[int | None, str]]:
+    return jq.get_run(run_id, queue="default").timeline()
+
+
+def test_a_first_attempt_success_reads_created_claimed_done(
+    jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", now=100)
+    c = claim(runner, pk, "w1", now=150)
+    runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=180))
+    assert events(jq, "a") == [
+        (100, "created"),
+        (150, "claimed fence=1 attempt=1 owner=w1"),
+        (180, "done fence=1"),
+    ]
+
+
+def test_a_retried_run_shows_how_the_first_attempt_ended_and_who_held_each(
+    jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", now=0)
+    c1 = claim(runner, pk, "w1", now=10)
+    runner.run(ops.fail_call(pk, "a", c1.fence, "boom", 90, 1, now=20))
+    c2 = claim(runner, pk, "w2", now=110)
+    runner.run(ops.complete_call(pk, "a", c2.fence, "1", 60_000, now=130))
+    assert events(jq, "a") == [
+        (0, "created"),
+        (20, "failed fence=1 attempt=1 owner=w1 retry at 110: boom"),
+        (110, "claimed fence=2 attempt=2 owner=w2"),
+        (130, "done fence=2"),
+    ]
+
+
+def test_a_lease_expiry_names_the_owner_that_lost_the_run(
+    jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", now=0)
+    claim(runner, pk, "w1", now=0)
+    claim(runner, pk, "w2", now=LEASE + 1)
+    assert events(jq, "a") == [
+        (0, "created"),
+        (LEASE + 1, "lease expired fence=1 attempt=1 owner=w1"),
+        (LEASE + 1, "claimed fence=2 attempt=2 owner=w2"),
+    ]
+
+
+def test_a_cancelled_running_run_shows_the_fence_its_claim_had(
+    jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", now=0)
+    claim(runner, pk, "w1", now=5)
+    runner.run(ops.cancel_call(pk, "a", 60_000, "stop", now=9))
+    assert events(jq, "a") == [
+        (0, "created"),
+        (5, "claimed fence=1 attempt=1 owner=w1"),
+        (9, "cancelled (was running): stop"),
+    ]
+
+
+def test_a_pending_run_has_only_its_creation(
+    jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", now=7)
+    assert events(jq, "a") == [(7, "created")]
+
+
+def test_show_json_carries_the_timeline(
+    jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", now=100)
+    c = claim(runner, pk, "w1", now=150)
+    runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=180))
+    assert jq.get_run("a", queue="default").to_dict()["timeline"] == [
+        {"at_ms": 100, "event": "created"},
+        {"at_ms": 150, "event": "claimed fence=1 attempt=1 owner=w1"},
+        {"at_ms": 180, "event": "done fence=1"},
+    ]
