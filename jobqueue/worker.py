@@ -333,6 +333,13 @@ class Worker:
                 self._stopping.wait(delay * (0.5 + random.random() / 2))
                 delay = min(delay * 2, 5.0)
                 continue
+            except Exception:
+                # A surprise must not end the claim loop (the worker would idle forever, its
+                # process alive); runs this call leased come back when their leases expire.
+                log.exception("claim loop iteration failed; retrying in %.1fs", delay)
+                self._stopping.wait(delay * (0.5 + random.random() / 2))
+                delay = min(delay * 2, 5.0)
+                continue
             if claimed == 0:
                 self._sleep_until_woken(wait_s)
 

@@ -19,6 +19,14 @@ local unpack = unpack or table.unpack -- Lua 5.1 in Redis, 5.4 in some emulators
 
 local HISTORY_LEN = 32
 
+-- One command for many members (ZADD score member ..., ZREM member ...): one call instead of
+-- one per run; in chunks, since unpack is bounded by Lua's stack.
+local function bulk(command, key, args, step)
+  for lo = 1, #args, step do
+    redis.call(command, key, unpack(args, lo, math.min(#args, lo + step - 1)))
+  end
+end
+
 local function history(prefix, run_id, text)
   local key = prefix .. 'hist:' .. run_id
   -- Trim only when over the cap: one call instead of two on nearly every event.

@@ -28,6 +28,7 @@ local now = clock(ARGV[1])
 local prefix, limit, owner = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local default_lease, dead_retention = tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = {}
+local leases = {} -- score, member pairs: one ZADD for the call
 local claimed, expired, died = 0, 0, 0
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
@@ -70,7 +71,8 @@ local function take(run_id, key, run)
   local lease_until = now + lease
   redis.call('HSET', key, 'state', 'running', 'fence', fence, 'attempt', attempt,
              'owner', owner, 'lease_until', lease_until, 'started', now)
-  redis.call('ZADD', KEYS[2], lease_until, run_id)
+  leases[#leases + 1] = lease_until
+  leases[#leases + 1] = run_id
   local n = #out
   out[n + 1] = run_id; out[n + 2] = fence; out[n + 3] = attempt
   out[n + 4] = tonumber(run.max_attempts) or 1; out[n + 5] = run.task
@@ -144,7 +146,10 @@ if claimed < limit then
   end
 end
 
-if claimed > 0 then redis.call('HINCRBY', KEYS[4], 'claimed', claimed) end
+if claimed > 0 then
+  bulk('ZADD', KEYS[2], leases, 2000)
+  redis.call('HINCRBY', KEYS[4], 'claimed', claimed)
+end
 if expired > 0 then redis.call('HINCRBY', KEYS[4], 'lease_expired', expired) end
 if died > 0 then redis.call('HINCRBY', KEYS[4], 'dead', died) end
 

@@ -18,6 +18,7 @@
 local now = clock(ARGV[1])
 local prefix, retention = ARGV[2], tonumber(ARGV[3])
 local out = {}
+local ids, finished = {}, {} -- for one ZREM and one ZADD for the call
 local accepted, refused = 0, 0
 
 for i = 4, #ARGV, 3 do
@@ -31,15 +32,18 @@ for i = 4, #ARGV, 3 do
   else
     redis.call('HSET', key, 'state', 'done', 'result', ARGV[i + 2], 'finished', now)
     redis.call('HDEL', key, 'lease_until')
-    redis.call('ZREM', KEYS[1], run_id)
-    redis.call('ZADD', KEYS[2], now, run_id)
     expire_record(prefix, run_id, retention)
     accepted = accepted + 1
+    ids[accepted] = run_id
+    finished[2 * accepted - 1] = now
+    finished[2 * accepted] = run_id
     out[#out + 1] = {1, 'done'}
   end
 end
 
 if accepted > 0 then
+  bulk('ZREM', KEYS[1], ids, 1000)
+  bulk('ZADD', KEYS[2], finished, 2000)
   -- The done index only lists records that still exist: trim what retention expired.
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - retention)
   redis.call('HINCRBY', KEYS[3], 'completed', accepted)

@@ -22,6 +22,7 @@ local now = clock(ARGV[1])
 local prefix = ARGV[2]
 local STRIDE = 10
 local out = {now}
+local due_pairs = {} -- score, member: one ZADD for the call
 local created = 0
 
 for i = 3, #ARGV, STRIDE do
@@ -38,13 +39,15 @@ for i = 3, #ARGV, STRIDE do
     if timeout ~= '0' then redis.call('HSET', key, 'timeout_ms', timeout) end
     if job ~= '' then redis.call('HSET', key, 'job', job) end
     if sched ~= '' then redis.call('HSET', key, 'scheduled_for', sched) end
-    redis.call('ZADD', KEYS[1], due, run_id)
     created = created + 1
+    due_pairs[2 * created - 1] = due
+    due_pairs[2 * created] = run_id
     out[#out + 1] = 1
   end
 end
 
 if created > 0 then
+  bulk('ZADD', KEYS[1], due_pairs, 2000)
   redis.call('HINCRBY', KEYS[3], 'created', created)
   -- A token per created run up to 8 in the list: enough to wake several idle workers, never
   -- a growing list.

@@ -416,3 +416,26 @@ def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_t
     assert (run.state, run.result, run.fence, run.attempt) == ("done", "second", 2, 2)
     assert first_ctx[0].cancel_reason == "lease lost: fenced"
     assert worker.stats.rejected_commits == [(handle.run_id, 1, "fenced")]
+
+
+def test_an_unexpected_error_in_a_claim_does_not_end_the_claim_loop(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @fast_jq.task
+    def echo(x: int) -> int:
+        return x
+
+    worker = make_worker(fast_jq)
+    real_claim = worker._claim
+    failures: list[int] = []
+
+    def flaky(free: int) -> tuple[int, float]:
+        if not failures:
+            failures.append(free)
+            raise RuntimeError("a bug, not a Redis error")
+        return real_claim(free)
+
+    monkeypatch.setattr(worker, "_claim", flaky)
+    with running(worker):
+        run = finished(fast_jq, fast_jq.enqueue(echo, 7).run_id)
+    assert failures and (run.state, run.result) == ("done", 7)

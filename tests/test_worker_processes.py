@@ -174,7 +174,9 @@ def restart(srv: EmbeddedServer) -> None:
     def loaded() -> bool:
         try:
             return bool(probe.ping())
-        except redis.exceptions.BusyLoadingError:
+        # LOADING while it reads the AOF; refused in the moment between creating its socket
+        # file and listening on it.
+        except (redis.exceptions.BusyLoadingError, redis.exceptions.ConnectionError):
             return False
 
     wait_for(loaded, 20, "the restarted server to load its AOF")
