@@ -24,6 +24,7 @@ from . import metrics as metrics_mod
 from .base import Request
 from .cli_format import when
 from .cli_ops import COMMANDS, confirm, progress, table
+from .cli_repartition import repartition
 from .cli_top import top
 from .client import JobQueue
 from .connection import redact
@@ -393,9 +394,8 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
     for key, value in rows:
         click.echo(f"{key.ljust(width)}  {value}")
     click.echo("history:")
-    for line in run.history:
-        stamp, _, text = line.partition(" ")
-        click.echo(f"  {_ms_to_text(int(stamp)) if stamp.isdigit() else stamp}  {text}")
+    for ms, text in run.timeline():
+        click.echo(f"  {_ms_to_text(ms) if ms is not None else '?'}  {text}")
 
 
 _yes_option = click.option(
@@ -873,6 +873,7 @@ def jitter(jobs: int, window: int, prefix: str, as_json: bool) -> None:
 for _command in [*COMMANDS, top]:
     main.add_command(_command)
 main.add_command(dashboard)
+main.add_command(repartition)
 
 
 if __name__ == "__main__":  # pragma: no cover
