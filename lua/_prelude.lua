@@ -27,19 +27,26 @@ local function bulk(command, key, args, step)
   end
 end
 
+-- The record's 'hist' field says a history list exists, so a run that never had a notable
+-- event costs no list and no second expiry when it finishes.
 local function history(prefix, run_id, text)
   local key = prefix .. 'hist:' .. run_id
+  local length = redis.call('RPUSH', key, text)
+  if length == 1 then redis.call('HSET', prefix .. 'run:' .. run_id, 'hist', 1) end
   -- Trim only when over the cap: one call instead of two on nearly every event.
-  if redis.call('RPUSH', key, text) > HISTORY_LEN then
+  if length > HISTORY_LEN then
     redis.call('LTRIM', key, -HISTORY_LEN, -1)
   end
 end
 
--- Finished records expire after their retention; the history goes with them.
-local function expire_record(prefix, run_id, retention_ms)
+-- Finished records expire after their retention; the history goes with them. has_history
+-- false (the record's 'hist' field was absent) skips the list; nil means unknown.
+local function expire_record(prefix, run_id, retention_ms, has_history)
   if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', prefix .. 'run:' .. run_id, retention_ms)
-    redis.call('PEXPIRE', prefix .. 'hist:' .. run_id, retention_ms)
+    if has_history ~= false then
+      redis.call('PEXPIRE', prefix .. 'hist:' .. run_id, retention_ms)
+    end
   end
 end
 

@@ -38,11 +38,14 @@ local STATES = {pending = true, running = true, done = true, dead = true, cancel
 -- The record, or nil and the error when the key is not a hash: pcall, because one foreign
 -- key must not fail every claim of its partition (a poison pill for all workers).
 local function read(key)
-  local values = redis.pcall('HMGET', key, unpack(FIELDS))
-  if values.err then return nil, values.err end
-  local run = {}
-  for i, name in ipairs(FIELDS) do run[name] = values[i] or nil end
-  return run
+  local v = redis.pcall('HMGET', key, unpack(FIELDS))
+  if v.err then return nil, v.err end
+  -- One constructor, no loop: this runs for every claimed run. HMGET gives false for a
+  -- missing field; 'or nil' makes it nil like an absent table entry.
+  return {state = v[1] or nil, task = v[2] or nil, payload = v[3] or nil,
+          attempt = v[4] or nil, max_attempts = v[5] or nil, fence = v[6] or nil,
+          lease_ms = v[7] or nil, timeout_ms = v[8] or nil, job = v[9] or nil,
+          scheduled_for = v[10] or nil, due = v[11] or nil, owner = v[12] or nil}
 end
 
 local function bury(run_id, key, reason)
@@ -142,6 +145,8 @@ if claimed < limit then
     else
       -- A record in another state has no business in the due set: drop the stray entry.
       history(prefix, run_id, now .. ' stray due entry dropped (state ' .. run.state .. ')')
+      local ttl = redis.call('PTTL', key)  -- a finished record's history expires with it
+      if ttl > 0 then redis.call('PEXPIRE', prefix .. 'hist:' .. run_id, ttl) end
     end
   end
 end

@@ -350,7 +350,7 @@ def test_the_model_catches_a_complete_script_that_ignores_the_fence(
     import hashlib
 
     good = scripts()["complete"]
-    source = good.source.replace("local why = refusal(run, fence)", "local why = nil")
+    source = good.source.replace("  elseif current ~= fence then why = 'fenced'\n", "")
     assert source != good.source
     broken = Script("complete", source, hashlib.sha1(source.encode()).hexdigest())
     monkeypatch.setitem(scripts(), "complete", broken)

@@ -322,10 +322,12 @@ def test_claim_drops_a_stray_due_entry_of_a_run_in_another_state(
     before = redis_client.hgetall(pk.run("a"))
     assert claim(runner, pk, now=20).runs == []
     assert redis_client.zscore(pk.due, "a") is None
-    assert redis_client.hgetall(pk.run("a")) == before
+    assert redis_client.hgetall(pk.run("a")) == {**before, "hist": "1"}  # now has a history
     assert redis_client.lrange(pk.history("a"), -1, -1) == [
         "20 stray due entry dropped (state done)"
     ]
+    # The new history expires with the finished record instead of outliving it.
+    assert 0 < redis_client.pttl(pk.history("a")) <= redis_client.pttl(pk.run("a")) + 5
 
 
 def test_claim_drops_a_due_entry_whose_record_is_gone(
