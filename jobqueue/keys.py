@@ -2,15 +2,22 @@
 
 Layout (``{q#p}`` is the hash tag of partition p of queue q):
 
-    jq:{q#p}:run:<run_id>   hash   the run record
-    jq:{q#p}:hist:<run_id>  list   the run's history of attempts (capped)
+    jq:{q#p}:run:<run_id>   hash   the run record (fields at their default are not stored)
+    jq:{q#p}:hist:<run_id>  list   notable events the record cannot show (capped; the
+                                   record's 'hist' field says it exists)
     jq:{q#p}:due            zset   run_id -> due time (ms): the claimable queue
     jq:{q#p}:leases         zset   run_id -> lease expiry (ms): what is running
     jq:{q#p}:dead           zset   run_id -> time it died
     jq:{q#p}:done           zset   run_id -> finish time (done, cancelled); trimmed by retention
     jq:{q#p}:wake           list   wake tokens for idle workers
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
+    jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
+                                   repartition in progress; short-lived)
     jq:queues               hash   queue name -> partition count (global, plain commands only)
+    jq:queues:moving        hash   queue -> target count while a repartition is in progress
+    jq:workers              hash   worker id -> registry entry (global)
+
+Recurring jobs have their own partitions (``jq:{sched#k}:...``, see ``recurring.py``).
 """
 
 from __future__ import annotations
