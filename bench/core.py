@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     pipelined,
                 ),
                 Measurement(
-                    f"claim({CLAIM_LIMIT}) + pipelined complete",
+                    f"claim({CLAIM_LIMIT}) + batched complete",
                     n,
                     fastest(repeat, lambda: bench_claim_complete(server, n, warmup)),
                     TARGET_CLAIM_COMPLETE,

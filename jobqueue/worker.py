@@ -54,6 +54,7 @@ log = logging.getLogger("jobqueue.worker")
 MAX_CLAIM_BATCH = 500
 # Below the client's socket timeout, so a blocking wait never looks like a dead server.
 MAX_IDLE_WAIT_S = 2.0
+DRAIN_COMMIT_WAIT_S = 5.0
 STOPPED_BY_SECOND_SIGNAL = 1
 
 
@@ -183,7 +184,11 @@ class Worker:
         # run and, having reclaimed it, the current one; both need heartbeats (the stale one
         # to learn it was fenced out and stop) and both hold a slot.
         self._in_flight: dict[tuple[str, int], InFlight] = {}
+        # A slot is a run whose code holds it (a pool thread, a task on the loop); it frees
+        # when the outcome is handed to the committer, so claiming overlaps committing.
+        # Outcomes not yet committed are bounded too (backpressure when Redis is slow).
         self._busy_slots = 0
+        self._pending_commits = 0
         self._slot_freed = threading.Condition(self._lock)
         self._finished: queue_mod.SimpleQueue[Finished | None] = queue_mod.SimpleQueue()
         self._stopping = threading.Event()
@@ -308,7 +313,13 @@ class Worker:
 
     def _free_slots(self) -> int:
         with self._lock:
+            if self._pending_commits >= self.concurrency:
+                return 0
             return self.concurrency - self._busy_slots
+
+    def _full(self) -> bool:
+        # under self._lock
+        return self._busy_slots >= self.concurrency or self._pending_commits >= self.concurrency
 
     def _claim_loop(self) -> None:
         delay = 0.1
@@ -316,7 +327,7 @@ class Worker:
             free = self._free_slots()
             if free <= 0:
                 with self._lock:
-                    while self._busy_slots >= self.concurrency and not self._stopping.is_set():
+                    while self._full() and not self._stopping.is_set():
                         self._slot_freed.wait(1.0)
                 continue
             if free < self._batch_floor and free < self.concurrency:
@@ -505,6 +516,11 @@ class Worker:
 
     def _finish(self, item: Finished) -> None:
         item.entry.result_queued = True
+        with self._lock:
+            if item.frees_slot:
+                self._busy_slots -= 1
+            self._pending_commits += 1
+            self._slot_freed.notify_all()
         self._finished.put(item)
 
     # -- committing ------------------------------------------------------------------------
@@ -533,6 +549,7 @@ class Worker:
                 log.exception("commit of %d runs failed; their leases will expire", len(batch))
                 for item in batch:
                     self._abandon(item)
+                self._committed(batch)
 
     def _abandon(self, item: Finished) -> None:
         entry = item.entry
@@ -540,8 +557,6 @@ class Worker:
             entry.lease_lost = True
             entry.settled = True
             self.stats.rejected_commits.append((entry.run.run_id, entry.run.fence, "error"))
-        if item.frees_slot:
-            self._release_slot(entry)
 
     def _fail_call(self, item: Finished) -> Call:
         run, keys, settings = item.entry.run, item.entry.keys, self.jq.settings
@@ -580,7 +595,7 @@ class Worker:
                 self._settle(item, outcome)
         for item, reply in zip(failed, replies[len(done) :], strict=True):
             self._settle(item, ops.parse_outcome(reply))
-        self._release_slots(batch)
+        self._committed(batch)
 
     def _settle(self, item: Finished, outcome: ops.Outcome) -> None:
         """Record the outcome of one commit; the caller frees the slot (see _release_slots)."""
@@ -623,15 +638,14 @@ class Worker:
             )
         item.entry.settled = True
 
-    def _release_slots(self, items: list[Finished]) -> None:
-        """Free the slots of a committed batch: one lock and one wake-up for all of them."""
-        freed = [i.entry for i in items if i.frees_slot]
-        if not freed:
-            return
+    def _committed(self, items: list[Finished]) -> None:
+        """Forget a committed batch: one lock and one wake-up for all of it. A timed-out run's
+        entry stays until its stuck code returns (that outcome has frees_slot)."""
         with self._lock:
-            for entry in freed:
-                self._in_flight.pop((entry.run.run_id, entry.run.fence), None)
-            self._busy_slots -= len(freed)
+            for item in items:
+                if item.frees_slot:
+                    self._in_flight.pop((item.entry.run.run_id, item.entry.run.fence), None)
+            self._pending_commits -= len(items)
             self._slot_freed.notify_all()
 
     def _release_slot(self, entry: InFlight) -> None:
@@ -795,12 +809,22 @@ class Worker:
     # -- shutting down ---------------------------------------------------------------------
 
     def _drain(self) -> None:
-        """Let in-flight runs finish within the grace period, then hand the rest back."""
+        """Let in-flight runs finish within the grace period, let their commits land, then
+        hand the rest back."""
         deadline = time.monotonic() + self.grace
         with self._lock:
             while self._busy_slots > 0 and time.monotonic() < deadline:
                 self._slot_freed.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
-            leftover = [e for e in self._in_flight.values() if not e.settled]
+            # Finished runs' commits take a round trip; a Redis outage must not hold the
+            # shutdown forever (their leases expire and other workers reclaim them).
+            commit_deadline = max(deadline, time.monotonic() + DRAIN_COMMIT_WAIT_S)
+            while self._pending_commits > 0 and time.monotonic() < commit_deadline:
+                self._slot_freed.wait(min(0.1, max(commit_deadline - time.monotonic(), 0.001)))
+            # A run whose outcome waits for the committer is not handed back: its commit
+            # (still queued, sent before the committer stops) would then be refused.
+            leftover = [
+                e for e in self._in_flight.values() if not e.settled and not e.result_queued
+            ]
         if not leftover:
             return
         calls = [ops.release_call(e.keys, e.run.run_id, e.run.fence) for e in leftover]
