@@ -439,3 +439,32 @@ def test_an_unexpected_error_in_a_claim_does_not_end_the_claim_loop(
     with running(worker):
         run = finished(fast_jq, fast_jq.enqueue(echo, 7).run_id)
     assert failures and (run.state, run.result) == ("done", 7)
+
+
+def test_a_finished_run_whose_commit_is_still_in_flight_at_stop_is_committed_not_released(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slots free when the code returns, before the commit lands: a stop in between must
+    wait for the commit, never hand the finished run back (it would run again)."""
+
+    @fast_jq.task
+    def quick() -> str:
+        return "ran"
+
+    in_commit = threading.Event()
+    real_run_many = fast_jq.scripts.run_many
+
+    def slow_commits(calls: Any) -> Any:
+        if any(c.script == "complete" for c in calls):
+            in_commit.set()
+            time.sleep(0.5)  # the commit is on its way while the worker is told to stop
+        return real_run_many(calls)
+
+    monkeypatch.setattr(fast_jq.scripts, "run_many", slow_commits)
+    worker = make_worker(fast_jq, grace=0.1)
+    handle = fast_jq.enqueue(quick)
+    with running(worker):
+        assert in_commit.wait(10)
+    run = fast_jq.get_run(handle.run_id)
+    assert (run.state, run.result, run.attempt) == ("done", "ran", 1)
+    assert worker.stats.released == 0
