@@ -289,12 +289,17 @@ def enqueue(
         _enqueue_file(jq, task, from_file, delay, at, queue, as_json)
         return
     handle = jq.enqueue(task, *args, run_id=run_id, delay=delay, at=at, queue=queue, **kwargs)
+    _echo_handle(handle, as_json)
+
+
+def _echo_handle(handle: Any, as_json: bool, created_note: str = "") -> None:
+    """What enqueue and trigger print: created, or already there (nothing written)."""
     if as_json:
         click.echo(
             json.dumps({"run_id": handle.run_id, "queue": handle.queue, "created": handle.created})
         )
     elif handle.created:
-        click.echo(f"created {handle.run_id} in queue {handle.queue}")
+        click.echo(f"created {handle.run_id} in queue {handle.queue}{created_note}")
     else:
         click.echo(f"exists  {handle.run_id} in queue {handle.queue} (nothing written)")
 
@@ -662,15 +667,7 @@ def schedule_resume(state: State, job_id: str) -> None:
 def schedule_trigger(state: State, job_id: str, as_json: bool) -> None:
     """Run a recurring job now, with its own run id (<job>@manual-<now>); its schedule and
     counters are untouched. Each call is a new manual run."""
-    handle = state.jq().trigger(job_id)
-    if as_json:
-        click.echo(
-            json.dumps({"run_id": handle.run_id, "queue": handle.queue, "created": handle.created})
-        )
-    elif handle.created:
-        click.echo(f"created {handle.run_id} in queue {handle.queue}, due now")
-    else:
-        click.echo(f"exists  {handle.run_id} in queue {handle.queue} (nothing written)")
+    _echo_handle(state.jq().trigger(job_id), as_json, ", due now")
 
 
 def _cli_instant(text: str, what: str) -> datetime:
