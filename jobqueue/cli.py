@@ -10,6 +10,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -152,6 +153,9 @@ def load_app(spec: str) -> JobQueue:
     if not isinstance(app, JobQueue):
         raise ConfigError(f"{spec!r} is not a JobQueue (expected module:attribute, e.g. app:jq)")
     return app
+
+
+_EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
 
 
 def _ms_to_text(ms: int | None) -> str:
@@ -400,6 +404,8 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         click.echo(f"{key.ljust(width)}  {value}")
     click.echo("history:")
     for ms, text in run.timeline():
+        # the scripts write instants as epoch ms; show them like the rest
+        text = _EPOCH_MS.sub(lambda m: m.group(1) + _ms_to_text(int(m.group(2))), text)
         click.echo(f"  {_ms_to_text(ms) if ms is not None else '?'}  {text}")
 
 

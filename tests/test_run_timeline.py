@@ -100,3 +100,18 @@ def test_show_json_carries_the_timeline(
         {"at_ms": 150, "event": "claimed fence=1 attempt=1 owner=w1"},
         {"at_ms": 180, "event": "done fence=1"},
     ]
+
+
+def test_show_prints_the_instants_inside_history_entries_as_times(
+    jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    from click.testing import CliRunner
+
+    from jobqueue.cli import State, main
+
+    create(runner, pk, "a", now=1_700_000_000_000)
+    c = claim(runner, pk, "w1", now=1_700_000_000_100)
+    runner.run(ops.fail_call(pk, "a", c.fence, "boom", 60_000, 1, now=1_700_000_000_200))
+    out = CliRunner().invoke(main, ["show", "a", "--queue", "default"], obj=State(None, jq))
+    assert out.exit_code == 0, out.output
+    assert "retry at 2023-11-14" in out.output and "1700000060200" not in out.output
