@@ -189,6 +189,9 @@ class Worker:
         # Outcomes not yet committed are bounded too (backpressure when Redis is slow).
         self._busy_slots = 0
         self._pending_commits = 0
+        # Room for one batch being committed while the next one runs: claiming then overlaps
+        # committing on the server too.
+        self._max_pending = 2 * concurrency
         self._slot_freed = threading.Condition(self._lock)
         self._finished: queue_mod.SimpleQueue[Finished | None] = queue_mod.SimpleQueue()
         self._stopping = threading.Event()
@@ -313,13 +316,13 @@ class Worker:
 
     def _free_slots(self) -> int:
         with self._lock:
-            if self._pending_commits >= self.concurrency:
+            if self._pending_commits >= self._max_pending:
                 return 0
             return self.concurrency - self._busy_slots
 
     def _full(self) -> bool:
         # under self._lock
-        return self._busy_slots >= self.concurrency or self._pending_commits >= self.concurrency
+        return self._busy_slots >= self.concurrency or self._pending_commits >= self._max_pending
 
     def _claim_loop(self) -> None:
         delay = 0.1
