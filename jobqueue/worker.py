@@ -140,6 +140,8 @@ class Finished:
     result_json: str = "null"
     error: str = ""
     retry: bool = True
+    # The run's code has returned: its slot frees now, its entry goes at commit. False for a
+    # timeout's fail, sent while the stuck code still holds the slot.
     frees_slot: bool = True
 
 
@@ -494,8 +496,9 @@ class Worker:
             self._on_outcome(entry, value, None)
 
     def _on_outcome(self, entry: InFlight, value: Any, error: BaseException | None) -> None:
-        # A timed-out run was failed already: this late commit is sent all the same, is refused
-        # by the fence, and frees the slot the stuck code held.
+        # A run handed back at shutdown: its late result is discarded, its slot freed. (A
+        # timed-out run's late result goes on to the committer below: the fence refuses it,
+        # and that outcome frees the slot the stuck code held.)
         if entry.released:
             self._release_slot(entry)
             return
