@@ -572,9 +572,10 @@ class Worker:
             base = (task and task.options.backoff_base_ms) or int(settings.backoff_base_s * 1000)
             cap = (task and task.options.backoff_cap_ms) or int(settings.backoff_cap_s * 1000)
             delay = retry_delay_ms(run.attempt, base, cap)
-        return ops.fail_call(
-            keys, run.run_id, run.fence, item.error, delay, settings.dead_retention_ms
-        )
+        # An exception's text may hold lone surrogates (undecodable bytes): not UTF-8, so it
+        # could not be sent, and the whole commit batch would fail with it.
+        error = item.error.encode("utf-8", "replace").decode("utf-8")
+        return ops.fail_call(keys, run.run_id, run.fence, error, delay, settings.dead_retention_ms)
 
     def _commit(self, batch: list[Finished]) -> None:
         """One complete call per partition for the successes (one script call for many runs

@@ -468,3 +468,22 @@ def test_a_finished_run_whose_commit_is_still_in_flight_at_stop_is_committed_not
     run = fast_jq.get_run(handle.run_id)
     assert (run.state, run.result, run.attempt) == ("done", "ran", 1)
     assert worker.stats.released == 0
+
+
+def test_an_error_text_that_is_not_utf8_fails_its_run_and_spoils_no_other_commit(
+    fast_jq: JobQueue,
+) -> None:
+    @fast_jq.task(max_attempts=1)
+    def undecodable() -> None:
+        raise ValueError("bad bytes: \udcff")
+
+    @fast_jq.task
+    def fine() -> str:
+        return "ok"
+
+    with running(make_worker(fast_jq)):
+        bad = fast_jq.enqueue(undecodable)
+        good = [fast_jq.enqueue(fine) for _ in range(5)]
+        run = finished(fast_jq, bad.run_id)
+        assert (run.state, run.error) == ("dead", "ValueError: bad bytes: ?")
+        assert all(finished(fast_jq, h.run_id).result == "ok" for h in good)
