@@ -40,20 +40,32 @@ class RunSpec:
 
 
 def create_call(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Call:
+    """Runs in order; consecutive runs sharing task, attempts, lease and timeout form one
+    group whose shared fields are sent once (create_run.lua)."""
     args: list[str | int] = [_now(now), pk.prefix]
-    for s in specs:
-        args += [
-            s.run_id,
-            s.task,
-            s.payload,
-            "" if s.due_at_ms is None else s.due_at_ms,
-            s.delay_ms,
-            s.max_attempts,
-            s.lease_ms,
-            s.timeout_ms,
-            s.job_id,
-            "" if s.scheduled_for_ms is None else s.scheduled_for_ms,
-        ]
+    i, n = 0, len(specs)
+    while i < n:
+        first = specs[i]
+        head = (first.task, first.max_attempts, first.lease_ms, first.timeout_ms)
+        j = i + 1
+        while j < n and (
+            specs[j].task == head[0]
+            and specs[j].max_attempts == head[1]
+            and specs[j].lease_ms == head[2]
+            and specs[j].timeout_ms == head[3]
+        ):
+            j += 1
+        args += [j - i, *head]
+        for s in specs[i:j]:
+            args += [
+                s.run_id,
+                s.payload,
+                "" if s.due_at_ms is None else s.due_at_ms,
+                s.delay_ms,
+                s.job_id,
+                "" if s.scheduled_for_ms is None else s.scheduled_for_ms,
+            ]
+        i = j
     return Call("create_run", (pk.due, pk.wake, pk.stats), tuple(args))
 
 

@@ -5,9 +5,11 @@
 -- KEYS[3]  stats hash    jq:{q#p}:stats
 -- ARGV[1]  now ms, or '' for the server clock
 -- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3..] 10 fields per run:
---          run_id, task, payload (JSON), due_at (absolute ms or ''), delay_ms,
---          max_attempts, lease_ms, timeout_ms, job_id, scheduled_for (ms or '')
+-- ARGV[3..] groups: 5 header fields shared by the group's runs, then 6 fields per run:
+--          count, task, max_attempts, lease_ms, timeout_ms;
+--          then per run: run_id, payload (JSON), due_at (absolute ms or ''), delay_ms,
+--          job_id, scheduled_for (ms or '')
+--          (a batch is nearly always one group: a task's fields travel once, not per run)
 -- Returns  {now, r1, r2, ...}: per run 1 = created, 0 = already exists (nothing written).
 --
 -- A created run is pending, in the due zset at due_at or now + delay_ms, and a wake token is
@@ -20,30 +22,38 @@
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
-local STRIDE = 10
+local HEADER, STRIDE = 5, 6
 local out = {now}
 local due_pairs = {} -- score, member: one ZADD for the call
 local created = 0
 
-for i = 3, #ARGV, STRIDE do
-  local run_id = ARGV[i]
-  local key = prefix .. 'run:' .. run_id
-  if redis.call('EXISTS', key) == 1 then
-    out[#out + 1] = 0
-  else
-    local due = tonumber(ARGV[i + 3]) or (now + (tonumber(ARGV[i + 4]) or 0))
-    redis.call('HSET', key, 'state', 'pending', 'task', ARGV[i + 1], 'payload', ARGV[i + 2],
-      'due', due, 'max_attempts', ARGV[i + 5], 'created', now)
-    local lease, timeout, job, sched = ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9]
-    if lease ~= '0' then redis.call('HSET', key, 'lease_ms', lease) end
-    if timeout ~= '0' then redis.call('HSET', key, 'timeout_ms', timeout) end
-    if job ~= '' then redis.call('HSET', key, 'job', job) end
-    if sched ~= '' then redis.call('HSET', key, 'scheduled_for', sched) end
-    created = created + 1
-    due_pairs[2 * created - 1] = due
-    due_pairs[2 * created] = run_id
-    out[#out + 1] = 1
+local i = 3
+while i <= #ARGV do
+  local count = tonumber(ARGV[i])
+  local task, attempts, lease, timeout = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local j = i + HEADER
+  for _ = 1, count do
+    local run_id = ARGV[j]
+    local key = prefix .. 'run:' .. run_id
+    if redis.call('EXISTS', key) == 1 then
+      out[#out + 1] = 0
+    else
+      local due = tonumber(ARGV[j + 2]) or (now + (tonumber(ARGV[j + 3]) or 0))
+      redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', ARGV[j + 1],
+        'due', due, 'max_attempts', attempts, 'created', now)
+      if lease ~= '0' then redis.call('HSET', key, 'lease_ms', lease) end
+      if timeout ~= '0' then redis.call('HSET', key, 'timeout_ms', timeout) end
+      local job, sched = ARGV[j + 4], ARGV[j + 5]
+      if job ~= '' then redis.call('HSET', key, 'job', job) end
+      if sched ~= '' then redis.call('HSET', key, 'scheduled_for', sched) end
+      created = created + 1
+      due_pairs[2 * created - 1] = due
+      due_pairs[2 * created] = run_id
+      out[#out + 1] = 1
+    end
+    j = j + STRIDE
   end
+  i = j
 end
 
 if created > 0 then

@@ -268,3 +268,31 @@ def test_scripts_use_the_server_clock_when_no_now_is_given(
     runner.run(ops.release_call(pk, c.run_id, c.fence))
     hi = server_ms(redis_client)
     within(redis_client.zscore(pk.due, c.run_id) or 0)
+
+
+def test_create_run_batch_mixing_tasks_and_options_keeps_each_runs_own_fields(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """Consecutive runs with the same task and options share one group on the wire; a change
+    starts a new group, and the flags still come back in the callers' order."""
+    batch = [
+        spec("a1", task="a"),
+        spec("a2", task="a"),
+        spec("b1", task="b", lease_ms=9_000),
+        spec("a3", task="a", max_attempts=7),
+        spec("a4", task="a", timeout_ms=1_000, job_id="j", scheduled_for_ms=NOW - 1),
+    ]
+    assert create(runner, pk, spec("a2", task="a"), now=NOW) == [True]
+    assert create(runner, pk, *batch) == [True, False, True, True, True]
+    got = {r: redis_client.hgetall(pk.run(r)) for r in ("a1", "b1", "a3", "a4")}
+    assert (got["a1"]["task"], got["a1"]["max_attempts"], got["a1"].get("lease_ms")) == (
+        "a", "3", None
+    )
+    assert (got["b1"]["task"], got["b1"]["lease_ms"]) == ("b", "9000")
+    assert (got["a3"]["task"], got["a3"]["max_attempts"], got["a3"].get("lease_ms")) == (
+        "a", "7", None
+    )
+    assert (got["a4"]["timeout_ms"], got["a4"]["job"], got["a4"]["scheduled_for"]) == (
+        "1000", "j", str(NOW - 1)
+    )
+    assert len(ops.create_call(pk, batch).args) == 2 + 4 * 5 + 5 * 6  # 4 groups, 5 runs
