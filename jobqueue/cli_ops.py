@@ -25,9 +25,6 @@ from .keys import PartitionKeys
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
 pass_state = click.pass_obj
 
-# Older names, kept for code that imported them from here.
-_abs, _rel = abs_time, duration
-
 # Script calls per pipelined round trip in bulk commands (as enqueue_many's CREATE_CHUNK).
 BULK_CHUNK = 500
 
@@ -91,9 +88,9 @@ def leases(
             lease.pid or "?",
             lease.fence,
             lease.attempt,
-            _rel(lease.remaining_ms) + (" EXPIRED" if lease.expired else ""),
-            _abs(lease.lease_until_ms),
-            _rel(lease.running_for_ms),
+            duration(lease.remaining_ms) + (" EXPIRED" if lease.expired else ""),
+            abs_time(lease.lease_until_ms),
+            duration(lease.running_for_ms),
         ]
         for lease in found
     ]
