@@ -389,19 +389,8 @@ def dead_purge(
         click.echo("no dead runs to purge")
         return
     confirm(f"purge {len(ids)} dead run(s) for good?", yes)
-    groups: dict[Any, list[str]] = {}
-    for run_id in ids:
-        keys = jq.locate(run_id, queue)
-        if keys is not None:
-            groups.setdefault(keys, []).append(run_id)
-    purged = refused = 0
-    for keys, members in groups.items():
-        p, r = ops.parse_purge(jq.scripts.run(ops.purge_call(keys, members)))
-        purged, refused = purged + p, refused + r
-    click.echo(
-        f"purged {purged} dead run(s); {refused + len(ids) - sum(map(len, groups.values()))}"
-        " not dead or not found"
-    )
+    purged = jq.purge_dead(ids, queue)
+    click.echo(f"purged {purged} dead run(s); {len(ids) - purged} not dead or not found")
 
 
 @click.command()

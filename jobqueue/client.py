@@ -249,6 +249,18 @@ class JobQueue(ClientBase):
             raise cancel_refused(run_id, state)
         return state
 
+    def purge_dead(self, run_ids: Iterable[str], queue: str | None = None) -> int:
+        """Delete dead runs for good (record, history, dead-index entry), one purge call per
+        partition in one round trip. Runs no longer dead (requeued meanwhile) or not found are
+        left alone. Returns how many were purged."""
+        groups: dict[PartitionKeys, list[str]] = {}
+        for run_id in run_ids:
+            keys = self.locate(run_id, queue)
+            if keys is not None:
+                groups.setdefault(keys, []).append(run_id)
+        calls = [ops.purge_call(keys, members) for keys, members in groups.items()]
+        return sum(ops.parse_purge(reply)[0] for reply in self.scripts.run_many(calls))
+
     def requeue(self, run_id: str, queue: str | None = None) -> str:
         """Put a dead, cancelled or done run back to pending with its attempts reset."""
         keys = self._located(run_id, queue)

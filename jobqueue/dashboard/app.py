@@ -29,7 +29,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import inspect, ops
+from .. import inspect
 from ..cli_format import abs_time, duration, relative
 from ..client import JobQueue
 from ..errors import ConnectionFailed, JobQueueError
@@ -279,15 +279,8 @@ def _retry(jq: JobQueue, form: Form) -> str:
 
 def _purge(jq: JobQueue, form: Form) -> str:
     ids = [v for k, v in form if k == "run_id" and v]
-    groups: dict[Any, list[str]] = {}
-    for run_id in ids:
-        keys = jq.locate(run_id, _queue(form))
-        if keys is not None:
-            groups.setdefault(keys, []).append(run_id)
-    purged = 0
-    for keys, members in groups.items():
-        # The purge script deletes only runs still dead, like `jobqueue dead purge`.
-        purged += ops.parse_purge(jq.scripts.run(ops.purge_call(keys, members)))[0]
+    # Only runs still dead are deleted, as by `jobqueue dead purge` (the same client call).
+    purged = jq.purge_dead(ids, _queue(form))
     return f"purged {purged} of {len(ids)} dead run(s)"
 
 
