@@ -114,6 +114,24 @@ def _translate(call: Call, exc: BaseException) -> Exception:
     return ScriptError(f"script {call.script} failed: {exc}")
 
 
+def _noscript(replies: Sequence[Any]) -> list[int]:
+    """Indexes of pipelined calls the server refused with NOSCRIPT (to reload and re-send)."""
+    return [i for i, r in enumerate(replies) if _is_noscript(r)]
+
+
+def _fill(replies: list[Any], indexes: Sequence[int], again: Sequence[Any]) -> None:
+    for i, reply in zip(indexes, again, strict=True):
+        replies[i] = reply
+
+
+def _checked(calls: Sequence[Call], replies: list[Any]) -> list[Any]:
+    """The replies, or the first error reply raised as jobqueue's error for its call."""
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise _translate(call, reply) from reply
+    return replies
+
+
 # Connection classes whose send/read we drive directly (redis-py's own TCP, TLS and unix
 # socket connections); anything else (fakeredis, cluster, custom pools) takes the normal path.
 _DIRECT_CLASSES = (
@@ -255,18 +273,13 @@ class ScriptRunner:
             return []
         try:
             replies: list[Any] = self._pipelined(calls)
-            missing = [i for i, r in enumerate(replies) if _is_noscript(r)]
+            missing = _noscript(replies)
             if missing:
                 self.load(sorted({calls[i].script for i in missing}))
-                again = self._pipelined([calls[i] for i in missing])
-                for i, reply in zip(missing, again, strict=True):
-                    replies[i] = reply
+                _fill(replies, missing, self._pipelined([calls[i] for i in missing]))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise _translate(calls[0], exc) from exc
-        for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, Exception):
-                raise _translate(call, reply) from reply
-        return replies
+        return _checked(calls, replies)
 
 
 class AsyncScriptRunner:
@@ -299,17 +312,13 @@ class AsyncScriptRunner:
             for call in calls:
                 pipe.execute_command("EVALSHA", *call.evalsha_args())
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-            missing = [i for i, r in enumerate(replies) if _is_noscript(r)]
+            missing = _noscript(replies)
             if missing:
                 await self.load(sorted({calls[i].script for i in missing}))
                 pipe = self.client.pipeline(transaction=False)
                 for i in missing:
                     pipe.execute_command("EVALSHA", *calls[i].evalsha_args())
-                for i, reply in zip(missing, await pipe.execute(raise_on_error=False), strict=True):
-                    replies[i] = reply
+                _fill(replies, missing, await pipe.execute(raise_on_error=False))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise _translate(calls[0], exc) from exc
-        for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, Exception):
-                raise _translate(call, reply) from reply
-        return replies
+        return _checked(calls, replies)
