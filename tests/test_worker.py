@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import statistics
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from jobqueue import ops
+from jobqueue import worker as worker_module
 from jobqueue.client import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import Fatal
@@ -296,11 +296,12 @@ def test_fenced_write_refuses_a_stale_fence(fast_jq: JobQueue) -> None:
 def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue) -> None:
     @fast_jq.task
     def sleeper() -> str:
-        time.sleep(1.5)
+        time.sleep(2.5)
         return "slept"
 
-    # Two workers: the second would reclaim the run if the first stopped heartbeating.
-    with running(make_worker(fast_jq, lease=0.5)), running(make_worker(fast_jq, lease=0.5)):
+    # Two workers: the second would reclaim the run if the first stopped heartbeating. The lease
+    # is short next to the run, yet long enough that a loaded CI host cannot stall 2/3 of it.
+    with running(make_worker(fast_jq, lease=1.0)), running(make_worker(fast_jq, lease=1.0)):
         handle = fast_jq.enqueue(sleeper)
         run = finished(fast_jq, handle.run_id)
     # Claimed once (fence 1: no second claim ever happened) and its lease never expired.
@@ -311,21 +312,20 @@ def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue) -> None:
 # -- idling and the registry ---------------------------------------------------------------
 
 
-def test_run_enqueued_while_idle_starts_within_a_few_milliseconds(fast_jq: JobQueue) -> None:
+def test_run_enqueued_while_idle_is_started_by_its_wake_token_not_the_idle_timeout(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
     @fast_jq.task
     def noop() -> None:
         return None
 
-    latencies = []
+    # An idle wait (8 s: below the client's 10 s socket timeout, whose expiry would also end
+    # the wait) twice the test's patience: only the enqueue's wake token can start these runs.
+    monkeypatch.setattr(worker_module, "MAX_IDLE_WAIT_S", 8.0)
     with running(make_worker(fast_jq)):
         for _ in range(5):
-            time.sleep(0.3)  # the worker is asleep on the wake list (its idle wait is 2 s)
-            run = finished(fast_jq, fast_jq.enqueue(noop).run_id)
-            assert run.started_ms is not None and run.created_ms is not None
-            latencies.append(run.started_ms - run.created_ms)
-    # Loose: a wake token, not the 2 s idle timeout, started these runs.
-    assert statistics.median(latencies) < 50, latencies
-    assert max(latencies) < 500, latencies
+            time.sleep(0.3)  # the worker is asleep on the wake list
+            assert finished(fast_jq, fast_jq.enqueue(noop).run_id, timeout=4).state == "done"
 
 
 def test_worker_registers_itself_and_removes_itself_on_stop(fast_jq: JobQueue) -> None:
