@@ -94,4 +94,23 @@ def check(client: Any, url: str) -> None:
             raise ConnectionFailed(f"Redis at {redact(url)} refused: {exc}") from None
         raise
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise ConnectionFailed(f"cannot reach Redis at {redact(url)}: {exc}") from None
+        raise ConnectionFailed(
+            f"cannot reach Redis at {redact(url)}: {exc}{_tls_hint(url, str(exc))}"
+        ) from None
+
+
+def _tls_hint(url: str, error: str) -> str:
+    """What to put in the URL, for TLS refusals whose OpenSSL text does not say it.
+
+    A server that requires a client certificate (tls-auth-clients yes) refuses one without it
+    with a TLS 1.3 alert that races the client's first write: the client sees either the
+    alert or a bare EOF, so both get the hint when the URL names no certificate."""
+    if "CERTIFICATE_VERIFY_FAILED" in error:
+        return " (the server's certificate is not trusted: add ssl_ca_certs=<CA file> to the URL)"
+    refused = "CERTIFICATE_REQUIRED" in error or "EOF occurred in violation of protocol" in error
+    if refused and urlsplit(url).scheme.startswith("rediss") and "ssl_certfile=" not in url:
+        return (
+            " (if the server requires client certificates, add "
+            "ssl_certfile=<cert file>&ssl_keyfile=<key file> to the URL)"
+        )
+    return ""

@@ -2,7 +2,8 @@
 CA made by trustme), its default user disabled, and one ACL user limited to the ``jq:*`` keys
 and the commands jobqueue needs (README, "Recommended ACL"). Through a ``rediss://`` URL:
 enqueue -> a real worker -> result, and the CLI; a wrong password is exit code 3 with one
-line; the password appears in no log line and no CLI output.
+line; the password appears in no log line and no CLI output. With mutual TLS, a client
+certificate named in the URL (``ssl_certfile``/``ssl_keyfile``) is what gets a client in.
 
 Real server only, and no skip: the server binary the suite uses must support TLS
 (Debian's redis-server does); one that does not fails here loudly.
@@ -34,8 +35,9 @@ from redis.retry import Retry
 
 from jobqueue import JobQueue
 from jobqueue.cli import main
+from jobqueue.connection import check
 from jobqueue.embedded import EmbeddedServer, find_server_binary
-from jobqueue.errors import ConfigError
+from jobqueue.errors import ConfigError, ConnectionFailed
 from jobqueue.scheduler import Scheduler
 from jobqueue.worker import Worker
 
@@ -75,28 +77,35 @@ class TlsServer:
     port: int
     password: str
     ca: Path
+    client_cert: Path  # certificate and key files issued to a client by the same CA
+    client_key: Path
 
-    def url(self, password: str | None = None) -> str:
+    def url(self, password: str | None = None, *, client_cert: bool = False) -> str:
         pw = self.password if password is None else password
-        return f"rediss://{USER}:{pw}@127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca}"
+        url = f"rediss://{USER}:{pw}@127.0.0.1:{self.port}/0?ssl_ca_certs={self.ca}"
+        if client_cert:
+            url += f"&ssl_certfile={self.client_cert}&ssl_keyfile={self.client_key}"
+        return url
 
 
-@pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[TlsServer]:
+def start_tls_server(tmp_path: Path, *, require_client_cert: bool) -> TlsServer:
     ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    ca_file, cert_file, key_file = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    cert.cert_chain_pems[0].write_to_path(str(cert_file))
-    cert.private_key_pem.write_to_path(str(key_file))
+    server_cert = ca.issue_cert("127.0.0.1", "localhost")
+    client_cert = ca.issue_cert("jq-client@example.com")
+    files = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key", "ccert", "ckey")}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server_cert.cert_chain_pems[0].write_to_path(str(files["cert"]))
+    server_cert.private_key_pem.write_to_path(str(files["key"]))
+    client_cert.cert_chain_pems[0].write_to_path(str(files["ccert"]))
+    client_cert.private_key_pem.write_to_path(str(files["ckey"]))
     password = secrets.token_urlsafe(18)
     port = free_port()
     extra = (
         "--tls-port", str(port),
-        "--tls-cert-file", str(cert_file),
-        "--tls-key-file", str(key_file),
-        "--tls-ca-cert-file", str(ca_file),
-        "--tls-auth-clients", "no",
+        "--tls-cert-file", str(files["cert"]),
+        "--tls-key-file", str(files["key"]),
+        "--tls-ca-cert-file", str(files["ca"]),
+        "--tls-auth-clients", "yes" if require_client_cert else "no",
         "--user", "default", "off",
         "--user", USER, f">{password}", *ACL_RULE,
     )  # fmt: skip
@@ -109,10 +118,26 @@ def tls_server(tmp_path: Path) -> Iterator[TlsServer]:
         raise AssertionError(f"{hint} ({exc})") from None
     time.sleep(0.2)  # a bad TLS or ACL setting makes the server exit right after start
     assert server.process is not None and server.process.poll() is None, hint
+    return TlsServer(server, port, password, files["ca"], files["ccert"], files["ckey"])
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[TlsServer]:
+    tls = start_tls_server(tmp_path, require_client_cert=False)
     try:
-        yield TlsServer(server, port, password, ca_file)
+        yield tls
     finally:
-        server.stop()
+        tls.server.stop()
+
+
+@pytest.fixture
+def mtls_server(tmp_path: Path) -> Iterator[TlsServer]:
+    """Mutual TLS: the server refuses a client without a certificate from its CA."""
+    tls = start_tls_server(tmp_path, require_client_cert=True)
+    try:
+        yield tls
+    finally:
+        tls.server.stop()
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -244,6 +269,85 @@ def test_worker_process_logs_never_show_the_password(tls_server: TlsServer, tmp_
     assert proc.returncode == 0, logs[-3000:]
     assert "connected to rediss://jqapp:***@127.0.0.1" in logs
     assert tls_server.password not in logs
+
+
+def test_a_client_certificate_in_the_url_passes_mutual_tls_for_app_worker_and_cli(
+    mtls_server: TlsServer,
+) -> None:
+    url = mtls_server.url(client_cert=True)
+    app = JobQueue.from_url(url)
+
+    @app.task
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    worker = Worker(app, concurrency=2, lease=5.0, grace=5.0, install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        client = JobQueue.from_url(url)
+        client.declare_task("add")
+        run = client.enqueue("add", 2, 3, run_id="mtls").wait(timeout=20)
+        assert (run.state, run.result) == ("done", 5)
+        code, out = cli("--redis-url", url, "show", "mtls", "--json")
+        assert code == 0, out
+        assert json.loads(out)["result"] == 5
+    finally:
+        worker.stop()
+        thread.join(15)
+    assert not thread.is_alive()
+
+
+def test_no_client_certificate_against_mutual_tls_exits_3_with_one_line(
+    mtls_server: TlsServer,
+) -> None:
+    result = CliRunner().invoke(main, ["--redis-url", mtls_server.url(), "queues"])
+    assert result.exit_code == 3, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    assert "requires client certificates, add ssl_certfile=" in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    assert mtls_server.password not in result.output
+
+
+def test_an_untrusted_server_certificate_exits_3_saying_which_url_option_is_missing(
+    tls_server: TlsServer,
+) -> None:
+    url = tls_server.url().partition("?")[0]  # no ssl_ca_certs: the private CA is unknown
+    result = CliRunner().invoke(main, ["--redis-url", url, "queues"])
+    assert result.exit_code == 3, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not trusted: add ssl_ca_certs=" in lines[0], result.stderr
+    assert tls_server.password not in result.output
+
+
+class RefusingClient:
+    """A client whose PING fails the way redis-py reports a TLS refusal."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def ping(self) -> None:
+        raise redis.exceptions.ConnectionError(self.error)
+
+
+EOF_ERROR = "Error 8 while writing to socket. EOF occurred in violation of protocol (_ssl.c:2427)."
+
+
+def test_a_bare_tls_eof_also_gets_the_client_certificate_hint() -> None:
+    """The certificate-required alert races the first write: the client may see only an EOF."""
+    url = "rediss://jqapp:pw@host:6380/0?ssl_ca_certs=/ca.pem"
+    with pytest.raises(ConnectionFailed, match="add ssl_certfile=<cert file>&ssl_keyfile="):
+        check(RefusingClient(EOF_ERROR), url)
+
+
+def test_no_certificate_hint_when_the_url_has_one_or_is_not_tls() -> None:
+    with_cert = "rediss://h:6380/0?ssl_certfile=/c.pem&ssl_keyfile=/k.pem"
+    for url in (with_cert, "redis://h:6379/0"):
+        with pytest.raises(ConnectionFailed) as caught:
+            check(RefusingClient(EOF_ERROR), url)
+        assert "ssl_certfile" not in str(caught.value).replace(with_cert, "")
 
 
 def test_the_acl_allows_every_command_the_lua_scripts_call() -> None:
