@@ -138,6 +138,25 @@ def test_retry_button_on_a_dead_run_puts_it_back(jq: JobQueue, page: Page, base_
     assert jq.redis.zscore(keys.dead, rid) is None
 
 
+def test_purge_asks_for_confirmation_then_deletes_the_dead_run(
+    jq: JobQueue, page: Page, base_url: str
+) -> None:
+    rid = run_id("purged")
+    jq.enqueue("report", run_id=rid, queue="e2e-purge")
+    keys, fence = claimed(jq, "e2e-purge", rid)
+    jq.scripts.run(ops.fail_call(keys, rid, fence, "ValueError: boom", None, 60_000))
+    page.goto(f"{base_url}/dead")
+    with page.expect_navigation():
+        page.locator(f'#dead tr[data-run-id="{rid}"] button[data-action="purge"]').click()
+    assert "for good?" in page.locator("main, body").first.inner_text()
+    assert jq.redis.hget(keys.run(rid), "state") == "dead"  # nothing gone yet
+    with page.expect_navigation():
+        page.locator('button[data-action="confirm-purge"]').click()
+    assert page.locator(".flash").inner_text() == "purged 1 of 1 dead run(s)"
+    assert page.locator(f'#dead tr[data-run-id="{rid}"]').count() == 0
+    assert not jq.redis.exists(keys.run(rid)) and jq.redis.zscore(keys.dead, rid) is None
+
+
 def read_png_rgb(data: bytes) -> tuple[int, int, list[tuple[int, int, int]]]:
     """A tiny PNG reader (8-bit RGB/RGBA, not interlaced: what Chromium writes)."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from urllib.parse import urlencode
 
 import pytest
 from markupsafe import escape
@@ -179,12 +180,54 @@ def test_retry_button_puts_a_dead_run_back_to_pending(jq: JobQueue, client: Test
 def test_purge_deletes_dead_runs_only(jq: JobQueue, client: TestClient) -> None:
     kill(jq, "dead-1")
     jq.enqueue("report", run_id="alive")
-    post(client, "purge", "/dead", run_id="dead-1")
+    post(client, "purge", "/dead", run_id="dead-1", confirm="yes")
     assert jq.find_run("dead-1") is None
     assert "purged 1 of 1 dead run(s)" in client.get("/dead").text
-    post(client, "purge", "/run?id=alive", run_id="alive")
+    post(client, "purge", "/run?id=alive", run_id="alive", confirm="yes")
     assert jq.get_run("alive").state == "pending"
     assert "purged 0 of 1 dead run(s)" in client.get("/dead").text
+
+
+def hidden_fields(page: str) -> list[tuple[str, str]]:
+    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', page)
+
+
+def test_purge_first_shows_what_would_go_and_deletes_nothing(
+    jq: JobQueue, client: TestClient
+) -> None:
+    kill(jq, "dead-1")
+    kill(jq, "dead-2")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/dead").text)
+    assert token
+    data = {"csrf_token": token.group(1), "run_id": ["dead-1", "dead-2"], "next": "/dead"}
+    reply = client.post("/actions/purge", data=data)
+    assert reply.status_code == 200
+    assert "Purge 2 dead run(s) for good?" in reply.text
+    assert "<li>dead-1</li>" in reply.text and "<li>dead-2</li>" in reply.text
+    assert {jq.get_run(r).state for r in ("dead-1", "dead-2")} == {"dead"}
+
+    # The page's button re-posts the same selection with confirm=yes: then they go.
+    fields = hidden_fields(reply.text)
+    assert ("confirm", "yes") in fields and ("next", "/dead") in fields
+    done = client.post("/actions/purge", content=urlencode(fields),
+                       headers={"content-type": "application/x-www-form-urlencoded"})  # fmt: skip
+    assert done.status_code == 303 and done.headers["location"] == "/dead"
+    assert jq.find_run("dead-1") is None and jq.find_run("dead-2") is None
+
+
+def test_purge_confirmation_escapes_run_ids(jq: JobQueue, client: TestClient) -> None:
+    kill(jq, "dead-1")  # the page carries a form, hence a token, only when a run is dead
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/dead").text)
+    assert token
+    evil = "<script>alert(1)</script>"
+    reply = client.post("/actions/purge", data={"csrf_token": token.group(1), "run_id": evil})
+    assert reply.status_code == 200
+    assert evil not in reply.text and "&lt;script&gt;" in reply.text
+
+
+def test_purge_without_a_valid_csrf_token_shows_no_confirmation(client: TestClient) -> None:
+    reply = client.post("/actions/purge", data={"csrf_token": "forged", "run_id": "x"})
+    assert reply.status_code == 403
 
 
 def test_bulk_retry_takes_every_selected_run(jq: JobQueue, client: TestClient) -> None:

@@ -303,6 +303,10 @@ def _trigger(jq: JobQueue, form: Form) -> str:
     return f"created {handle.run_id} in queue {handle.queue}"
 
 
+# Actions that delete for good: the first POST only shows what would go; the second, with
+# confirm=yes, does it.
+CONFIRMED_ACTIONS = frozenset({"purge"})
+
 ACTIONS: dict[str, Callable[[JobQueue, Form], str]] = {
     "retry": _retry,
     "purge": _purge,
@@ -349,6 +353,13 @@ async def action(request: Request) -> Response:
     handler = ACTIONS.get(name)
     if handler is None:
         return PlainTextResponse(f"unknown action {name!r}", 404)
+    if name in CONFIRMED_ACTIONS and ("confirm", "yes") not in form:
+        # Destructive: a page that says what will go, whose button re-posts with confirm=yes
+        # (no JavaScript dialog; `jobqueue dead purge` asks for --yes the same way).
+        ids = [v for k, v in form if k == "run_id" and v]
+        kept = [(k, v) for k, v in form if k in ("run_id", "queue", "next")]
+        return render(request, "confirm.html", action=name, ids=ids, fields=kept,
+                      back=_back(form, "/dead"))  # fmt: skip
     try:
         message = await run_in_threadpool(handler, s.jq, form)
     except (JobQueueError, ValueError) as exc:
