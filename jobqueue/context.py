@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,6 +12,9 @@ from datetime import UTC, datetime
 from .errors import JobQueueError
 
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("jobqueue_run")
+
+# The worker's fenced-write call: (resource, value, fence, run_id, ttl seconds or None) -> written.
+Writer = Callable[[str, str, int, str, "float | None"], bool]
 
 
 class CancelFlag:
@@ -61,7 +65,7 @@ class RunContext:
     scheduled_for_ms: int | None
     cancelled: CancelFlag = field(default_factory=CancelFlag)
     cancel_reason: str | None = None
-    _writer: Callable[[str, str, int, str], bool] | None = field(default=None, repr=False)
+    _writer: Writer | None = field(default=None, repr=False)
 
     @property
     def scheduled_for(self) -> datetime | None:
@@ -78,13 +82,17 @@ class RunContext:
             self.cancel_reason = reason
             self.cancelled.set()
 
-    def fenced_write(self, resource: str, value: str) -> bool:
-        """Write ``value`` to a Redis resource that accepts only fences >= the last it saw
-        (kept in this run's partition). Returns False when a newer attempt already wrote:
-        this attempt is stale and must not apply its side effect elsewhere either."""
+    def fenced_write(self, resource: str, value: str, *, ttl: float | None = None) -> bool:
+        """Write ``value`` to a Redis resource (kept in this run's partition) if this attempt
+        still holds its run's lease and no newer fence has written the resource. Returns
+        False otherwise: this attempt is stale and must not apply its side effect elsewhere
+        either. ``ttl`` (seconds) makes the resource expire that long after each accepted
+        write, for resources per run; without it the resource is kept until deleted."""
         if self._writer is None:
             raise JobQueueError("fenced_write is only available inside a worker")
-        return self._writer(resource, value, self.fence, self.run_id)
+        if ttl is not None and not (ttl > 0 and math.isfinite(ttl)):
+            raise ValueError(f"fenced_write ttl must be positive seconds, got {ttl!r}")
+        return self._writer(resource, value, self.fence, self.run_id, ttl)
 
 
 def current_run() -> RunContext:

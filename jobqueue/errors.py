@@ -38,6 +38,10 @@ class OperationRefused(JobQueueError):
     """The run is in a state that does not allow the operation (e.g. cancel a finished run)."""
 
 
+class UnknownQueue(OperationRefused, LookupError):
+    """A queue name no run or worker ever used: most likely a typo, never shown as empty."""
+
+
 class ScriptError(JobQueueError):
     """A Lua script failed inside Redis: a bug or a corrupted key, never a user mistake."""
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .client import JobQueue
+from .errors import UnknownQueue
 from .keys import WORKERS_KEY, PartitionKeys
 from .models import Run
 from .recurring import Definition, JobState, ScheduleInfo
@@ -78,7 +79,10 @@ class WorkerInfo:
 
 def _partitions(jq: JobQueue, queue: str | None) -> list[PartitionKeys]:
     recorded = jq.queues()
-    queues = {queue: recorded.get(queue, jq.partitions_of(queue))} if queue else recorded
+    if queue and queue not in recorded:
+        known = ", ".join(sorted(recorded)) or "none yet"
+        raise UnknownQueue(f"no queue {queue!r} in Redis (known: {known})")
+    queues = {queue: recorded[queue]} if queue else recorded
     return [PartitionKeys(q, p) for q, count in sorted(queues.items()) for p in range(count)]
 
 
@@ -240,21 +244,41 @@ def runs(
                 pipe.zrevrange(key, 0, window - 1)
             else:
                 pipe.zrange(key, 0, window - 1)
-            plan.append(k)
-    ids = [(k, rid) for k, rows in zip(plan, pipe.execute(), strict=True) for rid in rows]
+            plan.append((k, index))
+    replies = pipe.execute()
+    ids = [(k, index, rid) for (k, index), rows in zip(plan, replies, strict=True) for rid in rows]
     if job:
-        ids = [(k, rid) for k, rid in ids if rid.rpartition("@")[0] == job or rid == job]
+        ids = [(k, i, rid) for k, i, rid in ids if rid.rpartition("@")[0] == job or rid == job]
     pipe = jq.redis.pipeline(transaction=False)
-    for k, rid in ids:
+    for k, _, rid in ids:
         pipe.hgetall(k.run(rid))
     out = []
-    for (k, rid), fields in zip(ids, pipe.execute(), strict=True):
+    for (k, index, rid), fields in zip(ids, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(fields, Exception):
+            # A listed key that is not a run record (claim.lua dead-letters such keys): shown,
+            # so that an operator can purge the listing, instead of failing the whole listing.
+            error = f"not a run record: {fields}"[:300]
+            fields = {"state": "dead" if index == "dead" else "unknown", "error": error}
         if not fields or (state and fields.get("state") != state):
             continue
-        out.append(Run.from_hash(rid, k.partition, fields, [], k.queue))
+        out.append((k, rid, fields))
         if len(out) >= limit:
             break
-    return out
+    # The history of the runs that have one (the record's 'hist' flag), in one more round
+    # trip: a listing shows the same run as `show` does, its timeline included.
+    pipe = jq.redis.pipeline(transaction=False)
+    with_history = [(k, rid) for k, rid, fields in out if fields.get("hist")]
+    for k, rid in with_history:
+        pipe.lrange(k.history(rid), 0, -1)
+    found = pipe.execute(raise_on_error=False) if with_history else []
+    histories = {
+        (k.queue, k.partition, rid): lines if isinstance(lines, list) else []
+        for (k, rid), lines in zip(with_history, found, strict=True)
+    }
+    return [
+        Run.from_hash(rid, k.partition, f, histories.get((k.queue, k.partition, rid), []), k.queue)
+        for k, rid, f in out
+    ]
 
 
 def schedules(jq: JobQueue, *, limit: int = 1000, scan_count: int = 500) -> list[ScheduleInfo]:

@@ -110,6 +110,12 @@ class PartitionKeys:
         return self.prefix + "dead"
 
     @cached_property
+    def fences(self) -> str:
+        """The last fence issued in this partition: every claim or cancel issues a greater one,
+        so a run id created again after its record expired never reuses an old fence."""
+        return self.prefix + "fences"
+
+    @cached_property
     def done(self) -> str:
         return self.prefix + "done"
 

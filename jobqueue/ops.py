@@ -110,7 +110,7 @@ def claim_call(
 ) -> Call:
     return Call(
         "claim",
-        (pk.due, pk.leases, pk.dead, pk.stats),
+        (pk.due, pk.leases, pk.dead, pk.stats, pk.fences),
         (_now(now), pk.prefix, limit, owner, lease_ms, dead_retention_ms),
     )
 
@@ -242,7 +242,7 @@ def cancel_call(
 ) -> Call:
     return Call(
         "cancel",
-        (pk.due, pk.leases, pk.done, pk.stats),
+        (pk.due, pk.leases, pk.done, pk.stats, pk.fences),
         (_now(now), pk.prefix, run_id, retention_ms, reason),
     )
 
@@ -257,9 +257,19 @@ def parse_state_change(reply: Sequence[Any]) -> tuple[bool, str]:
 
 
 def fenced_write_call(
-    pk: PartitionKeys, resource: str, fence: int, value: str, run_id: str, now: NowArg = None
+    pk: PartitionKeys,
+    resource: str,
+    fence: int,
+    value: str,
+    run_id: str,
+    ttl_ms: int = 0,
+    now: NowArg = None,
 ) -> Call:
-    return Call("fenced_write", (pk.fence_resource(resource),), (_now(now), fence, value, run_id))
+    return Call(
+        "fenced_write",
+        (pk.fence_resource(resource), pk.run(run_id)),
+        (_now(now), fence, value, run_id, ttl_ms),
+    )
 
 
 def parse_fenced_write(reply: Sequence[Any]) -> tuple[bool, int]:

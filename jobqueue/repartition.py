@@ -339,6 +339,25 @@ def _fold_stats(r: Any, queue: str, partition: int, count: int) -> bool:
     return bool(counters or staged)
 
 
+def _carry_fences(r: Any, queue: str, old_stop: int, count: int) -> None:
+    """Every new partition's fence counter starts at the highest of all the old ones, so no
+    claim after the move reissues a fence a run id had before it (its run may have moved, or
+    its record expired and the id be created again in another partition). Raised before the
+    counters of vanishing partitions are deleted: a re-run after a crash finds them again."""
+    keys = [PartitionKeys(queue, p).fences for p in range(max(old_stop, count))]
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)  # one key per command: partitions live in different cluster slots
+    highest = max((int(v) for v in pipe.execute() if v is not None), default=0)
+    pipe = r.pipeline(transaction=False)
+    for p in range(count):
+        if highest:
+            pipe.set(keys[p], highest)  # never lower: highest is at least its current value
+    for p in range(count, old_stop):
+        pipe.delete(keys[p])
+    pipe.execute()
+
+
 def repartition(
     jq: JobQueue,
     queue: str,
@@ -374,6 +393,7 @@ def repartition(
     for p in range(count, partitions.stop):
         if _fold_stats(r, queue, p, count):
             report.folded.append((p, fold_target(p, count)))
+    _carry_fences(r, queue, partitions.stop, count)
     _refuse_if_busy(jq, queue, partitions)  # a worker started during the move
     r.hset(QUEUES_KEY, queue, count)
     r.hdel(MOVING_KEY, queue)

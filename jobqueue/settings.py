@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -24,21 +25,30 @@ class Settings:
     def __post_init__(self) -> None:
         if self.max_payload_bytes <= 0:
             raise ConfigError("max_payload_bytes must be positive")
-        if self.done_retention_s <= 0 or self.dead_retention_s <= 0:
+        if not (_positive(self.done_retention_s) and _positive(self.dead_retention_s)):
             raise ConfigError("retention must be positive (records must expire)")
-        if self.default_lease_s <= 0:
+        if not _positive(self.default_lease_s):
             raise ConfigError("default_lease_s must be positive")
         if self.default_max_attempts < 1:
             raise ConfigError("default_max_attempts must be at least 1")
 
     @property
     def done_retention_ms(self) -> int:
-        return int(self.done_retention_s * 1000)
+        return _ms(self.done_retention_s)
 
     @property
     def dead_retention_ms(self) -> int:
-        return int(self.dead_retention_s * 1000)
+        return _ms(self.dead_retention_s)
 
     @property
     def default_lease_ms(self) -> int:
-        return int(self.default_lease_s * 1000)
+        return _ms(self.default_lease_s)
+
+
+def _positive(seconds: float) -> bool:
+    return seconds > 0 and math.isfinite(seconds)  # NaN compares False to everything
+
+
+def _ms(seconds: float) -> int:
+    """Whole milliseconds, at least 1: the scripts read 0 as 'no expiry' / 'no lease'."""
+    return max(1, round(seconds * 1000))

@@ -40,7 +40,7 @@ import redis
 from . import ops
 from .backoff import retry_delay_ms
 from .client import JobQueue
-from .context import RunContext, bind, unbind
+from .context import RunContext, Writer, bind, unbind
 from .errors import ConnectionFailed, Fatal, JobQueueError, PayloadError, UnknownTask
 from .keys import WORKERS_KEY, PartitionKeys
 from .logs import run_fields
@@ -203,7 +203,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
-        self._writers: dict[PartitionKeys, Callable[[str, str, int, str], bool]] = {}
+        self._writers: dict[PartitionKeys, Writer] = {}
         self._batch_floor = max(1, min(concurrency // 4, 64))
         self._started_ms = 0
 
@@ -805,9 +805,10 @@ class Worker:
 
     # -- fenced writes ---------------------------------------------------------------------
 
-    def _writer_for(self, keys: PartitionKeys) -> Callable[[str, str, int, str], bool]:
-        def write(resource: str, value: str, fence: int, run_id: str) -> bool:
-            call = ops.fenced_write_call(keys, resource, fence, value, run_id)
+    def _writer_for(self, keys: PartitionKeys) -> Writer:
+        def write(resource: str, value: str, fence: int, run_id: str, ttl: float | None) -> bool:
+            ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
+            call = ops.fenced_write_call(keys, resource, fence, value, run_id, ttl_ms)
             ok, _ = ops.parse_fenced_write(self.jq.scripts.run(call))
             return ok
 

@@ -60,9 +60,12 @@ local function refusal(run, fence)
   return nil
 end
 
+-- The named fields of a run record; a key that is not a hash reads as no record (refused as
+-- 'unknown') rather than an error that would abort a batched script half-way.
 local function load_run(key, ...)
-  local values = redis.call('HMGET', key, ...)
+  local values = redis.pcall('HMGET', key, ...)
   local run = {}
+  if values.err then return run end
   for i, name in ipairs({...}) do run[name] = values[i] or nil end -- HMGET gives false for nil
   return run
 end

@@ -4,6 +4,7 @@
 -- KEYS[2]  leases zset   jq:{q#p}:leases
 -- KEYS[3]  dead zset     jq:{q#p}:dead
 -- KEYS[4]  stats hash    jq:{q#p}:stats
+-- KEYS[5]  fence counter jq:{q#p}:fences (the last fence issued in the partition)
 -- ARGV[1]  now ms, or '' for the server clock
 -- ARGV[2]  key prefix    jq:{q#p}:
 -- ARGV[3]  N, the most runs to claim
@@ -17,8 +18,12 @@
 --          (ms), or -1 when there is none: the worker sleeps on the wake list until then.
 --
 -- Runs whose lease expired are taken first (their worker died or stalled); each expiry counts
--- an attempt and a run past max_attempts goes to the dead set instead. Every claim increments
--- the fence, so the previous holder's heartbeat and commit are refused from now on.
+-- an attempt and a run past max_attempts goes to the dead set instead. Every claim issues a
+-- new fence, greater than the run's and than any issued before in the partition, so the
+-- previous holder's heartbeat and commit are refused from now on, even by a new life of the
+-- same run id (created again after its record expired).
+--
+-- Dead index entries older than the dead retention (their records have expired) are trimmed.
 --
 -- A claim writes no history entry: the record holds the current attempt (owner, fence,
 -- attempt, started). The history keeps what the record cannot: how earlier attempts ended
@@ -30,6 +35,7 @@ local default_lease, dead_retention = tonumber(ARGV[5]), tonumber(ARGV[6])
 local out = {}
 local leases = {} -- score, member pairs: one ZADD for the call
 local claimed, expired, died = 0, 0, 0
+local last_fence = nil -- the partition's fence counter, read at the first claim
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
                 'timeout_ms', 'job', 'scheduled_for', 'due', 'owner'}
@@ -67,7 +73,9 @@ local function bury_foreign(run_id)
 end
 
 local function take(run_id, key, run)
-  local fence = (tonumber(run.fence) or 0) + 1
+  if not last_fence then last_fence = tonumber(redis.call('GET', KEYS[5])) or 0 end
+  local fence = math.max(last_fence, tonumber(run.fence) or 0) + 1
+  last_fence = fence
   local attempt = (tonumber(run.attempt) or 0) + 1
   local lease = tonumber(run.lease_ms) or 0
   if lease <= 0 then lease = default_lease end
@@ -85,15 +93,22 @@ local function take(run_id, key, run)
   claimed = claimed + 1
 end
 
+-- A whole number in [lo, 2^53]: tonumber also reads 'nan', 'inf' and fractions, which would
+-- make a run never reach its max_attempts or a fence never equal itself.
+local function whole(v, lo)
+  local n = tonumber(v)
+  return n ~= nil and n == n and n >= lo and n <= 9007199254740992 and n == math.floor(n)
+end
+
 -- A record that cannot be run is dead-lettered with the reason, never handed to a worker.
 -- Fields at their default are absent (create_run stores only what differs), so only a
 -- present, non-numeric fence or attempt is corrupt.
 local function corrupt(run)
   if not run.task or run.task == '' then return 'corrupt record: no task' end
   if not run.payload then return 'corrupt record: no payload' end
-  if not tonumber(run.max_attempts) then return 'corrupt record: bad max_attempts' end
-  if run.fence and not tonumber(run.fence) then return 'corrupt record: bad fence' end
-  if run.attempt and not tonumber(run.attempt) then return 'corrupt record: bad attempt' end
+  if not whole(run.max_attempts, 1) then return 'corrupt record: bad max_attempts' end
+  if run.fence and not whole(run.fence, 0) then return 'corrupt record: bad fence' end
+  if run.attempt and not whole(run.attempt, 0) then return 'corrupt record: bad attempt' end
   return nil
 end
 
@@ -154,6 +169,10 @@ end
 if claimed > 0 then
   bulk('ZADD', KEYS[2], leases, 2000)
   redis.call('HINCRBY', KEYS[4], 'claimed', claimed)
+  redis.call('SET', KEYS[5], last_fence)
+end
+if dead_retention and dead_retention > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - dead_retention)
 end
 if expired > 0 then redis.call('HINCRBY', KEYS[4], 'lease_expired', expired) end
 if died > 0 then redis.call('HINCRBY', KEYS[4], 'dead', died) end

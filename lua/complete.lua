@@ -25,7 +25,10 @@ for i = 4, #ARGV, 3 do
   local run_id, fence = ARGV[i], tonumber(ARGV[i + 1])
   local key = prefix .. 'run:' .. run_id
   -- refusal() inlined, on the three fields: this loop is the commit path of every run.
-  local v = redis.call('HMGET', key, 'state', 'fence', 'hist')
+  -- pcall: a key that is not a hash answers 'unknown' for its run alone; an error would
+  -- abort the script half-way through the batch (Redis does not roll back).
+  local v = redis.pcall('HMGET', key, 'state', 'fence', 'hist')
+  if v.err then v = {false, false, false} end
   local state, current = v[1], tonumber(v[2]) or 0
   local why = nil
   if not state then why = 'unknown'
@@ -53,7 +56,9 @@ if accepted > 0 then
   bulk('ZREM', KEYS[1], ids, 1000)
   bulk('ZADD', KEYS[2], finished, 2000)
   -- The done index only lists records that still exist: trim what retention expired.
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - retention)
+  if retention and retention > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - retention)
+  end
   redis.call('HINCRBY', KEYS[3], 'completed', accepted)
 end
 if refused > 0 then redis.call('HINCRBY', KEYS[3], 'rejected', refused) end

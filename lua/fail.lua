@@ -46,6 +46,9 @@ end
 
 redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished', now)
 redis.call('ZADD', KEYS[3], now, run_id)
+if dead_retention and dead_retention > 0 then -- entries whose records expired
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - dead_retention)
+end
 history(prefix, run_id, now .. ' dead fence=' .. fence .. ' attempt=' .. attempt ..
         ' owner=' .. (run.owner or '?') .. ': ' .. string.sub(err, 1, 200))
 expire_record(prefix, run_id, dead_retention)

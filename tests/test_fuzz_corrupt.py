@@ -45,6 +45,10 @@ CORRUPTIONS = [
     Corruption("payload", '{"args": 5}', "dead", "must hold a list"),
     Corruption("max_attempts", "many", "dead", "bad max_attempts"),
     Corruption("max_attempts", MISSING, "dead", "bad max_attempts"),
+    Corruption("max_attempts", "nan", "dead", "bad max_attempts"),
+    Corruption("max_attempts", "inf", "dead", "bad max_attempts"),
+    Corruption("max_attempts", "0", "dead", "bad max_attempts"),
+    Corruption("max_attempts", "2.5", "dead", "bad max_attempts"),
     Corruption("lease_until", "soon", "done"),
     Corruption("due", "tomorrow", "done"),
     Corruption("lease_ms", "long", "done"),
@@ -57,7 +61,9 @@ STATE_AND_FENCE = [
     Corruption("state", MISSING, "dead", "corrupt record"),
     Corruption("state", "garbage", "dead", "corrupt record"),
     Corruption("fence", "abc", "dead", "corrupt record"),
+    Corruption("fence", "nan", "dead", "corrupt record"),
     Corruption("attempt", "one", "dead", "corrupt record"),
+    Corruption("attempt", "-inf", "dead", "corrupt record"),
 ]
 
 
@@ -130,6 +136,25 @@ def test_a_run_key_of_the_wrong_type_is_dead_lettered_not_a_poison_pill(
     with running(make_worker(jq, lease=2.0)):
         wait_for(lambda: jq.get_run("canary").state == "done", 5, "the canary run")
     assert redis_client.zscore(jq.keys_for("default", "victim").dead, "victim") is not None
+
+
+def test_a_dead_listed_key_of_the_wrong_type_is_listed_and_purged_by_the_cli(
+    redis_client: Any,
+) -> None:
+    jq = JobQueue(redis_client)
+    keys = jq.keys_for("default", "victim")
+    jq.declare_task("t")
+    jq.enqueue("t", run_id="victim")
+    redis_client.delete(keys.run("victim"))
+    redis_client.set(keys.run("victim"), "not a hash")
+    jq.scripts.run(ops.claim_call(keys, 1, "w", 30_000, 60_000))  # dead-letters the key
+    assert "victim" in cli(jq, "dead", "list")
+    listed = json.loads(cli(jq, "runs", "--state", "dead", "--json"))
+    assert [(x["run_id"], x["state"]) for x in listed] == [("victim", "dead")]
+    assert "not a run record" in listed[0]["error"]
+    cli(jq, "dead", "purge", "victim", "--yes")
+    assert redis_client.zscore(keys.dead, "victim") is None
+    assert redis_client.get(keys.run("victim")) == "not a hash"  # someone else's key: kept
 
 
 # -- the CLI -------------------------------------------------------------------------------

@@ -1,21 +1,24 @@
 """Model-based test of the run state machine: hypothesis drives the real Lua scripts (through
 ``ScriptRunner`` and ``jobqueue.ops``, with an explicit clock) with random interleavings of
 create (batched, duplicate run ids included), claim (batched, with a lease), heartbeat,
-complete, fail (retry with backoff, or dead), cancel, release, requeue and clock advances
-(past lease expiry included), and compares every reply with a small pure-Python reference
+complete, fail (retry with backoff, or dead), cancel, release, requeue, the expiry of a
+finished record (and the creation of its run id again) and clock advances (past lease expiry
+included), and compares every reply with a small pure-Python reference
 model. After every step it checks the invariants:
 
-- a run's fence never decreases;
+- a run's fence never decreases, and every claim or cancel issues a fence greater than any
+  issued before in the partition (one counter per partition);
 - at most one commit (complete, or fail to dead) is accepted per life of a run (a requeue
-  starts a new life), and a commit with a stale fence is always refused;
+  starts a new life), and a commit with a stale fence is always refused, including one from
+  an earlier record of the same run id (its record expired and the run id was created again);
 - a run is in exactly one place: the due zset (pending), the leases zset (running), the dead
   zset (dead) or the done zset (done, cancelled), matching the state field of its hash;
 - the leases zset is consistent with the hashes: member iff running, score == lease_until;
 - no key is leaked: every key under ``jq:`` is one the model accounts for.
 
 Runs on both backends; each hypothesis example gets a fresh fakeredis server or a flushed
-real one. ``test_the_model_catches_a_complete_script_that_ignores_the_fence`` breaks a copy of
-complete.lua and shows the machine finds the violation, so the test can fail.
+real one. ``test_the_model_catches_a_broken_script`` breaks a copy of complete.lua (ignoring the
+fence) or claim.lua (fences per record) and shows the machine finds the violation.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class ModelRun:
     due: int = 0
     lease_until: int | None = None
     commits: int = 0  # accepted commits in this life (reset by requeue)
+    record: int = 0  # which record of this run id (a new one after the old one expired)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Holding:
     run_id: str
     fence: int
     owner: str
+    record: int
 
 
 def refusal(run: ModelRun | None, fence: int) -> str | None:
@@ -111,6 +116,8 @@ class RunStateMachine(RuleBasedStateMachine):
         self.runs: dict[str, ModelRun] = {}
         self.holdings: list[Holding] = []
         self.seen_fence: dict[str, int] = {}
+        self.last_fence = 0  # the partition's fence counter
+        self.records: dict[str, int] = {}  # records created per run id
 
     def teardown(self) -> None:
         self.client.close()
@@ -131,6 +138,8 @@ class RunStateMachine(RuleBasedStateMachine):
         why = refusal(run, h.fence)
         if run is not None and h.fence < run.fence:
             assert not outcome.accepted, f"stale fence {h.fence} < {run.fence} accepted"
+        if run is not None and h.record != run.record:
+            assert not outcome.accepted, f"a holder of an expired record of {h.run_id} accepted"
         assert outcome.accepted == (why is None), (h, why, outcome)
         if why is not None:
             assert outcome.status == why, (h, outcome)
@@ -154,8 +163,12 @@ class RunStateMachine(RuleBasedStateMachine):
             fresh = run_id not in self.runs
             expected.append(fresh)
             if fresh:
+                self.records[run_id] = self.records.get(run_id, 0) + 1
                 self.runs[run_id] = ModelRun(
-                    "pending", max_attempts=max_attempts, due=self.now + delay
+                    "pending",
+                    max_attempts=max_attempts,
+                    due=self.now + delay,
+                    record=self.records[run_id],
                 )
         assert created == expected
 
@@ -184,10 +197,11 @@ class RunStateMachine(RuleBasedStateMachine):
         assert [c.run_id for c in result.runs] == expected
         for c in result.runs:
             m = self.runs[c.run_id]
-            m.state, m.fence, m.attempt = "running", m.fence + 1, m.attempt + 1
+            self.last_fence = m.fence = max(self.last_fence, m.fence) + 1
+            m.state, m.attempt = "running", m.attempt + 1
             m.lease_until = self.now + lease
             assert (c.fence, c.attempt, c.lease_until_ms) == (m.fence, m.attempt, m.lease_until)
-            self.holdings.append(Holding(c.run_id, c.fence, owner))
+            self.holdings.append(Holding(c.run_id, c.fence, owner, m.record))
         pending = [m.due for m in self.runs.values() if m.state == "pending"]
         pending += [m.lease_until or 0 for m in self.runs.values() if m.state == "running"]
         assert result.next_wake_ms == (min(pending) if pending else None)
@@ -252,7 +266,8 @@ class RunStateMachine(RuleBasedStateMachine):
             assert (changed, state) == (False, "unknown")
         elif run.state in ("pending", "running"):
             assert (changed, state) == (True, run.state)
-            run.state, run.fence, run.lease_until = "cancelled", run.fence + 1, None
+            self.last_fence = run.fence = max(self.last_fence, run.fence) + 1
+            run.state, run.lease_until = "cancelled", None
         else:
             assert (changed, state) == (False, run.state)
 
@@ -269,6 +284,19 @@ class RunStateMachine(RuleBasedStateMachine):
         else:
             assert (changed, state) == (True, run.state)
             run.state, run.attempt, run.due, run.commits = "pending", 0, self.now, 0
+
+    @rule(run_id=st.sampled_from(RUN_IDS))
+    def expire(self, run_id: str) -> None:
+        """A finished record's retention ran out: Redis deletes the record and its history
+        (the index entry is trimmed with it). Holders of the old record may still be around."""
+        run = self.runs.get(run_id)
+        if run is None or run.state not in ("done", "dead", "cancelled"):
+            return
+        self.client.delete(PK.run(run_id), PK.history(run_id))
+        self.client.zrem(PK.done, run_id)
+        self.client.zrem(PK.dead, run_id)
+        del self.runs[run_id]
+        self.seen_fence.pop(run_id, None)  # the next record of this id is another run
 
     @rule(ms=st.sampled_from([0, 1, 50, 500, 1500, 3500]))
     def advance_clock(self, ms: int) -> None:
@@ -308,10 +336,12 @@ class RunStateMachine(RuleBasedStateMachine):
             else:
                 assert "lease_until" not in h, (run_id, h)
         assert set(due) | set(leases) | dead | done <= set(self.runs)
+        assert int(r.get(PK.fences) or 0) == self.last_fence
+        assert all(m.fence <= self.last_fence for m in self.runs.values())
 
     @invariant()
     def no_key_is_leaked(self) -> None:
-        allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats}
+        allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences}
         for run_id in self.runs:
             allowed |= {PK.run(run_id), PK.history(run_id)}
         keys = set(self.client.scan_iter(match="*", count=1000))
@@ -343,17 +373,33 @@ def test_scripts_follow_the_reference_model_under_random_interleavings(
     run_state_machine_as_test(machine, settings=SETTINGS)
 
 
-def test_the_model_catches_a_complete_script_that_ignores_the_fence(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The machine is not vacuous: with complete.lua accepting any fence, it fails."""
+MUTANTS = {
+    # complete.lua accepting any fence
+    "complete-ignores-the-fence": (
+        "complete",
+        "  elseif current ~= fence then why = 'fenced'\n",
+        "",
+    ),
+    # claim.lua counting fences per record: a new record of an expired run id reuses fence 1
+    "claim-restarts-fences-per-record": (
+        "claim",
+        "local fence = math.max(last_fence, tonumber(run.fence) or 0) + 1",
+        "local fence = (tonumber(run.fence) or 0) + 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_the_model_catches_a_broken_script(mutant: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine is not vacuous: with a script broken this way, it fails."""
     import hashlib
 
-    good = scripts()["complete"]
-    source = good.source.replace("  elseif current ~= fence then why = 'fenced'\n", "")
+    name, old, new = MUTANTS[mutant]
+    good = scripts()[name]
+    source = good.source.replace(old, new)
     assert source != good.source
-    broken = Script("complete", source, hashlib.sha1(source.encode()).hexdigest())
-    monkeypatch.setitem(scripts(), "complete", broken)
+    broken = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+    monkeypatch.setitem(scripts(), name, broken)
     machine = type(
         "BrokenMachine",
         (RunStateMachine,),

@@ -190,6 +190,21 @@ def test_counters_of_removed_partitions_are_added_to_the_remaining_ones(
     assert not redis_client.exists(PartitionKeys(Q, 2).stats, PartitionKeys(Q, 3).stats)
 
 
+@pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
+def test_every_new_partition_issues_fences_above_any_issued_before_the_move(
+    redis_client: Any, old: int, new: int
+) -> None:
+    populate(redis_client, old)
+    for p in range(old):
+        redis_client.set(PartitionKeys(Q, p).fences, 100 + p)
+    rp.repartition(JobQueue(redis_client), Q, new)
+    highest = 100 + old - 1
+    assert [int(redis_client.get(PartitionKeys(Q, p).fences)) for p in range(new)] == [
+        highest
+    ] * new
+    assert not any(redis_client.exists(PartitionKeys(Q, p).fences) for p in range(new, old))
+
+
 def test_refused_while_runs_are_running_and_nothing_moves(redis_client: Any) -> None:
     jq = populate(redis_client, 1)
     keys = jq.partition_keys(Q, 0)

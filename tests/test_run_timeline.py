@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobqueue import JobQueue, ops
+from jobqueue import JobQueue, inspect, ops
 from jobqueue.keys import PartitionKeys
 from jobqueue.scripts import ScriptRunner
 
@@ -115,3 +115,19 @@ def test_show_prints_the_instants_inside_history_entries_as_times(
     out = CliRunner().invoke(main, ["show", "a", "--queue", "default"], obj=State(None, jq))
     assert out.exit_code == 0, out.output
     assert "retry at 2023-11-14" in out.output and "1700000060200" not in out.output
+
+
+def test_a_listing_shows_each_run_with_the_same_history_and_timeline_as_show(
+    jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    jq.register_queue("default")  # as every enqueue does; these runs come from the scripts
+    create(runner, pk, "a", now=100)
+    c = claim(runner, pk, "w1", now=150)
+    runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, 60_000, now=170))  # dead
+    create(runner, pk, "b", now=200)
+    listed = {r.run_id: r for r in inspect.runs(jq, queue="default")}
+    for run_id in ("a", "b"):
+        shown = jq.get_run(run_id, queue="default")
+        assert listed[run_id].history == shown.history
+        assert listed[run_id].timeline() == shown.timeline()
+    assert any("dead" in text for _, text in listed["a"].timeline())

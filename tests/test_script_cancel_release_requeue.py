@@ -365,3 +365,24 @@ def test_requeue_pushes_a_wake_token_and_writes_history(
     requeue(runner, pk, "a", now=77)
     assert redis_client.lrange(pk.wake, 0, -1) == ["1"]
     assert redis_client.lrange(pk.history("a"), -1, -1) == ["77 requeued (was cancelled)"]
+
+
+def test_cancel_issues_a_fence_from_the_partitions_counter(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", "b")
+    held = claim(runner, pk, now=0, limit=2)
+    assert cancel(runner, pk, "a", now=1) == (True, "running")
+    fence_a = int(redis_client.hget(pk.run("a"), "fence"))
+    assert fence_a > max(r.fence for r in held)
+    assert redis_client.get(pk.fences) == str(fence_a)
+
+
+def test_cancel_trims_done_index_entries_older_than_the_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    now = RETENTION + 10_000
+    redis_client.zadd(pk.done, {"expired-long-ago": 1_000})
+    create(runner, pk, "a", now=now)
+    assert cancel(runner, pk, "a", now=now) == (True, "pending")
+    assert redis_client.zrange(pk.done, 0, -1) == ["a"]

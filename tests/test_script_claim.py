@@ -388,3 +388,52 @@ def test_claim_of_a_retried_run_continues_the_attempt_count(
     runner.run(ops.fail_call(pk, "a", r.fence, "boom", 100, DEAD_RETENTION, now=10))
     (r2,) = claim(runner, pk, now=110).runs
     assert (r2.fence, r2.attempt) == (2, 2)
+
+
+# -- fences: one counter per partition ---------------------------------------------------------
+
+
+def test_each_claim_in_a_partition_issues_a_greater_fence_than_any_before(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a"), spec("b"), spec("c"))
+    fences = [r.fence for r in claim(runner, pk, now=0, limit=2).runs]
+    fences += [r.fence for r in claim(runner, pk, now=0).runs]
+    assert fences == [1, 2, 3]
+    assert redis_client.get(pk.fences) == "3"
+
+
+def test_a_run_id_created_again_after_its_record_expired_never_reuses_a_fence(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("order-42"))
+    (old,) = claim(runner, pk, now=0, owner="w1").runs  # w1 then stalls past everything below
+    (taken,) = claim(runner, pk, now=LEASE, owner="w2").runs
+    runner.run(ops.complete_call(pk, "order-42", taken.fence, '"w2"', 60_000, now=LEASE))
+    redis_client.delete(pk.run("order-42"))  # its retention ran out
+    create(runner, pk, spec("order-42"), now=LEASE + 1)
+    (new,) = claim(runner, pk, now=LEASE + 1, owner="w3").runs
+    assert new.fence > taken.fence > old.fence
+    stale = ops.complete_call(pk, "order-42", old.fence, '"w1"', 60_000, now=LEASE + 2)
+    assert ops.parse_outcome(runner.run(stale)).status == "fenced"
+    fresh = ops.complete_call(pk, "order-42", new.fence, '"w3"', 60_000, now=LEASE + 3)
+    assert ops.parse_outcome(runner.run(fresh)).accepted
+    assert redis_client.hget(pk.run("order-42"), "result") == '"w3"'
+
+
+def test_a_fence_counter_behind_a_records_fence_is_overtaken(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """Records written before the counter existed (or moved in by repartition) keep growing."""
+    create(runner, pk, spec("a"))
+    redis_client.hset(pk.run("a"), "fence", 41)
+    (run,) = claim(runner, pk, now=0).runs
+    assert run.fence == 42 and redis_client.get(pk.fences) == "42"
+
+
+def test_claim_trims_dead_index_entries_older_than_the_dead_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    redis_client.zadd(pk.dead, {"expired-long-ago": 1_000, "recent": 5_000_000})
+    claim(runner, pk, now=DEAD_RETENTION + 2_000)
+    assert redis_client.zrange(pk.dead, 0, -1) == ["recent"]

@@ -394,3 +394,34 @@ def test_fail_with_zero_delay_is_due_at_once(
     c = claim_one(runner, pk, now=0)
     assert fail(runner, pk, "a", c.fence, now=50, delay=0).retry_at_ms == 50
     assert claim_one(runner, pk, now=50).attempt == 2
+
+
+def test_a_key_of_another_type_in_a_batched_complete_refuses_that_run_alone(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", "b", "c")
+    got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w", LEASE, DEAD_RETENTION, now=0)))
+    fences = {r.run_id: r.fence for r in got.runs}
+    redis_client.delete(pk.run("b"))
+    redis_client.set(pk.run("b"), "not a hash")
+    batch = [(r, fences[r], '"ok"') for r in "abc"]
+    outcomes = ops.parse_outcomes(runner.run(ops.complete_many_call(pk, batch, RETENTION, now=1)))
+    assert [(o.accepted, o.status) for o in outcomes] == [
+        (True, "done"), (False, "unknown"), (True, "done")
+    ]
+    for run_id in "ac":  # fully committed: state, index, lease gone
+        assert redis_client.hget(pk.run(run_id), "state") == "done"
+        assert redis_client.zscore(pk.done, run_id) is not None
+        assert redis_client.zscore(pk.leases, run_id) is None
+    assert redis_client.hget(pk.stats, "completed") == "2"
+
+
+def test_fail_to_dead_trims_dead_index_entries_older_than_the_dead_retention(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    now = DEAD_RETENTION + 10_000
+    redis_client.zadd(pk.dead, {"expired-long-ago": 1_000})
+    create(runner, pk, "a", max_attempts=1, now=now)
+    c = claim_one(runner, pk, now=now)
+    assert fail(runner, pk, "a", c.fence, now=now, delay=None).status == "dead"
+    assert redis_client.zrange(pk.dead, 0, -1) == ["a"]

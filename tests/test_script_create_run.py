@@ -235,12 +235,11 @@ def test_scripts_use_the_server_clock_when_no_now_is_given(
     claim = ops.parse_claim(runner.run(ops.claim_call(pk, 2, "w", 30_000, 60_000)))
     by_id = {r.run_id: r for r in claim.runs}
     beat = runner.run(ops.heartbeat_call(pk, [("a", by_id["a"].fence)], 40_000))
+    runner.run(ops.fenced_write_call(pk, "res", by_id["a"].fence, "v", "a"))  # while a runs
     runner.run(ops.complete_call(pk, "a", by_id["a"].fence, "1", 60_000))
     retry = ops.parse_outcome(runner.run(ops.fail_call(pk, "b", by_id["b"].fence, "x", 5_000, 1)))
     runner.run(ops.cancel_call(pk, "c", 60_000, "stop"))
     runner.run(ops.requeue_call(pk, "c"))
-    write = ops.fenced_write_call(pk, "res", 1, "v", "a")
-    runner.run(write)
     hi = server_ms(redis_client)
 
     def within(value: Any, offset: int = 0) -> None:

@@ -1,5 +1,5 @@
-"""fenced_write.lua through ops: a resource that refuses writes from a fence older than the
-last one it accepted, so a stale attempt's side effect is refused."""
+"""fenced_write.lua through ops: a resource written only by the current holder of its run's
+lease, and never over a write from a newer fence, so a stale attempt's side effect is refused."""
 
 from __future__ import annotations
 
@@ -12,73 +12,116 @@ from jobqueue.keys import PartitionKeys
 from jobqueue.scripts import ScriptRunner
 
 LEASE = 30_000
+PAYLOAD = '{"args":[],"kwargs":{}}'
 
 
-def write(runner: ScriptRunner, pk: PartitionKeys, fence: int, value: str, now: int = 1,
-          resource: str = "res", run_id: str = "r") -> tuple[bool, int]:
-    call = ops.fenced_write_call(pk, resource, fence, value, run_id, now=now)
+def holding(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int = 0) -> int:
+    """Create ``run_id`` and claim it; the fence of that claim."""
+    runner.run(ops.create_call(pk, [ops.RunSpec(run_id, "t", PAYLOAD)], now=now))
+    (run,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w", LEASE, 1, now=now))).runs
+    assert run.run_id == run_id
+    return run.fence
+
+
+def write(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, value: str,
+          now: int = 1, resource: str = "res", ttl_ms: int = 0) -> tuple[bool, int]:
+    call = ops.fenced_write_call(pk, resource, fence, value, run_id, ttl_ms, now=now)
     return ops.parse_fenced_write(runner.run(call))
 
 
-def test_fenced_write_accepts_the_first_write(runner: ScriptRunner, pk: PartitionKeys,
-                                              redis_client: Any) -> None:
-    assert write(runner, pk, 1, "v1") == (True, 1)
-    assert redis_client.hget(pk.fence_resource("res"), "value") == "v1"
-
-
-def test_fenced_write_accepts_fence_zero_on_a_fresh_resource(
-    runner: ScriptRunner, pk: PartitionKeys
+def test_fenced_write_accepts_the_current_holder(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    assert write(runner, pk, 0, "v0") == (True, 0)
+    fence = holding(runner, pk, "a")
+    assert write(runner, pk, "a", fence, "v1") == (True, fence)
+    assert redis_client.hget(pk.fence_resource("res"), "value") == "v1"
 
 
 def test_fenced_write_stores_value_writer_and_time(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    write(runner, pk, 3, '{"total":12}', now=9_000, run_id="job@60")
+    fence = holding(runner, pk, "job@60")
+    write(runner, pk, "job@60", fence, '{"total":12}', now=9_000)
     assert redis_client.hgetall(pk.fence_resource("res")) == {
-        "fence": "3",
+        "fence": str(fence),
         "value": '{"total":12}',
         "run": "job@60",
         "at": "9000",
     }
 
 
-def test_fenced_write_refuses_an_older_fence_and_reports_the_last(
-    runner: ScriptRunner, pk: PartitionKeys
+def test_fenced_write_refuses_the_side_effect_of_a_worker_whose_lease_was_reclaimed(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    write(runner, pk, 5, "new")
-    assert write(runner, pk, 4, "stale") == (False, 5)
+    w1 = holding(runner, pk, "a")
+    (w2,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, 1, now=LEASE))).runs
+    # The stale attempt is refused even before the new holder wrote anything.
+    assert write(runner, pk, "a", w1, "from w1") == (False, w2.fence)
+    assert not redis_client.exists(pk.fence_resource("res"))
+    assert write(runner, pk, "a", w2.fence, "from w2") == (True, w2.fence)
+    assert write(runner, pk, "a", w1, "from w1 again") == (False, w2.fence)
+    assert redis_client.hget(pk.fence_resource("res"), "value") == "from w2"
+
+
+def test_fenced_write_refuses_a_run_that_finished_or_was_cancelled(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    done = holding(runner, pk, "done")
+    runner.run(ops.complete_call(pk, "done", done, "1", 60_000, now=1))
+    cancelled = holding(runner, pk, "cancelled")
+    runner.run(ops.cancel_call(pk, "cancelled", 60_000, "stop", now=1))
+    assert write(runner, pk, "done", done, "late")[0] is False
+    assert write(runner, pk, "cancelled", cancelled, "late")[0] is False
+    assert write(runner, pk, "never-created", 1, "v")[0] is False
+    assert not redis_client.exists(pk.fence_resource("res"))
+
+
+def test_fenced_write_keeps_the_write_of_the_later_claim_on_a_shared_resource(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    first = holding(runner, pk, "first")
+    second = holding(runner, pk, "second")
+    assert second > first  # one fence counter per partition orders every claim
+    assert write(runner, pk, "second", second, "new") == (True, second)
+    assert write(runner, pk, "first", first, "old") == (False, second)
+    assert redis_client.hget(pk.fence_resource("res"), "value") == "new"
 
 
 def test_refused_fenced_write_changes_nothing(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    write(runner, pk, 5, "new", now=100, run_id="w2-run")
+    first = holding(runner, pk, "w1-run")
+    second = holding(runner, pk, "w2-run")
+    write(runner, pk, "w2-run", second, "new", now=100)
     before = redis_client.hgetall(pk.fence_resource("res"))
-    write(runner, pk, 2, "stale", now=200, run_id="w1-run")
+    write(runner, pk, "w1-run", first, "stale", now=200)
     assert redis_client.hgetall(pk.fence_resource("res")) == before
 
 
-def test_fenced_write_accepts_the_same_fence_again(
+def test_fenced_write_accepts_the_same_attempt_again(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    write(runner, pk, 2, "first")
-    assert write(runner, pk, 2, "second") == (True, 2)
+    fence = holding(runner, pk, "a")
+    write(runner, pk, "a", fence, "first")
+    assert write(runner, pk, "a", fence, "second") == (True, fence)
     assert redis_client.hget(pk.fence_resource("res"), "value") == "second"
 
 
-def test_fenced_write_accepts_a_newer_fence(runner: ScriptRunner, pk: PartitionKeys,
-                                            redis_client: Any) -> None:
-    write(runner, pk, 2, "old")
-    assert write(runner, pk, 7, "newer") == (True, 7)
-    assert redis_client.hget(pk.fence_resource("res"), "fence") == "7"
-    assert write(runner, pk, 6, "stale") == (False, 7)
-
-
 def test_fenced_write_resources_are_independent(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    write(runner, pk, 9, "x", resource="one")
-    assert write(runner, pk, 1, "y", resource="two") == (True, 1)
+    first = holding(runner, pk, "first")
+    second = holding(runner, pk, "second")
+    write(runner, pk, "second", second, "x", resource="one")
+    assert write(runner, pk, "first", first, "y", resource="two") == (True, first)
+
+
+def test_fenced_write_with_a_ttl_makes_the_resource_expire(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    fence = holding(runner, pk, "a")
+    write(runner, pk, "a", fence, "kept")
+    assert redis_client.pttl(pk.fence_resource("res")) == -1  # no ttl: kept until deleted
+    write(runner, pk, "a", fence, "per run", resource="per-run", ttl_ms=60_000)
+    assert 0 < redis_client.pttl(pk.fence_resource("per-run")) <= 60_000
 
 
 def test_fenced_write_resource_key_is_in_the_partition_slot(
@@ -86,18 +129,7 @@ def test_fenced_write_resource_key_is_in_the_partition_slot(
 ) -> None:
     pk = PartitionKeys("default", 5)
     name = "{evil}tag"
-    write(runner, pk, 1, "v", resource=name)
-    assert redis_client.keys("*") == [pk.fence_resource(name)]
+    fence = holding(runner, pk, "a")
+    write(runner, pk, "a", fence, "v", resource=name)
+    assert pk.fence_resource(name) in redis_client.keys("*fenced*")
     assert key_slot(pk.fence_resource(name).encode()) == key_slot(pk.due.encode())
-
-
-def test_fenced_write_refuses_the_side_effect_of_a_worker_whose_lease_was_reclaimed(
-    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
-) -> None:
-    spec = ops.RunSpec("a", "t", '{"args":[],"kwargs":{}}')
-    runner.run(ops.create_call(pk, [spec], now=0))
-    (w1,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w1", LEASE, 1, now=0))).runs
-    (w2,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, 1, now=LEASE))).runs
-    assert write(runner, pk, w2.fence, "from w2", run_id="a") == (True, w2.fence)
-    assert write(runner, pk, w1.fence, "from w1", run_id="a") == (False, w2.fence)
-    assert redis_client.hget(pk.fence_resource("res"), "value") == "from w2"

@@ -188,3 +188,16 @@ def test_heartbeat_after_lease_expiry_but_before_reclaim_is_still_accepted(
     result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, RETENTION,
                                                        now=LEASE + 6)))
     assert result.runs == []
+
+
+def test_a_key_of_another_type_in_a_batched_heartbeat_refuses_that_run_alone(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", "b", "c")
+    got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w", LEASE, RETENTION, now=0)))
+    fences = {r.run_id: r.fence for r in got.runs}
+    redis_client.delete(pk.run("b"))
+    redis_client.set(pk.run("b"), "not a hash")
+    answers = beat(runner, pk, [(r, fences[r]) for r in "abc"], now=10_000)
+    assert answers == [10_000 + LEASE, "unknown", 10_000 + LEASE]
+    assert redis_client.zscore(pk.leases, "c") == 10_000 + LEASE

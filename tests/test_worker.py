@@ -273,24 +273,34 @@ def test_refused_heartbeat_sets_ctx_cancelled_and_the_late_commit_is_refused(
     assert (run.state, run.result_json, run.error) == ("cancelled", None, "operator said stop")
 
 
-def test_fenced_write_refuses_a_stale_fence(fast_jq: JobQueue) -> None:
+def test_fenced_write_refuses_a_write_older_than_the_resources_last(fast_jq: JobQueue) -> None:
+    release = threading.Event()
+
     @fast_jq.task
     def write(resource: str, ctx: RunContext) -> bool:
+        release.wait(10)
         return ctx.fenced_write(resource, f"from fence {ctx.fence}")
 
-    keys = fast_jq.keys_for("default", "stale")
-    # A newer holder (fence 7) already wrote "contested"; nobody wrote "fresh".
-    assert ops.parse_fenced_write(
-        fast_jq.scripts.run(ops.fenced_write_call(keys, "contested", 7, "newer", "other"))
-    ) == (True, 7)
-    with running(make_worker(fast_jq)):
-        stale = finished(fast_jq, fast_jq.enqueue(write, "contested", run_id="stale").run_id)
+    keys = fast_jq.keys_for("default", "older")
+    with running(make_worker(fast_jq, concurrency=1)):
+        older = fast_jq.enqueue(write, "contested", run_id="older")
+        held = state_is(fast_jq, "older", "running")
+        # A run claimed later in the same partition (a greater fence) writes first; the busy
+        # worker (one slot) leaves it to this claim.
+        fast_jq.enqueue("write", "x", run_id="newer")
+        claim = ops.claim_call(keys, 1, "other", 30_000, 60_000)
+        (newer,) = ops.parse_claim(fast_jq.scripts.run(claim)).runs
+        assert newer.run_id == "newer" and newer.fence > held.fence
+        first = ops.fenced_write_call(keys, "contested", newer.fence, "newer", "newer")
+        assert ops.parse_fenced_write(fast_jq.scripts.run(first)) == (True, newer.fence)
+        release.set()
+        stale = finished(fast_jq, older.run_id)
         fresh = finished(fast_jq, fast_jq.enqueue(write, "fresh", run_id="fresh").run_id)
     assert (stale.result, fresh.result) == (False, True)
     redis = fast_jq.redis
     assert redis.hget(keys.fence_resource("contested"), "value") == "newer"
     fresh_keys = fast_jq.keys_for("default", "fresh")
-    assert redis.hget(fresh_keys.fence_resource("fresh"), "value") == "from fence 1"
+    assert redis.hget(fresh_keys.fence_resource("fresh"), "value") == f"from fence {fresh.fence}"
 
 
 def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue) -> None:
@@ -359,13 +369,15 @@ def test_graceful_stop_releases_runs_past_the_grace_without_counting_an_attempt(
         for _ in handles:
             assert started.acquire(timeout=5)
     assert worker.stats.released == 2
+    released_fences = {}
     for h in handles:
         run = fast_jq.get_run(h.run_id)
         assert (run.state, run.attempt) == ("pending", 0)
         assert any(
-            "released fence=1 owner=" in line and "(attempt not counted)" in line
+            f"released fence={run.fence} owner=" in line and "(attempt not counted)" in line
             for line in run.history
         )
+        released_fences[h.run_id] = run.fence
 
     # The next worker gets them as first attempts.
     fast_jq.registry = type(fast_jq.registry)()
@@ -376,9 +388,8 @@ def test_graceful_stop_releases_runs_past_the_grace_without_counting_an_attempt(
 
     with running(make_worker(fast_jq)):
         runs = [finished(fast_jq, h.run_id) for h in handles]
-    assert [(r.state, r.attempt, r.fence, r.result) for r in runs] == [
-        ("done", 1, 2, "done now")
-    ] * 2
+    assert [(r.state, r.attempt, r.result) for r in runs] == [("done", 1, "done now")] * 2
+    assert all(r.fence > released_fences[r.run_id] for r in runs)  # a new claim, a new fence
 
 
 def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_the_run(
