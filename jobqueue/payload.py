@@ -51,6 +51,8 @@ def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:
         data = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise PayloadError(f"stored arguments are not valid JSON: {exc}") from None
+    except RecursionError:  # valid JSON from another producer, nested past Python's limit
+        raise PayloadError("stored arguments are nested too deeply to decode") from None
     if not isinstance(data, dict):
         raise PayloadError("stored arguments are not a JSON object")
     args, kwargs = data.get("args", []), data.get("kwargs", {})
@@ -68,5 +70,5 @@ def decode_result(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text  # a record written by something else: show it as it is

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
 import threading
 import weakref
 from collections.abc import Sequence
@@ -102,9 +103,40 @@ _CLUSTER_TRANSIENT = (
 )
 # Errors a RedisCluster raises that are not RedisErrors.
 _CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
+# Error replies that mean "not now", the call not executed: memory full (noeviction), a
+# replica or a demoted master, a busy script, a replica without its master, too few
+# replicas, a dataset still loading.
+_REFUSED_FOR_NOW = ("OOM", "READONLY", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING")
 
 
-def _translate(call: Call, exc: BaseException) -> Exception:
+class ServerRefused(ConnectionFailed):
+    """Redis refused a call for now (OOM, READONLY, BUSY, ...): retried like a lost
+    connection by the daemons; the call did not run. From run_many, ``replies`` holds every
+    reply of the pipeline (error replies as exceptions): the caller can re-send just the
+    refused calls."""
+
+    replies: list[Any] | None = None
+
+
+# redis-py strips the code of the replies it has a class for (OOM, READONLY, ...).
+_REFUSED_CLASSES: tuple[type[Exception], ...] = tuple(
+    getattr(redis.exceptions, name)
+    for name in ("OutOfMemoryError", "ReadOnlyError", "BusyLoadingError", "MasterDownError")
+    if hasattr(redis.exceptions, name)
+)
+
+
+def refused_for_now(exc: BaseException) -> bool:
+    if isinstance(exc, _REFUSED_CLASSES):
+        return True
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        return False
+    return str(exc).split(" ", 1)[0] in _REFUSED_FOR_NOW
+
+
+def translate_error(call: Call, exc: BaseException) -> Exception:
+    if refused_for_now(exc):
+        return ServerRefused(f"Redis refused {call.script} for now: {exc}")
     if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.ConnectionError):
         return ConnectionFailed(f"Redis connection failed during {call.script}: {exc}")
     if isinstance(exc, redis.exceptions.TimeoutError):
@@ -128,7 +160,10 @@ def _checked(calls: Sequence[Call], replies: list[Any]) -> list[Any]:
     """The replies, or the first error reply raised as jobqueue's error for its call."""
     for call, reply in zip(calls, replies, strict=True):
         if isinstance(reply, Exception):
-            raise _translate(call, reply) from reply
+            error = translate_error(call, reply)
+            if isinstance(error, ServerRefused):
+                error.replies = replies
+            raise error from reply
     return replies
 
 
@@ -140,6 +175,13 @@ _DIRECT_CLASSES = (
     redis.connection.UnixDomainSocketConnection,
 )
 _TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# The peer closed (or reset) the connection: a readiness event on a connection with no
+# request outstanding. Not plain POLLIN: a TLS 1.3 server may send a session ticket.
+_CLOSED_EVENTS = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
+
+
+class _NotSent(Exception):
+    """The lane failed before any byte of the call reached the server: safe to re-send."""
 
 
 def _pack(conn: Any, args: tuple[Any, ...]) -> list[bytes]:
@@ -156,8 +198,11 @@ class DirectLane:
     redis-py's command path (pool checkout, retry wrapper, observability hooks, response
     callbacks) costs 20-45 us of Python per call here, more than the round trip itself; a
     send and a read on a connection the thread already holds cost about 8 us. The first
-    attempt goes this way; a connection or timeout error drops the connection and the caller
-    falls back to the client's normal path, with its retries and back-off.
+    attempt goes this way. A failure before the call was sent (connecting, a connection the
+    server closed while idle, a refused write) drops the connection and the caller falls back
+    to the client's normal path. A failure after it was sent (a timeout, a connection lost
+    while waiting for the reply) is raised: the call may have run, and a script call is not
+    sent twice (a re-sent claim would lease runs that nobody starts).
     """
 
     def __init__(self, pool: Any) -> None:
@@ -185,21 +230,57 @@ class DirectLane:
             held = self._local.held = (pid, conn)
         return held[1]
 
-    def execute(self, *args: Any) -> Any:
+    def _ready(self) -> Any:
+        """This thread's connection, connected and not closed by the server; raises _NotSent."""
         conn = self._connection()
-        conn.send_packed_command(_pack(conn, args))
-        return conn.read_response()
+        try:
+            sock = conn._sock
+            if sock is not None:
+                poller = select.poll()
+                poller.register(sock, _CLOSED_EVENTS)
+                if poller.poll(0):  # closed while idle (server restart, CLIENT KILL, timeout)
+                    conn.disconnect()
+                    sock = None
+            if sock is None:
+                conn.connect()
+        except (*_TRANSIENT, OSError) as exc:
+            self.drop()
+            raise _NotSent(str(exc)) from exc
+        return conn
+
+    def _send(self, conn: Any, packed: list[bytes]) -> None:
+        try:
+            conn.send_packed_command(packed)
+        except redis.exceptions.TimeoutError:
+            self.drop()  # part of it may have been sent
+            raise
+        except redis.exceptions.ConnectionError as exc:
+            self.drop()  # a refused write: the server did not get a whole command
+            raise _NotSent(str(exc)) from exc
+
+    def execute(self, *args: Any) -> Any:
+        conn = self._ready()
+        self._send(conn, _pack(conn, args))
+        try:
+            return conn.read_response()
+        except _TRANSIENT:
+            self.drop()
+            raise
 
     def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Pipelined: every reply, error replies as exception values."""
-        conn = self._connection()
-        conn.send_packed_command([b"".join(b for c in commands for b in _pack(conn, c))])
+        conn = self._ready()
+        self._send(conn, [b"".join(b for c in commands for b in _pack(conn, c))])
         replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(conn.read_response())
-            except redis.exceptions.ResponseError as exc:
-                replies.append(exc)
+        try:
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except redis.exceptions.ResponseError as exc:
+                    replies.append(exc)
+        except _TRANSIENT:
+            self.drop()
+            raise
         return replies
 
     def drop(self) -> None:
@@ -236,8 +317,8 @@ class ScriptRunner:
         if self._lane is not None:
             try:
                 return self._lane.execute("EVALSHA", *args)
-            except _TRANSIENT:
-                self._lane.drop()  # the client's own path below retries with back-off
+            except _NotSent:
+                pass  # the client's own path below retries with back-off
         return self.client.evalsha(*args)
 
     def run(self, call: Call) -> Any:
@@ -251,14 +332,14 @@ class ScriptRunner:
                 self.load([call.script])
                 return self._evalsha(call)
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
-            raise _translate(call, exc) from exc
+            raise translate_error(call, exc) from exc
 
     def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
         if self._lane is not None:
             try:
                 return self._lane.execute_many([("EVALSHA", *c.evalsha_args()) for c in calls])
-            except _TRANSIENT:
-                self._lane.drop()
+            except _NotSent:
+                pass
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             # Not pipe.evalsha(): redis-py's ClusterPipeline refuses that method by name, but
@@ -278,7 +359,7 @@ class ScriptRunner:
                 self.load(sorted({calls[i].script for i in missing}))
                 _fill(replies, missing, self._pipelined([calls[i] for i in missing]))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
-            raise _translate(calls[0], exc) from exc
+            raise translate_error(calls[0], exc) from exc
         return _checked(calls, replies)
 
 
@@ -302,7 +383,7 @@ class AsyncScriptRunner:
                 await self.load([call.script])
                 return await self.client.evalsha(*call.evalsha_args())
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
-            raise _translate(call, exc) from exc
+            raise translate_error(call, exc) from exc
 
     async def run_many(self, calls: Sequence[Call]) -> list[Any]:
         if not calls:
@@ -320,5 +401,5 @@ class AsyncScriptRunner:
                     pipe.execute_command("EVALSHA", *calls[i].evalsha_args())
                 _fill(replies, missing, await pipe.execute(raise_on_error=False))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
-            raise _translate(calls[0], exc) from exc
+            raise translate_error(calls[0], exc) from exc
         return _checked(calls, replies)

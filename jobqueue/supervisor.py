@@ -25,11 +25,20 @@ _RESTART_BACKOFF_MAX_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
 
+_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+# A child that has not drained this long after the grace period is killed (its worker's own
+# watchdog exits it at grace + 9 s; this is for one that hangs even so).
+_KILL_MARGIN_S = 15.0
+_DEFAULT_GRACE_S = 30.0
+
+
 def _child_setup() -> None:
-    """In the child, before exec: own process group; SIGTERM when the supervisor dies."""
+    """In the child, before exec: own process group; SIGTERM when the supervisor dies; the
+    signals the supervisor blocked while spawning it unblocked again (a mask is inherited)."""
     os.setpgid(0, 0)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
 
 
 def _spawn(argv: list[str], url: str) -> subprocess.Popen[bytes]:
@@ -41,12 +50,35 @@ def _spawn(argv: list[str], url: str) -> subprocess.Popen[bytes]:
     )
 
 
-def supervise(processes: int, argv: list[str], url: str) -> int:
+def _grace_from(argv: list[str]) -> float:
+    """The children's --grace (the supervisor waits that long, plus a margin, for them)."""
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--grace" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--grace="):
+            value = arg.split("=", 1)[1]
+        if value is not None:
+            try:
+                return float(value)
+            except ValueError:
+                break
+    return _DEFAULT_GRACE_S
+
+
+def _clean(code: int, stopping: bool) -> bool:
+    # A child signalled before its interpreter installed its handler dies of the signal;
+    # it held no run then, so once we are stopping that is a clean exit too.
+    return code == 0 or (stopping and code in (-signal.SIGTERM, -signal.SIGINT))
+
+
+def supervise(processes: int, argv: list[str], url: str, grace: float | None = None) -> int:
     """Run ``processes`` workers until SIGTERM/SIGINT; returns 0 when every child drained
-    cleanly (exit 0), else 1."""
+    cleanly, else 1."""
     children: list[subprocess.Popen[bytes]] = []
     stopping = False
     signals: list[int] = []
+    grace_s = _grace_from(argv) if grace is None else grace
 
     def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
@@ -56,15 +88,28 @@ def supervise(processes: int, argv: list[str], url: str) -> int:
             if child.poll() is None:
                 child.send_signal(signum)
 
+    def spawn() -> subprocess.Popen[bytes] | None:
+        """A new child, unless stopping. The signals are blocked while it is created and
+        recorded: forward() cannot run in between and miss it (it would never drain, and
+        the final wait would hang); a signal that came meanwhile is handled on unblock."""
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            if stopping:
+                return None
+            child = _spawn(argv, url)
+            children.append(child)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return child
+
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     for _ in range(processes):
-        if not stopping:
-            children.append(_spawn(argv, url))
+        spawn()
     log.info("supervising %d worker processes: %s", processes, [c.pid for c in children])
     backoff = 0.5
     while not stopping:
-        for i, child in enumerate(children):
+        for child in list(children):
             code = child.poll()
             if code is None:
                 backoff = max(0.5, backoff * 0.9)
@@ -78,12 +123,32 @@ def supervise(processes: int, argv: list[str], url: str) -> int:
             if stopping:
                 break  # a signal came during the backoff: do not start a child it missed
             backoff = min(backoff * 2, _RESTART_BACKOFF_MAX_S)
-            children[i] = _spawn(argv, url)
-            log.info("started worker pid %d", children[i].pid)
+            children.remove(child)  # the dead child: forward() need not signal it again
+            new = spawn()
+            if new is not None:
+                log.info("started worker pid %d", new.pid)
         time.sleep(0.2)
     log.info("signal %s: waiting for %d workers to drain", signals[0], len(children))
-    codes = {child.pid: child.wait() for child in children}
-    failed = {pid: code for pid, code in codes.items() if code != 0}
+    codes = _wait_all(children, grace_s + _KILL_MARGIN_S)
+    failed = {pid: code for pid, code in codes.items() if not _clean(code, True)}
     if failed:
         log.warning("workers exited uncleanly: %s", failed)
     return 1 if failed else 0
+
+
+def _wait_all(children: list[subprocess.Popen[bytes]], timeout: float) -> dict[int, int]:
+    """Every child's exit code; one still running after ``timeout`` is killed (SIGKILL)."""
+    deadline = time.monotonic() + timeout
+    codes: dict[int, int] = {}
+    for child in list(children):
+        try:
+            codes[child.pid] = child.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            log.error(
+                "worker pid %d did not drain %.0fs after the signal; killing it",
+                child.pid,
+                timeout,
+            )
+            child.kill()
+            codes[child.pid] = child.wait()
+    return codes

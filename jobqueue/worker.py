@@ -46,7 +46,7 @@ from .keys import WORKERS_KEY, PartitionKeys
 from .logs import run_fields
 from .metrics import NO_METRICS, Metrics
 from .payload import decode_payload, encode_result
-from .scripts import Call
+from .scripts import Call, ServerRefused, refused_for_now, translate_error
 from .tasks import Task
 
 log = logging.getLogger("jobqueue.worker")
@@ -55,7 +55,35 @@ MAX_CLAIM_BATCH = 500
 # Below the client's socket timeout, so a blocking wait never looks like a dead server.
 MAX_IDLE_WAIT_S = 2.0
 DRAIN_COMMIT_WAIT_S = 5.0
+# The whole shutdown (drain, commits, release, unregister) ends this long after the grace
+# period at the latest, even when Redis hangs; a daemon process then exits regardless.
+SHUTDOWN_MARGIN_S = 6.0
 STOPPED_BY_SECOND_SIGNAL = 1
+# The worker cannot go on (its event loop thread died, stuck code holds its slots): it exits
+# with this code so that the supervisor or the orchestrator starts a clean process.
+EXIT_UNHEALTHY = 4  # not 3: the CLI says "Redis unreachable" with that
+# rejected_commits keeps the most recent refusals only (a long-lived worker's list would
+# otherwise grow with every fenced-out commit).
+MAX_REJECTED_KEPT = 1000
+# Stuck code (timed out, never returned) holding more than half the slots this long.
+DEFAULT_STUCK_LIMIT_S = 60.0
+
+
+class _StartFailed(Exception):
+    """A run that could not be started (unknown task, bad payload): failed, never retried."""
+
+
+class _GiveUp(Exception):
+    """A retried call abandoned because the worker is stopping."""
+
+
+class _TaskExit(Exception):
+    """An async task's SystemExit/KeyboardInterrupt, carried out of the event loop as an
+    ordinary failure (raised inside the loop it would stop the loop thread itself)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
 
 
 class _DaemonPool:
@@ -103,7 +131,7 @@ class _DaemonPool:
                 error = None
             try:
                 done(token, value, error)
-            except Exception:  # the pool thread must survive a failing callback
+            except BaseException:  # the pool thread must survive a failing callback
                 log.exception("finishing a run failed")
 
     def shutdown(self) -> None:
@@ -122,7 +150,8 @@ class InFlight:
     started: float  # monotonic, for the timeout only
     timeout_s: float | None
     lease_ms: int
-    future: concurrent.futures.Future[Any] | None = None
+    task: asyncio.Task[Any] | None = None  # an async run's task, on the worker's loop
+    cancel_requested: bool = False  # cancel the async task as soon as it exists
     is_async: bool = False
     timed_out: bool = False
     settled: bool = False  # a commit (or release) has been accepted or refused
@@ -153,7 +182,14 @@ class WorkerStats:
     fenced_out: int = 0
     released: int = 0
     timeouts: int = 0
+    # The most recent refused commits (run id, fence, status), at most MAX_REJECTED_KEPT;
+    # fenced_out counts them all.
     rejected_commits: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def rejected(self, run_id: str, fence: int, status: str) -> None:
+        self.rejected_commits.append((run_id, fence, status))
+        if len(self.rejected_commits) > 2 * MAX_REJECTED_KEPT:  # amortised: trim in bulk
+            del self.rejected_commits[:-MAX_REJECTED_KEPT]
 
 
 class Worker:
@@ -168,6 +204,7 @@ class Worker:
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
         metrics: Metrics = NO_METRICS,
+        stuck_limit: float = DEFAULT_STUCK_LIMIT_S,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -180,6 +217,7 @@ class Worker:
         self.install_signal_handlers = install_signal_handlers
         self.stats = WorkerStats()
         self.metrics = metrics
+        self.stuck_limit = stuck_limit
 
         self._lock = threading.Lock()
         # Keyed by (run id, fence): after a stall this worker may hold a stale attempt of a
@@ -199,6 +237,15 @@ class Worker:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._signals = 0
+        self._signum = 0
+        # Written by the signal handler (no locks there), read by the jq-signals thread.
+        self._signal_pipe: tuple[int, int] | None = None
+        # Monotonic time of the stop request: the grace period counts from it.
+        self._stop_at: float | None = None
+        self._unhealthy: str | None = None  # why the worker gave up (exit EXIT_UNHEALTHY)
+        self._stuck_since: float | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._owns_process = False  # run() installed the signal handlers: a daemon process
         self._pool = _DaemonPool(concurrency, "jq-task", self._on_outcome)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._partitions: list[PartitionKeys] = []
@@ -210,36 +257,47 @@ class Worker:
     # -- public ----------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code."""
+        """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code: 0, or
+        EXIT_UNHEALTHY when the worker gave up (see the log for why)."""
+        self._start_signal_thread()
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-        self._prepare()
-        threads = [
-            threading.Thread(target=self._committer, name="jq-commit", daemon=True),
-            threading.Thread(target=self._keeper, name="jq-keeper", daemon=True),
-        ]
-        for t in threads:
-            t.start()
-        log.info(
-            "worker %s started: queues=%s concurrency=%d lease=%.1fs",
-            self.id,
-            ",".join(self.queues),
-            self.concurrency,
-            self.lease_ms / 1000,
-        )
+            self._owns_process = True
+        threads: list[threading.Thread] = []
         try:
+            try:
+                self._prepare()
+            except _GiveUp:
+                log.info("worker %s stopped before it could start", self.id)
+                return 0
+            threads = [
+                threading.Thread(target=self._committer, name="jq-commit", daemon=True),
+                threading.Thread(target=self._keeper, name="jq-keeper", daemon=True),
+            ]
+            for t in threads:
+                t.start()
+            log.info(
+                "worker %s started: queues=%s concurrency=%d lease=%.1fs",
+                self.id,
+                ",".join(self.queues),
+                self.concurrency,
+                self.lease_ms / 1000,
+            )
             self._claim_loop()
             self._drain()
         finally:
             self._stopped.set()
             self._finished.put(None)
             for t in threads:
-                t.join(timeout=5)
+                t.join(timeout=max(0.1, min(5.0, self._shutdown_left())))
             self._pool.shutdown()
             if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-            self._unregister()
+                with contextlib.suppress(RuntimeError):  # a loop already closed
+                    self._loop.call_soon_threadsafe(self._loop.stop)
+            if threads:
+                self._bounded(self._unregister, "unregistering")
+            self._stop_signal_thread()
         log.info(
             "worker %s stopped: claimed=%d completed=%d failed=%d released=%d fenced_out=%d",
             self.id,
@@ -249,19 +307,62 @@ class Worker:
             self.stats.released,
             self.stats.fenced_out,
         )
+        if self._unhealthy is not None:
+            log.error("worker %s exits with %d: %s", self.id, EXIT_UNHEALTHY, self._unhealthy)
+            return EXIT_UNHEALTHY
         return 0
 
     def stop(self) -> None:
         """Graceful: stop claiming, let in-flight runs finish within the grace period."""
         first = not self._stopping.is_set()
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
         self._stopping.set()
         with self._lock:
             self._slot_freed.notify_all()
         if first:
             # Wake the claim loop from its blocking wait at once (not up to MAX_IDLE_WAIT_S
-            # later). From a thread: stop() may run in a signal handler, which must not
-            # do I/O on a connection the interrupted code may be using.
+            # later). From a thread: the wake is a Redis call, which may hang.
             threading.Thread(target=self._wake_self, name="jq-stop", daemon=True).start()
+            if self._owns_process:
+                # A daemon process always ends: past grace + margin it exits whatever hangs
+                # (its leases expire and other workers reclaim the runs).
+                threading.Thread(target=self._watchdog, name="jq-watchdog", daemon=True).start()
+
+    def _shutdown_deadline(self) -> float:
+        start = self._stop_at if self._stop_at is not None else time.monotonic()
+        return start + self.grace + SHUTDOWN_MARGIN_S
+
+    def _shutdown_left(self) -> float:
+        return self._shutdown_deadline() - time.monotonic()
+
+    def _watchdog(self) -> None:
+        if self._stopped.wait(max(self._shutdown_left(), 0.0) + 0.5):
+            return
+        log.error(
+            "worker %s: shutdown still not done %.0fs after the grace period (Redis not "
+            "answering?); exiting now, in-flight runs will be reclaimed",
+            self.id,
+            SHUTDOWN_MARGIN_S,
+        )
+        logging.shutdown()
+        os._exit(STOPPED_BY_SECOND_SIGNAL)
+
+    def _bounded(self, fn: Callable[[], Any], what: str) -> None:
+        """Run a shutdown call, waiting for it until the shutdown deadline at most (Redis may
+        hang; the call then goes on in a daemon thread that dies with the process)."""
+        t = threading.Thread(target=fn, name=f"jq-{what}", daemon=True)
+        t.start()
+        t.join(max(self._shutdown_left(), 0.1))
+        if t.is_alive():
+            log.warning("%s did not finish before the shutdown deadline; giving up", what)
+
+    def _die(self, reason: str) -> None:
+        """Give up: log why, stop claiming, exit EXIT_UNHEALTHY after the drain."""
+        if self._unhealthy is None:
+            self._unhealthy = reason
+            log.error("worker %s cannot go on: %s; stopping", self.id, reason)
+        self.stop()
 
     @property
     def _own_wake_key(self) -> str:
@@ -274,32 +375,90 @@ class Worker:
             pipe.pexpire(self._own_wake_key, 60_000)
             pipe.execute()
 
+    # -- signals ---------------------------------------------------------------------------
+
+    def _start_signal_thread(self) -> None:
+        """A signal handler runs in the main thread between two bytecodes, maybe while that
+        thread holds self._lock (not reentrant) or a connection: it only writes a byte to a
+        pipe, and this thread does the rest (stop(): locks, logging, Redis)."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        self._signal_pipe = (r, w)
+        threading.Thread(
+            target=self._signal_thread, args=(r,), name="jq-signals", daemon=True
+        ).start()
+
+    def _signal_thread(self, r: int) -> None:
+        while True:
+            try:
+                data = os.read(r, 64)
+            except OSError:
+                return
+            if not data or b"q" in data:
+                os.close(r)
+                return
+            log.info(
+                "signal %s: draining (grace %.0fs); a second signal exits at once",
+                self._signum,
+                self.grace,
+            )
+            self.stop()
+
+    def _stop_signal_thread(self) -> None:
+        pipe, self._signal_pipe = self._signal_pipe, None
+        if pipe is None:
+            return
+        w = pipe[1]
+        with contextlib.suppress(OSError):
+            os.write(w, b"q")
+        os.close(w)
+        # The read end is closed by nobody but the process: the thread may still read it.
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # No locks, no logging, no Redis here (see _start_signal_thread).
+        self._signals += 1
+        if self._signals > 1:
+            # Second signal: leave now; our leases expire and other workers reclaim the runs.
+            os.write(2, b"second signal: exiting at once, in-flight runs will be reclaimed\n")
+            os._exit(STOPPED_BY_SECOND_SIGNAL)
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()  # the grace period counts from the signal
+        self._signum = signum
+        pipe = self._signal_pipe
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(pipe[1], b"s")
+
     # -- setup -----------------------------------------------------------------------------
 
     def _prepare(self) -> None:
         for q in self.queues:
-            self._retrying(functools.partial(self.jq.register_queue, q))
+            self._retrying(functools.partial(self.jq.register_queue, q), self._stopping)
         self._partitions = [k for q in self.queues for k in self.jq.all_partition_keys(q)]
-        self._started_ms = self._retrying(self.jq.server_time_ms)
+        self._started_ms = self._retrying(self.jq.server_time_ms, self._stopping)
         if any(t.is_async for t in self.jq.registry.all()):
             self._loop = asyncio.new_event_loop()
-            threading.Thread(target=self._loop.run_forever, name="jq-async", daemon=True).start()
+            self._loop_thread = threading.Thread(
+                target=self._run_loop, args=(self._loop,), name="jq-async", daemon=True
+            )
+            self._loop_thread.start()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            # Second signal: leave now; our leases expire and other workers reclaim the runs.
-            log.warning("second signal: exiting at once, in-flight runs will be reclaimed")
-            os._exit(STOPPED_BY_SECOND_SIGNAL)
-        log.info(
-            "signal %s: draining (grace %.0fs); a second signal exits at once", signum, self.grace
-        )
-        self.stop()
+    def _run_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_forever()
+        except BaseException as exc:
+            log.critical("the asyncio event loop thread died: %r", exc, exc_info=True)
+        if not self._stopped.is_set():
+            # Every async run would hang: not a worker that should look alive.
+            self._die("the asyncio event loop thread died")
 
-    def _retrying(self, fn: Callable[[], Any]) -> Any:
-        """Call fn until Redis answers (startup and reconnects): backoff with jitter, no crash."""
+    def _retrying(self, fn: Callable[[], Any], give_up: threading.Event | None = None) -> Any:
+        """Call fn until Redis answers (startup and reconnects): backoff with jitter, no crash.
+        Raises _GiveUp once ``give_up`` is set (the worker is stopping)."""
         delay = 0.1
         while True:
+            if give_up is not None and give_up.is_set():
+                raise _GiveUp
             try:
                 return fn()
             except (
@@ -310,8 +469,14 @@ class Worker:
                 redis.exceptions.ClusterError,
                 redis.exceptions.RedisClusterException,
             ) as exc:
+                if isinstance(exc, ServerRefused) and exc.replies is not None:
+                    raise  # some calls of a pipeline ran: the caller re-sends only the others
                 log.warning("Redis unavailable (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay * (0.5 + random.random() / 2))
+                pause = delay * (0.5 + random.random() / 2)
+                if give_up is not None:
+                    give_up.wait(pause)
+                else:
+                    time.sleep(pause)
                 delay = min(delay * 2, 5.0)
 
     # -- claiming --------------------------------------------------------------------------
@@ -377,7 +542,12 @@ class Worker:
             result = ops.parse_claim(self.jq.scripts.run(call))
             self.metrics.claimed(keys.queue, result.runs, result.now_ms)
             for run in result.runs:
-                self._start(run, keys, result.now_ms)
+                try:
+                    self._start(run, keys, result.now_ms)
+                except Exception:
+                    # One bad run must not keep the rest of the batch from starting (it is
+                    # not in flight: its lease expires and it is claimed again).
+                    log.exception("starting run_id=%s failed", run.run_id)
             claimed += len(result.runs)
             if result.next_wake_ms is not None:
                 gap = max(result.next_wake_ms - result.now_ms, 0)
@@ -442,22 +612,46 @@ class Worker:
             )
 
         try:
-            task = self._task_for(run.task)
-            args, kwargs = decode_payload(run.payload)
-        except (UnknownTask, PayloadError) as exc:
+            self._launch(entry)
+        except Exception as exc:
             # Never retried: another attempt would meet the same name or bytes.
-            self._finish(Finished(entry, ok=False, error=str(exc), retry=False))
-            return
+            if isinstance(exc, UnknownTask | PayloadError):
+                error = str(exc)
+            elif isinstance(exc, RecursionError):
+                error = "stored arguments are nested too deeply to decode"
+            else:
+                log.exception("starting run_id=%s failed", run.run_id)
+                error = f"Fatal: could not start the run: {type(exc).__name__}: {exc}"
+            self._on_outcome(entry, None, _StartFailed(error))
+
+    def _launch(self, entry: InFlight) -> None:
+        run, ctx = entry.run, entry.ctx
+        task = self._task_for(run.task)
+        args, kwargs = decode_payload(run.payload)
         entry.is_async = task.is_async
         if task.is_async:
-            assert self._loop is not None
-            fut = asyncio.run_coroutine_threadsafe(
-                self._run_async(task, ctx, args, kwargs), self._loop
-            )
-            entry.future = fut
-            fut.add_done_callback(functools.partial(self._on_future_done, entry))
+            loop = self._loop
+            assert loop is not None
+            loop.call_soon_threadsafe(self._spawn_async, entry, task, args, kwargs)
         else:
             self._pool.submit(entry, self._run_sync, (task, ctx, args, kwargs))
+
+    def _spawn_async(
+        self, entry: InFlight, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
+        """On the loop: start the run's asyncio Task. Its own done-callback reports the
+        outcome, so the slot frees only when the coroutine has really ended (a coroutine
+        that swallows CancelledError still holds it)."""
+        try:
+            coro = self._run_async(task, entry.ctx, args, kwargs)
+            t = asyncio.get_running_loop().create_task(coro)
+        except Exception as exc:
+            self._on_outcome(entry, None, exc)
+            return
+        entry.task = t
+        t.add_done_callback(functools.partial(self._on_task_done, entry))
+        if entry.cancel_requested:
+            t.cancel()
 
     def _task_for(self, name: str) -> Task[Any, Any]:
         task = self.jq.registry.get(name)
@@ -484,23 +678,48 @@ class Worker:
         token = bind(ctx)
         try:
             return await task(*args, **self._call_args(task, ctx, kwargs))
+        except (SystemExit, KeyboardInterrupt) as exc:
+            # Raised out of a Task these stop the event loop itself (its thread dies, and with
+            # it every async run): here they fail this run, like any other exception.
+            raise _TaskExit(exc) from exc
         finally:
             unbind(token)
 
-    def _on_future_done(self, entry: InFlight, fut: concurrent.futures.Future[Any]) -> None:
-        try:
-            value = fut.result()
-        except BaseException as exc:
-            self._on_outcome(entry, None, exc)
-        else:
-            self._on_outcome(entry, value, None)
+    def _on_task_done(self, entry: InFlight, t: asyncio.Task[Any]) -> None:
+        if t.cancelled():
+            self._on_outcome(entry, None, asyncio.CancelledError())
+            return
+        error = t.exception()
+        self._on_outcome(entry, None if error is not None else t.result(), error)
 
     def _on_outcome(self, entry: InFlight, value: Any, error: BaseException | None) -> None:
-        # A run handed back at shutdown: its late result is discarded, its slot freed. (A
-        # timed-out run's late result goes on to the committer below: the fence refuses it,
-        # and that outcome frees the slot the stuck code held.)
-        if entry.released:
-            self._release_slot(entry)
+        try:
+            self._outcome(entry, value, error)
+        except BaseException as exc:
+            # The run must not stay in flight (heartbeated for ever, its slot taken).
+            log.exception("finishing run_id=%s failed; failing it", entry.run.run_id)
+            if not entry.result_queued:
+                text = f"Fatal: finishing the run failed: {type(exc).__name__}: {exc}"
+                self._finish(Finished(entry, ok=False, error=text[:8000], retry=False))
+
+    def _outcome(self, entry: InFlight, value: Any, error: BaseException | None) -> None:
+        with self._lock:
+            # A run handed back at shutdown, or one whose timeout already queued its fail:
+            # the late outcome is discarded (a late success must not win over the timeout's
+            # fail) and only the slot the code held is freed.
+            drop = entry.released or entry.timed_out
+            if drop:
+                self._in_flight.pop((entry.run.run_id, entry.run.fence), None)
+                self._busy_slots -= 1
+                self._slot_freed.notify_all()
+            else:
+                entry.result_queued = True  # from now on a timeout leaves this run alone
+        if drop:
+            return
+        if isinstance(error, _TaskExit):
+            error = error.original
+        if isinstance(error, _StartFailed):
+            self._finish(Finished(entry, ok=False, error=str(error), retry=False))
             return
         if isinstance(error, concurrent.futures.CancelledError | asyncio.CancelledError):
             reason = entry.ctx.cancel_reason or "cancelled"
@@ -517,6 +736,10 @@ class Worker:
             result = encode_result(value, self.jq.settings.max_payload_bytes)
         except PayloadError as exc:
             self._finish(Finished(entry, ok=False, error=str(exc), retry=False))
+            return
+        except Exception as exc:  # MemoryError, a custom Mapping's RuntimeError, ...
+            text = f"the task result could not be encoded: {type(exc).__name__}: {exc}"
+            self._finish(Finished(entry, ok=False, error=text[:8000], retry=False))
             return
         self._finish(Finished(entry, ok=True, result_json=result))
 
@@ -562,7 +785,7 @@ class Worker:
         if not entry.settled:
             entry.lease_lost = True
             entry.settled = True
-            self.stats.rejected_commits.append((entry.run.run_id, entry.run.fence, "error"))
+            self.stats.rejected(entry.run.run_id, entry.run.fence, "error")
 
     def _fail_call(self, item: Finished) -> Call:
         run, keys, settings = item.entry.run, item.entry.keys, self.jq.settings
@@ -596,13 +819,56 @@ class Worker:
             for keys, items in done.items()
         ]
         calls += [self._fail_call(i) for i in failed]
-        replies = self._retrying(lambda: self.jq.scripts.run_many(calls))
+        replies = self._send_commits(calls)
         for items, reply in zip(done.values(), replies, strict=False):
             for item, outcome in zip(items, ops.parse_outcomes(reply), strict=True):
                 self._settle(item, outcome)
         for item, reply in zip(failed, replies[len(done) :], strict=True):
             self._settle(item, ops.parse_outcome(reply))
         self._committed(batch)
+
+    def _send_commits(self, calls: list[Call]) -> list[Any]:
+        """Every reply, re-sending the calls Redis refused for now (OOM, READONLY, BUSY, ...)
+        until it takes them: those calls did not run (the others did: they are not sent
+        again), and their runs stay heartbeated meanwhile. Gives up (raises) only once the
+        worker has stopped."""
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        delay = 0.1
+        while True:
+            pending = [calls[i] for i in todo]
+            try:
+                got = self._retrying(
+                    functools.partial(self.jq.scripts.run_many, pending), self._stopped
+                )
+            except ServerRefused as exc:
+                if exc.replies is None:
+                    raise
+                refused: ServerRefused | None = exc
+                got = exc.replies
+            else:
+                refused = None
+            again = []
+            for i, reply in zip(todo, got, strict=True):
+                if isinstance(reply, Exception) and refused_for_now(reply):
+                    again.append(i)
+                elif isinstance(reply, Exception):
+                    raise translate_error(calls[i], reply) from reply
+                else:
+                    replies[i] = reply
+            if not again:
+                return replies
+            log.warning(
+                "Redis refused %d commits for now (%s); retrying in %.1fs",
+                len(again),
+                refused,
+                delay,
+            )
+            todo = again
+            self._stopped.wait(delay * (0.5 + random.random() / 2))
+            if self._stopped.is_set():
+                raise _GiveUp
+            delay = min(delay * 2, 5.0)
 
     def _settle(self, item: Finished, outcome: ops.Outcome) -> None:
         """Record the outcome of one commit; the caller frees the slot (see _release_slots)."""
@@ -632,7 +898,7 @@ class Worker:
                 )
         else:
             self.stats.fenced_out += 1
-            self.stats.rejected_commits.append((run.run_id, run.fence, outcome.status))
+            self.stats.rejected(run.run_id, run.fence, outcome.status)
             log.warning(
                 "fenced out: commit of run_id=%s fence=%d attempt=%d refused (%s, "
                 "current fence %s); result discarded",
@@ -674,6 +940,9 @@ class Worker:
         while not self._stopped.is_set():
             now = time.monotonic()
             interval = self._beat_interval()
+            # A run just claimed with a shorter lease than any before needs its first beat
+            # within a third of that lease, not at the beat planned for the longer ones.
+            next_beat = min(next_beat, now + interval)
             try:
                 self._enforce_timeouts(now)
                 if now >= next_beat:
@@ -737,10 +1006,17 @@ class Worker:
         entry.ctx.cancel(f"lease lost: {reason}")
         self._cancel_async(entry)
 
+    def _cancel_async(self, entry: InFlight) -> None:
+        if entry.is_async and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(self._cancel_task, entry)
+
     @staticmethod
-    def _cancel_async(entry: InFlight) -> None:
-        if entry.is_async and entry.future is not None:
-            entry.future.cancel()  # cancels the task on the event loop
+    def _cancel_task(entry: InFlight) -> None:
+        # On the loop. Its task may not exist yet: _spawn_async then cancels it at birth.
+        entry.cancel_requested = True
+        if entry.task is not None:
+            entry.task.cancel()
 
     def _enforce_timeouts(self, now: float) -> None:
         with self._lock:
@@ -750,10 +1026,15 @@ class Worker:
                 if e.timeout_s is not None
                 and not e.timed_out
                 and not e.settled
+                and not e.result_queued  # its code returned in time: its outcome stands
                 and now - e.started > e.timeout_s
             ]
+            for e in expired:
+                # Under the lock: an outcome arriving from now on is dropped (_outcome).
+                e.timed_out = True
+            stuck = sum(1 for e in self._in_flight.values() if e.timed_out)
+        self._check_stuck(now, stuck)
         for e in expired:
-            e.timed_out = True
             self.stats.timeouts += 1
             e.ctx.cancel(f"timed out after {e.timeout_s:g}s")
             log.warning(
@@ -775,6 +1056,21 @@ class Worker:
                 )
             )
             self._cancel_async(e)
+
+    def _check_stuck(self, now: float, stuck: int) -> None:
+        """Timed-out code that never returns keeps its slot (a thread cannot be killed). When
+        such code holds most slots for stuck_limit, this worker is of no use: it stops
+        claiming and exits EXIT_UNHEALTHY so that a clean process replaces it."""
+        if stuck * 2 <= self.concurrency:
+            self._stuck_since = None
+            return
+        if self._stuck_since is None:
+            self._stuck_since = now
+        elif now - self._stuck_since >= self.stuck_limit and not self._stopping.is_set():
+            self._die(
+                f"{stuck} of {self.concurrency} slots held by timed-out task code that never "
+                f"returned, for over {self.stuck_limit:g}s"
+            )
 
     # -- registry --------------------------------------------------------------------------
 
@@ -819,13 +1115,20 @@ class Worker:
     def _drain(self) -> None:
         """Let in-flight runs finish within the grace period, let their commits land, then
         hand the rest back."""
-        deadline = time.monotonic() + self.grace
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+        # The grace period counts from the stop request (the claim loop may have taken a
+        # while to notice it: a claim call waiting on a slow Redis).
+        deadline = self._stop_at + self.grace
+        shutdown_deadline = self._shutdown_deadline()
         with self._lock:
             while self._busy_slots > 0 and time.monotonic() < deadline:
                 self._slot_freed.wait(min(0.1, max(deadline - time.monotonic(), 0.001)))
             # Finished runs' commits take a round trip; a Redis outage must not hold the
             # shutdown forever (their leases expire and other workers reclaim them).
-            commit_deadline = max(deadline, time.monotonic() + DRAIN_COMMIT_WAIT_S)
+            commit_deadline = min(
+                max(deadline, time.monotonic() + DRAIN_COMMIT_WAIT_S), shutdown_deadline - 2.0
+            )
             while self._pending_commits > 0 and time.monotonic() < commit_deadline:
                 self._slot_freed.wait(min(0.1, max(commit_deadline - time.monotonic(), 0.001)))
             # A run whose outcome waits for the committer is not handed back: its commit
@@ -839,11 +1142,21 @@ class Worker:
         for e in leftover:
             e.released = True  # a late result must not be committed after the release
             e.ctx.cancel("worker shutting down")
-        try:
-            replies = self.jq.scripts.run_many(calls)
-        except JobQueueError as exc:
-            log.warning("release failed (%s); the leases will expire and be reclaimed", exc)
+        if time.monotonic() >= shutdown_deadline - 1.0:
+            log.warning("no time left to release %d runs; their leases will expire", len(calls))
             return
+        got: list[list[Any]] = []
+
+        def release() -> None:
+            try:
+                got.append(self.jq.scripts.run_many(calls))
+            except JobQueueError as exc:
+                log.warning("release failed (%s); the leases will expire and be reclaimed", exc)
+
+        self._bounded(release, "release")
+        if not got:
+            return
+        replies = got[0]
         for e, reply in zip(leftover, replies, strict=True):
             outcome = ops.parse_outcome(reply)
             if outcome.accepted:

@@ -5,6 +5,7 @@ the lane drives redis-py's own socket connections, which fakeredis does not use.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import redis
 
 from jobqueue import ops
 from jobqueue.embedded import EmbeddedServer
-from jobqueue.errors import ScriptError
+from jobqueue.errors import ConnectionFailed, ScriptError
 from jobqueue.keys import PartitionKeys
 from jobqueue.ops import RunSpec
 from jobqueue.scripts import Call, DirectLane, ScriptRunner
@@ -120,6 +121,45 @@ def test_close_disconnects_the_lane_connections(client: Any) -> None:
     runner.run(create("c1"))
     before = len(client.client_list())
     runner.close()
+    # The server learns of a closed socket asynchronously: a CLIENT LIST on another
+    # connection may still be answered first.
+    deadline = time.monotonic() + 2
+    while len(client.client_list()) != before - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert len(client.client_list()) == before - 1
     # and the runner still works afterwards (a new connection)
     assert ops.parse_create(runner.run(create("c2"))) == [True]
+
+
+STALL_1S = """local t = redis.call('TIME'); local s = t[1] * 1000 + t[2] / 1000
+while true do
+  t = redis.call('TIME')
+  if t[1] * 1000 + t[2] / 1000 - s > 1000 then break end
+end
+return 1"""
+
+
+def test_a_call_whose_reply_timed_out_is_raised_not_sent_again(
+    client: Any, real_server: EmbeddedServer
+) -> None:
+    """The server stalls (a slow script, a fork) longer than the socket timeout: the call
+    still runs once the stall ends. A re-sent claim would lease runs that nobody starts."""
+    runner = ScriptRunner(client)
+    specs = [RunSpec(f"r{i}", "t", '{"args":[],"kwargs":{}}') for i in range(3)]
+    runner.run(ops.create_call(PK, specs))
+    slow = redis.Redis.from_url(real_server.url + "?socket_timeout=0.3", decode_responses=True)
+    slow_runner = ScriptRunner(slow)
+    slow_runner.run(ops.claim_call(PK, 0, "w", 30_000, 60_000))  # the lane is connected
+    stall = threading.Thread(target=lambda: client.eval(STALL_1S, 0))
+    try:
+        stall.start()
+        time.sleep(0.1)
+        with pytest.raises(ConnectionFailed, match="timed out"):
+            slow_runner.run(ops.claim_call(PK, 1, "w", 30_000, 60_000))
+        stall.join()
+        time.sleep(0.3)  # what a re-send would still have done by now
+        assert client.zcard(PK.leases) == 1  # the claim ran once: one run leased
+    finally:
+        stall.join()
+        slow_runner.close()
+        slow.close()

@@ -219,7 +219,7 @@ def test_result_that_is_not_json_goes_dead_with_the_reason(fast_jq: JobQueue) ->
 # -- timeouts, cancellation, fences --------------------------------------------------------
 
 
-def test_timeout_fails_and_retries_the_run_and_refuses_the_stuck_threads_late_commit(
+def test_timeout_fails_and_retries_the_run_and_discards_the_stuck_threads_late_result(
     fast_jq: JobQueue,
 ) -> None:
     release_stuck = threading.Event()
@@ -236,15 +236,18 @@ def test_timeout_fails_and_retries_the_run_and_refuses_the_stuck_threads_late_co
         handle = fast_jq.enqueue(slow)
         run = finished(fast_jq, handle.run_id)
         assert (run.state, run.result, run.attempt) == ("done", "second", 2)
+        assert worker._busy_slots == 1  # the stuck code still holds its slot
         release_stuck.set()
-        wait_for(lambda: worker.stats.rejected_commits, what="the late commit")
-    assert [(r, f) for r, f, _ in worker.stats.rejected_commits] == [(handle.run_id, 1)]
+        wait_for(lambda: worker._busy_slots == 0, what="the stuck code's slot to free")
+        assert not worker._in_flight
+    # The late result was never sent: the timeout's fail stands for attempt 1.
+    assert worker.stats.rejected_commits == []
     assert worker.stats.timeouts == 1
     assert any("failed fence=1 attempt=1" in h and "timed out after 0.2s" in h for h in run.history)
     final = fast_jq.get_run(handle.run_id)
     assert (final.result, final.fence) == ("second", 2)
     stats = fast_jq.redis.hgetall(fast_jq.keys_for("default", handle.run_id).stats)
-    assert (stats.get("completed"), stats.get("rejected")) == ("1", "1")  # one commit accepted
+    assert (stats.get("completed"), stats.get("rejected")) == ("1", None)  # one commit only
 
 
 def test_refused_heartbeat_sets_ctx_cancelled_and_the_late_commit_is_refused(

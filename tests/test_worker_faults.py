@@ -1,0 +1,512 @@
+"""The worker when things go wrong: task code that misbehaves (SystemExit in a coroutine, a
+result that cannot be encoded, code that never returns), a payload that cannot be decoded,
+signals at awkward moments, and Redis refusing or hanging. The worker runs in-process as in
+test_worker (``Worker.run()`` in a thread, stopped with ``stop()``); every test runs on both
+backends unless its docstring says why not."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue as queue_mod
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from test_worker import FAST, finished, make_worker, running, wait_for
+
+from jobqueue import supervisor
+from jobqueue import worker as worker_module
+from jobqueue.client import JobQueue
+from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.errors import ConnectionFailed
+from jobqueue.worker import EXIT_UNHEALTHY, MAX_REJECTED_KEPT, Worker, WorkerStats
+
+
+@pytest.fixture
+def fast_jq(redis_client: Any) -> JobQueue:
+    return JobQueue(redis_client, settings=FAST)
+
+
+class Exited:
+    """Worker.run() in a thread, its return value kept: for the tests where the worker must
+    stop by itself."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.code = self.worker.run()
+
+    def join(self, timeout: float) -> int | None:
+        self.thread.join(timeout)
+        return None if self.thread.is_alive() else self.code
+
+    def close(self) -> None:
+        # stop() from a thread of its own: a test that failed may have left the worker's
+        # lock held for ever, and the test must still end.
+        threading.Thread(target=self.worker.stop, daemon=True).start()
+        self.thread.join(10)
+
+
+# -- task code that misbehaves -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc_type", [SystemExit, KeyboardInterrupt])
+def test_an_async_task_raising_systemexit_or_keyboardinterrupt_fails_only_its_own_run(
+    fast_jq: JobQueue, exc_type: type[BaseException]
+) -> None:
+    @fast_jq.task(max_attempts=1)
+    async def bails_out() -> None:
+        raise exc_type(3)
+
+    @fast_jq.task
+    async def double(x: int) -> int:
+        await asyncio.sleep(0)
+        return x * 2
+
+    worker = make_worker(fast_jq)
+    with running(worker):
+        bad = finished(fast_jq, fast_jq.enqueue(bails_out).run_id)
+        good = finished(fast_jq, fast_jq.enqueue(double, 21).run_id)
+        wait_for(lambda: worker._busy_slots == 0, what="every slot to free")
+    assert (bad.state, bad.attempt) == ("dead", 1)
+    assert bad.error is not None and bad.error.startswith(exc_type.__name__)
+    assert (good.state, good.result) == ("done", 42)
+
+
+def test_a_worker_whose_event_loop_thread_died_stops_and_exits_non_zero(
+    fast_jq: JobQueue,
+) -> None:
+    @fast_jq.task
+    async def noop() -> None:
+        return None
+
+    worker = make_worker(fast_jq, grace=0.5)
+    exited = Exited(worker)
+    try:
+        wait_for(lambda: worker._loop is not None and worker._loop.is_running(), what="loop")
+        assert worker._loop is not None
+        worker._loop.call_soon_threadsafe(sys.exit, 9)  # what kills a loop thread
+        assert exited.join(10) == EXIT_UNHEALTHY
+    finally:
+        exited.close()
+
+
+def test_an_async_timeout_keeps_the_slot_until_a_coroutine_that_ignores_cancel_ends(
+    fast_jq: JobQueue,
+) -> None:
+    """The slot is the coroutine's: freed when it really ends, and the attempt is failed
+    once (by the timeout), not again when the coroutine finally gives up."""
+    release = threading.Event()
+
+    @fast_jq.task(timeout=0.2, max_attempts=1)
+    async def stubborn() -> str:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed: it keeps going
+                await asyncio.sleep(0.02)
+        return "late"
+
+    worker = make_worker(fast_jq, concurrency=1)
+    with running(worker):
+        run = finished(fast_jq, fast_jq.enqueue(stubborn).run_id)
+        assert worker._busy_slots == 1  # the coroutine still runs: its slot is taken
+        release.set()
+        wait_for(lambda: worker._busy_slots == 0, what="the slot to free")
+        assert not worker._in_flight
+    assert (run.state, run.error) == ("dead", "timed out after 0.2s")
+    assert worker.stats.fenced_out == 0 and worker.stats.rejected_commits == []
+
+
+class _SlowFirstGet:
+    """The committer's queue, holding its first item back a while: whatever arrives meanwhile
+    is committed in the same batch."""
+
+    def __init__(self, inner: queue_mod.SimpleQueue[Any], hold: threading.Event) -> None:
+        self._inner = inner
+        self._hold = hold
+        self._first = True
+
+    def put(self, item: Any) -> None:
+        self._inner.put(item)
+
+    def get_nowait(self) -> Any:
+        return self._inner.get_nowait()
+
+    def get(self) -> Any:
+        item = self._inner.get()
+        if self._first and item is not None:
+            self._first = False
+            self._hold.wait(5)
+            time.sleep(0.05)  # the late result is queued right after the hold is released
+        return item
+
+
+def test_a_result_arriving_after_its_timeout_does_not_win_over_the_timeouts_fail(
+    fast_jq: JobQueue,
+) -> None:
+    """The timeout's fail and the late result in one commit batch: the run stays failed
+    (completes are sent before fails, so a late result used to be committed as done)."""
+    returning = threading.Event()
+
+    @fast_jq.task(timeout=0.2, max_attempts=1)
+    def slow() -> str:
+        time.sleep(0.5)  # ignores ctx.cancelled
+        returning.set()
+        return "late"
+
+    worker = make_worker(fast_jq)
+    worker._finished = _SlowFirstGet(worker._finished, returning)  # type: ignore[assignment]
+    with running(worker):
+        run = finished(fast_jq, fast_jq.enqueue(slow).run_id)
+        wait_for(lambda: worker._busy_slots == 0, what="the slot to free")
+    assert (run.state, run.result, run.error) == ("dead", None, "timed out after 0.2s")
+
+
+class _Rows(dict[str, Any]):
+    """A dict whose items cannot be read (a lazy mapping over a closed cursor): json.dumps
+    raises RuntimeError."""
+
+    def items(self) -> Any:
+        raise RuntimeError("backing cursor closed")
+
+
+@pytest.mark.parametrize("error", [RuntimeError, MemoryError])
+def test_a_result_whose_encoding_raises_fails_its_run_and_frees_its_slot(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch, error: type[Exception]
+) -> None:
+    real_encode = worker_module.encode_result
+
+    def encode(value: Any, limit: int) -> str:
+        if value == "explode":
+            raise error("cannot encode")
+        return real_encode(value, limit)
+
+    monkeypatch.setattr(worker_module, "encode_result", encode)
+
+    @fast_jq.task(max_attempts=3)
+    def odd() -> Any:
+        return "explode"
+
+    @fast_jq.task(max_attempts=3)
+    def odd_mapping() -> Any:
+        return _Rows(a=1)
+
+    worker = make_worker(fast_jq)
+    with running(worker):
+        runs = [finished(fast_jq, fast_jq.enqueue(t).run_id) for t in (odd, odd_mapping)]
+        wait_for(lambda: worker._busy_slots == 0 and not worker._in_flight, what="no leak")
+    for run in runs:
+        assert (run.state, run.attempt) == ("dead", 1)  # never retried: it would fail again
+        assert run.error is not None and "could not be encoded" in run.error
+
+
+def test_timed_out_code_holding_most_slots_makes_the_worker_stop_and_exit_non_zero(
+    fast_jq: JobQueue,
+) -> None:
+    release = threading.Event()
+
+    @fast_jq.task(timeout=0.1, max_attempts=1)
+    def stuck() -> None:
+        release.wait(10)  # never checks ctx.cancelled
+
+    worker = make_worker(fast_jq, concurrency=2, grace=0.2, stuck_limit=0.3)
+    exited = Exited(worker)
+    try:
+        for _ in range(2):
+            fast_jq.enqueue(stuck)
+        assert exited.join(10) == EXIT_UNHEALTHY
+        assert worker._unhealthy is not None and "timed-out task code" in worker._unhealthy
+    finally:
+        release.set()
+        exited.close()
+
+
+# -- payloads ------------------------------------------------------------------------------
+
+
+def test_a_payload_nested_too_deeply_fails_alone_and_the_rest_of_its_claim_batch_runs(
+    fast_jq: JobQueue, redis_client: Any
+) -> None:
+    @fast_jq.task
+    def echo(x: Any) -> Any:
+        return x
+
+    handles = [fast_jq.enqueue(echo, i) for i in range(4)]  # one claim batch
+    poison = handles[0]
+    keys = fast_jq.keys_for("default", poison.run_id)
+    deep = '{"args": [' + "[" * 100_000 + "]" * 100_000 + '], "kwargs": {}}'
+    redis_client.hset(keys.run(poison.run_id), "payload", deep)
+    worker = make_worker(fast_jq)
+    with running(worker):
+        runs = [finished(fast_jq, h.run_id) for h in handles]
+        wait_for(lambda: worker._busy_slots == 0 and not worker._in_flight, what="no leak")
+    assert (runs[0].state, runs[0].attempt) == ("dead", 1)
+    assert runs[0].error is not None and "nested too deeply" in runs[0].error
+    assert [(r.state, r.result) for r in runs[1:]] == [("done", i) for i in (1, 2, 3)]
+
+
+# -- signals, startup and shutdown ---------------------------------------------------------
+
+
+def test_a_stop_signal_landing_while_the_main_thread_holds_the_worker_lock_does_not_deadlock(
+    fast_jq: JobQueue,
+) -> None:
+    """A signal handler runs in the main thread between two bytecodes, possibly while that
+    thread holds the worker's (non-reentrant) lock: the handler must not take it."""
+    worker = make_worker(fast_jq)
+    exited = Exited(worker)
+    try:
+        wait_for(lambda: worker._partitions, what="the worker to start")
+
+        def handler_under_the_lock() -> None:
+            with worker._lock:
+                worker._on_signal(signal.SIGTERM, None)
+
+        t = threading.Thread(target=handler_under_the_lock, daemon=True)
+        t.start()
+        t.join(5)
+        assert not t.is_alive(), "the signal handler deadlocked on the worker's lock"
+        assert exited.join(10) == 0  # and the signal did stop the worker
+    finally:
+        exited.close()
+
+
+def test_a_worker_that_cannot_register_its_queues_still_stops_when_told(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server refusing writes at startup (OOM, a replica): the retry loop gives up on stop."""
+
+    def refused(queue: str) -> None:
+        raise ConnectionFailed("cannot register queue: OOM command not allowed")
+
+    monkeypatch.setattr(fast_jq, "register_queue", refused)
+    worker = make_worker(fast_jq)
+    exited = Exited(worker)
+    try:
+        time.sleep(0.3)  # a few retries
+        worker.stop()
+        assert exited.join(5) == 0
+    finally:
+        exited.close()
+
+
+def test_the_first_heartbeat_comes_within_a_third_of_a_short_task_lease(
+    fast_jq: JobQueue,
+) -> None:
+    """A run whose task lease is shorter than the worker's own: the heartbeat planned for
+    the worker's lease would come after the short lease expired."""
+
+    @fast_jq.task(lease=0.6, max_attempts=1)
+    def a_while() -> str:
+        time.sleep(1.0)
+        return "ok"
+
+    worker = make_worker(fast_jq, lease=30.0)
+    with running(worker):
+        run = finished(fast_jq, fast_jq.enqueue(a_while).run_id)
+    assert (run.state, run.result, run.attempt) == ("done", "ok", 1)
+    assert worker.stats.fenced_out == 0
+
+
+def test_rejected_commits_keeps_only_the_most_recent_ones() -> None:
+    stats = WorkerStats()
+    total = 3 * MAX_REJECTED_KEPT
+    for i in range(total):
+        stats.rejected(f"r{i}", 1, "fenced")
+    assert len(stats.rejected_commits) <= 2 * MAX_REJECTED_KEPT
+    assert stats.rejected_commits[-1] == (f"r{total - 1}", 1, "fenced")
+
+
+# -- Redis refusing commits ----------------------------------------------------------------
+
+
+def test_a_commit_refused_for_now_by_redis_is_retried_not_abandoned(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OOM (and READONLY, BUSY, ...) at commit time: the calls that were refused are sent
+    again until Redis takes them; the others are not sent twice. The refusals are injected
+    as error replies of the pipeline (the real-server OOM case is in the next test)."""
+    refusals = [2]
+    real_pipelined = fast_jq.scripts._pipelined
+
+    def pipelined(calls: Any) -> list[Any]:
+        if refusals[0] <= 0 or not any(c.script == "complete" for c in calls):
+            return real_pipelined(calls)
+        refusals[0] -= 1
+        # The completes are refused (not run); the other calls of the pipeline run.
+        others = [c for c in calls if c.script != "complete"]
+        ran = iter(real_pipelined(others) if others else [])
+        oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory")
+        return [oom if c.script == "complete" else next(ran) for c in calls]
+
+    @fast_jq.task(max_attempts=1)
+    def fine() -> str:
+        return "ok"
+
+    monkeypatch.setattr(fast_jq.scripts, "_pipelined", pipelined)
+    worker = make_worker(fast_jq)
+    with running(worker):
+        refusals[0] = 2
+        handle = fast_jq.enqueue(fine)
+        run = finished(fast_jq, handle.run_id)
+    assert refusals[0] == 0
+    assert (run.state, run.result, run.attempt) == ("done", "ok", 1)
+    assert worker.stats.rejected_commits == []
+
+
+def test_a_real_oom_blip_at_commit_time_does_not_lose_the_finished_result(
+    real_server: Any,
+) -> None:
+    """Real server only: fakeredis has no maxmemory. The server refuses writes (maxmemory
+    reached, noeviction) from the moment the task returns until 0.5 s later."""
+    client = redis.Redis.from_url(real_server.url, decode_responses=True)
+    client.flushall()
+    jq = JobQueue(client, settings=FAST)
+    admin = redis.Redis.from_url(real_server.url, decode_responses=True)
+
+    @jq.task(max_attempts=1)
+    def fills_memory() -> str:
+        admin.config_set("maxmemory", 1)
+        threading.Timer(0.5, admin.config_set, ("maxmemory", 0)).start()
+        return "ok"
+
+    try:
+        worker = make_worker(jq)
+        with running(worker):
+            run = finished(jq, jq.enqueue(fills_memory).run_id)
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()
+        client.close()
+    assert (run.state, run.result, run.attempt) == ("done", "ok", 1)
+    assert worker.stats.rejected_commits == []
+
+
+# -- the --processes supervisor ------------------------------------------------------------
+
+# A stand-in for a worker child: no handler for SIGTERM (a child still importing its app).
+_NAPPING_CHILD = "import time; time.sleep(4)"
+# A child that ignores SIGTERM (one that hangs in its drain).
+_DEAF_CHILD = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(6)"
+)
+
+
+@pytest.fixture
+def restored_signals() -> Iterator[None]:
+    """supervise() installs handlers in this (the main) thread: put pytest's back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def _fake_spawn(
+    code: str, spawned: list[subprocess.Popen[bytes]], signal_on: int, after_ready: bool = False
+) -> Callable[[list[str], str], subprocess.Popen[bytes]]:
+    """Spawns ``code``; sends the supervisor SIGTERM while spawning child ``signal_on`` (before
+    its Popen, or once it printed a line when ``after_ready``)."""
+
+    def spawn(argv: list[str], url: str) -> subprocess.Popen[bytes]:
+        signal_now = len(spawned) + 1 == signal_on
+        if signal_now and not after_ready:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands mid-spawn
+        child = subprocess.Popen(
+            [sys.executable, "-c", code],
+            preexec_fn=supervisor._child_setup,
+            stdout=subprocess.PIPE if after_ready else None,
+        )
+        spawned.append(child)
+        if signal_now and after_ready:
+            assert child.stdout is not None
+            child.stdout.readline()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return child
+
+    return spawn
+
+
+def test_a_supervisor_signalled_while_spawning_a_child_drains_that_child_too_and_exits_0(
+    monkeypatch: pytest.MonkeyPatch, restored_signals: None
+) -> None:
+    """No Redis: the children stand in for workers. Each dies of the forwarded SIGTERM (it has
+    no handler yet): a clean exit once the supervisor is stopping."""
+    spawned: list[subprocess.Popen[bytes]] = []
+    monkeypatch.setattr(supervisor, "_spawn", _fake_spawn(_NAPPING_CHILD, spawned, 2))
+    try:
+        assert supervisor.supervise(2, ["jobqueue", "worker"], "", grace=1.0) == 0
+        assert [c.returncode for c in spawned] == [-signal.SIGTERM, -signal.SIGTERM]
+    finally:
+        for c in spawned:
+            with contextlib.suppress(OSError):
+                c.kill()
+            c.wait()
+
+
+def test_a_supervisor_kills_a_child_that_has_not_drained_by_its_deadline(
+    monkeypatch: pytest.MonkeyPatch, restored_signals: None
+) -> None:
+    """No Redis. The deadline is the children's grace plus a margin (shortened here)."""
+    spawned: list[subprocess.Popen[bytes]] = []
+    monkeypatch.setattr(supervisor, "_spawn", _fake_spawn(_DEAF_CHILD, spawned, 1, True))
+    monkeypatch.setattr(supervisor, "_KILL_MARGIN_S", 0.5)
+    try:
+        assert supervisor.supervise(1, ["jobqueue", "worker", "--grace", "0.5"], "") == 1
+        assert [c.returncode for c in spawned] == [-signal.SIGKILL]
+    finally:
+        for c in spawned:
+            with contextlib.suppress(OSError):
+                c.kill()
+            c.wait()
+
+
+# -- a hung Redis at shutdown --------------------------------------------------------------
+
+
+def test_a_stop_while_redis_hangs_ends_within_the_grace_and_a_small_margin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real server only, a private one: it is SIGSTOPped (connections accepted, nothing
+    answered: a stalled VM, a partition that drops packets). Every shutdown call would wait
+    its socket timeout, some several times (redis-py's retries): the shutdown has one deadline
+    instead, grace + SHUTDOWN_MARGIN_S (shortened here) from the stop."""
+    monkeypatch.setattr(worker_module, "SHUTDOWN_MARGIN_S", 1.0)
+    server = EmbeddedServer(find_server_binary()).start()
+    assert server.process is not None
+    try:
+        jq = JobQueue.from_url(server.url + "?socket_timeout=2", settings=FAST)
+        started = threading.Event()
+
+        @jq.task
+        def nap() -> None:
+            started.set()
+            time.sleep(30)  # outlives the grace: to be released at the end of the drain
+
+        worker = make_worker(jq, grace=0.5)
+        exited = Exited(worker)
+        jq.enqueue(nap)
+        assert started.wait(10)
+        server.process.send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        worker.stop()
+        code = exited.join(15)
+        took = time.monotonic() - stopped_at
+        assert code == 0, f"still stopping {took:.1f}s after stop() (grace 0.5s)"
+        # A wait already under way (the claim loop's) ends by the socket timeout (2 s): the
+        # shutdown takes at most grace + margin + that, plus slack for a loaded machine.
+        assert took < 0.5 + 1.0 + 2.0 + 1.5, f"took {took:.1f}s"
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+        server.stop()
