@@ -98,6 +98,10 @@ def supervise(processes: int, argv: list[str], url: str, grace: float | None = N
                 return None
             child = _spawn(argv, url)
             children.append(child)
+            if stopping:
+                # The mask is per thread: a signal the kernel gave another thread still runs
+                # forward() in this one, possibly before the append. Catch this child up.
+                child.send_signal(signals[-1])
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return child

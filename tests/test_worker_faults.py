@@ -442,13 +442,18 @@ def test_a_supervisor_signalled_while_spawning_a_child_drains_that_child_too_and
     monkeypatch: pytest.MonkeyPatch, restored_signals: None
 ) -> None:
     """No Redis: the children stand in for workers. Each dies of the forwarded SIGTERM (it has
-    no handler yet): a clean exit once the supervisor is stopping."""
+    no handler yet): a clean exit once the supervisor is stopping. Another thread is alive,
+    as in most processes: the kernel may hand it the signal the main thread blocks, and Python
+    then runs the handler in the main thread in the middle of the spawn."""
     spawned: list[subprocess.Popen[bytes]] = []
     monkeypatch.setattr(supervisor, "_spawn", _fake_spawn(_NAPPING_CHILD, spawned, 2))
+    other = threading.Event()
+    threading.Thread(target=other.wait, args=(30,), daemon=True).start()
     try:
         assert supervisor.supervise(2, ["jobqueue", "worker"], "", grace=1.0) == 0
         assert [c.returncode for c in spawned] == [-signal.SIGTERM, -signal.SIGTERM]
     finally:
+        other.set()
         for c in spawned:
             with contextlib.suppress(OSError):
                 c.kill()
