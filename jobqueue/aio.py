@@ -23,6 +23,7 @@ from .base import (
     create_batches,
     created_flags,
     not_found,
+    pick_located,
 )
 from .connection import async_client, redact
 from .embedded import resolve_url
@@ -142,10 +143,8 @@ class AsyncJobQueue(ClientBase):
         pipe = self.redis.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k.run(run_id))
-        for k, found in zip(keys, await pipe.execute(), strict=True):
-            if found:
-                return k
-        return None
+        found = await pipe.execute()
+        return pick_located(run_id, [k for k, n in zip(keys, found, strict=True) if n])
 
     async def find_run(self, run_id: str, queue: str | None = None) -> Run | None:
         keys = await self.locate(run_id, queue)

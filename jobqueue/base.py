@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 from . import ops
-from .errors import ConfigError, OperationRefused, RunNotFound, UnknownTask
+from .errors import ConfigError, OperationRefused, PayloadError, RunNotFound, UnknownTask
 from .keys import PartitionKeys, partition_of, validate_queue_name, validate_run_id
 from .ops import RunSpec
 from .payload import encode_payload
@@ -24,6 +24,31 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 TaskRef = Task[Any, Any] | Callable[..., Any] | str
+
+# The latest due time a run may have: 9000-01-01T00:00:00Z. Later instants are typing
+# mistakes (and 9999-12-31 is the sentinel that holds buffer-one runs back).
+MAX_DUE_MS = 221845392000000
+# The longest delay: one that cannot pass MAX_DUE_MS from any plausible present (before 2100).
+# A bound, not a decision: Redis adds the delay to its own clock.
+MAX_DELAY_MS = MAX_DUE_MS - 4102444800000
+
+
+def check_args_sequence(args: Any, what: str = "args") -> None:
+    """A str or bytes is a sequence too, and would be stored split into characters."""
+    if isinstance(args, str | bytes | bytearray | memoryview):
+        raise PayloadError(
+            f"{what} must be a list or tuple of arguments, not {type(args).__name__} "
+            f"{args!r:.40}: for one argument pass [value]"
+        )
+
+
+def check_due(at_ms: int | None, delay_ms: int) -> None:
+    """Refuse due times past year 9000, for every way of planning a run."""
+    if at_ms is not None and at_ms >= MAX_DUE_MS:
+        raise ConfigError("at is beyond year 9000: give a due time before 9000-01-01")
+    if delay_ms > MAX_DELAY_MS:
+        raise ConfigError(f"delay of {delay_ms / 1000:.3g} s puts the run beyond year 9000")
+
 
 # Runs per create_run call: large enough to amortise the round trip, small enough that one
 # script never blocks the server for long.
@@ -128,12 +153,26 @@ class ClientBase:
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
             task = self._register(
-                name or f.__name__, f, queue, max_attempts, timeout, lease, backoff, backoff_cap
+                name or f.__name__,
+                f,
+                queue,
+                max_attempts,
+                timeout,
+                lease,
+                backoff,
+                backoff_cap,
+                add=False,
             )
-            if schedules or any(v is not None for v in schedule.values()):
-                from .recurring import declare_task_schedules
+            if not schedules and all(v is None for v in schedule.values()):
+                self.registry.add(task)
+                return task
+            from .recurring import add_declarations, declare_task_schedules
 
-                declare_task_schedules(self, task, schedule, schedules)
+            # Schedules validated before the task is registered: a refused one leaves nothing
+            # behind (a retry of the decorator is not "already registered").
+            defns = declare_task_schedules(self, task, schedule, schedules)
+            self.registry.add(task)
+            add_declarations(self, defns)
             return task
 
         return register(func) if func is not None else register
@@ -144,6 +183,7 @@ class ClientBase:
         no longer declared."""
         from .recurring import declare
 
+        check_args_sequence(options.get("args", ()))
         return declare(self, job_id, task, **options)
 
     @property
@@ -175,7 +215,10 @@ class ClientBase:
         lease: float | None,
         backoff: float | None,
         backoff_cap: float | None,
+        add: bool = True,
     ) -> Task[Any, Any]:
+        """The task; ``add``: registered too (the decorator adds it once its schedules are
+        validated)."""
         options = make_options(
             queue=queue or self.settings.default_queue,
             max_attempts=self.settings.default_max_attempts
@@ -187,7 +230,8 @@ class ClientBase:
             backoff_cap=backoff_cap,
         )
         task: Task[Any, Any] = Task(name=name, options=options, func=func, enqueuer=self)
-        self.registry.add(task)
+        if add:
+            self.registry.add(task)
         return task
 
     def resolve_task(self, ref: TaskRef) -> Task[Any, Any]:
@@ -240,7 +284,11 @@ class ClientBase:
         task = ref if isinstance(ref, Task) else self.resolve_task(ref)
         if delay is not None and at is not None:
             raise ConfigError("pass delay or at, not both")
-        name = queue or task.options.queue
+        check_args_sequence(args)
+        at_ms = None if at is None else instant_to_ms(at)
+        delay_ms = 0 if delay is None else delay_to_ms(delay)
+        check_due(at_ms, delay_ms)
+        name = task.options.queue if queue is None else queue  # "" is refused, not defaulted
         if name not in self._valid_queues:
             self._valid_queues.add(validate_queue_name(name))
         payload = encode_payload(args, dict(kwargs), self.settings.max_payload_bytes)
@@ -250,8 +298,8 @@ class ClientBase:
             validate_run_id(run_id) if run_id is not None else os.urandom(16).hex(),
             task.name,
             payload,
-            None if at is None else instant_to_ms(at),
-            0 if delay is None else delay_to_ms(delay),
+            at_ms,
+            delay_ms,
             options.max_attempts,
             options.lease_ms,
             options.timeout_ms,
@@ -269,7 +317,8 @@ class ClientBase:
         if wanted is not None and wanted != stored:
             raise ConfigError(
                 f"queue {queue!r} has {stored} partitions in Redis but {wanted} are "
-                "configured here; changing the partition count needs a migration"
+                f"configured here; changing the partition count needs a migration: "
+                f"`jobqueue repartition {queue} --partitions {wanted}` (see its --help)"
             )
         self._partitions[queue] = stored
         return stored
@@ -285,6 +334,17 @@ class ClientBase:
             PartitionKeys(q, partition_of(run_id, self._partitions.get(q) or recorded.get(q, 1)))
             for q in names
         ]
+
+
+def pick_located(run_id: str, found: list[PartitionKeys]) -> PartitionKeys | None:
+    """The one partition a run id was found in. The same id in several queues (each queue
+    has its own runs) is ambiguous without a queue: refused, never one picked silently."""
+    if len(found) > 1:
+        queues = ", ".join(k.queue for k in found)
+        raise OperationRefused(
+            f"run id {run_id!r} exists in several queues ({queues}): name the queue (--queue)"
+        )
+    return found[0] if found else None
 
 
 def create_batches(planned: list[Planned], now: int | None = None) -> list[tuple[Call, list[int]]]:

@@ -1,27 +1,44 @@
 """The ``jobqueue`` command: daemons and the operator's window onto runs and leases.
 
-Exit codes: 0 ok, 1 operation refused (or not found), 2 usage error, 3 Redis unreachable or
-credentials refused. A user's mistake is one line on stderr, never a traceback.
+Exit codes: 0 ok, 1 operation refused (or not found), 2 bad input or usage error, 3 Redis
+unreachable or credentials refused, 130 interrupted. A user's mistake is one line on stderr,
+never a traceback.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
-import logging
-import os
-import re
 import signal
 import sys
-from datetime import datetime
-from typing import IO
+import threading
 
-import click
 
-from . import logs
-from . import metrics as metrics_mod
-from .base import Request
-from .cli_common import (
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    raise SystemExit(130)  # a Ctrl-C before the CLI is ready: no traceback of the imports
+
+
+# Until this module's imports are done (redis-py and the rest take a few hundred ms), a Ctrl-C
+# exits 130 quietly; the previous handler is restored at the end of this module.
+_MAIN_THREAD = threading.current_thread() is threading.main_thread()
+_previous_sigint = (
+    signal.signal(signal.SIGINT, _interrupted_while_starting) if _MAIN_THREAD else None
+)
+
+import importlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+from datetime import datetime  # noqa: E402
+from typing import IO  # noqa: E402
+
+import click  # noqa: E402
+
+from . import logs  # noqa: E402
+from . import metrics as metrics_mod  # noqa: E402
+from .base import Request  # noqa: E402
+from .cli_common import (  # noqa: E402
+    EXIT_INTERRUPTED,
+    FiniteFloat,
     Group,
     State,
     echo_handle,
@@ -30,20 +47,22 @@ from .cli_common import (
     pass_state,
     yes_option,
 )
-from .cli_format import when
-from .cli_ops import COMMANDS, progress
-from .cli_repartition import repartition
-from .cli_schedules import schedule, schedules
-from .cli_top import top
-from .client import JobQueue
-from .connection import redact
-from .dashboard.cli import dashboard
-from .errors import (
+from .cli_format import when  # noqa: E402
+from .cli_ops import COMMANDS, progress  # noqa: E402
+from .cli_repartition import repartition  # noqa: E402
+from .cli_schedules import schedule, schedules  # noqa: E402
+from .cli_top import top  # noqa: E402
+from .client import JobQueue  # noqa: E402
+from .connection import redact  # noqa: E402
+from .dashboard.cli import dashboard  # noqa: E402
+from .errors import (  # noqa: E402
     ConfigError,
     JobQueueError,
     OperationRefused,
+    UnknownTask,
 )
-from .supervisor import SUPERVISED_ENV
+from .keys import validate_queue_name  # noqa: E402
+from .supervisor import SUPERVISED_ENV  # noqa: E402
 
 # Runs per enqueue_many call of `enqueue --from-file` (enqueue_many pipelines its script
 # calls): one progress step each.
@@ -64,7 +83,14 @@ _metrics_host = click.option(
     "--redis-url",
     envvar="JOBQUEUE_REDIS_URL",
     help="redis://, rediss://, unix:// or redis+cluster:// URL (env JOBQUEUE_REDIS_URL). "
-    "Without one, a private embedded server is started.",
+    "Required by commands that change data; without one, reading commands and daemons warn "
+    "and use a private throwaway server.",
+)
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="With no URL, use a private throwaway server on purpose (nothing persists): "
+    "allows every command and silences the warning.",
 )
 @click.option(
     "--log-level",
@@ -82,23 +108,43 @@ _metrics_host = click.option(
 )
 @click.version_option(package_name="jobqueue")
 @click.pass_context
-def main(ctx: click.Context, redis_url: str | None, log_level: str, log_format: str) -> None:
+def main(
+    ctx: click.Context, redis_url: str | None, embedded: bool, log_level: str, log_format: str
+) -> None:
     """jobqueue: a Redis-backed distributed job scheduler and task queue."""
     logs.configure(log_level, "json" if log_format == "json" else "text")
+    if embedded and redis_url is not None:
+        raise click.UsageError("--embedded is for when no URL is given; drop one of them")
     if not isinstance(ctx.obj, State):
-        ctx.obj = State(redis_url)
+        ctx.obj = State(redis_url, embedded=embedded)
 
 
 def load_app(spec: str) -> JobQueue:
     """``module`` or ``module:attribute`` naming a JobQueue (the operator's own code)."""
     module_name, _, attr = spec.partition(":")
+    if not module_name.strip() or module_name.startswith("."):
+        raise ConfigError(
+            f"--app {spec!r} names no module (expected module:attribute, e.g. app:jq)"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # like uvicorn/celery: apps next to where you run
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"cannot import app module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the app's own code failed: its error, not ours
+        logging.getLogger("jobqueue").debug("importing %r failed", module_name, exc_info=True)
+        raise ConfigError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exc} "
+            "(--log-level debug shows the traceback)"
+        ) from None
     app = getattr(module, attr or "jq", None)
+    if type(app).__name__ == "AsyncJobQueue":  # not imported here: aio is for apps
+        raise ConfigError(
+            f"{spec!r} is an AsyncJobQueue, a client for asyncio apps; the daemons need a "
+            "JobQueue with the tasks registered on it (`async def` tasks included: the worker "
+            "runs them on its own event loop)"
+        )
     if not isinstance(app, JobQueue):
         raise ConfigError(f"{spec!r} is not a JobQueue (expected module:attribute, e.g. app:jq)")
     return app
@@ -115,14 +161,14 @@ _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
     "--lease",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(0.1),
+    type=FiniteFloat(0.1),
     help="Lease in seconds; heartbeats every lease/3.",
 )
 @click.option(
     "--grace",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=FiniteFloat(0),
     help="Seconds in-flight runs get to finish on SIGTERM before release.",
 )
 @click.option(
@@ -155,12 +201,14 @@ def worker(
     # Until the worker installs its draining handler it holds no run: a SIGTERM while the app
     # imports or Redis connects is a clean exit, not a death by signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    for name in queues:
+        validate_queue_name(name)  # as enqueue --queue does: before anything connects
     app = load_app(app_spec)
     jq = state.jq(app)
     if processes > 1 and not os.environ.get(SUPERVISED_ENV):
         from .supervisor import supervise
 
-        sys.exit(supervise(processes, sys.argv, jq.url or ""))
+        sys.exit(supervise(processes, sys.argv, jq.url or "", grace=grace))
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     served = list(queues) or [jq.settings.default_queue]
     m = metrics_mod.for_daemon("worker", metrics_port, metrics_host, jq, lambda: served)
@@ -176,7 +224,7 @@ def worker(
 @click.option("--args", "args_json", default="[]", help="Positional arguments, a JSON array.")
 @click.option("--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object.")
 @click.option("--run-id", help="Idempotency key: a second enqueue with it creates nothing.")
-@click.option("--delay", type=click.FloatRange(0), help="Seconds from now (server clock).")
+@click.option("--delay", type=FiniteFloat(0), help="Seconds from now (server clock).")
 @click.option("--at", "at_text", help="ISO 8601 instant with a zone, e.g. 2026-12-01T09:00Z.")
 @click.option("--queue", help="Queue (default: the task's, else 'default').")
 @click.option("--max-attempts", type=click.IntRange(1), default=None)
@@ -218,13 +266,26 @@ def enqueue(
                 f"not an ISO 8601 instant: {at_text!r}", param_hint="--at"
             ) from None
     jq = state.jq(load_app(app_spec) if app_spec else None)
-    if task not in jq.registry:
+    if app_spec and task not in jq.registry:
+        # The app is the list of tasks its workers run: a run of any other name would only
+        # ever be dead-lettered ("unknown task") by them.
+        raise UnknownTask(f"task {task!r} is not registered in {app_spec}")
+    if app_spec and max_attempts is not None:
+        raise click.UsageError("--max-attempts is for tasks not in --app (the app's task sets it)")
+    unchecked = task not in jq.registry
+    if unchecked:
         jq.declare_task(task, queue=queue, max_attempts=max_attempts)
     if from_file is not None:
         _enqueue_file(jq, task, from_file, delay, at, queue, as_json)
-        return
-    handle = jq.enqueue(task, *args, run_id=run_id, delay=delay, at=at, queue=queue, **kwargs)
-    echo_handle(handle, as_json)
+    else:
+        handle = jq.enqueue(task, *args, run_id=run_id, delay=delay, at=at, queue=queue, **kwargs)
+        echo_handle(handle, as_json)
+    if unchecked:  # after the outcome, so that a refusal stays the one line on stderr
+        click.echo(
+            f"note: task {task!r} is not checked (no --app) and its declared defaults (queue, "
+            "max attempts, timeout) are not applied: pass --app module:jq to use them",
+            err=True,
+        )
 
 
 _LINE_KEYS = frozenset({"args", "kwargs", "run_id"})
@@ -275,12 +336,23 @@ def _enqueue_file(
     as_json: bool,
 ) -> None:
     requests = _file_requests(jq, task, lines, delay, at, queue)
-    created = 0
-    with progress(len(requests), f"enqueueing {len(requests):,} runs") as advance:
-        for start in range(0, len(requests), ENQUEUE_CHUNK):
-            chunk = requests[start : start + ENQUEUE_CHUNK]
-            created += sum(h.created for h in jq.enqueue_many(chunk))
-            advance(len(chunk))
+    created = written = 0
+    try:
+        with progress(len(requests), f"enqueueing {len(requests):,} runs") as advance:
+            for start in range(0, len(requests), ENQUEUE_CHUNK):
+                chunk = requests[start : start + ENQUEUE_CHUNK]
+                created += sum(h.created for h in jq.enqueue_many(chunk))
+                written += len(chunk)
+                advance(len(chunk))
+    except KeyboardInterrupt:
+        # A chunk in flight may or may not have been written: `created` counts the confirmed.
+        note = f" ({written - created:,} of them existed already)" if written > created else ""
+        click.echo(
+            f"\ninterrupted: {written:,} of {len(requests):,} created{note}; a re-run skips "
+            "the lines whose run_id exists, but creates lines without run_id again",
+            err=True,
+        )
+        sys.exit(EXIT_INTERRUPTED)
     existed = len(requests) - created
     if as_json:
         click.echo(json.dumps({"runs": len(requests), "created": created, "existed": existed}))
@@ -380,16 +452,17 @@ def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
     "--lookahead",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(0),
+    type=FiniteFloat(0),
     help="Create runs this many seconds before their fire time.",
 )
-@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.01))
+@click.option("--interval", default=1.0, show_default=True, type=FiniteFloat(0.01))
 @click.option(
     "--grace",
     default=1.0,
     show_default=True,
-    type=click.FloatRange(0),
-    help="A fire time later than this is a misfire (its job's policy decides).",
+    type=FiniteFloat(0),
+    help="A fire time later than this (at least 2 x --interval) is a misfire (its job's "
+    "policy decides).",
 )
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option(
@@ -425,6 +498,9 @@ def scheduler(
 
     if prune and not app_spec:
         raise click.UsageError("--prune needs --app: the app's declarations say what to keep")
+    # Until the scheduler installs its own handler (in run) a SIGTERM while the app imports
+    # or Redis connects is a clean exit, not a death by signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     jq = state.jq(load_app(app_spec) if app_spec else None)
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     store = Recurring(jq, partitions) if partitions else None
@@ -445,7 +521,9 @@ def scheduler(
 
 
 @main.command()
-@click.option("--jobs", default=100_000, show_default=True, type=click.IntRange(0))
+@click.option(
+    "--jobs", default=100_000, show_default=True, type=click.IntRange(0, 10_000_000)
+)
 @click.option("--window", default=60, show_default=True, type=click.IntRange(0))
 @click.option("--prefix", default="job-", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -470,6 +548,10 @@ main.add_command(dashboard)
 main.add_command(schedules)
 main.add_command(schedule)
 main.add_command(repartition)
+
+
+if _MAIN_THREAD:
+    signal.signal(signal.SIGINT, _previous_sigint)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,6 +4,7 @@ command, and small argument and output helpers."""
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,6 +12,7 @@ import click
 import redis
 
 from .client import JobQueue
+from .embedded import ENV_URL, configured_url
 from .errors import (
     ConfigError,
     ConnectionFailed,
@@ -23,15 +25,32 @@ from .errors import (
 )
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+# What a shell reports for a process ended by SIGINT (128 + 2): Ctrl-C is not a refusal.
+EXIT_INTERRUPTED = 130
+
 
 def exit_code(exc: JobQueueError) -> int:
     if isinstance(exc, ConnectionFailed):
         return EXIT_UNREACHABLE
-    if isinstance(exc, ConfigError | PayloadError | InvalidRunId | UnknownTask):
+    if isinstance(exc, ConfigError | PayloadError | InvalidRunId):
         return EXIT_USAGE
-    if isinstance(exc, OperationRefused | RunNotFound):
+    # An unknown task is "not found", like an unknown run.
+    if isinstance(exc, OperationRefused | RunNotFound | UnknownTask):
         return EXIT_REFUSED
     return EXIT_REFUSED
+
+
+class FiniteFloat(click.FloatRange):
+    """click.FloatRange that also refuses NaN and infinity: NaN passes every range check
+    (all its comparisons are false), so ``--interval nan`` was a busy loop."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 class Group(click.Group):
@@ -40,6 +59,10 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # click would print "Aborted!" and exit 1, the code of a refusal.
+            click.echo("\nAborted!", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
         except JobQueueError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exit_code(exc))
@@ -49,23 +72,67 @@ class Group(click.Group):
             ctx.exit(EXIT_UNREACHABLE)
 
 
+# Commands that may run on a private throwaway server without --embedded, with a warning:
+# they only read (nothing is lost), or they are daemons that serve whatever server they get.
+# Every other command changes data that would die with the server, and is refused.
+NO_URL_WARNS = frozenset(
+    {
+        "show", "leases", "runs", "queues", "stats", "workers", "dead list", "check", "top",
+        "schedules", "schedules list", "schedules show",
+        "worker", "scheduler", "dashboard",
+    }
+)  # fmt: skip
+NO_URL = f"no Redis URL: pass --redis-url or set {ENV_URL}"
+THROWAWAY_WARNING = (
+    f"warning: {NO_URL}; using a private throwaway server: nothing persists after this command"
+)
+
+
+def command_path() -> str:
+    """The running subcommand without the program name, e.g. "dead retry"; the older group
+    name ``schedule`` counts as ``schedules``."""
+    ctx, names = click.get_current_context(silent=True), []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    names.reverse()
+    if names and names[0] == "schedule":
+        names[0] = "schedules"
+    return " ".join(names)
+
+
 class State:
     """ctx.obj: the URL, and the JobQueue once connected. A caller may pass one in (tests do,
-    with a JobQueue over fakeredis: ``CliRunner().invoke(main, args, obj=State(None, jq))``)."""
+    with a JobQueue over fakeredis: ``CliRunner().invoke(main, args, obj=State(None, jq))``).
 
-    def __init__(self, url: str | None, jq: JobQueue | None = None) -> None:
+    ``embedded``: the user asked for a private throwaway server (--embedded) when no URL is
+    configured; without it, commands whose effect would die with that server are refused."""
+
+    def __init__(self, url: str | None, jq: JobQueue | None = None, embedded: bool = False) -> None:
         self.url = url
+        self.embedded = embedded
         self._jq: JobQueue | None = jq
 
     def jq(self, app: JobQueue | None = None) -> JobQueue:
         if app is not None:
-            if self.url:
-                app.use_url(self.url)
+            if self.url is not None:
+                app.use_url(self.url)  # refuses an empty one
             self._jq = app
         if self._jq is None:
             self._jq = JobQueue.from_url(self.url)
+        if not self._jq.connected and configured_url(self._jq.url) is None:
+            self._no_url()
         self._jq.connect()
         return self._jq
+
+    def _no_url(self) -> None:
+        if self.embedded:
+            return
+        if command_path() not in NO_URL_WARNS:
+            raise ConfigError(
+                f"{NO_URL} (or --embedded to use a private throwaway server that keeps nothing)"
+            )
+        click.echo(THROWAWAY_WARNING, err=True)
 
 
 pass_state = click.make_pass_decorator(State)

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from .cli_common import (
+    FiniteFloat,
     Group,
     State,
     echo_handle,
@@ -22,7 +23,7 @@ from .cli_ops import confirm, progress, table
 from .client import JobQueue
 from .cron import fire_times_between
 from .errors import OperationRefused
-from .recurring import MAX_BACKFILL, ScheduleInfo
+from .recurring import MAX_BACKFILL, ScheduleInfo, refuse_future_end
 from .timeutil import instant_to_ms
 
 # Fire times per backfill call of `schedules backfill`: one progress step each.
@@ -72,12 +73,14 @@ def _require_schedule(jq: JobQueue, job_id: str) -> ScheduleInfo:
 @click.argument("job_id")
 @click.argument("task")
 @click.option("--cron", help="5 fields, 6 with seconds first, or an alias like @daily.")
-@click.option("--every", type=float, help="Fixed interval in seconds.")
+@click.option("--every", type=FiniteFloat(0, min_open=True), help="Fixed interval in seconds.")
 @click.option("--tz", default="UTC", show_default=True)
 @click.option("--args", "args_json", default="[]", help="Positional arguments, a JSON array.")
 @click.option("--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object.")
 @click.option("--misfire", default="fire-once", show_default=True)
-@click.option("--jitter", type=float, help="Jitter window in seconds (< the period).")
+@click.option(
+    "--jitter", type=FiniteFloat(0), help="Jitter window in seconds (< the period)."
+)
 @click.option("--overlap", default="allow", show_default=True, help="allow, forbid or buffer-one.")
 @click.option("--queue")
 @click.option("--max-attempts", type=click.IntRange(1), default=None)
@@ -227,10 +230,14 @@ def schedule_backfill(
     state: State, job_id: str, start_text: str, end_text: str, as_json: bool
 ) -> None:
     """Create the runs of every fire time in [start, end], due now (idempotent: fire times
-    that already have a run create nothing). A progress bar on a terminal."""
+    that already have a run create nothing); END must not be after now. A progress bar on a
+    terminal."""
     start, end = _cli_instant(start_text, "--start"), _cli_instant(end_text, "--end")
     jq = state.jq()
-    ranges = list(_backfill_ranges(_require_schedule(jq, job_id), start, end))
+    info = _require_schedule(jq, job_id)
+    # Checked before the first chunk: a refused backfill writes nothing at all.
+    refuse_future_end(job_id, instant_to_ms(end), jq.server_time_ms())
+    ranges = list(_backfill_ranges(info, start, end))
     fires = created = 0
     with progress(sum(n for _, _, n in ranges), f"backfilling {job_id}") as advance:
         for low, high, count in ranges:

@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import click
 
 from . import inspect
+from .cli_common import FiniteFloat
 from .top_view import render
 
 QUIT_KEYS = frozenset(b"qQ\x03")  # \x03: Ctrl-C, should the terminal deliver it as a byte
@@ -127,7 +128,7 @@ def live(
 @click.command()
 @click.option("--queue", help="Only this queue.")
 @click.option(
-    "--interval", default=1.0, show_default=True, type=click.FloatRange(0.1), help="Seconds."
+    "--interval", default=1.0, show_default=True, type=FiniteFloat(0.1), help="Seconds."
 )
 @click.option(
     "--leases",

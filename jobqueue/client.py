@@ -16,14 +16,16 @@ from .base import (
     Request,
     TaskRef,
     cancel_refused,
+    check_args_sequence,
     create_batches,
     created_flags,
     not_found,
+    pick_located,
 )
 from .connection import check, redact, sync_client
-from .embedded import resolve_url
+from .embedded import configured_url, resolve_url
 from .errors import ConfigError, ConnectionFailed, OperationRefused, RunTimeout
-from .keys import QUEUES_KEY, PartitionKeys
+from .keys import QUEUES_KEY, PartitionKeys, validate_queue_name
 from .models import Run
 from .scripts import ScriptRunner
 from .settings import Settings
@@ -79,6 +81,8 @@ class JobQueue(ClientBase):
         $JOBQUEUE_REDIS_URL, else an embedded server). Lazy, so that an app module can create
         its JobQueue at import time and a worker or CLI can still point it elsewhere."""
         super().__init__(settings=settings, partitions=partitions)
+        if url is not None:
+            configured_url(url)  # an empty URL is refused now, not at first use
         self._client = client
         self._scripts = ScriptRunner(client) if client is not None else None
         self.url = url
@@ -101,7 +105,7 @@ class JobQueue(ClientBase):
         """Point a not-yet-connected JobQueue elsewhere (the CLI's --redis-url)."""
         if self._client is not None:
             raise ConfigError("this JobQueue is already connected; set the URL before first use")
-        self.url = url
+        self.url = configured_url(url)
 
     def connect(self) -> None:
         """Connect now and check the server answers (a clear error if not)."""
@@ -112,6 +116,10 @@ class JobQueue(ClientBase):
             client = sync_client(resolved)
             check(client, resolved)
             self.url, self._client, self._scripts = resolved, client, ScriptRunner(client)
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
 
     @property
     def redis(self) -> Any:
@@ -142,6 +150,7 @@ class JobQueue(ClientBase):
         with the recorded count is refused (runs would be looked for in the wrong slots)."""
         if queue in self._registered_queues:
             return self.partitions_of(queue)
+        validate_queue_name(queue)  # jq:queues lists only names every command can address
         try:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hsetnx(QUEUES_KEY, queue, self._partitions.get(queue, 1))
@@ -207,10 +216,7 @@ class JobQueue(ClientBase):
         pipe = self.redis.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k.run(run_id))
-        for k, found in zip(keys, pipe.execute(), strict=True):
-            if found:
-                return k
-        return None
+        return pick_located(run_id, [k for k, n in zip(keys, pipe.execute(), strict=True) if n])
 
     def _located(self, run_id: str, queue: str | None) -> PartitionKeys:
         keys = self.locate(run_id, queue)
@@ -232,7 +238,13 @@ class JobQueue(ClientBase):
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.run(run_id))
         pipe.lrange(keys.history(run_id), 0, -1)
-        fields, history = pipe.execute()
+        fields, history = pipe.execute(raise_on_error=False)
+        if isinstance(fields, Exception):
+            # A key of another type under a run's name (claim.lua dead-letters those): shown
+            # for what it is rather than failing `show`.
+            fields = {"state": "unknown", "error": f"not a run record: {fields}"[:300]}
+        if isinstance(history, Exception):
+            history = []
         if not fields:
             return None
         return Run.from_hash(run_id, keys.partition, fields, history, keys.queue)
@@ -311,6 +323,7 @@ class JobQueue(ClientBase):
         cron, time zone, jitter (>= the period) or policy raises and writes nothing."""
         from .recurring import make_definition
 
+        check_args_sequence(args)
         defn = make_definition(
             self,
             job_id,

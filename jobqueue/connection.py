@@ -10,7 +10,10 @@ from urllib.parse import urlsplit
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.asyncio.retry
+import redis.backoff
 import redis.cluster
+import redis.retry
 
 from .errors import ConfigError, ConnectionFailed
 
@@ -59,12 +62,37 @@ _COMMON: dict[str, Any] = {
 _CLUSTER = {k: v for k, v in _COMMON.items() if k != "health_check_interval"}
 
 
+_UNKNOWN_OPTION = re.compile(r"unexpected keyword argument '([^']*)'")
+
+
+def _unknown_option(exc: TypeError, url: str) -> ConfigError | None:
+    """redis-py passes a URL's unknown query options on to the connection class, which
+    raises TypeError when it is built (at the first command): name the option instead."""
+    found = _UNKNOWN_OPTION.search(str(exc))
+    if found is None:
+        return None
+    return ConfigError(f"unknown URL option {found.group(1)} in {redact(url)!r}")
+
+
+def _never_resend(retry_class: Any) -> Any:
+    """No command is ever sent twice by redis-py: after a timeout or a connection lost while
+    awaiting the reply, the server may have run it (a second claim would lease runs nobody
+    starts). Pinned rather than left to redis-py's defaults, which have changed across
+    versions. A connection the server closed while idle is replaced when the pool hands it
+    out; the daemons retry failed calls with their own backoff."""
+    return retry_class(redis.backoff.NoBackoff(), 0)
+
+
 def sync_client(url: str) -> Any:
     plain, cluster = _split(url)
     try:
         if cluster:
             return redis.cluster.RedisCluster.from_url(plain, **_CLUSTER)
-        return redis.Redis.from_url(plain, **_COMMON)
+        return redis.Redis.from_url(
+            plain, retry=_never_resend(redis.retry.Retry), **_COMMON
+        )
+    except TypeError as exc:
+        raise _unknown_option(exc, url) or exc from None
     # RedisCluster connects at once; when no seed node answers it raises
     # RedisClusterException, which is not a RedisError.
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
@@ -78,7 +106,9 @@ def async_client(url: str) -> Any:
     try:
         if cluster:
             return redis.asyncio.cluster.RedisCluster.from_url(plain, **_CLUSTER)
-        return redis.asyncio.Redis.from_url(plain, **_COMMON)
+        return redis.asyncio.Redis.from_url(
+            plain, retry=_never_resend(redis.asyncio.retry.Retry), **_COMMON
+        )
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
 
@@ -87,12 +117,17 @@ def check(client: Any, url: str) -> None:
     """PING once so that a wrong password or an unreachable server is one clear error."""
     try:
         client.ping()
+    except TypeError as exc:
+        raise _unknown_option(exc, url) or exc from None
     except redis.exceptions.AuthenticationError as exc:
         raise ConnectionFailed(f"Redis at {redact(url)} refused the credentials: {exc}") from None
     except redis.exceptions.ResponseError as exc:
         if "NOAUTH" in str(exc) or "WRONGPASS" in str(exc) or "NOPERM" in str(exc):
             raise ConnectionFailed(f"Redis at {redact(url)} refused: {exc}") from None
-        raise
+        if "DB index" in str(exc) or "invalid DB" in str(exc):
+            # SELECT of the URL's /db (or ?db=) failed: a setting, not the server's state.
+            raise ConfigError(f"Redis at {redact(url)} refused the URL's database: {exc}") from None
+        raise ConnectionFailed(f"Redis at {redact(url)} refused the connection: {exc}") from None
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise ConnectionFailed(
             f"cannot reach Redis at {redact(url)}: {exc}{_tls_hint(url, str(exc))}"

@@ -139,9 +139,14 @@ def parse_fire_instant(text: str) -> int:
     return ms
 
 
+MAX_EVERY_S = 100 * 365.25 * 86400
+
+
 def _every_to_ms(every: float) -> int:
     if isinstance(every, bool) or not math.isfinite(every) or every <= 0:
         raise ScheduleError(f"invalid every {every!r}: must be a positive number of seconds")
+    if every > MAX_EVERY_S:  # its fires would land past any due time a run may have
+        raise ScheduleError(f"invalid every {every!r}: must be at most 100 years")
     every_ms = round(every * 1000)
     if every_ms < 1:
         raise ScheduleError(f"invalid every {every!r}: must be at least 0.001 s (1 ms)")

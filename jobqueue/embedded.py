@@ -51,13 +51,40 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
+OWNER_FILE = "owner.pid"
+
+
+def remove_stale_directories(parent: Path = Path("/tmp")) -> list[Path]:
+    """Private directories whose owning process is gone (it was SIGKILLed: no atexit ran; its
+    server died with it by PDEATHSIG). Only ours (same uid) with an owner file are touched."""
+    removed = []
+    for directory in parent.glob("jq-*"):
+        try:
+            if directory.stat().st_uid != os.getuid():
+                continue
+            pid = int((directory / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # not one of ours, or made before owner files existed
+        try:
+            os.kill(pid, 0)
+            continue  # its owner lives
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory)
+        except PermissionError:
+            continue  # a live process of someone else
+    return removed
+
+
 class EmbeddedServer:
     """One redis-server child process; ``url`` is its unix socket."""
 
     def __init__(self, binary: str | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.binary = binary or find_server_binary()
+        remove_stale_directories()
         # Short path: unix socket paths are limited to ~107 bytes.
         self.directory = Path(tempfile.mkdtemp(prefix="jq-", dir="/tmp"))
+        (self.directory / OWNER_FILE).write_text(str(os.getpid()))
         self.socket = self.directory / "redis.sock"
         self.extra_args = extra_args
         self.process: subprocess.Popen[bytes] | None = None
@@ -138,11 +165,29 @@ def shared_server() -> EmbeddedServer:
         return _shared
 
 
-def resolve_url(url: str | None) -> str:
-    """An explicit URL, else $JOBQUEUE_REDIS_URL, else a private embedded server."""
-    if url:
+EMPTY_URL = (
+    "empty Redis URL: give a redis://, rediss://, unix:// or redis+cluster:// URL "
+    f"(or leave --redis-url and ${ENV_URL} unset for a private throwaway server)"
+)
+
+
+def configured_url(url: str | None) -> str | None:
+    """An explicit URL, else $JOBQUEUE_REDIS_URL, else None (nothing configured).
+
+    An empty one is a mistake (an unset shell variable, a template left blank), not a request
+    for the embedded server: that would write to a server that dies with us, and lose it all."""
+    if url is not None:
+        if not url.strip():
+            raise ConfigError(EMPTY_URL)
         return url
     env = os.environ.get(ENV_URL)
-    if env:
+    if env is not None:
+        if not env.strip():
+            raise ConfigError(f"${ENV_URL} is set but empty: set it to a URL or unset it")
         return env
-    return shared_server().url
+    return None
+
+
+def resolve_url(url: str | None) -> str:
+    """An explicit URL, else $JOBQUEUE_REDIS_URL, else a private embedded server."""
+    return configured_url(url) or shared_server().url

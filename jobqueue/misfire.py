@@ -1,7 +1,10 @@
 """Misfire policies: what a scheduler does with fire times it is late for (the seed's section 5).
 
 A fire time ``t`` is *late* when ``now - t > grace_ms``: the scheduler was down or stalled for
-longer than its own tick tolerance. Fire times within the grace (or still in the future, when a
+longer than its own tick tolerance. A running scheduler handles a fire time up to one tick gap
+after it (jobs that are not looked ahead), so the scheduler never uses a grace below
+:func:`effective_grace_ms` (two tick intervals): a fire is not missed merely because it fell
+between two ticks. Fire times within the grace (or still in the future, when a
 scheduler looks ahead) are on time and always fire, whatever the policy; the policy decides only
 the late ones:
 
@@ -25,6 +28,10 @@ PolicyKind = Literal["fire-all", "fire-once", "skip", "deadline"]
 
 DEFAULT_FIRE_ALL_CAP = 100
 DEFAULT_GRACE_MS = 1000
+# The grace a scheduler uses is at least this many tick intervals: a fire just after one tick's
+# clock read is handled by the next tick, an interval later plus however long the tick itself
+# overran (its clock read comes after its release pass and earlier partitions).
+GRACE_TICKS = 2
 
 _VALID_FORMS = "fire-all, fire-all:<N>, fire-once, skip, deadline-<N>s, deadline-<N>ms"
 _POLICY_RE = re.compile(
@@ -71,6 +78,15 @@ class MisfireDecision:
     fire: list[int]
     missed: int
     dropped_by_cap: int
+
+
+def effective_grace_ms(grace_ms: int, interval_ms: int) -> int:
+    """The grace a scheduler ticking every ``interval_ms`` applies: the configured one, but
+    never less than GRACE_TICKS intervals, so a healthy scheduler never counts a fire that fell
+    between two of its ticks as late."""
+    if grace_ms < 0 or interval_ms < 0:
+        raise ValueError(f"grace and interval must be >= 0, got {grace_ms} and {interval_ms} ms")
+    return max(grace_ms, GRACE_TICKS * interval_ms)
 
 
 def parse_policy(text: str) -> MisfirePolicy:

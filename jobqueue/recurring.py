@@ -5,14 +5,17 @@ Storage (scheduler partition k of K, hash tag ``{sched#k}``, k = fnv1a_32(job_id
 
     jq:{sched#k}:def    hash   job_id -> definition (compact JSON, defaults omitted)
     jq:{sched#k}:next   zset   job_id -> next fire instant (ms); absent while paused or ended
-    jq:{sched#k}:state  hash   job_id -> 'fired missed skipped dropped last through'
-    jq:{sched#k}:held   hash   job_id -> 'fire pred_fire due queue' (buffer-one: a held run)
+    jq:{sched#k}:state  hash   job_id -> 'fired missed skipped dropped last through [last_queue]'
+    jq:{sched#k}:held   hash   job_id -> 'fire pred_fire due queue [pred_queue]' (buffer-one)
     jq:sched:config     hash   partitions -> K (global, plain commands only)
     jq:sched:declared   set    job ids synced from code declarations (global, plain commands)
 
-``last`` is the latest fire instant that got a run (-1: none yet) and ``through`` the instant up
-to which fire times have been handled. Scheduled runs are ``<job_id>@<fire instant, UTC>``
-(see ``cron.format_fire_instant``), so a job id must not contain '@'.
+``last`` is the latest fire instant that got a run (-1: none yet), ``through`` the instant up
+to which fire times have been handled and ``last_queue`` the queue of the last fire's run
+(absent: the definition's queue). A held entry's ``pred_queue`` is the predecessor's queue when
+it differs from the held run's (the job's queue changed in between). Scheduled runs are
+``<job_id>@<fire instant, UTC>`` (see ``cron.format_fire_instant``), so a job id must not
+contain '@'.
 
 Upsert: ``schedule`` on an existing job keeps its next fire when the timing (cron, every, tz,
 start, end) is unchanged; otherwise the new timing applies from the first fire after both now
@@ -20,12 +23,15 @@ and every fire time already handled, so a change neither repeats nor drops a fir
 
 Declared in code (``@jq.task(cron=...)``, ``jq.declare_schedule``): validated at declaration,
 written by the scheduler at start (:meth:`Recurring.sync`) with ``origin: "code"`` in the
-definition, which is what ``--prune`` requires before removing one.
+definition, which is what ``--prune`` requires before removing one. A declaration never
+replaces a schedule added at run time under the same id: the scheduler leaves that one as it
+is and warns.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -76,8 +82,17 @@ class RecurringError(ConfigError):
     """A recurring job definition that cannot be accepted: the message names the bad value."""
 
 
+class BackfillInFuture(RecurringError):
+    """A backfill whose end is after the server's now: fire times still to come are the
+    scheduler's to create at their time, not runs to make due now."""
+
+
 class UnknownSchedule(OperationRefused, LookupError):
     """No recurring job with that id."""
+
+
+class RuntimeOwned(Exception):
+    """Internal to :meth:`Recurring.sync`: the id belongs to a schedule added at run time."""
 
 
 def validate_job_id(job_id: str) -> str:
@@ -90,6 +105,16 @@ def validate_job_id(job_id: str) -> str:
             f"invalid job id {job_id!r}: '@' is reserved (run ids are <job_id>@<fire time>)"
         )
     return job_id
+
+
+def refuse_future_end(job_id: str, end_ms: int, now_ms: int) -> None:
+    """Backfill covers past fire times only: raise BackfillInFuture for an end after now."""
+    if end_ms > now_ms:
+        raise BackfillInFuture(
+            f"backfill of {job_id!r}: end {format_fire_instant(end_ms)} is after the "
+            f"server's now ({format_fire_instant(now_ms)}); backfill covers past fire times "
+            "only (the scheduler creates the later ones at their time)"
+        )
 
 
 def sched_partition_of(job_id: str, partitions: int) -> int:
@@ -206,18 +231,32 @@ class JobState:
     dropped: int = 0
     last_fire_ms: int | None = None
     through_ms: int | None = None
+    # The queue the last fire's run went to; None (texts written before it was recorded, or
+    # by a caller that did not say) means the definition's queue. Overlap policies look the
+    # previous run up there, so a queue change does not hide a run still running.
+    last_queue: str | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> JobState:
         if not text:
             return cls()
-        f = [int(x) for x in text.split()] + [0, 0, 0, 0, -1, -1][len(text.split()) :]
-        return cls(f[0], f[1], f[2], f[3], None if f[4] < 0 else f[4], None if f[5] < 0 else f[5])
+        parts = text.split()
+        f = [int(x) for x in parts[:6]] + [0, 0, 0, 0, -1, -1][len(parts[:6]) :]
+        return cls(
+            f[0],
+            f[1],
+            f[2],
+            f[3],
+            None if f[4] < 0 else f[4],
+            None if f[5] < 0 else f[5],
+            parts[6] if len(parts) > 6 else None,
+        )
 
     def text(self) -> str:
         last = -1 if self.last_fire_ms is None else self.last_fire_ms
         through = -1 if self.through_ms is None else self.through_ms
-        return f"{self.fired} {self.missed} {self.skipped} {self.dropped} {last} {through}"
+        queue = "" if self.last_queue is None else f" {self.last_queue}"
+        return f"{self.fired} {self.missed} {self.skipped} {self.dropped} {last} {through}{queue}"
 
 
 @dataclass(frozen=True)
@@ -295,8 +334,11 @@ def _seconds_to_ms(value: float | None, what: str, *, allow_zero: bool) -> int:
         return 0
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         raise RecurringError(f"invalid {what} {value!r}: expected a number of seconds")
+    if not math.isfinite(value * 1000):  # inf, or so large that its milliseconds overflow
+        raise RecurringError(f"invalid {what} {value!r}: out of range (not a finite number of ms)")
     if value < 0 or (value == 0 and not allow_zero):
-        raise RecurringError(f"invalid {what} {value!r}: must be positive")
+        rule = "must not be negative" if allow_zero else "must be positive"
+        raise RecurringError(f"invalid {what} {value!r}: {rule}")
     return round(value * 1000)
 
 
@@ -320,7 +362,10 @@ def make_definition(
 ) -> Definition:
     """Validate everything about a recurring job; raise RecurringError naming what is wrong."""
     validate_job_id(job_id)
-    if isinstance(task, str) and task not in jq.registry:
+    if isinstance(task, str) and task not in jq.registry and not jq.registry.names():
+        # No registry at all: a process that only schedules by name (the CLI, an ops script)
+        # for workers elsewhere. With one, a name it does not know is refused as enqueue
+        # refuses it: its runs would only ever be dead-lettered as "unknown task".
         from .tasks import validate_task_name
 
         task_name, options = validate_task_name(task), None
@@ -401,15 +446,32 @@ def declare(jq: ClientBase, job_id: str, task: Task[Any, Any] | Any, **options: 
     """Validate a code-declared recurring job now (a bad cron, zone, jitter or policy raises
     RecurringError here, at import time) and add it to ``jq.declared_schedules``; the scheduler
     writes it at start (:meth:`Recurring.sync`). Nothing touches Redis here."""
-    unknown = sorted(set(options) - DECLARATION_OPTIONS)
-    if unknown:
-        raise RecurringError(f"job {job_id!r}: unknown schedule option(s) {', '.join(unknown)}")
-    defn = replace(make_definition(jq, job_id, task, **options), origin=ORIGIN_CODE)
-    declared = jq.declared_schedules
-    if any(d.job_id == job_id for d in declared):
-        raise RecurringError(f"recurring job {job_id!r} is declared twice")
-    declared.append(defn)
+    (defn,) = plan_declarations(jq, [(job_id, task, options)])
+    add_declarations(jq, [defn])
     return defn
+
+
+def plan_declarations(
+    jq: ClientBase, items: Sequence[tuple[str, Task[Any, Any] | Any, dict[str, Any]]]
+) -> list[Definition]:
+    """Validate declarations (job id, task, options) without declaring any: all or nothing."""
+    out: list[Definition] = []
+    taken = {d.job_id for d in jq.declared_schedules}
+    for job_id, task, options in items:
+        unknown = sorted(set(options) - DECLARATION_OPTIONS)
+        if unknown:
+            raise RecurringError(f"job {job_id!r}: unknown schedule option(s) {', '.join(unknown)}")
+        defn = replace(make_definition(jq, job_id, task, **options), origin=ORIGIN_CODE)
+        if defn.job_id in taken:
+            raise RecurringError(f"recurring job {job_id!r} is declared twice")
+        taken.add(defn.job_id)
+        out.append(defn)
+    return out
+
+
+def add_declarations(jq: ClientBase, defns: Sequence[Definition]) -> None:
+    """Add validated declarations (:func:`plan_declarations`) to ``jq.declared_schedules``."""
+    jq.declared_schedules.extend(defns)
 
 
 def declare_task_schedules(
@@ -419,7 +481,9 @@ def declare_task_schedules(
     schedules: Sequence[dict[str, Any]] | None,
 ) -> list[Definition]:
     """``@jq.task(cron=...)`` (job id = task name) and ``@jq.task(schedules=[{...}, ...])``
-    (each a dict of ``jq.schedule`` options plus ``"id"``, required when there are several)."""
+    (each a dict of ``jq.schedule`` options plus ``"id"``, required when there are several),
+    validated all together and not declared: see :func:`add_declarations` (the decorator
+    registers the task only once its schedules are known to be valid)."""
     items: list[dict[str, Any]] = []
     if any(v is not None for v in schedule.values()):
         items.append({k: v for k, v in schedule.items() if v is not None})
@@ -427,15 +491,15 @@ def declare_task_schedules(
         if not isinstance(item, dict):
             raise RecurringError(f"task {task.name!r}: each schedule must be a dict of options")
         items.append(dict(item))
-    out = []
+    planned: list[tuple[str, Task[Any, Any] | Any, dict[str, Any]]] = []
     for item in items:
         job_id = item.pop("id", None)
         if job_id is None:
             if len(items) > 1:
                 raise RecurringError(f"task {task.name!r} has several schedules: give each an 'id'")
             job_id = task.name
-        out.append(declare(jq, str(job_id), task, **item))
-    return out
+        planned.append((str(job_id), task, item))
+    return plan_declarations(jq, planned)
 
 
 @dataclass
@@ -446,6 +510,8 @@ class SyncReport:
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    # Declared in code under the id of a schedule added at run time: left as it is.
+    ignored: list[str] = field(default_factory=list)
 
 
 class Recurring:
@@ -567,10 +633,17 @@ class Recurring:
 
     def schedule(self, defn: Definition, now: int | None = None) -> ScheduleInfo:
         """Create or update (upsert) a validated definition."""
+        return self._upsert(defn, now, code=False)
+
+    def _upsert(self, defn: Definition, now: int | None, *, code: bool) -> ScheduleInfo:
+        """``code``: a declaration in code, which never replaces a schedule added at run time
+        (raises RuntimeOwned instead, checked in the same compare-and-set as the write)."""
 
         def build(old: ScheduleInfo | None, t: int) -> tuple[Definition, int | None]:
             if old is None:
                 return defn, first_fire_after(defn, t)
+            if code and old.definition.origin != ORIGIN_CODE:
+                raise RuntimeOwned(defn.job_id)
             new = replace(defn, paused=old.definition.paused)
             if new.paused:
                 return new, None
@@ -586,18 +659,26 @@ class Recurring:
         """Write the code-declared definitions (upsert: an unchanged one is not written at all,
         so its next fire stays; a changed one applies from its next fire), and with ``prune``
         remove the code-declared ones no longer declared. Schedules added at run time
-        (``jq.schedule``, the CLI) are never pruned."""
+        (``jq.schedule``, the CLI) are never pruned, nor replaced by a declaration with the
+        same id: that declaration is left out (``report.ignored``)."""
         report = SyncReport()
         names = {d.job_id for d in declared}
         r = self.jq.redis
         for defn in declared:
             info = self.get(defn.job_id)
+            if info is not None and info.definition.origin != ORIGIN_CODE:
+                report.ignored.append(defn.job_id)
+                continue
             if info is not None and replace(defn, paused=info.definition.paused).to_json() == (
                 info.definition.to_json()
             ):
                 report.unchanged.append(defn.job_id)
             else:
-                self.schedule(defn, now=now)
+                try:
+                    self._upsert(defn, now, code=True)
+                except RuntimeOwned:  # jq.schedule took the id between the read and the write
+                    report.ignored.append(defn.job_id)
+                    continue
                 (report.created if info is None else report.updated).append(defn.job_id)
             # After the write: a crash in between leaves a definition prune never sees (safe).
             r.sadd(DECLARED_KEY, defn.job_id)
@@ -698,13 +779,18 @@ class Recurring:
         self, job_id: str, start: Instant, end: Instant, now: int | None = None
     ) -> list[RunHandle]:
         """Create the runs of every fire time in [start, end] (same run ids as the scheduler
-        would use, so fire times that already ran create nothing); due at once."""
+        would use, so fire times that already ran create nothing); due at once.
+
+        ``end`` must not be after the server's now (BackfillInFuture, nothing written): a
+        future fire time's run created now would run early, and at its time the scheduler
+        would find it already there and create nothing."""
         from .client import RunHandle
 
         defn = self.require(job_id).definition
         start_ms, end_ms = instant_to_ms(start), instant_to_ms(end)
         if end_ms < start_ms:
             raise RecurringError("backfill: end is before start")
+        refuse_future_end(job_id, end_ms, self._now(now))
         fires = fire_times_between(
             defn.schedule, start_ms - 1, end_ms, limit=MAX_BACKFILL + 1, anchor_ms=defn.start_ms
         )

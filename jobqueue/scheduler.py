@@ -25,7 +25,10 @@ counters are added once. Steps 3-4 of one batch run on a writer thread while ste
 next batch run here (see :meth:`Scheduler.tick`).
 
 Jobs with an overlap policy other than ``allow`` are not looked ahead: whether their previous
-run is still unfinished is decided when a fire time comes, not a lookahead earlier.
+run is still unfinished is decided when a fire time comes, not a lookahead earlier, in the
+queue that previous run went to (recorded in the job's state). They are fired by the first tick
+after their fire time, up to a tick gap late: that is why the grace is never below two tick
+intervals (``misfire.effective_grace_ms``).
 ``buffer-one``'s waiting run is created held and released by ``sched_release.lua`` once its
 predecessor has finished (see :meth:`Scheduler.release_held`).
 """
@@ -48,11 +51,17 @@ import redis
 
 from . import ops
 from .cron import Schedule, fire_times_between, format_fire_instant, next_fire_after, period_ms
-from .errors import ConnectionFailed, JobQueueError
+from .errors import ConfigError, JobQueueError
 from .jitter import jitter_ms, job_hash
-from .keys import PartitionKeys, partition_of
+from .keys import PartitionKeys, partition_of, validate_queue_name
 from .metrics import NO_METRICS, Metrics
-from .misfire import DEFAULT_GRACE_MS, MisfirePolicy, apply_misfire, parse_policy
+from .misfire import (
+    DEFAULT_GRACE_MS,
+    MisfirePolicy,
+    apply_misfire,
+    effective_grace_ms,
+    parse_policy,
+)
 from .ops import SchedKeys
 from .recurring import Definition, JobState, Overlap, Recurring, SyncReport
 from .sched_ops import (
@@ -84,6 +93,11 @@ UNFINISHED = frozenset({"pending", "running"})
 # one script never blocks the server for long (about 10 ms).
 CREATE_CHUNK = 1000
 ADVANCE_CHUNK = 1000
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds to wait after the n-th failure in a row (1 s, 2 s, ... up to 30 s)."""
+    return min(30.0, 0.5 * 2.0 ** min(failures, 6))
 
 
 def _text(value: Any) -> str:
@@ -151,8 +165,8 @@ def _plan_core(
     late_end = now_ms - grace_ms - 1  # late: now - t > grace
     late_end = min(late_end, horizon_ms)
     late_count, tail = 0, []
+    truncated = False  # more late fire times to fire than max_fires: the rest next tick
     if late_end > lo:
-        late_count = _count_fires(schedule, lo, late_end, anchor)
         match policy.kind:
             case "fire-all":
                 tail = _last_fires(schedule, lo, late_end, policy.cap, anchor)
@@ -163,19 +177,31 @@ def _plan_core(
                 tail = fire_times_between(
                     schedule, start, late_end, limit=max_fires, anchor_ms=anchor
                 )
+                if len(tail) == max_fires and tail[-1] < late_end:
+                    # Still within the deadline but over this tick's budget: handle fire
+                    # times only through the last one fired; the next tick continues there
+                    # (those that pass the deadline meanwhile are missed then, not now).
+                    truncated = True
+                    late_end = tail[-1]
             case _:
                 tail = []
+        late_count = _count_fires(schedule, lo, late_end, anchor)
     on_lo = max(lo, late_end)
     on_time = (
         fire_times_between(schedule, on_lo, horizon_ms, limit=max_fires, anchor_ms=anchor)
-        if horizon_ms > on_lo
+        if horizon_ms > on_lo and not truncated
         else []
     )
     decision = apply_misfire(policy, tail + on_time, now_ms, grace_ms)
     hidden = late_count - len(tail)  # late fire times never handed to apply_misfire
     missed = decision.missed + hidden
     dropped = decision.dropped_by_cap + (hidden if policy.kind == "fire-all" else 0)
-    through = on_time[-1] if len(on_time) == max_fires else max(horizon_ms, lo)
+    if truncated:
+        through = late_end
+    elif len(on_time) == max_fires:
+        through = on_time[-1]
+    else:
+        through = max(horizon_ms, lo)
     new_next: int | None = next_fire_after(schedule, through, anchor)
     if end is not None and new_next is not None and new_next > end:
         new_next = None
@@ -269,7 +295,7 @@ class TickReport:
 
 
 # An advance group's header (see advance.lua): expected next, new next, fired, missed, skipped,
-# dropped, last fire, through, held text.
+# dropped, last fire ('<ms> <queue>': the queue its run went to), through, held text.
 AdvanceHeader = tuple[int, int | str, int, int, int, int, int | str, int, str]
 
 
@@ -300,7 +326,9 @@ def _fire_instant(ms: int) -> str:
     return format_fire_instant(ms)
 
 
-def _header(plan: FirePlan, fires: Sequence[int], skipped: int, held: str) -> AdvanceHeader:
+def _header(
+    plan: FirePlan, fires: Sequence[int], skipped: int, held: str, queue: str
+) -> AdvanceHeader:
     return (
         plan.expected_next_ms,
         "" if plan.new_next_ms is None else plan.new_next_ms,
@@ -308,7 +336,7 @@ def _header(plan: FirePlan, fires: Sequence[int], skipped: int, held: str) -> Ad
         plan.missed,
         skipped,
         plan.dropped,
-        fires[-1] if fires else "",
+        f"{fires[-1]} {queue}" if fires else "",
         plan.through_ms,
         held,
     )
@@ -341,7 +369,10 @@ class Scheduler:
         self.store = store or jq.recurring
         self.lookahead_ms = int(lookahead * 1000)
         self.interval = interval
-        self.grace_ms = int(grace * 1000)
+        # Never below two tick intervals: overlap jobs (not looked ahead) and every job with a
+        # lookahead shorter than the interval are handled up to a tick gap after their fire
+        # time, and a healthy scheduler must not count those as misfires.
+        self.grace_ms = effective_grace_ms(int(grace * 1000), int(interval * 1000))
         self.batch = batch
         self.max_fires = max_fires
         self.install_signal_handlers = install_signal_handlers
@@ -357,8 +388,15 @@ class Scheduler:
 
     def sync_declared(self) -> SyncReport:
         """Upsert the declared schedules; with ``prune``, remove the code-declared ones no
-        longer declared (never those added at run time). Each change is logged."""
+        longer declared (never those added at run time, which a declaration with the same id
+        does not replace either: a warning names it). Each change is logged."""
         report = self.store.sync(self.declared, prune=self.prune)
+        for job_id in report.ignored:
+            log.warning(
+                "%s is a runtime schedule (jq.schedule / CLI): the declaration in code is "
+                "ignored; remove one of them",
+                job_id,
+            )
         for what, jobs in (
             ("created", report.created),
             ("updated (applies from its next fire)", report.updated),
@@ -368,11 +406,13 @@ class Scheduler:
                 log.info("declared recurring job %s %s", job_id, what)
         if self.declared or report.removed:
             log.info(
-                "declared schedules synced: %d created, %d updated, %d unchanged, %d removed",
+                "declared schedules synced: %d created, %d updated, %d unchanged, %d removed, "
+                "%d ignored",
                 len(report.created),
                 len(report.updated),
                 len(report.unchanged),
                 len(report.removed),
+                len(report.ignored),
             )
         return report
 
@@ -502,7 +542,7 @@ class Scheduler:
             if extra:  # an overlap policy: one job per segment, decided in _police
                 policed.append((jobs[0], info, plan, extra))
                 continue
-            groups.setdefault(_header(plan, plan.fires, 0, ""), []).extend(jobs)
+            groups.setdefault(_header(plan, plan.fires, 0, "", info.tmpl.queue), []).extend(jobs)
             report.runs_requested += len(plan.fires) * count
             report.missed += plan.missed * count
             report.dropped += plan.dropped * count
@@ -553,17 +593,20 @@ class Scheduler:
         infos: list[_DefInfo | None],
         runs: dict[tuple[PartitionKeys, int, int], list[str | int]],
     ) -> None:
-        """Jobs with an overlap policy: decide from the state of their previous run."""
-        lasts = []
-        for _job, _info, _plan, extra in jobs:
-            state_text, _, _held = extra.partition("|")
-            lasts.append(JobState.parse(state_text).last_fire_ms)
+        """Jobs with an overlap policy: decide from the state of their previous run, looked up
+        in the queue that run went to (the job's queue may have changed since)."""
+        lasts: list[tuple[int | None, str]] = []
+        for _job, info, _plan, extra in jobs:
+            state = JobState.parse(extra.partition("|")[0])
+            lasts.append((state.last_fire_ms, state.last_queue or info.tmpl.queue))
         previous = self._previous_states(
-            [(job, info, last) for (job, info, _, _), last in zip(jobs, lasts, strict=True)]
+            [(job, queue, last) for (job, _, _, _), (last, queue) in zip(jobs, lasts, strict=True)]
         )
         index_of = {id(info): i for i, info in enumerate(infos) if info is not None}
         report = batch.report
-        for (job, info, plan, extra), last, prev in zip(jobs, lasts, previous, strict=True):
+        for (job, info, plan, extra), (last, last_queue), prev in zip(
+            jobs, lasts, previous, strict=True
+        ):
             tmpl = info.tmpl
             buffered = bool(extra.partition("|")[2])
             fires, skipped = apply_overlap(tmpl.overlap, plan.fires, prev, buffered)
@@ -579,11 +622,14 @@ class Scheduler:
                     # records it then; the release pass sorts out which ones still wait.
                     pred = -1 if last is None else last
                     held = f"{fire} {pred} {due} {tmpl.queue}"
+                    if pred >= 0 and last_queue != tmpl.queue:
+                        held += f" {last_queue}"  # the predecessor is in another queue
                     if prev in UNFINISHED:
                         due = HOLD_MS
                     batch.held += 1
                 runs.setdefault((pk, index_of[id(info)], fire), []).extend((job, due))
-            batch.groups.setdefault(_header(plan, fires, skipped, held), []).append(job)
+            header = _header(plan, fires, skipped, held, tmpl.queue)
+            batch.groups.setdefault(header, []).append(job)
             report.runs_requested += len(fires)
             report.missed += plan.missed
             report.skipped += skipped
@@ -648,45 +694,80 @@ class Scheduler:
         batch.report.advanced = sum(int(x) for x in flags)
         batch.report.conflicts = len(flags) - batch.report.advanced
 
-    def _previous_states(self, jobs: list[tuple[str, _DefInfo, int | None]]) -> list[str | None]:
-        """The state of each job's previous run (None: none, or expired)."""
+    def _run_keys(self, job: str, queue: str) -> PartitionKeys | None:
+        """The partition of ``queue`` that holds the job's runs (None: an unusable queue name,
+        e.g. a corrupt state text, which is logged)."""
+        try:
+            count = self.jq.register_queue(validate_queue_name(queue))
+        except (ValueError, JobQueueError) as exc:
+            log.error("recurring job %s: unusable queue %r: %s", job, queue, exc)
+            return None
+        return PartitionKeys(queue, partition_of(job, count))
+
+    def _previous_states(self, jobs: list[tuple[str, str, int | None]]) -> list[str | None]:
+        """The state of each job's previous run, given (job, queue of that run, its fire)
+        (None: none, or expired)."""
         out: list[str | None] = [None] * len(jobs)
-        wanted = [
-            (i, job, info, last) for i, (job, info, last) in enumerate(jobs) if last is not None
-        ]
+        wanted = []
+        for i, (job, queue, last) in enumerate(jobs):
+            pk = None if last is None else self._run_keys(job, queue)
+            if pk is not None and last is not None:
+                wanted.append((i, pk.run(f"{job}@{_fire_instant(last)}")))
         if not wanted:
             return out
         pipe = self.jq.redis.pipeline(transaction=False)
-        for _i, job, info, last in wanted:
-            assert last is not None
-            keys = info.keys
-            pk = keys[0] if len(keys) == 1 else keys[partition_of(job, len(keys))]
-            pipe.hget(pk.run(f"{job}@{_fire_instant(last)}"), "state")
-        for (i, _, _, _), state in zip(wanted, pipe.execute(), strict=True):
+        for _i, key in wanted:
+            pipe.hget(key, "state")
+        for (i, _), state in zip(wanted, pipe.execute(), strict=True):
             out[i] = None if state is None else _text(state)
         return out
 
     def release_held(self, sk: SchedKeys, now: int | None = None) -> int:
         """buffer-one: release the held runs whose predecessor has finished (sched_release.lua,
         one atomic check-and-release in the run's slot), then forget the entries whose run no
-        longer waits (compare-and-set). Returns how many runs were released."""
+        longer waits (compare-and-set). Returns how many runs were released.
+
+        A predecessor in another queue (the job's queue changed between the two fires) is in
+        another slot: its state is read first, and the held run is released (with no
+        predecessor to check in its own slot) only once that state is finished. Finished is
+        final but for an operator's requeue, which the one-slot check cannot prevent either.
+        """
         entries = {_text(k): _text(v) for k, v in self.jq.redis.hgetall(sk.held).items()}
         if not entries:
             return 0
         by_pk: dict[PartitionKeys, list[tuple[str, str, tuple[str, str, int]]]] = {}
+        # (predecessor's partition, held run's partition, job, held text, held run)
+        elsewhere: list[tuple[PartitionKeys, PartitionKeys, str, str, tuple[str, str, int]]] = []
         for job, text in entries.items():
             try:
-                fire_s, pred_s, due_s, queue = text.split(" ", 3)
+                fire_s, pred_s, due_s, queue, *rest = text.split(" ")
                 fire, pred, due = int(fire_s), int(pred_s), int(due_s)
+                pred_queue = rest[0] if rest else queue
+                if len(rest) > 1:
+                    raise ValueError("too many fields")
                 count = self.jq.register_queue(queue)
             except (ValueError, JobQueueError) as exc:
                 log.error("recurring job %s: unusable held entry %r: %s", job, text, exc)
                 continue
             pk = PartitionKeys(queue, partition_of(job, count))
             pred_id = "" if pred < 0 else f"{job}@{_fire_instant(pred)}"
-            by_pk.setdefault(pk, []).append(
-                (job, text, (f"{job}@{_fire_instant(fire)}", pred_id, due))
-            )
+            held = (f"{job}@{_fire_instant(fire)}", pred_id, due)
+            if pred_id and pred_queue != queue:
+                pred_pk = self._run_keys(job, pred_queue)
+                if pred_pk is None:
+                    continue
+                elsewhere.append((pred_pk, pk, job, text, held))
+                continue
+            by_pk.setdefault(pk, []).append((job, text, held))
+        if elsewhere:
+            pipe = self.jq.redis.pipeline(transaction=False)
+            for pred_pk, _pk, _job, _held_text, (_, pred_id, _) in elsewhere:
+                pipe.hget(pred_pk.run(pred_id), "state")
+            for (_, pk, job, text, (run_id, _, due)), state in zip(
+                elsewhere, pipe.execute(), strict=True
+            ):
+                if state is None or _text(state) not in UNFINISHED:
+                    by_pk.setdefault(pk, []).append((job, text, (run_id, "", due)))
         calls = [
             sched_release_call(pk, [h for _, _, h in items], now) for pk, items in by_pk.items()
         ]
@@ -709,25 +790,32 @@ class Scheduler:
         log.info("signal %s: stopping after this tick", signum)
         self.stop()
 
-    def run(self, max_ticks: int | None = None) -> int:
-        """Tick every ``interval`` seconds until stopped; Redis outages are logged and
-        retried, never fatal (a scheduler must not silently stop)."""
-        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+    def _start_up(self) -> None:
+        """What run() does once before its first tick: both touch Redis (the partition count
+        is recorded with HSETNX, the declarations are written), so both are retried like a
+        tick while Redis is unreachable or refuses writes."""
         log.info(
             "scheduler started: lookahead %.1fs, interval %.2fs, %d partition(s)",
             self.lookahead_ms / 1000,
             self.interval,
             self.store.partitions,
         )
-        ticks, failures, synced = 0, 0, False
+        self.sync_declared()
+
+    def run(self, max_ticks: int | None = None) -> int:
+        """Tick every ``interval`` seconds until stopped; Redis outages and refusals (OOM,
+        READONLY after a failover, ...) are logged and retried, never fatal (a scheduler must
+        not silently stop). A configuration mistake found at start-up is raised."""
+        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        ticks, failures, started_up = 0, 0, False
         while not self._stopping.is_set():
             started = time.monotonic()
             try:
-                if not synced:  # at start, retried like a tick while Redis is unreachable
-                    self.sync_declared()
-                    synced = True
+                if not started_up:
+                    self._start_up()
+                    started_up = True
                 report = self.tick()
                 failures = 0
                 if report.runs_requested or report.conflicts:
@@ -739,17 +827,28 @@ class Scheduler:
                         report.advanced,
                         report.conflicts,
                     )
-            # Plain redis-py errors too: the tick's direct reads (held runs, previous states)
-            # meet a restarting server as ConnectionError, which must not end the daemon.
+            # Any redis-py error too: a restarting server (ConnectionError), a full one under
+            # noeviction (OOM) or a replica after a failover (READONLY) are ResponseErrors or
+            # cluster errors from direct reads and writes, and none may end the daemon.
             except (
-                ConnectionFailed,
                 JobQueueError,
-                redis.exceptions.ConnectionError,
-                redis.exceptions.TimeoutError,
+                redis.exceptions.RedisError,
+                redis.exceptions.RedisClusterException,
             ) as exc:
+                if isinstance(exc, ConfigError) and not started_up:
+                    raise  # e.g. partitions configured against what Redis records: no retry
                 failures += 1
-                log.warning("tick failed (%s); retrying", exc)
-                self._stopping.wait(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                delay = retry_delay(failures)
+                what = "tick" if started_up else "start-up"
+                log.warning(
+                    "%s failed (%s: %s); retrying in %.1fs",
+                    what,
+                    type(exc).__name__,
+                    " ".join(str(exc).split()),
+                    delay,
+                )
+                # An Event wait: stop() (the SIGTERM handler) ends the back-off at once.
+                self._stopping.wait(delay)
                 continue
             ticks += 1
             if max_ticks is not None and ticks >= max_ticks:

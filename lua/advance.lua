@@ -12,12 +12,16 @@
 -- ARGV[2..] groups of 10 header fields followed by that many job ids (at most 2,000):
 --          count, expected next (ms), new next (ms, or '' when the schedule has ended),
 --          fired, missed, skipped (overlap), dropped (fire-all cap),
---          last fired instant (ms, or '' to keep), through (ms: fire times <= it are handled),
---          held text ('' = none; else 'fire pred_fire due queue', recorded in the held hash)
+--          last fired instant (ms, or '' to keep; optionally followed by ' <queue>', the
+--          queue of that fire's run), through (ms: fire times <= it are handled),
+--          held text ('' = none; else 'fire pred_fire due queue [pred_queue]', recorded in
+--          the held hash)
 -- Returns  {now, r1, r2, ...}: per job 1 = advanced, 0 = refused (another scheduler moved it
 --          first, the job was paused, removed or redefined, or the new time is not later).
 --
--- State text: 'fired missed skipped dropped last through' (integers, last = -1 when never).
+-- State text: 'fired missed skipped dropped last through [queue]' (integers, last = -1 when
+-- never; queue: of the last fire's run, absent when not given = the definition's queue). A new
+-- last replaces the queue too, so a queue never outlives the fire it belongs to.
 
 local now = clock(ARGV[1])
 local out = {now}
@@ -30,7 +34,8 @@ while i <= #ARGV do
   local new_next = tonumber(ARGV[i + 2])
   local d1, d2 = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
   local d3, d4 = tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-  local last = tonumber(ARGV[i + 7])
+  local last_s, last_q = string.match(ARGV[i + 7], '^(%-?%d+) ?(%S*)$')
+  local last = tonumber(last_s)
   local through = tonumber(ARGV[i + 8])
   local held = ARGV[i + 9]
   local jobs = {}
@@ -62,13 +67,14 @@ while i <= #ARGV do
       local text = texts[j] or ''
       local new_text = memo[text]
       if not new_text then
-        local a, b, c, d, e, f = string.match(text,
-          '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+)')
-        local s5, s6 = tonumber(e) or -1, tonumber(f) or -1
-        if last then s5 = last end
+        local a, b, c, d, e, f, g = string.match(text,
+          '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%S*)')
+        local s5, s6, s7 = tonumber(e) or -1, tonumber(f) or -1, g or ''
+        if last then s5, s7 = last, last_q end
         if through > s6 then s6 = through end
         new_text = string.format('%d %d %d %d %d %d', (tonumber(a) or 0) + d1,
           (tonumber(b) or 0) + d2, (tonumber(c) or 0) + d3, (tonumber(d) or 0) + d4, s5, s6)
+        if s7 ~= '' then new_text = new_text .. ' ' .. s7 end
         memo[text] = new_text
       end
       writes[2 * j - 1] = job

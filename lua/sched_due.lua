@@ -5,7 +5,7 @@
 -- KEYS[1]  next zset     jq:{sched#k}:next   job_id -> next fire time (ms)
 -- KEYS[2]  def hash      jq:{sched#k}:def    job_id -> definition (JSON)
 -- KEYS[3]  state hash    jq:{sched#k}:state  job_id -> counters and cursors (text)
--- KEYS[4]  held hash     jq:{sched#k}:held   job_id -> 'fire pred_fire due queue'
+-- KEYS[4]  held hash     jq:{sched#k}:held   job_id -> 'fire pred_fire due queue [pred_queue]'
 -- ARGV[1]  now ms, or '' for the server clock
 -- ARGV[2]  lookahead ms: jobs whose next fire <= now + lookahead are due
 -- ARGV[3]  at most this many jobs (earliest next fire first)

@@ -3,6 +3,9 @@
 -- once the job's previous run has finished. Both runs belong to one job, hence to one queue
 -- partition (partitions go by job id): the check and the release are one atomic step in one
 -- slot, so the buffered run can never start while its predecessor is pending or running.
+-- Only when the job's queue changed between the two fires is the predecessor in another slot:
+-- the scheduler then reads its state there first and calls this with no predecessor ('')
+-- once it has finished.
 --
 -- KEYS[1]  due zset      jq:{q#p}:due
 -- KEYS[2]  wake list     jq:{q#p}:wake

@@ -170,3 +170,27 @@ def test_leases_json_in_a_real_subprocess(jq: JobQueue, url: str) -> None:
     out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--redis-url", url, "leases",
                           "--json"], capture_output=True, text=True, check=True).stdout
     assert [(x["run_id"], x["owner"]) for x in json.loads(out)] == [("sub-1", "w-sub")]
+
+
+def test_a_run_id_in_two_queues_is_refused_without_a_queue_and_found_with_one(
+    url: str, jq: JobQueue
+) -> None:
+    jq.enqueue("report", run_id="twin")
+    jq.enqueue("report", run_id="twin", queue="emails")
+    for args in (["show", "twin"], ["cancel", "twin"]):
+        code, _, err = cli(url, *args)
+        assert code == 1, err
+        assert "exists in several queues (default, emails): name the queue" in err
+    assert jq.get_run("twin", queue="emails").state == "pending"  # nothing was cancelled
+    code, out, _ = cli(url, "show", "twin", "--queue", "emails")
+    assert code == 0 and "emails" in out
+
+
+def test_show_of_a_key_that_is_not_a_run_record_says_so(url: str, jq: JobQueue) -> None:
+    jq.enqueue("report", run_id="victim")
+    key = jq.keys_for("default", "victim").run("victim")
+    jq.redis.delete(key)
+    jq.redis.set(key, "not a hash")
+    code, out, err = cli(url, "show", "victim")
+    assert code == 0, err
+    assert "not a run record" in out

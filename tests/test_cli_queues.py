@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from click.testing import CliRunner, Result
 
@@ -157,3 +158,16 @@ def test_reading_commands_never_use_keys(real_server: EmbeddedServer) -> None:
     used = {name.removeprefix("cmdstat_") for name in r.info("commandstats")}
     assert "keys" not in used
     assert {"zcount", "zrange"} <= used  # the stats really were read from this server
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["queues"], ["runs"], ["leases"], ["dead", "list"], ["top", "--once"]],
+    ids=lambda a: " ".join(a),
+)
+def test_a_queue_name_no_one_used_is_refused_not_shown_empty(jq: JobQueue, args: list[str]) -> None:
+    jq.declare_task("t")
+    jq.enqueue("t", run_id="r")  # records 'default'
+    result = invoke(jq, *args, "--queue", "defualt")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == "error: no queue 'defualt' in Redis (known: default)"

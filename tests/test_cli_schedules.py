@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from click.testing import CliRunner, Result
 
@@ -143,6 +145,20 @@ def test_backfill_creates_each_fire_time_once_across_chunks(jq: JobQueue) -> Non
     assert as_json(jq, *args) == {"fire_times": 1201, "created": 0, "existed": 1201}
 
 
+def test_backfill_with_an_end_after_now_is_one_line_exit_2_and_writes_nothing(
+    jq: JobQueue,
+) -> None:
+    jq.schedule("minutely", "report", every=60)
+    now = jq.server_time_ms()
+    start = datetime.fromtimestamp((now - 600 * S) / 1000, UTC).isoformat()
+    end = datetime.fromtimestamp((now + 600 * S) / 1000, UTC).isoformat()  # 10 min ahead
+    result = invoke(jq, "schedules", "backfill", "minutely", "--start", start, "--end", end)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: backfill of 'minutely': end ")
+    assert "is after the server's now" in result.stderr and result.stderr.count("\n") == 1
+    assert jq.redis.zcard(jq.keys_for("default", "minutely@x").due) == 0
+
+
 def test_unknown_job_is_refused_with_exit_1(jq: JobQueue) -> None:
     for command in ("show", "pause", "resume", "trigger"):
         result = invoke(jq, "schedules", command, "nope")
@@ -172,3 +188,16 @@ def test_schedules_commands_in_a_real_subprocess(real_server: EmbeddedServer) ->
     (job,) = json.loads(run("list", "--json"))
     assert (job["job_id"], job["paused"], job["jitter_s"], job["next_fire_ms"]) == (
         "nightly", True, 60, None)
+
+
+@pytest.mark.parametrize(
+    "option", [("--jitter", "inf"), ("--jitter", "nan"), ("--every", "inf"), ("--every", "nan")]
+)
+def test_add_refuses_a_jitter_or_interval_that_is_not_finite(
+    jq: JobQueue, option: tuple[str, str]
+) -> None:
+    every = [] if option[0] == "--every" else ["--every", "60"]
+    result = invoke(jq, "schedules", "add", "j", "t", *every, *option)
+    assert result.exit_code == 2, result.output
+    assert "is not a finite number" in result.output and "Traceback" not in result.output
+    assert jq.get_schedule("j") is None

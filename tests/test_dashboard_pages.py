@@ -262,3 +262,20 @@ def test_schedule_buttons_pause_resume_and_trigger(jq: JobQueue, client: TestCli
     (run,) = [r for r in jq.redis.zrange("jq:{default#0}:due", 0, -1) if r.startswith("nightly@")]
     assert run.startswith("nightly@manual-")
     assert "created nightly@manual-" in client.get("/schedules").text
+
+
+def test_a_queue_filter_naming_no_queue_is_a_404_that_says_so(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.enqueue("report", run_id="r1")
+    reply = client.get("/runs?queue=defualt")
+    assert reply.status_code == 404
+    assert "no queue 'defualt'" in reply.text
+
+
+def test_a_run_id_in_two_queues_asks_for_the_queue(jq: JobQueue, client: TestClient) -> None:
+    jq.enqueue("report", run_id="twin")
+    jq.enqueue("report", run_id="twin", queue="emails")
+    reply = client.get("/run?id=twin")
+    assert reply.status_code == 409 and "name the queue" in reply.text
+    assert client.get("/run?id=twin&queue=emails").status_code == 200

@@ -7,11 +7,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
-from jobqueue.embedded import EmbeddedServer, resolve_url
+from jobqueue.embedded import EmbeddedServer, remove_stale_directories, resolve_url
 
 
 def _alive(pid: int) -> bool:
@@ -62,6 +63,27 @@ def test_server_dies_when_its_parent_is_killed_with_sigkill() -> None:
     while _alive(server_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(server_pid), "embedded redis outlived its SIGKILLed parent"
+
+
+def test_the_directory_of_a_sigkilled_owner_is_removed_by_the_next_server() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "from jobqueue.embedded import EmbeddedServer; import time\n"
+         "s = EmbeddedServer().start(); print(s.directory, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    left_behind = Path(child.stdout.readline().strip())
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert left_behind.exists()  # no atexit ran
+    mine = EmbeddedServer()  # creating one cleans up; this process's own directory stays
+    try:
+        assert not left_behind.exists()
+        assert mine.directory.exists()
+        assert remove_stale_directories() == []
+    finally:
+        mine.stop()
 
 
 def test_server_stops_when_its_parent_exits_normally() -> None:

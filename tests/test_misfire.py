@@ -11,6 +11,7 @@ from jobqueue.misfire import (
     MisfireError,
     MisfirePolicy,
     apply_misfire,
+    effective_grace_ms,
     parse_policy,
 )
 
@@ -142,6 +143,13 @@ def test_the_grace_defaults_to_one_second() -> None:
     assert apply_misfire(skip, [360_000], now_ms=361_001).fire == []
 
 
+def test_a_scheduler_never_uses_a_grace_below_two_tick_intervals() -> None:
+    # A fire just after one tick's clock read is handled a tick gap later: never "late".
+    assert effective_grace_ms(1_000, 1_000) == 2_000
+    assert effective_grace_ms(0, 250) == 500
+    assert effective_grace_ms(30_000, 1_000) == 30_000  # a longer grace stays as configured
+
+
 def test_a_negative_grace_is_rejected() -> None:
     with pytest.raises(ValueError, match="grace_ms"):
         apply_misfire(parse_policy("skip"), [0], now_ms=0, grace_ms=-1)
@@ -198,3 +206,13 @@ def test_deadline_fires_late_fire_times_up_to_and_including_the_deadline() -> No
 def test_a_deadline_in_milliseconds_is_honoured_to_the_millisecond() -> None:
     decision = apply_misfire(parse_policy("deadline-1500ms"), [368_499, 368_500], 370_000)
     assert decision.fire == [368_500]
+
+
+def test_scheduler_grace_help_says_it_is_at_least_two_intervals() -> None:
+    from click.testing import CliRunner
+
+    from jobqueue.cli import main
+
+    result = CliRunner().invoke(main, ["scheduler", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    assert "(at least 2 x --interval)" in result.output

@@ -3,14 +3,21 @@ input), upsert, pause/resume, trigger, backfill, list; on fakeredis and a real s
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import pytest
 
 from jobqueue.client import JobQueue
-from jobqueue.errors import ConfigError, OperationRefused, PayloadError
-from jobqueue.recurring import Definition, JobState, RecurringError, UnknownSchedule
+from jobqueue.errors import ConfigError, OperationRefused, PayloadError, UnknownTask
+from jobqueue.recurring import (
+    BackfillInFuture,
+    Definition,
+    JobState,
+    RecurringError,
+    UnknownSchedule,
+)
 
 T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z, a whole hour
 HOUR = 3_600_000
@@ -93,6 +100,14 @@ def test_job_state_text_round_trips() -> None:
     assert JobState.parse("") == JobState()
 
 
+def test_job_state_text_records_the_last_fires_queue_and_reads_texts_without_it() -> None:
+    s = JobState(3, 2, 1, 4, T0, T0 + 5, last_queue="reports")
+    assert s.text() == f"3 2 1 4 {T0} {T0 + 5} reports"
+    assert JobState.parse(s.text()) == s
+    # Written before the queue was recorded: None, i.e. the definition's queue.
+    assert JobState.parse(f"3 2 1 4 {T0} {T0 + 5}").last_queue is None
+
+
 def test_upsert_with_the_same_timing_keeps_the_next_fire(jq: JobQueue) -> None:
     jq.schedule("j", "t", every=60, now=T0)
     info = jq.schedule("j", "t", every=60, args=[2], now=T0 + 30_000)
@@ -156,6 +171,21 @@ def test_backfill_creates_each_fire_time_once(jq: JobQueue) -> None:
     assert [h.created for h in again] == [False, False, True]
 
 
+def test_backfill_refuses_an_end_after_now_and_writes_nothing(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    jq.schedule("j", "t", cron="0 * * * *", now=T0 - 10 * HOUR)
+    before = keys(redis_client)
+    # "the last three hours", with an end typed two hours ahead: the future fire times would
+    # run now, early, and the scheduler would find them already there at their time.
+    with pytest.raises(BackfillInFuture, match="end 2027-01-15T10:00:00Z is after the server"):
+        jq.backfill("j", (T0 - 3 * HOUR) / 1000, (T0 + 2 * HOUR) / 1000, now=T0)
+    assert keys(redis_client) == before
+    assert isinstance(BackfillInFuture("x"), RecurringError)
+    up_to_now = jq.backfill("j", (T0 - HOUR) / 1000, T0 / 1000, now=T0)  # an end of now is fine
+    assert [h.run_id for h in up_to_now] == ["j@2027-01-15T07:00:00Z", "j@2027-01-15T08:00:00Z"]
+
+
 def test_backfill_refuses_a_range_with_too_many_fire_times(jq: JobQueue) -> None:
     jq.schedule("j", "t", every=1, now=T0)
     with pytest.raises(RecurringError, match="more than 10,000 fire times"):
@@ -180,3 +210,49 @@ def test_scheduler_partitions_are_a_setting_recorded_in_redis(redis_client: Any)
     assert {store.keys(j).partition for j in ids} == {0, 1, 2, 3}
     with pytest.raises(ConfigError, match="4 scheduler partitions in Redis but 2"):
         _ = Recurring(jq, partitions=2).partitions
+
+
+def test_schedule_of_a_task_the_registry_does_not_know_is_refused_as_enqueue_refuses_it(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    @jq.task
+    def report() -> None: ...
+
+    before = keys(redis_client)
+    with pytest.raises(UnknownTask, match="unknown task 'no_such_task'") as refused:
+        jq.schedule("x", "no_such_task", every=60, now=T0)
+    with pytest.raises(UnknownTask) as by_enqueue:
+        jq.enqueue("no_such_task")
+    assert str(refused.value) == str(by_enqueue.value)
+    with pytest.raises(UnknownTask, match="unknown task 'no_such_task'"):
+        jq.declare_schedule("y", "no_such_task", every=60)
+    assert keys(redis_client) == before and jq.declared_schedules == []
+
+
+def test_schedule_of_a_task_declared_by_name_is_accepted(jq: JobQueue) -> None:
+    jq.declare_task("report", queue="reports")
+    info = jq.schedule("x", "report", every=60, now=T0)
+    assert (info.definition.task, info.definition.queue) == ("report", "reports")
+
+
+def test_schedule_by_name_from_a_process_without_any_registry_is_accepted(jq: JobQueue) -> None:
+    # An ops process scheduling for workers elsewhere: it knows no task at all.
+    assert jq.registry.names() == []
+    info = jq.schedule("x", "report", every=60, now=T0)
+    assert info.definition.task == "report" and jq.get_schedule("x") is not None
+
+
+@pytest.mark.parametrize("value", [math.inf, 1.8e305], ids=["inf", "ms-overflow"])
+@pytest.mark.parametrize("field", ["jitter", "every"])
+def test_an_infinite_jitter_or_interval_is_refused_and_nothing_written(
+    jq: JobQueue, field: str, value: float
+) -> None:
+    options: dict[str, float] = {"every": 60, field: value}
+    with pytest.raises(RecurringError, match=f"invalid {field} "):
+        jq.schedule("j", "t", **options)
+    assert jq.get_schedule("j") is None
+
+
+def test_a_negative_jitter_is_refused_as_negative_not_as_not_positive(jq: JobQueue) -> None:
+    with pytest.raises(RecurringError, match="must not be negative"):
+        jq.schedule("j", "t", every=60, jitter=-1)

@@ -151,8 +151,9 @@ def test_the_new_count_is_recorded_and_a_client_configured_with_it_finds_every_r
 def test_a_client_with_the_old_count_is_refused_afterwards(redis_client: Any) -> None:
     populate(redis_client, 1)
     rp.repartition(JobQueue(redis_client), Q, 4)
-    with pytest.raises(ConfigError, match="has 4 partitions in Redis but 1"):
+    with pytest.raises(ConfigError, match="has 4 partitions in Redis but 1") as refused:
         JobQueue(redis_client, partitions={Q: 1}).register_queue(Q)
+    assert f"jobqueue repartition {Q} --partitions 1" in str(refused.value)  # says the way out
 
 
 def test_a_worker_with_the_new_count_runs_the_moved_pending_runs(redis_client: Any) -> None:

@@ -74,6 +74,20 @@ def test_fire_all_cap_drops_the_oldest_late_fires_and_counts_them(
     assert (info.state.fired, info.state.missed, info.state.dropped) == (2, 2, 2)
 
 
+def test_deadline_policy_fires_in_deadline_fires_past_max_fires_in_the_next_ticks(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    # 12 late fire times, all within the deadline, 5 per tick: three ticks fire them all.
+    jq.schedule("j", "t", every=60, misfire="deadline-3600s", now=0)
+    sched = scheduler(jq, max_fires=5)
+    for now in (750 * S, 751 * S, 752 * S):
+        sched.tick(now=now)
+    assert seconds(fires_of(redis_client, "j")) == list(range(60, 721, 60))
+    info = jq.get_schedule("j")
+    assert info is not None and info.next_fire_ms == 780 * S
+    assert (info.state.fired, info.state.missed) == (12, 0)
+
+
 # -- runs ------------------------------------------------------------------------------------
 
 
@@ -228,7 +242,7 @@ def test_trigger_and_backfill_do_not_disturb_the_schedule(jq: JobQueue, redis_cl
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, misfire="fire-all", now=0)
     jq.trigger("j", now=30 * S)
-    jq.backfill("j", 60, 120, now=30 * S)  # ahead of the scheduler
+    jq.backfill("j", 60, 120, now=120 * S)  # past fire times, before the scheduler's tick
     report = sched.tick(now=120 * S)
     assert (report.runs_requested, report.runs_created) == (2, 0)  # both already there
     assert seconds(fires_of(redis_client, "j")) == [60, 120]
@@ -339,6 +353,19 @@ def test_plan_fires_counts_late_fires_of_a_long_outage_without_walking_them() ->
     assert len(plan.fires) == 102
     assert plan.dropped == plan.missed == year // S - 102
     assert plan.new_next_ms == year + S
+
+
+def test_plan_fires_with_deadline_over_max_fires_moves_only_past_the_fires_it_fires() -> None:
+    # every second, down for 3,000 s with a one-hour deadline, 1,000 fires per tick at most
+    defn = _defn(every_ms=S, misfire="deadline-3600s")
+    first = plan_fires(defn, 7_000 * S, 10_000 * S, lookahead_ms=0, max_fires=1000)
+    assert first is not None
+    assert first.fires == list(range(7_000 * S, 8_000 * S, S))
+    assert (first.missed, first.through_ms, first.new_next_ms) == (0, 7_999 * S, 8_000 * S)
+    # Resumed when 8,000..8,499 are past the deadline: those are missed then, not before.
+    second = plan_fires(defn, 8_000 * S, 12_100 * S, lookahead_ms=0, max_fires=1000)
+    assert second is not None
+    assert (second.fires[0], second.missed, second.new_next_ms) == (8_500 * S, 500, 9_500 * S)
 
 
 def test_apply_overlap_rules() -> None:

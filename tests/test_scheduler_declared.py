@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from jobqueue.cli import main
 from jobqueue.client import JobQueue
 from jobqueue.cron import parse_fire_instant
+from jobqueue.errors import ConfigError
 from jobqueue.recurring import ORIGIN_CODE, RecurringError
 from jobqueue.scheduler import Scheduler
 
@@ -119,6 +120,51 @@ def test_the_same_job_id_declared_twice_is_refused() -> None:
         jq.declare_schedule("j", "t", every=30)
 
 
+def test_a_task_whose_schedule_is_refused_is_not_registered_and_can_be_fixed() -> None:
+    jq = app()
+    with pytest.raises(RecurringError, match="never fires"):
+
+        @jq.task(cron="0 0 31 2 *")
+        def x1() -> None: ...
+
+    assert "x1" not in jq.registry and jq.declared_schedules == []
+
+    @jq.task(cron="0 0 28 2 *")
+    def x1() -> None: ...  # the corrected declaration, as after an edit
+
+    assert "x1" in jq.registry
+    assert [d.job_id for d in jq.declared_schedules] == ["x1"]
+
+
+def test_a_task_refused_by_the_registry_declares_none_of_its_schedules() -> None:
+    jq = app()
+
+    @jq.task(name="report")
+    def first() -> None: ...
+
+    with pytest.raises(ConfigError, match="already registered to another function"):
+
+        @jq.task(name="report", every=60)
+        def second() -> None: ...
+
+    assert jq.declared_schedules == [] and jq.registry.get("report").func is first.func
+
+
+def test_one_refused_schedule_of_a_task_declares_none_of_the_others() -> None:
+    jq = app()
+    with pytest.raises(RecurringError, match="unknown time zone"):
+
+        @jq.task(
+            schedules=[
+                {"id": "ok", "every": 60},
+                {"id": "bad", "cron": "0 * * * *", "tz": "Mars/Olympus"},
+            ]
+        )
+        def ping() -> None: ...
+
+    assert jq.declared_schedules == [] and "ping" not in jq.registry
+
+
 # -- syncing ----------------------------------------------------------------------------------
 
 
@@ -214,3 +260,73 @@ def test_cli_scheduler_prune_without_an_app_is_a_usage_error() -> None:
     result = CliRunner().invoke(main, ["scheduler", "--prune"])
     assert result.exit_code == 2
     assert "--prune needs --app" in result.output
+
+
+NIGHTLY = {"cron": "30 1 * * *", "tz": "America/New_York", "jitter": 60, "overlap": "forbid"}
+
+
+def test_a_declaration_with_the_id_of_a_runtime_schedule_is_ignored_with_a_warning(
+    redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    ops = app(redis_client)
+    ops.schedule("nightly-report", "send_report", **NIGHTLY)  # at run time (no registry)
+    before = ops.get_schedule("nightly-report")
+    code = app(redis_client)
+    code.declare_task("send_report")
+    code.declare_schedule("nightly-report", "send_report", cron="0 3 * * *", misfire="skip")
+    daemon = Scheduler(code, install_signal_handlers=False, interval=0.01)
+    with caplog.at_level(logging.INFO, logger="jobqueue.scheduler"):
+        assert daemon.run(max_ticks=1) == 0
+    after = code.get_schedule("nightly-report")
+    assert before is not None and after is not None
+    assert after.definition == before.definition and after.definition.origin == ""
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "nightly-report is a runtime schedule (jq.schedule / CLI): the declaration in code is "
+        "ignored; remove one of them"
+    ]
+    assert "declared recurring job nightly-report" not in caplog.text  # not "updated"
+    assert "0 created, 0 updated, 0 unchanged, 0 removed, 1 ignored" in caplog.text
+
+
+def test_prune_never_removes_a_runtime_schedule_a_declaration_once_shared_its_id(
+    redis_client: Any,
+) -> None:
+    ops = app(redis_client)
+    ops.schedule("nightly-report", "send_report", **NIGHTLY)
+    first = app(redis_client)
+    first.declare_task("send_report")
+    first.declare_schedule("nightly-report", "send_report", every=3600)
+    Scheduler(first, install_signal_handlers=False, interval=0.01).run(max_ticks=1)
+    other = app(redis_client)  # a later deployment that declares nothing of the kind
+    other.declare_task("t")
+    other.declare_schedule("kept", "t", every=60)
+    report = other.recurring.sync(other.declared_schedules, prune=True)
+    info = other.get_schedule("nightly-report")
+    assert report.removed == []
+    assert info is not None and (info.definition.origin, info.definition.tz) == (
+        "",
+        "America/New_York",
+    )
+
+
+def test_a_runtime_schedule_created_between_syncs_read_and_write_is_not_taken_over(
+    redis_client: Any,
+) -> None:
+    jq = app(redis_client)
+    jq.declare_task("t")
+    jq.declare_schedule("j", "t", every=60)
+    store = jq.recurring
+    real_get = store.get
+
+    def get_then_race(job_id: str) -> Any:
+        info = real_get(job_id)  # read: no schedule yet
+        jq.schedule(job_id, "t", every=600, now=0)  # then jq.schedule elsewhere
+        return info
+
+    store.get = get_then_race  # type: ignore[method-assign]
+    report = store.sync(jq.declared_schedules, now=0)
+    store.get = real_get  # type: ignore[method-assign]
+    info = jq.get_schedule("j")
+    assert report.ignored == ["j"] and report.created == []
+    assert info is not None and (info.definition.origin, info.definition.every_ms) == ("", 600 * S)

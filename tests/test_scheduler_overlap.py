@@ -22,13 +22,13 @@ def scheduler(jq: JobQueue) -> Scheduler:
     return Scheduler(jq, lookahead=0, install_signal_handlers=False)
 
 
-def claim(jq: JobQueue, now_s: int) -> list[ClaimedRun]:
-    reply = jq.scripts.run(ops.claim_call(PK, 10, "w1", 600 * S, 3600 * S, now=now_s * S))
+def claim(jq: JobQueue, now_s: float, pk: PartitionKeys = PK) -> list[ClaimedRun]:
+    reply = jq.scripts.run(ops.claim_call(pk, 10, "w1", 600 * S, 3600 * S, now=int(now_s * S)))
     return ops.parse_claim(reply).runs
 
 
-def complete(jq: JobQueue, run: ClaimedRun, now_s: int) -> None:
-    call = ops.complete_call(PK, run.run_id, run.fence, "null", 3600 * S, now=now_s * S)
+def complete(jq: JobQueue, run: ClaimedRun, now_s: int, pk: PartitionKeys = PK) -> None:
+    call = ops.complete_call(pk, run.run_id, run.fence, "null", 3600 * S, now=now_s * S)
     assert ops.parse_outcome(jq.scripts.run(call)).accepted
 
 
@@ -146,3 +146,81 @@ def test_get_schedule_reports_missed_dropped_skipped_and_last_fire(jq: JobQueue)
     shown = info.to_dict()
     assert (shown["fired"], shown["missed"], shown["dropped_by_cap"]) == (2, 4, 4)
     assert (shown["skipped_by_overlap"], shown["last_fire"]) == (0, "1970-01-01T00:06:00Z")
+
+
+# -- a fire between two ticks is on time -------------------------------------------------------
+
+
+def test_skip_policy_keeps_a_fire_that_lands_between_two_healthy_ticks(jq: JobQueue) -> None:
+    # Default interval and grace (1 s each); overlap jobs are not looked ahead, so the fire at
+    # 60 s, 5 ms after one tick's clock read, is handled by the next tick 1.010 s later.
+    sched = Scheduler(jq, install_signal_handlers=False)
+    jq.schedule("j", "t", every=60, overlap="forbid", misfire="skip", now=0)
+    sched.tick(now=60 * S - 5)
+    sched.tick(now=60 * S + 1_005)
+    assert [r.run_id for r in claim(jq, 61.005)] == [run_id(60)]
+    info = jq.get_schedule("j")
+    assert info is not None and (info.state.fired, info.state.missed) == (1, 0)
+
+
+def test_skip_policy_still_skips_a_fire_the_schedulers_were_down_for(jq: JobQueue) -> None:
+    sched = Scheduler(jq, install_signal_handlers=False)  # 1 s interval: late past 2 s
+    jq.schedule("j", "t", every=60, overlap="forbid", misfire="skip", now=0)
+    sched.tick(now=60 * S - 5)
+    sched.tick(now=62 * S + 1)  # no tick for 2.006 s: more than two intervals
+    assert claim(jq, 63) == []
+    info = jq.get_schedule("j")
+    assert info is not None and (info.state.fired, info.state.missed) == (0, 1)
+
+
+# -- the previous run is looked up where it went: a queue change does not hide it --------------
+
+OTHER = PartitionKeys("other", 0)
+
+
+def test_forbid_finds_the_previous_run_in_its_old_queue_after_a_queue_change(
+    jq: JobQueue,
+) -> None:
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, overlap="forbid", now=0)
+    sched.tick(now=60 * S)
+    (first,) = claim(jq, 60)
+    jq.schedule("j", "t", every=60, overlap="forbid", queue="other", now=61 * S)
+    sched.tick(now=120 * S)  # 60 still runs in "default": 120 is skipped
+    assert claim(jq, 120, OTHER) == []
+    complete(jq, first, 150)
+    sched.tick(now=180 * S)
+    assert [r.run_id for r in claim(jq, 180, OTHER)] == [run_id(180)]
+    assert counters(jq) == (2, 1)
+
+
+def test_buffer_one_holds_its_run_until_the_previous_run_in_the_old_queue_finishes(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
+    sched.tick(now=60 * S)
+    (first,) = claim(jq, 60)
+    jq.schedule("j", "t", every=60, overlap="buffer-one", queue="other", now=61 * S)
+    sched.tick(now=120 * S)  # 60 still runs in "default": 120 is created held in "other"
+    assert redis_client.zscore(OTHER.due, run_id(120)) == HOLD_MS
+    sched.tick(now=130 * S)  # the release pass looks in "default" too: still held
+    assert claim(jq, 130, OTHER) == []
+    complete(jq, first, 150)
+    sched.tick(now=151 * S)
+    (second,) = claim(jq, 151, OTHER)
+    assert (second.run_id, second.due_ms) == (run_id(120), 120 * S)
+
+
+def test_forbid_reads_a_state_written_before_the_last_fires_queue_was_recorded(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, overlap="forbid", now=0)
+    sched.tick(now=60 * S)
+    assert [r.run_id for r in claim(jq, 60)] == [run_id(60)]  # running
+    # The state text as earlier versions wrote it: no queue, which means the definition's.
+    redis_client.hset(jq.recurring.keys("j").state, "j", f"1 0 0 0 {60 * S} {60 * S}")
+    sched.tick(now=120 * S)
+    assert claim(jq, 120) == []
+    assert counters(jq) == (1, 1)

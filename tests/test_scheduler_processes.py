@@ -101,3 +101,29 @@ def test_three_scheduler_processes_one_killed_create_every_fire_exactly_once(
     assert sum(i.state.fired for i in jq.list_schedules()) == total
     assert total >= JOBS * (RUN_SECONDS - 1)
     client.close()
+
+
+def test_scheduler_process_retrying_its_start_up_exits_0_on_sigterm(tmp_path: Path) -> None:
+    """Redis refuses writes (OOM) from the start: the scheduler keeps retrying its start-up
+    (one warning line per attempt, no traceback) and a SIGTERM meanwhile is a clean exit."""
+    server = EmbeddedServer().start()
+    try:
+        admin: Any = redis.Redis.from_url(server.url, decode_responses=True)
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")
+        (tmp_path / "sched_app.py").write_text(APP)
+        proc = start_scheduler(server.url, tmp_path)
+        try:
+            assert proc.stderr is not None
+            line = proc.stderr.readline().decode()  # bounded: the first attempt fails at once
+            assert "start-up failed (OutOfMemoryError" in line, line
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err.decode()
+        assert b"Traceback" not in err
+    finally:
+        server.stop()

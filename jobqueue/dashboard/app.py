@@ -32,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 from .. import inspect
 from ..cli_format import abs_time, duration, relative
 from ..client import JobQueue
-from ..errors import ConnectionFailed, JobQueueError
+from ..errors import ConnectionFailed, JobQueueError, OperationRefused, UnknownQueue
 from ..models import STATES
 from .charts import Series, svg_chart
 from .sampler import Sampler
@@ -372,6 +372,16 @@ async def action(request: Request) -> Response:
 # -- the app ---------------------------------------------------------------------------------
 
 
+async def _unknown_queue(request: Request, exc: Exception) -> Response:
+    """A ?queue= naming no queue: a 404 that says so, not an empty page."""
+    return PlainTextResponse(str(exc)[:300], 404)
+
+
+async def _refused(request: Request, exc: Exception) -> Response:
+    """A read that cannot answer as asked (e.g. a run id in several queues): say why."""
+    return PlainTextResponse(str(exc)[:300], 409)
+
+
 async def _unavailable(request: Request, exc: Exception) -> Response:
     """Redis down or refusing: one line and 503, not a traceback page."""
     return PlainTextResponse(f"Redis unavailable: {type(exc).__name__}: {exc}"[:300], 503)
@@ -437,6 +447,8 @@ def create_app(
         exception_handlers={
             redis.exceptions.RedisError: _unavailable,
             ConnectionFailed: _unavailable,
+            UnknownQueue: _unknown_queue,
+            OperationRefused: _refused,
         },
         lifespan=lifespan,
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ..cli_common import FiniteFloat
 from ..errors import ConfigError
 
 EXTRA_MISSING = (
@@ -51,7 +52,7 @@ def is_loopback(host: str) -> bool:
     "--sample-every",
     default=10.0,
     show_default=True,
-    type=click.FloatRange(1),
+    type=FiniteFloat(1),
     help="Seconds between samples of queue depth and lateness (kept in memory for an hour).",
 )
 @click.pass_obj
