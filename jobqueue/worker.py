@@ -1161,11 +1161,12 @@ class Worker:
             outcome = ops.parse_outcome(reply)
             if outcome.accepted:
                 self.stats.released += 1
+            # The attempt is handed back uncounted (show says attempt N-1): say so, once.
             log.info(
                 "released run_id=%s fence=%d attempt=%d: %s",
                 e.run.run_id,
                 e.run.fence,
                 e.run.attempt,
-                outcome.status,
+                "not counted" if outcome.accepted else f"refused ({outcome.status})",
                 extra=run_fields(e.run),
             )

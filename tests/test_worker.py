@@ -501,3 +501,21 @@ def test_an_error_text_that_is_not_utf8_fails_its_run_and_spoils_no_other_commit
         run = finished(fast_jq, bad.run_id)
         assert (run.state, run.error) == ("dead", "ValueError: bad bytes: ?")
         assert all(finished(fast_jq, h.run_id).result == "ok" for h in good)
+
+
+def test_a_released_run_is_logged_as_not_counted(
+    fast_jq: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    started = threading.Event()
+
+    @fast_jq.task
+    def stubborn(ctx: RunContext) -> None:
+        started.set()
+        ctx.cancelled.wait(5)
+
+    caplog.set_level("INFO", logger="jobqueue.worker")
+    with running(make_worker(fast_jq, grace=0.1)):
+        handle = fast_jq.enqueue(stubborn)
+        assert started.wait(5)
+    assert f"released run_id={handle.run_id} fence=1 attempt=1: not counted" in caplog.text
+    assert fast_jq.get_run(handle.run_id).attempt == 0
