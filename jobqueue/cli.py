@@ -23,6 +23,7 @@ _previous_sigint = (
     signal.signal(signal.SIGINT, _interrupted_while_starting) if _MAIN_THREAD else None
 )
 
+import faulthandler  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
@@ -119,6 +120,12 @@ def main(
         ctx.obj = State(redis_url, embedded=embedded)
 
 
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID` prints every thread's stack to stderr: what a daemon that seems stuck
+    is doing, without stopping it."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def load_app(spec: str) -> JobQueue:
     """``module`` or ``module:attribute`` naming a JobQueue (the operator's own code)."""
     module_name, _, attr = spec.partition(":")
@@ -201,6 +208,7 @@ def worker(
     # Until the worker installs its draining handler it holds no run: a SIGTERM while the app
     # imports or Redis connects is a clean exit, not a death by signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    _dump_stacks_on_sigusr1()
     for name in queues:
         validate_queue_name(name)  # as enqueue --queue does: before anything connects
     app = load_app(app_spec)
@@ -501,6 +509,7 @@ def scheduler(
     # Until the scheduler installs its own handler (in run) a SIGTERM while the app imports
     # or Redis connects is a clean exit, not a death by signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    _dump_stacks_on_sigusr1()
     jq = state.jq(load_app(app_spec) if app_spec else None)
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     store = Recurring(jq, partitions) if partitions else None

@@ -75,6 +75,7 @@ from .sched_ops import (
     sched_unhold_call,
 )
 from .scripts import Call
+from .signals import SignalRelay
 
 if TYPE_CHECKING:
     from .client import JobQueue
@@ -379,6 +380,7 @@ class Scheduler:
         self.total = TickReport()
         self.metrics = metrics
         self._stopping = threading.Event()
+        self._signals = SignalRelay(self._signalled, "jobqueue-sched-signals")
         self._executor: ThreadPoolExecutor | None = None
         self._start = random.randrange(1 << 30)
         self.declared = list(jq.declared_schedules if declared is None else declared)
@@ -787,6 +789,11 @@ class Scheduler:
         self._stopping.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Nothing that takes a lock: stop() sets an Event, whose lock this (main) thread may
+        # hold at this very instant inside _stopping.wait() (see jobqueue.signals).
+        self._signals.notify(signum)
+
+    def _signalled(self, signum: int) -> None:
         log.info("signal %s: stopping after this tick", signum)
         self.stop()
 
@@ -807,8 +814,15 @@ class Scheduler:
         READONLY after a failover, ...) are logged and retried, never fatal (a scheduler must
         not silently stop). A configuration mistake found at start-up is raised."""
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            self._signals.start()
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            return self._run(max_ticks)
+        finally:
+            self._signals.close()
+
+    def _run(self, max_ticks: int | None) -> int:
         ticks, failures, started_up = 0, 0, False
         while not self._stopping.is_set():
             started = time.monotonic()

@@ -47,6 +47,7 @@ from .logs import run_fields
 from .metrics import NO_METRICS, Metrics
 from .payload import decode_payload, encode_result
 from .scripts import Call, ServerRefused, refused_for_now, translate_error
+from .signals import SignalRelay
 from .tasks import Task
 
 log = logging.getLogger("jobqueue.worker")
@@ -237,9 +238,8 @@ class Worker:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._signals = 0
-        self._signum = 0
-        # Written by the signal handler (no locks there), read by the jq-signals thread.
-        self._signal_pipe: tuple[int, int] | None = None
+        # The signal handler only notifies it (no locks there); its thread logs and stops.
+        self._signal_relay = SignalRelay(self._signalled, "jq-signals")
         # Monotonic time of the stop request: the grace period counts from it.
         self._stop_at: float | None = None
         self._unhealthy: str | None = None  # why the worker gave up (exit EXIT_UNHEALTHY)
@@ -259,7 +259,7 @@ class Worker:
     def run(self) -> int:
         """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code: 0, or
         EXIT_UNHEALTHY when the worker gave up (see the log for why)."""
-        self._start_signal_thread()
+        self._signal_relay.start()
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -297,7 +297,7 @@ class Worker:
                     self._loop.call_soon_threadsafe(self._loop.stop)
             if threads:
                 self._bounded(self._unregister, "unregistering")
-            self._stop_signal_thread()
+            self._signal_relay.close()
         log.info(
             "worker %s stopped: claimed=%d completed=%d failed=%d released=%d fenced_out=%d",
             self.id,
@@ -377,45 +377,14 @@ class Worker:
 
     # -- signals ---------------------------------------------------------------------------
 
-    def _start_signal_thread(self) -> None:
-        """A signal handler runs in the main thread between two bytecodes, maybe while that
-        thread holds self._lock (not reentrant) or a connection: it only writes a byte to a
-        pipe, and this thread does the rest (stop(): locks, logging, Redis)."""
-        r, w = os.pipe()
-        os.set_blocking(w, False)
-        self._signal_pipe = (r, w)
-        threading.Thread(
-            target=self._signal_thread, args=(r,), name="jq-signals", daemon=True
-        ).start()
-
-    def _signal_thread(self, r: int) -> None:
-        while True:
-            try:
-                data = os.read(r, 64)
-            except OSError:
-                return
-            if not data or b"q" in data:
-                os.close(r)
-                return
-            log.info(
-                "signal %s: draining (grace %.0fs); a second signal exits at once",
-                self._signum,
-                self.grace,
-            )
-            self.stop()
-
-    def _stop_signal_thread(self) -> None:
-        pipe, self._signal_pipe = self._signal_pipe, None
-        if pipe is None:
-            return
-        w = pipe[1]
-        with contextlib.suppress(OSError):
-            os.write(w, b"q")
-        os.close(w)
-        # The read end is closed by nobody but the process: the thread may still read it.
+    def _signalled(self, signum: int) -> None:
+        log.info(
+            "signal %s: draining (grace %.0fs); a second signal exits at once", signum, self.grace
+        )
+        self.stop()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # No locks, no logging, no Redis here (see _start_signal_thread).
+        # No locks, no logging, no Redis here (see jobqueue.signals).
         self._signals += 1
         if self._signals > 1:
             # Second signal: leave now; our leases expire and other workers reclaim the runs.
@@ -423,11 +392,7 @@ class Worker:
             os._exit(STOPPED_BY_SECOND_SIGNAL)
         if self._stop_at is None:
             self._stop_at = time.monotonic()  # the grace period counts from the signal
-        self._signum = signum
-        pipe = self._signal_pipe
-        if pipe is not None:
-            with contextlib.suppress(OSError):
-                os.write(pipe[1], b"s")
+        self._signal_relay.notify(signum)
 
     # -- setup -----------------------------------------------------------------------------
 

@@ -127,3 +127,26 @@ def test_scheduler_process_retrying_its_start_up_exits_0_on_sigterm(tmp_path: Pa
         assert b"Traceback" not in err
     finally:
         server.stop()
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_scheduler_runs_on(
+    real_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """What an operator does with a daemon that seems stuck: `kill -USR1 PID`."""
+    (tmp_path / "sched_app.py").write_text(APP)
+    proc = start_scheduler(real_server.url, tmp_path)
+    try:
+        time.sleep(1.0)  # started (imports done, handlers installed)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        assert proc.poll() is None, "SIGUSR1 ended the scheduler"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = err.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert "Current thread" in text or "Thread 0x" in text, text
+    assert "scheduler.py" in text, text  # the main thread's loop, among the stacks

@@ -209,7 +209,14 @@ def test_chaos_soak_every_run_done_once_and_every_fire_time_once(
         assert stop_gracefully(proc, r) == 0, proc.text()[-3000:]
     for proc in chaos.schedulers:
         proc.popen.send_signal(signal.SIGTERM)
-        assert proc.popen.wait(15) == 0, proc.text()[-3000:]
+        try:
+            code = proc.popen.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.popen.send_signal(signal.SIGUSR1)  # its threads' stacks, into its log
+            time.sleep(1)
+            proc.popen.kill()
+            raise AssertionError(f"scheduler hung after SIGTERM:\n{proc.text()[-6000:]}") from None
+        assert code == 0, proc.text()[-3000:]
 
     report = check(
         r, PK, enqueued, expected, Report(kills=chaos.kills, pauses=chaos.pauses, restarts=2)
