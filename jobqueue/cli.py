@@ -23,6 +23,7 @@ _previous_sigint = (
     signal.signal(signal.SIGINT, _interrupted_while_starting) if _MAIN_THREAD else None
 )
 
+import contextlib  # noqa: E402
 import faulthandler  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
@@ -123,7 +124,12 @@ def main(
 def _dump_stacks_on_sigusr1() -> None:
     """`kill -USR1 PID` prints every thread's stack to stderr: what a daemon that seems stuck
     is doing, without stopping it."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    # The process's own stderr (sys.stderr may be replaced, e.g. by a test runner's capture).
+    stream = sys.__stderr__
+    if stream is None:
+        return
+    with contextlib.suppress(ValueError, OSError):  # no file descriptor: nothing to dump to
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
 
 
 def load_app(spec: str) -> JobQueue:
