@@ -336,6 +336,16 @@ class ClientBase:
         ]
 
 
+def not_a_record(reply: Any, state: str = "unknown") -> Any:
+    """A run record as read (HGETALL), or for a key of another type (WRONGTYPE) a stand-in
+    record saying so; any other error reply is raised."""
+    if not isinstance(reply, Exception):
+        return reply
+    if "WRONGTYPE" not in str(reply):
+        raise reply
+    return {"state": state, "error": f"not a run record: {reply}"[:300]}
+
+
 def pick_located(run_id: str, found: list[PartitionKeys]) -> PartitionKeys | None:
     """The one partition a run id was found in. The same id in several queues (each queue
     has its own runs) is ambiguous without a queue: refused, never one picked silently."""

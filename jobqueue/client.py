@@ -19,6 +19,7 @@ from .base import (
     check_args_sequence,
     create_batches,
     created_flags,
+    not_a_record,
     not_found,
     pick_located,
 )
@@ -239,10 +240,9 @@ class JobQueue(ClientBase):
         pipe.hgetall(keys.run(run_id))
         pipe.lrange(keys.history(run_id), 0, -1)
         fields, history = pipe.execute(raise_on_error=False)
-        if isinstance(fields, Exception):
-            # A key of another type under a run's name (claim.lua dead-letters those): shown
-            # for what it is rather than failing `show`.
-            fields = {"state": "unknown", "error": f"not a run record: {fields}"[:300]}
+        # A key of another type under a run's name (claim.lua dead-letters those) is shown for
+        # what it is rather than failing `show`; any other error reply is raised.
+        fields = not_a_record(fields)
         if isinstance(history, Exception):
             history = []
         if not fields:

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .base import not_a_record
 from .client import JobQueue
 from .errors import UnknownQueue
 from .keys import WORKERS_KEY, PartitionKeys
@@ -253,12 +254,10 @@ def runs(
     for k, _, rid in ids:
         pipe.hgetall(k.run(rid))
     out = []
-    for (k, index, rid), fields in zip(ids, pipe.execute(raise_on_error=False), strict=True):
-        if isinstance(fields, Exception):
-            # A listed key that is not a run record (claim.lua dead-letters such keys): shown,
-            # so that an operator can purge the listing, instead of failing the whole listing.
-            error = f"not a run record: {fields}"[:300]
-            fields = {"state": "dead" if index == "dead" else "unknown", "error": error}
+    for (k, index, rid), reply in zip(ids, pipe.execute(raise_on_error=False), strict=True):
+        # A listed key that is not a run record (claim.lua dead-letters such keys) is shown,
+        # so that an operator can purge the listing, instead of failing the whole listing.
+        fields = not_a_record(reply, "dead" if index == "dead" else "unknown")
         if not fields or (state and fields.get("state") != state):
             continue
         out.append((k, rid, fields))
