@@ -307,9 +307,11 @@ def test_the_first_heartbeat_comes_within_a_third_of_a_short_task_lease(
     """A run whose task lease is shorter than the worker's own: the heartbeat planned for
     the worker's lease would come after the short lease expired."""
 
-    @fast_jq.task(lease=0.6, max_attempts=1)
+    # The task's lease is short next to the run (and to the worker's 30 s), yet long enough
+    # that a loaded CI host cannot stall the heartbeats for two thirds of it.
+    @fast_jq.task(lease=1.5, max_attempts=1)
     def a_while() -> str:
-        time.sleep(1.0)
+        time.sleep(2.5)
         return "ok"
 
     worker = make_worker(fast_jq, lease=30.0)
