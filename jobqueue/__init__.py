@@ -1,5 +1,7 @@
 """jobqueue: a Redis-backed distributed job scheduler and task queue."""
 
+__version__ = "0.2.0"
+
 from .base import Request
 from .client import JobQueue, RunHandle
 from .errors import (
@@ -31,4 +33,5 @@ __all__ = [
     "Settings",
     "Task",
     "UnknownTask",
+    "__version__",
 ]

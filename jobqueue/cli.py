@@ -35,7 +35,7 @@ from typing import IO  # noqa: E402
 
 import click  # noqa: E402
 
-from . import logs  # noqa: E402
+from . import __version__, logs  # noqa: E402
 from . import metrics as metrics_mod  # noqa: E402
 from .base import Request  # noqa: E402
 from .cli_common import (  # noqa: E402
@@ -108,7 +108,7 @@ _metrics_host = click.option(
     type=click.Choice(["text", "json"]),
     help="json: one object per line (ts, level, logger, msg; run_id, fence, attempt on runs).",
 )
-@click.version_option(package_name="jobqueue")
+@click.version_option(__version__, prog_name="jobqueue")
 @click.pass_context
 def main(
     ctx: click.Context, redis_url: str | None, embedded: bool, log_level: str, log_format: str
