@@ -471,6 +471,10 @@ class Worker:
                 with self._lock:
                     self._slot_freed.wait(0.002)
                 free = self._free_slots()
+                if free <= 0:
+                    # Outcomes awaiting commit filled the room meanwhile: wait for a slot.
+                    # Never claim 0 and then sleep on the wake lists as if nothing were due.
+                    continue
             try:
                 claimed, wait_s = self._claim(free)
                 delay = 0.1
@@ -491,7 +495,9 @@ class Worker:
 
     def _claim(self, free: int) -> tuple[int, float]:
         """Claim across this worker's partitions, queues in priority order; round-robin among
-        partitions of equal priority so none starves. Returns (claimed, seconds to sleep)."""
+        partitions of equal priority so none starves. Returns (claimed, seconds to sleep):
+        claimed is 0 only when every partition was asked and had nothing (free > 0)."""
+        assert free > 0, "a claim for no slot would read as 'nothing due'"
         claimed = 0
         wait_ms: int | None = None
         order = self._partitions[self._rr :] + self._partitions[: self._rr]

@@ -15,6 +15,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -65,21 +66,31 @@ class Procs:
     started: list[Proc] = field(default_factory=list)
     extra_pids: set[int] = field(default_factory=set)  # grandchildren (supervised workers)
 
-    def worker(self, *args: str, session: bool = False) -> Proc:
+    def worker(
+        self,
+        *args: str,
+        session: bool = False,
+        app: str = "chaos_app:jq",
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """A worker process of ``app``; one given ``env`` connects by itself (no --redis-url)."""
         log = self.logs / f"worker-{len(self.started)}.log"
-        env = {
+        full_env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(APPS), str(ROOT)]),
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
-        env.pop("JOBQUEUE_REDIS_URL", None)
-        cmd = [sys.executable, "-m", "jobqueue.cli", "--redis-url", self.url]
-        cmd += ["worker", "--app", "chaos_app:jq", *args]
+        full_env.pop("JOBQUEUE_REDIS_URL", None)
+        cmd = [sys.executable, "-m", "jobqueue.cli"]
+        if env is None:
+            cmd += ["--redis-url", self.url]
+        cmd += ["worker", "--app", app, *args]
         with log.open("wb") as err:
             popen = subprocess.Popen(
                 cmd,
                 cwd=ROOT,
-                env=env,
+                env=full_env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
@@ -191,6 +202,7 @@ def client_for(url: str) -> JobQueue:
     jq.declare_task("stall")
     jq.declare_task("work", max_attempts=10)
     jq.declare_task("stuck_once")
+    jq.declare_task("incr")
     return jq
 
 
@@ -511,3 +523,45 @@ def test_supervisor_restarts_a_sigkilled_child_and_drains_on_ctrl_c(
     assert supervisor.popen.wait(20) == 0, supervisor.text()[-3000:]
     assert not any(pid_alive(p) for p in survivors)
     assert "second signal: exiting at once" not in supervisor.text()
+
+
+def test_a_worker_with_runs_due_never_waits_on_the_wake_list(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """A burst of due runs, a Redis slow to take commits, the default concurrency: the worker
+    sleeps on the wake lists only once a claim found nothing, never while runs are due. Seen
+    before: outcomes awaiting their commit filled the worker's room during the short batching
+    wait; it then asked for 0 runs and slept 2 s on the wake list with hundreds due. MONITOR
+    shows every BLPOP; none may come before the last run was claimed (its record's 'started',
+    on the same server clock), since every run was due before the worker started."""
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    jq.declare_task("brief")
+    n_runs = 600
+    handles = jq.enqueue_many(Request("brief", (4.0,)) for _ in range(n_runs))
+    blpops: list[float] = []
+    monitor = redis.Redis.from_url(server.url).monitor()
+    monitor.__enter__()
+
+    def watch() -> None:
+        with contextlib.suppress(Exception):  # ends when the test closes the connection
+            while True:
+                command = monitor.next_command()
+                if command["command"].upper().startswith("BLPOP"):
+                    blpops.append(float(command["time"]))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    procs.worker(
+        "--concurrency", "8", app="slow_commit_app:jq", env={"SLOW_COMMIT_URL": server.url}
+    )
+    wait_for(lambda: done_count(jq.redis) == n_runs, 120, f"{n_runs} runs done")
+    monitor.connection.disconnect()
+    watcher.join(5)
+    runs = read_runs(jq.redis, [h.run_id for h in handles])
+    last_claim_s = max(int(v.fields["started"]) for v in runs.values()) / 1000
+    early = [t for t in blpops if t < last_claim_s]
+    assert early == [], (
+        f"{len(early)} waits on the wake list while runs were due "
+        f"(the first {last_claim_s - early[0]:.3f} s before the last claim)"
+    )
