@@ -202,7 +202,6 @@ def client_for(url: str) -> JobQueue:
     jq.declare_task("stall")
     jq.declare_task("work", max_attempts=10)
     jq.declare_task("stuck_once")
-    jq.declare_task("incr")
     return jq
 
 

@@ -56,8 +56,3 @@ def stuck_once(ctx: RunContext) -> int:
         time.sleep(120)  # ignores cancellation: only the process exiting ends it
     return os.getpid()
 
-
-@jq.task
-def incr() -> int:
-    """A short task with the I/O of a real one: one Redis call on the app's own client."""
-    return int(jq.redis.incr("chaos:incr"))
