@@ -12,6 +12,7 @@ import ctypes
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -124,7 +125,8 @@ class EmbeddedServer:
         )
         atexit.register(self.stop)
         deadline = time.monotonic() + timeout
-        while not self.socket.exists():
+        # The socket file appears at bind(), before listen(): until then a connect is refused.
+        while not self._accepts_connections():
             if self.process.poll() is not None:
                 err = (
                     self.process.stderr.read().decode(errors="replace")
@@ -137,6 +139,16 @@ class EmbeddedServer:
                 raise ConfigError(f"embedded Redis ({self.binary}) did not start in {timeout} s")
             time.sleep(0.01)
         return self
+
+    def _accepts_connections(self) -> bool:
+        if not self.socket.exists():
+            return False
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.socket))
+            except OSError:
+                return False
+        return True
 
     def stop(self) -> None:
         proc, self.process = self.process, None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -106,3 +107,30 @@ def test_explicit_url_wins_over_environment_and_embedded(
     monkeypatch.setenv("JOBQUEUE_REDIS_URL", "redis://env-host:6379/0")
     assert resolve_url("redis://explicit:6379/0") == "redis://explicit:6379/0"
     assert resolve_url(None) == "redis://env-host:6379/0"
+
+
+SLOW_LISTENER = """
+import socket, sys, time
+path = sys.argv[sys.argv.index('--unixsocket') + 1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)          # the socket file exists from here on...
+time.sleep(0.5)       # ...but connections are refused until listen()
+s.listen(8)
+while True:
+    conn, _ = s.accept()
+    conn.close()
+"""
+
+
+def test_start_returns_only_once_the_server_accepts_connections(tmp_path: Path) -> None:
+    """A server creates its socket file at bind(), before it listens: start() must not take
+    the file for readiness (a command sent then is refused: 'Connection refused')."""
+    binary = tmp_path / "slow-listener"
+    binary.write_text(f"#!{sys.executable}\n{SLOW_LISTENER}")
+    binary.chmod(0o755)
+    server = EmbeddedServer(str(binary)).start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.connect(str(server.socket))  # refused if start() returned at bind()
+    finally:
+        server.stop()
