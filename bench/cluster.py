@@ -1,6 +1,6 @@
 """Throughput on one Redis node vs a 3-master Redis Cluster on this machine, side by side, and
-the scaling model that answers the seed's question: how many masters do 5,000,000 hourly jobs
-need, with and without jitter?
+the scaling model that answers the sizing question of docs/design.md: how many masters do
+5,000,000 hourly jobs need, with and without jitter?
 
     .venv/bin/python bench/cluster.py [--n N] [--clients C] [--quick] [--master-gb GB]
 

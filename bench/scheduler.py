@@ -13,7 +13,7 @@
    shared machine the wall clock swings with the load, the CPU times much less, and they say
    what one scheduler does with a core of its own next to a server with a core of its own
    (the tick overlaps its planning with the server's script time: the larger one bounds it).
-3. Extrapolate to the seed's 5,000,000 hourly jobs.
+3. Extrapolate to 5,000,000 hourly jobs (the sizing example in docs/design.md).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from jobqueue.scheduler import Scheduler
 DEFAULT_N = 1_000_000
 QUICK_N = 50_000
 PIPELINE_BATCH = 10_000
-SEED_JOBS = 5_000_000
+SIZING_JOBS = 5_000_000  # the sizing example in docs/design.md
 HERD_WINDOW_S = 60  # pre-create the top-of-hour herd inside a 60 s lookahead
 TARGET_BYTES_PER_JOB = 300
 TARGET_RUNS_PER_S = 50_000
@@ -146,15 +146,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BenchError, JobQueueError, redis.exceptions.RedisError) as exc:
         return fail(str(exc))
 
-    need = SEED_JOBS / HERD_WINDOW_S
-    say(f"\nextrapolated to the seed's {fmt_int(SEED_JOBS)} hourly jobs:")
+    need = SIZING_JOBS / HERD_WINDOW_S
     say(
-        f"  definitions: {fmt_int(SEED_JOBS * per_job / 1e6)} MB "
-        f"(+{fmt_int(SEED_JOBS * state_bytes / n / 1e6)} MB of counters once fired)"
+        f"\nextrapolated to {fmt_int(SIZING_JOBS)} hourly jobs "
+        "(the sizing example in docs/design.md):"
     )
     say(
-        f"  one scheduler creates the whole top-of-hour herd in {SEED_JOBS / rate:.0f} s "
-        f"({SEED_JOBS / bound:.0f} s with a core of its own)"
+        f"  definitions: {fmt_int(SIZING_JOBS * per_job / 1e6)} MB "
+        f"(+{fmt_int(SIZING_JOBS * state_bytes / n / 1e6)} MB of counters once fired)"
+    )
+    say(
+        f"  one scheduler creates the whole top-of-hour herd in {SIZING_JOBS / rate:.0f} s "
+        f"({SIZING_JOBS / bound:.0f} s with a core of its own)"
     )
     client_rate, server_rate = 1e6 / cpu_client, 1e6 / cpu_server
     say(
@@ -165,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Server side: one Redis runs {fmt_int(server_rate)} runs/s of these scripts on its "
         f"single thread, so {math.ceil(need / server_rate)} server(s) or cluster shard(s) "
         f"(queue and scheduler partitions spread over them), or a lookahead of "
-        f"{math.ceil(SEED_JOBS / server_rate):.0f} s or more with one server"
+        f"{math.ceil(SIZING_JOBS / server_rate):.0f} s or more with one server"
     )
     return 0
 

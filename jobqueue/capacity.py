@@ -1,4 +1,4 @@
-"""Capacity arithmetic (the seed's section 1) and what our data model costs in Redis memory.
+"""Capacity arithmetic for N recurring jobs and what our data model costs in Redis memory.
 
 The arithmetic is pure; the bytes per run are measured on a private embedded server by
 creating and finishing sample runs, so the figure follows the real encoding of this version.
@@ -11,7 +11,7 @@ from typing import Any
 
 
 def fmt(n: float) -> str:
-    """The seed's number format: rounded, thousands separated by commas."""
+    """Numbers as the capacity lines print them: rounded, thousands separated by commas."""
     return f"{round(n):,}"
 
 

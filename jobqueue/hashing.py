@@ -1,4 +1,4 @@
-"""FNV-1a 32-bit: the one hash used for partitions and jitter (the seed's function)."""
+"""FNV-1a 32-bit: the one hash used for partitions and jitter (docs/design.md, "Jitter")."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ _FNV_PRIME = 0x01000193
 
 
 def fnv1a_32(text: str) -> int:
-    """FNV-1a over UTF-16 code units, exactly as the seed's JavaScript computes it.
+    """FNV-1a over UTF-16 code units, exactly as a JavaScript FNV-1a over ``charCodeAt``
+    computes it.
 
     JavaScript's ``charCodeAt`` yields UTF-16 code units; hashing those (not UTF-8 bytes)
-    keeps our jitter identical to the seed's for every string, ASCII or not.
+    keeps our jitter identical to such an implementation's for every string, ASCII or not,
+    and so to the herd figures of docs/design.md.
     """
     h = _FNV_OFFSET
     data = text.encode("utf-16-le")

@@ -15,7 +15,7 @@ _FNV_PRIME = 0x01000193
 
 def job_hash(job_id: str) -> int:
     """``fnv1a_32(job_id)``, faster for the usual ASCII ids (the scheduler hashes one per run
-    of a herd): for ASCII, the UTF-16 code units the seed hashes are the bytes themselves."""
+    of a herd): for ASCII, the UTF-16 code units ``fnv1a_32`` hashes are the bytes themselves."""
     if not job_id.isascii():
         return fnv1a_32(job_id)
     h = _FNV_OFFSET
@@ -34,8 +34,9 @@ def jitter_ms(job_id: str, window_ms: int) -> int:
 def herd_histogram(n_jobs: int, window_s: int, prefix: str = "job-") -> list[int]:
     """Jobs per second when ``<prefix>0 .. <prefix>{n_jobs-1}`` all fire at second 0.
 
-    Each job is delayed by its jitter over a window of ``window_s`` whole seconds (the seed's
-    section 2). A window of 0 or less means no jitter: the whole herd lands on second 0.
+    Each job is delayed by its jitter over a window of ``window_s`` whole seconds (the spread
+    of a herd in docs/design.md). A window of 0 or less means no jitter: the whole herd lands
+    on second 0.
     """
     if n_jobs < 0:
         raise ValueError(f"n_jobs must be >= 0, got {n_jobs}")

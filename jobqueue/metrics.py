@@ -247,7 +247,8 @@ def serve(daemon: str, port: int, host: str = "127.0.0.1") -> PrometheusMetrics:
         import prometheus_client
     except ImportError:
         raise ConfigError(
-            "--metrics-port needs prometheus-client: pip install 'jobqueue[metrics]'"
+            "--metrics-port needs prometheus-client: pip install prometheus-client "
+            "(the metrics extra of jobqueue-redis)"
         ) from None
     metrics = PrometheusMetrics(daemon)
     try:

@@ -1,4 +1,4 @@
-"""Misfire policies: what a scheduler does with fire times it is late for (the seed's section 5).
+"""Misfire policies: what a scheduler does with fire times it is late for (docs/design.md).
 
 A fire time ``t`` is *late* when ``now - t > grace_ms``: the scheduler was down or stalled for
 longer than its own tick tolerance. A running scheduler handles a fire time up to one tick gap

@@ -17,7 +17,7 @@ class Settings:
     dead_retention_s: float = 7 * 24 * 3600
     default_queue: str = "default"
     default_lease_s: float = 30.0
-    # More than one, so that a run whose worker died is retried (DESIGN invariant 3).
+    # More than one, so that a run whose worker died is retried (invariant 3, docs/design.md).
     default_max_attempts: int = 3
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 300.0

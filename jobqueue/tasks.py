@@ -1,7 +1,7 @@
 """The task registry: the only way a name stored in Redis becomes code that runs.
 
 A worker executes a run only if its task name is in the registry it was given; nothing is ever
-imported from a string found in Redis (DESIGN invariant 6).
+imported from a string found in Redis (invariant 6 in docs/design.md).
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def test_purge_asks_before_deleting(jq: JobQueue, url: str) -> None:
     assert jq.get_run("d1").state == "dead"
 
 
-def test_capacity_prints_the_seeds_section_1() -> None:
+def test_capacity_prints_the_arithmetic_for_5_million_hourly_jobs() -> None:
     result = CliRunner().invoke(main, ["capacity", "--jobs", "5000000", "--every", "3600",
                                        "--row-bytes", "300"])
     assert result.exit_code == 0, result.output

@@ -226,8 +226,8 @@ def test_a_missing_dashboard_extra_is_one_line_saying_what_to_install(
     result = run_cli()
     assert result.exit_code == 2
     assert result.stderr.strip() == (
-        "error: the dashboard needs the 'dashboard' extra (starlette, jinja2, uvicorn): "
-        "pip install 'jobqueue[dashboard]'"
+        "error: the dashboard needs starlette, jinja2 and uvicorn: pip install starlette "
+        "jinja2 uvicorn (the dashboard extra of jobqueue-redis)"
     )
 
 

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +146,9 @@ def test_build_stage_makes_the_wheel_and_runtime_installs_only_that_wheel() -> N
     assert any("pip wheel" in line and "/wheels" in line for line in build)
     installs = [line for line in runtime if "pip install" in line]
     assert len(installs) == 1
-    assert "--no-index" in installs[0] and "/wheels/jobqueue-*.whl" in installs[0]
+    # The wheel's file name starts with the distribution's name, '-' written '_'.
+    dist = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert "--no-index" in installs[0] and f"/wheels/{dist.replace('-', '_')}-*.whl" in installs[0]
     assert any(line.startswith("COPY --from=build /wheels") for line in runtime)
     # The source tree never reaches the runtime image: only the example app is copied.
     copies = [line for line in runtime if line.startswith("COPY ") and "--from=" not in line]

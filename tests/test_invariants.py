@@ -1,4 +1,4 @@
-"""The six DESIGN invariants, each shown by tests that fail if it breaks.
+"""The first six invariants of docs/design.md, each shown by tests that fail if it breaks.
 
 1. A run id is created at most once, whatever the number of schedulers.
 2. At most one completion of a run is accepted, and only with the current fence.

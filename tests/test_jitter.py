@@ -33,7 +33,7 @@ def test_jitter_is_zero_without_a_window(window_ms: int) -> None:
     assert jitter_ms("report", window_ms) == 0
 
 
-def test_seed_herd_of_100000_jobs_over_60_seconds_gives_1599_to_1730_per_second() -> None:
+def test_a_herd_of_100000_jobs_over_60_seconds_gives_1599_to_1730_per_second() -> None:
     per_second = herd_histogram(100_000, 60)
 
     assert len(per_second) == 60

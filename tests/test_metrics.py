@@ -223,7 +223,8 @@ def test_metrics_port_without_prometheus_client_is_a_one_line_error(
     )
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "error: --metrics-port needs prometheus-client: pip install 'jobqueue[metrics]'"
+        "error: --metrics-port needs prometheus-client: pip install prometheus-client "
+        "(the metrics extra of jobqueue-redis)"
     ]
 
 

@@ -91,7 +91,7 @@ def test_misfire_errors_are_value_errors() -> None:
     assert issubclass(MisfireError, ValueError)
 
 
-# --- the seed, section 5 ------------------------------------------------------------------------
+# --- the misfire example of docs/design.md -------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_misfire_errors_are_value_errors() -> None:
         ("deadline-30s", [360]),
     ],
 )
-def test_seed_every_60s_last_fired_at_120_scheduler_down_until_370(
+def test_every_60s_last_fired_at_120_scheduler_down_until_370(
     policy: str, runs: list[int]
 ) -> None:
     job = parse_schedule(None, 60)

@@ -1,6 +1,6 @@
 """The scheduler through the real scripts with an explicit clock, on fakeredis and a real
-server: the seed's section 5, several schedulers on one tick, a crash between create and
-advance, upserts, overlap, caps, end times, DST; plus the pure decision functions."""
+server: the misfire example of docs/design.md, several schedulers on one tick, a crash between
+create and advance, upserts, overlap, caps, end times, DST; plus the pure decision functions."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def seconds(ms: list[int]) -> list[int]:
     return [t // S for t in ms]
 
 
-# -- the seed's section 5 ----------------------------------------------------------------------
+# -- the misfire example of docs/design.md -------------------------------------------------------
 
-SEED = {
+MISFIRE_EXAMPLE = {
     "fire-all": [180, 240, 300, 360],
     "fire-once": [360],
     "skip": [],
@@ -49,17 +49,18 @@ SEED = {
 }
 
 
-@pytest.mark.parametrize("policy", list(SEED))
-def test_seed_section_5_misfire_policy_after_downtime_from_130_to_370(
+@pytest.mark.parametrize("policy", list(MISFIRE_EXAMPLE))
+def test_misfire_policy_after_downtime_from_130_to_370(
     jq: JobQueue, redis_client: Any, policy: str
 ) -> None:
     # every 60 s, last fired at 120, scheduler down until 370.
     jq.schedule("report", "report_task", every=60, misfire=policy, now=120 * S)
     report = scheduler(jq).tick(now=370 * S)
-    assert seconds(fires_of(redis_client, "report")) == SEED[policy]
+    assert seconds(fires_of(redis_client, "report")) == MISFIRE_EXAMPLE[policy]
     info = jq.get_schedule("report")
     assert info is not None and info.next_fire_ms == 420 * S
-    assert (info.state.fired, info.state.missed) == (len(SEED[policy]), 4 - len(SEED[policy]))
+    fired = len(MISFIRE_EXAMPLE[policy])
+    assert (info.state.fired, info.state.missed) == (fired, 4 - fired)
     assert report.advanced == 1
 
 

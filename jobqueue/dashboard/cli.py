@@ -12,8 +12,8 @@ from ..cli_common import FiniteFloat
 from ..errors import ConfigError
 
 EXTRA_MISSING = (
-    "the dashboard needs the 'dashboard' extra (starlette, jinja2, uvicorn): "
-    "pip install 'jobqueue[dashboard]'"
+    "the dashboard needs starlette, jinja2 and uvicorn: pip install starlette jinja2 uvicorn "
+    "(the dashboard extra of jobqueue-redis)"
 )
 
 

@@ -1,5 +1,7 @@
-"""The seed's sections 3 and 4, replayed through the real Lua scripts with an explicit clock
-(seconds in the seed, milliseconds in the scripts). The printed lines must be the seed's."""
+"""The reference replay (docs/design.md, "The run-lifecycle replay"): two schedulers creating
+one run, then a lease, a heartbeat, a stalled worker and its refused commit, through the real
+Lua scripts with an explicit clock (seconds in the lines, milliseconds in the scripts). The
+printed lines must be exactly the reference lines."""
 
 from __future__ import annotations
 
@@ -11,17 +13,18 @@ from jobqueue.keys import PartitionKeys
 from jobqueue.scripts import ScriptRunner
 
 LEASE_MS = 30_000
-# The seed's printed output, vendored so a clone without ../shared still checks against it.
-SEED_OUTPUT = Path(__file__).resolve().parent / "data" / "seed_expected_output.txt"
-SHARED_SEED_OUTPUT = (
+# The reference output: the expected lines of every reference scenario of docs/design.md.
+REFERENCE_OUTPUT = Path(__file__).resolve().parent / "data" / "reference_replay_output.txt"
+# Where a checkout also has the original copy of that output beside the project, it must match.
+ORIGINAL_OUTPUT = (
     Path(__file__).resolve().parents[2] / "shared/seeds/000_20601c2b00efc37c.expected-output.txt"
 )
 
-EXPECTED_3 = """\
+EXPECTED_CREATION = """\
 scheduler-A: INSERT report@60 -> created
 scheduler-B: INSERT report@60 -> already exists, ignored"""
 
-EXPECTED_4 = """\
+EXPECTED_LIFECYCLE = """\
 t=60 W1 claims report@60 attempt 1 fence 1 lease until 90
 t=70 W1 heartbeat -> lease until 100
 t=71 W1 stalls (long GC pause / network partition), no more heartbeats
@@ -33,25 +36,25 @@ side effects applied for report@60: 1"""
 
 
 def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str]:
-    lines3 = []
+    creation = []
     for who in ("scheduler-A", "scheduler-B"):
         spec = ops.RunSpec("report@60", "report", '{"args":[],"kwargs":{}}', due_at_ms=60_000)
         (created,) = ops.parse_create(runner.run(ops.create_call(pk, [spec], now=60_000)))
-        lines3.append(
+        creation.append(
             f"{who}: INSERT report@60 -> " + ("created" if created else "already exists, ignored")
         )
 
-    lines4: list[str] = []
+    lifecycle: list[str] = []
     effects: set[str] = set()
 
     def claim(t: int, worker: str) -> ops.ClaimedRun | None:
         call = ops.claim_call(pk, 1, worker, LEASE_MS, 1, now=t * 1000)
         result = ops.parse_claim(runner.run(call))
         if not result.runs:
-            lines4.append(f"t={t} {worker} finds nothing to claim")
+            lifecycle.append(f"t={t} {worker} finds nothing to claim")
             return None
         r = result.runs[0]
-        lines4.append(
+        lifecycle.append(
             f"t={t} {worker} claims {r.run_id} attempt {r.attempt} fence {r.fence} "
             f"lease until {r.lease_until_ms // 1000}"
         )
@@ -61,49 +64,49 @@ def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str]:
         call = ops.heartbeat_call(pk, [(c.run_id, c.fence)], LEASE_MS, now=t * 1000)
         (answer,) = ops.parse_heartbeat(runner.run(call))
         assert isinstance(answer, int)
-        lines4.append(f"t={t} {worker} heartbeat -> lease until {answer // 1000}")
+        lifecycle.append(f"t={t} {worker} heartbeat -> lease until {answer // 1000}")
 
     def complete(t: int, worker: str, c: ops.ClaimedRun) -> None:
         call = ops.complete_call(pk, c.run_id, c.fence, "null", 3_600_000, now=t * 1000)
         outcome = ops.parse_outcome(runner.run(call))
         if not outcome.accepted:
-            lines4.append(
+            lifecycle.append(
                 f"t={t} {worker} commit fence {c.fence} REJECTED "
                 f"(current fence {outcome.current_fence})"
             )
             return
         effects.add(c.run_id)  # the side effect, keyed by run id, applied only when accepted
-        lines4.append(f"t={t} {worker} commit fence {c.fence} accepted -> {c.run_id} DONE")
+        lifecycle.append(f"t={t} {worker} commit fence {c.fence} accepted -> {c.run_id} DONE")
 
     c1 = claim(60, "W1")
     assert c1 is not None
     heartbeat(70, "W1", c1)
-    lines4.append("t=71 W1 stalls (long GC pause / network partition), no more heartbeats")
+    lifecycle.append("t=71 W1 stalls (long GC pause / network partition), no more heartbeats")
     claim(85, "W2")
     c2 = claim(101, "W2")
     assert c2 is not None
     complete(105, "W2", c2)
     complete(110, "W1", c1)
-    lines4.append(f"side effects applied for report@60: {len(effects)}")
-    return "\n".join(lines3), "\n".join(lines4)
+    lifecycle.append(f"side effects applied for report@60: {len(effects)}")
+    return "\n".join(creation), "\n".join(lifecycle)
 
 
-def test_seed_sections_3_and_4_replay_through_the_scripts(
+def test_the_reference_replay_runs_through_the_scripts(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    section3, section4 = replay(runner, pk)
-    assert section3 == EXPECTED_3
-    assert section4 == EXPECTED_4
+    creation, lifecycle = replay(runner, pk)
+    assert creation == EXPECTED_CREATION
+    assert lifecycle == EXPECTED_LIFECYCLE
 
 
-def test_expected_lines_are_the_seeds_own() -> None:
-    """Guards the constants above against drifting from the seed document (and the vendored
-    copy against drifting from ../shared, where that folder is present, as in CI)."""
-    seed = SEED_OUTPUT.read_text()
-    assert EXPECTED_3 in seed
-    assert EXPECTED_4 in seed
-    if SHARED_SEED_OUTPUT.exists():
-        assert SHARED_SEED_OUTPUT.read_text() == seed
+def test_expected_lines_are_the_reference_output() -> None:
+    """Guards the constants above against drifting from the reference output (and that file
+    against drifting from its original copy, where a checkout has one beside the project)."""
+    reference = REFERENCE_OUTPUT.read_text()
+    assert EXPECTED_CREATION in reference
+    assert EXPECTED_LIFECYCLE in reference
+    if ORIGINAL_OUTPUT.exists():
+        assert ORIGINAL_OUTPUT.read_text() == reference
 
 
 def test_the_stored_run_is_done_with_fence_2(runner: ScriptRunner, pk: PartitionKeys,
