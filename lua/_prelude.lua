@@ -5,7 +5,7 @@
 -- Returns: nothing; defines local functions used by the scripts.
 --
 -- Every script takes ARGV[1] = now in ms, or '' to read the Redis server clock: one clock
--- decides (DESIGN invariant 4); the explicit form lets tests drive a fake clock through the
+-- decides (invariant 4 of docs/design.md); the explicit form lets tests drive a fake clock through the
 -- very same code.
 
 local function clock(arg)
