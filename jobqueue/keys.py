@@ -10,6 +10,8 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q):
     jq:{q#p}:dead           zset   run_id -> time it died
     jq:{q#p}:done           zset   run_id -> finish time (done, cancelled); trimmed by retention
     jq:{q#p}:wake           list   wake tokens for idle workers
+    jq:{q#p}:fences         string the last fence issued in the partition
+    jq:{q#p}:orphans        zset   run_id -> when its index entry was found without a record
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
@@ -114,6 +116,12 @@ class PartitionKeys:
         """The last fence issued in this partition: every claim or cancel issues a greater one,
         so a run id created again after its record expired never reuses an old fence."""
         return self.prefix + "fences"
+
+    @cached_property
+    def orphans(self) -> str:
+        """Index entries found without their record (a Redis Cluster slot being imported):
+        kept until the record appears (see claim.lua)."""
+        return self.prefix + "orphans"
 
     @cached_property
     def done(self) -> str:

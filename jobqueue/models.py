@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .payload import decode_payload, decode_result
+
+_CANCELLED_FENCE = re.compile(r" cancelled \(was running, fence=(\d+)\)")
 
 FINISHED_STATES = frozenset({"done", "dead", "cancelled"})
 STATES = ("pending", "running", "done", "dead", "cancelled")
@@ -103,8 +106,8 @@ class Run:
             stamp, _, text = line.partition(" ")
             events.append((_int(stamp), text) if stamp.isdigit() else (None, line))
         if self.attempt >= 1 and self.owner and self.started_ms is not None:
-            # cancel bumps the fence past the one this claim was given
-            fence = self.fence - 1 if self.state == "cancelled" else self.fence
+            # cancel issues a new fence; its history line keeps the one this claim was given
+            fence = self._cancelled_claim_fence() if self.state == "cancelled" else self.fence
             events.append(
                 (
                     self.started_ms,
@@ -115,6 +118,13 @@ class Run:
             events.append((self.finished_ms, f"done fence={self.fence}"))
         events.sort(key=lambda e: -1 if e[0] is None else e[0])
         return events
+
+    def _cancelled_claim_fence(self) -> int:
+        for line in reversed(self.history):
+            found = _CANCELLED_FENCE.search(line)
+            if found:
+                return int(found.group(1))
+        return self.fence
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (for --json output)."""

@@ -8,10 +8,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .contract import contract
 from .keys import PartitionKeys
 from .scripts import Call
 
 NowArg = int | None
+
+_CREATE, _CLAIM, _HEARTBEAT, _COMPLETE = (
+    contract(n) for n in ("create_run", "claim", "heartbeat", "complete")
+)
+_FAIL, _RELEASE, _CANCEL, _REQUEUE = (contract(n) for n in ("fail", "release", "cancel", "requeue"))
+_FENCED_WRITE, _PURGE = contract("fenced_write"), contract("purge")
+_SCHED_DUE, _ADVANCE, _SCHED_DEFINE = (
+    contract(n) for n in ("sched_due", "advance", "sched_define")
+)
 
 
 def _now(now: NowArg) -> str | int:
@@ -66,7 +76,7 @@ def create_call(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None)
                 "" if s.scheduled_for_ms is None else s.scheduled_for_ms,
             ]
         i = j
-    return Call("create_run", (pk.due, pk.wake, pk.stats), tuple(args))
+    return _CREATE.call(pk, args)
 
 
 def parse_create(reply: Sequence[Any]) -> list[bool]:
@@ -108,11 +118,7 @@ def claim_call(
     dead_retention_ms: int,
     now: NowArg = None,
 ) -> Call:
-    return Call(
-        "claim",
-        (pk.due, pk.leases, pk.dead, pk.stats, pk.fences),
-        (_now(now), pk.prefix, limit, owner, lease_ms, dead_retention_ms),
-    )
+    return _CLAIM.call(pk, (_now(now), pk.prefix, limit, owner, lease_ms, dead_retention_ms))
 
 
 def parse_claim(reply: Sequence[Any]) -> ClaimResult:
@@ -149,7 +155,7 @@ def heartbeat_call(
     args: list[str | int] = [_now(now), pk.prefix, lease_ms]
     for run_id, fence in leases:
         args += [run_id, fence]
-    return Call("heartbeat", (pk.leases,), tuple(args))
+    return _HEARTBEAT.call(pk, args)
 
 
 def parse_heartbeat(reply: Sequence[Any]) -> list[int | str]:
@@ -201,7 +207,7 @@ def complete_many_call(
     args: list[str | int] = [_now(now), pk.prefix, retention_ms]
     for run_id, fence, result_json in items:
         args += [run_id, fence, result_json]
-    return Call("complete", (pk.leases, pk.done, pk.stats), tuple(args))
+    return _COMPLETE.call(pk, args)
 
 
 def parse_outcomes(reply: Sequence[Any]) -> list[Outcome]:
@@ -218,9 +224,8 @@ def fail_call(
     dead_retention_ms: int,
     now: NowArg = None,
 ) -> Call:
-    return Call(
-        "fail",
-        (pk.due, pk.leases, pk.dead, pk.stats, pk.wake),
+    return _FAIL.call(
+        pk,
         (
             _now(now),
             pk.prefix,
@@ -234,21 +239,17 @@ def fail_call(
 
 
 def release_call(pk: PartitionKeys, run_id: str, fence: int, now: NowArg = None) -> Call:
-    return Call("release", (pk.due, pk.leases, pk.wake), (_now(now), pk.prefix, run_id, fence))
+    return _RELEASE.call(pk, (_now(now), pk.prefix, run_id, fence))
 
 
 def cancel_call(
     pk: PartitionKeys, run_id: str, retention_ms: int, reason: str, now: NowArg = None
 ) -> Call:
-    return Call(
-        "cancel",
-        (pk.due, pk.leases, pk.done, pk.stats, pk.fences),
-        (_now(now), pk.prefix, run_id, retention_ms, reason),
-    )
+    return _CANCEL.call(pk, (_now(now), pk.prefix, run_id, retention_ms, reason))
 
 
 def requeue_call(pk: PartitionKeys, run_id: str, now: NowArg = None) -> Call:
-    return Call("requeue", (pk.due, pk.dead, pk.done, pk.wake), (_now(now), pk.prefix, run_id))
+    return _REQUEUE.call(pk, (_now(now), pk.prefix, run_id))
 
 
 def parse_state_change(reply: Sequence[Any]) -> tuple[bool, str]:
@@ -265,9 +266,8 @@ def fenced_write_call(
     ttl_ms: int = 0,
     now: NowArg = None,
 ) -> Call:
-    return Call(
-        "fenced_write",
-        (pk.fence_resource(resource), pk.run(run_id)),
+    return _FENCED_WRITE.call_with(
+        {"resource": pk.fence_resource(resource), "run": pk.run(run_id)},
         (_now(now), fence, value, run_id, ttl_ms),
     )
 
@@ -306,9 +306,6 @@ class SchedKeys:
         """buffer-one: job_id -> 'held_fire predecessor_fire' while its run waits."""
         return self.prefix + "held"
 
-    def all(self) -> tuple[str, str, str, str]:
-        return (self.next, self.defs, self.state, self.held)
-
 
 @dataclass(frozen=True)
 class DueJob:
@@ -327,7 +324,7 @@ def sched_due_call(
 ) -> Call:
     """``after`` = (next fire, job id) of the previous batch's last job (see sched_due.lua)."""
     cursor: tuple[str | int, str] = ("", "") if after is None else after
-    return Call("sched_due", sk.all(), (_now(now), lookahead_ms, limit, *cursor))
+    return _SCHED_DUE.call(sk, (_now(now), lookahead_ms, limit, *cursor))
 
 
 def parse_sched_due(reply: Sequence[Any]) -> tuple[int, list[DueJob]]:
@@ -381,7 +378,7 @@ def advance_call(sk: SchedKeys, moves: Sequence[Advance], now: NowArg = None) ->
     args: list[str | int] = [_now(now)]
     for fields, jobs in groups.items():
         args += [len(jobs), *fields, *jobs]
-    return Call("advance", sk.all(), tuple(args))
+    return _ADVANCE.call(sk, args)
 
 
 def parse_advance(reply: Sequence[Any]) -> list[bool]:
@@ -399,10 +396,10 @@ def sched_define_call(
     state: str = "",
 ) -> Call:
     """Put (``definition`` given) or delete (``definition`` None) one job, compare-and-set."""
-    return Call(
-        "sched_define",
-        sk.all(),
+    return _SCHED_DEFINE.call(
+        sk,
         (
+            "",
             job_id,
             "delete" if definition is None else "put",
             expected_definition or "",
@@ -419,7 +416,7 @@ def parse_sched_define(reply: Any) -> bool:
 
 
 def purge_call(pk: PartitionKeys, run_ids: Sequence[str]) -> Call:
-    return Call("purge", (pk.dead,), ("", pk.prefix, *run_ids))
+    return _PURGE.call(pk, ("", pk.prefix, *run_ids))
 
 
 def parse_purge(reply: Sequence[Any]) -> tuple[int, int]:

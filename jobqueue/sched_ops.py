@@ -8,9 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .contract import contract
 from .keys import PartitionKeys
 from .ops import NowArg, SchedKeys
 from .scripts import Call
+
+_SCHED_CREATE, _SCHED_RELEASE = contract("sched_create"), contract("sched_release")
+_SCHED_UNHOLD, _ADVANCE = contract("sched_unhold"), contract("advance")
 
 # The due time of a held buffer-one run: 9999-12-31T23:59:59Z, far enough that no claim takes
 # it, and still a date every tool can print (it shows what is going on).
@@ -53,7 +57,7 @@ def sched_create_call(
             g.scheduled_for_ms,
         ]
         args += runs
-    return Call("sched_create", (pk.due, pk.wake, pk.stats), tuple(args))
+    return _SCHED_CREATE.call(pk, args)
 
 
 def parse_sched_create(reply: Sequence[Any]) -> int:
@@ -68,7 +72,7 @@ def sched_release_call(
     args: list[str | int] = [_now(now), pk.prefix, HOLD_MS]
     for run_id, pred, due in held:
         args += [run_id, pred, due]
-    return Call("sched_release", (pk.due, pk.wake), tuple(args))
+    return _SCHED_RELEASE.call(pk, args)
 
 
 def parse_sched_release(reply: Sequence[Any]) -> list[int]:
@@ -82,7 +86,7 @@ def sched_unhold_call(
     args: list[str | int] = [_now(now)]
     for job_id, text in entries:
         args += [job_id, text]
-    return Call("sched_unhold", (sk.held,), tuple(args))
+    return _SCHED_UNHOLD.call(sk, args)
 
 
 def advance_groups_call(
@@ -95,4 +99,4 @@ def advance_groups_call(
         args.append(len(jobs))
         args += header
         args += jobs
-    return Call("advance", sk.all(), tuple(args))
+    return _ADVANCE.call(sk, args)

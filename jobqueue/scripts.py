@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import select
 import threading
 import weakref
@@ -60,9 +61,21 @@ def lua_dir() -> Path:
 
 @dataclass(frozen=True)
 class Script:
+    """One script's source in two forms. ``source`` starts with a '#!lua' line: Redis and
+    Valkey 7+ then refuse a writing script whole under maxmemory (OOM) instead of letting it
+    run past its first write, and a read-only one ('-- Flags: no-writes' in its header) runs
+    on replicas and under OOM. ``plain`` has no such line, for servers that cannot parse one
+    (fakeredis, Redis before 7); there every write script's first write is one Redis refuses
+    under OOM, so the effect is the same."""
+
     name: str
     source: str
     sha: str
+    plain: str
+    plain_sha: str
+
+
+_FLAGS = re.compile(r"^-- Flags: ([a-z-]+(?:,[a-z-]+)*)", re.M)
 
 
 @cache
@@ -71,9 +84,19 @@ def scripts() -> dict[str, Script]:
     prelude = (directory / f"{PRELUDE}.lua").read_text()
     out = {}
     for name in SCRIPT_NAMES:
-        source = prelude + "\n" + (directory / f"{name}.lua").read_text()
-        out[name] = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+        body = (directory / f"{name}.lua").read_text()
+        flags = _FLAGS.search(body)
+        shebang = "#!lua" + (f" flags={flags.group(1)}" if flags else "")
+        plain = prelude + "\n" + body
+        source = shebang + "\n" + plain
+        out[name] = Script(
+            name, source, _sha(source), plain, _sha(plain)
+        )
     return out
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()
 
 
 class Call(NamedTuple):
@@ -82,9 +105,6 @@ class Call(NamedTuple):
     script: str
     keys: tuple[str, ...]
     args: tuple[ArgT, ...]
-
-    def evalsha_args(self) -> tuple[Any, ...]:
-        return (scripts()[self.script].sha, len(self.keys), *self.keys, *self.args)
 
 
 def _is_noscript(exc: BaseException) -> bool:
@@ -119,9 +139,14 @@ class ServerRefused(ConnectionFailed):
 
 
 # redis-py strips the code of the replies it has a class for (OOM, READONLY, ...).
+# TRYAGAIN: a multi-key call during a slot migration, or a jobqueue script that found a key
+# on another node before its first write: it did not run.
 _REFUSED_CLASSES: tuple[type[Exception], ...] = tuple(
     getattr(redis.exceptions, name)
-    for name in ("OutOfMemoryError", "ReadOnlyError", "BusyLoadingError", "MasterDownError")
+    for name in (
+        "OutOfMemoryError", "ReadOnlyError", "BusyLoadingError", "MasterDownError",
+        "TryAgainError",
+    )
     if hasattr(redis.exceptions, name)
 )
 
@@ -297,12 +322,41 @@ class DirectLane:
             conn.disconnect()
 
 
+def _shebang_refused(exc: BaseException) -> bool:
+    """The server cannot parse a '#!lua' line (fakeredis, Redis before 7): use plain sources."""
+    return isinstance(exc, redis.exceptions.ResponseError) and "near '#'" in str(exc)
+
+
+class _Sources:
+    """Which form of the scripts a server takes (see Script); learnt at the first refusal."""
+
+    def __init__(self) -> None:
+        self.plain = False
+
+    def source(self, name: str) -> str:
+        script = scripts()[name]
+        return script.plain if self.plain else script.source
+
+    def evalsha_args(self, call: Call) -> tuple[Any, ...]:
+        script = scripts()[call.script]
+        sha = script.plain_sha if self.plain else script.sha
+        return (sha, len(call.keys), *call.keys, *call.args)
+
+    def learn(self, exc: BaseException) -> bool:
+        """True if exc says the server needs the plain form (then used from now on)."""
+        if self.plain or not _shebang_refused(exc):
+            return False
+        self.plain = True
+        return True
+
+
 class ScriptRunner:
     """Runs Calls on a synchronous client (Redis or RedisCluster)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self._lane = DirectLane.for_client(client)
+        self._sources = _Sources()
 
     def close(self) -> None:
         if self._lane is not None:
@@ -310,10 +364,15 @@ class ScriptRunner:
 
     def load(self, names: Sequence[str] | None = None) -> None:
         for name in names or SCRIPT_NAMES:
-            self.client.script_load(scripts()[name].source)
+            try:
+                self.client.script_load(self._sources.source(name))
+            except redis.exceptions.ResponseError as exc:
+                if not self._sources.learn(exc):
+                    raise
+                self.client.script_load(self._sources.source(name))
 
     def _evalsha(self, call: Call) -> Any:
-        args = call.evalsha_args()
+        args = self._sources.evalsha_args(call)
         if self._lane is not None:
             try:
                 return self._lane.execute("EVALSHA", *args)
@@ -323,44 +382,68 @@ class ScriptRunner:
 
     def run(self, call: Call) -> Any:
         try:
-            try:
-                return self._evalsha(call)
-            except redis.exceptions.ResponseError as exc:
-                if not _is_noscript(exc):
-                    raise
-                # Server restarted or failed over: its script cache is empty.
-                self.load([call.script])
-                return self._evalsha(call)
+            for attempt in range(_RECOVERIES + 1):
+                try:
+                    return self._evalsha(call)
+                except redis.exceptions.ResponseError as exc:
+                    # NOSCRIPT (a restarted or promoted server has an empty script cache) or
+                    # a shebang it cannot parse: the call did not run; load and send again.
+                    if attempt == _RECOVERIES or not _reload(exc, self._sources):
+                        raise
+                    self.load([call.script])
+            raise AssertionError("unreachable")
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(call, exc) from exc
 
     def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
         if self._lane is not None:
             try:
-                return self._lane.execute_many([("EVALSHA", *c.evalsha_args()) for c in calls])
+                return self._lane.execute_many(
+                    [("EVALSHA", *self._sources.evalsha_args(c)) for c in calls]
+                )
             except _NotSent:
                 pass
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             # Not pipe.evalsha(): redis-py's ClusterPipeline refuses that method by name, but
             # routes EVALSHA by its first key (one slot per call) when sent as a command.
-            pipe.execute_command("EVALSHA", *call.evalsha_args())
+            pipe.execute_command("EVALSHA", *self._sources.evalsha_args(call))
         return list(pipe.execute(raise_on_error=False))
 
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
-        """One pipelined round trip; calls refused with NOSCRIPT are reloaded and re-sent alone,
-        so no call runs twice."""
+        """One pipelined round trip; calls refused with NOSCRIPT (or a shebang the server
+        cannot parse) did not run: they are reloaded and re-sent alone, so no call runs
+        twice."""
         if not calls:
             return []
         try:
             replies: list[Any] = self._pipelined(calls)
-            missing = _noscript(replies)
-            if missing:
-                self.load(sorted({calls[i].script for i in missing}))
-                _fill(replies, missing, self._pipelined([calls[i] for i in missing]))
+            for _ in range(_RECOVERIES):
+                again = _not_run(replies, self._sources)
+                if not again:
+                    break
+                self.load(sorted({calls[i].script for i in again}))
+                _fill(replies, again, self._pipelined([calls[i] for i in again]))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(calls[0], exc) from exc
         return _checked(calls, replies)
+
+
+# NOSCRIPT, then (the first time) a shebang the server cannot parse: two reloads at most.
+_RECOVERIES = 2
+
+
+def _reload(exc: BaseException, sources: _Sources) -> bool:
+    return _is_noscript(exc) or sources.learn(exc)
+
+
+def _not_run(replies: Sequence[Any], sources: _Sources) -> list[int]:
+    """Indexes of pipelined calls that did not run for want of their script (NOSCRIPT, or the
+    server refusing the '#!lua' form): reload and re-send those."""
+    refused = [i for i, r in enumerate(replies) if _shebang_refused(r)]
+    if refused:
+        sources.learn(replies[refused[0]])
+    return sorted(set(_noscript(replies)) | set(refused))
 
 
 class AsyncScriptRunner:
@@ -368,38 +451,47 @@ class AsyncScriptRunner:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self._sources = _Sources()
 
     async def load(self, names: Sequence[str] | None = None) -> None:
         for name in names or SCRIPT_NAMES:
-            await self.client.script_load(scripts()[name].source)
+            try:
+                await self.client.script_load(self._sources.source(name))
+            except redis.exceptions.ResponseError as exc:
+                if not self._sources.learn(exc):
+                    raise
+                await self.client.script_load(self._sources.source(name))
 
     async def run(self, call: Call) -> Any:
         try:
-            try:
-                return await self.client.evalsha(*call.evalsha_args())
-            except redis.exceptions.ResponseError as exc:
-                if not _is_noscript(exc):
-                    raise
-                await self.load([call.script])
-                return await self.client.evalsha(*call.evalsha_args())
+            for attempt in range(_RECOVERIES + 1):
+                try:
+                    return await self.client.evalsha(*self._sources.evalsha_args(call))
+                except redis.exceptions.ResponseError as exc:
+                    if attempt == _RECOVERIES or not _reload(exc, self._sources):
+                        raise
+                    await self.load([call.script])
+            raise AssertionError("unreachable")
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(call, exc) from exc
+
+    async def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command("EVALSHA", *self._sources.evalsha_args(call))
+        return list(await pipe.execute(raise_on_error=False))
 
     async def run_many(self, calls: Sequence[Call]) -> list[Any]:
         if not calls:
             return []
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for call in calls:
-                pipe.execute_command("EVALSHA", *call.evalsha_args())
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-            missing = _noscript(replies)
-            if missing:
-                await self.load(sorted({calls[i].script for i in missing}))
-                pipe = self.client.pipeline(transaction=False)
-                for i in missing:
-                    pipe.execute_command("EVALSHA", *calls[i].evalsha_args())
-                _fill(replies, missing, await pipe.execute(raise_on_error=False))
+            replies = await self._pipelined(calls)
+            for _ in range(_RECOVERIES):
+                again = _not_run(replies, self._sources)
+                if not again:
+                    break
+                await self.load(sorted({calls[i].script for i in again}))
+                _fill(replies, again, await self._pipelined([calls[i] for i in again]))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(calls[0], exc) from exc
         return _checked(calls, replies)

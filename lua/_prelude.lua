@@ -1,71 +1,229 @@
--- _prelude.lua: helpers prepended to every jobqueue script at load time (not a script itself).
+-- _prelude.lua: the vocabulary every jobqueue script shares, prepended at load time (not a
+-- script itself).
 --
 -- KEYS: none
 -- ARGV: none
--- Returns: nothing; defines local functions used by the scripts.
+-- Returns: nothing; defines the local functions below.
 --
--- Every script takes ARGV[1] = now in ms, or '' to read the Redis server clock: one clock
--- decides (invariant 4 of docs/design.md); the explicit form lets tests drive a fake clock through the
--- very same code.
-
-local function clock(arg)
-  local explicit = tonumber(arg)
-  if explicit then return explicit end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- Conventions every script follows:
+-- * ARGV[1] is now in ms, or '' to read the Redis server clock: one clock decides (invariant
+--   4 of docs/design.md); the explicit form lets tests drive a fake clock through the very
+--   same code.
+-- * Two phases, because Redis does not roll back a script that fails half-way. The script
+--   first reads every key it will touch, its declared keys and the records it names, checking
+--   their types and values (reading()); anything wrong refuses the whole call with an error
+--   reply before the first write. Then it writes, with commands that cannot fail on what was
+--   read: a counter holding garbage is reset rather than incremented (bump), a key is never
+--   emptied and then written again in one call, and nothing is read after a write.
+-- * Refusals: 'TRYAGAIN jobqueue: ...' when a key is not on this node (a Redis Cluster slot
+--   migrating: the caller retries later), 'ERR jobqueue: ...' for foreign data in a key the
+--   script needs whole (a wrong type). A run record of a wrong type is one run's problem: the
+--   script answers for that run alone ('unknown', or dead-letters it) and goes on.
 
 local unpack = unpack or table.unpack -- Lua 5.1 in Redis, 5.4 in some emulators
 
-local HISTORY_LEN = 32
+local HISTORY_LEN = 32 -- events kept per run
+local WAKE_TOKENS = 8  -- a wake list never holds more: enough for several idle workers
 
--- One command for many members (ZADD score member ..., ZREM member ...): one call instead of
--- one per run; in chunks, since unpack is bounded by Lua's stack.
+-- The clock: ms for every decision, and us for fences (see next_fence). An explicit now (tests)
+-- stands for both.
+local now_us = 0
+local function clock(arg)
+  local explicit = tonumber(arg)
+  if explicit then
+    now_us = explicit * 1000
+    return explicit
+  end
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  now_us = s * 1000000 + us
+  return s * 1000 + math.floor(us / 1000)
+end
+
+-- An integer as Redis text: Lua 5.1 prints large numbers in exponent form.
+local function int(n) return string.format('%.0f', n) end
+
+-- A whole number in [lo, 2^53] (tonumber also reads 'nan', 'inf', ' 12' and fractions).
+local function whole(v, lo)
+  if type(v) ~= 'string' and type(v) ~= 'number' then return false end
+  local n = tonumber(v)
+  return n ~= nil and n == n and n >= lo and n <= 9007199254740992 and n == math.floor(n)
+end
+
+-- -- phase 1: reading -------------------------------------------------------------------
+
+-- reading(fn): run the read phase; returns (true, its result) or (false, the error reply to
+-- return before any write). Inside, refuse(text) abandons the call.
+local function refuse(text) error({jq_refusal = text}, 0) end
+
+local function reading(fn)
+  local ok, result = pcall(fn)
+  if ok then return true, result end
+  if type(result) == 'table' and result.jq_refusal then
+    return false, redis.error_reply(result.jq_refusal)
+  end
+  if type(result) == 'table' and result.err then return false, result end
+  return false, redis.error_reply('ERR jobqueue script failed before writing: ' ..
+                                  tostring(result))
+end
+
+-- An error reply met while reading key: WRONGTYPE is returned to the caller when it may
+-- handle it (a foreign run record); anything else refuses the call.
+local function checked(reply, key, wrongtype_ok)
+  if type(reply) ~= 'table' or not reply.err then return reply, false end
+  local e = tostring(reply.err)
+  if string.find(e, 'WRONGTYPE', 1, true) then
+    if wrongtype_ok then return nil, true end
+    refuse('ERR jobqueue: ' .. key .. ' holds foreign data of another type; nothing was ' ..
+           'changed (see jobqueue check)')
+  end
+  if string.find(e, 'non local key', 1, true) or string.find(e, 'TRYAGAIN', 1, true) or
+     string.find(e, 'ASK', 1, true) == 1 or string.find(e, 'MOVED', 1, true) == 1 or
+     string.find(e, 'cluster is down', 1, true) then
+    refuse('TRYAGAIN jobqueue: ' .. key .. ' is not on this node (a slot migration?); ' ..
+           'nothing was changed')
+  end
+  refuse('ERR jobqueue: reading ' .. key .. ' failed, nothing was changed: ' .. e)
+end
+
+-- Any read command on one key, refusing on an error of any kind.
+local function read(command, key, ...)
+  return (checked(redis.pcall(command, key, ...), key, false))
+end
+
+-- A key the script will write but not otherwise read: it must be of this type or absent.
+local function expect(key, kind)
+  local t = read('TYPE', key)
+  t = type(t) == 'table' and t.ok or t
+  if t ~= 'none' and t ~= kind then
+    refuse('ERR jobqueue: ' .. key .. ' holds a ' .. t .. ', not a ' .. kind ..
+           '; nothing was changed (see jobqueue check)')
+  end
+end
+
+-- The named fields of a run record, or nil when its key holds another type (a foreign key:
+-- that run's problem alone). A missing record reads as an empty table.
+local function load_run(key, ...)
+  local values, foreign = checked(redis.pcall('HMGET', key, ...), key, true)
+  if foreign then return nil end
+  local run = {}
+  for i, name in ipairs({...}) do run[name] = values[i] or nil end -- HMGET gives false
+  return run
+end
+
+-- May this run's history be written? (Its list is absent or a list; touched now, so that a
+-- key on another node refuses the call before any write.)
+local function history_ok(prefix, run_id)
+  local key = prefix .. 'hist:' .. run_id
+  local _, foreign = checked(redis.pcall('LLEN', key), key, true)
+  return not foreign
+end
+
+-- Counters of a stats hash: the fields' values now. A field holding garbage is noted and
+-- bump() overwrites it; a stats key of another type is left alone (counting stops there).
+local function counters(key, ...)
+  local values, foreign = checked(redis.pcall('HMGET', key, ...), key, true)
+  local c = {key = key, bad = {}, foreign = foreign}
+  if not foreign then
+    for i, name in ipairs({...}) do
+      local v = values[i]
+      if v and not (string.match(v, '^%-?%d+$') and #v <= 15) then c.bad[name] = true end
+    end
+  end
+  return c
+end
+
+-- The length of a wake list, or nil when its key holds another type (no wake-up then).
+local function wake_room(key)
+  local n, foreign = checked(redis.pcall('LLEN', key), key, true)
+  if foreign then return nil end
+  return WAKE_TOKENS - n
+end
+
+-- The last fence a partition issued (its counter); garbage or another type counts as 0 (the
+-- counter is overwritten with a SET, which takes any type).
+local function fence_counter(key)
+  local v = checked(redis.pcall('GET', key), key, true)
+  if whole(v, 0) then return tonumber(v) end
+  return 0
+end
+
+-- -- phase 2: writing -------------------------------------------------------------------
+
+-- One command for many members (ZADD score member ..., ZREM member ...), in chunks: unpack
+-- is bounded by Lua's stack.
 local function bulk(command, key, args, step)
   for lo = 1, #args, step do
     redis.call(command, key, unpack(args, lo, math.min(#args, lo + step - 1)))
   end
 end
 
--- The record's 'hist' field says a history list exists, so a run that never had a notable
--- event costs no list and no second expiry when it finishes.
+local function bump(c, field, n)
+  if c.foreign or n == 0 then return end
+  if c.bad[field] then
+    redis.call('HSET', c.key, field, n)
+    c.bad[field] = nil
+  else
+    redis.call('HINCRBY', c.key, field, n)
+  end
+end
+
+-- Wake tokens: up to `wanted`, never more than WAKE_TOKENS in the list (room from wake_room;
+-- a list found longer is cut back).
+local function wake(key, room, wanted)
+  if not room then return end
+  if room < 0 then redis.call('LTRIM', key, 0, WAKE_TOKENS - 1) end
+  local n = math.min(room, wanted)
+  if n <= 0 then return end
+  local tokens = {}
+  for i = 1, n do tokens[i] = '1' end
+  redis.call('LPUSH', key, unpack(tokens))
+end
+
+-- The next fence of a partition: above every fence it issued (`last`, its counter) and the
+-- run's own, and at least the server clock in microseconds. The clock is what keeps fences
+-- from ever repeating when a node lost part of its history (a replica promoted while it
+-- lagged, a restart from an older snapshot): its clock has moved on since it issued the fences
+-- it lost. Callers store the result in the partition's counter.
+local function next_fence(last, run_fence)
+  local f = math.max(last, tonumber(run_fence) or 0) + 1
+  if now_us > f then f = now_us end
+  return f
+end
+
+-- A history entry (the record's 'hist' field says a list exists, so a run without notable
+-- events costs no list). Only for runs whose history_ok() was true.
 local function history(prefix, run_id, text)
   local key = prefix .. 'hist:' .. run_id
   local length = redis.call('RPUSH', key, text)
   if length == 1 then redis.call('HSET', prefix .. 'run:' .. run_id, 'hist', 1) end
-  -- Trim only when over the cap: one call instead of two on nearly every event.
-  if length > HISTORY_LEN then
-    redis.call('LTRIM', key, -HISTORY_LEN, -1)
-  end
+  if length > HISTORY_LEN then redis.call('LTRIM', key, -HISTORY_LEN, -1) end
 end
 
 -- Finished records expire after their retention; the history goes with them. has_history
--- false (the record's 'hist' field was absent) skips the list; nil means unknown.
+-- false (the record's 'hist' field was absent) skips the list.
 local function expire_record(prefix, run_id, retention_ms, has_history)
   if retention_ms and retention_ms > 0 then
     redis.call('PEXPIRE', prefix .. 'run:' .. run_id, retention_ms)
-    if has_history ~= false then
+    if has_history then
       redis.call('PEXPIRE', prefix .. 'hist:' .. run_id, retention_ms)
     end
   end
 end
 
+-- Entries of a finished-run index older than the retention: their records have expired.
+local function trim_index(key, now, retention_ms)
+  if retention_ms and retention_ms > 0 then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - retention_ms)
+  end
+end
+
 -- Why a fenced operation is refused, or nil when the caller holds the current lease.
 local function refusal(run, fence)
-  if not run.state then return 'unknown' end
+  if not run or not run.state then return 'unknown' end
   if run.state == 'cancelled' then return 'cancelled' end
   if (tonumber(run.fence) or 0) ~= fence then return 'fenced' end -- 0 until first claim
   if run.state == 'done' or run.state == 'dead' then return 'finished' end
   if run.state ~= 'running' then return 'not-running' end
   return nil
-end
-
--- The named fields of a run record; a key that is not a hash reads as no record (refused as
--- 'unknown') rather than an error that would abort a batched script half-way.
-local function load_run(key, ...)
-  local values = redis.pcall('HMGET', key, ...)
-  local run = {}
-  if values.err then return run end
-  for i, name in ipairs({...}) do run[name] = values[i] or nil end -- HMGET gives false for nil
-  return run
 end

@@ -4,88 +4,105 @@
 -- next fire, same outcome) come as one group, so the per-job arguments are just the ids, and
 -- each group is read and written with a few multi-key commands, not a few per job.
 --
--- KEYS[1]  next zset     jq:{sched#k}:next
--- KEYS[2]  def hash      jq:{sched#k}:def    (unused: sched_define removes next with def)
--- KEYS[3]  state hash    jq:{sched#k}:state
--- KEYS[4]  held hash     jq:{sched#k}:held   (buffer-one: the run waiting for its predecessor)
--- ARGV[1]  now ms, or '' for the server clock (unused but for the reply: one clock)
--- ARGV[2..] groups of 10 header fields followed by that many job ids (at most 2,000):
---          count, expected next (ms), new next (ms, or '' when the schedule has ended),
---          fired, missed, skipped (overlap), dropped (fire-all cap),
---          last fired instant (ms, or '' to keep; optionally followed by ' <queue>', the
---          queue of that fire's run), through (ms: fire times <= it are handled),
---          held text ('' = none; else 'fire pred_fire due queue [pred_queue]', recorded in
---          the held hash)
+-- KEYS[1]  next      zset    jq:{sched#k}:next   job_id -> next fire time (ms)
+-- KEYS[2]  state     hash    jq:{sched#k}:state  job_id -> counters and cursors (text)
+-- KEYS[3]  held      hash    jq:{sched#k}:held   buffer-one: the run waiting for its
+--                                                predecessor
+-- ARGV[1]  now                now ms, or '' for the server clock (unused but for the reply:
+--                             one clock)
+-- ARGV[2..] groups            10 header fields followed by that many job ids (at most 2,000):
+--                             count, expected next (ms), new next (ms, or '' when the
+--                             schedule has ended), fired, missed, skipped (overlap), dropped
+--                             (fire-all cap), last fired instant (ms, or '' to keep;
+--                             optionally followed by ' <queue>', the queue of that fire's
+--                             run), through (ms: fire times <= it are handled), held text
+--                             ('' = none; else 'fire pred_fire due queue [pred_queue]',
+--                             recorded in the held hash)
 -- Returns  {now, r1, r2, ...}: per job 1 = advanced, 0 = refused (another scheduler moved it
---          first, the job was paused, removed or redefined, or the new time is not later).
+--          first, the job was paused, removed or redefined, the new time is not later, or the
+--          job came twice in this call). Refused whole (an error reply, nothing changed) when
+--          a key holds another type or is not on this node.
 --
 -- State text: 'fired missed skipped dropped last through [queue]' (integers, last = -1 when
 -- never; queue: of the last fire's run, absent when not given = the definition's queue). A new
 -- last replaces the queue too, so a queue never outlives the fire it belongs to.
 
 local now = clock(ARGV[1])
-local out = {now}
 local HEADER = 10
 
-local i = 2
-while i <= #ARGV do
-  local count = tonumber(ARGV[i])
-  local expected = tonumber(ARGV[i + 1])
-  local new_next = tonumber(ARGV[i + 2])
-  local d1, d2 = tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
-  local d3, d4 = tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6])
-  local last_s, last_q = string.match(ARGV[i + 7], '^(%-?%d+) ?(%S*)$')
-  local last = tonumber(last_s)
-  local through = tonumber(ARGV[i + 8])
-  local held = ARGV[i + 9]
-  local jobs = {}
-  for j = 1, count do jobs[j] = ARGV[i + HEADER + j - 1] end
-  i = i + HEADER + count
-  local accepted = {}
-  if count > 0 and (new_next == nil or new_next > expected) then
-    local scores = redis.call('ZMSCORE', KEYS[1], unpack(jobs))
-    for j = 1, count do
-      if tonumber(scores[j]) == expected then accepted[#accepted + 1] = jobs[j] end
+local ok, plan = reading(function()
+  expect(KEYS[3], 'hash')
+  local groups, taken = {}, {}
+  local i = 2
+  while i <= #ARGV do
+    local g = {count = tonumber(ARGV[i]), expected = tonumber(ARGV[i + 1]),
+               new_next = tonumber(ARGV[i + 2]),
+               d = {tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]),
+                    tonumber(ARGV[i + 6])},
+               through = tonumber(ARGV[i + 8]), held = ARGV[i + 9], jobs = {}, accepted = {}}
+    local last_s, last_q = string.match(ARGV[i + 7], '^(%-?%d+) ?(%S*)$')
+    g.last, g.last_q = tonumber(last_s), last_q
+    for j = 1, g.count do g.jobs[j] = ARGV[i + HEADER + j - 1] end
+    i = i + HEADER + g.count
+    if g.count > 0 and (g.new_next == nil or g.new_next > g.expected) then
+      local scores = read('ZMSCORE', KEYS[1], unpack(g.jobs))
+      for j = 1, g.count do
+        local job = g.jobs[j]
+        if tonumber(scores[j]) == g.expected and not taken[job] then
+          taken[job] = true
+          g.accepted[#g.accepted + 1] = job
+        end
+      end
     end
+    if #g.accepted > 0 then g.texts = read('HMGET', KEYS[2], unpack(g.accepted)) end
+    groups[#groups + 1] = g
   end
-  local ok = {}
-  if #accepted > 0 then
-    if new_next then
+  return groups
+end)
+if not ok then return plan end
+
+local out = {now}
+local ended = {} -- removed last: the next key is never emptied and then written in one call
+for _, g in ipairs(plan) do
+  local ok_ = {}
+  if #g.accepted > 0 then
+    if g.new_next then
       local pairs_ = {}
-      for j, job in ipairs(accepted) do
-        pairs_[2 * j - 1] = new_next
+      for j, job in ipairs(g.accepted) do
+        pairs_[2 * j - 1] = g.new_next
         pairs_[2 * j] = job
       end
-      redis.call('ZADD', KEYS[1], unpack(pairs_))
+      bulk('ZADD', KEYS[1], pairs_, 2000)
     else
-      redis.call('ZREM', KEYS[1], unpack(accepted))
+      for _, job in ipairs(g.accepted) do ended[#ended + 1] = job end
     end
     -- A herd's jobs mostly share their old state text: compute each new text once.
-    local texts = redis.call('HMGET', KEYS[3], unpack(accepted))
     local memo, writes = {}, {}
-    for j, job in ipairs(accepted) do
-      local text = texts[j] or ''
+    for j, job in ipairs(g.accepted) do
+      local text = g.texts[j] or ''
       local new_text = memo[text]
       if not new_text then
-        local a, b, c, d, e, f, g = string.match(text,
+        local a, b, c, d, e, f, q = string.match(text,
           '^(%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) ?(%S*)')
-        local s5, s6, s7 = tonumber(e) or -1, tonumber(f) or -1, g or ''
-        if last then s5, s7 = last, last_q end
-        if through > s6 then s6 = through end
-        new_text = string.format('%d %d %d %d %d %d', (tonumber(a) or 0) + d1,
-          (tonumber(b) or 0) + d2, (tonumber(c) or 0) + d3, (tonumber(d) or 0) + d4, s5, s6)
+        local s5, s6, s7 = tonumber(e) or -1, tonumber(f) or -1, q or ''
+        if g.last then s5, s7 = g.last, g.last_q end
+        if g.through > s6 then s6 = g.through end
+        new_text = string.format('%d %d %d %d %d %d', (tonumber(a) or 0) + g.d[1],
+          (tonumber(b) or 0) + g.d[2], (tonumber(c) or 0) + g.d[3],
+          (tonumber(d) or 0) + g.d[4], s5, s6)
         if s7 ~= '' then new_text = new_text .. ' ' .. s7 end
         memo[text] = new_text
       end
       writes[2 * j - 1] = job
       writes[2 * j] = new_text
-      ok[job] = true
+      ok_[job] = true
     end
-    redis.call('HSET', KEYS[3], unpack(writes))
-    if held ~= '' then
-      for _, job in ipairs(accepted) do redis.call('HSET', KEYS[4], job, held) end
+    bulk('HSET', KEYS[2], writes, 2000)
+    if g.held ~= '' then
+      for _, job in ipairs(g.accepted) do redis.call('HSET', KEYS[3], job, g.held) end
     end
   end
-  for _, job in ipairs(jobs) do out[#out + 1] = ok[job] and 1 or 0 end
+  for _, job in ipairs(g.jobs) do out[#out + 1] = ok_[job] and 1 or 0 end
 end
+if #ended > 0 then bulk('ZREM', KEYS[1], ended, 1000) end
 return out

@@ -1,106 +1,64 @@
 -- claim.lua: lease up to N claimable runs of one partition to one worker.
 --
--- KEYS[1]  due zset      jq:{q#p}:due
--- KEYS[2]  leases zset   jq:{q#p}:leases
--- KEYS[3]  dead zset     jq:{q#p}:dead
--- KEYS[4]  stats hash    jq:{q#p}:stats
--- KEYS[5]  fence counter jq:{q#p}:fences (the last fence issued in the partition)
--- ARGV[1]  now ms, or '' for the server clock
--- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3]  N, the most runs to claim
--- ARGV[4]  owner (worker id)
--- ARGV[5]  default lease ms (used when the run has no lease of its own)
--- ARGV[6]  dead retention ms
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
+-- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died
+-- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
+-- KEYS[5]  fences    string  jq:{q#p}:fences   the last fence issued in the partition
+-- KEYS[6]  orphans   zset    jq:{q#p}:orphans  run_id -> when its index entry was found
+--                                              without a record (see below)
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3]  limit              the most runs to claim
+-- ARGV[4]  owner              worker id
+-- ARGV[5]  lease_ms           default lease (used when the run has no lease of its own)
+-- ARGV[6]  dead_retention_ms  how long dead records live (the dead index is trimmed to it)
 -- Returns  {now, next_wake, count, then 11 fields per claimed run:
 --           run_id, fence, attempt, max_attempts, task, payload, lease_until, timeout_ms,
 --           job_id, scheduled_for, due}
 --          next_wake = earliest due time or lease expiry still pending in this partition
 --          (ms), or -1 when there is none: the worker sleeps on the wake list until then.
+--          Refused whole (an error reply, nothing changed) when a key is not on this node
+--          (TRYAGAIN: a slot migration) or an index key holds another type.
 --
 -- Runs whose lease expired are taken first (their worker died or stalled); each expiry counts
 -- an attempt and a run past max_attempts goes to the dead set instead. Every claim issues a
--- new fence, greater than the run's and than any issued before in the partition, so the
--- previous holder's heartbeat and commit are refused from now on, even by a new life of the
--- same run id (created again after its record expired).
+-- new fence (next_fence: above any issued before in the partition, and at least the server
+-- clock in us), so the previous holder's heartbeat and commit are refused from now on.
 --
--- Dead index entries older than the dead retention (their records have expired) are trimmed.
+-- An index entry whose record is missing is moved to the orphans index, never dropped: on a
+-- Redis Cluster node importing a slot, a record may not have arrived yet. Each call looks at
+-- a few orphans and puts back those whose record has appeared; `jobqueue repair` does the
+-- same for all. Orphans older than the dead retention are forgotten.
+--
+-- A record that cannot be run (no task, garbage counters, a key of another type) is
+-- dead-lettered with the reason, never handed to a worker.
 --
 -- A claim writes no history entry: the record holds the current attempt (owner, fence,
--- attempt, started). The history keeps what the record cannot: how earlier attempts ended
--- (lease expired, with the owner that lost it; failed; released).
+-- attempt, started). The history keeps what the record cannot: how earlier attempts ended.
 
 local now = clock(ARGV[1])
 local prefix, limit, owner = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local default_lease, dead_retention = tonumber(ARGV[5]), tonumber(ARGV[6])
-local out = {}
-local leases = {} -- score, member pairs: one ZADD for the call
-local claimed, expired, died = 0, 0, 0
-local last_fence = nil -- the partition's fence counter, read at the first claim
+local ORPHANS_PER_CALL = 10
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
-                'timeout_ms', 'job', 'scheduled_for', 'due', 'owner'}
+                'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until'}
 local STATES = {pending = true, running = true, done = true, dead = true, cancelled = true}
 
--- The record, or nil and the error when the key is not a hash: pcall, because one foreign
--- key must not fail every claim of its partition (a poison pill for all workers).
-local function read(key)
-  local v = redis.pcall('HMGET', key, unpack(FIELDS))
-  if v.err then return nil, v.err end
+local function record(run_id)
+  local v, foreign = checked(redis.pcall('HMGET', prefix .. 'run:' .. run_id, unpack(FIELDS)),
+                             prefix .. 'run:' .. run_id, true)
+  if foreign then return nil end
   -- One constructor, no loop: this runs for every claimed run. HMGET gives false for a
   -- missing field; 'or nil' makes it nil like an absent table entry.
   return {state = v[1] or nil, task = v[2] or nil, payload = v[3] or nil,
           attempt = v[4] or nil, max_attempts = v[5] or nil, fence = v[6] or nil,
           lease_ms = v[7] or nil, timeout_ms = v[8] or nil, job = v[9] or nil,
-          scheduled_for = v[10] or nil, due = v[11] or nil, owner = v[12] or nil}
+          scheduled_for = v[10] or nil, due = v[11] or nil, owner = v[12] or nil,
+          hist = v[13] or nil, lease_until = v[14] or nil}
 end
 
-local function bury(run_id, key, reason)
-  redis.call('HSET', key, 'state', 'dead', 'error', reason, 'finished', now)
-  redis.call('HDEL', key, 'lease_until')
-  redis.call('ZREM', KEYS[2], run_id)
-  redis.call('ZADD', KEYS[3], now, run_id)
-  history(prefix, run_id, now .. ' dead ' .. reason)
-  expire_record(prefix, run_id, dead_retention)
-  died = died + 1
-end
-
--- A run id whose key is not a hash: listed as dead so an operator sees it; the key itself is
--- someone else's data and is left alone.
-local function bury_foreign(run_id)
-  redis.call('ZREM', KEYS[2], run_id)
-  redis.call('ZADD', KEYS[3], now, run_id)
-  died = died + 1
-end
-
-local function take(run_id, key, run)
-  if not last_fence then last_fence = tonumber(redis.call('GET', KEYS[5])) or 0 end
-  local fence = math.max(last_fence, tonumber(run.fence) or 0) + 1
-  last_fence = fence
-  local attempt = (tonumber(run.attempt) or 0) + 1
-  local lease = tonumber(run.lease_ms) or 0
-  if lease <= 0 then lease = default_lease end
-  local lease_until = now + lease
-  redis.call('HSET', key, 'state', 'running', 'fence', fence, 'attempt', attempt,
-             'owner', owner, 'lease_until', lease_until, 'started', now)
-  leases[#leases + 1] = lease_until
-  leases[#leases + 1] = run_id
-  local n = #out
-  out[n + 1] = run_id; out[n + 2] = fence; out[n + 3] = attempt
-  out[n + 4] = tonumber(run.max_attempts) or 1; out[n + 5] = run.task
-  out[n + 6] = run.payload; out[n + 7] = lease_until; out[n + 8] = tonumber(run.timeout_ms) or 0
-  out[n + 9] = run.job or ''; out[n + 10] = run.scheduled_for or ''
-  out[n + 11] = tonumber(run.due) or 0
-  claimed = claimed + 1
-end
-
--- A whole number in [lo, 2^53]: tonumber also reads 'nan', 'inf' and fractions, which would
--- make a run never reach its max_attempts or a fence never equal itself.
-local function whole(v, lo)
-  local n = tonumber(v)
-  return n ~= nil and n == n and n >= lo and n <= 9007199254740992 and n == math.floor(n)
-end
-
--- A record that cannot be run is dead-lettered with the reason, never handed to a worker.
 -- Fields at their default are absent (create_run stores only what differs), so only a
 -- present, non-numeric fence or attempt is corrupt.
 local function corrupt(run)
@@ -112,79 +70,218 @@ local function corrupt(run)
   return nil
 end
 
--- 1. Expired leases.
-local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
-for _, run_id in ipairs(stale) do
-  if claimed >= limit then break end
-  local key = prefix .. 'run:' .. run_id
-  local run, err = read(key)
-  if err then
-    bury_foreign(run_id)
-  elseif run.state ~= 'running' then
-    redis.call('ZREM', KEYS[2], run_id) -- index entry without a running record: drop it
-  else
-    expired = expired + 1
-    history(prefix, run_id, now .. ' lease expired fence=' .. (run.fence or '?') ..
-            ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
-    local bad = corrupt(run)
-    if bad then
-      bury(run_id, key, bad)
-    elseif (tonumber(run.attempt) or 0) >= tonumber(run.max_attempts) then
-      bury(run_id, key, 'lease expired on attempt ' .. (run.attempt or '?') ..
-           ' of ' .. run.max_attempts .. ' (worker died or stalled)')
-    else
-      take(run_id, key, run)
-    end
-  end
-end
+-- -- phase 1: read everything, decide everything -------------------------------------------
 
--- 2. Due runs.
-if claimed < limit then
-  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit - claimed)
-  -- They are the lowest-ranked members: one removal by rank instead of one ZREM each.
-  if #due > 0 then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, #due - 1) end
-  for _, run_id in ipairs(due) do
-    local key = prefix .. 'run:' .. run_id
-    local run, err = read(key)
-    if err then
-      bury_foreign(run_id)
-    elseif run.state == 'pending' then
+local ok, plan = reading(function()
+  local p = {take = {}, bury = {}, foreign = {}, lost = {}, orphan = {}, stray = {},
+             stray_due = {}, restore = {}, forget = {}, expired = 0}
+  -- One entry past the limit of each index: after this call's removals, the first entry left
+  -- tells the next wake-up without reading after a write.
+  local leases = read('ZRANGE', KEYS[2], 0, limit, 'WITHSCORES')
+  local due = read('ZRANGE', KEYS[1], 0, limit, 'WITHSCORES')
+  expect(KEYS[3], 'zset')
+  p.orphans = read('ZRANGE', KEYS[6], 0, ORPHANS_PER_CALL - 1, 'WITHSCORES')
+  p.stats = counters(KEYS[4], 'claimed', 'lease_expired', 'dead')
+  p.last = fence_counter(KEYS[5])
+
+  local taking = 0
+  -- 1. Expired leases. (Every entry read handled and more may follow: wake again at once.)
+  p.next_lease = #leases == 2 * (limit + 1) and now or nil
+  for i = 1, #leases, 2 do
+    local run_id, until_ = leases[i], tonumber(leases[i + 1])
+    if until_ > now or taking >= limit then p.next_lease = until_; break end
+    local run = record(run_id)
+    if not run then
+      p.foreign[#p.foreign + 1] = run_id
+    elseif not run.state and read('EXISTS', prefix .. 'run:' .. run_id) == 0 then
+      p.lost[#p.lost + 1] = run_id -- no record here: an orphan
+    elseif run.state ~= 'running' then
+      -- Not running (or a record without a state): the index entry just goes. A corrupt
+      -- record is dead-lettered when claimed from the due set, not from here.
+      p.stray[#p.stray + 1] = run_id
+    else
+      p.expired = p.expired + 1
+      run.id, run.hist_ok = run_id, history_ok(prefix, run_id)
+      run.expired = true
       local bad = corrupt(run)
-      if bad then bury(run_id, key, bad) else take(run_id, key, run) end
-    elseif run.state == nil then
-      -- No record (expired or purged): a stray entry, dropped. A record without a state is
-      -- corrupt: dead-lettered so that it is seen.
-      if redis.call('EXISTS', key) == 1 then bury(run_id, key, 'corrupt record: no state') end
-    elseif not STATES[run.state] then
-      bury(run_id, key, 'corrupt record: unknown state ' .. string.sub(run.state, 1, 40))
-    else
-      -- A record in another state has no business in the due set: drop the stray entry.
-      history(prefix, run_id, now .. ' stray due entry dropped (state ' .. run.state .. ')')
-      local ttl = redis.call('PTTL', key)  -- a finished record's history expires with it
-      if ttl > 0 then redis.call('PEXPIRE', prefix .. 'hist:' .. run_id, ttl) end
+      if bad then
+        run.reason = bad
+        p.bury[#p.bury + 1] = run
+      elseif (tonumber(run.attempt) or 0) >= tonumber(run.max_attempts) then
+        run.reason = 'lease expired on attempt ' .. (run.attempt or '?') .. ' of ' ..
+                     run.max_attempts .. ' (worker died or stalled)'
+        p.bury[#p.bury + 1] = run
+      else
+        taking = taking + 1
+        p.take[#p.take + 1] = run
+      end
     end
   end
+  -- 2. Due runs: every entry handled here leaves the due set.
+  p.handled = {}
+  p.next_due = #due == 2 * (limit + 1) and now or nil
+  for i = 1, #due, 2 do
+    local run_id, at = due[i], tonumber(due[i + 1])
+    if at > now or taking >= limit then p.next_due = at; break end
+    p.handled[#p.handled + 1] = run_id
+    local run = record(run_id)
+    if not run then
+      p.foreign[#p.foreign + 1] = run_id
+    elseif run.state == 'pending' then
+      run.id = run_id
+      local bad = corrupt(run)
+      if bad then
+        run.reason, run.hist_ok = bad, history_ok(prefix, run_id)
+        p.bury[#p.bury + 1] = run
+      else
+        taking = taking + 1
+        p.take[#p.take + 1] = run
+      end
+    elseif run.state == nil then
+      -- No state: no record here (an orphan), or a record without a state (corrupt).
+      if read('EXISTS', prefix .. 'run:' .. run_id) == 1 then
+        run.id, run.reason = run_id, 'corrupt record: no state'
+        run.hist_ok = history_ok(prefix, run_id)
+        p.bury[#p.bury + 1] = run
+      else
+        p.orphan[#p.orphan + 1] = run_id
+      end
+    elseif not STATES[run.state] then
+      run.id, run.hist_ok = run_id, history_ok(prefix, run_id)
+      run.reason = 'corrupt record: unknown state ' .. string.sub(run.state, 1, 40)
+      p.bury[#p.bury + 1] = run
+    else
+      -- A record in another state has no business in the due set: its entry goes, and its
+      -- history says so (expiring with the record).
+      if history_ok(prefix, run_id) then
+        p.stray_due[#p.stray_due + 1] = {id = run_id, state = run.state,
+                                         ttl = read('PTTL', prefix .. 'run:' .. run_id)}
+      end
+    end
+  end
+  -- 3. Orphans whose record has appeared go back to their index; old ones are forgotten.
+  for i = 1, #p.orphans, 2 do
+    local run_id, since = p.orphans[i], tonumber(p.orphans[i + 1])
+    local run = record(run_id)
+    if run and run.state == 'pending' then
+      p.restore[#p.restore + 1] = {KEYS[1], tonumber(run.due) or now, run_id}
+    elseif run and run.state == 'running' then
+      p.restore[#p.restore + 1] = {KEYS[2], tonumber(run.lease_until) or now, run_id}
+    elseif run and run.state then
+      p.forget[#p.forget + 1] = run_id -- finished meanwhile: nothing to index here
+    elseif dead_retention and dead_retention > 0 and since < now - dead_retention then
+      p.forget[#p.forget + 1] = run_id
+    end
+  end
+  return p
+end)
+if not ok then return plan end
+
+-- -- phase 2: write ---------------------------------------------------------------------------
+
+local out = {}
+local new_leases = {} -- score, member pairs: one ZADD for the call
+local died = 0
+local last = plan.last
+local next_lease_added = nil
+
+for _, run in ipairs(plan.take) do
+  local key = prefix .. 'run:' .. run.id
+  local fence = next_fence(last, run.fence)
+  last = fence
+  local attempt = (tonumber(run.attempt) or 0) + 1
+  local lease = tonumber(run.lease_ms) or 0
+  if lease <= 0 then lease = default_lease end
+  local lease_until = now + lease
+  if run.expired and run.hist_ok then
+    history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
+            ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
+  end
+  redis.call('HSET', key, 'state', 'running', 'fence', int(fence), 'attempt', attempt,
+             'owner', owner, 'lease_until', lease_until, 'started', now)
+  new_leases[#new_leases + 1] = lease_until
+  new_leases[#new_leases + 1] = run.id
+  if not next_lease_added or lease_until < next_lease_added then next_lease_added = lease_until end
+  local n = #out
+  out[n + 1] = run.id; out[n + 2] = fence; out[n + 3] = attempt
+  out[n + 4] = tonumber(run.max_attempts) or 1; out[n + 5] = run.task
+  out[n + 6] = run.payload; out[n + 7] = lease_until; out[n + 8] = tonumber(run.timeout_ms) or 0
+  out[n + 9] = run.job or ''; out[n + 10] = run.scheduled_for or ''
+  out[n + 11] = tonumber(run.due) or 0
+end
+if #plan.take > 0 then redis.call('SET', KEYS[5], int(last)) end
+-- Leases are added before any is removed: the leases key is never emptied and then written
+-- in one call (on a node migrating the slot, a write to a missing key is refused).
+if #new_leases > 0 then bulk('ZADD', KEYS[2], new_leases, 2000) end
+
+local dead_entries = {}
+for _, run in ipairs(plan.bury) do
+  local key = prefix .. 'run:' .. run.id
+  if run.expired and run.hist_ok then
+    history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
+            ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
+  end
+  redis.call('HSET', key, 'state', 'dead', 'error', run.reason, 'finished', now)
+  redis.call('HDEL', key, 'lease_until')
+  if run.hist_ok then history(prefix, run.id, now .. ' dead ' .. run.reason) end
+  expire_record(prefix, run.id, dead_retention, run.hist_ok)
+  dead_entries[#dead_entries + 1] = now
+  dead_entries[#dead_entries + 1] = run.id
+  died = died + 1
+end
+-- A run id whose key is not a hash: listed as dead so an operator sees it; the key itself is
+-- someone else's data and is left alone.
+for _, run_id in ipairs(plan.foreign) do
+  dead_entries[#dead_entries + 1] = now
+  dead_entries[#dead_entries + 1] = run_id
+  died = died + 1
+end
+if #dead_entries > 0 then bulk('ZADD', KEYS[3], dead_entries, 2000) end
+
+for _, r in ipairs(plan.stray_due) do
+  history(prefix, r.id, now .. ' stray due entry dropped (state ' .. r.state .. ')')
+  if r.ttl > 0 then redis.call('PEXPIRE', prefix .. 'hist:' .. r.id, r.ttl) end
 end
 
-if claimed > 0 then
-  bulk('ZADD', KEYS[2], leases, 2000)
-  redis.call('HINCRBY', KEYS[4], 'claimed', claimed)
-  redis.call('SET', KEYS[5], last_fence)
+-- Index entries without a record here: orphans, put back once their record appears.
+local orphans = {}
+for _, run_id in ipairs(plan.lost) do
+  orphans[#orphans + 1] = now; orphans[#orphans + 1] = run_id
 end
-if dead_retention and dead_retention > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - dead_retention)
+for _, run_id in ipairs(plan.orphan) do
+  orphans[#orphans + 1] = now; orphans[#orphans + 1] = run_id
 end
-if expired > 0 then redis.call('HINCRBY', KEYS[4], 'lease_expired', expired) end
-if died > 0 then redis.call('HINCRBY', KEYS[4], 'dead', died) end
+for _, r in ipairs(plan.restore) do redis.call('ZADD', r[1], r[2], r[3]) end
+if #orphans > 0 then bulk('ZADD', KEYS[6], orphans, 2000) end
 
+-- Removals last (a key emptied here is not written again). Leases that expired and were
+-- taken again were re-added above with their new expiry.
+if #plan.handled > 0 then bulk('ZREM', KEYS[1], plan.handled, 1000) end
+local gone = {}
+for _, run in ipairs(plan.bury) do if run.expired then gone[#gone + 1] = run.id end end
+for _, run_id in ipairs(plan.foreign) do gone[#gone + 1] = run_id end
+for _, run_id in ipairs(plan.lost) do gone[#gone + 1] = run_id end
+for _, run_id in ipairs(plan.stray) do gone[#gone + 1] = run_id end
+if #gone > 0 then bulk('ZREM', KEYS[2], gone, 1000) end
+local settled = {}
+for _, r in ipairs(plan.restore) do settled[#settled + 1] = r[3] end
+for _, run_id in ipairs(plan.forget) do settled[#settled + 1] = run_id end
+if #settled > 0 then bulk('ZREM', KEYS[6], settled, 1000) end
+trim_index(KEYS[3], now, dead_retention)
+
+bump(plan.stats, 'claimed', #plan.take)
+bump(plan.stats, 'lease_expired', plan.expired)
+bump(plan.stats, 'dead', died)
+
+-- The next wake-up, from what phase 1 read: the first index entries not handled, the leases
+-- just granted, the orphans put back.
 local next_wake = -1
-local first_due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if first_due[2] then next_wake = tonumber(first_due[2]) end
-local first_lease = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-if first_lease[2] and (next_wake < 0 or tonumber(first_lease[2]) < next_wake) then
-  next_wake = tonumber(first_lease[2])
-end
+local function earlier(t) if t and (next_wake < 0 or t < next_wake) then next_wake = t end end
+earlier(plan.next_due)
+earlier(plan.next_lease)
+earlier(next_lease_added)
+for _, r in ipairs(plan.restore) do earlier(r[2]) end
 
-local result = {now, next_wake, claimed}
+local result = {now, next_wake, #plan.take}
 for i = 1, #out do result[#result + 1] = out[i] end
 return result

@@ -1,43 +1,68 @@
 -- create_run.lua: create runs with SET NX semantics on the run id; batched for one partition.
 --
--- KEYS[1]  due zset      jq:{q#p}:due
--- KEYS[2]  wake list     jq:{q#p}:wake
--- KEYS[3]  stats hash    jq:{q#p}:stats
--- ARGV[1]  now ms, or '' for the server clock
--- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3..] groups: 5 header fields shared by the group's runs, then 6 fields per run:
---          count, task, max_attempts, lease_ms, timeout_ms;
---          then per run: run_id, payload (JSON), due_at (absolute ms or ''), delay_ms,
---          job_id, scheduled_for (ms or '')
---          (a batch is nearly always one group: a task's fields travel once, not per run)
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
+-- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3..] groups            5 header fields shared by the group's runs, then 6 per run:
+--                             count, task, max_attempts, lease_ms, timeout_ms;
+--                             then per run: run_id, payload (JSON), due_at (absolute ms or
+--                             ''), delay_ms, job_id, scheduled_for (ms or '')
+--                             (a batch is nearly always one group: a task's fields travel
+--                             once, not per run)
 -- Returns  {now, r1, r2, ...}: per run 1 = created, 0 = already exists (nothing written).
+--          Refused whole (an error reply, nothing created) when a key is not on this node or
+--          an index key holds another type.
 --
--- A created run is pending, in the due zset at due_at or now + delay_ms, and a wake token is
--- pushed so an idle worker blocked on it claims it at once.
+-- A created run is pending, in the due zset at due_at or now + delay_ms, and wake tokens are
+-- pushed so that idle workers blocked on the list claim at once.
 --
 -- The record holds only what differs from the defaults: no queue (the key says it), no
 -- attempt or fence (0 until the first claim), no lease_ms, timeout_ms or job when 0 or empty,
 -- and no history entry (creation is the record's created and due fields; the history starts
--- at the first claim). That is 40% less memory per pending run and a quarter less script time.
+-- at the first event that the record cannot show).
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
 local HEADER, STRIDE = 5, 6
+
+local ok, plan = reading(function()
+  local p = {exists = {}}
+  expect(KEYS[1], 'zset')
+  p.room = wake_room(KEYS[2])
+  p.stats = counters(KEYS[3], 'created')
+  local i, seen = 3, {}
+  while i <= #ARGV do
+    local count = tonumber(ARGV[i])
+    local j = i + HEADER
+    for _ = 1, count do
+      local run_id = ARGV[j]
+      -- The same id twice in one call: the first creates it.
+      p.exists[j] = seen[run_id] or read('EXISTS', prefix .. 'run:' .. run_id) == 1
+      seen[run_id] = true
+      j = j + STRIDE
+    end
+    i = j
+  end
+  return p
+end)
+if not ok then return plan end
+
 local out = {now}
 local due_pairs = {} -- score, member: one ZADD for the call
 local created = 0
-
 local i = 3
 while i <= #ARGV do
   local count = tonumber(ARGV[i])
   local task, attempts, lease, timeout = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
   local j = i + HEADER
   for _ = 1, count do
-    local run_id = ARGV[j]
-    local key = prefix .. 'run:' .. run_id
-    if redis.call('EXISTS', key) == 1 then
+    if plan.exists[j] then
       out[#out + 1] = 0
     else
+      local run_id = ARGV[j]
+      local key = prefix .. 'run:' .. run_id
       local due = tonumber(ARGV[j + 2]) or (now + (tonumber(ARGV[j + 3]) or 0))
       redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', ARGV[j + 1],
         'due', due, 'max_attempts', attempts, 'created', now)
@@ -58,10 +83,7 @@ end
 
 if created > 0 then
   bulk('ZADD', KEYS[1], due_pairs, 2000)
-  redis.call('HINCRBY', KEYS[3], 'created', created)
-  -- A token per created run up to 8 in the list: enough to wake several idle workers, never
-  -- a growing list.
-  local room = 8 - redis.call('LLEN', KEYS[2])
-  for _ = 1, math.min(created, room) do redis.call('LPUSH', KEYS[2], '1') end
+  bump(plan.stats, 'created', created)
+  wake(KEYS[2], plan.room, created)
 end
 return out

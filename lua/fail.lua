@@ -1,56 +1,78 @@
 -- fail.lua: record a failed attempt, only from the holder of the current fence; retry or bury.
 --
--- KEYS[1]  due zset      jq:{q#p}:due
--- KEYS[2]  leases zset   jq:{q#p}:leases
--- KEYS[3]  dead zset     jq:{q#p}:dead
--- KEYS[4]  stats hash    jq:{q#p}:stats
--- KEYS[5]  wake list     jq:{q#p}:wake  (a retry wakes an idle worker to re-plan its sleep)
--- ARGV[1]  now ms, or '' for the server clock
--- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3]  run_id
--- ARGV[4]  fence the worker claimed with
--- ARGV[5]  error text
--- ARGV[6]  retry delay ms (the caller's backoff for this attempt), or '' for no retry at all
--- ARGV[7]  dead retention ms
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
+-- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died
+-- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
+-- KEYS[5]  wake      list    jq:{q#p}:wake     a retry wakes an idle worker to re-plan
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3]  run_id             the run
+-- ARGV[4]  fence              fence the worker claimed with
+-- ARGV[5]  error              error text
+-- ARGV[6]  retry_delay_ms     the caller's backoff for this attempt, or '' for no retry
+-- ARGV[7]  dead_retention_ms  how long dead records live
 -- Returns  {1, 'retry', due} when the run goes back to pending at due;
 --          {1, 'dead'} when attempts are exhausted (or no retry was asked) and it is buried;
---          {0, reason, current_fence} when refused (reason as in heartbeat.lua).
+--          {0, reason, current_fence} when refused (reason as in heartbeat.lua). Refused
+--          whole (an error reply, nothing changed) when a key is not on this node or an
+--          index key holds another type.
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence, err = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local delay, dead_retention = tonumber(ARGV[6]), tonumber(ARGV[7])
 local key = prefix .. 'run:' .. run_id
-local run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner')
-local why = refusal(run, fence)
-if why then
-  redis.call('HINCRBY', KEYS[4], 'rejected', 1)
-  return {0, why, tonumber(run.fence) or 0}
+
+local ok, plan = reading(function()
+  local p = {}
+  p.run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner')
+  p.why = refusal(p.run, fence)
+  p.stats = counters(KEYS[4], 'rejected', 'failed', 'retried', 'dead')
+  if not p.why then
+    expect(KEYS[1], 'zset')
+    expect(KEYS[2], 'zset')
+    expect(KEYS[3], 'zset')
+    p.room = wake_room(KEYS[5])
+    p.hist = history_ok(prefix, run_id)
+  end
+  return p
+end)
+if not ok then return plan end
+
+if plan.why then
+  bump(plan.stats, 'rejected', 1)
+  return {0, plan.why, plan.run and tonumber(plan.run.fence) or 0}
 end
 
-redis.call('ZREM', KEYS[2], run_id)
-redis.call('HDEL', key, 'lease_until')
+local run = plan.run
 local attempt, max_attempts = tonumber(run.attempt) or 0, tonumber(run.max_attempts) or 1
-redis.call('HINCRBY', KEYS[4], 'failed', 1)
+local ended = ' fence=' .. int(fence) .. ' attempt=' .. attempt .. ' owner=' .. (run.owner or '?')
 
 if delay and attempt < max_attempts then
   local due = now + delay
   redis.call('HSET', key, 'state', 'pending', 'error', err, 'due', due)
+  redis.call('HDEL', key, 'lease_until')
+  if plan.hist then
+    history(prefix, run_id, now .. ' failed' .. ended .. ' retry at ' .. due .. ': ' ..
+            string.sub(err, 1, 200))
+  end
   redis.call('ZADD', KEYS[1], due, run_id)
-  history(prefix, run_id, now .. ' failed fence=' .. fence .. ' attempt=' .. attempt ..
-          ' owner=' .. (run.owner or '?') .. ' retry at ' .. due .. ': ' .. string.sub(err, 1, 200))
-  redis.call('HINCRBY', KEYS[4], 'retried', 1)
-  redis.call('LPUSH', KEYS[5], '1')
-  redis.call('LTRIM', KEYS[5], 0, 15)
+  redis.call('ZREM', KEYS[2], run_id)
+  bump(plan.stats, 'failed', 1)
+  bump(plan.stats, 'retried', 1)
+  wake(KEYS[5], plan.room, 1)
   return {1, 'retry', due}
 end
 
 redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished', now)
-redis.call('ZADD', KEYS[3], now, run_id)
-if dead_retention and dead_retention > 0 then -- entries whose records expired
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - dead_retention)
+redis.call('HDEL', key, 'lease_until')
+if plan.hist then
+  history(prefix, run_id, now .. ' dead' .. ended .. ': ' .. string.sub(err, 1, 200))
 end
-history(prefix, run_id, now .. ' dead fence=' .. fence .. ' attempt=' .. attempt ..
-        ' owner=' .. (run.owner or '?') .. ': ' .. string.sub(err, 1, 200))
-expire_record(prefix, run_id, dead_retention)
-redis.call('HINCRBY', KEYS[4], 'dead', 1)
+expire_record(prefix, run_id, dead_retention, plan.hist)
+redis.call('ZADD', KEYS[3], now, run_id)
+trim_index(KEYS[3], now, dead_retention)
+redis.call('ZREM', KEYS[2], run_id)
+bump(plan.stats, 'failed', 1)
+bump(plan.stats, 'dead', 1)
 return {1, 'dead'}

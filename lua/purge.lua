@@ -1,29 +1,54 @@
 -- purge.lua: delete dead runs for good (record, history and dead-set entry).
 --
--- KEYS[1]  dead zset     jq:{q#p}:dead
--- ARGV[1]  now ms, or '' for the server clock (unused; every script takes it)
--- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3..] run ids
--- Returns  {purged_count, refused_count}: a run that is not dead (requeued meanwhile,
---          or gone) is left alone and counted as refused. A listed key that is not a run
---          record (see claim.lua) loses its listing, never the key, and counts as purged.
+-- KEYS[1]  dead      zset    jq:{q#p}:dead     run_id -> time it died
+-- ARGV[1]  now                now ms, or '' for the server clock (unused; every script
+--                             takes it)
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3..] run_ids           the runs to purge
+-- Returns  {purged_count, refused_count}: a run that is not dead (requeued meanwhile, or
+--          gone) is left alone and counted as refused. A listed key that is not a run record
+--          (see claim.lua) loses its listing, never the key, and counts as purged. Refused
+--          whole (an error reply, nothing changed) when a key is not on this node or the dead
+--          index holds another type.
 
 local prefix = ARGV[2]
+
+local ok, plan = reading(function()
+  expect(KEYS[1], 'zset')
+  local runs = {}
+  for i = 3, #ARGV do
+    local run_id = ARGV[i]
+    local key = prefix .. 'run:' .. run_id
+    local run = load_run(key, 'state')
+    local r = {id = run_id, key = key, listed = read('ZSCORE', KEYS[1], run_id) ~= false}
+    if not run then
+      r.action = 'unlist' -- a foreign key: its listing goes, the key stays
+    elseif run.state == 'dead' then
+      r.action = 'delete'
+      r.hist = history_ok(prefix, run_id)
+    elseif not run.state then
+      r.action = read('EXISTS', key) == 0 and 'forget' or 'refuse'
+    else
+      r.action = 'refuse'
+    end
+    runs[#runs + 1] = r
+  end
+  return runs
+end)
+if not ok then return plan end
+
 local purged, refused = 0, 0
-for i = 3, #ARGV do
-  local run_id = ARGV[i]
-  local key = prefix .. 'run:' .. run_id
-  local state = redis.pcall('HGET', key, 'state')
-  if type(state) == 'table' and state.err then
-    -- Not a hash: a foreign key claim listed as dead. Its listing goes; the key is left alone.
-    if redis.call('ZREM', KEYS[1], run_id) == 1 then purged = purged + 1
-    else refused = refused + 1 end
-  elseif state == 'dead' then
-    redis.call('DEL', key, prefix .. 'hist:' .. run_id)
-    redis.call('ZREM', KEYS[1], run_id)
+for _, r in ipairs(plan) do
+  if r.action == 'delete' then
+    redis.call('DEL', r.key)
+    if r.hist then redis.call('DEL', prefix .. 'hist:' .. r.id) end
+    redis.call('ZREM', KEYS[1], r.id)
+    purged = purged + 1
+  elseif r.action == 'unlist' and r.listed then
+    redis.call('ZREM', KEYS[1], r.id)
     purged = purged + 1
   else
-    if redis.call('EXISTS', key) == 0 then redis.call('ZREM', KEYS[1], run_id) end
+    if r.action == 'forget' then redis.call('ZREM', KEYS[1], r.id) end -- nothing left of it
     refused = refused + 1
   end
 end

@@ -1,32 +1,46 @@
--- release.lua: hand a running run back to the queue without counting an attempt
--- (graceful shutdown); only from the holder of the current fence.
+-- release.lua: hand a running run back to the queue without counting an attempt (graceful
+-- shutdown); only from the holder of the current fence.
 --
--- KEYS[1]  due zset      jq:{q#p}:due
--- KEYS[2]  leases zset   jq:{q#p}:leases
--- KEYS[3]  wake list     jq:{q#p}:wake
--- ARGV[1]  now ms, or '' for the server clock
--- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3]  run_id
--- ARGV[4]  fence the worker claimed with
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
+-- KEYS[3]  wake      list    jq:{q#p}:wake     wakes an idle worker to take it
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3]  run_id             the run
+-- ARGV[4]  fence              fence the worker claimed with
 -- Returns  {1, 'released'}, or {0, reason, current_fence} when refused (as in heartbeat.lua).
+--          Refused whole (an error reply, nothing changed) when a key is not on this node or
+--          an index key holds another type.
 --
--- The fence is not changed here: the next claim increments it, and until then the run is
+-- The fence is not changed here: the next claim issues a new one, and until then the run is
 -- pending, so the releasing worker can no longer heartbeat or commit.
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local key = prefix .. 'run:' .. run_id
-local run = load_run(key, 'state', 'fence', 'attempt', 'owner')
-local why = refusal(run, fence)
-if why then return {0, why, tonumber(run.fence) or 0} end
 
-local attempt = math.max((tonumber(run.attempt) or 1) - 1, 0)
+local ok, plan = reading(function()
+  local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner')}
+  p.why = refusal(p.run, fence)
+  if not p.why then
+    expect(KEYS[1], 'zset')
+    expect(KEYS[2], 'zset')
+    p.room = wake_room(KEYS[3])
+    p.hist = history_ok(prefix, run_id)
+  end
+  return p
+end)
+if not ok then return plan end
+if plan.why then return {0, plan.why, plan.run and tonumber(plan.run.fence) or 0} end
+
+local attempt = math.max((tonumber(plan.run.attempt) or 1) - 1, 0)
 redis.call('HSET', key, 'state', 'pending', 'attempt', attempt, 'due', now)
 redis.call('HDEL', key, 'lease_until', 'owner')
-redis.call('ZREM', KEYS[2], run_id)
+if plan.hist then
+  history(prefix, run_id, now .. ' released fence=' .. int(fence) .. ' owner=' ..
+          (plan.run.owner or '?') .. ' (attempt not counted)')
+end
 redis.call('ZADD', KEYS[1], now, run_id)
-history(prefix, run_id, now .. ' released fence=' .. fence .. ' owner=' .. (run.owner or '?') ..
-        ' (attempt not counted)')
-redis.call('LPUSH', KEYS[3], '1')
-redis.call('LTRIM', KEYS[3], 0, 15)
+redis.call('ZREM', KEYS[2], run_id)
+wake(KEYS[3], plan.room, 1)
 return {1, 'released'}

@@ -1,32 +1,48 @@
 -- requeue.lua: put a finished run (dead, cancelled or done) back to pending, attempts reset.
 --
--- KEYS[1]  due zset      jq:{q#p}:due
--- KEYS[2]  dead zset     jq:{q#p}:dead
--- KEYS[3]  done zset     jq:{q#p}:done
--- KEYS[4]  wake list     jq:{q#p}:wake
--- ARGV[1]  now ms, or '' for the server clock
--- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3]  run_id
--- Returns  {1, previous_state} when requeued; {0, 'unknown'} when there is no such run;
---          {0, state} when it is still pending or running (nothing to requeue).
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  dead      zset    jq:{q#p}:dead     run_id -> time it died
+-- KEYS[3]  done      zset    jq:{q#p}:done     run_id -> finish time
+-- KEYS[4]  wake      list    jq:{q#p}:wake     wakes an idle worker to take it
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3]  run_id             the run
+-- Returns  {1, previous_state} when requeued; {0, 'unknown'} when there is no such run (or
+--          its key is not a run record); {0, state} when it is still pending or running
+--          (nothing to requeue). Refused whole (an error reply, nothing changed) when a key
+--          is not on this node or an index key holds another type.
 --
 -- The fence is kept (it only ever grows), so nothing stale can commit into the new life.
 
 local now = clock(ARGV[1])
 local prefix, run_id = ARGV[2], ARGV[3]
 local key = prefix .. 'run:' .. run_id
-local run = load_run(key, 'state')
-if not run.state then return {0, 'unknown'} end
+
+local ok, plan = reading(function()
+  local p = {run = load_run(key, 'state')}
+  if p.run and p.run.state and p.run.state ~= 'pending' and p.run.state ~= 'running' then
+    expect(KEYS[1], 'zset')
+    expect(KEYS[2], 'zset')
+    expect(KEYS[3], 'zset')
+    p.room = wake_room(KEYS[4])
+    p.hist = history_ok(prefix, run_id)
+  end
+  return p
+end)
+if not ok then return plan end
+local run = plan.run
+if not run or not run.state then return {0, 'unknown'} end
 if run.state == 'pending' or run.state == 'running' then return {0, run.state} end
 
 redis.call('HSET', key, 'state', 'pending', 'attempt', 0, 'due', now)
 redis.call('HDEL', key, 'finished', 'result', 'owner', 'lease_until')
 redis.call('PERSIST', key)
-redis.call('PERSIST', prefix .. 'hist:' .. run_id)
+if plan.hist then
+  redis.call('PERSIST', prefix .. 'hist:' .. run_id)
+  history(prefix, run_id, now .. ' requeued (was ' .. run.state .. ')')
+end
+redis.call('ZADD', KEYS[1], now, run_id)
 redis.call('ZREM', KEYS[2], run_id)
 redis.call('ZREM', KEYS[3], run_id)
-redis.call('ZADD', KEYS[1], now, run_id)
-history(prefix, run_id, now .. ' requeued (was ' .. run.state .. ')')
-redis.call('LPUSH', KEYS[4], '1')
-redis.call('LTRIM', KEYS[4], 0, 15)
+wake(KEYS[4], plan.room, 1)
 return {1, run.state}

@@ -1,51 +1,67 @@
 -- sched_create.lua: create the scheduled runs of one queue partition, SET NX semantics on the
 -- run id, for the scheduler. The same record as create_run writes (only what differs from the
--- defaults; no history entry: creation is the record's created and due fields); the
--- difference is the wire format: runs that share a task, payload and fire instant (a herd)
--- come as one group whose shared fields are sent once, and the run id
--- '<job_id>@<fire instant>' is built here.
+-- defaults; no history entry); the difference is the wire format: runs that share a task,
+-- payload and fire instant (a herd) come as one group whose shared fields are sent once, and
+-- the run id '<job_id>@<fire instant>' is built here.
 --
--- KEYS[1]  due zset      jq:{q#p}:due
--- KEYS[2]  wake list     jq:{q#p}:wake
--- KEYS[3]  stats hash    jq:{q#p}:stats
--- ARGV[1]  now ms, or '' for the server clock
--- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3..] groups of 8 header fields followed by 2 fields per run (at most 2,000 runs):
---          count, task, payload (JSON), max_attempts, lease_ms, timeout_ms,
---          run id suffix ('@<fire instant>'), scheduled_for (ms);
---          then per run: job_id, due (ms; a held buffer-one run is due at the far HOLD time)
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
+-- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3..] groups            8 header fields followed by 2 fields per run (at most 2,000
+--                             runs): count, task, payload (JSON), max_attempts, lease_ms,
+--                             timeout_ms, run id suffix ('@<fire instant>'), scheduled_for
+--                             (ms); then per run: job_id, due (ms; a held buffer-one run is
+--                             due at the far HOLD time)
 -- Returns  {now, created}: how many runs this call created (the others existed already and
---          were left untouched).
+--          were left untouched). Refused whole (an error reply, nothing created) when a key
+--          is not on this node or an index key holds another type.
 
 local now = clock(ARGV[1])
 local run_prefix = ARGV[2] .. 'run:'
 local HEADER = 8
-local created = 0
-local zadd = {} -- one ZADD for the call (at most 2,000 runs: unpack has a stack limit)
 
+local ok, plan = reading(function()
+  local p = {exists = {}}
+  expect(KEYS[1], 'zset')
+  p.room = wake_room(KEYS[2])
+  p.stats = counters(KEYS[3], 'created')
+  local i = 3
+  while i <= #ARGV do
+    local count, suffix = tonumber(ARGV[i]), ARGV[i + 6]
+    local j = i + HEADER
+    -- The runs of a fire time are nearly always all new: one EXISTS over the group's keys,
+    -- and the per-run check only when some exist already (another scheduler, a crash, a
+    -- backfill).
+    local keys = {}
+    for k = 1, count do keys[k] = run_prefix .. ARGV[j + 2 * k - 2] .. suffix end
+    local some = 0
+    for lo = 1, count, 1000 do
+      some = some + read('EXISTS', unpack(keys, lo, math.min(count, lo + 999)))
+    end
+    for k = 1, count do
+      p.exists[j + 2 * k - 2] = some > 0 and read('EXISTS', keys[k]) == 1
+    end
+    i = j + 2 * count
+  end
+  return p
+end)
+if not ok then return plan end
+
+local created = 0
+local zadd = {} -- one ZADD for the call
 local i = 3
 while i <= #ARGV do
   local count = tonumber(ARGV[i])
   local task, payload, attempts = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local lease, timeout, suffix, sched_for = ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[i + 7]
   local j = i + HEADER
-  -- The runs of a fire time are nearly always all new: one EXISTS over the group's keys, and
-  -- the per-run check only when some exist already (another scheduler, a crash, a backfill).
-  local run_ids, keys = {}, {}
-  for k = 1, count do
-    run_ids[k] = ARGV[j + 2 * k - 2] .. suffix
-    keys[k] = run_prefix .. run_ids[k]
-  end
-  local some_exist = false
-  for lo = 1, count, 1000 do
-    if redis.call('EXISTS', unpack(keys, lo, math.min(count, lo + 999))) > 0 then
-      some_exist = true
-    end
-  end
-  for k = 1, count do
-    local job, due = ARGV[j], ARGV[j + 1]
-    local key = keys[k]
-    if not some_exist or redis.call('EXISTS', key) == 0 then
+  for _ = 1, count do
+    if not plan.exists[j] then
+      local job, due = ARGV[j], ARGV[j + 1]
+      local run_id = job .. suffix
+      local key = run_prefix .. run_id
       redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', payload,
         'due', due, 'max_attempts', attempts, 'created', now, 'job', job,
         'scheduled_for', sched_for)
@@ -53,7 +69,7 @@ while i <= #ARGV do
       if timeout ~= '0' then redis.call('HSET', key, 'timeout_ms', timeout) end
       created = created + 1
       zadd[2 * created - 1] = due
-      zadd[2 * created] = run_ids[k]
+      zadd[2 * created] = run_id
     end
     j = j + 2
   end
@@ -61,10 +77,8 @@ while i <= #ARGV do
 end
 
 if created > 0 then
-  redis.call('ZADD', KEYS[1], unpack(zadd))
-  redis.call('HINCRBY', KEYS[3], 'created', created)
-  -- A few tokens at most: enough to wake several idle workers, never a growing list.
-  for _ = 1, math.min(created, 8) do redis.call('LPUSH', KEYS[2], '1') end
-  redis.call('LTRIM', KEYS[2], 0, 15)
+  bulk('ZADD', KEYS[1], zadd, 2000)
+  bump(plan.stats, 'created', created)
+  wake(KEYS[2], plan.room, created)
 end
 return {now, created}

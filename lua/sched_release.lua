@@ -7,44 +7,56 @@
 -- the scheduler then reads its state there first and calls this with no predecessor ('')
 -- once it has finished.
 --
--- KEYS[1]  due zset      jq:{q#p}:due
--- KEYS[2]  wake list     jq:{q#p}:wake
--- ARGV[1]  now ms, or '' for the server clock
--- ARGV[2]  key prefix    jq:{q#p}:
--- ARGV[3]  HOLD, the due time (ms) of a held run
--- ARGV[4..] 3 fields per held run: held run id, predecessor run id ('' = none), real due (ms)
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3]  hold_ms            HOLD, the due time (ms) of a held run
+-- ARGV[4..] held              3 fields per held run: held run id, predecessor run id ('' =
+--                             none), real due (ms)
 -- Returns  {now, r1, r2, ...}: per run 0 = still held (predecessor pending or running),
 --          1 = released now, 2 = nothing to hold any more (already released, cancelled,
---          finished or gone): in both 1 and 2 the caller drops its held entry.
+--          finished or gone): in both 1 and 2 the caller drops its held entry. Refused whole
+--          (an error reply, nothing changed) when a key is not on this node or the due index
+--          holds another type.
 
 local now = clock(ARGV[1])
 local prefix, hold = ARGV[2], tonumber(ARGV[3])
+
+local ok, plan = reading(function()
+  local p = {room = wake_room(KEYS[2]), runs = {}}
+  expect(KEYS[1], 'zset')
+  for i = 4, #ARGV, 3 do
+    local run_id, pred, due = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+    local run = load_run(prefix .. 'run:' .. run_id, 'state')
+    local score = tonumber(read('ZSCORE', KEYS[1], run_id))
+    local r = {id = run_id, due = due, verdict = 2}
+    if run and run.state == 'pending' and score == hold then
+      local before = pred ~= '' and load_run(prefix .. 'run:' .. pred, 'state')
+      if before and (before.state == 'pending' or before.state == 'running') then
+        r.verdict = 0
+      else
+        r.verdict, r.hist = 1, history_ok(prefix, run_id)
+      end
+    end
+    p.runs[#p.runs + 1] = r
+  end
+  return p
+end)
+if not ok then return plan end
+
 local out = {now}
 local released = 0
-
-for i = 4, #ARGV, 3 do
-  local run_id, pred, due = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local key = prefix .. 'run:' .. run_id
-  local state = redis.call('HGET', key, 'state')
-  local score = tonumber(redis.call('ZSCORE', KEYS[1], run_id))
-  if state ~= 'pending' or score ~= hold then
-    out[#out + 1] = 2
-  else
-    local before = pred ~= '' and redis.call('HGET', prefix .. 'run:' .. pred, 'state')
-    if before == 'pending' or before == 'running' then
-      out[#out + 1] = 0
-    else
-      redis.call('ZADD', KEYS[1], due, run_id)
-      redis.call('HSET', key, 'due', due)
-      history(prefix, run_id, now .. ' released due=' .. due .. ' (previous run finished)')
-      released = released + 1
-      out[#out + 1] = 1
+for _, r in ipairs(plan.runs) do
+  if r.verdict == 1 then
+    redis.call('HSET', prefix .. 'run:' .. r.id, 'due', r.due)
+    redis.call('ZADD', KEYS[1], r.due, r.id)
+    if r.hist then
+      history(prefix, r.id, now .. ' released due=' .. r.due .. ' (previous run finished)')
     end
+    released = released + 1
   end
+  out[#out + 1] = r.verdict
 end
-
-if released > 0 then
-  for _ = 1, math.min(released, 8) do redis.call('LPUSH', KEYS[2], '1') end
-  redis.call('LTRIM', KEYS[2], 0, 15)
-end
+wake(KEYS[2], plan.room, released)
 return out

@@ -49,10 +49,10 @@ def claim(jq: JobQueue, owner: str, lease_ms: int = 30_000, now: int | None = No
 
 def test_leases_lists_owner_fence_attempt_and_time_left(jq: JobQueue, url: str) -> None:
     jq.enqueue("report", run_id="r1")
-    claim(jq, "host-a:123:abc")
+    (claimed,) = claim(jq, "host-a:123:abc").runs
     (lease,) = cli_json(url, "leases")
     assert (lease["run_id"], lease["owner"], lease["fence"], lease["attempt"]) == (
-        "r1", "host-a:123:abc", 1, 1)
+        "r1", "host-a:123:abc", claimed.fence, 1)
     assert 25_000 < lease["remaining_ms"] <= 30_000
     assert lease["expired"] is False
 

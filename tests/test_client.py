@@ -568,7 +568,7 @@ def test_runner_run_many_recovers_after_script_flush(
     # each call ran exactly once: the claim saw one run and the last create found it
     assert ops.parse_create(replies[3]) == [False]
     assert redis_client.hget(pk.stats, "claimed") == "1"
-    assert redis_client.hget(pk.run("a"), "fence") == "1"
+    assert redis_client.hget(pk.run("a"), "fence") == str(ops.parse_claim(replies[2]).runs[0].fence)
 
 
 def test_enqueue_and_enqueue_many_recover_after_script_flush(redis_client: Any) -> None:

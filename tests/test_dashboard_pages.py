@@ -35,10 +35,11 @@ def claim(jq: JobQueue, run_id: str, lease_ms: int = 30_000) -> int:
     return run.fence
 
 
-def claim_expiring(jq: JobQueue, run_id: str) -> None:
+def claim_expiring(jq: JobQueue, run_id: str) -> int:
     """Claim with a 1 ms lease, and let it pass: an expired lease nobody reclaimed yet."""
-    claim(jq, run_id, lease_ms=1)
+    fence = claim(jq, run_id, lease_ms=1)
     time.sleep(0.01)
+    return fence
 
 
 def kill(jq: JobQueue, run_id: str, error: str = "boom") -> None:
@@ -125,16 +126,16 @@ def test_searching_part_of_a_run_id_lists_the_runs_containing_it(
 def test_run_page_shows_the_history_of_attempts(jq: JobQueue, client: TestClient) -> None:
     jq.declare_task("report", max_attempts=2)
     jq.enqueue("report", run_id="r1")
-    claim_expiring(jq, "r1")
-    claim(jq, "r1")  # reclaimed: attempt 2
+    first = claim_expiring(jq, "r1")
+    second = claim(jq, "r1")  # reclaimed: attempt 2
     page = client.get("/run", params={"id": "r1"}).text
     history = re.search(r'<table id="history">.*?</table>', page, re.S)
     assert history
     events = re.findall(r"<td>([a-z][^<]*)</td>", history.group(0))
     stored = jq.get_run("r1").history  # what `jobqueue show` prints, in the same order
     assert stored and events == [line.partition(" ")[2] for line in stored]
-    assert any(e.startswith("lease expired fence=1") for e in events)
-    assert ">2/2<" in page and "fence</th><td>2<" in page  # the current attempt and fence
+    assert any(e.startswith(f"lease expired fence={first}") for e in events)
+    assert ">2/2<" in page and f"fence</th><td>{second}<" in page  # the current attempt, fence
 
 
 def test_an_unknown_run_says_so(client: TestClient) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+from fence_rule import fence_issued
 from redis.crc import key_slot
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask, ops
@@ -213,7 +214,7 @@ def test_inv2_after_reclaim_only_the_current_fence_completes(
     (w1,) = claim(runner, pk, now=0, owner="w1").runs
     assert claim(runner, pk, now=LEASE - 1, owner="w2").runs == []
     (w2,) = claim(runner, pk, now=LEASE, owner="w2").runs
-    assert (w1.fence, w2.fence) == (1, 2)
+    assert w2.fence == fence_issued(LEASE, after=w1.fence) > w1.fence
     order = [(w1, '"from w1"'), (w2, '"from w2"')]
     if not stale_first:
         order.reverse()
@@ -333,7 +334,9 @@ def test_inv3_a_claimed_run_whose_worker_never_heartbeats_is_claimed_again(
     (first,) = claim(runner, pk, now=1_000, owner="dies").runs
     assert claim(runner, pk, now=1_000 + LEASE - 1, owner="w2").runs == []
     (again,) = claim(runner, pk, now=1_000 + LEASE, owner="w2").runs
-    assert (again.run_id, again.attempt, again.fence) == ("a", 2, first.fence + 1)
+    assert (again.run_id, again.attempt, again.fence) == (
+        "a", 2, fence_issued(1_000 + LEASE, after=first.fence)
+    )
     assert complete(runner, pk, "a", again.fence, now=1_000 + LEASE + 1).accepted
 
 
@@ -388,7 +391,7 @@ def test_inv3_an_enqueued_run_whose_worker_dies_runs_again(jq: JobQueue) -> None
     (c,) = claim(jq.scripts, pk, now=started, owner="dies").runs
     assert c.lease_until_ms == started + 5_000
     (again,) = claim(jq.scripts, pk, now=started + 5_000, owner="w2").runs
-    assert again.fence == c.fence + 1
+    assert again.fence == fence_issued(started + 5_000, after=c.fence)
     assert jq.get_run("x").owner == "w2"
 
 

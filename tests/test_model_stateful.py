@@ -7,7 +7,8 @@ included), and compares every reply with a small pure-Python reference
 model. After every step it checks the invariants:
 
 - a run's fence never decreases, and every claim or cancel issues a fence greater than any
-  issued before in the partition (one counter per partition);
+  issued before in the partition (one counter per partition) and at least the clock in
+  microseconds;
 - at most one commit (complete, or fail to dead) is accepted per life of a run (a requeue
   starts a new life), and a commit with a stale fence is always refused, including one from
   an earlier record of the same run id (its record expired and the run id was created again);
@@ -18,7 +19,8 @@ model. After every step it checks the invariants:
 
 Runs on both backends; each hypothesis example gets a fresh fakeredis server or a flushed
 real one. ``test_the_model_catches_a_broken_script`` breaks a copy of complete.lua (ignoring the
-fence) or claim.lua (fences per record) and shows the machine finds the violation.
+fence) or claim.lua (fences per record; no clock floor) and shows the machine finds the
+violation.
 """
 
 from __future__ import annotations
@@ -81,6 +83,12 @@ class Holding:
     fence: int
     owner: str
     record: int
+
+
+def next_fence(last: int, run_fence: int, now_ms: int) -> int:
+    """lua/_prelude.lua next_fence: above the partition's counter and the run's fence, and
+    at least the clock in microseconds."""
+    return max(max(last, run_fence) + 1, now_ms * 1000)
 
 
 def refusal(run: ModelRun | None, fence: int) -> str | None:
@@ -197,7 +205,7 @@ class RunStateMachine(RuleBasedStateMachine):
         assert [c.run_id for c in result.runs] == expected
         for c in result.runs:
             m = self.runs[c.run_id]
-            self.last_fence = m.fence = max(self.last_fence, m.fence) + 1
+            self.last_fence = m.fence = next_fence(self.last_fence, m.fence, self.now)
             m.state, m.attempt = "running", m.attempt + 1
             m.lease_until = self.now + lease
             assert (c.fence, c.attempt, c.lease_until_ms) == (m.fence, m.attempt, m.lease_until)
@@ -266,7 +274,7 @@ class RunStateMachine(RuleBasedStateMachine):
             assert (changed, state) == (False, "unknown")
         elif run.state in ("pending", "running"):
             assert (changed, state) == (True, run.state)
-            self.last_fence = run.fence = max(self.last_fence, run.fence) + 1
+            self.last_fence = run.fence = next_fence(self.last_fence, run.fence, self.now)
             run.state, run.lease_until = "cancelled", None
         else:
             assert (changed, state) == (False, run.state)
@@ -341,7 +349,7 @@ class RunStateMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_key_is_leaked(self) -> None:
-        allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences}
+        allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans}
         for run_id in self.runs:
             allowed |= {PK.run(run_id), PK.history(run_id)}
         keys = set(self.client.scan_iter(match="*", count=1000))
@@ -377,14 +385,21 @@ MUTANTS = {
     # complete.lua accepting any fence
     "complete-ignores-the-fence": (
         "complete",
-        "  elseif current ~= fence then why = 'fenced'\n",
+        "  if (tonumber(run.fence) or 0) ~= fence then return 'fenced' end",
         "",
     ),
-    # claim.lua counting fences per record: a new record of an expired run id reuses fence 1
+    # claim.lua counting fences per record: a new record of an expired run id, claimed at the
+    # same instant, reuses the fence of the old one
     "claim-restarts-fences-per-record": (
         "claim",
-        "local fence = math.max(last_fence, tonumber(run.fence) or 0) + 1",
-        "local fence = (tonumber(run.fence) or 0) + 1",
+        "local f = math.max(last, tonumber(run_fence) or 0) + 1",
+        "local f = (tonumber(run_fence) or 0) + 1",
+    ),
+    # claim.lua without the clock floor: fences fall behind the clock
+    "claim-without-the-clock-floor": (
+        "claim",
+        "  if now_us > f then f = now_us end",
+        "",
     ),
 }
 
@@ -396,9 +411,12 @@ def test_the_model_catches_a_broken_script(mutant: str, monkeypatch: pytest.Monk
 
     name, old, new = MUTANTS[mutant]
     good = scripts()[name]
-    source = good.source.replace(old, new)
+    source, plain = good.source.replace(old, new), good.plain.replace(old, new)
     assert source != good.source
-    broken = Script(name, source, hashlib.sha1(source.encode()).hexdigest())
+    broken = Script(
+        name, source, hashlib.sha1(source.encode()).hexdigest(),
+        plain, hashlib.sha1(plain.encode()).hexdigest(),
+    )
     monkeypatch.setitem(scripts(), name, broken)
     machine = type(
         "BrokenMachine",

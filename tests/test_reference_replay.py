@@ -1,7 +1,11 @@
 """The reference replay (docs/design.md, "The run-lifecycle replay"): two schedulers creating
 one run, then a lease, a heartbeat, a stalled worker and its refused commit, through the real
 Lua scripts with an explicit clock (seconds in the lines, milliseconds in the scripts). The
-printed lines must be exactly the reference lines."""
+printed lines must be exactly the reference lines.
+
+Fences are only ever compared, and the scripts issue them above the clock in microseconds
+(docs/design.md, "Fences"): the lines number them 1, 2, ... in the order they were issued, as
+the reference does."""
 
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ t=110 W1 commit fence 1 REJECTED (current fence 2)
 side effects applied for report@60: 1"""
 
 
-def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str]:
+def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str, list[int]]:
     creation = []
     for who in ("scheduler-A", "scheduler-B"):
         spec = ops.RunSpec("report@60", "report", '{"args":[],"kwargs":{}}', due_at_ms=60_000)
@@ -46,6 +50,11 @@ def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str]:
 
     lifecycle: list[str] = []
     effects: set[str] = set()
+    issued: list[int] = []
+
+    def nth(fence: int | None) -> int:
+        """The fence's place in the order of issue (1 = the first)."""
+        return issued.index(fence) + 1 if fence in issued else 0
 
     def claim(t: int, worker: str) -> ops.ClaimedRun | None:
         call = ops.claim_call(pk, 1, worker, LEASE_MS, 1, now=t * 1000)
@@ -54,8 +63,10 @@ def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str]:
             lifecycle.append(f"t={t} {worker} finds nothing to claim")
             return None
         r = result.runs[0]
+        assert all(r.fence > f for f in issued), "a fence greater than every one before"
+        issued.append(r.fence)
         lifecycle.append(
-            f"t={t} {worker} claims {r.run_id} attempt {r.attempt} fence {r.fence} "
+            f"t={t} {worker} claims {r.run_id} attempt {r.attempt} fence {nth(r.fence)} "
             f"lease until {r.lease_until_ms // 1000}"
         )
         return r
@@ -71,12 +82,14 @@ def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str]:
         outcome = ops.parse_outcome(runner.run(call))
         if not outcome.accepted:
             lifecycle.append(
-                f"t={t} {worker} commit fence {c.fence} REJECTED "
-                f"(current fence {outcome.current_fence})"
+                f"t={t} {worker} commit fence {nth(c.fence)} REJECTED "
+                f"(current fence {nth(outcome.current_fence)})"
             )
             return
         effects.add(c.run_id)  # the side effect, keyed by run id, applied only when accepted
-        lifecycle.append(f"t={t} {worker} commit fence {c.fence} accepted -> {c.run_id} DONE")
+        lifecycle.append(
+            f"t={t} {worker} commit fence {nth(c.fence)} accepted -> {c.run_id} DONE"
+        )
 
     c1 = claim(60, "W1")
     assert c1 is not None
@@ -88,13 +101,13 @@ def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str]:
     complete(105, "W2", c2)
     complete(110, "W1", c1)
     lifecycle.append(f"side effects applied for report@60: {len(effects)}")
-    return "\n".join(creation), "\n".join(lifecycle)
+    return "\n".join(creation), "\n".join(lifecycle), issued
 
 
 def test_the_reference_replay_runs_through_the_scripts(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    creation, lifecycle = replay(runner, pk)
+    creation, lifecycle, _ = replay(runner, pk)
     assert creation == EXPECTED_CREATION
     assert lifecycle == EXPECTED_LIFECYCLE
 
@@ -109,11 +122,12 @@ def test_expected_lines_are_the_reference_output() -> None:
         assert ORIGINAL_OUTPUT.read_text() == reference
 
 
-def test_the_stored_run_is_done_with_fence_2(runner: ScriptRunner, pk: PartitionKeys,
-                                              redis_client: Any) -> None:
-    replay(runner, pk)
+def test_the_stored_run_is_done_with_the_second_fence(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    _, _, issued = replay(runner, pk)
     run = redis_client.hgetall(pk.run("report@60"))
     assert run["state"] == "done"
-    assert run["fence"] == "2"
+    assert run["fence"] == str(issued[1])
     assert run["attempt"] == "2"
     assert run["owner"] == "W2"

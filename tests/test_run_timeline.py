@@ -35,8 +35,8 @@ def test_a_first_attempt_success_reads_created_claimed_done(
     runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=180))
     assert events(jq, "a") == [
         (100, "created"),
-        (150, "claimed fence=1 attempt=1 owner=w1"),
-        (180, "done fence=1"),
+        (150, f"claimed fence={c.fence} attempt=1 owner=w1"),
+        (180, f"done fence={c.fence}"),
     ]
 
 
@@ -50,9 +50,9 @@ def test_a_retried_run_shows_how_the_first_attempt_ended_and_who_held_each(
     runner.run(ops.complete_call(pk, "a", c2.fence, "1", 60_000, now=130))
     assert events(jq, "a") == [
         (0, "created"),
-        (20, "failed fence=1 attempt=1 owner=w1 retry at 110: boom"),
-        (110, "claimed fence=2 attempt=2 owner=w2"),
-        (130, "done fence=2"),
+        (20, f"failed fence={c1.fence} attempt=1 owner=w1 retry at 110: boom"),
+        (110, f"claimed fence={c2.fence} attempt=2 owner=w2"),
+        (130, f"done fence={c2.fence}"),
     ]
 
 
@@ -60,12 +60,12 @@ def test_a_lease_expiry_names_the_owner_that_lost_the_run(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=0)
-    claim(runner, pk, "w1", now=0)
-    claim(runner, pk, "w2", now=LEASE + 1)
+    c1 = claim(runner, pk, "w1", now=0)
+    c2 = claim(runner, pk, "w2", now=LEASE + 1)
     assert events(jq, "a") == [
         (0, "created"),
-        (LEASE + 1, "lease expired fence=1 attempt=1 owner=w1"),
-        (LEASE + 1, "claimed fence=2 attempt=2 owner=w2"),
+        (LEASE + 1, f"lease expired fence={c1.fence} attempt=1 owner=w1"),
+        (LEASE + 1, f"claimed fence={c2.fence} attempt=2 owner=w2"),
     ]
 
 
@@ -73,12 +73,12 @@ def test_a_cancelled_running_run_shows_the_fence_its_claim_had(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=0)
-    claim(runner, pk, "w1", now=5)
+    c = claim(runner, pk, "w1", now=5)
     runner.run(ops.cancel_call(pk, "a", 60_000, "stop", now=9))
     assert events(jq, "a") == [
         (0, "created"),
-        (5, "claimed fence=1 attempt=1 owner=w1"),
-        (9, "cancelled (was running): stop"),
+        (5, f"claimed fence={c.fence} attempt=1 owner=w1"),
+        (9, f"cancelled (was running, fence={c.fence}): stop"),
     ]
 
 
@@ -97,8 +97,8 @@ def test_show_json_carries_the_timeline(
     runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=180))
     assert jq.get_run("a", queue="default").to_dict()["timeline"] == [
         {"at_ms": 100, "event": "created"},
-        {"at_ms": 150, "event": "claimed fence=1 attempt=1 owner=w1"},
-        {"at_ms": 180, "event": "done fence=1"},
+        {"at_ms": 150, "event": f"claimed fence={c.fence} attempt=1 owner=w1"},
+        {"at_ms": 180, "event": f"done fence={c.fence}"},
     ]
 
 

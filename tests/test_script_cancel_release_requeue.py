@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fence_rule import fence_issued
 
 from jobqueue import ops
 from jobqueue.keys import PartitionKeys
@@ -82,7 +83,9 @@ def test_cancel_pending_run_removes_it_from_the_due_queue(
     create(runner, pk, "a", delay_ms=1_000)
     assert cancel(runner, pk, "a", now=500) == (True, "pending")
     run = redis_client.hgetall(pk.run("a"))
-    assert (run["state"], run["fence"], run["finished"]) == ("cancelled", "1", "500")
+    assert (run["state"], run["fence"], run["finished"]) == (
+        "cancelled", str(fence_issued(500)), "500"
+    )
     assert redis_client.zscore(pk.due, "a") is None
     assert redis_client.zscore(pk.done, "a") == 500
     assert claim(runner, pk, now=10**9) == []
@@ -94,11 +97,12 @@ def test_cancel_running_run_bumps_fence_so_the_worker_is_refused(
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert cancel(runner, pk, "a", now=100) == (True, "running")
-    assert redis_client.hget(pk.run("a"), "fence") == str(c.fence + 1)
+    cancelled_at = fence_issued(100, after=c.fence)
+    assert redis_client.hget(pk.run("a"), "fence") == str(cancelled_at)
     beat = runner.run(ops.heartbeat_call(pk, [("a", c.fence)], LEASE, now=200))
     assert ops.parse_heartbeat(beat) == ["cancelled"]
     assert complete(runner, pk, "a", c.fence, now=300) == ops.Outcome(
-        False, "cancelled", current_fence=c.fence + 1
+        False, "cancelled", current_fence=cancelled_at
     )
     failed = runner.run(ops.fail_call(pk, "a", c.fence, "x", 0, DEAD_RETENTION, now=300))
     assert ops.parse_outcome(failed).status == "cancelled"
@@ -172,7 +176,7 @@ def test_release_does_not_count_an_attempt(
     assert release(runner, pk, "a", c.fence, now=10) == ops.Outcome(True, "released")
     assert redis_client.hget(pk.run("a"), "attempt") == "0"
     again = claim_one(runner, pk, now=20, owner="w2")
-    assert (again.attempt, again.fence) == (1, c.fence + 1)
+    assert (again.attempt, again.fence) == (1, fence_issued(20, after=c.fence))
 
 
 def test_release_puts_run_back_due_now_without_owner_or_lease(
@@ -210,14 +214,14 @@ def test_release_pushes_a_wake_token(
     assert redis_client.lrange(pk.wake, 0, -1) == ["1"]
 
 
-def test_release_trims_the_wake_list(
+def test_release_cuts_an_overfull_wake_list_back_to_its_cap(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "a")
     redis_client.rpush(pk.wake, *["1"] * 30)
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=10)
-    assert redis_client.llen(pk.wake) == 16
+    assert redis_client.llen(pk.wake) == 8
 
 
 def test_release_with_stale_fence_is_refused(
@@ -262,7 +266,7 @@ def test_release_writes_a_history_entry(
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=42)
     assert redis_client.lrange(pk.history("a"), -1, -1) == [
-        "42 released fence=1 owner=w1 (attempt not counted)"
+        f"42 released fence={c.fence} owner=w1 (attempt not counted)"
     ]
 
 
@@ -270,16 +274,15 @@ def test_history_keeps_only_the_last_32_entries(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "a")
-    for i in range(20):
+    fences = []
+    for i in range(40):
         c = claim_one(runner, pk, now=i * 10)
-        release(runner, pk, "a", c.fence, now=i * 10 + 5)
-    for i in range(20, 40):
-        c = claim_one(runner, pk, now=i * 10)
+        fences.append(c.fence)
         release(runner, pk, "a", c.fence, now=i * 10 + 5)
     history = redis_client.lrange(pk.history("a"), 0, -1)
     assert len(history) == 32
-    assert history[-1] == "395 released fence=40 owner=w1 (attempt not counted)"
-    assert history[0] == "85 released fence=9 owner=w1 (attempt not counted)"
+    assert history[-1] == f"395 released fence={fences[39]} owner=w1 (attempt not counted)"
+    assert history[0] == f"85 released fence={fences[8]} owner=w1 (attempt not counted)"
 
 
 # -- requeue ---------------------------------------------------------------------------------
@@ -335,7 +338,7 @@ def test_requeue_keeps_the_fence_so_an_old_worker_stays_refused(
     assert redis_client.hget(pk.run("a"), "fence") == str(c.fence)
     assert complete(runner, pk, "a", c.fence, now=21).status == "not-running"
     new = claim_one(runner, pk, now=30, owner="w2")
-    assert new.fence == c.fence + 1
+    assert new.fence == fence_issued(30, after=c.fence)
     assert complete(runner, pk, "a", c.fence, now=31).status == "fenced"
     assert complete(runner, pk, "a", new.fence, now=32).accepted
 

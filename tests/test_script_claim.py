@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fence_rule import fence_issued
 
 from jobqueue import ops
 from jobqueue.keys import PartitionKeys
@@ -56,7 +57,7 @@ def test_claim_takes_a_due_run_and_returns_its_fields(
     assert result.runs == [
         ops.ClaimedRun(
             run_id="job@60",
-            fence=1,
+            fence=fence_issued(61_000),
             attempt=1,
             max_attempts=4,
             task="report",
@@ -87,7 +88,7 @@ def test_claim_marks_the_record_running_with_owner_and_lease(
     run = redis_client.hgetall(pk.run("a"))
     assert run["state"] == "running"
     assert run["owner"] == "worker-7"
-    assert run["fence"] == "1"
+    assert run["fence"] == str(fence_issued(2_000))
     assert run["attempt"] == "1"
     assert run["lease_until"] == str(2_000 + LEASE)
     assert run["started"] == "2000"
@@ -204,11 +205,12 @@ def test_claim_of_an_expired_lease_counts_an_attempt_and_bumps_the_fence(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, spec("a", max_attempts=3))
-    claim(runner, pk, now=0, owner="w1")
+    (first,) = claim(runner, pk, now=0, owner="w1").runs
     (r,) = claim(runner, pk, now=LEASE + 5, owner="w2").runs
-    assert (r.fence, r.attempt, r.lease_until_ms) == (2, 2, 2 * LEASE + 5)
+    fence = fence_issued(LEASE + 5, after=first.fence)
+    assert (r.fence, r.attempt, r.lease_until_ms) == (fence, 2, 2 * LEASE + 5)
     run = redis_client.hgetall(pk.run("a"))
-    assert (run["owner"], run["fence"], run["attempt"]) == ("w2", "2", "2")
+    assert (run["owner"], run["fence"], run["attempt"]) == ("w2", str(fence), "2")
     assert redis_client.zscore(pk.leases, "a") == 2 * LEASE + 5
 
 
@@ -370,14 +372,16 @@ def test_claim_writes_a_lease_expired_history_entry_with_the_owner_that_lost_it(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, spec("a"), now=0)
-    claim(runner, pk, now=10, owner="w1")
-    claim(runner, pk, now=10 + LEASE, owner="w2")
-    # The claims themselves are in the record (owner w2, fence 2 now); the history keeps
+    (first,) = claim(runner, pk, now=10, owner="w1").runs
+    (second,) = claim(runner, pk, now=10 + LEASE, owner="w2").runs
+    # The claims themselves are in the record (owner w2, its fence now); the history keeps
     # how the first attempt ended and whose it was.
     assert redis_client.lrange(pk.history("a"), 0, -1) == [
-        f"{10 + LEASE} lease expired fence=1 attempt=1 owner=w1",
+        f"{10 + LEASE} lease expired fence={first.fence} attempt=1 owner=w1",
     ]
-    assert redis_client.hmget(pk.run("a"), "owner", "fence", "attempt") == ["w2", "2", "2"]
+    assert redis_client.hmget(pk.run("a"), "owner", "fence", "attempt") == [
+        "w2", str(second.fence), "2"
+    ]
 
 
 def test_claim_of_a_retried_run_continues_the_attempt_count(
@@ -387,7 +391,7 @@ def test_claim_of_a_retried_run_continues_the_attempt_count(
     (r,) = claim(runner, pk, now=0).runs
     runner.run(ops.fail_call(pk, "a", r.fence, "boom", 100, DEAD_RETENTION, now=10))
     (r2,) = claim(runner, pk, now=110).runs
-    assert (r2.fence, r2.attempt) == (2, 2)
+    assert (r2.fence, r2.attempt) == (fence_issued(110, after=r.fence), 2)
 
 
 # -- fences: one counter per partition ---------------------------------------------------------
@@ -399,8 +403,37 @@ def test_each_claim_in_a_partition_issues_a_greater_fence_than_any_before(
     create(runner, pk, spec("a"), spec("b"), spec("c"))
     fences = [r.fence for r in claim(runner, pk, now=0, limit=2).runs]
     fences += [r.fence for r in claim(runner, pk, now=0).runs]
-    assert fences == [1, 2, 3]
+    assert fences == [1, 2, 3]  # at the clock's origin, the counter alone decides
     assert redis_client.get(pk.fences) == "3"
+
+
+def test_a_fence_is_at_least_the_clock_in_microseconds(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a"), spec("b"))
+    (a,) = claim(runner, pk, now=5_000, limit=1).runs
+    (b,) = claim(runner, pk, now=5_000, limit=1).runs
+    assert (a.fence, b.fence) == (5_000_000, 5_000_001)  # same instant: the counter goes on
+    assert redis_client.get(pk.fences) == "5000001"
+
+
+def test_a_node_that_lost_its_fence_history_still_issues_greater_fences(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """A replica promoted while it lagged, or a restart from an older snapshot: the counter
+    and the record are back where they were before fences were issued. The clock has moved on
+    since, and the next fence is above every one lost."""
+    create(runner, pk, spec("a"))
+    snapshot = {k: redis_client.dump(k) for k in redis_client.keys("*")}
+    (lost,) = claim(runner, pk, now=1_000, owner="w1").runs  # then the node loses it
+    for key in redis_client.keys("*"):
+        redis_client.delete(key)
+    for key, value in snapshot.items():
+        redis_client.restore(key, 0, value)
+    (new,) = claim(runner, pk, now=1_001, owner="w2").runs
+    assert new.fence > lost.fence
+    stale = ops.complete_call(pk, "a", lost.fence, '"w1"', 60_000, now=1_002)
+    assert ops.parse_outcome(runner.run(stale)).status == "fenced"
 
 
 def test_a_run_id_created_again_after_its_record_expired_never_reuses_a_fence(

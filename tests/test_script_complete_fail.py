@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fence_rule import fence_issued
 
 from jobqueue import ops
 from jobqueue.keys import PartitionKeys
@@ -136,7 +137,7 @@ def test_complete_of_cancelled_run_is_refused_as_cancelled(
     c = claim_one(runner, pk, now=0)
     runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=5))
     assert complete(runner, pk, "a", c.fence, now=10) == ops.Outcome(
-        False, "cancelled", current_fence=c.fence + 1
+        False, "cancelled", current_fence=fence_issued(5, after=c.fence)
     )
 
 
@@ -285,7 +286,7 @@ def test_fail_retry_is_claimable_at_its_due_time_not_before(
     assert early.runs == []
     assert early.next_wake_ms == 5_100
     again = claim_one(runner, pk, now=5_100)
-    assert (again.fence, again.attempt) == (2, 2)
+    assert (again.fence, again.attempt) == (fence_issued(5_100, after=c.fence), 2)
 
 
 def test_fail_without_retry_delay_buries_at_once(
@@ -374,14 +375,14 @@ def test_fail_writes_retry_and_dead_history_entries(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "a", max_attempts=2)
-    c = claim_one(runner, pk, now=0)
-    fail(runner, pk, "a", c.fence, now=10, delay=90, error="E1")
-    c = claim_one(runner, pk, now=100)
-    fail(runner, pk, "a", c.fence, now=110, delay=90, error="E2 " + "x" * 500)
+    first = claim_one(runner, pk, now=0)
+    fail(runner, pk, "a", first.fence, now=10, delay=90, error="E1")
+    second = claim_one(runner, pk, now=100)
+    fail(runner, pk, "a", second.fence, now=110, delay=90, error="E2 " + "x" * 500)
     history = redis_client.lrange(pk.history("a"), 0, -1)
     assert history == [
-        "10 failed fence=1 attempt=1 owner=w1 retry at 100: E1",
-        "110 dead fence=2 attempt=2 owner=w1: E2 " + "x" * 197,
+        f"10 failed fence={first.fence} attempt=1 owner=w1 retry at 100: E1",
+        f"110 dead fence={second.fence} attempt=2 owner=w1: E2 " + "x" * 197,
     ]
     # the record keeps the whole error, only history is abridged
     assert redis_client.hget(pk.run("a"), "error") == "E2 " + "x" * 500

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fence_rule import fence_issued
+
 from jobqueue import ops
 from jobqueue.keys import PartitionKeys
 from jobqueue.scripts import ScriptRunner
@@ -81,7 +83,7 @@ def test_heartbeat_refuses_a_stale_fence_as_fenced(
     create(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
     new = claim_one(runner, pk, now=LEASE, owner="w2")
-    assert new.fence == old.fence + 1
+    assert new.fence == fence_issued(LEASE, after=old.fence)
     assert beat(runner, pk, [("a", old.fence)], now=LEASE + 1) == ["fenced"]
     # the refusal changed nothing: w2's lease stands
     assert redis_client.zscore(pk.leases, "a") == 2 * LEASE

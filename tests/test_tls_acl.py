@@ -60,7 +60,7 @@ ACL_COMMANDS = [
     "zcount", "zcard", "zscore",
     # called inside the Lua scripts
     "hincrby", "zadd", "zrem", "zremrangebyscore", "zremrangebyrank", "zrank", "zmscore",
-    "rpush", "ltrim", "llen", "persist", "pttl", "get", "set",
+    "rpush", "ltrim", "llen", "persist", "pttl", "get", "set", "type",
 ]
 # fmt: on
 ACL_RULE = ["on", "~jq:*", "resetchannels", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]

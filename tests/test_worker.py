@@ -120,8 +120,8 @@ def test_task_gets_a_context_describing_its_run(fast_jq: JobQueue) -> None:
 
     with running(make_worker(fast_jq)):
         handle = fast_jq.enqueue(inspect_ctx, run_id="ctx-run-1")
-        finished(fast_jq, handle.run_id)
-    assert seen == {"run_id": "ctx-run-1", "fence": 1, "attempt": 1, "queue": "default"}
+        run = finished(fast_jq, handle.run_id)
+    assert seen == {"run_id": "ctx-run-1", "fence": run.fence, "attempt": 1, "queue": "default"}
 
 
 # -- failures ------------------------------------------------------------------------------
@@ -224,8 +224,11 @@ def test_timeout_fails_and_retries_the_run_and_discards_the_stuck_threads_late_r
 ) -> None:
     release_stuck = threading.Event()
 
+    fences: list[int] = []
+
     @fast_jq.task(timeout=0.2, max_attempts=2, backoff=0.05)
     def slow(ctx: RunContext) -> str:
+        fences.append(ctx.fence)
         if ctx.attempt == 1:
             release_stuck.wait(5)  # ignores ctx.cancelled: a stuck thread
             return "late"
@@ -243,9 +246,10 @@ def test_timeout_fails_and_retries_the_run_and_discards_the_stuck_threads_late_r
     # The late result was never sent: the timeout's fail stands for attempt 1.
     assert worker.stats.rejected_commits == []
     assert worker.stats.timeouts == 1
-    assert any("failed fence=1 attempt=1" in h and "timed out after 0.2s" in h for h in run.history)
+    first = f"failed fence={fences[0]} attempt=1"
+    assert any(first in h and "timed out after 0.2s" in h for h in run.history)
     final = fast_jq.get_run(handle.run_id)
-    assert (final.result, final.fence) == ("second", 2)
+    assert (final.result, final.fence) == ("second", fences[1])
     stats = fast_jq.redis.hgetall(fast_jq.keys_for("default", handle.run_id).stats)
     assert (stats.get("completed"), stats.get("rejected")) == ("1", None)  # one commit only
 
@@ -258,6 +262,7 @@ def test_refused_heartbeat_sets_ctx_cancelled_and_the_late_commit_is_refused(
 
     @fast_jq.task
     def long_running(ctx: RunContext) -> str:
+        observed["fence"] = ctx.fence
         started.set()
         observed["cancelled"] = ctx.cancelled.wait(5)
         observed["reason"] = ctx.cancel_reason
@@ -271,7 +276,7 @@ def test_refused_heartbeat_sets_ctx_cancelled_and_the_late_commit_is_refused(
         wait_for(lambda: worker.stats.rejected_commits, what="the refused commit")
     assert observed["cancelled"] is True
     assert "cancelled" in observed["reason"]
-    assert worker.stats.rejected_commits == [(handle.run_id, 1, "cancelled")]
+    assert worker.stats.rejected_commits == [(handle.run_id, observed["fence"], "cancelled")]
     run = fast_jq.get_run(handle.run_id)
     assert (run.state, run.result_json, run.error) == ("cancelled", None, "operator said stop")
 
@@ -307,8 +312,11 @@ def test_fenced_write_refuses_a_write_older_than_the_resources_last(fast_jq: Job
 
 
 def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue) -> None:
+    fences: list[int] = []
+
     @fast_jq.task
-    def sleeper() -> str:
+    def sleeper(ctx: RunContext) -> str:
+        fences.append(ctx.fence)
         time.sleep(2.5)
         return "slept"
 
@@ -317,8 +325,9 @@ def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue) -> None:
     with running(make_worker(fast_jq, lease=1.0)), running(make_worker(fast_jq, lease=1.0)):
         handle = fast_jq.enqueue(sleeper)
         run = finished(fast_jq, handle.run_id)
-    # Claimed once (fence 1: no second claim ever happened) and its lease never expired.
-    assert (run.state, run.result, run.attempt, run.fence) == ("done", "slept", 1, 1)
+    # Claimed once (no second claim ever happened) and its lease never expired.
+    assert (run.state, run.result, run.attempt, run.fence) == ("done", "slept", 1, fences[0])
+    assert len(fences) == 1
     assert not any("lease expired" in h for h in run.history)
 
 
@@ -427,9 +436,10 @@ def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_t
         paused.clear()
         assert first_ctx[0].cancelled.wait(5), "the stale attempt was never told"
         wait_for(lambda: worker.stats.rejected_commits, what="the stale commit")
-    assert (run.state, run.result, run.fence, run.attempt) == ("done", "second", 2, 2)
+    assert (run.state, run.result, run.attempt) == ("done", "second", 2)
+    assert run.fence > first_ctx[0].fence
     assert first_ctx[0].cancel_reason == "lease lost: fenced"
-    assert worker.stats.rejected_commits == [(handle.run_id, 1, "fenced")]
+    assert worker.stats.rejected_commits == [(handle.run_id, first_ctx[0].fence, "fenced")]
 
 
 def test_an_unexpected_error_in_a_claim_does_not_end_the_claim_loop(
@@ -508,8 +518,11 @@ def test_a_released_run_is_logged_as_not_counted(
 ) -> None:
     started = threading.Event()
 
+    fences: list[int] = []
+
     @fast_jq.task
     def stubborn(ctx: RunContext) -> None:
+        fences.append(ctx.fence)
         started.set()
         ctx.cancelled.wait(5)
 
@@ -517,5 +530,6 @@ def test_a_released_run_is_logged_as_not_counted(
     with running(make_worker(fast_jq, grace=0.1)):
         handle = fast_jq.enqueue(stubborn)
         assert started.wait(5)
-    assert f"released run_id={handle.run_id} fence=1 attempt=1: not counted" in caplog.text
+    released = f"released run_id={handle.run_id} fence={fences[0]} attempt=1: not counted"
+    assert released in caplog.text
     assert fast_jq.get_run(handle.run_id).attempt == 0

@@ -388,6 +388,7 @@ def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(
         return run.state == "running" and owner_pid(run.owner or "x:0:x") == first.pid
 
     wait_for(held_by_first, 15, "the first worker to hold the run")
+    first_fence = jq.get_run("stalled").fence
     first.popen.send_signal(signal.SIGSTOP)
     try:
         second = procs.worker(*args)
@@ -396,17 +397,19 @@ def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(
         )
     finally:
         first.popen.send_signal(signal.SIGCONT)
-    assert (run.state, run.fence, run.attempt) == ("done", 2, 2)
-    assert run.result == {"fence": 2, "pid": second.pid, "wrote": True}
+    assert (run.state, run.attempt) == ("done", 2) and run.fence > first_fence
+    assert run.result == {"fence": run.fence, "pid": second.pid, "wrote": True}
 
-    line = "fenced out: commit of run_id=stalled fence=1 attempt=1 refused (fenced"
+    line = f"fenced out: commit of run_id=stalled fence={first_fence} attempt=1 refused (fenced"
     wait_for(lambda: line in first.text(), 15, "the first worker to log its refused commit")
 
     after = jq.get_run("stalled")
-    assert (after.state, after.fence, after.result) == ("done", 2, run.result)
+    assert (after.state, after.fence, after.result) == ("done", run.fence, run.result)
     assert int(jq.redis.hget(PK.stats, "completed") or 0) == 1  # one commit accepted
     resource = jq.redis.hgetall(PK.fence_resource("stall:stalled"))
-    assert (int(resource["fence"]), json.loads(resource["value"])["pid"]) == (2, second.pid)
+    assert (int(resource["fence"]), json.loads(resource["value"])["pid"]) == (
+        run.fence, second.pid
+    )
     assert int(jq.redis.hget(PK.stats, "rejected") or 0) >= 1
     assert stop_gracefully(first, jq.redis) == 0
     assert stop_gracefully(second, jq.redis) == 0

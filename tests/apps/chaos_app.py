@@ -52,7 +52,7 @@ def work(low: float, high: float) -> int:
 
 @jq.task
 def stuck_once(ctx: RunContext) -> int:
-    if ctx.fence == 1:
+    if jq.redis.set(f"chaos:stuck:{ctx.run_id}", 1, nx=True):  # its first execution only
         time.sleep(120)  # ignores cancellation: only the process exiting ends it
     return os.getpid()
 
