@@ -87,7 +87,12 @@ def sync_client(url: str) -> Any:
     plain, cluster = _split(url)
     try:
         if cluster:
-            return redis.cluster.RedisCluster.from_url(plain, **_CLUSTER)
+            # The cluster client re-sends a command after a timeout or a lost connection by
+            # default (its own retry, above the nodes' connections): pinned off too. MOVED,
+            # ASK and TRYAGAIN redirections are still followed (a refused call did not run).
+            return redis.cluster.RedisCluster.from_url(
+                plain, retry=_never_resend(redis.retry.Retry), **_CLUSTER
+            )
         return redis.Redis.from_url(
             plain, retry=_never_resend(redis.retry.Retry), **_COMMON
         )
@@ -105,7 +110,9 @@ def async_client(url: str) -> Any:
     plain, cluster = _split(url)
     try:
         if cluster:
-            return redis.asyncio.cluster.RedisCluster.from_url(plain, **_CLUSTER)
+            return redis.asyncio.cluster.RedisCluster.from_url(
+                plain, retry=_never_resend(redis.asyncio.retry.Retry), **_CLUSTER
+            )
         return redis.asyncio.Redis.from_url(
             plain, retry=_never_resend(redis.asyncio.retry.Retry), **_COMMON
         )

@@ -7,6 +7,7 @@ parses replies (see ``ops``), so the two flavours share all logic but the I/O.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -145,7 +146,7 @@ _REFUSED_CLASSES: tuple[type[Exception], ...] = tuple(
     getattr(redis.exceptions, name)
     for name in (
         "OutOfMemoryError", "ReadOnlyError", "BusyLoadingError", "MasterDownError",
-        "TryAgainError",
+        "TryAgainError", "MovedError", "AskError",
     )
     if hasattr(redis.exceptions, name)
 )
@@ -166,7 +167,9 @@ def translate_error(call: Call, exc: BaseException) -> Exception:
         return ConnectionFailed(f"Redis connection failed during {call.script}: {exc}")
     if isinstance(exc, redis.exceptions.TimeoutError):
         return ConnectionFailed(f"Redis timed out during {call.script}: {exc}")
-    if isinstance(exc, _CLUSTER_TRANSIENT):
+    if isinstance(exc, (*_CLUSTER_TRANSIENT, redis.exceptions.RedisClusterException)):
+        # Also redis-py's own "TTL exhausted" (redirected too often: a slot moving) and a
+        # slot with no known master yet.
         return ConnectionFailed(f"Redis Cluster unavailable during {call.script}: {exc}")
     return ScriptError(f"script {call.script} failed: {exc}")
 
@@ -357,6 +360,7 @@ class ScriptRunner:
         self.client = client
         self._lane = DirectLane.for_client(client)
         self._sources = _Sources()
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
 
     def close(self) -> None:
         if self._lane is not None:
@@ -403,30 +407,112 @@ class ScriptRunner:
                 )
             except _NotSent:
                 pass
+        if self._cluster:
+            return self._pipelined_on_masters(calls)
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
-            # Not pipe.evalsha(): redis-py's ClusterPipeline refuses that method by name, but
-            # routes EVALSHA by its first key (one slot per call) when sent as a command.
             pipe.execute_command("EVALSHA", *self._sources.evalsha_args(call))
         return list(pipe.execute(raise_on_error=False))
+
+    def _pipelined_on_masters(self, calls: Sequence[Call]) -> list[Any]:
+        """On a cluster: one plain pipeline per master, sent to it directly. Not redis-py's
+        ClusterPipeline: it asks its default node for the keys of every EVALSHA (COMMAND
+        GETKEYS), so with that one node down every pipeline fails, whatever its slots. A
+        redirection (MOVED after a failover, ASK during a slot migration) comes back as that
+        call's reply: the call did not run (see _not_run, which refreshes the slot map)."""
+        replies: list[Any] = [None] * len(calls)
+        for indexes in self._by_node(calls):
+            node = self.client.get_node_from_key(calls[indexes[0]].keys[0])
+            pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+            for i in indexes:
+                pipe.execute_command("EVALSHA", *self._sources.evalsha_args(calls[i]))
+            try:
+                got = pipe.execute(raise_on_error=False)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                self._refresh_slots()
+                raise
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+        return replies
+
+    def _refresh_slots(self) -> None:
+        """Ask the cluster again which master serves which slot (after a failover, a lost
+        node, a MOVED): as redis-py itself does after a failed command."""
+        nodes = getattr(self.client, "nodes_manager", None)
+        if nodes is not None:
+            with contextlib.suppress(redis.exceptions.RedisError, *_CLUSTER_ERRORS):
+                nodes.initialize()
 
     def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """One pipelined round trip; calls refused with NOSCRIPT (or a shebang the server
         cannot parse) did not run: they are reloaded and re-sent alone, so no call runs
-        twice."""
+        twice. The first error reply is raised (a ServerRefused carries every reply)."""
         if not calls:
             return []
+        replies = self.run_many_replies(calls)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                if isinstance(reply, ServerRefused):
+                    reply.replies = replies
+                raise reply
+        return replies
+
+    def run_each(self, calls: Sequence[Call]) -> list[Any]:
+        """Every call's reply, or the jobqueue error it met, as a value: nothing is raised.
+        On a Redis Cluster the calls go out in one pipeline per master, so a master that is
+        down (or refuses, or times out) fails its own calls only, never the others'. A
+        ConnectionFailed value means the call may or may not have run (a timeout); a
+        ServerRefused value that it did not run."""
+        if not calls:
+            return []
+        out: list[Any] = [None] * len(calls)
+        for indexes in self._by_node(calls):
+            group = [calls[i] for i in indexes]
+            try:
+                replies = self.run_many_replies(group)
+            except (ConnectionFailed, ScriptError) as exc:
+                replies = [exc] * len(group)
+            for i, reply in zip(indexes, replies, strict=True):
+                out[i] = reply
+        return out
+
+    def run_many_replies(self, calls: Sequence[Call]) -> list[Any]:
+        """run_many, with each error reply translated and returned in its call's place (a lost
+        connection still raises: it concerns every call)."""
         try:
             replies: list[Any] = self._pipelined(calls)
             for _ in range(_RECOVERIES):
                 again = _not_run(replies, self._sources)
-                if not again:
+                moved = _redirected(replies)
+                if not again and not moved:
                     break
-                self.load(sorted({calls[i].script for i in again}))
-                _fill(replies, again, self._pipelined([calls[i] for i in again]))
+                if moved:
+                    self._refresh_slots()
+                if again:
+                    self.load(sorted({calls[i].script for i in again}))
+                resend = sorted(set(again) | set(moved))
+                _fill(replies, resend, self._pipelined([calls[i] for i in resend]))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(calls[0], exc) from exc
-        return _checked(calls, replies)
+        return [
+            translate_error(call, reply) if isinstance(reply, Exception) else reply
+            for call, reply in zip(calls, replies, strict=True)
+        ]
+
+    def _by_node(self, calls: Sequence[Call]) -> list[list[int]]:
+        """Indexes of the calls, grouped by the cluster master that serves their slot (one
+        group on a single server)."""
+        locate = getattr(self.client, "get_node_from_key", None)
+        if locate is None:
+            return [list(range(len(calls)))]
+        groups: dict[str, list[int]] = {}
+        for i, call in enumerate(calls):
+            try:
+                node = locate(call.keys[0]).name
+            except (redis.exceptions.RedisError, *_CLUSTER_ERRORS):
+                node = ""  # a slot with no known master yet: tried on its own
+            groups.setdefault(node, []).append(i)
+        return list(groups.values())
 
 
 # NOSCRIPT, then (the first time) a shebang the server cannot parse: two reloads at most.
@@ -444,6 +530,12 @@ def _not_run(replies: Sequence[Any], sources: _Sources) -> list[int]:
     if refused:
         sources.learn(replies[refused[0]])
     return sorted(set(_noscript(replies)) | set(refused))
+
+
+def _redirected(replies: Sequence[Any]) -> list[int]:
+    """Indexes of pipelined cluster calls answered MOVED (sent again once the slot map is
+    refreshed) or ASK (a slot migrating: they did not run and wait for its end)."""
+    return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.MovedError)]
 
 
 class AsyncScriptRunner:

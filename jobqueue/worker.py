@@ -46,7 +46,7 @@ from .keys import WORKERS_KEY, PartitionKeys
 from .logs import run_fields
 from .metrics import NO_METRICS, Metrics
 from .payload import decode_payload, encode_result
-from .scripts import Call, ServerRefused, refused_for_now, translate_error
+from .scripts import Call, ServerRefused
 from .signals import SignalRelay
 from .tasks import Task
 
@@ -68,6 +68,10 @@ EXIT_UNHEALTHY = 4  # not 3: the CLI says "Redis unreachable" with that
 MAX_REJECTED_KEPT = 1000
 # Stuck code (timed out, never returned) holding more than half the slots this long.
 DEFAULT_STUCK_LIMIT_S = 60.0
+# A partition whose claim failed (its master down, a slot migrating) is skipped this long,
+# doubling up to the cap, while the others go on.
+PARTITION_COOLDOWN_S = 0.5
+PARTITION_COOLDOWN_CAP_S = 10.0
 
 
 class _StartFailed(Exception):
@@ -151,6 +155,9 @@ class InFlight:
     started: float  # monotonic, for the timeout only
     timeout_s: float | None
     lease_ms: int
+    # Monotonic time at which the lease Redis last granted runs out (claim or heartbeat, as
+    # sent): past it without a renewal, another worker may hold the run (self-fencing).
+    lease_deadline: float = 0.0
     task: asyncio.Task[Any] | None = None  # an async run's task, on the worker's loop
     cancel_requested: bool = False  # cancel the async task as soon as it exists
     is_async: bool = False
@@ -173,6 +180,27 @@ class Finished:
     # The run's code has returned: its slot frees now, its entry goes at commit. False for a
     # timeout's fail, sent while the stuck code still holds the slot.
     frees_slot: bool = True
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """Outcomes of one commit call that Redis did not take yet, waiting to be sent again."""
+
+    items: list[Finished]
+    resent: bool = False  # sent before and the connection was lost: it may have run
+    delay: float = 0.05
+    not_before: float = 0.0
+    reason: Exception | None = None
+
+    def again(self, reason: Exception) -> _Deferred:
+        self.delay = min(self.delay * 2, 5.0)
+        self.not_before = time.monotonic() + self.delay * (0.5 + random.random() / 2)
+        self.reason = reason
+        return self
+
+
+# The committer woke up to send deferred commits again, with nothing new to commit.
+_NOTHING: Any = object()
 
 
 @dataclass
@@ -253,6 +281,11 @@ class Worker:
         self._writers: dict[PartitionKeys, Writer] = {}
         self._batch_floor = max(1, min(concurrency // 4, 64))
         self._started_ms = 0
+        # Partitions in cool-down after a failed claim: keys -> (until, consecutive failures).
+        self._cooldown: dict[PartitionKeys, tuple[float, int]] = {}
+        # Redis refuses commits for now (OOM, READONLY): no new claims until one goes through,
+        # or the worker would lease runs whose outcomes it cannot write.
+        self._commits_refused = threading.Event()
 
     # -- public ----------------------------------------------------------------------------
 
@@ -459,6 +492,9 @@ class Worker:
     def _claim_loop(self) -> None:
         delay = 0.1
         while not self._stopping.is_set():
+            if self._commits_refused.is_set():
+                self._stopping.wait(0.2)  # the committer clears it once a commit lands
+                continue
             free = self._free_slots()
             if free <= 0:
                 with self._lock:
@@ -496,25 +532,45 @@ class Worker:
     def _claim(self, free: int) -> tuple[int, float]:
         """Claim across this worker's partitions, queues in priority order; round-robin among
         partitions of equal priority so none starves. Returns (claimed, seconds to sleep):
-        claimed is 0 only when every partition was asked and had nothing (free > 0)."""
+        claimed is 0 only when every partition was asked, or is cooling down, and had nothing
+        (free > 0). A partition whose claim fails is cooled down and the others go on; only
+        when every one failed is the error raised (the caller backs off)."""
         assert free > 0, "a claim for no slot would read as 'nothing due'"
         claimed = 0
         wait_ms: int | None = None
         order = self._partitions[self._rr :] + self._partitions[: self._rr]
         self._rr = (self._rr + 1) % max(len(self._partitions), 1)
         order.sort(key=lambda k: self.queues.index(k.queue))  # stable: keeps the rotation
+        failure: Exception | None = None
+        answered = 0
+        now = time.monotonic()
         for keys in order:
             want = min(free - claimed, MAX_CLAIM_BATCH)
             if want <= 0:
                 break
+            cooling = self._cooldown.get(keys)
+            if cooling is not None and cooling[0] > now:
+                gap = int((cooling[0] - now) * 1000)
+                wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+                continue
             call = ops.claim_call(
                 keys, want, self.id, self.lease_ms, self.jq.settings.dead_retention_ms
             )
-            result = ops.parse_claim(self.jq.scripts.run(call))
+            sent = time.monotonic()
+            try:
+                result = ops.parse_claim(self.jq.scripts.run(call))
+            except (JobQueueError, redis.exceptions.RedisError) as exc:
+                failure = exc
+                self._cool_down(keys, exc)
+                continue
+            answered += 1
+            if cooling is not None:
+                del self._cooldown[keys]
+                log.info("claims in %s work again", keys.prefix)
             self.metrics.claimed(keys.queue, result.runs, result.now_ms)
             for run in result.runs:
                 try:
-                    self._start(run, keys, result.now_ms)
+                    self._start(run, keys, result.now_ms, sent)
                 except Exception:
                     # One bad run must not keep the rest of the batch from starting (it is
                     # not in flight: its lease expires and it is claimed again).
@@ -523,8 +579,21 @@ class Worker:
             if result.next_wake_ms is not None:
                 gap = max(result.next_wake_ms - result.now_ms, 0)
                 wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+        if failure is not None and answered == 0:
+            raise failure  # no partition answered: the caller's back-off applies
         wait_s = MAX_IDLE_WAIT_S if wait_ms is None else min(wait_ms / 1000, MAX_IDLE_WAIT_S)
         return claimed, wait_s
+
+    def _cool_down(self, keys: PartitionKeys, exc: Exception) -> None:
+        _, failures = self._cooldown.get(keys, (0.0, 0))
+        pause = min(PARTITION_COOLDOWN_S * 2**failures, PARTITION_COOLDOWN_CAP_S)
+        self._cooldown[keys] = (time.monotonic() + pause, failures + 1)
+        log.warning(
+            "claim in %s failed (%s); skipping it for %.1fs, the other partitions go on",
+            keys.prefix,
+            exc,
+            pause,
+        )
 
     def _sleep_until_woken(self, wait_s: float) -> None:
         """Block on the wake lists (a token arrives with every enqueue) at most wait_s."""
@@ -547,7 +616,10 @@ class Worker:
 
     # -- executing -------------------------------------------------------------------------
 
-    def _start(self, run: ops.ClaimedRun, keys: PartitionKeys, now_ms: int) -> None:
+    def _start(
+        self, run: ops.ClaimedRun, keys: PartitionKeys, now_ms: int, sent: float
+    ) -> None:
+        """``sent``: when the claim was sent (monotonic), from which its lease counts."""
         ctx = RunContext(
             run_id=run.run_id,
             fence=run.fence,
@@ -569,6 +641,7 @@ class Worker:
             timeout_s,
             lease_ms=max(run.lease_until_ms - now_ms, 1),
         )
+        entry.lease_deadline = sent + entry.lease_ms / 1000
         with self._lock:
             self._in_flight[(run.run_id, run.fence)] = entry
             self._busy_slots += 1
@@ -726,11 +799,21 @@ class Worker:
     # -- committing ------------------------------------------------------------------------
 
     def _committer(self) -> None:
+        """Commit what finished, batch after batch. Commits Redis did not take (a master down,
+        a refusal) wait in ``later`` and are sent again with back-off, alone, while every
+        other commit goes on: one master down holds back its own runs only."""
+        later: list[_Deferred] = []
         while True:
-            item = self._finished.get()
+            wait = None
+            if later:
+                wait = max(min(d.not_before for d in later) - time.monotonic(), 0.0)
+            try:
+                item = self._finished.get(timeout=wait)
+            except queue_mod.Empty:
+                item = None if self._stopped.is_set() and not later else _NOTHING
             if item is None:
                 return
-            batch = [item]
+            batch = [] if item is _NOTHING else [item]
             while len(batch) < 500:
                 try:
                     nxt = self._finished.get_nowait()
@@ -740,16 +823,22 @@ class Worker:
                     self._finished.put(None)
                     break
                 batch.append(nxt)
+            now = time.monotonic()
+            due = [d for d in later if d.not_before <= now]
+            later = [d for d in later if d.not_before > now]
             try:
-                self._commit(batch)
+                later += self._commit(batch, due)
             except Exception:
-                # Not a connection problem (those are retried): the outcome is unknown. Stop
-                # heartbeating these runs and free their slots; their leases expire and they
-                # are claimed again, so nothing is lost and nothing stays leased forever.
-                log.exception("commit of %d runs failed; their leases will expire", len(batch))
-                for item in batch:
-                    self._abandon(item)
-                self._committed(batch)
+                # Not a connection problem (those wait in `later`): the outcome is unknown.
+                # Stop heartbeating these runs and free their slots; their leases expire and
+                # they are claimed again, so nothing is lost and nothing stays leased forever.
+                items = batch + [i for d in due for i in d.items]
+                log.exception("commit of %d runs failed; their leases will expire", len(items))
+                for it in items:
+                    self._abandon(it)
+                self._committed(items)
+            if self._stopped.is_set() and later and self._shutdown_left() <= 0:
+                return  # their leases expire and the runs are claimed again
 
     def _abandon(self, item: Finished) -> None:
         entry = item.entry
@@ -771,79 +860,89 @@ class Worker:
         error = item.error.encode("utf-8", "replace").decode("utf-8")
         return ops.fail_call(keys, run.run_id, run.fence, error, delay, settings.dead_retention_ms)
 
-    def _commit(self, batch: list[Finished]) -> None:
+    def _commit(self, batch: list[Finished], retries: list[_Deferred]) -> list[_Deferred]:
         """One complete call per partition for the successes (one script call for many runs
-        is most of a no-op run's cost), one fail call per failure, all in one round trip."""
+        is most of a no-op run's cost), one fail call per failure, all in one round trip (one
+        per master on a cluster). Returns the commits Redis did not take, to send again
+        later: refused for now (OOM, READONLY, TRYAGAIN: they did not run) or lost with their
+        connection (they may have run: see _settle); their runs stay heartbeated meanwhile."""
+        groups: list[_Deferred] = []
         done: dict[PartitionKeys, list[Finished]] = {}
-        failed: list[Finished] = []
         for item in batch:
             if item.ok:
                 done.setdefault(item.entry.keys, []).append(item)
             else:
-                failed.append(item)
+                groups.append(_Deferred([item]))
+        groups = [_Deferred(items) for items in done.values()] + groups + retries
+        if not groups:
+            return []
         retention = self.jq.settings.done_retention_ms
         calls = [
             ops.complete_many_call(
-                keys, [(i.entry.run.run_id, i.entry.run.fence, i.result_json) for i in items],
+                g.items[0].entry.keys,
+                [(i.entry.run.run_id, i.entry.run.fence, i.result_json) for i in g.items],
                 retention,
             )
-            for keys, items in done.items()
+            if g.items[0].ok
+            else self._fail_call(g.items[0])
+            for g in groups
         ]
-        calls += [self._fail_call(i) for i in failed]
-        replies = self._send_commits(calls)
-        for items, reply in zip(done.values(), replies, strict=False):
-            for item, outcome in zip(items, ops.parse_outcomes(reply), strict=True):
-                self._settle(item, outcome)
-        for item, reply in zip(failed, replies[len(done) :], strict=True):
-            self._settle(item, ops.parse_outcome(reply))
-        self._committed(batch)
-
-    def _send_commits(self, calls: list[Call]) -> list[Any]:
-        """Every reply, re-sending the calls Redis refused for now (OOM, READONLY, BUSY, ...)
-        until it takes them: those calls did not run (the others did: they are not sent
-        again), and their runs stay heartbeated meanwhile. Gives up (raises) only once the
-        worker has stopped."""
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        delay = 0.1
-        while True:
-            pending = [calls[i] for i in todo]
-            try:
-                got = self._retrying(
-                    functools.partial(self.jq.scripts.run_many, pending), self._stopped
-                )
-            except ServerRefused as exc:
-                if exc.replies is None:
-                    raise
-                refused: ServerRefused | None = exc
-                got = exc.replies
-            else:
-                refused = None
-            again = []
-            for i, reply in zip(todo, got, strict=True):
-                if isinstance(reply, Exception) and refused_for_now(reply):
-                    again.append(i)
-                elif isinstance(reply, Exception):
-                    raise translate_error(calls[i], reply) from reply
+        replies = self.jq.scripts.run_each(calls)
+        later: list[_Deferred] = []
+        settled: list[Finished] = []
+        refused = None
+        for group, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, ConnectionFailed):  # ServerRefused included
+                if isinstance(reply, ServerRefused):
+                    refused = reply
                 else:
-                    replies[i] = reply
-            if not again:
-                return replies
-            log.warning(
-                "Redis refused %d commits for now (%s); retrying in %.1fs",
-                len(again),
-                refused,
-                delay,
+                    group.resent = True  # it may have run: see _settle
+                later.append(group.again(reply))
+                continue
+            settled += group.items
+            if isinstance(reply, Exception):
+                log.error(
+                    "commit of %d runs failed (%s); their leases will expire",
+                    len(group.items),
+                    reply,
+                )
+                for item in group.items:
+                    self._abandon(item)
+                continue
+            outcomes = (
+                ops.parse_outcomes(reply) if group.items[0].ok else [ops.parse_outcome(reply)]
             )
-            todo = again
-            self._stopped.wait(delay * (0.5 + random.random() / 2))
-            if self._stopped.is_set():
-                raise _GiveUp
-            delay = min(delay * 2, 5.0)
+            for item, outcome in zip(group.items, outcomes, strict=True):
+                self._settle(item, outcome, group.resent)
+        if refused is not None:
+            self._commits_refused.set()  # no new claims until commits land again
+        elif settled:
+            self._commits_refused.clear()
+        if later:
+            log.warning(
+                "%d commits not taken (%s); sending them again in %.1fs at the latest, the "
+                "others go on",
+                sum(len(g.items) for g in later),
+                later[0].reason,
+                max(g.delay for g in later),
+            )
+        self._committed(settled)
+        return later
 
-    def _settle(self, item: Finished, outcome: ops.Outcome) -> None:
-        """Record the outcome of one commit; the caller frees the slot (see _release_slots)."""
+    def _settle(self, item: Finished, outcome: ops.Outcome, resent: bool = False) -> None:
+        """Record the outcome of one commit; the caller frees the slot (see _committed).
+
+        A commit sent again after a lost connection may be refused by its own first copy,
+        which landed: refused as finished (or, for a retry, not running) with the run still
+        at this attempt's fence. That is this commit's success, not a fenced-out one."""
         run = item.entry.run
+        if (
+            resent
+            and not outcome.accepted
+            and outcome.current_fence == run.fence
+            and outcome.status in ("finished", "not-running")
+        ):
+            outcome = ops.Outcome(True, "done" if item.ok else "landed")
         self.metrics.committed(item.entry.keys.queue, item.ok, outcome.accepted, outcome.status)
         if outcome.accepted:
             if item.ok:
@@ -892,12 +991,6 @@ class Worker:
             self._pending_commits -= len(items)
             self._slot_freed.notify_all()
 
-    def _release_slot(self, entry: InFlight) -> None:
-        with self._lock:
-            self._in_flight.pop((entry.run.run_id, entry.run.fence), None)
-            self._busy_slots -= 1
-            self._slot_freed.notify_all()
-
     # -- keeping leases --------------------------------------------------------------------
 
     def _beat_interval(self) -> float:
@@ -916,6 +1009,7 @@ class Worker:
             next_beat = min(next_beat, now + interval)
             try:
                 self._enforce_timeouts(now)
+                self._enforce_leases(now)
                 if now >= next_beat:
                     try:
                         self._heartbeat()
@@ -930,6 +1024,9 @@ class Worker:
             self._stopped.wait(min(0.05, interval))
 
     def _heartbeat(self) -> None:
+        """Extend every lease held, one call per partition, one round trip per master: a
+        master that does not answer holds back its own leases only (their runs are
+        self-fenced when the lease passes, see _enforce_leases)."""
         with self._lock:
             entries = [
                 e
@@ -944,15 +1041,32 @@ class Worker:
             for k, es in groups.items()
         ]
         server_now = None
-        sent = time.perf_counter()
-        replies = self.jq.scripts.run_many(calls)
+        sent = time.monotonic()
+        started = time.perf_counter()
+        replies = self.jq.scripts.run_each(calls)
         if calls:
-            self.metrics.heartbeat(time.perf_counter() - sent)
+            self.metrics.heartbeat(time.perf_counter() - started)
+        failures: list[Exception] = []
         for es, reply in zip(groups.values(), replies, strict=True):
+            if isinstance(reply, Exception):
+                failures.append(reply)
+                continue
             server_now = int(reply[0])
             for e, answer in zip(es, ops.parse_heartbeat(reply), strict=True):
                 if isinstance(answer, str):
                     self._lost(e, answer)
+                else:
+                    e.lease_deadline = sent + (answer - server_now) / 1000
+        if failures:
+            if len(failures) == len(calls):
+                raise failures[0]
+            log.warning(
+                "heartbeats of %d of %d partitions failed (%s); their leases run out unless "
+                "a later beat lands",
+                len(failures),
+                len(calls),
+                failures[0],
+            )
         self._register(server_now)
 
     def _lost(self, entry: InFlight, reason: str) -> None:
@@ -988,6 +1102,35 @@ class Worker:
         entry.cancel_requested = True
         if entry.task is not None:
             entry.task.cancel()
+
+    def _enforce_leases(self, now: float) -> None:
+        """Self-fencing: a run whose lease ran out without a heartbeat reaching Redis (its
+        master down, a partition) may be another worker's by now. Its code is told to stop
+        (ctx.cancelled) now rather than when Redis answers again; its commit, if any, is
+        judged by the fence as always."""
+        with self._lock:
+            passed = [
+                e
+                for e in self._in_flight.values()
+                if not e.settled
+                and not e.lease_lost
+                and not e.timed_out
+                and not e.result_queued  # its code has returned: the commit decides
+                and e.lease_deadline < now
+            ]
+        for e in passed:
+            e.lease_lost = True
+            self.metrics.lease_lost(e.keys.queue, "expired")
+            log.warning(
+                "lease of run_id=%s fence=%d attempt=%d ran out without a heartbeat reaching "
+                "Redis; stopping the work (another worker may hold the run now)",
+                e.run.run_id,
+                e.run.fence,
+                e.run.attempt,
+                extra=run_fields(e.run),
+            )
+            e.ctx.cancel("lease expired: no heartbeat reached Redis")
+            self._cancel_async(e)
 
     def _enforce_timeouts(self, now: float) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ Where the two disagree, the real server is the judge."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,19 @@ from jobqueue.keys import PartitionKeys
 from jobqueue.scripts import ScriptRunner
 
 BACKENDS = [b for b in os.environ.get("JOBQUEUE_TEST_BACKENDS", "fake,real").split(",") if b]
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A CLI run in-process configures the root logger (level, a stderr handler); the next
+    test must not inherit it (a DEBUG level left behind made a worker thread's log lines land
+    in another test's captured CLI output)."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")

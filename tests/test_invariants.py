@@ -401,18 +401,19 @@ def test_inv3_an_enqueued_run_whose_worker_dies_runs_again(jq: JobQueue) -> None
 def record_script_calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
     """Every Call any ScriptRunner sends from now on, in order (the calls still run)."""
     calls: list[Call] = []
-    original_run, original_many = ScriptRunner.run, ScriptRunner.run_many
+    # run_many and run_each send their pipelines through run_many_replies.
+    original_run, original_many = ScriptRunner.run, ScriptRunner.run_many_replies
 
     def run(self: ScriptRunner, call: Call) -> Any:
         calls.append(call)
         return original_run(self, call)
 
-    def run_many(self: ScriptRunner, batch: Any) -> list[Any]:
+    def run_many_replies(self: ScriptRunner, batch: Any) -> list[Any]:
         calls.extend(batch)
         return original_many(self, batch)
 
     monkeypatch.setattr(ScriptRunner, "run", run)
-    monkeypatch.setattr(ScriptRunner, "run_many", run_many)
+    monkeypatch.setattr(ScriptRunner, "run_many_replies", run_many_replies)
     return calls
 
 
@@ -630,13 +631,13 @@ def test_inv5_keys_touched_inside_each_script_share_one_slot(real_client: Any) -
         touched.append((call, drain(len(touched))))
         return reply
 
-    def run_many(self: ScriptRunner, batch: Any) -> list[Any]:
+    def run_many_replies(self: ScriptRunner, batch: Any) -> list[Any]:
         return [run(self, c) for c in batch]  # one at a time, so each write is attributed
 
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(ScriptRunner, "run", run)
-            mp.setattr(ScriptRunner, "run_many", run_many)
+            mp.setattr(ScriptRunner, "run_many_replies", run_many_replies)
             lifecycle(runner, jq, RUN_IDS)
     finally:
         real_client.config_set("notify-keyspace-events", "")

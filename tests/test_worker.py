@@ -408,15 +408,19 @@ def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_t
     fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stall (heartbeats paused past the lease) lets this very worker reclaim the run; the
-    stale attempt must still get its refused heartbeat, so it is cancelled, not orphaned."""
+    stale attempt must still be told, so it is cancelled, not orphaned: its own lease ran out
+    with no heartbeat reaching Redis (self-fencing, before any refusal could arrive)."""
     first_ctx: list[RunContext] = []
+    second_started = threading.Event()
 
     @fast_jq.task
     def patient(ctx: RunContext) -> str:
         if ctx.attempt == 1:
             first_ctx.append(ctx)
-            ctx.cancelled.wait(5)
+            ctx.cancelled.wait(5)  # told its lease is gone: it may still take a while...
+            second_started.wait(5)  # ...so long that the run is claimed again meanwhile
             return "stale"
+        second_started.set()
         return "second"
 
     worker = make_worker(fast_jq, lease=0.3)
@@ -438,7 +442,7 @@ def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_t
         wait_for(lambda: worker.stats.rejected_commits, what="the stale commit")
     assert (run.state, run.result, run.attempt) == ("done", "second", 2)
     assert run.fence > first_ctx[0].fence
-    assert first_ctx[0].cancel_reason == "lease lost: fenced"
+    assert first_ctx[0].cancel_reason == "lease expired: no heartbeat reached Redis"
     assert worker.stats.rejected_commits == [(handle.run_id, first_ctx[0].fence, "fenced")]
 
 
@@ -476,15 +480,15 @@ def test_a_finished_run_whose_commit_is_still_in_flight_at_stop_is_committed_not
         return "ran"
 
     in_commit = threading.Event()
-    real_run_many = fast_jq.scripts.run_many
+    real_run_each = fast_jq.scripts.run_each
 
     def slow_commits(calls: Any) -> Any:
         if any(c.script == "complete" for c in calls):
             in_commit.set()
             time.sleep(0.5)  # the commit is on its way while the worker is told to stop
-        return real_run_many(calls)
+        return real_run_each(calls)
 
-    monkeypatch.setattr(fast_jq.scripts, "run_many", slow_commits)
+    monkeypatch.setattr(fast_jq.scripts, "run_each", slow_commits)
     worker = make_worker(fast_jq, grace=0.1)
     handle = fast_jq.enqueue(quick)
     with running(worker):

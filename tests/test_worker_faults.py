@@ -143,8 +143,8 @@ class _SlowFirstGet:
     def get_nowait(self) -> Any:
         return self._inner.get_nowait()
 
-    def get(self) -> Any:
-        item = self._inner.get()
+    def get(self, timeout: float | None = None) -> Any:
+        item = self._inner.get(timeout=timeout)
         if self._first and item is not None:
             self._first = False
             self._hold.wait(5)

@@ -8,6 +8,7 @@ them all, so nothing is left running even when a test run is interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import shutil
 import signal
@@ -48,6 +49,16 @@ def free_ports(count: int) -> list[int]:
         if port + 10000 < 65536 and port not in ports and _port_is_free(port + 10000):
             ports.append(port)
     return ports
+
+
+def in_slots(slot: int, entries: list[Any]) -> bool:
+    """Whether slot is in CLUSTER NODES slot entries: ranges ['0', '5460'], single slots
+    ['42'], and migration markers ('[42->-id]', skipped)."""
+    for entry in entries:
+        bounds = [int(x) for x in entry if str(x).lstrip("-").isdigit()]
+        if bounds and bounds[0] <= slot <= bounds[-1]:
+            return True
+    return False
 
 
 @dataclass
@@ -147,6 +158,11 @@ class Cluster:
                 # A replica may always take over, however long it was cut off (tests kill
                 # masters on purpose; a production cluster keeps the default).
                 "--cluster-replica-validity-factor", "0",
+                # jobqueue's recommended setting: a master down takes its own slots' partitions
+                # away, not the whole cluster's (docs/operations.md).
+                "--cluster-require-full-coverage", "no",
+                # A restored node syncs at once (the default waits 5 s for more replicas).
+                "--repl-diskless-sync-delay", "0",
                 "--appendonly", "yes" if self.appendonly else "no",
                 "--save", "",
                 "--dir", str(d),
@@ -245,9 +261,58 @@ class Cluster:
             for m in masters:
                 with self.node(m["port"]).client() as c:
                     info = c.info("replication")
-                if int(info.get("connected_slaves", 0)) < 1:
+                # Online, not merely connected: a replica still in its first sync has no data
+                # to take over with.
+                replicas = [v for k, v in info.items() if k.startswith("slave") and
+                            isinstance(v, dict)]
+                if not any(r.get("state") == "online" for r in replicas):
                     return False
         return True
+
+    def slots_of(self, port: int) -> list[Any]:
+        """The slot ranges a node serves (as CLUSTER NODES lists them)."""
+        row = next(r for r in self.topology() if r["port"] == port)
+        return list(row["slots"])
+
+    def serves(self, port: int, slot: int) -> bool:
+        return in_slots(slot, self.slots_of(port))
+
+    def master_of_slot(self, slot: int) -> Node:
+        return next(n for n in self.master_nodes() if self.serves(n.port, slot))
+
+    def replica_of(self, master: Node) -> Node:
+        rows = self.topology()
+        master_id = next(r["id"] for r in rows if r["port"] == master.port)
+        return self.node(next(r["port"] for r in rows if r["master_id"] == master_id))
+
+    def node_id(self, node: Node) -> str:
+        return str(next(r["id"] for r in self.topology() if r["port"] == node.port))
+
+    def wait_replicated(self, timeout: float = 10.0) -> None:
+        """Every master's replica has acknowledged everything the master wrote so far."""
+        deadline = time.monotonic() + timeout
+        for node in self.master_nodes():
+            with node.client() as c:
+                while True:
+                    info = c.info("replication")
+                    if info.get("role") != "master":
+                        break  # the topology read was stale: it is a replica now
+                    replica = info.get("slave0") or {}
+                    if int(replica.get("offset", -1)) >= int(info["master_repl_offset"]):
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"replica of {node.port} lags: {info}")
+                    time.sleep(0.02)
+
+    def restore(self, node: Node, timeout: float = 60.0) -> None:
+        """Bring a killed (or stopped) node back: it rejoins as a replica of its heir, and the
+        rest of the session has six nodes and a replica for every master again."""
+        if node.process is not None and node.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                node.process.send_signal(signal.SIGCONT)
+        if not node.alive:
+            node.start()
+        self.wait_healthy(timeout=timeout)
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         self._wait(time.monotonic() + timeout, "a healthy cluster", self.healthy)
