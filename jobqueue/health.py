@@ -30,8 +30,8 @@ OK, WARN = "ok", "warn"
 # from Redis 7.2).
 MIN_REDIS = (7, 0)
 MIN_VALKEY = (7, 2)
-# A failover takes about the node timeout to detect the failure and up to about as long again
-# to elect and promote a replica.
+# The time budgeted for a failover: the node timeout to detect the failure, and about as long
+# again to elect and promote a replica.
 FAILOVER_NODE_TIMEOUTS = 2
 MAX_NODE_SKEW_MS = 100.0
 # The host's clock decides nothing (every time that decides is a server's): only a gross
@@ -344,13 +344,13 @@ def node_timeout_verdict(node: NodeReading, limits: Limits) -> Verdict:
         return _unknown(node, "cluster-node-timeout", "CONFIG GET cluster-node-timeout")
     failover_s = FAILOVER_NODE_TIMEOUTS * timeout / 1000
     found = f"cluster-node-timeout {timeout} ms"
-    takes = (f"about {failover_s:g} s (detection + election, {FAILOVER_NODE_TIMEOUTS} x node "
-             "timeout)")  # fmt: skip
+    budget = (f"a failover is budgeted at {failover_s:g} s ({FAILOVER_NODE_TIMEOUTS} x node "
+              "timeout: detection, then election)")  # fmt: skip
     lease = f"the {limits.lease_s:g} s lease"
     if failover_s < limits.lease_s:
-        return OK, found, f"a failover takes {takes}, less than {lease}"
+        return OK, found, f"{budget}, less than {lease}"
     return (WARN, found,
-            f"a failover can take {takes}, not less than {lease}: the leases on a failed "
+            f"{budget}, not less than {lease}: the leases on a failed "
             "master can expire before its replica takes over, and their runs run again while "
             "their workers may still be running them; set cluster-node-timeout below "
             f"{limits.lease_s * 1000 / FAILOVER_NODE_TIMEOUTS:.0f} ms (lease / "

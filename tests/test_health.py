@@ -296,15 +296,15 @@ def test_a_node_timeout_well_below_the_lease_passes() -> None:
     line = only(health.node_timeout(healthy_cluster(), LIMITS))
     assert line.ok
     assert line.detail == (
-        "cluster-node-timeout 1000 ms on all 6 nodes: a failover takes about 2 s (detection + "
-        "election, 2 x node timeout), less than the 30 s lease")  # fmt: skip
+        "cluster-node-timeout 1000 ms on all 6 nodes: a failover is budgeted at 2 s (2 x node "
+        "timeout: detection, then election), less than the 30 s lease")  # fmt: skip
 
 
 def test_the_default_node_timeout_warns_against_the_default_lease_and_says_what_to_do() -> None:
     nodes = [replace(n, node_timeout_ms=15000) for n in healthy_cluster().nodes]
     line = only(health.node_timeout(cluster(*nodes), LIMITS))
     assert not line.ok
-    assert "a failover can take about 30 s" in line.detail
+    assert "a failover is budgeted at 30 s (2 x node timeout" in line.detail
     assert "not less than the 30 s lease" in line.detail
     assert ("set cluster-node-timeout below 15000 ms (lease / 2), or give workers a --lease "
             "above 30 s") in line.detail  # fmt: skip

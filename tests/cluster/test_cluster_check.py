@@ -95,8 +95,8 @@ def test_the_node_timeout_is_compared_with_the_default_lease(url: str) -> None:
     _, checks = check(url)
     (line,) = named(checks, "cluster-node-timeout")
     assert line["detail"] == (
-        "cluster-node-timeout 1000 ms on all 6 nodes: a failover takes about 2 s (detection + "
-        "election, 2 x node timeout), less than the 30 s lease")  # fmt: skip
+        "cluster-node-timeout 1000 ms on all 6 nodes: a failover is budgeted at 2 s (2 x node "
+        "timeout: detection, then election), less than the 30 s lease")  # fmt: skip
 
 
 def test_a_lease_no_longer_than_a_failover_warns_and_exits_1(url: str) -> None:
