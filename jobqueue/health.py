@@ -350,9 +350,9 @@ def node_timeout_verdict(node: NodeReading, limits: Limits) -> Verdict:
     if failover_s < limits.lease_s:
         return OK, found, f"{budget}, less than {lease}"
     return (WARN, found,
-            f"{budget}, not less than {lease}: the leases on a failed "
-            "master can expire before its replica takes over, and their runs run again while "
-            "their workers may still be running them; set cluster-node-timeout below "
+            f"{budget}, not less than {lease}: the leases on a failed master can expire "
+            "before its replica takes over, and their runs be claimed again while their "
+            "workers may still be running them; set cluster-node-timeout below "
             f"{limits.lease_s * 1000 / FAILOVER_NODE_TIMEOUTS:.0f} ms (lease / "
             f"{FAILOVER_NODE_TIMEOUTS}), or give workers a --lease above {failover_s:g} s")
 
