@@ -324,8 +324,8 @@ def replicas_of(node: NodeReading, cluster: bool, limits: Limits) -> Check:
                             "take over")  # fmt: skip
         elif link.lag_s > limits.max_replica_lag_s:
             problems.append(f"{link.address} last acknowledged {link.lag_s} s ago, more than "
-                            f"{limits.max_replica_lag_s:g} s: a failover now loses the writes "
-                            "it has not received")  # fmt: skip
+                            f"{limits.max_replica_lag_s:g} s: a failover to it now loses the "
+                            "writes it has not received")  # fmt: skip
     if cluster and node.slots and not any(x.state == "online" for x in node.replicas):
         problems.append("no connected replica: this master cannot fail over (if it dies, its "
                         "slots are down until it is back); give it a replica")  # fmt: skip
