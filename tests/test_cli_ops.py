@@ -160,7 +160,7 @@ def test_check_warns_about_an_evicting_memory_policy(jq: JobQueue, url: str) -> 
         code, out, _ = cli(url, "check")
     finally:
         jq.redis.config_set("maxmemory-policy", "noeviction")
-    assert code == 0
+    assert code == 1
     assert "WARN  maxmemory-policy allkeys-lru" in out
 
 

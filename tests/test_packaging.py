@@ -157,6 +157,9 @@ def test_a_wheel_installed_in_a_fresh_venv_runs_check_and_the_demo(
                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert "Traceback" not in check.stderr
     assert "connected; server" in check.stdout and "scripts loaded" in check.stdout, check.stdout
+    # The test server keeps nothing (AOF off, no snapshots): check says so and exits 1.
+    assert "WARN  persistence: appendonly no" in check.stdout, check.stdout
+    assert check.returncode == 1, check.stdout + check.stderr
     demo = subprocess.run([str(python), "-m", "jobqueue.demo"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert demo.returncode == 0, demo.stdout + demo.stderr
