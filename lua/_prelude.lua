@@ -121,13 +121,17 @@ end
 
 -- Counters of a stats hash: the fields' values now. A field holding garbage is noted and
 -- bump() overwrites it; a stats key of another type is left alone (counting stops there).
+-- An integer to HINCRBY is '0' or has no leading zero ('007' and '-0' are refused, after the
+-- script's other writes), and has at most 15 characters (no overflow).
 local function counters(key, ...)
   local values, foreign = checked(redis.pcall('HMGET', key, ...), key, true)
   local c = {key = key, bad = {}, foreign = foreign}
   if not foreign then
     for i, name in ipairs({...}) do
       local v = values[i]
-      if v and not (string.match(v, '^%-?%d+$') and #v <= 15) then c.bad[name] = true end
+      if v and not ((v == '0' or string.match(v, '^%-?[1-9]%d*$')) and #v <= 15) then
+        c.bad[name] = true
+      end
     end
   end
   return c
