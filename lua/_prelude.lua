@@ -50,6 +50,13 @@ local function whole(v, lo)
   return n ~= nil and n == n and n >= lo and n <= 9007199254740992 and n == math.floor(n)
 end
 
+-- A record's field as a whole number in [lo, 2^53], or `default` when it holds anything else:
+-- NaN is no score ZADD takes, and NaN or inf is no integer a reply can carry.
+local function whole_or(v, lo, default)
+  if whole(v, lo) then return tonumber(v) end
+  return default
+end
+
 -- -- phase 1: reading -------------------------------------------------------------------
 
 -- reading(fn): run the read phase; returns (true, its result) or (false, the error reply to
