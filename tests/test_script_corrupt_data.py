@@ -594,7 +594,7 @@ def set_up(scenario: Scenario, runner: ScriptRunner, backend: str) -> Call:
     for key, dump, expires_at in dumps:
         pipe.restore(key, 0, dump)
         if expires_at >= 0:
-            pipe.pexpireat(key, expires_at)
+            pipe.pexpireat(key, int(expires_at))  # fakeredis 2.26 replies a float
     pipe.execute()
     return call
 
