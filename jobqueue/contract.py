@@ -1,7 +1,8 @@
-"""The script contract: each Lua file's header names its KEYS and ARGV in order, and this module
-reads those names. Calls take their keys by name from an object that has them as attributes
-(a partition's or a scheduler partition's keys), so a builder cannot pass them in an order the
-script does not read; tests/test_script_contract.py checks every builder against the header.
+"""The script contract: each Lua file's header names its KEYS (with their Redis types) and ARGV
+in order, and this module reads those names. Calls take their keys by name from an object that
+has them as attributes (a partition's or a scheduler partition's keys), so a builder cannot pass
+them in an order the script does not read; tests/test_script_contract.py checks every builder
+against the header, and tests/test_script_corrupt_data.py plants foreign types by the header's.
 
 Header lines (see lua/claim.lua):
 
@@ -20,7 +21,8 @@ from typing import Any
 
 from .scripts import SCRIPT_NAMES, ArgT, Call, lua_dir
 
-_KEY = re.compile(r"^-- KEYS\[(\d+)\]\s+(\w+)", re.M)
+_KEY = re.compile(r"^-- KEYS\[(\d+)\]\s+(\w+)\s+(\w+)", re.M)
+_KINDS = frozenset({"string", "list", "set", "hash", "zset"})
 _ARG = re.compile(r"^-- ARGV\[(\d+)(\.\.)?\]\s+(\w+)", re.M)
 
 
@@ -28,11 +30,16 @@ _ARG = re.compile(r"^-- ARGV\[(\d+)(\.\.)?\]\s+(\w+)", re.M)
 class Contract:
     name: str
     keys: tuple[str, ...]
+    kinds: tuple[str, ...]  # the Redis type of each key, as its header line says
     args: tuple[str, ...]  # the fixed ARGV, in order
     tail: str | None  # the name of a variadic ARGV tail (ARGV[n..]), if any
     _key_cache: dict[Any, tuple[str, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
+
+    def kind_of(self, key: str) -> str:
+        """The Redis type the script expects at the key it calls ``key`` (e.g. 'zset')."""
+        return self.kinds[self.keys.index(key)]
 
     def keys_of(self, source: Any) -> tuple[str, ...]:
         """The KEYS, in the script's order, from the attributes of ``source`` (cached: a
@@ -55,7 +62,11 @@ class Contract:
 
 def parse_header(name: str, text: str) -> Contract:
     header = _header(text)
-    keys = _numbered([(int(n), k) for n, k in _KEY.findall(header)], name, "KEYS")
+    declared = _KEY.findall(header)
+    keys = _numbered([(int(n), k) for n, k, _ in declared], name, "KEYS")
+    kinds = tuple(kind for _, _, kind in declared)
+    if not set(kinds) <= _KINDS:
+        raise ValueError(f"{name}.lua: a KEYS line's type is not one of {sorted(_KINDS)}")
     fixed: list[tuple[int, str]] = []
     tail = None
     for n, dots, arg in _ARG.findall(header):
@@ -63,7 +74,7 @@ def parse_header(name: str, text: str) -> Contract:
             tail = arg
         else:
             fixed.append((int(n), arg))
-    return Contract(name, keys, _numbered(fixed, name, "ARGV"), tail)
+    return Contract(name, keys, kinds, _numbered(fixed, name, "ARGV"), tail)
 
 
 def _header(text: str) -> str:

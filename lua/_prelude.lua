@@ -50,6 +50,13 @@ local function whole(v, lo)
   return n ~= nil and n == n and n >= lo and n <= 9007199254740992 and n == math.floor(n)
 end
 
+-- A record's field as a whole number in [lo, 2^53], or `default` when it holds anything else:
+-- NaN is no score ZADD takes, and NaN or inf is no integer a reply can carry.
+local function whole_or(v, lo, default)
+  if whole(v, lo) then return tonumber(v) end
+  return default
+end
+
 -- -- phase 1: reading -------------------------------------------------------------------
 
 -- reading(fn): run the read phase; returns (true, its result) or (false, the error reply to
@@ -121,13 +128,17 @@ end
 
 -- Counters of a stats hash: the fields' values now. A field holding garbage is noted and
 -- bump() overwrites it; a stats key of another type is left alone (counting stops there).
+-- An integer to HINCRBY is '0' or has no leading zero ('007' and '-0' are refused, after the
+-- script's other writes), and has at most 15 characters (no overflow).
 local function counters(key, ...)
   local values, foreign = checked(redis.pcall('HMGET', key, ...), key, true)
   local c = {key = key, bad = {}, foreign = foreign}
   if not foreign then
     for i, name in ipairs({...}) do
       local v = values[i]
-      if v and not (string.match(v, '^%-?%d+$') and #v <= 15) then c.bad[name] = true end
+      if v and not ((v == '0' or string.match(v, '^%-?[1-9]%d*$')) and #v <= 15) then
+        c.bad[name] = true
+      end
     end
   end
   return c

@@ -164,9 +164,9 @@ local ok, plan = reading(function()
     local run_id, since = p.orphans[i], tonumber(p.orphans[i + 1])
     local run = record(run_id)
     if run and run.state == 'pending' then
-      p.restore[#p.restore + 1] = {KEYS[1], tonumber(run.due) or now, run_id}
+      p.restore[#p.restore + 1] = {KEYS[1], whole_or(run.due, 0, now), run_id}
     elseif run and run.state == 'running' then
-      p.restore[#p.restore + 1] = {KEYS[2], tonumber(run.lease_until) or now, run_id}
+      p.restore[#p.restore + 1] = {KEYS[2], whole_or(run.lease_until, 0, now), run_id}
     elseif run and run.state then
       p.forget[#p.forget + 1] = run_id -- finished meanwhile: nothing to index here
     elseif dead_retention and dead_retention > 0 and since < now - dead_retention then
@@ -190,8 +190,7 @@ for _, run in ipairs(plan.take) do
   local fence = next_fence(last, run.fence)
   last = fence
   local attempt = (tonumber(run.attempt) or 0) + 1
-  local lease = tonumber(run.lease_ms) or 0
-  if lease <= 0 then lease = default_lease end
+  local lease = whole_or(run.lease_ms, 1, default_lease)
   local lease_until = now + lease
   if run.expired and run.hist_ok then
     history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
@@ -205,9 +204,9 @@ for _, run in ipairs(plan.take) do
   local n = #out
   out[n + 1] = run.id; out[n + 2] = fence; out[n + 3] = attempt
   out[n + 4] = tonumber(run.max_attempts) or 1; out[n + 5] = run.task
-  out[n + 6] = run.payload; out[n + 7] = lease_until; out[n + 8] = tonumber(run.timeout_ms) or 0
+  out[n + 6] = run.payload; out[n + 7] = lease_until; out[n + 8] = whole_or(run.timeout_ms, 0, 0)
   out[n + 9] = run.job or ''; out[n + 10] = run.scheduled_for or ''
-  out[n + 11] = tonumber(run.due) or 0
+  out[n + 11] = whole_or(run.due, 0, 0)
 end
 if #plan.take > 0 then redis.call('SET', KEYS[5], int(last)) end
 -- Leases are added before any is removed: the leases key is never emptied and then written

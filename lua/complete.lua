@@ -31,7 +31,7 @@ local ok, plan = reading(function()
     -- A key of another type answers 'unknown' for its run alone.
     local run = load_run(prefix .. 'run:' .. run_id, 'state', 'fence', 'hist')
     local r = {id = run_id, result = ARGV[i + 2], why = refusal(run, fence),
-               current = run and tonumber(run.fence) or 0}
+               current = run and whole_or(run.fence, 0, 0) or 0}
     r.hist = r.why == nil and run.hist ~= nil and history_ok(prefix, run_id)
     p.runs[#p.runs + 1] = r
   end

@@ -41,7 +41,7 @@ if not ok then return plan end
 
 if plan.why then
   bump(plan.stats, 'rejected', 1)
-  return {0, plan.why, plan.run and tonumber(plan.run.fence) or 0}
+  return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0) or 0}
 end
 
 local run = plan.run

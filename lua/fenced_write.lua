@@ -13,7 +13,9 @@
 --          was reclaimed, cancelled or finished: run_fence is the run's current fence);
 --          {0, last_fence} when refused because a newer fence already wrote the resource, or
 --          the same fence from another run. Refused whole (an error reply, nothing changed)
---          when the resource holds foreign data or a key is not on this node.
+--          when the resource holds foreign data or a key is not on this node. A fence that is
+--          not a whole number (garbage) reads as none: 0 in the run, never written in the
+--          resource.
 --
 -- Fences come from one counter per partition (claim.lua), so they order the claims of every
 -- run of the partition: a resource shared by runs keeps the write of the latest claim.
@@ -24,12 +26,12 @@ local fence, value, run_id, ttl = tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(
 local ok, plan = reading(function()
   local p = {run = load_run(KEYS[2], 'state', 'fence') or {}}
   local r = read('HMGET', KEYS[1], 'fence', 'run')
-  p.last, p.last_run = tonumber(r[1]) or -1, r[2] or nil
+  p.last, p.last_run = whole_or(r[1], 0, -1), r[2] or nil
   return p
 end)
 if not ok then return plan end
 
-local current = tonumber(plan.run.fence) or 0
+local current = whole_or(plan.run.fence, 0, 0)
 if plan.run.state ~= 'running' or current ~= fence then return {0, current} end
 if fence < plan.last then return {0, plan.last} end
 if fence == plan.last and plan.last_run ~= run_id then return {0, plan.last} end

@@ -33,8 +33,7 @@ for _, r in ipairs(plan) do
   if r.why then
     out[#out + 1] = r.why
   else
-    local lease = tonumber(r.lease) or 0
-    if lease <= 0 then lease = default_lease end
+    local lease = whole_or(r.lease, 1, default_lease)
     local lease_until = now + lease
     redis.call('HSET', prefix .. 'run:' .. r.id, 'lease_until', lease_until)
     leases[#leases + 1] = lease_until

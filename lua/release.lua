@@ -31,7 +31,7 @@ local ok, plan = reading(function()
   return p
 end)
 if not ok then return plan end
-if plan.why then return {0, plan.why, plan.run and tonumber(plan.run.fence) or 0} end
+if plan.why then return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0) or 0} end
 
 local attempt = math.max((tonumber(plan.run.attempt) or 1) - 1, 0)
 redis.call('HSET', key, 'state', 'pending', 'attempt', attempt, 'due', now)

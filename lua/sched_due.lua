@@ -23,7 +23,8 @@
 --          fire and definition share a segment (a herd is a few segments, not 4 fields a job).
 --          extra is '' for jobs without an overlap policy; for the others (one job per
 --          segment) it is '<state text>|<held text>' (either part '' when absent).
---          An error reply when a key holds another type or is not on this node.
+--          An error reply when a key holds another type or is not on this node. A job whose
+--          next fire is -inf or +inf (no scheduler writes either) is never due.
 
 local now = clock(ARGV[1])
 
@@ -37,7 +38,8 @@ local _, reply = reading(function()
     local rank = read('ZRANK', KEYS[1], ARGV[5])
     found = read('ZRANGE', KEYS[1], rank + 1, rank + limit, 'WITHSCORES')
   else
-    found = read('ZRANGEBYSCORE', KEYS[1], '-inf', horizon, 'WITHSCORES', 'LIMIT', 0, limit)
+    -- '(-inf': a job at -inf (garbage: no scheduler writes it) is never due, like one at +inf.
+    found = read('ZRANGEBYSCORE', KEYS[1], '(-inf', horizon, 'WITHSCORES', 'LIMIT', 0, limit)
   end
 
   -- The cursor read is by rank: keep only the jobs within the horizon.

@@ -424,12 +424,19 @@ def test_the_model_catches_a_broken_script(mutant: str, monkeypatch: pytest.Monk
         {"make_client": fake_client},
     )
     # Finding the violation is the point here; shrinking it to a minimal example is not.
+    # Deterministic: derandomize fixes the examples (and drops the example database, whose
+    # replay of an earlier run's failure hid that random examples missed the fence mutant about
+    # one run in five). They find each mutant within the first 150 examples; the run stops at
+    # the first failure, so max_examples is a margin that costs nothing. Should a Hypothesis
+    # upgrade change the examples: random ones need 130 on average for the fence mutant (the
+    # slowest), and miss it within 1,000 about once in 2,000 runs.
     quiet = settings(
         SETTINGS,
-        max_examples=200,
+        max_examples=1_000,
+        derandomize=True,
         report_multiple_bugs=False,
         print_blob=False,
-        phases=[Phase.explicit, Phase.reuse, Phase.generate],
+        phases=[Phase.explicit, Phase.generate],
     )
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine, settings=quiet)

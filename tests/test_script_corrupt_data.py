@@ -1,0 +1,680 @@
+"""No script ever half-applies (issue 15): on corrupt data a script either refuses the whole
+call before its first write, or goes through.
+
+The cases are generated. Each scenario below is a realistic state and the call that drives one
+script through its write paths. The keys the call touches are its declared KEYS (names and
+types from its Lua header through ``jobqueue.contract``, real names from the call), and the
+run records and history lists (``prefix + 'run:' + id``, ``prefix + 'hist:' + id``) of every
+run the scenario knows: named by the call, listed in its indexes, or found in the keyspace
+before or after the call. Each key is corrupted in each way that fits it, one case each:
+
+- replaced by each other type: a string 'garbage', a list, a set, a hash or a zset;
+- deleted, when the scenario has it;
+- a hash that exists: each field it holds before the call or that the call writes, set to
+  each of GARBAGE in turn;
+- a string: set to each of GARBAGE;
+- a zset: a member without a record, scored first, at -inf or at +inf;
+- a list: overfull.
+
+The oracle: the call raised one of jobqueue's errors (ScriptError; ConnectionFailed and its
+ServerRefused for TRYAGAIN) and the keyspace (each key's type, content and expiry time) is what
+it was before the call; or the call went through, its reply parses with its ``ops.parse_*``, and
+no key became a type that is neither its own nor the one the header declares. Any other
+exception fails the case. Both backends, like every Redis-facing test.
+
+``survey()`` builds each scenario once on a private fakeredis at collection time and runs its
+call, to learn which keys, fields and members there are before and after the call. Each case
+then builds its scenario on the test's backend (once per backend; later cases restore the
+first build's DUMPs), plants one corruption and calls the script.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import fakeredis
+import pytest
+
+from jobqueue import JobQueue, ops
+from jobqueue.contract import contracts
+from jobqueue.errors import ConnectionFailed, ScriptError
+from jobqueue.keys import PartitionKeys
+from jobqueue.sched_ops import (
+    HOLD_MS,
+    RunGroup,
+    parse_sched_create,
+    parse_sched_release,
+    sched_create_call,
+    sched_release_call,
+    sched_unhold_call,
+)
+from jobqueue.scheduler import Scheduler
+from jobqueue.scripts import SCRIPT_NAMES, Call, Script, ScriptRunner, scripts
+
+PK = PartitionKeys("default", 0)
+SK = ops.SchedKeys(0)
+NOW = 1_700_000_000_000  # ms: the queue scenarios' calls run at this instant
+S = 1_000  # the recurring jobs' clock starts at 0
+LEASE = 30_000
+RETENTION = 3_600_000  # of finished and dead records
+PAYLOAD = '{"args":[],"kwargs":{}}'
+
+# What a field or a string may hold that no script writes: not a number, empty, NaN, infinite,
+# past 2^53, and digits that Lua reads as a number but Redis refuses as an integer.
+GARBAGE = ("x", "", "nan", "1e400", "1" + "0" * 30, "007")
+KINDS = ("string", "list", "set", "hash", "zset")
+RECORD, HISTORY = "run:", "hist:"  # the undeclared keys: prefix + these + run id
+
+
+# -- building states ---------------------------------------------------------------------------
+
+
+def spec(run_id: str, **fields: Any) -> ops.RunSpec:
+    return ops.RunSpec(run_id, "t", PAYLOAD, **fields)
+
+
+def enqueue(runner: ScriptRunner, *specs: ops.RunSpec, now: int) -> None:
+    assert all(ops.parse_create(runner.run(ops.create_call(PK, specs, now=now))))
+
+
+def claim(runner: ScriptRunner, limit: int, now: int, owner: str = "w1") -> dict[str, int]:
+    """Claim up to ``limit`` runs; their fences by run id."""
+    call = ops.claim_call(PK, limit, owner, LEASE, RETENTION, now=now)
+    return {r.run_id: r.fence for r in ops.parse_claim(runner.run(call)).runs}
+
+
+def accepted(runner: ScriptRunner, call: Call) -> None:
+    assert ops.parse_outcome(runner.run(call)).accepted, call
+
+
+def running_with_history(runner: ScriptRunner, run_id: str, now: int, **fields: Any) -> int:
+    """A run on its second attempt (the first failed and was retried: a history entry); its
+    fence."""
+    enqueue(runner, spec(run_id, **fields), now=now)
+    (first,) = claim(runner, 1, now=now).values()
+    accepted(runner, ops.fail_call(PK, run_id, first, "flaky", 0, RETENTION, now=now + 1))
+    return claim(runner, 1, now=now + 2)[run_id]
+
+
+def dead_with_history(runner: ScriptRunner, run_id: str, now: int) -> None:
+    fence = running_with_history(runner, run_id, now, max_attempts=2)
+    accepted(runner, ops.fail_call(PK, run_id, fence, "boom", None, RETENTION, now=now + 3))
+
+
+def expired_entry(runner: ScriptRunner, index: str) -> None:
+    """An index entry of a run that finished before the retention: its record has expired, and
+    the next write to the index trims the entry."""
+    runner.client.zadd(index, {"old": NOW - RETENTION - 60_000})
+
+
+def fire_run(job: str, second: int) -> str:
+    """The run id of a recurring job's fire at ``second`` (under an hour)."""
+    return f"{job}@1970-01-01T00:{second // 60:02d}:{second % 60:02d}Z"
+
+
+def fire(job: str, second: int, due: int | None = None, lease: int = 0
+         ) -> tuple[RunGroup, list[str | int]]:
+    """A job's run of the fire at ``second`` as the scheduler sends it to sched_create: due at
+    the fire time, or at ``due`` (HOLD_MS: a held buffer-one run)."""
+    suffix = "@" + fire_run(job, second).split("@")[1]
+    group = RunGroup("t", PAYLOAD, 3, lease, lease // 2, suffix, second * S)
+    return group, [job, second * S if due is None else due]
+
+
+def recurring_jobs(runner: ScriptRunner) -> None:
+    """A scheduler partition after the ticks at 60 s and 120 s: a herd of two every-minute
+    jobs, an hourly job, and two buffer-one jobs whose 120 s runs are held (their 60 s runs are
+    still pending)."""
+    jq = JobQueue(runner.client)
+    for job in ("herd-1", "herd-2"):
+        jq.schedule(job, "t", every=60, now=0)
+    jq.schedule("hourly", "t", every=3600, now=0)
+    for job in ("slow", "policed"):
+        jq.schedule(job, "t", every=60, overlap="buffer-one", now=0)
+    scheduler = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    scheduler.tick(now=60 * S)
+    scheduler.tick(now=120 * S)
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+
+
+def create_run(runner: ScriptRunner) -> Call:
+    """A run is created again (it exists: left alone) with two new ones, one with its own
+    lease, timeout, job and schedule."""
+    enqueue(runner, spec("queued"), now=NOW - 1_000)
+    return ops.create_call(PK, [
+        spec("queued"),
+        spec("new-1", lease_ms=5_000, timeout_ms=4_000, job_id="nightly", scheduled_for_ms=NOW),
+        spec("new-2", delay_ms=1_000),
+    ], now=NOW)
+
+
+def claim_a_busy_partition(runner: ScriptRunner) -> Call:
+    """Two expired leases (one retried, with its own lease and timeout; one past its attempts:
+    buried), a due run, a run due later, a stray due entry of a finished run, and an orphan
+    whose record has come back."""
+    start = NOW - 60_000
+    running_with_history(runner, "expired", start, max_attempts=3, lease_ms=5_000,
+                         timeout_ms=4_000, job_id="nightly", scheduled_for_ms=start)
+    enqueue(runner, spec("exhausted", max_attempts=1), now=start + 3)
+    claim(runner, 1, now=start + 3)
+    enqueue(runner, spec("finished"), now=start + 4)
+    fence = claim(runner, 1, now=start + 4)["finished"]
+    accepted(runner, ops.complete_call(PK, "finished", fence, "1", RETENTION, now=start + 5))
+    # What a failover leaves: a due entry of the finished run, and an orphan ('returned' was
+    # indexed on a node its record had not reached yet; the record is here now).
+    runner.client.zadd(PK.due, {"finished": start + 4})
+    enqueue(runner, spec("due"), spec("later", delay_ms=120_000), spec("returned"), now=NOW - 10)
+    runner.client.zrem(PK.due, "returned")
+    runner.client.zadd(PK.orphans, {"returned": NOW - 5})
+    return ops.claim_call(PK, 2, "w2", LEASE, RETENTION, now=NOW)
+
+
+def heartbeat(runner: ScriptRunner) -> Call:
+    """A worker extends three leases (one of the runs has a lease of its own); another claim
+    took one of them meanwhile, and a fourth run it names is gone."""
+    enqueue(runner, spec("held", lease_ms=5_000), spec("other"), spec("stolen"), now=NOW - 3_000)
+    fences = claim(runner, 3, now=NOW - 3_000)
+    accepted(runner, ops.release_call(PK, "stolen", fences["stolen"], now=NOW - 2_000))
+    claim(runner, 1, now=NOW - 1_000, owner="w2")
+    leases = [(r, fences[r]) for r in ("held", "other", "stolen")] + [("vanished", 1)]
+    return ops.heartbeat_call(PK, leases, LEASE, now=NOW)
+
+
+def complete_a_batch(runner: ScriptRunner) -> Call:
+    """A worker commits three runs: two it holds (one with a history), and one another claim
+    took meanwhile (refused). The done index holds an entry past the retention."""
+    expired_entry(runner, PK.done)
+    fence_a = running_with_history(runner, "a", NOW - 3_000)
+    enqueue(runner, spec("b"), spec("stale"), now=NOW - 2_000)
+    fences = claim(runner, 2, now=NOW - 2_000)
+    accepted(runner, ops.release_call(PK, "stale", fences["stale"], now=NOW - 1_500))
+    claim(runner, 1, now=NOW - 1_000, owner="w2")
+    items = [("a", fence_a, '"ok"'), ("b", fences["b"], "2"), ("stale", fences["stale"], "3")]
+    return ops.complete_many_call(PK, items, RETENTION, now=NOW)
+
+
+def fail_and_retry(runner: ScriptRunner) -> Call:
+    fence = running_with_history(runner, "a", NOW - 3_000)
+    return ops.fail_call(PK, "a", fence, "boom", 1_000, RETENTION, now=NOW)
+
+
+def fail_for_good(runner: ScriptRunner) -> Call:
+    """The last attempt fails: the run is buried. The dead index holds an entry past the
+    retention."""
+    expired_entry(runner, PK.dead)
+    fence = running_with_history(runner, "a", NOW - 3_000, max_attempts=2)
+    return ops.fail_call(PK, "a", fence, "boom", 1_000, RETENTION, now=NOW)
+
+
+def cancel_a_running_run(runner: ScriptRunner) -> Call:
+    expired_entry(runner, PK.done)
+    running_with_history(runner, "a", NOW - 3_000)
+    return ops.cancel_call(PK, "a", RETENTION, "stop", now=NOW)
+
+
+def release(runner: ScriptRunner) -> Call:
+    fence = running_with_history(runner, "a", NOW - 3_000)
+    return ops.release_call(PK, "a", fence, now=NOW)
+
+
+def requeue_a_dead_run(runner: ScriptRunner) -> Call:
+    dead_with_history(runner, "a", NOW - 3_000)
+    return ops.requeue_call(PK, "a", now=NOW)
+
+
+def fenced_write(runner: ScriptRunner) -> Call:
+    """A run writes a resource that an older claim wrote before it."""
+    enqueue(runner, spec("older"), now=NOW - 4_000)
+    enqueue(runner, spec("a"), now=NOW - 3_000)
+    fences = claim(runner, 2, now=NOW - 3_000)
+    call = ops.fenced_write_call(PK, "report", fences["older"], "v1", "older", now=NOW - 2_000)
+    assert ops.parse_fenced_write(runner.run(call))[0]
+    return ops.fenced_write_call(PK, "report", fences["a"], "v2", "a", ttl_ms=60_000, now=NOW)
+
+
+def purge(runner: ScriptRunner) -> Call:
+    """Two dead runs (one with a history) and a pending one (refused)."""
+    dead_with_history(runner, "a", NOW - 3_000)
+    enqueue(runner, spec("b", max_attempts=1), now=NOW - 2_000)
+    fence = claim(runner, 1, now=NOW - 2_000)["b"]
+    accepted(runner, ops.fail_call(PK, "b", fence, "boom", None, RETENTION, now=NOW - 1_000))
+    enqueue(runner, spec("c"), now=NOW - 1_000)
+    return ops.purge_call(PK, ["a", "b", "c"])
+
+
+def sched_due(runner: ScriptRunner) -> Call:
+    recurring_jobs(runner)
+    return ops.sched_due_call(SK, 0, 100, now=180 * S)
+
+
+def advance(runner: ScriptRunner) -> Call:
+    """The 180 s tick moves the herd on, records a held run for 'policed', and ends 'hourly'
+    (its schedule is over)."""
+    recurring_jobs(runner)
+    fired = {"fired": 1, "last_fire_ms": 180 * S, "through_ms": 180 * S}
+    return ops.advance_call(SK, [
+        ops.Advance("herd-1", 180 * S, 240 * S, **fired),
+        ops.Advance("herd-2", 180 * S, 240 * S, **fired),
+        ops.Advance("policed", 180 * S, 240 * S, skipped=1, through_ms=180 * S,
+                    held=f"{180 * S} {60 * S} {180 * S} default"),
+        ops.Advance("hourly", 3600 * S, None, through_ms=180 * S),
+    ], now=180 * S)
+
+
+def sched_define_put(runner: ScriptRunner) -> Call:
+    """'herd-1' is redefined to every two minutes, compare-and-set against what was read."""
+    recurring_jobs(runner)
+    return ops.sched_define_call(
+        SK, "herd-1", expected_definition=runner.client.hget(SK.defs, "herd-1"),
+        expected_next_ms=180 * S, definition='{"task":"t","queue":"default","every_ms":120000}',
+        next_ms=240 * S, state="2 0 0 0 120000 120000 default",
+    )
+
+
+def sched_define_delete(runner: ScriptRunner) -> Call:
+    recurring_jobs(runner)
+    return ops.sched_define_call(
+        SK, "hourly", expected_definition=runner.client.hget(SK.defs, "hourly"),
+        expected_next_ms=3600 * S, definition=None, next_ms=None,
+    )
+
+
+def sched_create(runner: ScriptRunner) -> Call:
+    """The 180 s fire: 'herd-1' (with its own lease and timeout) and 'herd-2', and the held
+    run of 'policed'; with the 120 s run of 'herd-1' again (it exists: the scheduler crashed
+    before its advance)."""
+    runner.run(sched_create_call(PK, [fire("herd-1", 120)], now=120 * S))
+    group, herd = fire("herd-1", 180, lease=5_000)
+    herd += fire("herd-2", 180)[1]
+    return sched_create_call(PK, [
+        fire("herd-1", 120), (group, herd), fire("policed", 180, due=HOLD_MS),
+    ], now=180 * S)
+
+
+def sched_release(runner: ScriptRunner) -> Call:
+    """Two buffer-one jobs with their 120 s runs held: 'policed' (its 60 s run completed:
+    released) and 'slow' (its 60 s run is still running: still held)."""
+    runner.run(sched_create_call(PK, [fire("policed", 60), fire("slow", 60)], now=60 * S))
+    fences = claim(runner, 2, now=61 * S)
+    held = [fire("policed", 120, due=HOLD_MS), fire("slow", 120, due=HOLD_MS)]
+    runner.run(sched_create_call(PK, held, now=120 * S))
+    first = fire_run("policed", 60)
+    accepted(runner, ops.complete_call(PK, first, fences[first], "1", RETENTION, now=122 * S))
+    return sched_release_call(PK, [
+        (fire_run("policed", 120), first, 120 * S),
+        (fire_run("slow", 120), fire_run("slow", 60), 120 * S),
+    ], now=130 * S)
+
+
+def sched_unhold(runner: ScriptRunner) -> Call:
+    """Two held entries are forgotten; a third is named with a text that changed since it was
+    read (kept)."""
+    recurring_jobs(runner)
+    held = runner.client.hgetall(SK.held)
+    return sched_unhold_call(SK, [("policed", held["policed"]), ("slow", held["slow"]),
+                                  ("herd-1", "120000 60000 120000 default")], now=130 * S)
+
+
+def ignored(reply: Any) -> None:
+    """sched_unhold's reply: the scheduler does not read it."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A state, and the call under test in it. ``build`` sets up the state and returns the
+    call (the same call each time: the clocks are explicit)."""
+
+    name: str
+    script: str
+    build: Callable[[ScriptRunner], Call]
+    parse: Callable[[Any], object]  # the reply's parser (ops.parse_*, or what its caller reads)
+    prefix: str = PK.prefix  # where the records and histories of its runs live ('' = none)
+    names: tuple[str, ...] = ()  # run ids the call names that have no key at all
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario("create_run", "create_run", create_run, ops.parse_create),
+        Scenario("claim", "claim", claim_a_busy_partition, ops.parse_claim),
+        Scenario("heartbeat", "heartbeat", heartbeat, ops.parse_heartbeat, names=("vanished",)),
+        Scenario("complete", "complete", complete_a_batch, ops.parse_outcomes),
+        Scenario("fail-retry", "fail", fail_and_retry, ops.parse_outcome),
+        Scenario("fail-dead", "fail", fail_for_good, ops.parse_outcome),
+        Scenario("cancel", "cancel", cancel_a_running_run, ops.parse_state_change),
+        Scenario("release", "release", release, ops.parse_outcome),
+        Scenario("requeue", "requeue", requeue_a_dead_run, ops.parse_state_change),
+        Scenario("fenced_write", "fenced_write", fenced_write, ops.parse_fenced_write),
+        Scenario("purge", "purge", purge, ops.parse_purge),
+        Scenario("sched_due", "sched_due", sched_due, ops.parse_sched_due, prefix=""),
+        Scenario("advance", "advance", advance, ops.parse_advance, prefix=""),
+        Scenario("sched_define-put", "sched_define", sched_define_put, ops.parse_sched_define,
+                 prefix=""),
+        Scenario("sched_define-delete", "sched_define", sched_define_delete,
+                 ops.parse_sched_define, prefix=""),
+        Scenario("sched_create", "sched_create", sched_create, parse_sched_create),
+        Scenario("sched_release", "sched_release", sched_release, parse_sched_release),
+        Scenario("sched_unhold", "sched_unhold", sched_unhold, ignored, prefix=""),
+    )
+}
+
+
+# -- the keyspace ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str
+    value: object  # the content, in a canonical order
+    expires_at: int  # PEXPIRETIME: -1 when the key has no expiry
+
+
+READ: dict[str, Callable[[Any, str], object]] = {
+    "string": lambda pipe, key: pipe.get(key),
+    "list": lambda pipe, key: pipe.lrange(key, 0, -1),
+    "set": lambda pipe, key: pipe.smembers(key),
+    "hash": lambda pipe, key: pipe.hgetall(key),
+    "zset": lambda pipe, key: pipe.zrange(key, 0, -1, withscores=True),
+}
+
+
+def canonical(value: object) -> object:
+    if isinstance(value, set):
+        return sorted(value)
+    if isinstance(value, dict):
+        return sorted(value.items())
+    return value
+
+
+def kinds(client: Any) -> dict[str, str]:
+    """Every key's type."""
+    keys = sorted(client.keys("*"))
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.type(key)
+    return dict(zip(keys, pipe.execute(), strict=True))
+
+
+def keyspace(client: Any) -> dict[str, Entry]:
+    """Every key's type, content and expiry time. Contents, not DUMPs: a real server
+    serializes a hash or a set kept as a hash table in its table's order, which a mere read
+    changes while the table is being rehashed (a restored one, say)."""
+    types = kinds(client)
+    pipe = client.pipeline(transaction=False)
+    for key, kind in types.items():
+        READ[kind](pipe, key)
+        pipe.execute_command("PEXPIRETIME", key)
+    replies = pipe.execute()
+    return {
+        key: Entry(kind, canonical(replies[2 * i]), replies[2 * i + 1])
+        for i, (key, kind) in enumerate(types.items())
+    }
+
+
+def differences(before: dict[str, Entry], after: dict[str, Entry]) -> list[str]:
+    out = [f"{k} created" for k in after.keys() - before.keys()]
+    out += [f"{k} deleted" for k in before.keys() - after.keys()]
+    out += [f"{k} changed" for k in before.keys() & after.keys() if before[k] != after[k]]
+    return sorted(out)
+
+
+Shape = dict[str, tuple[str, frozenset[str]]]  # key -> (type, hash fields or zset members)
+
+
+def shape(client: Any) -> Shape:
+    out: Shape = {}
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        inside = {"hash": client.hkeys, "zset": lambda k: client.zrange(k, 0, -1)}.get(kind)
+        out[key] = (kind, frozenset(inside(key) if inside else ()))
+    return out
+
+
+# -- what is corrupted, and how ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A key the call touches. ``role``: its name in the script's header ('due') or, for an
+    undeclared one, 'run:<id>' / 'hist:<id>'; ``kind``: the type the scripts expect there."""
+
+    role: str
+    kind: str
+    exists: bool  # before the call
+    fields: tuple[str, ...] = ()  # an existing hash's fields, before or after the call
+
+
+def targets(scenario: Scenario, call: Call, before: Shape, after: Shape) -> Iterator[Target]:
+    """The call's declared KEYS (from the contract and the call), then the records and
+    histories of the runs it names, its indexes list, or the keyspace holds before or after."""
+    contract = contracts()[scenario.script]
+    declared = dict(zip(contract.keys, call.keys, strict=True))
+
+    def target(role: str, key: str, kind: str) -> Target:
+        fields: set[str] = set()
+        if key in before and kind == "hash":
+            for state in (before, after):
+                if state.get(key, ("none",))[0] == "hash":
+                    fields |= state[key][1]
+        return Target(role, kind, key in before, tuple(sorted(fields)))
+
+    for role, key in declared.items():
+        yield target(role, key, contract.kind_of(role))
+    if not scenario.prefix:
+        return
+    runs = set(scenario.names)
+    for key in declared.values():
+        if before.get(key, ("none",))[0] == "zset":
+            runs |= before[key][1]
+    for key in before.keys() | after.keys():
+        for part in (RECORD, HISTORY):
+            if key.startswith(scenario.prefix + part):
+                runs.add(key[len(scenario.prefix + part) :])
+    for run_id in sorted(runs):
+        for part, kind in ((RECORD, "hash"), (HISTORY, "list")):
+            key = scenario.prefix + part + run_id
+            if key not in declared.values():
+                yield target(part + run_id, key, kind)
+
+
+@dataclass(frozen=True)
+class Corruption:
+    name: str
+    plant: Callable[[Any, str], object] = field(compare=False)
+
+
+FOREIGN: dict[str, Callable[[Any, str], object]] = {
+    "string": lambda client, key: client.set(key, "garbage"),
+    "list": lambda client, key: client.rpush(key, "garbage"),
+    "set": lambda client, key: client.sadd(key, "garbage"),
+    "hash": lambda client, key: client.hset(key, "garbage", "garbage"),
+    "zset": lambda client, key: client.zadd(key, {"garbage": 0}),
+}
+
+
+def foreign(kind: str) -> Corruption:
+    def plant(client: Any, key: str) -> None:
+        client.delete(key)
+        FOREIGN[kind](client, key)
+
+    return Corruption(f"a {kind}", plant)
+
+
+def ghost(where: str) -> Corruption:
+    """A member without a record: scored first (below every member and the clock), or at
+    -inf or +inf."""
+
+    def plant(client: Any, key: str) -> None:
+        first = min([NOW, *(score for _, score in client.zrange(key, 0, 0, withscores=True))])
+        client.zadd(key, {"ghost": first - 1 if where == "first" else where})
+
+    return Corruption(f"ghost member at {where}", plant)
+
+
+def corruptions(target: Target) -> list[Corruption]:
+    out = [foreign(kind) for kind in KINDS if kind != target.kind]
+    if target.exists:
+        out.append(Corruption("deleted", lambda client, key: client.delete(key)))
+    if target.kind == "hash":
+        out += [
+            Corruption(f"{f}={v!r}", lambda client, key, f=f, v=v: client.hset(key, f, v))
+            for f in target.fields
+            for v in GARBAGE
+        ]
+    elif target.kind == "string":
+        out += [Corruption(f"={v!r}", lambda client, key, v=v: client.set(key, v))
+                for v in GARBAGE]
+    elif target.kind == "zset":
+        out += [ghost(where) for where in ("first", "-inf", "+inf")]
+    elif target.kind == "list":
+        out.append(Corruption("overfull", lambda client, key: client.rpush(key, *["1"] * 100)))
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    scenario: Scenario
+    target: Target
+    corruption: Corruption
+
+    @property
+    def id(self) -> str:
+        return f"{self.scenario.name}:{self.target.role}:{self.corruption.name}"
+
+
+def survey() -> list[Case]:
+    """Every case: each scenario built on a private fakeredis and its call run once, to see the
+    keys, fields and members there are before and after; every corruption of every key."""
+    cases = []
+    for scenario in SCENARIOS.values():
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True)
+        runner = ScriptRunner(client)
+        call = scenario.build(runner)
+        before = shape(client)
+        runner.run(call)
+        for target in targets(scenario, call, before, shape(client)):
+            cases += [Case(scenario, target, c) for c in corruptions(target)]
+        client.close()
+    return cases
+
+
+CASES = survey()
+
+
+# -- the check ---------------------------------------------------------------------------------
+
+Dumps = list[tuple[str, bytes, int]]  # key, DUMP, PEXPIRETIME
+_built: dict[tuple[str, str], tuple[Call, Dumps]] = {}
+
+
+def set_up(scenario: Scenario, runner: ScriptRunner, backend: str) -> Call:
+    """The scenario's state on an empty server, and its call: built by the first case on each
+    backend, restored from that build's DUMPs for the next ones."""
+    client = runner.client
+    built = _built.get((backend, scenario.name))
+    if built is None:
+        call = scenario.build(runner)
+        pipe = client.pipeline(transaction=False)
+        keys = sorted(client.keys("*"))
+        for key in keys:
+            pipe.dump(key)
+            pipe.execute_command("PEXPIRETIME", key)
+        replies = pipe.execute()
+        _built[(backend, scenario.name)] = (call, [
+            (key, replies[2 * i], replies[2 * i + 1]) for i, key in enumerate(keys)
+        ])
+        return call
+    call, dumps = built
+    pipe = client.pipeline(transaction=False)
+    for key, dump, expires_at in dumps:
+        pipe.restore(key, 0, dump)
+        if expires_at >= 0:
+            pipe.pexpireat(key, int(expires_at))  # fakeredis 2.26 replies a float
+    pipe.execute()
+    return call
+
+
+def key_of(case: Case, call: Call) -> str:
+    contract = contracts()[case.scenario.script]
+    if case.target.role in contract.keys:
+        return call.keys[contract.keys.index(case.target.role)]
+    return case.scenario.prefix + case.target.role
+
+
+def check(case: Case, call: Call, runner: ScriptRunner) -> None:
+    """Plant the corruption in the scenario's state and make its call: refused with nothing
+    changed, or gone through with a reply that parses and no key turned into a type that is
+    neither its own nor the declared one."""
+    client = runner.client
+    key = key_of(case, call)
+    case.corruption.plant(client, key)
+    before = keyspace(client)
+    try:
+        reply = runner.run(call)
+    except (ScriptError, ConnectionFailed) as refused:
+        changed = differences(before, keyspace(client))
+        assert not changed, f"{call.script} raised after writing {changed}: {refused}"
+        return
+    case.scenario.parse(reply)
+    after = kinds(client)
+    declared = dict(zip(call.keys, contracts()[call.script].kinds, strict=True))
+    declared[key] = case.target.kind
+    retyped = [
+        f"{k}: {before[k].kind} -> {after[k]}"
+        for k in before.keys() & after.keys()
+        if after[k] not in (before[k].kind, declared.get(k))
+    ]
+    assert not retyped, f"{call.script} turned {retyped}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_a_script_on_corrupt_data_is_refused_whole_or_goes_through(
+    case: Case, runner: ScriptRunner, backend: str
+) -> None:
+    check(case, set_up(case.scenario, runner, backend), runner)
+
+
+def test_every_script_has_a_scenario() -> None:
+    assert {s.script for s in SCENARIOS.values()} == set(SCRIPT_NAMES)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=list(SCENARIOS))
+def test_each_scenario_goes_through_and_writes_on_clean_data(
+    scenario: Scenario, runner: ScriptRunner, redis_client: Any
+) -> None:
+    """The scenarios are not vacuous: uncorrupted, each call succeeds, and each writing script
+    changes the keyspace (sched_due is read-only)."""
+    call = scenario.build(runner)
+    before = keyspace(redis_client)
+    scenario.parse(runner.run(call))
+    changed = differences(before, keyspace(redis_client))
+    read_only = scripts()[scenario.script].source.startswith("#!lua flags=no-writes")
+    assert (not changed) if read_only else changed
+
+
+def broken(name: str, old: str, new: str) -> Script:
+    good = scripts()[name]
+    source, plain = good.source.replace(old, new, 1), good.plain.replace(old, new, 1)
+    assert source != good.source
+    return Script(name, source, hashlib.sha1(source.encode()).hexdigest(),
+                  plain, hashlib.sha1(plain.encode()).hexdigest())
+
+
+def test_the_check_catches_a_script_that_writes_before_it_reads(
+    runner: ScriptRunner, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check is not vacuous: a complete.lua that counts a completion before its read
+    phase, refused on a foreign leases key, has still written the stats hash."""
+    (case,) = [c for c in CASES if c.id == "complete:leases:a string"]
+    call = set_up(case.scenario, runner, backend)
+    monkeypatch.setitem(scripts(), "complete", broken(
+        "complete", "local ok, plan = reading(",
+        "redis.call('HINCRBY', KEYS[3], 'completed', 1)\nlocal ok, plan = reading(",
+    ))
+    with pytest.raises(AssertionError, match=r"complete raised after writing .*stats changed"):
+        check(case, call, runner)
