@@ -25,10 +25,10 @@ from .base import (
 )
 from .connection import check, redact, sync_client
 from .embedded import configured_url, resolve_url
-from .errors import ConfigError, ConnectionFailed, OperationRefused, RunTimeout
+from .errors import ConfigError, ConnectionFailed, NotDurable, OperationRefused, RunTimeout
 from .keys import QUEUES_KEY, PartitionKeys, validate_queue_name
 from .models import Run
-from .scripts import ScriptRunner
+from .scripts import Call, ScriptRunner
 from .settings import Settings
 from .timeutil import Delay, Instant
 
@@ -184,8 +184,29 @@ class JobQueue(ClientBase):
         name, spec = self.prepare_args(task, args, kwargs, run_id, delay, at, queue)
         self.register_queue(name)
         keys = self.keys_for(name, spec.run_id)
-        (created,) = ops.parse_create(self.scripts.run(ops.create_call(keys, (spec,))))
+        call = ops.create_call(keys, (spec,))
+        if self.settings.durable:
+            (reply,) = self._run_durable([call], [spec.run_id])
+        else:
+            reply = self.scripts.run(call)
+        (created,) = ops.parse_create(reply)
         return RunHandle(self, spec.run_id, name, created)
+
+    def _run_durable(self, calls: list[Call], run_ids: list[str]) -> list[Any]:
+        """Settings.durable_*: the creates, then WAIT/WAITAOF on their connections."""
+        s = self.settings
+        replies, durable = self.scripts.run_durable(
+            calls, s.durable_replicas, s.durable_fsync, s.durable_timeout_ms
+        )
+        if not durable:
+            what = run_ids[0] if len(run_ids) == 1 else f"{len(run_ids)} runs ({run_ids[0]}, ...)"
+            raise NotDurable(
+                f"{what}: written on the master but not acknowledged by "
+                f"{s.durable_replicas} replica(s){' and its AOF' if s.durable_fsync else ''} "
+                f"within {s.durable_timeout_s:g}s; a failover now could lose it: enqueue it "
+                "again with the same run id (idempotent) once replicas catch up"
+            )
+        return replies
 
     def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle]:
         """Validate all, then create all in one pipelined round trip (one script call per
@@ -203,8 +224,13 @@ class JobQueue(ClientBase):
     def _create(self, planned: list[Planned], now: int | None = None) -> list[bool]:
         batches = create_batches(planned, now)
         calls = [call for call, _ in batches]
-        # A single call goes without a pipeline: its overhead matters at one run per enqueue.
-        replies = [self.scripts.run(calls[0])] if len(calls) == 1 else self.scripts.run_many(calls)
+        if self.settings.durable:
+            replies = self._run_durable(calls, [p.spec.run_id for p in planned])
+        elif len(calls) == 1:
+            # A single call goes without a pipeline: its overhead matters at one enqueue.
+            replies = [self.scripts.run(calls[0])]
+        else:
+            replies = self.scripts.run_many(calls)
         return created_flags(len(planned), batches, replies)
 
     # -- look-ups --------------------------------------------------------------------------

@@ -52,3 +52,9 @@ class RunTimeout(JobQueueError, TimeoutError):
 
 class Fatal(JobQueueError):
     """Raised by a task to fail its run for good: no retry, straight to the dead set."""
+
+
+class NotDurable(JobQueueError):
+    """The write is done on the master, but not acknowledged by the replicas (or the AOF)
+    that Settings.durable_* ask for within the timeout: a failover now could lose it. An
+    enqueue can be sent again with the same run id (it is idempotent)."""

@@ -26,7 +26,7 @@ from redis.utils import HIREDIS_AVAILABLE
 if HIREDIS_AVAILABLE:
     import hiredis
 
-from .errors import ConnectionFailed, ScriptError
+from .errors import ConfigError, ConnectionFailed, ScriptError
 
 SCRIPT_NAMES = (
     "create_run",
@@ -498,6 +498,75 @@ class ScriptRunner:
             translate_error(call, reply) if isinstance(reply, Exception) else reply
             for call, reply in zip(calls, replies, strict=True)
         ]
+
+    def run_durable(
+        self, calls: Sequence[Call], replicas: int, fsync: bool, timeout_ms: int
+    ) -> tuple[list[Any], bool]:
+        """run_many, then, on the same connection (WAIT counts the writes of its own
+        connection), WAIT for ``replicas`` replicas, or WAITAOF when ``fsync`` (the master's
+        AOF on disk too). Returns the replies (raising as run_many does) and whether every
+        connection's writes were acknowledged within the timeout."""
+        durable = True
+        replies: list[Any] = [None] * len(calls)
+        for indexes in self._by_node(calls):
+            group = [calls[i] for i in indexes]
+            got, acked = self._durable_group(group, replicas, fsync, timeout_ms)
+            durable = durable and acked
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+        return _checked(calls, replies), durable
+
+    def _durable_group(
+        self, calls: Sequence[Call], replicas: int, fsync: bool, timeout_ms: int
+    ) -> tuple[list[Any], bool]:
+        wait: tuple[Any, ...] = (
+            ("WAITAOF", 1, replicas, timeout_ms) if fsync else ("WAIT", replicas, timeout_ms)
+        )
+        # WAIT covers the writes of its own connection only, and a call that finds its run
+        # already there (an enqueue sent again) writes nothing: one small write of this
+        # connection, after the calls, makes WAIT cover everything the master had by then,
+        # whoever wrote it. In the calls' slot (a cluster node serves its own slots).
+        tag = calls[0].keys[0].split("}", 1)[0] + "}"
+        mark = ("SET", f"{tag}:durable", "1", "PX", 60_000)
+        try:
+            for _ in range(_RECOVERIES + 1):
+                commands = [("EVALSHA", *self._sources.evalsha_args(c)) for c in calls]
+                replies = self._on_one_connection([*commands, mark, wait], calls[0])
+                replies = [*replies[:-2], replies[-1]]
+                again = _not_run(replies[:-1], self._sources)
+                if not again:
+                    break
+                self.load(sorted({calls[i].script for i in again}))
+        except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
+            raise translate_error(calls[0], exc) from exc
+        answer = replies[-1]
+        if isinstance(answer, Exception):
+            text = str(answer)
+            if "unknown command" in text.lower():
+                raise ConfigError(f"durable writes need {wait[0]}, which this server lacks "
+                                  f"({'Redis >= 7.2' if fsync else 'Redis >= 3.0'}): {text}")
+            raise ConfigError(f"{wait[0]} refused: {text}")
+        acked = (
+            int(answer[0]) >= 1 and int(answer[1]) >= replicas
+            if fsync
+            else int(answer) >= replicas
+        )
+        return list(replies[:-1]), acked
+
+    def _on_one_connection(self, commands: Sequence[tuple[Any, ...]], first: Call) -> list[Any]:
+        if self._lane is not None:
+            try:
+                return self._lane.execute_many(commands)
+            except _NotSent:
+                pass
+        if self._cluster:
+            node = self.client.get_node_from_key(first.keys[0])
+            pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
 
     def _by_node(self, calls: Sequence[Call]) -> list[list[int]]:
         """Indexes of the calls, grouped by the cluster master that serves their slot (one

@@ -21,6 +21,13 @@ class Settings:
     default_max_attempts: int = 3
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 300.0
+    # Durability (docs/guarantees.md, "Durability"): after creating runs and after claiming
+    # them, wait until this many replicas have the write (WAIT), and with durable_fsync until
+    # it is in the master's AOF on disk (WAITAOF, Redis >= 7.2), at most durable_timeout_s.
+    # 0 and False: the default, Redis's asynchronous replication.
+    durable_replicas: int = 0
+    durable_fsync: bool = False
+    durable_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_payload_bytes <= 0:
@@ -31,6 +38,18 @@ class Settings:
             raise ConfigError("default_lease_s must be positive")
         if self.default_max_attempts < 1:
             raise ConfigError("default_max_attempts must be at least 1")
+        if self.durable_replicas < 0:
+            raise ConfigError("durable_replicas must be 0 (off) or more")
+        if not _positive(self.durable_timeout_s):
+            raise ConfigError("durable_timeout_s must be positive")
+
+    @property
+    def durable(self) -> bool:
+        return self.durable_replicas > 0 or self.durable_fsync
+
+    @property
+    def durable_timeout_ms(self) -> int:
+        return _ms(self.durable_timeout_s)
 
     @property
     def done_retention_ms(self) -> int:

@@ -558,7 +558,7 @@ class Worker:
             )
             sent = time.monotonic()
             try:
-                result = ops.parse_claim(self.jq.scripts.run(call))
+                result = ops.parse_claim(self._send_claim(call))
             except (JobQueueError, redis.exceptions.RedisError) as exc:
                 failure = exc
                 self._cool_down(keys, exc)
@@ -583,6 +583,26 @@ class Worker:
             raise failure  # no partition answered: the caller's back-off applies
         wait_s = MAX_IDLE_WAIT_S if wait_ms is None else min(wait_ms / 1000, MAX_IDLE_WAIT_S)
         return claimed, wait_s
+
+    def _send_claim(self, call: Call) -> Any:
+        settings = self.jq.settings
+        if not settings.durable:
+            return self.jq.scripts.run(call)
+        (reply,), durable = self.jq.scripts.run_durable(
+            [call], settings.durable_replicas, settings.durable_fsync,
+            settings.durable_timeout_ms,
+        )
+        if not durable:
+            # Run anyway: the runs are leased to this worker on the master. If it fails over
+            # before the replicas catch up, they are claimed again (with greater fences) and
+            # run twice; this worker's commits are then refused. At least once, as always.
+            log.warning(
+                "a claim was not acknowledged by %d replica(s) within %gs; running its runs "
+                "anyway (a failover now would run them again)",
+                settings.durable_replicas,
+                settings.durable_timeout_s,
+            )
+        return reply
 
     def _cool_down(self, keys: PartitionKeys, exc: Exception) -> None:
         _, failures = self._cooldown.get(keys, (0.0, 0))

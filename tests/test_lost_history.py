@@ -1,0 +1,107 @@
+"""A server that lost part of its history never issues a fence it issued before; a full one
+refuses a writing script whole. Real server only: restarts from an older snapshot and
+maxmemory are the server's own behaviour.
+
+Fences are at least the server clock in microseconds (lua/_prelude.lua, next_fence): a server
+restarted from an older snapshot (or a replica promoted after it lagged, see
+tests/cluster/test_cluster_faults.py) has its clock ahead of every fence it lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from jobqueue import ops
+from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.keys import PartitionKeys
+from jobqueue.scripts import ScriptRunner, ServerRefused
+
+PK = PartitionKeys("default", 0)
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE_MS = 30_000
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer(find_server_binary()).start()
+    yield srv
+    srv.stop()
+
+
+def restart_from_disk(srv: EmbeddedServer) -> None:
+    """SIGKILL (nothing saved at exit) and start again on the same directory: the server
+    loads the last snapshot it wrote."""
+    assert srv.process is not None
+    srv.process.kill()
+    srv.process.wait(10)
+    srv.process = None
+    srv.socket.unlink(missing_ok=True)
+    srv.start()
+
+
+def claim_one(runner: ScriptRunner, owner: str) -> ops.ClaimedRun:
+    (run,) = ops.parse_claim(runner.run(ops.claim_call(PK, 1, owner, LEASE_MS, 60_000))).runs
+    return run
+
+
+def test_a_restart_from_an_older_snapshot_never_reissues_a_fence(
+    server: EmbeddedServer,
+) -> None:
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    runner = ScriptRunner(client)
+    runner.run(ops.create_call(PK, [ops.RunSpec("r", "t", PAYLOAD)]))
+    client.save()  # the snapshot: the run pending, no fence issued yet
+    held = claim_one(runner, "w1")  # w1 holds a fence the snapshot does not know
+    restart_from_disk(server)
+
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    runner = ScriptRunner(client)
+    assert client.hget(PK.run("r"), "state") == "pending"  # w1's claim is lost with the crash
+    taken = claim_one(runner, "w2")
+    assert taken.fence > held.fence
+    # w1, alive and unaware, is refused everywhere; w2's work stands.
+    assert ops.parse_heartbeat(runner.run(ops.heartbeat_call(PK, [("r", held.fence)], 1))) == [
+        "fenced"
+    ]
+    write = ops.fenced_write_call(PK, "effect", held.fence, "w1", "r")
+    assert ops.parse_fenced_write(runner.run(write))[0] is False
+    stale = ops.complete_call(PK, "r", held.fence, '"w1"', 60_000)
+    assert ops.parse_outcome(runner.run(stale)).status == "fenced"
+    assert ops.parse_outcome(runner.run(ops.complete_call(PK, "r", taken.fence, '"w2"', 60_000)))
+    assert client.hget(PK.run("r"), "result") == '"w2"'
+
+
+WRITES = {
+    "create_run": lambda held: ops.create_call(PK, [ops.RunSpec("new", "t", PAYLOAD)]),
+    "claim": lambda held: ops.claim_call(PK, 10, "w2", LEASE_MS, 60_000),
+    "heartbeat": lambda held: ops.heartbeat_call(PK, [(held.run_id, held.fence)], LEASE_MS),
+    "complete": lambda held: ops.complete_call(PK, held.run_id, held.fence, "1", 60_000),
+    "fail": lambda held: ops.fail_call(PK, held.run_id, held.fence, "boom", 1_000, 60_000),
+    "release": lambda held: ops.release_call(PK, held.run_id, held.fence),
+    "cancel": lambda held: ops.cancel_call(PK, held.run_id, 60_000, "stop"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(WRITES))
+def test_a_full_server_refuses_a_writing_script_whole_before_its_first_write(
+    server: EmbeddedServer, script: str
+) -> None:
+    """maxmemory reached with noeviction. A claim's first write used to be a removal from the
+    due index, which Redis lets through, and then its record writes went on past the limit
+    (while heartbeats and commits were refused: the worst mix). The '#!lua' form of the
+    scripts makes Redis refuse every writing call up front, whole."""
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    runner = ScriptRunner(client)
+    runner.run(ops.create_call(PK, [ops.RunSpec(f"r{i}", "t", PAYLOAD) for i in range(20)]))
+    held = claim_one(runner, "w1")
+    before = {k: client.dump(k) for k in client.keys("*")}
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)  # full from now on
+    try:
+        with pytest.raises(ServerRefused, match="maxmemory"):
+            runner.run(WRITES[script](held))
+    finally:
+        client.config_set("maxmemory", 0)
+    assert {k: client.dump(k) for k in client.keys("*")} == before
