@@ -35,6 +35,7 @@ predecessor has finished (see :meth:`Scheduler.release_held`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import signal
@@ -278,6 +279,8 @@ class TickReport:
     skipped: int = 0
     dropped: int = 0
     released: int = 0
+    create_failures: int = 0  # jobs whose runs could not be created (kept for the next tick)
+    failed_partitions: int = 0  # scheduler partitions skipped this tick (their master down)
 
     def add(self, other: TickReport) -> None:
         self.now_ms = max(self.now_ms, other.now_ms)
@@ -291,6 +294,8 @@ class TickReport:
             "skipped",
             "dropped",
             "released",
+            "create_failures",
+            "failed_partitions",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -310,6 +315,7 @@ class Batch:
     report: TickReport = field(default_factory=TickReport)
     cursor: tuple[int, str] | None = None  # (next, job) of the last job read
     creates: list[Call] = field(default_factory=list)
+    create_jobs: list[list[str]] = field(default_factory=list)  # the job ids of each create
     held: int = 0  # buffer-one entries this batch records
 
 
@@ -383,6 +389,8 @@ class Scheduler:
         self._signals = SignalRelay(self._signalled, "jobqueue-sched-signals")
         self._executor: ThreadPoolExecutor | None = None
         self._start = random.randrange(1 << 30)
+        # Scheduler partitions skipped after a failure: keys -> (until, consecutive failures).
+        self._cooldown: dict[SchedKeys, tuple[float, int]] = {}
         self.declared = list(jq.declared_schedules if declared is None else declared)
         self.prune = prune
 
@@ -435,13 +443,56 @@ class Scheduler:
         # Each instance starts at its own partition: several schedulers then mostly work on
         # different partitions at once instead of all racing through partition 0 first.
         start = self._start % len(keys)
+        failure: Exception | None = None
+        worked = 0
+        clock = time.monotonic()
         for sk in keys[start:] + keys[:start]:
-            # Release first: a fire that comes after the buffered run's predecessor finished
-            # must not be skipped as "one already waiting".
-            report.released += self.release_held(sk, now)
-            held = 0
-            inflight: tuple[Batch, Future[None]] | None = None
-            after: tuple[int, str] | None = None
+            cooling = self._cooldown.get(sk)
+            if cooling is not None and cooling[0] > clock:
+                report.failed_partitions += 1
+                continue
+            try:
+                self._tick_partition(sk, now, report)
+            except (
+                JobQueueError,
+                redis.exceptions.RedisError,
+                redis.exceptions.RedisClusterException,
+            ) as exc:
+                # This partition's master down, its slot moving: skip it a while, the others
+                # go on (a ConfigError of the whole setup is raised by the caller's retry).
+                if isinstance(exc, ConfigError):
+                    raise
+                failures = (cooling[1] if cooling else 0) + 1
+                self._cooldown[sk] = (clock + retry_delay(failures), failures)
+                report.failed_partitions += 1
+                failure = exc
+                log.warning(
+                    "scheduler partition %s failed (%s: %s); skipped for %.1fs, the others go "
+                    "on",
+                    sk.prefix,
+                    type(exc).__name__,
+                    " ".join(str(exc).split()),
+                    retry_delay(failures),
+                )
+                continue
+            worked += 1
+            if cooling is not None:
+                del self._cooldown[sk]
+                log.info("scheduler partition %s works again", sk.prefix)
+        self.total.add(report)
+        self.metrics.scheduler_tick(report)
+        if failure is not None and worked == 0:
+            raise failure  # nothing worked: the run loop's back-off applies
+        return report
+
+    def _tick_partition(self, sk: SchedKeys, now: int | None, report: TickReport) -> None:
+        # Release first: a fire that comes after the buffered run's predecessor finished
+        # must not be skipped as "one already waiting".
+        report.released += self.release_held(sk, now)
+        held = 0
+        inflight: tuple[Batch, Future[None]] | None = None
+        after: tuple[int, str] | None = None
+        try:
             for _ in range(10_000):  # bounded: a partition is drained in batches
                 batch = self._plan(sk, now, after)
                 if inflight is not None:
@@ -458,13 +509,15 @@ class Scheduler:
                 if batch.report.due_jobs < self.batch:
                     break
                 after = batch.cursor
-            if inflight is not None:
-                self._finish(inflight, report)
-            if held:  # a run buffered behind a predecessor that already finished: run it now
-                report.released += self.release_held(sk, now)
-        self.total.add(report)
-        self.metrics.scheduler_tick(report)
-        return report
+        except BaseException:
+            if inflight is not None:  # its writes end before the next partition's begin
+                with contextlib.suppress(Exception):
+                    inflight[1].result()
+            raise
+        if inflight is not None:
+            self._finish(inflight, report)
+        if held:  # a run buffered behind a predecessor that already finished: run it now
+            report.released += self.release_held(sk, now)
 
     def _writer(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -472,7 +525,7 @@ class Scheduler:
         return self._executor
 
     def _write(self, batch: Batch, now: int | None) -> None:
-        batch.report.runs_created = self._send_creates(batch.creates)
+        batch.report.runs_created = self._send_creates(batch)
         self.advance(batch)
 
     @staticmethod
@@ -492,7 +545,7 @@ class Scheduler:
         """Step one: read the due jobs, decide, create their runs (idempotent). The advance is
         left to :meth:`advance`; stopping here is what a crash between the two looks like."""
         batch = self._plan(sk, now)
-        batch.report.runs_created = self._send_creates(batch.creates)
+        batch.report.runs_created = self._send_creates(batch)
         return batch
 
     def _plan(
@@ -569,7 +622,7 @@ class Scheduler:
                     runs.setdefault((pk, idx, fire), []).extend((job, fire + jitter))
         if policed:
             self._police(batch, policed, infos, runs)
-        batch.creates = self._create_calls(runs, infos, now)
+        batch.creates, batch.create_jobs = self._create_calls(runs, infos, now)
         return batch
 
     def _definitions(self, texts: Sequence[Any]) -> list[_DefInfo | None]:
@@ -642,8 +695,8 @@ class Scheduler:
         runs: dict[tuple[PartitionKeys, int, int], list[str | int]],
         infos: list[_DefInfo | None],
         now: int | None,
-    ) -> list[Call]:
-        """sched_create calls of at most CREATE_CHUNK runs each."""
+    ) -> tuple[list[Call], list[list[str]]]:
+        """sched_create calls of at most CREATE_CHUNK runs each, and each one's job ids."""
         by_pk: dict[PartitionKeys, list[tuple[RunGroup, list[str | int]]]] = {}
         for (pk, idx, fire), flat in runs.items():
             info = infos[idx]
@@ -659,7 +712,13 @@ class Scheduler:
                 scheduled_for_ms=fire,
             )
             by_pk.setdefault(pk, []).append((group, flat))
-        calls = []
+        calls: list[Call] = []
+        jobs: list[list[str]] = []
+
+        def send(pk: PartitionKeys, chunk: list[tuple[RunGroup, Sequence[str | int]]]) -> None:
+            calls.append(sched_create_call(pk, chunk, now))
+            jobs.append([str(job) for _, part in chunk for job in part[0::2]])
+
         for pk, groups in by_pk.items():
             chunk: list[tuple[RunGroup, Sequence[str | int]]] = []
             size = 0
@@ -669,17 +728,42 @@ class Scheduler:
                     chunk.append((group, part))
                     size += len(part) // 2
                     if size >= CREATE_CHUNK:
-                        calls.append(sched_create_call(pk, chunk, now))
+                        send(pk, chunk)
                         chunk, size = [], 0
             if chunk:
-                calls.append(sched_create_call(pk, chunk, now))
-        return calls
+                send(pk, chunk)
+        return calls, jobs
 
-    def _send_creates(self, calls: list[Call]) -> int:
-        """One pipelined round trip; how many runs were created."""
-        if not calls:
+    def _send_creates(self, batch: Batch) -> int:
+        """One pipelined round trip (one per master on a cluster); how many runs were created.
+        The jobs of a create that did not land (its master down, its slot moving) are left out
+        of the batch's advance: their next fire stays, and a later tick fires them again
+        (creation is idempotent), while every other job goes on."""
+        if not batch.creates:
             return 0
-        return sum(parse_sched_create(r) for r in self.jq.scripts.run_many(calls))
+        created, failed, error = 0, set(), None
+        replies = self.jq.scripts.run_each(batch.creates)
+        for jobs, reply in zip(batch.create_jobs, replies, strict=True):
+            if isinstance(reply, Exception):
+                failed.update(jobs)
+                error = reply
+            else:
+                created += parse_sched_create(reply)
+        if failed:
+            log.warning(
+                "runs of %d recurring jobs not created (%s); their fires are kept for the next "
+                "tick",
+                len(failed),
+                error,
+            )
+            for header, group in list(batch.groups.items()):
+                kept = [job for job in group if job not in failed]
+                if kept:
+                    batch.groups[header] = kept
+                else:
+                    del batch.groups[header]
+            batch.report.create_failures += len(failed)
+        return created
 
     def advance(self, batch: Batch) -> None:
         """Step two: compare-and-set every job's next fire forward, with its counters."""
@@ -774,7 +858,10 @@ class Scheduler:
             sched_release_call(pk, [h for _, _, h in items], now) for pk, items in by_pk.items()
         ]
         released, done = 0, []
-        for (_pk, items), reply in zip(by_pk.items(), self.jq.scripts.run_many(calls), strict=True):
+        for (pk, items), reply in zip(by_pk.items(), self.jq.scripts.run_each(calls), strict=True):
+            if isinstance(reply, Exception):  # its master down: released at a later tick
+                log.warning("held runs in %s not released yet (%s)", pk.prefix, reply)
+                continue
             for (job, text, _), result in zip(items, parse_sched_release(reply), strict=True):
                 released += result == 1
                 if result:

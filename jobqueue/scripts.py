@@ -121,13 +121,17 @@ _CLUSTER_TRANSIENT = (
     redis.exceptions.ClusterDownError,
     redis.exceptions.TryAgainError,
     redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.ClusterError,  # redis-py's "TTL exhausted": redirected too often
 )
 # Errors a RedisCluster raises that are not RedisErrors.
 _CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
 # Error replies that mean "not now", the call not executed: memory full (noeviction), a
 # replica or a demoted master, a busy script, a replica without its master, too few
 # replicas, a dataset still loading.
-_REFUSED_FOR_NOW = ("OOM", "READONLY", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING")
+_REFUSED_FOR_NOW = (
+    "OOM", "READONLY", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING",
+    "TRYLATER",  # a jobqueue script met a key that is on another node (lua/_prelude.lua)
+)
 
 
 class ServerRefused(ConnectionFailed):

@@ -884,7 +884,7 @@ class Worker:
         """One complete call per partition for the successes (one script call for many runs
         is most of a no-op run's cost), one fail call per failure, all in one round trip (one
         per master on a cluster). Returns the commits Redis did not take, to send again
-        later: refused for now (OOM, READONLY, TRYAGAIN: they did not run) or lost with their
+        later: refused for now (OOM, READONLY, TRYLATER: they did not run) or lost with their
         connection (they may have run: see _settle); their runs stay heartbeated meanwhile."""
         groups: list[_Deferred] = []
         done: dict[PartitionKeys, list[Finished]] = {}

@@ -15,8 +15,9 @@
 --   reply before the first write. Then it writes, with commands that cannot fail on what was
 --   read: a counter holding garbage is reset rather than incremented (bump), a key is never
 --   emptied and then written again in one call, and nothing is read after a write.
--- * Refusals: 'TRYAGAIN jobqueue: ...' when a key is not on this node (a Redis Cluster slot
---   migrating: the caller retries later), 'ERR jobqueue: ...' for foreign data in a key the
+-- * Refusals: 'TRYLATER jobqueue: ...' when a key is not on this node (a Redis Cluster slot
+--   migrating: the caller retries later; not TRYAGAIN, which redis-py's cluster client
+--   re-sends in a tight loop), 'ERR jobqueue: ...' for foreign data in a key the
 --   script needs whole (a wrong type). A run record of a wrong type is one run's problem: the
 --   script answers for that run alone ('unknown', or dead-letters it) and goes on.
 
@@ -87,7 +88,7 @@ local function checked(reply, key, wrongtype_ok)
   if string.find(e, 'non local key', 1, true) or string.find(e, 'TRYAGAIN', 1, true) or
      string.find(e, 'ASK', 1, true) == 1 or string.find(e, 'MOVED', 1, true) == 1 or
      string.find(e, 'cluster is down', 1, true) then
-    refuse('TRYAGAIN jobqueue: ' .. key .. ' is not on this node (a slot migration?); ' ..
+    refuse('TRYLATER jobqueue: ' .. key .. ' is not on this node (a slot migration?); ' ..
            'nothing was changed')
   end
   refuse('ERR jobqueue: reading ' .. key .. ' failed, nothing was changed: ' .. e)

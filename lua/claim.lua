@@ -19,7 +19,7 @@
 --          next_wake = earliest due time or lease expiry still pending in this partition
 --          (ms), or -1 when there is none: the worker sleeps on the wake list until then.
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
---          (TRYAGAIN: a slot migration) or an index key holds another type.
+--          (TRYLATER: a slot migration) or an index key holds another type.
 --
 -- Runs whose lease expired are taken first (their worker died or stalled); each expiry counts
 -- an attempt and a run past max_attempts goes to the dead set instead. Every claim issues a

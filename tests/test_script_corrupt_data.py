@@ -17,7 +17,7 @@ before or after the call. Each key is corrupted in each way that fits it, one ca
 - a list: overfull.
 
 The oracle: the call raised one of jobqueue's errors (ScriptError; ConnectionFailed and its
-ServerRefused for TRYAGAIN) and the keyspace (each key's type, content and expiry time) is what
+ServerRefused for TRYLATER) and the keyspace (each key's type, content and expiry time) is what
 it was before the call; or the call went through, its reply parses with its ``ops.parse_*``, and
 no key became a type that is neither its own nor the one the header declares. Any other
 exception fails the case. Both backends, like every Redis-facing test.
