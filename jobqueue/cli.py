@@ -51,7 +51,7 @@ from .cli_common import (  # noqa: E402
 )
 from .cli_format import when  # noqa: E402
 from .cli_ops import COMMANDS, progress  # noqa: E402
-from .cli_repartition import repartition  # noqa: E402
+from .cli_repartition import repair, repartition  # noqa: E402
 from .cli_schedules import schedule, schedules  # noqa: E402
 from .cli_top import top  # noqa: E402
 from .client import JobQueue  # noqa: E402
@@ -564,6 +564,7 @@ main.add_command(dashboard)
 main.add_command(schedules)
 main.add_command(schedule)
 main.add_command(repartition)
+main.add_command(repair)
 
 
 if _MAIN_THREAD:

@@ -1,5 +1,6 @@
-"""``jobqueue repartition QUEUE --partitions N``: the migration that changes a queue's
-partition count (the logic is ``jobqueue.repartition``)."""
+"""``jobqueue repartition QUEUE --partitions N``, the migration that changes a queue's
+partition count (the logic is ``jobqueue.repartition``), and ``jobqueue repair``, which puts
+every run back in its index (``jobqueue.repair``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import click
 
+from . import repair as repair_mod
 from . import repartition as rp
 from .cli_ops import progress
 
@@ -75,3 +77,30 @@ def repartition(state: Any, queue: str, count: int, yes: bool, as_json: bool) ->
     else:
         for line in _summary(report):
             click.echo(line)
+
+
+@click.command()
+@click.option("--queue", "queues", multiple=True, help="Only this queue (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_state
+def repair(state: Any, queues: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Put every run back in the index its state belongs to: a record with no index entry (a
+    pending run no claim sees) gets it back; an index entry with no record becomes an orphan
+    (kept until its record comes back: a slot being imported). Run it after moving Redis
+    Cluster slots by hand, a partial restore or foreign writes; safe while workers run, and to
+    run again. Reads every key of every partition (SCAN on each node): minutes for millions."""
+    jq = state.jq()
+    names = list(queues) or sorted(jq.queues())
+    reports = [repair_mod.repair_queue(jq, name, dry_run=dry_run) for name in names]
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in reports]))
+        return
+    verb = "would be" if dry_run else "were"
+    for r in reports:
+        t = r.totals
+        click.echo(
+            f"queue {r.queue!r} ({r.partitions} partitions): {t.indexed:,} runs {verb} put back "
+            f"in their index, {t.orphaned:,} index entries without a record {verb} set aside "
+            f"as orphans, {t.unorphaned:,} orphans {verb} put back; {t.unchanged:,} were in place"
+        )

@@ -18,7 +18,7 @@ _CREATE, _CLAIM, _HEARTBEAT, _COMPLETE = (
     contract(n) for n in ("create_run", "claim", "heartbeat", "complete")
 )
 _FAIL, _RELEASE, _CANCEL, _REQUEUE = (contract(n) for n in ("fail", "release", "cancel", "requeue"))
-_FENCED_WRITE, _PURGE = contract("fenced_write"), contract("purge")
+_FENCED_WRITE, _PURGE, _REPAIR = contract("fenced_write"), contract("purge"), contract("repair")
 _SCHED_DUE, _ADVANCE, _SCHED_DEFINE = (
     contract(n) for n in ("sched_due", "advance", "sched_define")
 )
@@ -422,3 +422,20 @@ def purge_call(pk: PartitionKeys, run_ids: Sequence[str]) -> Call:
 def parse_purge(reply: Sequence[Any]) -> tuple[int, int]:
     """(purged, refused because no longer dead)."""
     return int(reply[0]), int(reply[1])
+
+
+def repair_call(
+    pk: PartitionKeys, run_ids: Sequence[str], dry_run: bool = False, now: NowArg = None
+) -> Call:
+    return _REPAIR.call(pk, (_now(now), pk.prefix, "1" if dry_run else "0", *run_ids))
+
+
+class Repaired(NamedTuple):
+    indexed: int  # records given their missing index entry
+    orphaned: int  # index entries without a record, moved to the orphans index
+    unorphaned: int  # orphans whose record is back, put back in place
+    unchanged: int
+
+
+def parse_repair(reply: Sequence[Any]) -> Repaired:
+    return Repaired(*(int(x) for x in reply[:4]))

@@ -45,6 +45,7 @@ SCRIPT_NAMES = (
     "sched_create",
     "sched_release",
     "sched_unhold",
+    "repair",
 )
 PRELUDE = "_prelude"
 

@@ -320,6 +320,20 @@ def sched_unhold(runner: ScriptRunner) -> Call:
                                   ("herd-1", "120000 60000 120000 default")], now=130 * S)
 
 
+def repair(runner: ScriptRunner) -> Call:
+    """A pending run whose due entry is gone, a running run whose lease entry is gone, a
+    due entry whose record is gone, an orphan whose record is back, and a run in place."""
+    enqueue(runner, spec("lost"), spec("gone"), spec("returned"), spec("fine"), now=NOW - 4_000)
+    runner.client.zrem(PK.due, "lost")
+    enqueue(runner, spec("held"), now=NOW - 3_500)
+    claim(runner, 1, now=NOW - 3_000)
+    runner.client.delete(PK.leases)
+    runner.client.delete(PK.run("gone"))
+    runner.client.zrem(PK.due, "returned")
+    runner.client.zadd(PK.orphans, {"returned": NOW - 5})
+    return ops.repair_call(PK, ["lost", "held", "gone", "returned", "fine"], now=NOW)
+
+
 def ignored(reply: Any) -> None:
     """sched_unhold's reply: the scheduler does not read it."""
 
@@ -351,6 +365,7 @@ SCENARIOS = {
         Scenario("requeue", "requeue", requeue_a_dead_run, ops.parse_state_change),
         Scenario("fenced_write", "fenced_write", fenced_write, ops.parse_fenced_write),
         Scenario("purge", "purge", purge, ops.parse_purge),
+        Scenario("repair", "repair", repair, ops.parse_repair),
         Scenario("sched_due", "sched_due", sched_due, ops.parse_sched_due, prefix=""),
         Scenario("advance", "advance", advance, ops.parse_advance, prefix=""),
         Scenario("sched_define-put", "sched_define", sched_define_put, ops.parse_sched_define,

@@ -1,0 +1,140 @@
+"""Orphans and `jobqueue repair`: an index entry whose record is not there is kept aside, not
+dropped, and comes back when its record does; repair puts every run of a queue back in the
+index its state belongs to. Both backends."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from click.testing import CliRunner
+
+from jobqueue import JobQueue, ops
+from jobqueue.cli import State, main
+from jobqueue.keys import PartitionKeys
+from jobqueue.repair import repair_queue
+from jobqueue.scripts import ScriptRunner
+
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE = 30_000
+
+
+def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, now: int = 0) -> None:
+    runner.run(ops.create_call(pk, [ops.RunSpec(r, "t", PAYLOAD) for r in run_ids], now=now))
+
+
+def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, limit: int = 10) -> list[str]:
+    reply = runner.run(ops.claim_call(pk, limit, "w", LEASE, 60_000, now=now))
+    return [r.run_id for r in ops.parse_claim(reply).runs]
+
+
+def snapshot(client: Any) -> dict[str, Any]:
+    return {k: client.dump(k) for k in sorted(client.keys("*"))}
+
+
+def test_a_due_entry_whose_record_is_missing_is_kept_as_an_orphan_not_dropped(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """On a cluster node importing a slot, an index entry may arrive before its record."""
+    create(runner, pk, "a", "b")
+    redis_client.delete(pk.run("a"))  # not here (yet)
+    assert claim(runner, pk, now=10) == ["b"]
+    assert redis_client.zscore(pk.orphans, "a") == 10
+    assert redis_client.zscore(pk.due, "a") is None
+
+
+def test_an_orphan_whose_record_appears_goes_back_to_its_index_at_the_next_claim(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    record = redis_client.dump(pk.run("a"))
+    redis_client.delete(pk.run("a"))
+    assert claim(runner, pk, now=10) == []
+    redis_client.restore(pk.run("a"), 0, record)  # the record arrives
+    assert claim(runner, pk, now=20) == []  # this claim puts it back...
+    assert redis_client.zscore(pk.orphans, "a") is None
+    assert claim(runner, pk, now=30) == ["a"]  # ...and the next one takes it
+
+
+def test_repair_puts_a_pending_record_without_a_due_entry_back_at_its_due_time(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    jq.declare_task("t")
+    handle = jq.enqueue("t", 1, run_id="lost")
+    pk = jq.keys_for("default", "lost")
+    due = redis_client.zscore(pk.due, "lost")
+    redis_client.zrem(pk.due, "lost")  # a pending run no claim can see
+    report = repair_queue(jq, "default")
+    assert (report.totals.indexed, report.totals.orphaned) == (1, 0)
+    assert redis_client.zscore(pk.due, handle.run_id) == due
+
+
+def test_repair_gives_every_state_its_index(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    runner, pk = jq.scripts, jq.partition_keys("default", 0)
+    jq.register_queue("default")
+    create(runner, pk, "p", "r", "d", "x")
+    assert sorted(claim(runner, pk, now=1)) == ["d", "p", "r", "x"]
+    fences = {k: int(redis_client.hget(pk.run(k), "fence")) for k in ("d", "p", "r", "x")}
+    runner.run(ops.complete_call(pk, "d", fences["d"], "1", 60_000, now=2))
+    runner.run(ops.fail_call(pk, "x", fences["x"], "boom", None, 60_000, now=2))
+    runner.run(ops.release_call(pk, "p", fences["p"], now=2))
+    for index in (pk.due, pk.leases, pk.dead, pk.done):
+        redis_client.delete(index)
+    report = repair_queue(jq, "default")
+    assert report.totals.indexed == 4
+    assert redis_client.zrange(pk.due, 0, -1) == ["p"]
+    assert redis_client.zrange(pk.leases, 0, -1) == ["r"]
+    assert redis_client.zrange(pk.dead, 0, -1) == ["x"]
+    assert redis_client.zrange(pk.done, 0, -1) == ["d"]
+
+
+def test_repair_sets_an_index_entry_without_a_record_aside_as_an_orphan(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    jq.declare_task("t")
+    jq.enqueue("t", 1, run_id="gone")
+    pk = jq.keys_for("default", "gone")
+    redis_client.delete(pk.run("gone"))
+    report = repair_queue(jq, "default")
+    assert report.totals.orphaned == 1
+    assert redis_client.zscore(pk.due, "gone") is None
+    assert redis_client.zscore(pk.orphans, "gone") is not None
+
+
+def test_a_dry_run_reports_and_changes_nothing(jq: JobQueue, redis_client: Any) -> None:
+    jq.declare_task("t")
+    jq.enqueue("t", 1, run_id="lost")
+    redis_client.zrem(jq.keys_for("default", "lost").due, "lost")
+    before = snapshot(redis_client)
+    assert repair_queue(jq, "default", dry_run=True).totals.indexed == 1
+    assert snapshot(redis_client) == before
+
+
+def test_repair_run_twice_changes_nothing_the_second_time(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    jq.declare_task("t")
+    for i in range(30):
+        jq.enqueue("t", i)
+    redis_client.delete(jq.partition_keys("default", 0).due)
+    assert repair_queue(jq, "default").totals.indexed == 30
+    again = repair_queue(jq, "default").totals
+    assert (again.indexed, again.orphaned, again.unorphaned, again.unchanged) == (0, 0, 0, 30)
+
+
+def test_the_repair_command_reports_per_queue_in_json(jq: JobQueue, redis_client: Any) -> None:
+    jq.declare_task("t")
+    jq.enqueue("t", 1, run_id="lost")
+    redis_client.zrem(jq.keys_for("default", "lost").due, "lost")
+    result = CliRunner().invoke(main, ["repair", "--json"], obj=State(None, jq))
+    assert result.exit_code == 0, result.output
+    (report,) = json.loads(result.stdout)
+    assert (report["queue"], report["totals"]["indexed"]) == ("default", 1)
+
+
+def test_repairing_an_unknown_queue_is_refused(jq: JobQueue) -> None:
+    result = CliRunner().invoke(main, ["repair", "--queue", "nope"], obj=State(None, jq))
+    assert result.exit_code == 1
+    assert "no queue 'nope'" in result.output
