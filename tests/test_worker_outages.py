@@ -1,0 +1,155 @@
+"""The worker when Redis answers some calls and not others (a master down, memory full): it
+stops a run whose lease ran out without a heartbeat reaching Redis (self-fencing), and it
+claims nothing while Redis refuses its commits. The worker runs in a thread over a client
+that fails chosen script calls; real server only (the client is a redis.Redis subclass)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue import JobQueue
+from jobqueue.context import RunContext
+from jobqueue.embedded import EmbeddedServer
+from jobqueue.scripts import scripts
+from jobqueue.worker import Worker
+
+Failure = Callable[[str], Exception | None]  # script name -> the error to answer, or None
+
+
+class FailingClient(redis.Redis):
+    """A client whose script calls fail as ``fail`` says (a subclass: jobqueue's direct lane
+    serves redis.Redis itself only, so every call takes the paths below). Records the time,
+    script name and failure of every call it sends."""
+
+    fail: Failure = staticmethod(lambda name: None)
+    sent: list[tuple[float, str, bool]]
+
+    def _script_of(self, sha: Any) -> str:
+        text = sha.decode() if isinstance(sha, bytes) else str(sha)
+        for name, script in scripts().items():
+            if text in (script.sha, script.plain_sha):
+                return name
+        return "?"
+
+    def evalsha(self, sha: Any, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
+        name = self._script_of(sha)
+        error = self.fail(name)
+        self.sent.append((time.monotonic(), name, error is not None))
+        if error is not None:
+            raise error
+        return super().evalsha(sha, numkeys, *keys_and_args)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute, client = pipe.execute, self
+
+        def failing_execute(raise_on_error: bool = True) -> Any:
+            names = [
+                client._script_of(c[0][1]) for c in pipe.command_stack if c[0][0] == "EVALSHA"
+            ]
+            errors = [client.fail(n) for n in names]
+            replies = execute(raise_on_error=False)
+            now = time.monotonic()  # when the caller learns the answers
+            client.sent += [(now, n, e is not None) for n, e in zip(names, errors, strict=True)]
+            out = [e if e is not None else r for e, r in zip(errors, replies, strict=False)]
+            out += replies[len(errors) :]
+            return out
+
+        pipe.execute = failing_execute
+        return pipe
+
+
+@pytest.fixture
+def client(real_server: EmbeddedServer) -> Iterator[FailingClient]:
+    c = FailingClient.from_url(real_server.url, decode_responses=True)
+    c.flushall()
+    c.sent = []
+    yield c
+    c.close()
+
+
+def running(worker: Worker) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_run_whose_heartbeats_cannot_reach_redis_is_stopped_when_its_lease_runs_out(
+    client: FailingClient,
+) -> None:
+    """Its master unreachable for heartbeats, the worker cannot know whether another worker
+    took the run: once the lease it was given has run out, the task is told to stop
+    (ctx.cancelled), not when Redis answers again."""
+    jq = JobQueue(client)
+    told: dict[str, Any] = {}
+    started = threading.Event()
+
+    @jq.task
+    def patient(ctx: RunContext) -> None:
+        started.set()
+        told["at"] = time.monotonic() if ctx.cancelled.wait(10) else None
+        told["reason"] = ctx.cancel_reason
+
+    client.fail = lambda name: (
+        redis.exceptions.ConnectionError("master down") if name == "heartbeat" else None
+    )
+    worker = Worker(jq, concurrency=1, lease=1.0, grace=1, install_signal_handlers=False)
+    jq.enqueue(patient)
+    thread = running(worker)
+    try:
+        assert started.wait(10)
+        claimed_at = time.monotonic()
+        deadline = time.monotonic() + 10
+        while "reason" not in told and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert told["reason"] == "lease expired: no heartbeat reached Redis"
+    assert told["at"] is not None and told["at"] - claimed_at < 3.0  # the 1 s lease, not 10 s
+
+
+def test_no_claim_is_sent_while_redis_refuses_the_workers_commits(
+    client: FailingClient,
+) -> None:
+    """Memory full (noeviction): a worker that went on claiming would lease runs whose
+    outcomes it cannot write. From the first refused commit to the first accepted one, it
+    sends no claim; then it drains the queue."""
+    jq = JobQueue(client)
+
+    @jq.task
+    def quick(i: int) -> int:
+        time.sleep(0.1 * (i % 4))  # slots free one by one: each a chance to claim again
+        return i
+
+    refusing = threading.Event()
+    refusing.set()
+    client.fail = lambda name: (
+        redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+        if name == "complete" and refusing.is_set()
+        else None
+    )
+    handles = [jq.enqueue(quick, i) for i in range(40)]
+    worker = Worker(jq, concurrency=4, install_signal_handlers=False)
+    thread = running(worker)
+    try:
+        time.sleep(1.0)
+        refusing.clear()
+        runs = [h.wait(timeout=30) for h in handles]
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert [r.result for r in runs] == list(range(40))
+    commits = [(t, refused) for t, name, refused in client.sent if name == "complete"]
+    first_refused = min(t for t, refused in commits if refused)
+    first_accepted_after = min(t for t, refused in commits if not refused and t > first_refused)
+    claims = [t for t, name, _ in client.sent if name == "claim"]
+    # A claim already on its way when the refusal came back may still go out (50 ms).
+    assert [t for t in claims if first_refused + 0.05 < t < first_accepted_after] == []
+    assert first_accepted_after - first_refused > 0.5  # the window was long: claims were due
