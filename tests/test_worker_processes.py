@@ -497,6 +497,79 @@ def test_redis_restart_with_aof_under_load_workers_recover_and_no_run_is_lost(
     )
 
 
+@pytest.fixture
+def everysec_server() -> Iterator[EmbeddedServer]:
+    """The compose file's (and most production's) setting: a crash loses up to ~1 s."""
+    srv = EmbeddedServer(
+        find_server_binary(), extra_args=("--appendonly", "yes", "--appendfsync", "everysec")
+    ).start()
+    yield srv
+    srv.stop()
+
+
+def crash_and_restart(srv: EmbeddedServer) -> None:
+    """SIGKILL (what a crashed machine looks like: no final fsync), then start again from
+    the AOF as it was on disk."""
+    proc = srv.process
+    assert proc is not None
+    proc.kill()
+    proc.wait(10)
+    if proc.stderr:
+        proc.stderr.close()
+    srv.process = None
+    srv.socket.unlink(missing_ok=True)
+    srv.start()
+    probe = redis.Redis.from_url(srv.url)
+
+    def loaded() -> bool:
+        try:
+            return bool(probe.ping())
+        except (redis.exceptions.BusyLoadingError, redis.exceptions.ConnectionError):
+            return False
+
+    wait_for(loaded, 20, "the restarted server to load its AOF")
+    probe.close()
+
+
+def test_a_redis_crash_that_loses_its_last_second_loses_no_run_and_reuses_no_fence(
+    everysec_server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """appendfsync everysec, Redis SIGKILLed under load: the claims, commits and fenced
+    writes of its last second are gone, while the workers that made them live on. The
+    restarted server's fences are above the lost ones (its clock moved on), so a worker that
+    still holds a lost fence is refused, and its work is redone by the new holder: every run
+    done once, its commit and its fenced write from the holder of its last fence."""
+    procs = procs_factory(everysec_server.url)
+    jq = client_for(everysec_server.url)
+    r = jq.redis
+    workers = [procs.worker("--concurrency", "4", "--lease", "3", "--grace", "1")
+               for _ in range(2)]
+    n_runs = 1200
+    run_ids = [f"crash-{i:04d}" for i in range(n_runs)]
+    jq.enqueue_many(Request("chaos", (i,), run_id=run_ids[i]) for i in range(n_runs))
+    time.sleep(1.5)  # every run is on disk (the loss covers claims and commits, not creation)
+    wait_for(lambda: done_count(r) >= 150, 30, "work to be under way")
+    crash_and_restart(everysec_server)
+    wait_for(lambda: done_count(r) >= n_runs, 60, "every run to be done")
+
+    runs = read_runs(r, run_ids)
+    pipe = r.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hgetall(PK.fence_resource(f"chaos:{run_id}"))
+    fenced = dict(zip(run_ids, pipe.execute(), strict=True))
+    assert {v.state for v in runs.values()} == {"done"}
+    for v in runs.values():
+        assert v.result["fence"] == v.fence  # committed by the holder of the last fence...
+        assert v.result["pid"] == owner_pid(v.fields["owner"])  # ...that very worker
+        assert int(fenced[v.run_id]["fence"]) == v.fence
+        assert json.loads(fenced[v.run_id]["value"]) == v.result
+    assert r.scard("chaos:applied") == n_runs
+    assert set(r.hvals("chaos:effects")) == {"1"}
+    for w in workers:
+        assert w.alive(), w.text()[-2000:]
+        assert stop_gracefully(w, r) == 0, w.text()[-2000:]
+
+
 def test_supervisor_restarts_a_sigkilled_child_and_drains_on_ctrl_c(
     server: EmbeddedServer, procs_factory: Callable[[str], Procs]
 ) -> None:
