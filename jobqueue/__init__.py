@@ -8,10 +8,12 @@ from .errors import (
     ConfigError,
     ConnectionFailed,
     JobQueueError,
+    NotDurable,
     OperationRefused,
     PayloadError,
     RunNotFound,
     RunTimeout,
+    ServerRefused,
     UnknownTask,
 )
 from .models import Run
@@ -23,6 +25,7 @@ __all__ = [
     "ConnectionFailed",
     "JobQueue",
     "JobQueueError",
+    "NotDurable",
     "OperationRefused",
     "PayloadError",
     "Request",
@@ -30,6 +33,7 @@ __all__ = [
     "RunHandle",
     "RunNotFound",
     "RunTimeout",
+    "ServerRefused",
     "Settings",
     "Task",
     "UnknownTask",

@@ -18,6 +18,16 @@ class ConnectionFailed(JobQueueError):
     """Redis is unreachable, refused the credentials, or went away."""
 
 
+class ServerRefused(ConnectionFailed):
+    """Redis refused a call for now and it did not run: memory full (OOM), a replica or a
+    demoted master (READONLY), a busy script, a Redis Cluster slot moving (TRYLATER, MOVED,
+    ASK). Retried like a lost connection by the daemons; an enqueue can be sent again as is.
+    From a pipelined call, ``replies`` holds every reply (error replies as exceptions), so
+    a caller can send again just the refused calls."""
+
+    replies: list[object] | None = None
+
+
 class PayloadError(JobQueueError, ValueError):
     """Arguments or a result that cannot be stored: not JSON, or too large."""
 

@@ -26,7 +26,7 @@ from redis.utils import HIREDIS_AVAILABLE
 if HIREDIS_AVAILABLE:
     import hiredis
 
-from .errors import ConfigError, ConnectionFailed, ScriptError
+from .errors import ConfigError, ConnectionFailed, ScriptError, ServerRefused
 
 SCRIPT_NAMES = (
     "create_run",
@@ -133,15 +133,6 @@ _REFUSED_FOR_NOW = (
     "OOM", "READONLY", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING",
     "TRYLATER",  # a jobqueue script met a key that is on another node (lua/_prelude.lua)
 )
-
-
-class ServerRefused(ConnectionFailed):
-    """Redis refused a call for now (OOM, READONLY, BUSY, ...): retried like a lost
-    connection by the daemons; the call did not run. From run_many, ``replies`` holds every
-    reply of the pipeline (error replies as exceptions): the caller can re-send just the
-    refused calls."""
-
-    replies: list[Any] | None = None
 
 
 # redis-py strips the code of the replies it has a class for (OOM, READONLY, ...).

@@ -41,12 +41,19 @@ from . import ops
 from .backoff import retry_delay_ms
 from .client import JobQueue
 from .context import RunContext, Writer, bind, unbind
-from .errors import ConnectionFailed, Fatal, JobQueueError, PayloadError, UnknownTask
+from .errors import (
+    ConnectionFailed,
+    Fatal,
+    JobQueueError,
+    PayloadError,
+    ServerRefused,
+    UnknownTask,
+)
 from .keys import WORKERS_KEY, PartitionKeys
 from .logs import run_fields
 from .metrics import NO_METRICS, Metrics
 from .payload import decode_payload, encode_result
-from .scripts import Call, ServerRefused
+from .scripts import Call
 from .signals import SignalRelay
 from .tasks import Task
 

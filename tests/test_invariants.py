@@ -516,6 +516,7 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
                 runner.run(ops.requeue_call(p, c.run_id))
         dead = [c.run_id for i, c in enumerate(got) if i % 4 == 1]
         runner.run(ops.purge_call(p, [*dead, "never-existed"]))
+        runner.run(ops.repair_call(p, [c.run_id for c in got]))
     jq.cancel("elsewhere")
     jq.requeue("elsewhere")
     buffered_job(jq)  # before sched_lifecycle: its bare definitions are not runnable

@@ -15,8 +15,9 @@ import redis
 
 from jobqueue import ops
 from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.errors import ServerRefused
 from jobqueue.keys import PartitionKeys
-from jobqueue.scripts import ScriptRunner, ServerRefused
+from jobqueue.scripts import ScriptRunner
 
 PK = PartitionKeys("default", 0)
 PAYLOAD = '{"args":[],"kwargs":{}}'
