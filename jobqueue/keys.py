@@ -34,13 +34,15 @@ from .hashing import fnv1a_32
 QUEUES_KEY = "jq:queues"
 WORKERS_KEY = "jq:workers"
 
-_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# Matched whole (fullmatch): with match() and '$', "q\n" passed ('$' matches before a final
+# newline) and wrote keys no command could address.
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_RUN_ID_LENGTH = 512
 
 
 def validate_queue_name(name: str) -> str:
-    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
         raise ConfigError(f"invalid queue name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
     return name
 
