@@ -9,11 +9,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from keyspace import keyspace
+from test_worker import finished, make_worker, running
 
+from jobqueue.base import Request
 from jobqueue.cli import State, main
 from jobqueue.client import JobQueue
-from jobqueue.errors import ConfigError
+from jobqueue.errors import ConfigError, PayloadError
 from jobqueue.keys import validate_queue_name
+from jobqueue.payload import encode_result
 
 
 def invoke(jq: JobQueue, *args: str, input: str | bytes | None = None) -> Result:
@@ -58,3 +61,75 @@ def test_enqueue_to_a_queue_name_ending_in_a_newline_is_refused_and_writes_nothi
     assert result.exit_code == 2
     assert "invalid queue name" in one_line_error(result)
     assert keyspace(redis_client) == before
+
+
+# -- payloads: what is stored is exactly what was given ------------------------------------------
+
+# (args, kwargs, the path the error names, the key as JSON would have stored it)
+NON_STRING_KEYS = [
+    ([{1: "a"}], {}, "args[0]", '"1"'),
+    ([], {"flags": {True: 1}}, "kwargs['flags']", '"true"'),
+    ([[{"a": [{None: 2}]}]], {}, "args[0][0]['a'][0]", '"null"'),
+    ([(1, {2.5: 3})], {}, "args[0][1]", '"2.5"'),
+    ([{"ok": 1, 7: 2}], {}, "args[0]", '"7"'),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "path", "stored"), NON_STRING_KEYS)
+def test_a_non_string_dict_key_in_the_arguments_is_refused_naming_its_path_and_writes_nothing(
+    seeded: JobQueue,
+    redis_client: Any,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    path: str,
+    stored: str,
+) -> None:
+    before = keyspace(redis_client)
+    with pytest.raises(PayloadError) as refused:
+        seeded.enqueue_many([Request("t", args, kwargs, run_id="r")])
+    assert f" in {path} is not a string" in str(refused.value)
+    assert f"stored as {stored}" in str(refused.value)
+    assert keyspace(redis_client) == before
+
+
+def test_a_non_string_keyword_key_is_refused_even_at_the_top_of_kwargs(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    before = keyspace(redis_client)
+    with pytest.raises(PayloadError, match=r"key 1 \(int\) in kwargs is not a string"):
+        seeded.enqueue_many([Request("t", (), {1: "a"})])  # type: ignore[dict-item]
+    assert keyspace(redis_client) == before
+
+
+def test_a_schedule_whose_arguments_have_a_non_string_key_is_refused_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    before = keyspace(redis_client)
+    with pytest.raises(PayloadError, match=r"in args\[0\] is not a string"):
+        seeded.schedule("nightly", "t", every=60, args=[{1: "a"}])
+    assert keyspace(redis_client) == before
+
+
+def test_a_task_result_with_a_non_string_key_is_refused_naming_its_path() -> None:
+    with pytest.raises(PayloadError, match=r"task result: key True \(bool\) in result\['x'\]"):
+        encode_result({"x": {True: 1}})
+
+
+def test_a_run_whose_task_returns_a_non_string_key_goes_dead_naming_the_key(
+    jq: JobQueue,
+) -> None:
+    @jq.task(max_attempts=3)
+    def counts() -> dict[int, str]:
+        return {1: "a"}
+
+    with running(make_worker(jq)):
+        run = finished(jq, jq.enqueue(counts).run_id)
+    assert (run.state, run.attempt, run.result) == ("dead", 1, None)
+    assert run.error is not None and "key 1 (int) in result is not a string" in run.error
+
+
+def test_string_keys_nested_anywhere_are_stored_exactly(seeded: JobQueue) -> None:
+    args = [{"a": [{"b": {"c": (1, 2)}}]}, [[{}]]]
+    run = seeded.get_run(seeded.enqueue("t", *args, k={"x": {"y": None}}).run_id)
+    assert run.args == [{"a": [{"b": {"c": [1, 2]}}]}, [[{}]]]
+    assert run.kwargs == {"k": {"x": {"y": None}}}
