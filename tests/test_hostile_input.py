@@ -11,6 +11,7 @@ from click.testing import CliRunner, Result
 from keyspace import keyspace
 from test_worker import finished, make_worker, running
 
+from jobqueue.aio import AsyncJobQueue
 from jobqueue.base import Request
 from jobqueue.cli import State, main
 from jobqueue.client import JobQueue
@@ -61,6 +62,41 @@ def test_enqueue_to_a_queue_name_ending_in_a_newline_is_refused_and_writes_nothi
     assert result.exit_code == 2
     assert "invalid queue name" in one_line_error(result)
     assert keyspace(redis_client) == before
+
+
+# -- URLs -------------------------------------------------------------------------------------
+
+BAD_URLS = [
+    "redis://[::1/0",
+    "redis://user:s3cret@[::1/0",
+    "rediss+cluster://[x",
+    "redis://ho\uff0fst/0",  # a fullwidth solidus: NFKC makes it '/', inside the host
+]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_url_urllib_cannot_split_is_one_line_exit_2_without_the_password(url: str) -> None:
+    result = CliRunner().invoke(main, ["--redis-url", url, "queues"])
+    assert result.exit_code == 2
+    assert one_line_error(result).startswith("error: bad Redis URL")
+    assert "s3cret" not in result.output
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_url_urllib_cannot_split_is_a_config_error_in_both_clients(url: str) -> None:
+    with pytest.raises(ConfigError, match="bad Redis URL"):
+        JobQueue.from_url(url)
+    with pytest.raises(ConfigError, match="bad Redis URL"):
+        AsyncJobQueue.from_url(url)
+
+
+def test_a_url_urllib_cannot_split_in_the_environment_is_one_line_exit_2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("JOBQUEUE_REDIS_URL", "redis://[::1/0")
+    result = CliRunner().invoke(main, ["show", "r"])
+    assert result.exit_code == 2
+    assert one_line_error(result).startswith("error: bad Redis URL")
 
 
 # -- payloads: what is stored is exactly what was given ------------------------------------------
