@@ -4,6 +4,7 @@ byte for byte."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,6 +62,61 @@ def test_enqueue_to_a_queue_name_ending_in_a_newline_is_refused_and_writes_nothi
     result = invoke(seeded, "enqueue", "t", "--queue", name)
     assert result.exit_code == 2
     assert "invalid queue name" in one_line_error(result)
+    assert keyspace(redis_client) == before
+
+
+# -- enqueue --from-file -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "line"),
+    [
+        (b"\xff\xfe{}\n", 1),
+        (b'{"args": [1]}\n{"args": ["\xc3\x28"]}\n', 2),
+        (b'{}\n\n{"run_id": "a\x80"}', 3),  # after a blank line, without a final newline
+    ],
+    ids=["bad-start-byte", "bad-continuation", "last-line"],
+)
+def test_a_file_line_that_is_not_utf8_is_one_line_exit_2_naming_it_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any, tmp_path: Path, content: bytes, line: int
+) -> None:
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(content)
+    before = keyspace(redis_client)
+    result = invoke(seeded, "enqueue", "t", "--from-file", str(path))
+    assert result.exit_code == 2
+    assert one_line_error(result).startswith(f"error: {path} line {line}: not valid UTF-8")
+    assert keyspace(redis_client) == before
+
+
+def test_stdin_that_is_not_utf8_is_one_line_exit_2_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    before = keyspace(redis_client)
+    result = invoke(seeded, "enqueue", "t", "--from-file", "-", input=b'{}\n{"args": ["\xe9"]}\n')
+    assert result.exit_code == 2
+    assert one_line_error(result).startswith("error: <stdin> line 2: not valid UTF-8")
+    assert keyspace(redis_client) == before
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"args": 5}', "args must be a JSON array"),
+        ('{"run_id": 7}', "run_id must be a string"),
+        ('{"args": [{"a": NaN}]}', "not JSON-serialisable"),
+        ("[" * 100_000, "JSON nested too deeply"),
+    ],
+)
+def test_a_bad_file_line_is_one_error_line_not_a_usage_message(
+    seeded: JobQueue, redis_client: Any, line: str, problem: str
+) -> None:
+    before = keyspace(redis_client)
+    result = invoke(seeded, "enqueue", "t", "--from-file", "-", input=f"{{}}\n{line}\n")
+    assert result.exit_code == 2
+    assert one_line_error(result).startswith("error: <stdin> line 2: ")
+    assert problem in result.stderr
     assert keyspace(redis_client) == before
 
 
