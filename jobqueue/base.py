@@ -329,6 +329,9 @@ class ClientBase:
         """Where a run may live: its partition in ``queue``, else in every known queue, with
         partition counts as recorded in Redis (a client need not configure them)."""
         validate_run_id(run_id)
+        if queue is not None:
+            # A malformed name is bad input (exit 2), as in enqueue: never "not found".
+            validate_queue_name(queue)
         names = [queue] if queue else sorted(set(recorded) | set(self._partitions))
         return [
             PartitionKeys(q, partition_of(run_id, self._partitions.get(q) or recorded.get(q, 1)))

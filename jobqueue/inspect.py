@@ -10,7 +10,7 @@ from typing import Any
 from .base import not_a_record
 from .client import JobQueue
 from .errors import UnknownQueue
-from .keys import WORKERS_KEY, PartitionKeys
+from .keys import WORKERS_KEY, PartitionKeys, validate_queue_name
 from .models import Run
 from .recurring import Definition, JobState, ScheduleInfo
 
@@ -79,6 +79,8 @@ class WorkerInfo:
 
 
 def _partitions(jq: JobQueue, queue: str | None) -> list[PartitionKeys]:
+    if queue is not None:
+        validate_queue_name(queue)  # bad input (exit 2), not an unknown queue (exit 1)
     recorded = jq.queues()
     if queue and queue not in recorded:
         known = ", ".join(sorted(recorded)) or "none yet"

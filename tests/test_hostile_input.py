@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from keyspace import keyspace
+from starlette.testclient import TestClient
 from test_worker import finished, make_worker, running
 
 from jobqueue.aio import AsyncJobQueue
 from jobqueue.base import Request
 from jobqueue.cli import State, main
 from jobqueue.client import JobQueue
+from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, PayloadError
 from jobqueue.keys import validate_queue_name
 from jobqueue.payload import encode_result
@@ -63,6 +65,60 @@ def test_enqueue_to_a_queue_name_ending_in_a_newline_is_refused_and_writes_nothi
     assert result.exit_code == 2
     assert "invalid queue name" in one_line_error(result)
     assert keyspace(redis_client) == before
+
+
+# Every command that takes --queue: a malformed name is bad input (2) everywhere, never
+# "not found" (1) in some and 2 in others.
+QUEUE_COMMANDS = [
+    ("enqueue", "t", "--queue", "{q}"),
+    ("show", "seed", "--queue", "{q}"),
+    ("cancel", "seed", "--queue", "{q}"),
+    ("requeue", "seed", "--queue", "{q}"),
+    ("runs", "--queue", "{q}"),
+    ("leases", "--queue", "{q}"),
+    ("queues", "--queue", "{q}"),
+    ("stats", "--queue", "{q}"),
+    ("top", "--once", "--queue", "{q}"),
+    ("dead", "list", "--queue", "{q}"),
+    ("dead", "retry", "seed", "--queue", "{q}"),
+    ("dead", "purge", "seed", "--yes", "--queue", "{q}"),
+    ("repartition", "{q}", "--partitions", "2", "--yes"),
+]
+
+
+@pytest.mark.parametrize("command", QUEUE_COMMANDS, ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize("name", ["q\n", "bad name", ""], ids=repr)
+def test_a_malformed_queue_name_is_exit_2_in_every_command_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any, command: tuple[str, ...], name: str
+) -> None:
+    before = keyspace(redis_client)
+    result = invoke(seeded, *(name if arg == "{q}" else arg for arg in command))
+    assert result.exit_code == 2, result.output
+    assert "invalid queue name" in one_line_error(result)
+    assert keyspace(redis_client) == before
+
+
+def test_a_malformed_queue_name_is_a_config_error_in_the_client_not_a_missing_run(
+    seeded: JobQueue,
+) -> None:
+    with pytest.raises(ConfigError, match="invalid queue name"):
+        seeded.find_run("seed", queue="bad name")
+
+
+@pytest.mark.parametrize("page", ["/runs", "/leases", "/dead", "/run?id=seed&"])
+def test_a_malformed_queue_name_is_a_400_on_the_dashboard(seeded: JobQueue, page: str) -> None:
+    sep = "&" if "?" in page else "?"
+    reply = TestClient(create_app(seeded)).get(f"{page}{sep}queue=bad%20name")
+    assert reply.status_code == 400
+    assert "invalid queue name" in reply.text
+
+
+def test_a_dashboard_search_for_text_no_run_id_can_be_lists_the_runs_containing_it(
+    seeded: JobQueue,
+) -> None:
+    reply = TestClient(create_app(seeded)).get("/runs?q=" + "x" * 600)
+    assert reply.status_code == 200
+    assert "No runs." in reply.text
 
 
 # -- enqueue --from-file -----------------------------------------------------------------------

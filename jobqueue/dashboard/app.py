@@ -32,7 +32,14 @@ from starlette.staticfiles import StaticFiles
 from .. import inspect
 from ..cli_format import abs_time, duration, relative
 from ..client import JobQueue
-from ..errors import ConnectionFailed, JobQueueError, OperationRefused, UnknownQueue
+from ..errors import (
+    ConfigError,
+    ConnectionFailed,
+    InvalidRunId,
+    JobQueueError,
+    OperationRefused,
+    UnknownQueue,
+)
 from ..models import STATES
 from .charts import Series, svg_chart
 from .sampler import Sampler
@@ -206,7 +213,10 @@ def runs_page(request: Request) -> Response:
     except ValueError:
         return PlainTextResponse("limit must be a number", 400)
     if search:
-        exact = jq.find_run(search, queue)
+        try:
+            exact = jq.find_run(search, queue)
+        except InvalidRunId:  # no run can have that id: search for it inside ids instead
+            exact = None
         if exact is not None:
             target = f"/run?id={quote(exact.run_id, safe='')}&queue={quote(exact.queue)}"
             return RedirectResponse(target, status_code=303)
@@ -377,6 +387,11 @@ async def _unknown_queue(request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc)[:300], 404)
 
 
+async def _bad_input(request: Request, exc: Exception) -> Response:
+    """A malformed ?queue= or run id: a 400 that says what is wrong, as the CLI's exit 2."""
+    return PlainTextResponse(str(exc)[:300], 400)
+
+
 async def _refused(request: Request, exc: Exception) -> Response:
     """A read that cannot answer as asked (e.g. a run id in several queues): say why."""
     return PlainTextResponse(str(exc)[:300], 409)
@@ -449,6 +464,8 @@ def create_app(
             ConnectionFailed: _unavailable,
             UnknownQueue: _unknown_queue,
             OperationRefused: _refused,
+            ConfigError: _bad_input,
+            InvalidRunId: _bad_input,
         },
         lifespan=lifespan,
     )
