@@ -104,7 +104,9 @@ class Run:
             events.append((self.created_ms, "created"))
         for line in self.history:
             stamp, _, text = line.partition(" ")
-            events.append((_int(stamp), text) if stamp.isdigit() else (None, line))
+            # isdigit() alone takes "²", which int() refuses: such a line is shown whole.
+            numeric = stamp.isascii() and stamp.isdigit()
+            events.append((_int(stamp), text) if numeric else (None, line))
         if self.attempt >= 1 and self.owner and self.started_ms is not None:
             # cancel issues a new fence; its history line keeps the one this claim was given
             fence = self._cancelled_claim_fence() if self.state == "cancelled" else self.fence

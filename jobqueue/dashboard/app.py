@@ -237,7 +237,9 @@ def run_page(request: Request) -> Response:
     history = []
     for line in run.history:
         stamp, _, text = line.partition(" ")
-        history.append((int(stamp) if stamp.isdigit() else None, text if stamp.isdigit() else line))
+        # isdigit() alone takes "²", which int() refuses: a foreign line is shown whole.
+        ok = stamp.isascii() and stamp.isdigit()
+        history.append((int(stamp) if ok else None, text if ok else line))
     return render(request, "run.html", run=run, history=history)
 
 
