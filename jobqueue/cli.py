@@ -65,7 +65,7 @@ from .errors import (  # noqa: E402
     PayloadError,
     UnknownTask,
 )
-from .keys import validate_queue_name  # noqa: E402
+from .keys import MAX_PARTITIONS, validate_queue_name  # noqa: E402
 from .supervisor import SUPERVISED_ENV  # noqa: E402
 
 # Runs per enqueue_many call of `enqueue --from-file` (enqueue_many pipelines its script
@@ -497,7 +497,7 @@ def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option(
     "--partitions",
-    type=click.IntRange(1, 16384),
+    type=click.IntRange(1, MAX_PARTITIONS),
     help="Scheduler partitions K (default: what Redis records, else 1).",
 )
 @click.option(

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 import redis
 
+from .anomalies import Anomaly, unique
 from .client import JobQueue
 from .embedded import ENV_URL, configured_url
 from .errors import (
@@ -137,6 +139,24 @@ class State:
 
 pass_state = click.make_pass_decorator(State)
 
+
+
+def warn_anomalies(anomalies: Iterable[Anomaly]) -> None:
+    """Foreign or corrupt data a reading command met: one ``anomaly:`` line each on stderr
+    (stdout stays the listing, or one JSON document), the exit code unchanged."""
+    for anomaly in unique(anomalies):
+        click.echo(f"anomaly: {anomaly}", err=True)
+
+
+def anomaly_cell(anomalies: Sequence[Anomaly]) -> str:
+    """A marked row's last cell: its first anomaly, short (the full text is on stderr)."""
+    if not anomalies:
+        return ""
+    first = anomalies[0]
+    # The key without its hash tag ("due", "stats", "run:<id>"): the row says which partition.
+    text = f"{first.key.rpartition('}:')[2]}: {first.problem}"
+    more = f" (+{len(anomalies) - 1})" if len(anomalies) > 1 else ""
+    return text[:60] + more
 
 
 def ms_to_text(ms: int | None) -> str:

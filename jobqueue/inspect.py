@@ -4,15 +4,19 @@ dashboard). Never blocks the server: bounded ZRANGEs and pipelined HMGETs, no KE
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import redis
+
+from .anomalies import Anomaly, Listing, checked, unique
 from .base import not_a_record
 from .client import JobQueue
 from .errors import UnknownQueue
 from .keys import WORKERS_KEY, PartitionKeys, validate_queue_name
 from .models import Run
-from .recurring import Definition, JobState, ScheduleInfo
+from .recurring import ScheduleInfo
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
 STALE_AFTER_BEATS = 3
@@ -282,39 +286,46 @@ def runs(
     ]
 
 
-def schedules(jq: JobQueue, *, limit: int = 1000, scan_count: int = 500) -> list[ScheduleInfo]:
+def schedules(
+    jq: JobQueue, *, limit: int = 1000, scan_count: int = 500
+) -> Listing[ScheduleInfo]:
     """Recurring jobs, at most ``limit``, sorted by job id. Read with HSCAN in pages and
     pipelined ZSCORE/HGET per page, so a store of millions of jobs never blocks the server
     (``Recurring.list_jobs`` reads whole hashes: fine for a few jobs, not for an operator's
-    listing)."""
+    listing). A definition that is not usable is an anomaly of the listing, not a row."""
     out: list[ScheduleInfo] = []
+    found: list[Anomaly] = []
     seen: set[str] = set()  # HSCAN may return an entry twice across pages
     r = jq.redis
-    for sk in jq.recurring.all_keys():
+    store = jq.recurring
+    for sk in store.all_keys():
         cursor: int = 0
         while len(out) < limit:
-            cursor, page = r.hscan(sk.defs, cursor, count=scan_count)
+            try:
+                cursor, page = r.hscan(sk.defs, cursor, count=scan_count)
+            except redis.exceptions.ResponseError as exc:
+                checked(exc, sk.defs, "hash", found, None)
+                break
             items = [(j, t) for j, t in page.items() if j not in seen][: limit - len(out)]
             seen.update(j for j, _ in items)
             pipe = r.pipeline(transaction=False)
             for job_id, _ in items:
                 pipe.zscore(sk.next, job_id)
                 pipe.hget(sk.state, job_id)
-            replies = pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
             for i, (job_id, text) in enumerate(items):
-                score, state = replies[2 * i], replies[2 * i + 1]
-                try:
-                    defn = Definition.from_json(job_id, text)
-                except (ValueError, KeyError, TypeError):
-                    continue  # a corrupt definition is the scheduler's problem, not the listing's
-                out.append(
-                    ScheduleInfo(defn, None if score is None else int(score), JobState.parse(state))
-                )
+                score = checked(replies[2 * i], sk.next, "sorted set", found, None)
+                state = checked(replies[2 * i + 1], sk.state, "hash", found, None)
+                info = store.stored_info(sk, job_id, text, score, state)
+                if isinstance(info, Anomaly):
+                    found.append(info)
+                else:
+                    out.append(info)
             if int(cursor) == 0:
                 break
         if len(out) >= limit:
             break
-    return sorted(out, key=lambda i: i.job_id)
+    return Listing(sorted(out, key=lambda i: i.job_id), unique(found))
 
 
 @dataclass(frozen=True)
@@ -345,6 +356,17 @@ def top_snapshot(jq: JobQueue, queue: str | None = None, *, lease_limit: int = 1
         leases=leases(jq, queue, limit=lease_limit),
         workers=workers(jq),
     )
+
+
+def all_anomalies(*listings: Sequence[Any]) -> list[Anomaly]:
+    """Every anomaly of some listings (a plain list has none of its own), their rows'
+    included, each once."""
+    found: list[Anomaly] = []
+    for listing in listings:
+        found += getattr(listing, "anomalies", [])
+        for row in listing:
+            found += getattr(row, "anomalies", ())
+    return unique(found)
 
 
 @dataclass(frozen=True)
