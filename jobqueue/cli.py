@@ -47,6 +47,7 @@ from .cli_common import (  # noqa: E402
     json_arg,
     ms_to_text,
     pass_state,
+    warn_anomalies,
     yes_option,
 )
 from .cli_format import when  # noqa: E402
@@ -400,6 +401,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
     jq = state.jq()
     run = jq.get_run(run_id, queue=queue)
     if as_json:
+        warn_anomalies(run.anomalies)
         click.echo(json.dumps(run.to_dict(), default=str))
         return
     now = jq.server_time_ms()
@@ -419,7 +421,9 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("payload", run.payload),
         ("result", run.result_json or "-"),
         ("error", run.error or "-"),
+        *(("anomaly", str(a)) for a in run.anomalies),
     ]
+    warn_anomalies(run.anomalies)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key.ljust(width)}  {value}")

@@ -10,6 +10,7 @@ import click
 
 from . import repartition as rp
 from .cli_ops import progress
+from .keys import MAX_PARTITIONS
 
 # Commands receive jobqueue.cli.State (ctx.obj).
 pass_state = click.pass_obj
@@ -51,7 +52,7 @@ def _summary(report: rp.Report) -> list[str]:
     "--partitions",
     "count",
     required=True,
-    type=click.IntRange(1, rp.MAX_PARTITIONS),
+    type=click.IntRange(1, MAX_PARTITIONS),
     help="The new partition count.",
 )
 @click.option("--yes", is_flag=True, help="Do not ask.")

@@ -7,17 +7,27 @@ traceback, never a hang."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import time
 from typing import Any
 
 import pytest
+import redis
 from click.testing import CliRunner, Result
 from keyspace import keyspace
+from starlette.testclient import TestClient
 
-from jobqueue import ops
+from jobqueue import inspect, ops
+from jobqueue.aio import AsyncJobQueue
 from jobqueue.cli import State, main
 from jobqueue.client import JobQueue
-from jobqueue.keys import PartitionKeys
+from jobqueue.dashboard.app import create_app
+from jobqueue.embedded import EmbeddedServer
+from jobqueue.errors import ConfigError, CorruptData, RunNotFound
+from jobqueue.keys import MAX_PARTITIONS, QUEUES_KEY, WORKERS_KEY, PartitionKeys
+from jobqueue.metrics import PrometheusMetrics
 from jobqueue.recurring import SCHED_CONFIG_KEY
 
 P0 = PartitionKeys("default", 0)
@@ -62,6 +72,285 @@ def seeded(jq: JobQueue) -> JobQueue:
     claimed = ops.parse_claim(jq.scripts.run(ops.claim_call(P0, 1, "w-1", 30_000, 60_000)))
     assert [r.run_id for r in claimed.runs] == ["held"]
     return jq
+
+
+LISTINGS = [
+    ("queues",),
+    ("queues", "--json"),
+    ("runs",),
+    ("runs", "--json"),
+    ("leases",),
+    ("dead", "list"),
+    ("top", "--once"),
+    ("top", "--json"),
+]
+RUN_COMMANDS = [("show", "waiting"), ("cancel", "waiting"), ("requeue", "waiting")]
+
+
+# -- partition counts in jq:queues ----------------------------------------------------------------
+
+
+BAD_COUNTS = ["x", "0", "-1", "1.5", " 1", str(MAX_PARTITIONS + 1), "99999999"]
+
+
+@pytest.mark.parametrize("count", BAD_COUNTS)
+@pytest.mark.parametrize("command", LISTINGS, ids=" ".join)
+def test_a_partition_count_that_is_not_one_is_an_anomaly_of_every_listing(
+    seeded: JobQueue, redis_client: Any, command: tuple[str, ...], count: str
+) -> None:
+    redis_client.hset(QUEUES_KEY, "default", count)
+    result = invoke(seeded, *command)
+    if command[0] == "top":  # the frame (or the JSON) says it: stderr would tear the screen
+        assert "partition count" in result.stdout
+        listed(result)
+    else:
+        (line,) = listed(result)
+        assert line == (
+            f"anomaly: jq:queues: field 'default': partition count {count!r} is not an "
+            f"integer from 1 to {MAX_PARTITIONS}"
+        )
+
+
+def test_a_huge_partition_count_is_never_iterated(seeded: JobQueue, redis_client: Any) -> None:
+    redis_client.hset(QUEUES_KEY, "evil", "99999999")
+    started = time.monotonic()
+    for command in LISTINGS:
+        listed(invoke(seeded, *command))
+    inspect.throughput(seeded)
+    assert time.monotonic() - started < 10
+    # The healthy queue is still listed whole.
+    assert {r["run_id"] for r in json.loads(invoke(seeded, "runs", "--json").stdout)} == {
+        "held",
+        "waiting",
+    }
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS, ids=" ".join)
+def test_a_run_in_a_queue_whose_count_is_unusable_is_not_found_saying_what_was_not_searched(
+    seeded: JobQueue, redis_client: Any, command: tuple[str, ...]
+) -> None:
+    redis_client.hset(QUEUES_KEY, "default", "x")
+    before = keyspace(redis_client)
+    line = refused(invoke(seeded, *command))
+    assert "not searched: jq:queues: field 'default': partition count 'x'" in line
+    assert keyspace(redis_client) == before
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS, ids=" ".join)
+def test_naming_a_queue_whose_count_is_unusable_is_refused_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any, command: tuple[str, ...]
+) -> None:
+    redis_client.hset(QUEUES_KEY, "default", "x")
+    before = keyspace(redis_client)
+    line = refused(invoke(seeded, *command, "--queue", "default"))
+    assert line.startswith("error: cannot look in queue 'default': jq:queues: field 'default'")
+    assert keyspace(redis_client) == before
+
+
+@pytest.mark.parametrize("count", ["x", "99999999"])
+def test_enqueue_to_a_queue_whose_count_is_unusable_is_refused_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any, count: str
+) -> None:
+    redis_client.hset(QUEUES_KEY, "default", count)
+    before = keyspace(redis_client)
+    line = refused(invoke(JobQueue(redis_client), "enqueue", "t", "--run-id", "new"))
+    assert f"jq:queues field 'default': partition count {count!r}" in line
+    assert keyspace(redis_client) == before
+
+
+def test_register_queue_refuses_a_stored_count_above_the_maximum(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(QUEUES_KEY, "big", str(MAX_PARTITIONS + 1))
+    with pytest.raises(CorruptData, match="partition count '16385' is not an integer"):
+        jq.register_queue("big")
+
+
+def test_a_partition_count_above_the_maximum_is_refused_in_code() -> None:
+    with pytest.raises(ConfigError, match=f"an integer from 1 to {MAX_PARTITIONS}"):
+        JobQueue(partitions={"big": MAX_PARTITIONS + 1})
+    assert JobQueue(partitions={"big": MAX_PARTITIONS}).partitions_of("big") == MAX_PARTITIONS
+
+
+def test_repartition_of_a_queue_whose_count_is_unusable_is_refused_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(QUEUES_KEY, "default", "x")
+    before = keyspace(redis_client)
+    line = refused(invoke(seeded, "repartition", "default", "--partitions", "2", "--yes"))
+    assert line.endswith("partition count 'x' is not an integer from 1 to 16384; nothing moved")
+    assert keyspace(redis_client) == before
+
+
+def test_jq_queues_of_another_type_is_an_anomaly_of_listings_and_refuses_enqueue(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.delete(QUEUES_KEY)
+    redis_client.set(QUEUES_KEY, "not a hash")
+    assert listed(invoke(seeded, "runs")) == [
+        "anomaly: jq:queues: not a hash: no queue can be read"
+    ]
+    before = keyspace(redis_client)
+    assert "jq:queues is not a hash" in refused(invoke(JobQueue(redis_client), "enqueue", "t"))
+    assert keyspace(redis_client) == before
+
+
+def test_the_async_client_reports_an_unusable_count_like_the_sync_one(
+    real_server: EmbeddedServer,
+) -> None:
+    admin = redis.Redis.from_url(real_server.url, decode_responses=True)
+    admin.flushall()
+    admin.hset(QUEUES_KEY, "default", "x")
+
+    async def scenario() -> None:
+        ajq = AsyncJobQueue.from_url(real_server.url)
+        ajq.declare_task("t")
+        try:
+            assert await ajq.queues() == {}
+            with pytest.raises(RunNotFound, match="not searched: jq:queues: field 'default'"):
+                await ajq.get_run("waiting")
+            with pytest.raises(CorruptData, match="partition count 'x'"):
+                await ajq.enqueue("t")
+        finally:
+            await ajq.close()
+
+    asyncio.run(scenario())
+    assert admin.keys("*") == [QUEUES_KEY]
+
+
+# -- keys of another type, garbage fields ---------------------------------------------------------
+
+
+# The partition keys each listing reads (an anomaly is reported by those that meet it).
+READS = {
+    "queues": {"due", "leases", "dead", "done", "stats"},
+    "top": {"due", "leases", "dead", "done", "stats"},
+    "runs": {"due", "leases", "dead", "done"},
+    "leases": {"leases"},
+    "dead": {"dead"},
+}
+
+
+@pytest.mark.parametrize("suffix", ["due", "leases", "dead", "done", "stats"])
+@pytest.mark.parametrize("command", LISTINGS, ids=" ".join)
+def test_a_partition_key_of_another_type_is_an_anomaly_and_the_rest_is_listed(
+    seeded: JobQueue, redis_client: Any, suffix: str, command: tuple[str, ...]
+) -> None:
+    key = P0.prefix + suffix
+    redis_client.delete(key)
+    redis_client.set(key, "foreign")
+    result = invoke(seeded, *command)
+    listed(result)
+    kind = "hash" if suffix == "stats" else "sorted set"
+    problem = f"holds another type, not a {kind}"
+    if command == ("top", "--json"):
+        found = json.loads(result.stdout)["anomalies"]
+        assert {"key": key, "problem": problem} in found
+    else:
+        assert (f"{key}: {problem}" in result.output) == (suffix in READS[command[0]])
+    if command == ("runs", "--json"):  # what the other indexes hold is still listed
+        ids = {r["run_id"] for r in json.loads(result.stdout)}
+        assert ids == {"held", "waiting"} - {"due": {"waiting"}, "leases": {"held"}}.get(
+            suffix, set()
+        )
+
+
+def test_a_garbage_counter_is_an_anomaly_of_its_partition_and_the_others_are_counted(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(P0.stats, "completed", "many")
+    result = invoke(seeded, "queues", "--json")
+    assert listed(result) == [
+        "anomaly: jq:{default#0}:stats: field 'completed' is 'many', not a counter"
+    ]
+    (row,) = json.loads(result.stdout)
+    assert row["counters"]["created"] == 2 and "completed" not in row["counters"]
+    assert row["anomalies"] == [
+        {"key": P0.stats, "problem": "field 'completed' is 'many', not a counter"}
+    ]
+
+
+def test_a_garbage_counter_marks_its_row_in_the_queues_table(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(P0.stats, "completed", "many")
+    header, row = invoke(seeded, "queues").stdout.splitlines()
+    assert header.endswith("ANOMALY")
+    assert row.endswith("stats: field 'completed' is 'many', not a counter")
+
+
+@pytest.mark.parametrize("score", ["-inf", "+inf"])
+def test_an_infinite_score_in_an_index_is_an_anomaly_not_an_overflow(
+    seeded: JobQueue, redis_client: Any, score: str
+) -> None:
+    redis_client.zadd(P0.due, {"odd": float(score)})
+    redis_client.zadd(P0.leases, {"odd": float(score)})
+    for command in LISTINGS:
+        listed(invoke(seeded, *command))
+    assert "member 'odd' has score" in invoke(seeded, "leases").stderr
+
+
+def test_show_marks_a_garbage_field_of_the_record(seeded: JobQueue, redis_client: Any) -> None:
+    redis_client.hset(P0.run("waiting"), "fence", "abc")
+    result = invoke(seeded, "show", "waiting")
+    problem = "field 'fence' is 'abc', not an integer"
+    assert listed(result) == [f"anomaly: {P0.run('waiting')}: {problem}"]
+    assert f"anomaly      {P0.run('waiting')}: {problem}" in result.stdout
+    shown = json.loads(invoke(seeded, "show", "waiting", "--json").stdout)
+    assert shown["anomalies"] == [{"key": P0.run("waiting"), "problem": problem}]
+
+
+def test_a_history_key_of_another_type_is_an_anomaly_of_show(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.set(P0.history("waiting"), "foreign")
+    assert listed(invoke(seeded, "show", "waiting")) == [
+        f"anomaly: {P0.history('waiting')}: holds another type, not a list"
+    ]
+
+
+def test_runs_marks_a_record_of_another_type_and_lists_the_others(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.delete(P0.run("waiting"))
+    redis_client.set(P0.run("waiting"), "foreign")
+    result = invoke(seeded, "runs")
+    assert listed(result) == [
+        f"anomaly: {P0.run('waiting')}: holds another type, not a hash (not a run record)"
+    ]
+    header, *rows = result.stdout.splitlines()
+    assert header.endswith("ANOMALY") and len(rows) == 2
+
+
+def test_dead_retry_of_a_record_of_another_type_is_refused_not_a_traceback(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.delete(P0.run("waiting"))
+    redis_client.set(P0.run("waiting"), "foreign")
+    result = invoke(seeded, "dead", "retry", "waiting")
+    no_traceback(result)
+    assert result.exit_code == 1
+    assert "refused waiting: is not a run record; only dead runs retry" in result.stderr
+
+
+def test_a_garbage_worker_entry_is_an_anomaly_naming_its_field(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(WORKERS_KEY, "w-9", "{garbage")
+    redis_client.hset(WORKERS_KEY, "w-10", json.dumps({"id": "w-10", "last_seen_ms": 1e400}))
+    lines = listed(invoke(seeded, "workers"))
+    assert [line.split(" is not")[0] for line in lines] == [
+        "anomaly: jq:workers: field 'w-10'",
+        "anomaly: jq:workers: field 'w-9'",
+    ]
+
+
+def test_jq_workers_of_another_type_is_an_anomaly(seeded: JobQueue, redis_client: Any) -> None:
+    redis_client.set(WORKERS_KEY, "foreign")
+    assert listed(invoke(seeded, "workers")) == [
+        "anomaly: jq:workers: holds another type, not a hash"
+    ]
+    listed(invoke(seeded, "leases"))  # which reads the registry for hosts
 
 
 # -- recurring jobs -------------------------------------------------------------------------------
@@ -203,3 +492,60 @@ def test_the_first_write_records_the_scheduler_partition_count(
     assert redis_client.exists(SCHED_CONFIG_KEY) == 0
     jq.schedule("nightly", "t", every=60)
     assert redis_client.hget(SCHED_CONFIG_KEY, "partitions") == "1"
+
+
+# -- the dashboard --------------------------------------------------------------------------------
+
+PAGES = ["/queues", "/runs", "/leases", "/dead", "/workers", "/schedules", "/run?id=waiting"]
+
+
+def corrupt_everything(redis_client: Any) -> None:
+    """One of each kind of foreign data, none touching the run 'waiting' itself."""
+    redis_client.hset(QUEUES_KEY, "evil", "99999999")
+    redis_client.hset(P0.stats, "completed", "many")
+    redis_client.delete(P0.dead)
+    redis_client.set(P0.dead, "foreign")
+    redis_client.hset(WORKERS_KEY, "w-9", "{garbage")
+    redis_client.hset(DEF, "bad", "{garbage")
+    redis_client.hset(P0.run("waiting"), "fence", "abc")
+    redis_client.rpush(P0.history("waiting"), "\u00b2 odd line")
+    redis_client.hset(P0.run("waiting"), "hist", "1")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_dashboard_page_lists_the_anomalies_it_met_and_renders(
+    scheduled: JobQueue, redis_client: Any, page: str
+) -> None:
+    corrupt_everything(redis_client)
+    reply = TestClient(create_app(scheduled)).get(page)
+    assert reply.status_code == 200, reply.text
+    assert 'id="anomalies"' in reply.text
+
+
+def test_the_dashboard_marks_the_run_whose_record_has_a_garbage_field(
+    scheduled: JobQueue, redis_client: Any
+) -> None:
+    corrupt_everything(redis_client)
+    page = TestClient(create_app(scheduled)).get("/runs").text
+    assert 'title="jq:{default#0}:run:waiting: field &#39;fence&#39; is &#39;abc&#39;' in page
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def test_metrics_refresh_logs_each_anomaly_once_and_counts_the_readable_queues(
+    seeded: JobQueue, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("prometheus_client")
+    seeded.register_queue("other")
+    redis_client.hset(QUEUES_KEY, "other", "x")
+    redis_client.hset(P0.stats, "lease_expired", "lots")
+    metrics = PrometheusMetrics("worker")
+    with caplog.at_level(logging.WARNING, logger="jobqueue.metrics"):
+        for _ in range(3):
+            metrics.refresh_depth(seeded, ["other", "default", "gone"])
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 3 and len(set(warnings)) == 3, warnings
+    for state in ("due", "running"):
+        labels = {"queue": "default", "state": state}
+        assert metrics.registry.get_sample_value("jobqueue_queue_runs", labels) == 1

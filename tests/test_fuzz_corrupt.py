@@ -175,6 +175,8 @@ CLI_GARBAGE = [
 
 
 def cli(jq: JobQueue, *args: str) -> str:
+    """stdout of a command that must succeed; stderr may only hold ``anomaly:`` lines (the
+    corrupt data it met, one line each)."""
     result = CliRunner().invoke(main, list(args), obj=State(None, jq))
     assert result.exception is None or isinstance(result.exception, SystemExit), (
         args,
@@ -183,7 +185,8 @@ def cli(jq: JobQueue, *args: str) -> str:
     )
     assert "Traceback" not in result.output
     assert result.exit_code == 0, (args, result.output)
-    return result.output
+    assert all(line.startswith("anomaly: ") for line in result.stderr.splitlines()), result.stderr
+    return result.stdout
 
 
 @pytest.mark.parametrize(
