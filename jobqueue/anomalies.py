@@ -21,6 +21,11 @@ import redis
 
 T = TypeVar("T")
 
+# The latest instant a time in ms may be: 9999-12-31T23:59:59.999Z, the last one datetime can
+# show (jobqueue's own latest is the buffer-one hold, 9999-12-31). A score or field beyond it
+# (or before 1970) is foreign data: formatting it as a date would raise.
+MAX_TIME_MS = 253402300799999
+
 # What jobqueue writes for an integer: an optional minus and ASCII digits. int() would also
 # take " 7", "7_0" or Arabic-Indic digits, none of which jobqueue ever stores.
 _STORED_INT = re.compile(r"-?[0-9]{1,19}")
@@ -58,11 +63,16 @@ def stored_int(value: Any) -> int | None:
 
 
 def score_ms(score: Any) -> int | None:
-    """A sorted-set score as the time in ms jobqueue stores, or None (no score, or +-inf,
-    which another program can store and ``int()`` cannot convert)."""
-    if isinstance(score, int | float) and math.isfinite(score):
+    """A sorted-set score as the time in ms jobqueue stores, or None: no score, +-inf (which
+    another program can store and ``int()`` cannot convert), or a time no date can show."""
+    if isinstance(score, int | float) and math.isfinite(score) and is_time(int(score)):
         return int(score)
     return None
+
+
+def is_time(ms: int) -> bool:
+    """Whether ``ms`` is a time jobqueue could have stored (1970 to the end of year 9999)."""
+    return 0 <= ms <= MAX_TIME_MS
 
 
 def is_wrong_type(reply: Any) -> bool:

@@ -380,7 +380,7 @@ def dead_retry(
         else:
             refused += 1
             what = "not found" if run_state == "missing" else f"is {run_state}"
-            click.echo(f"refused {rid}: {what}; only dead runs retry", err=True)
+            click.echo(f"error: refused {rid}: {what}; only dead runs retry", err=True)
     retried = 0
     with progress(len(targets), "retrying dead runs") as advance:
         for start in range(0, len(targets), BULK_CHUNK):
@@ -394,7 +394,9 @@ def dead_retry(
                     already += 1
                 else:
                     refused += 1
-                    click.echo(f"refused {rid}: is {previous}; only dead runs retry", err=True)
+                    click.echo(
+                        f"error: refused {rid}: is {previous}; only dead runs retry", err=True
+                    )
             advance(len(chunk))
     summary = f"retried {retried} of {len(ids)} dead run(s)"
     if already:

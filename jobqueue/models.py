@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .anomalies import Anomaly
+from .anomalies import Anomaly, is_time
 from .keys import PartitionKeys
 from .payload import decode_payload, decode_result
 
@@ -27,6 +27,7 @@ INT_FIELDS = (
     "finished",
     "scheduled_for",
 )
+TIME_FIELDS = frozenset({"lease_until", "due", "created", "started", "finished", "scheduled_for"})
 
 
 def _int(value: str | None) -> int | None:
@@ -98,8 +99,11 @@ class Run:
             found.append(Anomaly(key, f"state {fields.get('state')!r} is not a run state"))
         for name in INT_FIELDS:
             value = fields.get(name)
-            if value not in (None, "") and _int(value) is None:
+            number = _int(value)
+            if value not in (None, "") and number is None:
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not an integer"))
+            elif number is not None and name in TIME_FIELDS and not is_time(number):
+                found.append(Anomaly(key, f"field {name!r} is {value!r}, not a time in ms"))
         return cls(
             run_id=run_id,
             queue=fields.get("queue") or queue,

@@ -41,7 +41,16 @@ from typing import TYPE_CHECKING, Any, Literal
 import redis
 
 from . import ops
-from .anomalies import Anomaly, Listing, checked, is_wrong_type, score_ms, unique
+from .anomalies import (
+    MAX_TIME_MS,
+    Anomaly,
+    Listing,
+    checked,
+    is_time,
+    is_wrong_type,
+    score_ms,
+    unique,
+)
 from .base import Planned
 from .cron import (
     Schedule,
@@ -256,6 +265,11 @@ def _definition_from_json(job_id: str, text: str) -> Definition:
         raise CorruptData(f"definition has an unknown overlap policy {defn.overlap!r}")
     if min(defn.jitter_ms, defn.lease_ms, defn.timeout_ms) < 0 or defn.max_attempts < 1:
         raise CorruptData("definition has a negative duration or max_attempts below 1")
+    durations = (defn.every_ms or 0, defn.jitter_ms, defn.lease_ms, defn.timeout_ms)
+    instants = (defn.start_ms, defn.end_ms)
+    if max(durations) > MAX_TIME_MS or not all(t is None or is_time(t) for t in instants):
+        # Fire times computed from it would overflow a date, mid-tick or mid-command.
+        raise CorruptData("definition has a time or duration beyond year 9999")
     return defn
 
 
@@ -698,6 +712,9 @@ class Recurring:
             anomalies.append(Anomaly(sk.next, f"member {job_id!r} has score {next_fire!r}"))
         try:
             counters = JobState.parse(_str(state))
+            times = (counters.last_fire_ms, counters.through_ms)
+            if not all(t is None or is_time(t) for t in times):
+                raise ValueError("a time out of range")
         except ValueError:
             counters = JobState()
             anomalies.append(

@@ -224,7 +224,12 @@ def plan(jq: JobQueue, queue: str, count: int) -> Plan:
     pipe = r.pipeline(transaction=False)
     pipe.hget(QUEUES_KEY, queue)
     pipe.hget(MOVING_KEY, queue)
-    stored, moving = pipe.execute()
+    stored, moving = pipe.execute(raise_on_error=False)
+    for key, reply in ((QUEUES_KEY, stored), (MOVING_KEY, moving)):
+        if is_wrong_type(reply):
+            raise CorruptData(f"{key} is not a hash; nothing moved")
+        if isinstance(reply, Exception):
+            raise reply
     if stored is None:
         known = ", ".join(sorted(jq.queues())) or "none"
         raise OperationRefused(f"no queue {queue!r} recorded in Redis (known: {known})")

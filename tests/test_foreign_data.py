@@ -172,6 +172,17 @@ def test_a_partition_count_above_the_maximum_is_refused_in_code() -> None:
     assert JobQueue(partitions={"big": MAX_PARTITIONS}).partitions_of("big") == MAX_PARTITIONS
 
 
+def test_repartition_with_jq_queues_of_another_type_is_refused_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.delete(QUEUES_KEY)
+    redis_client.set(QUEUES_KEY, "not a hash")
+    before = keyspace(redis_client)
+    line = refused(invoke(seeded, "repartition", "default", "--partitions", "2", "--yes"))
+    assert line == "error: jq:queues is not a hash; nothing moved"
+    assert keyspace(redis_client) == before
+
+
 def test_repartition_of_a_queue_whose_count_is_unusable_is_refused_and_writes_nothing(
     seeded: JobQueue, redis_client: Any
 ) -> None:
@@ -290,6 +301,31 @@ def test_an_infinite_score_in_an_index_is_an_anomaly_not_an_overflow(
     assert "member 'odd' has score" in invoke(seeded, "leases").stderr
 
 
+@pytest.mark.parametrize("score", [2.0**63, 1e300, -5.0])
+def test_a_score_no_date_can_show_is_an_anomaly_of_every_listing_and_page(
+    seeded: JobQueue, redis_client: Any, score: float
+) -> None:
+    redis_client.zadd(P0.leases, {"odd": score})
+    redis_client.zadd(P0.due, {"odd": score})
+    for command in LISTINGS:
+        listed(invoke(seeded, *command))
+    assert f"member 'odd' has score {score!r}" in invoke(seeded, "leases").stderr
+    for page in ("/leases", "/queues", "/runs"):
+        assert TestClient(create_app(seeded)).get(page).status_code == 200
+
+
+def test_a_time_field_no_date_can_show_is_shown_as_a_number_and_an_anomaly(
+    seeded: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(P0.run("waiting"), "due", "99999999999999999")
+    result = invoke(seeded, "show", "waiting")
+    assert listed(result) == [
+        f"anomaly: {P0.run('waiting')}: field 'due' is '99999999999999999', not a time in ms"
+    ]
+    assert "99999999999999999 ms (not a date)" in result.stdout
+    assert TestClient(create_app(seeded)).get("/run?id=waiting").status_code == 200
+
+
 def test_show_marks_a_garbage_field_of_the_record(seeded: JobQueue, redis_client: Any) -> None:
     redis_client.hset(P0.run("waiting"), "fence", "abc")
     result = invoke(seeded, "show", "waiting")
@@ -330,7 +366,9 @@ def test_dead_retry_of_a_record_of_another_type_is_refused_not_a_traceback(
     result = invoke(seeded, "dead", "retry", "waiting")
     no_traceback(result)
     assert result.exit_code == 1
-    assert "refused waiting: is not a run record; only dead runs retry" in result.stderr
+    assert result.stderr == (
+        "error: refused waiting: is not a run record; only dead runs retry\n"
+    )
 
 
 def test_a_garbage_worker_entry_is_an_anomaly_naming_its_field(

@@ -281,3 +281,39 @@ def test_string_keys_nested_anywhere_are_stored_exactly(seeded: JobQueue) -> Non
     run = seeded.get_run(seeded.enqueue("t", *args, k={"x": {"y": None}}).run_id)
     assert run.args == [{"a": [{"b": {"c": [1, 2]}}]}, [[{}]]]
     assert run.kwargs == {"k": {"x": {"y": None}}}
+
+
+# -- one line, whatever the argument holds --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("schedules", "add", "j", "t", "--cron", "0\r0"),
+        ("schedules", "add", "j", "t", "--every", "60", "--tz", "Mars\nOlympus"),
+        ("schedules", "add", "j", "t", "--every", "60", "--misfire", "often\nand more"),
+    ],
+    ids=["cron", "tz", "misfire"],
+)
+def test_an_error_quoting_a_line_break_from_the_arguments_stays_one_line(
+    seeded: JobQueue, redis_client: Any, args: tuple[str, ...]
+) -> None:
+    before = keyspace(redis_client)
+    result = invoke(seeded, *args)
+    assert result.exit_code == 2
+    assert "\\" in one_line_error(result)  # the break is shown escaped
+    assert keyspace(redis_client) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("runs", "--state", "x\ny"), ("schedules", "add", "j", "--", "t", "extra\n")],
+    ids=["choice", "extra-argument"],
+)
+def test_a_usage_error_quoting_a_line_break_stays_clicks_three_lines(
+    seeded: JobQueue, args: tuple[str, ...]
+) -> None:
+    result = invoke(seeded, *args)
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert [line.split(" ")[0] for line in lines] == ["Usage:", "Try", "Error:"], result.stderr
