@@ -772,14 +772,18 @@ class Recurring:
     def _put(self, job_id: str, build: Any, now: int | None) -> ScheduleInfo:
         """Read, let ``build(old_info, now)`` decide (definition, next), write with CAS; retry
         when a scheduler or another client changed the job in between."""
-        _ = self.partitions  # a write: K is recorded first (HSETNX), as every writer does
-        sk = self.keys(job_id)
         for _ in range(_CAS_ATTEMPTS):
+            sk = self.keys(job_id)
             text, next_ms, state_text = self._read(job_id)
             old = None if text is None else self.stored_info(sk, job_id, text, next_ms, state_text)
             if isinstance(old, Anomaly):
                 raise CorruptData(f"recurring job {job_id!r} cannot be changed: {old}")
             defn, new_next = build(old, self._now(now))
+            if self._partitions is None:
+                # This process's first write, now known to be valid: K is recorded (HSETNX),
+                # then everything is read again, in case another process recorded another K.
+                _ = self.partitions
+                continue
             call = ops.sched_define_call(
                 sk,
                 job_id,

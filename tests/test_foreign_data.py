@@ -522,6 +522,16 @@ def test_a_reading_or_refused_command_on_an_empty_server_writes_no_key(
     assert keyspace(redis_client) == {}
 
 
+def test_a_first_schedule_refused_over_foreign_data_records_nothing(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    redis_client.set("jq:{sched#0}:next", "foreign")
+    before = keyspace(redis_client)
+    line = refused(invoke(jq, "schedules", "add", "nightly", "t", "--every", "60"))
+    assert "jq:{sched#0}:next is not a sorted set" in line
+    assert keyspace(redis_client) == before
+
+
 def test_the_first_write_records_the_scheduler_partition_count(
     jq: JobQueue, redis_client: Any
 ) -> None:

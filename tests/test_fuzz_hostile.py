@@ -303,6 +303,8 @@ corruptions = st.one_of(
         st.sampled_from([math.inf, -math.inf, 1e300, -1e300, 0.5, 2.0**63]),
     ),
     st.tuples(st.just("rpush"), st.sampled_from(HISTORIES), st.just(""), garbage),
+    # Nothing recorded yet: the first write must record K, and a refused one must not.
+    st.tuples(st.just("delete"), st.just(SCHED_CONFIG_KEY), st.just(""), st.just("")),
     st.tuples(
         st.just("retype"),
         st.sampled_from([*RUN_KEYS, *ZSETS, *HASHES, P0.history("seed-dead")]),
@@ -327,6 +329,8 @@ def plant(client: Any, corruption: tuple[str, str, str, Any]) -> None:
         client.zadd(key, {name: value})
     elif how == "rpush":
         client.rpush(key, raw)
+    elif how == "delete":
+        client.delete(key)
     else:
         client.delete(key)
         {
@@ -364,6 +368,7 @@ WRITES = [
     ["schedules", "pause", SEED_JOB],
     ["schedules", "trigger", SEED_JOB],
     ["schedules", "remove", SEED_JOB, "--yes"],
+    ["schedules", "add", "new-job", "t", "--every", "60"],
     ["repartition", "default", "--partitions", "2", "--yes"],
 ]
 
