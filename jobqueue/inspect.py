@@ -151,6 +151,10 @@ def workers(jq: JobQueue) -> Listing[WorkerInfo]:
     for name, raw in sorted(entries.items()):
         try:
             info = json.loads(raw)
+            if not isinstance(info, dict):
+                raise TypeError("not a JSON object")
+            if not isinstance(info.get("queues", []), list):  # list("abc") would "work"
+                raise TypeError(f"queues is {info['queues']!r}, not a list")
             seen_ago = now - int(info["last_seen_ms"])
             lease_ms = int(info.get("lease_ms", 30_000))
             out.append(

@@ -376,9 +376,14 @@ def test_a_garbage_worker_entry_is_an_anomaly_naming_its_field(
 ) -> None:
     redis_client.hset(WORKERS_KEY, "w-9", "{garbage")
     redis_client.hset(WORKERS_KEY, "w-10", json.dumps({"id": "w-10", "last_seen_ms": 1e400}))
+    queues_text = {"id": "w-11", "last_seen_ms": 1, "queues": "abc"}  # not a list of queues
+    redis_client.hset(WORKERS_KEY, "w-11", json.dumps(queues_text))
+    redis_client.hset(WORKERS_KEY, "w-12", "-1")  # JSON, but not an object
     lines = listed(invoke(seeded, "workers"))
     assert [line.split(" is not")[0] for line in lines] == [
         "anomaly: jq:workers: field 'w-10'",
+        "anomaly: jq:workers: field 'w-11'",
+        "anomaly: jq:workers: field 'w-12'",
         "anomaly: jq:workers: field 'w-9'",
     ]
 
