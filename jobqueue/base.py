@@ -329,13 +329,16 @@ class ClientBase:
 
 
     def adopt_partition_count(self, queue: str, reply: Any) -> int:
-        """Check the partition count recorded in Redis (``reply``: HGET's) against ours, then
-        use it. A count jobqueue cannot have written is refused (CorruptData): iterating
-        99999999 partitions would hang the process, and a guess would lose runs."""
+        """Check the partition count recorded in Redis (``reply``: HGET's, or a count already
+        read, e.g. from :meth:`queues`) against ours, then use it. A count jobqueue cannot have
+        written is refused (CorruptData): iterating 99999999 partitions would hang the
+        process, and a guess would lose runs."""
         if is_wrong_type(reply):
             raise CorruptData(f"{QUEUES_KEY} is not a hash: cannot register queue {queue!r}")
         if isinstance(reply, Exception):
             raise reply
+        if type(reply) is int:
+            reply = str(reply)  # checked like the text it was read as
         stored = parse_partition_count(reply)
         if stored is None:
             raise CorruptData(

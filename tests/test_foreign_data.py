@@ -166,6 +166,13 @@ def test_register_queue_refuses_a_stored_count_above_the_maximum(
         jq.register_queue("big")
 
 
+def test_a_count_already_read_is_adopted_and_checked_like_the_stored_text(jq: JobQueue) -> None:
+    assert jq.adopt_partition_count("q", 4) == 4
+    assert jq.partitions_of("q") == 4
+    with pytest.raises(CorruptData, match="partition count '99999999' is not an integer"):
+        jq.adopt_partition_count("big", 99999999)
+
+
 def test_a_partition_count_above_the_maximum_is_refused_in_code() -> None:
     with pytest.raises(ConfigError, match=f"an integer from 1 to {MAX_PARTITIONS}"):
         JobQueue(partitions={"big": MAX_PARTITIONS + 1})
