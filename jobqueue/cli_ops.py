@@ -21,6 +21,7 @@ from .capacity import CapacityInputs, estimate
 from .cli_common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
 from .cli_format import abs_time, duration, when
 from .cli_format import table as table
+from .errors import OperationRefused
 from .keys import PartitionKeys
 
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
@@ -78,9 +79,17 @@ def progress(length: int, label: str) -> Iterator[Callable[[int], None]]:
 
 
 def confirm(what: str, yes: bool) -> None:
-    """Ask before a destructive or bulk change unless --yes; 'no' exits 1 (refused)."""
-    if not yes and not click.confirm(what, default=False):
-        raise click.Abort()
+    """Ask before a destructive or bulk change unless --yes. 'No', or no answer at all (end of
+    input, which click turns into Abort), is a refusal: one ``error:`` line, exit 1, nothing
+    changed."""
+    if yes:
+        return
+    try:
+        answered = click.confirm(what, default=False)
+    except click.Abort:
+        answered = False
+    if not answered:
+        raise OperationRefused("not confirmed: nothing changed (--yes skips the question)")
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -66,7 +66,7 @@ def repartition(state: Any, queue: str, count: int, yes: bool, as_json: bool) ->
     before = rp.plan(jq, queue, count)
     # The question goes to stderr, so that --json output stays one JSON document.
     if not yes and not click.confirm(f"{before.describe()}\n{BEFORE}. Move now?", err=True):
-        click.echo("nothing moved", err=True)
+        click.echo("error: not confirmed: nothing moved", err=True)
         raise click.exceptions.Exit(1)
     # A bar on a terminal only; entries moved into a partition scanned later are seen twice.
     with progress(before.total, f"moving {queue}") as advance:

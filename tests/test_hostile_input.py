@@ -317,3 +317,23 @@ def test_a_usage_error_quoting_a_line_break_stays_clicks_three_lines(
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert [line.split(" ")[0] for line in lines] == ["Usage:", "Try", "Error:"], result.stderr
+
+
+# -- a question not answered yes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["n\n", "", "maybe\n"], ids=["no", "end-of-input", "garbage"])
+@pytest.mark.parametrize(
+    "command", [("dead", "purge", "seed"), ("schedules", "remove", "nightly")], ids=" ".join
+)
+def test_a_question_not_answered_yes_is_one_error_line_exit_1_and_writes_nothing(
+    seeded: JobQueue, redis_client: Any, command: tuple[str, ...], answer: str
+) -> None:
+    seeded.schedule("nightly", "t", every=60)
+    before = keyspace(redis_client)
+    result = invoke(seeded, *command, input=answer)
+    assert result.exit_code == 1
+    assert one_line_error(result) == (
+        "error: not confirmed: nothing changed (--yes skips the question)"
+    )
+    assert keyspace(redis_client) == before
