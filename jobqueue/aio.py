@@ -14,9 +14,11 @@ from typing import Any
 import redis
 
 from . import ops
+from .anomalies import Anomaly, is_wrong_type
 from .base import (
     ClientBase,
     Planned,
+    QueueTable,
     Request,
     TaskRef,
     cancel_refused,
@@ -24,6 +26,8 @@ from .base import (
     created_flags,
     not_found,
     pick_located,
+    queue_table,
+    read_run,
 )
 from .connection import async_client, redact
 from .embedded import resolve_url
@@ -100,15 +104,28 @@ class AsyncJobQueue(ClientBase):
             pipe = self.redis.pipeline(transaction=False)
             pipe.hsetnx(QUEUES_KEY, queue, self._partitions.get(queue, 1))
             pipe.hget(QUEUES_KEY, queue)
-            _, stored = await pipe.execute()
+            written, stored = await pipe.execute(raise_on_error=False)
+            if isinstance(written, Exception) and not is_wrong_type(written):
+                raise written  # refused by the server (OOM, READONLY): not the data's fault
         except redis.exceptions.RedisError as exc:
             raise ConnectionFailed(f"cannot register queue {queue!r}: {exc}") from None
-        count = self.adopt_partition_count(queue, int(stored))
+        count = self.adopt_partition_count(queue, stored)
         self._registered_queues.add(queue)
         return count
 
     async def queues(self) -> dict[str, int]:
-        return {q: int(p) for q, p in (await self.redis.hgetall(QUEUES_KEY)).items()}
+        """Every usable queue recorded in Redis (see :meth:`queue_table`)."""
+        return (await self.queue_table()).counts
+
+    async def queue_table(self) -> QueueTable:
+        """``jq:queues`` as read, with the entries no command can use as anomalies."""
+        try:
+            reply = await self.redis.hgetall(QUEUES_KEY)
+        except redis.exceptions.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            reply = exc
+        return queue_table(reply)
 
     async def enqueue(
         self,
@@ -137,37 +154,47 @@ class AsyncJobQueue(ClientBase):
         ]
 
     async def locate(self, run_id: str, queue: str | None = None) -> PartitionKeys | None:
-        keys = self.lookup_candidates(run_id, queue, await self.queues())
+        return (await self._search(run_id, queue))[0]
+
+    async def _search(
+        self, run_id: str, queue: str | None
+    ) -> tuple[PartitionKeys | None, list[Anomaly]]:
+        """The partition holding a run, and the queues that could not be searched."""
+        table = await self.queue_table()
+        keys = self.lookup_candidates(run_id, queue, table)
+        skipped = [] if queue else table.anomalies
         if not keys:
-            return None
+            return None, skipped
         pipe = self.redis.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k.run(run_id))
         found = await pipe.execute()
-        return pick_located(run_id, [k for k, n in zip(keys, found, strict=True) if n])
+        return pick_located(run_id, [k for k, n in zip(keys, found, strict=True) if n]), skipped
 
     async def find_run(self, run_id: str, queue: str | None = None) -> Run | None:
         keys = await self.locate(run_id, queue)
-        if keys is None:
-            return None
+        return None if keys is None else await self._read(keys, run_id)
+
+    async def _read(self, keys: PartitionKeys, run_id: str) -> Run | None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.run(run_id))
         pipe.lrange(keys.history(run_id), 0, -1)
-        fields, history = await pipe.execute()
-        if not fields:
-            return None
-        return Run.from_hash(run_id, keys.partition, fields, history, keys.queue)
+        fields, history = await pipe.execute(raise_on_error=False)
+        return read_run(keys, run_id, fields, history)
 
     async def get_run(self, run_id: str, queue: str | None = None) -> Run:
-        run = await self.find_run(run_id, queue)
-        if run is None:
+        keys, skipped = await self._search(run_id, queue)
+        if keys is None:
+            raise not_found(run_id, queue, skipped)
+        run = await self._read(keys, run_id)
+        if run is None:  # expired between the look-up and the read
             raise not_found(run_id, queue)
         return run
 
     async def cancel(self, run_id: str, queue: str | None = None, reason: str = "cancelled") -> str:
-        keys = await self.locate(run_id, queue)
+        keys, skipped = await self._search(run_id, queue)
         if keys is None:
-            raise not_found(run_id, queue)
+            raise not_found(run_id, queue, skipped)
         call = ops.cancel_call(keys, run_id, self.settings.done_retention_ms, reason)
         changed, state = ops.parse_state_change(await self.scripts.run(call))
         if not changed:

@@ -9,8 +9,26 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 from . import ops
-from .errors import ConfigError, OperationRefused, PayloadError, RunNotFound, UnknownTask
-from .keys import PartitionKeys, partition_of, validate_queue_name, validate_run_id
+from .anomalies import Anomaly, checked, is_wrong_type
+from .errors import (
+    ConfigError,
+    CorruptData,
+    OperationRefused,
+    PayloadError,
+    RunNotFound,
+    UnknownTask,
+)
+from .keys import (
+    QUEUES_KEY,
+    PartitionKeys,
+    bad_count,
+    parse_partition_count,
+    partition_of,
+    validate_partition_count,
+    validate_queue_name,
+    validate_run_id,
+)
+from .models import Run
 from .ops import RunSpec
 from .payload import encode_payload
 from .scripts import Call
@@ -88,8 +106,7 @@ class ClientBase:
         self._valid_queues: set[str] = set()
         self._partitions: dict[str, int] = {}
         for queue, count in (partitions or {}).items():
-            if not isinstance(count, int) or count < 1:
-                raise ConfigError(f"queue {queue!r}: partitions must be an integer >= 1")
+            validate_partition_count(count, f"queue {queue!r}")
             self._partitions[validate_queue_name(queue)] = count
 
     # -- tasks -----------------------------------------------------------------------------
@@ -311,8 +328,23 @@ class ClientBase:
         return [Planned(self.keys_for(q, spec.run_id), spec) for q, spec in prepared]
 
 
-    def adopt_partition_count(self, queue: str, stored: int) -> int:
-        """Check the partition count recorded in Redis against ours, then use it."""
+    def adopt_partition_count(self, queue: str, reply: Any) -> int:
+        """Check the partition count recorded in Redis (``reply``: HGET's, or a count already
+        read, e.g. from :meth:`queues`) against ours, then use it. A count jobqueue cannot have
+        written is refused (CorruptData): iterating 99999999 partitions would hang the
+        process, and a guess would lose runs."""
+        if is_wrong_type(reply):
+            raise CorruptData(f"{QUEUES_KEY} is not a hash: cannot register queue {queue!r}")
+        if isinstance(reply, Exception):
+            raise reply
+        if type(reply) is int:
+            reply = str(reply)  # checked like the text it was read as
+        stored = parse_partition_count(reply)
+        if stored is None:
+            raise CorruptData(
+                f"{QUEUES_KEY} field {queue!r}: {bad_count(reply)}; set it right "
+                f"(HSET {QUEUES_KEY} {queue} <count>) before using the queue"
+            )
         wanted = self._partitions.get(queue)
         if wanted is not None and wanted != stored:
             raise ConfigError(
@@ -324,16 +356,65 @@ class ClientBase:
         return stored
 
     def lookup_candidates(
-        self, run_id: str, queue: str | None, recorded: dict[str, int]
+        self, run_id: str, queue: str | None, table: QueueTable
     ) -> list[PartitionKeys]:
         """Where a run may live: its partition in ``queue``, else in every known queue, with
-        partition counts as recorded in Redis (a client need not configure them)."""
+        partition counts as recorded in Redis (a client need not configure them). A queue
+        whose record is unusable is not searched; named explicitly, it is CorruptData."""
         validate_run_id(run_id)
-        names = [queue] if queue else sorted(set(recorded) | set(self._partitions))
+        if queue is not None:
+            # A malformed name is bad input (exit 2), as in enqueue: never "not found".
+            validate_queue_name(queue)
+            if queue in table.unusable:
+                raise CorruptData(f"cannot look in queue {queue!r}: {table.unusable[queue]}")
+            names = [queue]
+        else:
+            names = sorted((set(table.counts) | set(self._partitions)) - set(table.unusable))
+        recorded = table.counts
         return [
             PartitionKeys(q, partition_of(run_id, self._partitions.get(q) or recorded.get(q, 1)))
             for q in names
         ]
+
+
+@dataclass(frozen=True)
+class QueueTable:
+    """``jq:queues`` as read: the queues every command can use, with their partition counts,
+    and the entries none can (by queue name), each with the reason."""
+
+    counts: dict[str, int]
+    unusable: dict[str, Anomaly]
+    anomalies: list[Anomaly]  # the unusable entries, and jq:queues itself if not a hash
+    readable: bool = True  # False: jq:queues is not a hash, so no queue is known at all
+
+
+def queue_table(reply: Any) -> QueueTable:
+    """Parse an HGETALL reply of ``jq:queues`` (or its WRONGTYPE error): a name no command
+    can address, or a count that is not an integer from 1 to MAX_PARTITIONS, is an anomaly
+    and its queue is left out, so no listing ever iterates a count of 99999999."""
+    if is_wrong_type(reply):
+        whole = Anomaly(QUEUES_KEY, "not a hash: no queue can be read")
+        return QueueTable({}, {}, [whole], readable=False)
+    if isinstance(reply, Exception):
+        raise reply
+    counts: dict[str, int] = {}
+    unusable: dict[str, Anomaly] = {}
+    for name, stored in sorted(reply.items()):
+        count = parse_partition_count(stored)
+        try:
+            validate_queue_name(name)
+        except ConfigError:
+            unusable[name] = Anomaly(QUEUES_KEY, f"field {name!r} is not a valid queue name")
+            continue
+        if count is None:
+            unusable[name] = Anomaly(QUEUES_KEY, f"field {name!r}: {bad_count(stored)}")
+        else:
+            counts[name] = count
+    return QueueTable(counts, unusable, list(unusable.values()))
+
+
+# The anomaly of a key of another type under a run's name.
+NOT_A_RECORD = "holds another type, not a hash (not a run record)"
 
 
 def not_a_record(reply: Any, state: str = "unknown") -> Any:
@@ -344,6 +425,21 @@ def not_a_record(reply: Any, state: str = "unknown") -> Any:
     if "WRONGTYPE" not in str(reply):
         raise reply
     return {"state": state, "error": f"not a run record: {reply}"[:300]}
+
+
+def read_run(keys: PartitionKeys, run_id: str, fields: Any, history: Any) -> Run | None:
+    """A run from its pipelined HGETALL and LRANGE replies (``raise_on_error=False``), or None
+    when there is no record. A key of another type under a run's name (claim.lua dead-letters
+    those) is shown for what it is, as an anomaly, rather than failing ``show``; any other
+    error reply is raised."""
+    anomalies: list[Anomaly] = []
+    if is_wrong_type(fields):
+        anomalies.append(Anomaly(keys.run(run_id), NOT_A_RECORD))
+    fields = not_a_record(fields)
+    history = checked(history, keys.history(run_id), "list", anomalies, [])
+    if not fields:
+        return None
+    return Run.from_hash(run_id, keys.partition, fields, history, keys.queue, tuple(anomalies))
 
 
 def pick_located(run_id: str, found: list[PartitionKeys]) -> PartitionKeys | None:
@@ -384,6 +480,12 @@ def cancel_refused(run_id: str, state: str) -> OperationRefused:
     return OperationRefused(f"run {run_id} is {state}; only pending or running runs cancel")
 
 
-def not_found(run_id: str, queue: str | None) -> RunNotFound:
+def not_found(run_id: str, queue: str | None, skipped: list[Anomaly] | None = None) -> RunNotFound:
+    """``skipped``: queues that could not be searched (their record is unusable), named so
+    that "not found" is not taken for "never created"."""
     where = f"queue {queue!r}" if queue else "any queue"
-    return RunNotFound(f"no run {run_id!r} in {where} (never created, or expired)")
+    note = ""
+    if skipped:
+        shown = "; ".join(str(a) for a in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        note = f"; not searched: {shown}"
+    return RunNotFound(f"no run {run_id!r} in {where} (never created, or expired){note}")

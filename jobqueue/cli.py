@@ -47,6 +47,7 @@ from .cli_common import (  # noqa: E402
     json_arg,
     ms_to_text,
     pass_state,
+    warn_anomalies,
     yes_option,
 )
 from .cli_format import when  # noqa: E402
@@ -59,11 +60,13 @@ from .connection import redact  # noqa: E402
 from .dashboard.cli import dashboard  # noqa: E402
 from .errors import (  # noqa: E402
     ConfigError,
+    InvalidRunId,
     JobQueueError,
     OperationRefused,
+    PayloadError,
     UnknownTask,
 )
-from .keys import validate_queue_name  # noqa: E402
+from .keys import MAX_PARTITIONS, validate_queue_name  # noqa: E402
 from .supervisor import SUPERVISED_ENV  # noqa: E402
 
 # Runs per enqueue_many call of `enqueue --from-file` (enqueue_many pipelines its script
@@ -247,7 +250,9 @@ def worker(
 @click.option(
     "--from-file",
     "from_file",
-    type=click.File("r", encoding="utf-8"),
+    # Bytes, decoded line by line: a line that is not UTF-8 is then an error naming it, not
+    # a UnicodeDecodeError from deep inside the file iterator.
+    type=click.File("rb"),
     help='JSON Lines, one run per line: {"args": [..], "kwargs": {..}, "run_id": ".."} '
     "(each key optional); - reads stdin. Validated whole before anything is written.",
 )
@@ -264,7 +269,7 @@ def enqueue(
     queue: str | None,
     max_attempts: int | None,
     app_spec: str | None,
-    from_file: IO[str] | None,
+    from_file: IO[bytes] | None,
     as_json: bool,
 ) -> None:
     """Enqueue one run of TASK (or one per line of --from-file, with a progress bar)."""
@@ -309,34 +314,45 @@ _LINE_KEYS = frozenset({"args", "kwargs", "run_id"})
 def _file_requests(
     jq: JobQueue,
     task: str,
-    lines: IO[str],
+    lines: IO[bytes],
     delay: float | None,
     at: datetime | None,
     queue: str | None,
 ) -> list[Request]:
     """Every line parsed and validated (payload size, run id) before anything is written:
-    a bad line 40,000 is a usage error naming it, not 39,999 runs and a traceback."""
+    a bad line 40,000 is one error line naming it (exit 2), not 39,999 runs and a
+    traceback."""
     out = []
-    for number, line in enumerate(lines, 1):
+    for number, raw in enumerate(lines, 1):
+        # click.File opens a path with its name; only stdin may come without one.
+        where = f"{getattr(lines, 'name', '<stdin>')} line {number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PayloadError(
+                f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start + 1})"
+            ) from None
         if not line.strip():
             continue
-        where = f"{getattr(lines, 'name', 'file')} line {number}"
         try:
             item = json.loads(line)
         except ValueError as exc:
-            raise click.UsageError(f"{where}: not valid JSON: {exc}") from None
+            raise PayloadError(f"{where}: not valid JSON: {exc}") from None
+        except RecursionError:
+            raise PayloadError(f"{where}: JSON nested too deeply") from None
         if not isinstance(item, dict) or not _LINE_KEYS.issuperset(item):
-            raise click.UsageError(f"{where}: expected an object with only args, kwargs, run_id")
+            raise PayloadError(f"{where}: expected an object with only args, kwargs, run_id")
         args, kwargs, run_id = item.get("args", []), item.get("kwargs", {}), item.get("run_id")
         if not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise click.UsageError(f"{where}: args must be a JSON array, kwargs an object")
+            raise PayloadError(f"{where}: args must be a JSON array, kwargs an object")
         if run_id is not None and not isinstance(run_id, str):
-            raise click.UsageError(f"{where}: run_id must be a string")
+            raise InvalidRunId(f"{where}: run_id must be a string")
         req = Request(task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue)
         try:
             jq.prepare(req)
         except JobQueueError as exc:
-            raise click.UsageError(f"{where}: {exc}") from None
+            # The same kind of error (so the same exit code), said of this line.
+            raise type(exc)(f"{where}: {exc}") from None
         out.append(req)
     return out
 
@@ -344,7 +360,7 @@ def _file_requests(
 def _enqueue_file(
     jq: JobQueue,
     task: str,
-    lines: IO[str],
+    lines: IO[bytes],
     delay: float | None,
     at: datetime | None,
     queue: str | None,
@@ -385,6 +401,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
     jq = state.jq()
     run = jq.get_run(run_id, queue=queue)
     if as_json:
+        warn_anomalies(run.anomalies)
         click.echo(json.dumps(run.to_dict(), default=str))
         return
     now = jq.server_time_ms()
@@ -404,7 +421,9 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("payload", run.payload),
         ("result", run.result_json or "-"),
         ("error", run.error or "-"),
+        *(("anomaly", str(a)) for a in run.anomalies),
     ]
+    warn_anomalies(run.anomalies)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         click.echo(f"{key.ljust(width)}  {value}")
@@ -482,7 +501,7 @@ def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option(
     "--partitions",
-    type=click.IntRange(1, 16384),
+    type=click.IntRange(1, MAX_PARTITIONS),
     help="Scheduler partitions K (default: what Redis records, else 1).",
 )
 @click.option(

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 import redis
 
+from .anomalies import Anomaly, unique
 from .client import JobQueue
 from .embedded import ENV_URL, configured_url
 from .errors import (
@@ -40,6 +43,25 @@ def exit_code(exc: JobQueueError) -> int:
     return EXIT_REFUSED
 
 
+_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """A message as one line: control characters, which a message may quote from a user's
+    argument or from Redis (a foreign job id, a queue name, a Lua error), are escaped as
+    ``\\n`` etc. rather than breaking the line that scripts and the README promise."""
+    return _LINE_BREAKING.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
+def one_line_usage(exc: click.UsageError) -> click.UsageError:
+    """Click's usage error (Usage, Try, Error) with its Error line kept one line: Click quotes
+    arguments as given, e.g. "Got unexpected extra argument (q<newline>)"."""
+    text = exc.format_message()
+    if text == one_line(text):
+        return exc
+    return click.UsageError(one_line(text), exc.ctx)
+
+
 class FiniteFloat(click.FloatRange):
     """click.FloatRange that also refuses NaN and infinity: NaN passes every range check
     (all its comparisons are false), so ``--interval nan`` was a busy loop."""
@@ -56,15 +78,23 @@ class FiniteFloat(click.FloatRange):
 class Group(click.Group):
     """Turns jobqueue's typed errors into one line and an exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise one_line_usage(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise one_line_usage(exc) from None
         except KeyboardInterrupt:
             # click would print "Aborted!" and exit 1, the code of a refusal.
             click.echo("\nAborted!", err=True)
             ctx.exit(EXIT_INTERRUPTED)
         except JobQueueError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {one_line(str(exc))}", err=True)
             ctx.exit(exit_code(exc))
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             # The server went away after the first PING (restart, failover, network).
@@ -139,10 +169,31 @@ pass_state = click.make_pass_decorator(State)
 
 
 
+def warn_anomalies(anomalies: Iterable[Anomaly]) -> None:
+    """Foreign or corrupt data a reading command met: one ``anomaly:`` line each on stderr
+    (stdout stays the listing, or one JSON document), the exit code unchanged."""
+    for anomaly in unique(anomalies):
+        click.echo(f"anomaly: {one_line(str(anomaly))}", err=True)
+
+
+def anomaly_cell(anomalies: Sequence[Anomaly]) -> str:
+    """A marked row's last cell: its first anomaly, short (the full text is on stderr)."""
+    if not anomalies:
+        return ""
+    first = anomalies[0]
+    # The key without its hash tag ("due", "stats", "run:<id>"): the row says which partition.
+    text = f"{first.key.rpartition('}:')[2]}: {first.problem}"
+    more = f" (+{len(anomalies) - 1})" if len(anomalies) > 1 else ""
+    return text[:60] + more
+
+
 def ms_to_text(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError, OSError):  # foreign data: no date is that far out
+        return f"{ms} ms (not a date)"
 
 
 def json_arg(text: str, what: str, kind: type) -> Any:

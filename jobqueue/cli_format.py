@@ -15,7 +15,10 @@ def abs_time(ms: int | None) -> str:
     """``2026-11-29 23:01:02`` (UTC), or ``-``."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError, OSError):  # foreign data: no date is that far out
+        return f"{ms} ms (not a date)"
 
 
 def duration(ms: int | None) -> str:

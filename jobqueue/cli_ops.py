@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import click
 
 from . import health, inspect, ops
+from .anomalies import Anomaly, is_wrong_type
 from .capacity import CapacityInputs, estimate
-from .cli_common import EXIT_REFUSED, FiniteFloat
+from .cli_common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
 from .cli_format import abs_time, duration, when
 from .cli_format import table as table
+from .errors import OperationRefused
 from .keys import PartitionKeys
 
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
@@ -30,14 +32,32 @@ BULK_CHUNK = 500
 
 
 def emit(
-    as_json: bool, data: list[dict[str, Any]], rows: list[list[Any]], headers: list[str], empty: str
+    as_json: bool,
+    data: list[dict[str, Any]],
+    rows: list[list[Any]],
+    headers: list[str],
+    empty: str,
+    found: Sequence[Any] = (),
 ) -> None:
+    """A listing: JSON, or a table. ``found``: the rows as read (a Listing, one per row);
+    every anomaly goes to stderr, and when rows carry some, the table gets an ANOMALY column
+    marking them."""
+    warn_anomalies(inspect.all_anomalies(found))
     if as_json:
         click.echo(json.dumps(data, default=str))
     elif not rows:
         click.echo(empty)
     else:
+        marks = [anomaly_cell(_row_anomalies(item)) for item in found] if found else []
+        if any(marks):
+            rows = [[*row, mark] for row, mark in zip(rows, marks, strict=True)]
+            headers = [*headers, "ANOMALY"]
         click.echo(table(rows, headers))
+
+
+def _row_anomalies(item: Any) -> tuple[Anomaly, ...]:
+    anomalies: tuple[Anomaly, ...] = getattr(item, "anomalies", ())
+    return anomalies
 
 
 def stdout_is_terminal() -> bool:
@@ -59,9 +79,17 @@ def progress(length: int, label: str) -> Iterator[Callable[[int], None]]:
 
 
 def confirm(what: str, yes: bool) -> None:
-    """Ask before a destructive or bulk change unless --yes; 'no' exits 1 (refused)."""
-    if not yes and not click.confirm(what, default=False):
-        raise click.Abort()
+    """Ask before a destructive or bulk change unless --yes. 'No', or no answer at all (end of
+    input, which click turns into Abort), is a refusal: one ``error:`` line, exit 1, nothing
+    changed."""
+    if yes:
+        return
+    try:
+        answered = click.confirm(what, default=False)
+    except click.Abort:
+        answered = False
+    if not answered:
+        raise OperationRefused("not confirmed: nothing changed (--yes skips the question)")
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -111,6 +139,7 @@ def leases(
             "RUNNING FOR",
         ],
         "no leases",
+        found,
     )
 
 
@@ -167,6 +196,7 @@ def runs(
             "ERROR",
         ],
         "no runs",
+        found,
     )
 
 
@@ -214,6 +244,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "OLDEST DUE (UTC)",
         ],
         "no queues yet",
+        found,
     )
 
 
@@ -254,6 +285,7 @@ def workers(state: Any, as_json: bool) -> None:
         rows,
         ["WORKER", "HOST", "PID", "QUEUES", "IN FLIGHT", "STARTED (UTC)", "LAST SEEN", "STATUS"],
         "no workers registered",
+        found,
     )
 
 
@@ -289,6 +321,7 @@ def dead_list(state: Any, queue: str | None, limit: int, as_json: bool) -> None:
         rows,
         ["RUN", "QUEUE", "TASK", "ATTEMPTS", "DIED (UTC)", "ERROR"],
         "no dead runs",
+        found,
     )
 
 
@@ -299,7 +332,9 @@ def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None) 
         raise click.UsageError("give run ids, or --all for every dead run")
     if run_ids:
         return list(dict.fromkeys(run_ids))
-    return [r.run_id for r in inspect.runs(jq, state="dead", queue=queue, limit=100_000)]
+    found = inspect.runs(jq, state="dead", queue=queue, limit=100_000)
+    warn_anomalies(inspect.all_anomalies(found))
+    return [r.run_id for r in found]
 
 
 def _states(jq: Any, run_ids: list[str], queue: str | None) -> list[tuple[str, Any, str]]:
@@ -310,10 +345,17 @@ def _states(jq: Any, run_ids: list[str], queue: str | None) -> list[tuple[str, A
     for rid, keys in located:
         if keys is not None:
             pipe.hget(keys.run(rid), "state")
-    found = iter(pipe.execute())
+    found = iter(pipe.execute(raise_on_error=False))
+
+    def state_of(reply: Any) -> str:
+        if is_wrong_type(reply):  # another program's key under the run's name
+            return "not a run record"
+        if isinstance(reply, Exception):
+            raise reply
+        return str(reply or "missing")
+
     return [
-        (rid, keys, "missing" if keys is None else next(found) or "missing")
-        for rid, keys in located
+        (rid, keys, "missing" if keys is None else state_of(next(found))) for rid, keys in located
     ]
 
 
@@ -347,7 +389,7 @@ def dead_retry(
         else:
             refused += 1
             what = "not found" if run_state == "missing" else f"is {run_state}"
-            click.echo(f"refused {rid}: {what}; only dead runs retry", err=True)
+            click.echo(f"error: refused {rid}: {what}; only dead runs retry", err=True)
     retried = 0
     with progress(len(targets), "retrying dead runs") as advance:
         for start in range(0, len(targets), BULK_CHUNK):
@@ -361,7 +403,9 @@ def dead_retry(
                     already += 1
                 else:
                     refused += 1
-                    click.echo(f"refused {rid}: is {previous}; only dead runs retry", err=True)
+                    click.echo(
+                        f"error: refused {rid}: is {previous}; only dead runs retry", err=True
+                    )
             advance(len(chunk))
     summary = f"retried {retried} of {len(ids)} dead run(s)"
     if already:

@@ -12,6 +12,7 @@ import click
 from . import repair as repair_mod
 from . import repartition as rp
 from .cli_ops import progress
+from .keys import MAX_PARTITIONS
 
 # Commands receive jobqueue.cli.State (ctx.obj).
 pass_state = click.pass_obj
@@ -53,7 +54,7 @@ def _summary(report: rp.Report) -> list[str]:
     "--partitions",
     "count",
     required=True,
-    type=click.IntRange(1, rp.MAX_PARTITIONS),
+    type=click.IntRange(1, MAX_PARTITIONS),
     help="The new partition count.",
 )
 @click.option("--yes", is_flag=True, help="Do not ask.")
@@ -67,7 +68,7 @@ def repartition(state: Any, queue: str, count: int, yes: bool, as_json: bool) ->
     before = rp.plan(jq, queue, count)
     # The question goes to stderr, so that --json output stays one JSON document.
     if not yes and not click.confirm(f"{before.describe()}\n{BEFORE}. Move now?", err=True):
-        click.echo("nothing moved", err=True)
+        click.echo("error: not confirmed: nothing moved", err=True)
         raise click.exceptions.Exit(1)
     # A bar on a terminal only; entries moved into a partition scanned later are seen twice.
     with progress(before.total, f"moving {queue}") as advance:

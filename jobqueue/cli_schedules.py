@@ -14,15 +14,17 @@ from .cli_common import (
     FiniteFloat,
     Group,
     State,
+    anomaly_cell,
     echo_handle,
     json_arg,
     pass_state,
+    warn_anomalies,
 )
 from .cli_format import when
 from .cli_ops import confirm, progress, table
 from .client import JobQueue
 from .cron import fire_times_between
-from .errors import OperationRefused
+from .errors import CorruptData, OperationRefused
 from .recurring import MAX_BACKFILL, ScheduleInfo, refuse_future_end
 from .timeutil import instant_to_ms
 
@@ -135,8 +137,13 @@ def schedule_remove(state: State, job_id: str, yes: bool) -> None:
 
     A job that is not there is refused (exit 1): a typo must not look like success."""
     jq = state.jq()
-    info = _require_schedule(jq, job_id)
-    confirm(f"remove recurring job {job_id!r} (fired {info.state.fired} times)?", yes)
+    try:
+        info = _require_schedule(jq, job_id)
+        what = f"fired {info.state.fired} times"
+    except CorruptData as exc:
+        # Removing is the way out of a definition that is not usable: allowed, said so.
+        what = f"its stored definition is not usable: {exc}"
+    confirm(f"remove recurring job {job_id!r} ({what})?", yes)
     if not jq.unschedule(job_id):
         raise OperationRefused(f"no recurring job {job_id!r} (removed meanwhile)")
     click.echo(f"removed {job_id}; runs it created stay")
@@ -276,10 +283,12 @@ _SCHEDULE_HEADERS = [
 def schedules_list(state: State, limit: int, as_json: bool) -> None:
     """Recurring jobs: schedule, policies, next and last fire, counters (missed by misfire
     policy, skipped by overlap policy, dropped by the fire-all cap)."""
+    from .inspect import all_anomalies
     from .inspect import schedules as read_schedules
 
     jq = state.jq()
     infos = read_schedules(jq, limit=limit)
+    warn_anomalies(all_anomalies(infos))
     if as_json:
         click.echo(json.dumps([_schedule_dict(i) for i in infos]))
         return
@@ -305,7 +314,11 @@ def schedules_list(state: State, limit: int, as_json: bool) -> None:
         ]
         for i in infos
     ]
-    click.echo(table(rows, _SCHEDULE_HEADERS))
+    headers = _SCHEDULE_HEADERS
+    if any(i.anomalies for i in infos):
+        rows = [[*row, anomaly_cell(i.anomalies)] for row, i in zip(rows, infos, strict=True)]
+        headers = [*headers, "ANOMALY"]
+    click.echo(table(rows, headers))
 
 
 def _schedule_dict(info: ScheduleInfo) -> dict[str, Any]:
@@ -321,6 +334,7 @@ def schedule_show(state: State, job_id: str, as_json: bool) -> None:
     """One recurring job: its definition, next and last fire, policies and counters."""
     jq = state.jq()
     info = _require_schedule(jq, job_id)
+    warn_anomalies(info.anomalies)
     if as_json:
         click.echo(json.dumps(_schedule_dict(info)))
         return
@@ -343,6 +357,7 @@ def schedule_show(state: State, job_id: str, as_json: bool) -> None:
         ("missed", f"{s.missed} (misfire policy)"),
         ("skipped", f"{s.skipped} (overlap policy)"),
         ("dropped", f"{s.dropped} (fire-all cap)"),
+        *(("anomaly", str(a)) for a in info.anomalies),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -10,18 +10,21 @@ from typing import Any
 import redis
 
 from . import ops
+from .anomalies import Anomaly, is_wrong_type
 from .base import (
     ClientBase,
     Planned,
+    QueueTable,
     Request,
     TaskRef,
     cancel_refused,
     check_args_sequence,
     create_batches,
     created_flags,
-    not_a_record,
     not_found,
     pick_located,
+    queue_table,
+    read_run,
 )
 from .connection import check, redact, sync_client
 from .embedded import configured_url, resolve_url
@@ -156,16 +159,29 @@ class JobQueue(ClientBase):
             pipe = self.redis.pipeline(transaction=False)
             pipe.hsetnx(QUEUES_KEY, queue, self._partitions.get(queue, 1))
             pipe.hget(QUEUES_KEY, queue)
-            _, stored = pipe.execute()
+            written, stored = pipe.execute(raise_on_error=False)
+            if isinstance(written, Exception) and not is_wrong_type(written):
+                raise written  # refused by the server (OOM, READONLY): not the data's fault
         except redis.exceptions.RedisError as exc:
             raise ConnectionFailed(f"cannot register queue {queue!r}: {exc}") from None
-        count = self.adopt_partition_count(queue, int(stored))
+        count = self.adopt_partition_count(queue, stored)
         self._registered_queues.add(queue)
         return count
 
     def queues(self) -> dict[str, int]:
-        """Every queue recorded in Redis, with its partition count."""
-        return {q: int(p) for q, p in self.redis.hgetall(QUEUES_KEY).items()}
+        """Every usable queue recorded in Redis, with its partition count (entries that are
+        not usable are left out: see :meth:`queue_table`)."""
+        return self.queue_table().counts
+
+    def queue_table(self) -> QueueTable:
+        """``jq:queues`` as read, with the entries no command can use as anomalies."""
+        try:
+            reply = self.redis.hgetall(QUEUES_KEY)
+        except redis.exceptions.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            reply = exc
+        return queue_table(reply)
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -237,18 +253,25 @@ class JobQueue(ClientBase):
 
     def locate(self, run_id: str, queue: str | None = None) -> PartitionKeys | None:
         """The partition holding a run: in ``queue`` if given, else in any known queue."""
-        keys = self.lookup_candidates(run_id, queue, self.queues())
+        return self._search(run_id, queue)[0]
+
+    def _search(self, run_id: str, queue: str | None) -> tuple[PartitionKeys | None, list[Anomaly]]:
+        """The partition holding a run, and the queues that could not be searched."""
+        table = self.queue_table()
+        keys = self.lookup_candidates(run_id, queue, table)
+        skipped = [] if queue else table.anomalies
         if not keys:
-            return None
+            return None, skipped
         pipe = self.redis.pipeline(transaction=False)
         for k in keys:
             pipe.exists(k.run(run_id))
-        return pick_located(run_id, [k for k, n in zip(keys, pipe.execute(), strict=True) if n])
+        found = [k for k, n in zip(keys, pipe.execute(), strict=True) if n]
+        return pick_located(run_id, found), skipped
 
     def _located(self, run_id: str, queue: str | None) -> PartitionKeys:
-        keys = self.locate(run_id, queue)
+        keys, skipped = self._search(run_id, queue)
         if keys is None:
-            raise not_found(run_id, queue)
+            raise not_found(run_id, queue, skipped)
         return keys
 
     def find_run(self, run_id: str, queue: str | None = None) -> Run | None:
@@ -256,8 +279,9 @@ class JobQueue(ClientBase):
         return None if keys is None else self._read(keys, run_id)
 
     def get_run(self, run_id: str, queue: str | None = None) -> Run:
-        run = self.find_run(run_id, queue)
-        if run is None:
+        keys = self._located(run_id, queue)
+        run = self._read(keys, run_id)
+        if run is None:  # expired between the look-up and the read
             raise not_found(run_id, queue)
         return run
 
@@ -266,14 +290,7 @@ class JobQueue(ClientBase):
         pipe.hgetall(keys.run(run_id))
         pipe.lrange(keys.history(run_id), 0, -1)
         fields, history = pipe.execute(raise_on_error=False)
-        # A key of another type under a run's name (claim.lua dead-letters those) is shown for
-        # what it is rather than failing `show`; any other error reply is raised.
-        fields = not_a_record(fields)
-        if isinstance(history, Exception):
-            history = []
-        if not fields:
-            return None
-        return Run.from_hash(run_id, keys.partition, fields, history, keys.queue)
+        return read_run(keys, run_id, fields, history)
 
     # -- steering --------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ class Schedule:
 def parse_schedule(cron: str | None, every: float | None, tz: str = "UTC") -> Schedule:
     """Validate user input (``every`` in seconds, possibly fractional) into a :class:`Schedule`."""
     if cron is not None and every is not None:
-        raise ScheduleError(f"give cron or every, not both (cron '{cron}', every {every})")
+        raise ScheduleError(f"give cron or every, not both (cron {cron!r}, every {every})")
     every_ms = None if every is None else _every_to_ms(every)
     return Schedule(cron=None if cron is None else cron.strip(), every_ms=every_ms, tz=tz)
 
@@ -135,7 +135,7 @@ def parse_fire_instant(text: str) -> int:
         with suppress(ValueError):
             ms = _to_ms(datetime.fromisoformat(text[:-1]).replace(tzinfo=UTC))
     if ms is None or format_fire_instant(ms) != text:
-        raise ValueError(f"invalid fire instant '{text}': expected e.g. 2026-11-29T10:00:00Z")
+        raise ValueError(f"invalid fire instant {text!r}: expected e.g. 2026-11-29T10:00:00Z")
     return ms
 
 
@@ -158,7 +158,7 @@ def _zone(tz: str) -> ZoneInfo:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         # ValueError: keys like "../etc" or "" that cannot even be looked up.
-        raise ScheduleError(f"unknown time zone '{tz}'") from None
+        raise ScheduleError(f"unknown time zone {tz!r}") from None
 
 
 def _check_cron(cron: str) -> None:
@@ -167,21 +167,21 @@ def _check_cron(cron: str) -> None:
     is_alias = len(fields) == 1 and fields[0].lower() in _ALIASES
     if not (is_alias or len(fields) in (5, _SECONDS_FIRST_FIELDS)):
         raise ScheduleError(
-            f"invalid cron expression '{cron}': expected 5 fields (minute hour day month weekday), "
+            f"invalid cron expression {cron!r}: expected 5 fields (minute hour day month weekday), "
             "6 with seconds first, or an alias such as @daily"
         )
     if any(field[:1].lower() in ("h", "r") for field in fields):
         raise ScheduleError(
-            f"invalid cron expression '{cron}': random (R) and hashed (H) fields are not "
+            f"invalid cron expression {cron!r}: random (R) and hashed (H) fields are not "
             "supported; use jitter to spread load"
         )
     try:
         _wall_clock_iter(cron, _PERIOD_SAMPLE_START).get_next(datetime)
     except CroniterBadDateError:
-        raise ScheduleError(f"invalid cron expression '{cron}': it never fires") from None
+        raise ScheduleError(f"invalid cron expression {cron!r}: it never fires") from None
     except CroniterError as exc:
         reason = str(exc).strip().splitlines()[-1]
-        raise ScheduleError(f"invalid cron expression '{cron}': {reason}") from None
+        raise ScheduleError(f"invalid cron expression {cron!r}: {reason}") from None
 
 
 def _wall_clock_iter(cron: str, start: datetime) -> croniter:

@@ -18,7 +18,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from .connection import redact
 from .errors import ConfigError
 
 ENV_URL = "JOBQUEUE_REDIS_URL"
@@ -192,13 +194,24 @@ def configured_url(url: str | None) -> str | None:
     if url is not None:
         if not url.strip():
             raise ConfigError(EMPTY_URL)
-        return url
+        return _parseable(url)
     env = os.environ.get(ENV_URL)
     if env is not None:
         if not env.strip():
             raise ConfigError(f"${ENV_URL} is set but empty: set it to a URL or unset it")
-        return env
+        return _parseable(env)
     return None
+
+
+def _parseable(url: str) -> str:
+    """Refuse a URL that urllib cannot split (an unclosed IPv6 bracket, a host that NFKC turns
+    into '/' or '@'): the client would raise a bare ValueError at connect. Every URL passes
+    here first (from_url, use_url, resolve_url)."""
+    try:
+        urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
+    return url
 
 
 def resolve_url(url: str | None) -> str:

@@ -52,6 +52,14 @@ class UnknownQueue(OperationRefused, LookupError):
     """A queue name no run or worker ever used: most likely a typo, never shown as empty."""
 
 
+class CorruptData(OperationRefused, ValueError):
+    """Data in one of jobqueue's own keys that jobqueue never writes (a key of another type, a
+    garbage field, a partition count out of range) stands in the way of an operation: refused
+    (exit 1), naming the key. Reading paths report such data as anomalies instead (see
+    ``jobqueue.anomalies``). A ValueError too, like the ``int()`` failures it replaces, so code
+    that skips unusable data keeps skipping it."""
+
+
 class ScriptError(JobQueueError):
     """A Lua script failed inside Redis: a bug or a corrupted key, never a user mistake."""
 

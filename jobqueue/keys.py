@@ -34,15 +34,45 @@ from .hashing import fnv1a_32
 QUEUES_KEY = "jq:queues"
 WORKERS_KEY = "jq:workers"
 
-_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# The most partitions a queue (or the recurring-job store) may have: Redis Cluster's slot
+# count, past which more partitions cannot spread anything further, and what `jobqueue
+# repartition` has always allowed. A stored count above it is foreign data: reported, never
+# iterated (a count of 99999999 made every listing loop for minutes).
+MAX_PARTITIONS = 16384
+
+# Matched whole (fullmatch): with match() and '$', "q\n" passed ('$' matches before a final
+# newline) and wrote keys no command could address.
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_RUN_ID_LENGTH = 512
 
 
 def validate_queue_name(name: str) -> str:
-    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+    if not isinstance(name, str) or not _QUEUE_NAME.fullmatch(name):
         raise ConfigError(f"invalid queue name {name!r}: use 1-64 letters, digits, '_', '.' or '-'")
     return name
+
+
+def validate_partition_count(count: int, what: str) -> int:
+    """A partition count given in code or on the command line: 1 to MAX_PARTITIONS."""
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_PARTITIONS:
+        raise ConfigError(f"{what}: partitions must be an integer from 1 to {MAX_PARTITIONS}")
+    return count
+
+
+def parse_partition_count(stored: object) -> int | None:
+    """A partition count as read from Redis, or None when it is not one jobqueue could have
+    written (not a decimal integer from 1 to MAX_PARTITIONS)."""
+    if isinstance(stored, str) and stored.isascii() and stored.isdigit() and len(stored) <= 5:
+        count = int(stored)
+        if 1 <= count <= MAX_PARTITIONS:
+            return count
+    return None
+
+
+def bad_count(stored: object) -> str:
+    """What is wrong with a stored partition count ``parse_partition_count`` refused."""
+    return f"partition count {stored!r} is not an integer from 1 to {MAX_PARTITIONS}"
 
 
 def validate_run_id(run_id: str) -> str:

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .errors import ConfigError
+from .errors import ConfigError, JobQueueError
 
 if TYPE_CHECKING:
     from .client import JobQueue
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobqueue.metrics")
 
 DEPTH_REFRESH_S = 5.0
+# Distinct anomalies logged by one process (beyond: silence, so a flood cannot fill a disk).
+MAX_LOGGED_ANOMALIES = 1000
 # Lateness from 1 ms to 1 h: a healthy queue starts runs within milliseconds, a backlog or
 # a stopped fleet shows up in the upper buckets.
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
@@ -93,6 +95,7 @@ class PrometheusMetrics(Metrics):
         self.port: int | None = None
         self._server: Any = None
         self._stop = threading.Event()
+        self._logged: set[str] = set()
         q = ["queue"]
         self.runs_claimed = Counter("jobqueue_runs_claimed", "Runs claimed.", q, registry=r)
         self.runs_completed = Counter(
@@ -209,11 +212,23 @@ class PrometheusMetrics(Metrics):
     # -- queue depth ------------------------------------------------------------------------
 
     def refresh_depth(self, jq: JobQueue, queues: Iterable[str]) -> None:
-        """One refresh of the depth gauges (the thread's body; tests call it directly)."""
-        from .inspect import stats
+        """One refresh of the depth gauges (the thread's body; tests call it directly).
+
+        Foreign or corrupt data is logged (each finding once per process, not every 5 s) and
+        counted as 0 where it stands; a queue that cannot be read at all keeps its last
+        values, and the other queues are still refreshed."""
+        from .inspect import all_anomalies, stats
 
         for queue in queues:
-            parts = stats(jq, queue)
+            try:
+                parts = stats(jq, queue)
+            except JobQueueError as exc:  # e.g. no longer in jq:queues
+                self._anomaly(f"queue {queue!r}: {exc}")
+                continue
+            for anomaly in all_anomalies(parts):
+                self._anomaly(str(anomaly))
+            if not parts:  # its partition count is not usable: nothing to count
+                continue
             due = sum(p.due_now for p in parts)
             running = sum(p.running for p in parts)
             dead = sum(p.dead for p in parts)
@@ -221,6 +236,12 @@ class PrometheusMetrics(Metrics):
             for state, value in (("due", due), ("running", running), ("dead", dead)):
                 self.queue_runs.labels(queue, state).set(value)
             self.queue_lease_expiries.labels(queue).set(expired)
+
+    def _anomaly(self, text: str) -> None:
+        """Log a finding once: the refresh runs every few seconds, the log is read by people."""
+        if text not in self._logged and len(self._logged) < MAX_LOGGED_ANOMALIES:
+            self._logged.add(text)
+            log.warning("queue depth: %s", text)
 
     def watch_queues(self, jq: JobQueue, queues: Callable[[], Iterable[str]]) -> None:
         def loop() -> None:

@@ -93,7 +93,7 @@ def parse_policy(text: str) -> MisfirePolicy:
     """Parse a policy as users write it, e.g. ``fire-all:500`` or ``deadline-30s``."""
     match = _POLICY_RE.fullmatch(text.strip())
     if match is None:
-        raise MisfireError(f"unknown misfire policy '{text}': expected one of {_VALID_FORMS}")
+        raise MisfireError(f"unknown misfire policy {text!r}: expected one of {_VALID_FORMS}")
     if match["amount"] is not None:
         scale = 1000 if match["unit"] == "s" else 1
         return MisfirePolicy("deadline", deadline_ms=int(match["amount"]) * scale)

@@ -6,12 +6,28 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .anomalies import Anomaly, is_time
+from .keys import PartitionKeys
 from .payload import decode_payload, decode_result
 
 _CANCELLED_FENCE = re.compile(r" cancelled \(was running, fence=(\d+)\)")
 
 FINISHED_STATES = frozenset({"done", "dead", "cancelled"})
 STATES = ("pending", "running", "done", "dead", "cancelled")
+# The record's integer fields (create_run.lua, claim.lua, ...): anything else stored in one is
+# shown as its default and reported as an anomaly of the run.
+INT_FIELDS = (
+    "attempt",
+    "max_attempts",
+    "fence",
+    "lease_until",
+    "due",
+    "created",
+    "started",
+    "finished",
+    "scheduled_for",
+)
+TIME_FIELDS = frozenset({"lease_until", "due", "created", "started", "finished", "scheduled_for"})
 
 
 def _int(value: str | None) -> int | None:
@@ -43,6 +59,9 @@ class Run:
     result_json: str | None
     error: str | None
     history: list[str] = field(default_factory=list)
+    # Garbage found in the record (a field that is not what jobqueue writes, a key of another
+    # type): the run is still shown, with these beside it.
+    anomalies: tuple[Anomaly, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -68,14 +87,28 @@ class Run:
         fields: dict[str, str],
         history: list[str],
         queue: str = "",
+        anomalies: tuple[Anomaly, ...] = (),
     ) -> Run:
         """A run from its record. Fields at their defaults are not stored (see create_run.lua),
-        and the queue comes from the key the record was read from."""
+        and the queue comes from the key the record was read from. A field that is not what
+        jobqueue writes is shown as its default and added to ``anomalies``."""
+        found = list(anomalies)
+        key = PartitionKeys(queue, partition).run(run_id)
+        state = fields.get("state", "unknown")
+        if state not in STATES and not found:  # a stand-in record already says why
+            found.append(Anomaly(key, f"state {fields.get('state')!r} is not a run state"))
+        for name in INT_FIELDS:
+            value = fields.get(name)
+            number = _int(value)
+            if value not in (None, "") and number is None:
+                found.append(Anomaly(key, f"field {name!r} is {value!r}, not an integer"))
+            elif number is not None and name in TIME_FIELDS and not is_time(number):
+                found.append(Anomaly(key, f"field {name!r} is {value!r}, not a time in ms"))
         return cls(
             run_id=run_id,
             queue=fields.get("queue") or queue,
             partition=partition,
-            state=fields.get("state", "unknown"),
+            state=state,
             task=fields.get("task", ""),
             payload=fields.get("payload", ""),
             attempt=_int(fields.get("attempt")) or 0,
@@ -92,6 +125,7 @@ class Run:
             result_json=fields.get("result"),
             error=fields.get("error"),
             history=history,
+            anomalies=tuple(found),
         )
 
     def timeline(self) -> list[tuple[int | None, str]]:
@@ -104,7 +138,9 @@ class Run:
             events.append((self.created_ms, "created"))
         for line in self.history:
             stamp, _, text = line.partition(" ")
-            events.append((_int(stamp), text) if stamp.isdigit() else (None, line))
+            # isdigit() alone takes "²", which int() refuses: such a line is shown whole.
+            numeric = stamp.isascii() and stamp.isdigit()
+            events.append((_int(stamp), text) if numeric else (None, line))
         if self.attempt >= 1 and self.owner and self.started_ms is not None:
             # cancel issues a new fence; its history line keeps the one this claim was given
             fence = self._cancelled_claim_fence() if self.state == "cancelled" else self.fence
@@ -128,11 +164,16 @@ class Run:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view (for --json output)."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("payload", "result_json")}
+        out = {
+            k: v
+            for k, v in self.__dict__.items()
+            if k not in ("payload", "result_json", "anomalies")
+        }
         try:
             out["args"], out["kwargs"] = decode_payload(self.payload)
         except ValueError:
             out["payload"] = self.payload
         out["result"] = self.result
         out["timeline"] = [{"at_ms": ms, "event": text} for ms, text in self.timeline()]
+        out["anomalies"] = [a.to_dict() for a in self.anomalies]
         return out

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .anomalies import stored_int
 from .contract import contract
 from .keys import PartitionKeys
 from .scripts import Call
@@ -142,7 +143,8 @@ def parse_claim(reply: Sequence[Any]) -> ClaimResult:
                 int(timeout),
                 job,
                 # Informational only: a garbage value in a record must not fail the claim.
-                int(sched) if sched and sched.lstrip("-").isdigit() else None,
+                # isdigit() alone took "²", which int() refuses: strictly ASCII digits.
+                stored_int(sched),
                 int(due),
             )
         )

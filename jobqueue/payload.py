@@ -24,6 +24,55 @@ def _dumps(value: Any, what: str) -> str:
         raise PayloadError(f"{what} is nested too deeply to serialise") from None
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
+def _non_string_key(value: Any, root: str) -> tuple[str, Any] | None:
+    """A dict key in ``value`` (already encoded, so acyclic) that is not a string, with the
+    path of its dict (e.g. ``args[0]['a']``), or None. An explicit stack: no recursion
+    limit to meet."""
+    stack: list[tuple[Any, str]] = [(value, root)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return path, key
+                if isinstance(child, _CONTAINERS):
+                    stack.append((child, f"{path}[{key!r}]"))
+        elif isinstance(item, list | tuple):
+            for i, child in enumerate(item):
+                if isinstance(child, _CONTAINERS):
+                    stack.append((child, f"{path}[{i}]"))
+    return None
+
+
+def _nested(args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether the arguments need the key walk: the usual call (scalars passed by position or
+    keyword) has no dict to look into. A loop, not any(): this is on enqueue's hot path."""
+    for arg in args:
+        if isinstance(arg, _CONTAINERS):
+            return True
+    for key, value in kwargs.items():
+        if type(key) is not str or isinstance(value, _CONTAINERS):
+            return True
+    return False
+
+
+def _refuse_non_string_keys(value: Any, root: str, what: str) -> None:
+    """JSON keys are strings: the encoder would store ``{1: 'a'}`` as ``{"1": "a"}`` and
+    ``{True: 1}`` as ``{"true": 1}``, so the task would get other arguments than were given
+    (and a caller another result than was returned). Refused, naming where."""
+    found = _non_string_key(value, root)
+    if found is not None:
+        path, key = found
+        stored = _ENCODER.encode({key: 0})[1:-3]  # what the key would have become
+        raise PayloadError(
+            f"{what}: key {key!r} ({type(key).__name__}) in {path} is not a string; JSON keys "
+            f"are strings, so it would be stored as {stored}: use string keys"
+        )
+
+
 def _check_size(text: str, limit: int, what: str) -> str:
     try:
         size = len(text.encode())
@@ -40,9 +89,11 @@ def encode_payload(
     kwargs: dict[str, Any],
     limit: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> str:
-    return _check_size(
-        _dumps({"args": list(args), "kwargs": kwargs}, "task arguments"), limit, "task arguments"
-    )
+    text = _dumps({"args": list(args), "kwargs": kwargs}, "task arguments")
+    if _nested(args, kwargs):
+        _refuse_non_string_keys(list(args), "args", "task arguments")
+        _refuse_non_string_keys(kwargs, "kwargs", "task arguments")
+    return _check_size(text, limit, "task arguments")
 
 
 def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:
@@ -62,7 +113,10 @@ def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:
 
 
 def encode_result(value: Any, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
-    return _check_size(_dumps(value, "task result"), limit, "task result")
+    text = _dumps(value, "task result")
+    if isinstance(value, _CONTAINERS):
+        _refuse_non_string_keys(value, "result", "task result")
+    return _check_size(text, limit, "task result")
 
 
 def decode_result(text: str | None) -> Any:

@@ -38,7 +38,19 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
+import redis
+
 from . import ops
+from .anomalies import (
+    MAX_TIME_MS,
+    Anomaly,
+    Listing,
+    checked,
+    is_time,
+    is_wrong_type,
+    score_ms,
+    unique,
+)
 from .base import Planned
 from .cron import (
     Schedule,
@@ -49,10 +61,18 @@ from .cron import (
     parse_schedule,
     period_ms,
 )
-from .errors import ConfigError, OperationRefused
+from .errors import ConfigError, CorruptData, OperationRefused
 from .hashing import fnv1a_32
 from .jitter import jitter_ms
-from .keys import PartitionKeys, partition_of, validate_queue_name, validate_run_id
+from .keys import (
+    PartitionKeys,
+    bad_count,
+    parse_partition_count,
+    partition_of,
+    validate_partition_count,
+    validate_queue_name,
+    validate_run_id,
+)
 from .misfire import MisfireError, parse_policy
 from .ops import RunSpec, SchedKeys
 from .payload import encode_payload
@@ -195,30 +215,91 @@ class Definition:
 
 @lru_cache(maxsize=131072)
 def _definition_from_json(job_id: str, text: str) -> Definition:
-    """Parsed definitions are immutable: a scheduler re-reading the same text reuses them."""
-    data = json.loads(text)
+    """Parsed definitions are immutable: a scheduler re-reading the same text reuses them.
+
+    Each field must be what :meth:`Definition.to_json` writes (CorruptData otherwise, a
+    ValueError): a garbage field would otherwise surface later, as a TypeError in a listing or
+    a schedule that raises in the middle of a scheduler's tick. Fields it does not know are
+    ignored (a newer version may add some)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CorruptData(f"definition is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CorruptData("definition is JSON nested too deeply") from None
     if not isinstance(data, dict):
-        raise ValueError(f"definition of {job_id!r} is not a JSON object")
-    return Definition(
+        raise CorruptData("definition is not a JSON object")
+    for name, kinds in _DEFINITION_TYPES.items():
+        if name in data and not _is(data[name], kinds):
+            raise CorruptData(f"definition field {name!r} is {data[name]!r}: wrong type")
+    for name in ("task", "queue"):
+        if name not in data:
+            raise CorruptData(f"definition has no {name!r}")
+    defn = Definition(
         job_id=job_id,
-        task=str(data["task"]),
-        queue=str(data["queue"]),
+        task=data["task"],
+        queue=data["queue"],
         cron=data.get("cron"),
         every_ms=data.get("every_ms"),
-        tz=str(data.get("tz", "UTC")),
+        tz=data.get("tz", "UTC"),
         args=tuple(data.get("args", ())),
         kwargs=dict(data.get("kwargs", {})),
-        misfire=str(data.get("misfire", DEFAULT_MISFIRE)),
-        jitter_ms=int(data.get("jitter_ms", 0)),
+        misfire=data.get("misfire", DEFAULT_MISFIRE),
+        jitter_ms=data.get("jitter_ms", 0),
         overlap=data.get("overlap", "allow"),
-        max_attempts=int(data.get("max_attempts", 3)),
-        lease_ms=int(data.get("lease_ms", 0)),
-        timeout_ms=int(data.get("timeout_ms", 0)),
+        max_attempts=data.get("max_attempts", 3),
+        lease_ms=data.get("lease_ms", 0),
+        timeout_ms=data.get("timeout_ms", 0),
         start_ms=data.get("start_ms"),
         end_ms=data.get("end_ms"),
-        paused=bool(data.get("paused", False)),
-        origin=str(data.get("origin", "")),
+        paused=data.get("paused", False),
+        origin=data.get("origin", ""),
     )
+    try:
+        validate_queue_name(defn.queue)
+        _ = defn.schedule  # cron, interval and zone (cached per distinct schedule)
+        parse_policy(defn.misfire)
+    except (ConfigError, ScheduleError, MisfireError) as exc:
+        raise CorruptData(f"definition is not usable: {exc}") from None
+    if defn.overlap not in OVERLAP_POLICIES:
+        raise CorruptData(f"definition has an unknown overlap policy {defn.overlap!r}")
+    if min(defn.jitter_ms, defn.lease_ms, defn.timeout_ms) < 0 or defn.max_attempts < 1:
+        raise CorruptData("definition has a negative duration or max_attempts below 1")
+    durations = (defn.every_ms or 0, defn.jitter_ms, defn.lease_ms, defn.timeout_ms)
+    instants = (defn.start_ms, defn.end_ms)
+    if max(durations) > MAX_TIME_MS or not all(t is None or is_time(t) for t in instants):
+        # Fire times computed from it would overflow a date, mid-tick or mid-command.
+        raise CorruptData("definition has a time or duration beyond year 9999")
+    return defn
+
+
+def _is(value: Any, kinds: tuple[type, ...]) -> bool:
+    """isinstance, except that a bool is not an int here (JSON true is not a count)."""
+    if isinstance(value, bool):
+        return bool in kinds
+    return isinstance(value, kinds)
+
+
+# What to_json writes, by field (None where the field may be null).
+_DEFINITION_TYPES: dict[str, tuple[type, ...]] = {
+    "task": (str,),
+    "queue": (str,),
+    "cron": (str, type(None)),
+    "every_ms": (int, type(None)),
+    "tz": (str,),
+    "args": (list,),
+    "kwargs": (dict,),
+    "misfire": (str,),
+    "jitter_ms": (int,),
+    "overlap": (str,),
+    "max_attempts": (int,),
+    "lease_ms": (int,),
+    "timeout_ms": (int,),
+    "start_ms": (int, type(None)),
+    "end_ms": (int, type(None)),
+    "paused": (bool,),
+    "origin": (str,),
+}
 
 
 @dataclass(frozen=True)
@@ -266,6 +347,8 @@ class ScheduleInfo:
     definition: Definition
     next_fire_ms: int | None
     state: JobState
+    # Garbage met beside a usable definition (counters, next fire): shown with the job.
+    anomalies: tuple[Anomaly, ...] = ()
 
     @property
     def job_id(self) -> str:
@@ -296,6 +379,7 @@ class ScheduleInfo:
             "missed": self.state.missed,
             "skipped_by_overlap": self.state.skipped,
             "dropped_by_cap": self.state.dropped,
+            "anomalies": [a.to_dict() for a in self.anomalies],
         }
 
 
@@ -526,29 +610,72 @@ class Recurring:
 
     @property
     def partitions(self) -> int:
-        """K, recorded in Redis once; a process configured otherwise is refused."""
+        """K, recorded in Redis (HSETNX) by the first writer; a process configured otherwise
+        is refused. Writers (and the scheduler daemon at start) use this; readers use
+        :meth:`read_partitions`, which records nothing."""
         if self._partitions is None:
-            wanted = self._wanted
-            if wanted is None and os.environ.get(ENV_SCHED_PARTITIONS):
-                wanted = int(os.environ[ENV_SCHED_PARTITIONS])
-            if wanted is not None and wanted < 1:
-                raise ConfigError("scheduler partitions must be at least 1")
-            r = self.jq.redis
-            r.hsetnx(SCHED_CONFIG_KEY, "partitions", wanted or 1)
-            stored = int(r.hget(SCHED_CONFIG_KEY, "partitions"))
-            if wanted is not None and wanted != stored:
-                raise ConfigError(
-                    f"recurring jobs use {stored} scheduler partitions in Redis but {wanted} "
-                    "are configured here; changing it needs a migration"
-                )
-            self._partitions = stored
+            wanted = self._configured()
+            pipe = self.jq.redis.pipeline(transaction=False)
+            pipe.hsetnx(SCHED_CONFIG_KEY, "partitions", wanted or 1)
+            pipe.hget(SCHED_CONFIG_KEY, "partitions")
+            written, stored = pipe.execute(raise_on_error=False)
+            if isinstance(written, Exception) and not is_wrong_type(written):
+                raise written  # refused by the server (OOM, READONLY): not the data's fault
+            self._partitions = self._adopt(stored, wanted)
         return self._partitions
 
+    def read_partitions(self) -> int:
+        """K as recorded, else as configured: nothing recorded means no definition was ever
+        written, so there is nothing to find in any partition. Writes nothing, so a command
+        that only reads (or is refused) leaves Redis as it was."""
+        if self._partitions is not None:
+            return self._partitions
+        wanted = self._configured()
+        try:
+            stored = self.jq.redis.hget(SCHED_CONFIG_KEY, "partitions")
+        except redis.exceptions.ResponseError as exc:
+            stored = exc
+        if stored is None:
+            return wanted or 1  # not kept: the first write records it, and may find another
+        self._partitions = self._adopt(stored, wanted)
+        return self._partitions
+
+    def _configured(self) -> int | None:
+        """K as this process is configured (argument, else $JOBQUEUE_SCHED_PARTITIONS)."""
+        wanted = self._wanted
+        env = os.environ.get(ENV_SCHED_PARTITIONS)
+        if wanted is None and env:
+            if not (env.isascii() and env.isdigit()):
+                raise ConfigError(f"${ENV_SCHED_PARTITIONS} is {env!r}: not a whole number")
+            wanted = int(env)
+        if wanted is not None:
+            validate_partition_count(wanted, "scheduler")
+        return wanted
+
+    def _adopt(self, stored: Any, wanted: int | None) -> int:
+        """The recorded K (an HGET reply), checked against the configured one."""
+        if is_wrong_type(stored):
+            raise CorruptData(f"{SCHED_CONFIG_KEY} is not a hash: recurring jobs cannot be read")
+        if isinstance(stored, Exception):
+            raise stored
+        count = parse_partition_count(stored)
+        if count is None:
+            raise CorruptData(
+                f"{SCHED_CONFIG_KEY} field 'partitions': {bad_count(stored)}; set it right "
+                "before using recurring jobs"
+            )
+        if wanted is not None and wanted != count:
+            raise ConfigError(
+                f"recurring jobs use {count} scheduler partitions in Redis but {wanted} "
+                "are configured here; changing it needs a migration"
+            )
+        return count
+
     def keys(self, job_id: str) -> SchedKeys:
-        return SchedKeys(sched_partition_of(job_id, self.partitions))
+        return SchedKeys(sched_partition_of(job_id, self.read_partitions()))
 
     def all_keys(self) -> list[SchedKeys]:
-        return [SchedKeys(k) for k in range(self.partitions)]
+        return [SchedKeys(k) for k in range(self.read_partitions())]
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -558,14 +685,52 @@ class Recurring:
         pipe.hget(sk.defs, job_id)
         pipe.zscore(sk.next, job_id)
         pipe.hget(sk.state, job_id)
-        text, score, state = pipe.execute()
-        return _str(text), None if score is None else int(score), _str(state)
+        replies = pipe.execute(raise_on_error=False)
+        kinds = ((sk.defs, "hash"), (sk.next, "sorted set"), (sk.state, "hash"))
+        for (key, kind), reply in zip(kinds, replies, strict=True):
+            if is_wrong_type(reply):
+                raise CorruptData(f"{key} is not a {kind}: cannot read {job_id!r}")
+            if isinstance(reply, Exception):
+                raise reply
+        text, score, state = replies
+        if score is not None and score_ms(score) is None:
+            raise CorruptData(f"{sk.next} member {job_id!r} has score {score!r}, not a time")
+        return _str(text), score_ms(score), _str(state)
+
+    def stored_info(
+        self, sk: SchedKeys, job_id: str, text: str, next_fire: Any, state: Any
+    ) -> ScheduleInfo | Anomaly:
+        """A stored job as read, or the Anomaly that says why its definition is not usable.
+        A garbage next fire or counters text is an anomaly of the row instead."""
+        try:
+            defn = Definition.from_json(job_id, text)
+        except CorruptData as exc:
+            return Anomaly(sk.defs, f"field {job_id!r}: {exc}")
+        anomalies: list[Anomaly] = []
+        fire = score_ms(next_fire)
+        if next_fire is not None and fire is None:
+            anomalies.append(Anomaly(sk.next, f"member {job_id!r} has score {next_fire!r}"))
+        try:
+            counters = JobState.parse(_str(state))
+            times = (counters.last_fire_ms, counters.through_ms)
+            if not all(t is None or is_time(t) for t in times):
+                raise ValueError("a time out of range")
+        except ValueError:
+            counters = JobState()
+            anomalies.append(
+                Anomaly(sk.state, f"field {job_id!r} is {_str(state)!r}, not counters")
+            )
+        return ScheduleInfo(defn, fire, counters, tuple(anomalies))
 
     def get(self, job_id: str) -> ScheduleInfo | None:
+        """The job, None if there is none; CorruptData if its definition is not usable."""
         text, next_ms, state = self._read(validate_job_id(job_id))
         if text is None:
             return None
-        return ScheduleInfo(Definition.from_json(job_id, text), next_ms, JobState.parse(state))
+        info = self.stored_info(self.keys(job_id), job_id, text, next_ms, state)
+        if isinstance(info, Anomaly):
+            raise CorruptData(f"recurring job {job_id!r} cannot be read: {info}")
+        return info
 
     def require(self, job_id: str) -> ScheduleInfo:
         info = self.get(job_id)
@@ -573,27 +738,31 @@ class Recurring:
             raise UnknownSchedule(f"no recurring job {job_id!r}")
         return info
 
-    def list_jobs(self) -> list[ScheduleInfo]:
+    def list_jobs(self) -> Listing[ScheduleInfo]:
+        """Every job, sorted; definitions that are not usable are left out, as anomalies of
+        the listing (reads whole hashes: ``jobqueue.inspect.schedules`` pages instead)."""
         out: list[ScheduleInfo] = []
+        found: list[Anomaly] = []
         r = self.jq.redis
         for sk in self.all_keys():
             pipe = r.pipeline(transaction=False)
             pipe.hgetall(sk.defs)
             pipe.zrange(sk.next, 0, -1, withscores=True)
             pipe.hgetall(sk.state)
-            defs, nexts, states = pipe.execute()
-            next_of = {_str(j): int(s) for j, s in nexts}
-            state_of = {_str(j): _str(s) for j, s in states.items()}
+            defs, nexts, states = pipe.execute(raise_on_error=False)
+            defs = checked(defs, sk.defs, "hash", found, {})
+            next_of = {_str(j): s for j, s in checked(nexts, sk.next, "sorted set", found, [])}
+            state_of = {_str(j): s for j, s in checked(states, sk.state, "hash", found, {}).items()}
             for raw_id, text in defs.items():
                 job_id = _str(raw_id) or ""
-                out.append(
-                    ScheduleInfo(
-                        Definition.from_json(job_id, _str(text) or "{}"),
-                        next_of.get(job_id),
-                        JobState.parse(state_of.get(job_id)),
-                    )
+                info = self.stored_info(
+                    sk, job_id, _str(text) or "", next_of.get(job_id), state_of.get(job_id)
                 )
-        return sorted(out, key=lambda i: i.job_id)
+                if isinstance(info, Anomaly):
+                    found.append(info)
+                else:
+                    out.append(info)
+        return Listing(sorted(out, key=lambda i: i.job_id), unique(found))
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -603,17 +772,18 @@ class Recurring:
     def _put(self, job_id: str, build: Any, now: int | None) -> ScheduleInfo:
         """Read, let ``build(old_info, now)`` decide (definition, next), write with CAS; retry
         when a scheduler or another client changed the job in between."""
-        sk = self.keys(job_id)
         for _ in range(_CAS_ATTEMPTS):
+            sk = self.keys(job_id)
             text, next_ms, state_text = self._read(job_id)
-            old = (
-                None
-                if text is None
-                else ScheduleInfo(
-                    Definition.from_json(job_id, text), next_ms, JobState.parse(state_text)
-                )
-            )
+            old = None if text is None else self.stored_info(sk, job_id, text, next_ms, state_text)
+            if isinstance(old, Anomaly):
+                raise CorruptData(f"recurring job {job_id!r} cannot be changed: {old}")
             defn, new_next = build(old, self._now(now))
+            if self._partitions is None:
+                # This process's first write, now known to be valid: K is recorded (HSETNX),
+                # then everything is read again, in case another process recorded another K.
+                _ = self.partitions
+                continue
             call = ops.sched_define_call(
                 sk,
                 job_id,
@@ -712,14 +882,27 @@ class Recurring:
     def unschedule(self, job_id: str) -> bool:
         """Remove a job's definition, next fire and counters; runs already created stay."""
         validate_job_id(job_id)
-        if self.get(job_id) is None:
-            return False
-
-        def build(old: ScheduleInfo | None, t: int) -> tuple[None, None]:
-            return None, None
-
-        self._put(job_id, build, 0)
-        return True
+        if self._read(job_id)[0] is None:
+            return False  # nothing there: nothing recorded either
+        _ = self.partitions  # a write: K is recorded first
+        sk = self.keys(job_id)
+        for _ in range(_CAS_ATTEMPTS):
+            # Compared with the stored text as it is, not parsed: a definition that is not
+            # usable (foreign data) can still be removed, which is the way out of it.
+            text, next_ms, _state = self._read(job_id)
+            if text is None:
+                return False
+            call = ops.sched_define_call(
+                sk,
+                job_id,
+                expected_definition=text,
+                expected_next_ms=next_ms,
+                definition=None,
+                next_ms=None,
+            )
+            if ops.parse_sched_define(self.jq.scripts.run(call)):
+                return True
+        raise OperationRefused(f"recurring job {job_id!r} kept changing; gave up after retries")
 
     def pause(self, job_id: str, now: int | None = None) -> ScheduleInfo:
         self.require(job_id)

@@ -36,14 +36,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .anomalies import is_wrong_type
 from .client import JobQueue
-from .errors import ConfigError, OperationRefused
-from .keys import QUEUES_KEY, PartitionKeys, partition_of, validate_queue_name
+from .errors import ConfigError, CorruptData, OperationRefused
+from .keys import (
+    MAX_PARTITIONS,
+    QUEUES_KEY,
+    PartitionKeys,
+    bad_count,
+    parse_partition_count,
+    partition_of,
+    validate_queue_name,
+)
 
 # queue -> target count of a move that has started and not yet finished (global hash).
 MOVING_KEY = "jq:queues:moving"
-# More partitions than hash slots would only put several partitions on one slot.
-MAX_PARTITIONS = 16384
 # Index entries per ZSCAN page and so runs per pipelined batch.
 PAGE = 500
 # The indexes that hold every run not running; a run is in exactly one of them.
@@ -175,14 +182,27 @@ def _check_count(count: int) -> None:
         raise ConfigError(f"partitions must be an integer from 1 to {MAX_PARTITIONS}")
 
 
+def _cardinalities(r: Any, keys: list[str]) -> list[int]:
+    """ZCARD of each key, pipelined; a key of another type is refused as CorruptData before
+    anything moves (the move would fail on it halfway)."""
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.zcard(key)
+    replies = pipe.execute(raise_on_error=False)
+    for key, reply in zip(keys, replies, strict=True):
+        if is_wrong_type(reply):
+            raise CorruptData(f"{key} is not a sorted set; nothing moved")
+        if isinstance(reply, Exception):
+            raise reply
+    return [int(n) for n in replies]
+
+
 def _refuse_if_busy(jq: JobQueue, queue: str, partitions: range) -> None:
     """Running runs or live workers: a move now could run a run twice or strand runs."""
     from .inspect import workers
 
-    pipe = jq.redis.pipeline(transaction=False)
-    for p in partitions:
-        pipe.zcard(PartitionKeys(queue, p).leases)
-    running = sum(pipe.execute())
+    keys = [PartitionKeys(queue, p).leases for p in partitions]
+    running = sum(_cardinalities(jq.redis, keys))
     if running:
         raise OperationRefused(
             f"queue {queue!r} has {running} running runs: stop or drain its workers first "
@@ -204,18 +224,26 @@ def plan(jq: JobQueue, queue: str, count: int) -> Plan:
     pipe = r.pipeline(transaction=False)
     pipe.hget(QUEUES_KEY, queue)
     pipe.hget(MOVING_KEY, queue)
-    stored, moving = pipe.execute()
+    stored, moving = pipe.execute(raise_on_error=False)
+    for key, reply in ((QUEUES_KEY, stored), (MOVING_KEY, moving)):
+        if is_wrong_type(reply):
+            raise CorruptData(f"{key} is not a hash; nothing moved")
+        if isinstance(reply, Exception):
+            raise reply
     if stored is None:
         known = ", ".join(sorted(jq.queues())) or "none"
         raise OperationRefused(f"no queue {queue!r} recorded in Redis (known: {known})")
-    recorded, moving_to = int(stored), int(moving) if moving is not None else None
+    recorded = parse_partition_count(stored)
+    if recorded is None:
+        raise CorruptData(f"{QUEUES_KEY} field {queue!r}: {bad_count(stored)}; nothing moved")
+    moving_to = None if moving is None else parse_partition_count(moving)
+    if moving is not None and moving_to is None:
+        raise CorruptData(f"{MOVING_KEY} field {queue!r}: {bad_count(moving)}; nothing moved")
     partitions = source_partitions(recorded, count, moving_to)
     _refuse_if_busy(jq, queue, partitions)
-    pipe = r.pipeline(transaction=False)
-    for p in partitions:
-        for index in INDEXES:
-            pipe.zcard(getattr(PartitionKeys(queue, p), index))
-    sizes = pipe.execute()
+    sizes = _cardinalities(
+        r, [getattr(PartitionKeys(queue, p), index) for p in partitions for index in INDEXES]
+    )
     runs = {_INDEX_STATE[index]: sum(sizes[i :: len(INDEXES)]) for i, index in enumerate(INDEXES)}
     return Plan(queue, recorded, count, moving_to, runs)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from .cli_format import abs_time, duration, table_lines, when
 from .inspect import TopSnapshot, queue_totals
 
+SHOWN_ANOMALIES = 3
+
 
 def completion_rate(snap: TopSnapshot, previous: TopSnapshot | None) -> float | None:
     """Runs completed per second between two frames (from the partitions' counters), or None
@@ -58,7 +60,14 @@ def render(
         f"running {sum(r.running for r in rows):,}  "
         f"expired {sum(r.expired_leases for r in rows):,}  dead {sum(r.dead for r in rows):,}"
     )
-    lines = [header, throughput, lateness, totals, ""]
+    lines = [header, throughput, lateness, totals]
+    # Foreign data in Redis is said in the frame (stderr would tear the screen): a few lines.
+    for anomaly in snap.anomalies[:SHOWN_ANOMALIES]:
+        lines.append(f"anomaly     {anomaly}")
+    if len(snap.anomalies) > SHOWN_ANOMALIES:
+        more = len(snap.anomalies) - SHOWN_ANOMALIES
+        lines.append(f"anomaly     ... and {more} more (`jobqueue top --json` lists them all)")
+    lines.append("")
     if rows:
         lines += table_lines(
             [

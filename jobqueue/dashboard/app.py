@@ -32,7 +32,14 @@ from starlette.staticfiles import StaticFiles
 from .. import inspect
 from ..cli_format import abs_time, duration, relative
 from ..client import JobQueue
-from ..errors import ConnectionFailed, JobQueueError, OperationRefused, UnknownQueue
+from ..errors import (
+    ConfigError,
+    ConnectionFailed,
+    InvalidRunId,
+    JobQueueError,
+    OperationRefused,
+    UnknownQueue,
+)
 from ..models import STATES
 from .charts import Series, svg_chart
 from .sampler import Sampler
@@ -96,6 +103,8 @@ def render(request: Request, name: str, **context: Any) -> Response:
         session = Csrf.new_session()
     flash = unquote(request.cookies.get(FLASH_COOKIE, ""))
     now = context.pop("now", None) or s.jq.server_time_ms()
+    # Foreign or corrupt data the page's reads met: listed at the top, rows marked.
+    anomalies = context.pop("anomalies", [])
     body = s.templates.get_template(name).render(
         request=request,
         csrf_field=CSRF_FIELD,
@@ -104,6 +113,7 @@ def render(request: Request, name: str, **context: Any) -> Response:
         now=now,
         rel=lambda ms: relative(ms, now),
         states=STATES,
+        anomalies=anomalies,
         **context,
     )
     response = HTMLResponse(body)
@@ -125,9 +135,11 @@ def queues_page(request: Request) -> Response:
     s = _settings(request)
     jq = s.jq
     now = jq.server_time_ms()
-    totals = inspect.queue_totals(inspect.stats(jq))
+    per_partition = inspect.stats(jq)
+    totals = inspect.queue_totals(per_partition)
     s.sampler.record(now, totals)
-    flows = {t.queue: t for t in inspect.throughput(jq, now_ms=now)}
+    flowing = inspect.throughput(jq, now_ms=now)
+    flows = {t.queue: t for t in flowing}
     labels = _minute_labels(now)
     charts = []
     for t in totals:
@@ -179,6 +191,7 @@ def queues_page(request: Request) -> Response:
         totals=totals,
         charts=charts,
         every_s=s.sampler.every_ms / 1000,
+        anomalies=inspect.all_anomalies(per_partition, flowing),
     )
 
 
@@ -191,7 +204,9 @@ def leases_page(request: Request) -> Response:
         worker=p.get("worker") or None,
         limit=500,
     )
-    return render(request, "leases.html", leases=found, params=p)
+    return render(
+        request, "leases.html", leases=found, params=p, anomalies=inspect.all_anomalies(found)
+    )
 
 
 def runs_page(request: Request) -> Response:
@@ -206,15 +221,24 @@ def runs_page(request: Request) -> Response:
     except ValueError:
         return PlainTextResponse("limit must be a number", 400)
     if search:
-        exact = jq.find_run(search, queue)
+        try:
+            exact = jq.find_run(search, queue)
+        except InvalidRunId:  # no run can have that id: search for it inside ids instead
+            exact = None
         if exact is not None:
             target = f"/run?id={quote(exact.run_id, safe='')}&queue={quote(exact.queue)}"
             return RedirectResponse(target, status_code=303)
     found = inspect.runs(jq, state=state, queue=queue, job=job, limit=limit)
-    if search:  # no run with exactly that id: narrow the listing to ids that contain it
-        found = [r for r in found if search in r.run_id]
+    anomalies = inspect.all_anomalies(found)
+    shown = [r for r in found if search in r.run_id] if search else found
     return render(
-        request, "runs.html", runs=found, params=p, search=search, queues=sorted(jq.queues())
+        request,
+        "runs.html",
+        runs=shown,
+        params=p,
+        search=search,
+        queues=sorted(jq.queues()),
+        anomalies=anomalies,
     )
 
 
@@ -227,12 +251,17 @@ def run_page(request: Request) -> Response:
     history = []
     for line in run.history:
         stamp, _, text = line.partition(" ")
-        history.append((int(stamp) if stamp.isdigit() else None, text if stamp.isdigit() else line))
-    return render(request, "run.html", run=run, history=history)
+        # isdigit() alone takes "²", which int() refuses: a foreign line is shown whole.
+        ok = stamp.isascii() and stamp.isdigit()
+        history.append((int(stamp) if ok else None, text if ok else line))
+    return render(request, "run.html", run=run, history=history, anomalies=list(run.anomalies))
 
 
 def schedules_page(request: Request) -> Response:
-    return render(request, "schedules.html", schedules=inspect.schedules(_settings(request).jq))
+    found = inspect.schedules(_settings(request).jq)
+    return render(
+        request, "schedules.html", schedules=found, anomalies=inspect.all_anomalies(found)
+    )
 
 
 def dead_page(request: Request) -> Response:
@@ -240,11 +269,14 @@ def dead_page(request: Request) -> Response:
     found = inspect.runs(
         _settings(request).jq, state="dead", queue=p.get("queue") or None, limit=500
     )
-    return render(request, "dead.html", runs=found, params=p)
+    return render(
+        request, "dead.html", runs=found, params=p, anomalies=inspect.all_anomalies(found)
+    )
 
 
 def workers_page(request: Request) -> Response:
-    return render(request, "workers.html", workers=inspect.workers(_settings(request).jq))
+    found = inspect.workers(_settings(request).jq)
+    return render(request, "workers.html", workers=found, anomalies=inspect.all_anomalies(found))
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -377,6 +409,11 @@ async def _unknown_queue(request: Request, exc: Exception) -> Response:
     return PlainTextResponse(str(exc)[:300], 404)
 
 
+async def _bad_input(request: Request, exc: Exception) -> Response:
+    """A malformed ?queue= or run id: a 400 that says what is wrong, as the CLI's exit 2."""
+    return PlainTextResponse(str(exc)[:300], 400)
+
+
 async def _refused(request: Request, exc: Exception) -> Response:
     """A read that cannot answer as asked (e.g. a run id in several queues): say why."""
     return PlainTextResponse(str(exc)[:300], 409)
@@ -449,6 +486,8 @@ def create_app(
             ConnectionFailed: _unavailable,
             UnknownQueue: _unknown_queue,
             OperationRefused: _refused,
+            ConfigError: _bad_input,
+            InvalidRunId: _bad_input,
         },
         lifespan=lifespan,
     )
