@@ -11,8 +11,9 @@ import click
 
 from . import repair as repair_mod
 from . import repartition as rp
+from .cli_common import warn_anomalies
 from .cli_ops import progress
-from .keys import MAX_PARTITIONS
+from .keys import MAX_PARTITIONS, validate_queue_name
 
 # Commands receive jobqueue.cli.State (ctx.obj).
 pass_state = click.pass_obj
@@ -92,7 +93,11 @@ def repair(state: Any, queues: tuple[str, ...], dry_run: bool, as_json: bool) ->
     Cluster slots by hand, a partial restore or foreign writes; safe while workers run, and to
     run again. Reads every key of every partition (SCAN on each node): minutes for millions."""
     jq = state.jq()
-    names = list(queues) or sorted(jq.queues())
+    for name in queues:
+        validate_queue_name(name)
+    table = jq.queue_table()
+    warn_anomalies(table.anomalies)  # entries no command can use: left alone, named
+    names = list(queues) or sorted(table.counts)
     reports = [repair_mod.repair_queue(jq, name, dry_run=dry_run) for name in names]
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in reports]))

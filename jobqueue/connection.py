@@ -36,7 +36,10 @@ def redact(url: str) -> str:
 
 
 def _split(url: str) -> tuple[str, bool]:
-    scheme = urlsplit(url).scheme
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError as exc:  # e.g. 'redis://[::1/0': an IPv6 host not closed
+        raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
     if scheme not in _SCHEMES:
         raise ConfigError(
             f"unsupported Redis URL {redact(url)!r}: use redis://, rediss://, unix://, "

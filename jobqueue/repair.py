@@ -16,7 +16,7 @@ from typing import Any
 from . import ops
 from .client import JobQueue
 from .errors import UnknownQueue
-from .keys import PartitionKeys
+from .keys import PartitionKeys, validate_queue_name
 
 BATCH = 200  # run ids per repair.lua call
 CHUNK = 1000  # index entries read per ZRANGE
@@ -97,6 +97,7 @@ def repair_queue(
     dry_run: bool = False,
     advance: Callable[[int], None] = lambda n: None,
 ) -> RepairReport:
+    validate_queue_name(queue)
     known = jq.queues()
     if queue not in known:
         raise UnknownQueue(f"no queue {queue!r} in Redis (queues: {', '.join(sorted(known))})")

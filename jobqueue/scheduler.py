@@ -651,9 +651,19 @@ class Scheduler:
         """Jobs with an overlap policy: decide from the state of their previous run, looked up
         in the queue that run went to (the job's queue may have changed since)."""
         lasts: list[tuple[int | None, str]] = []
-        for _job, info, _plan, extra in jobs:
-            state = JobState.parse(extra.partition("|")[0])
-            lasts.append((state.last_fire_ms, state.last_queue or info.tmpl.queue))
+        usable = []
+        for entry in jobs:
+            text = entry[3].partition("|")[0]
+            try:
+                state = JobState.parse(text)
+            except ValueError:
+                # Its overlap decision needs the previous fire: leave the job alone (not
+                # advanced, so nothing is lost) and say so; `schedules show` names it too.
+                log.error("recurring job %s: unusable state %.100r; not fired", entry[0], text)
+                continue
+            usable.append(entry)
+            lasts.append((state.last_fire_ms, state.last_queue or entry[1].tmpl.queue))
+        jobs = usable
         previous = self._previous_states(
             [(job, queue, last) for (job, _, _, _), (last, queue) in zip(jobs, lasts, strict=True)]
         )

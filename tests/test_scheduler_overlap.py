@@ -224,3 +224,21 @@ def test_forbid_reads_a_state_written_before_the_last_fires_queue_was_recorded(
     sched.tick(now=120 * S)
     assert claim(jq, 120) == []
     assert counters(jq) == (1, 1)
+
+
+def test_a_policed_job_whose_state_is_garbage_is_left_alone_and_the_others_fire(
+    jq: JobQueue, redis_client: Any, caplog: Any
+) -> None:
+    """Its overlap decision needs its previous fire, which its state no longer says: not
+    fired (nor advanced, so nothing is lost once the state is repaired), logged; the rest of
+    the tick goes on."""
+    sched = scheduler(jq)
+    jq.schedule("j", "t", every=60, overlap="forbid", now=0)
+    jq.schedule("other", "t", every=60, now=0)
+    sched.tick(now=60 * S)
+    redis_client.hset(ops.SchedKeys(0).state, "j", "garbage here")
+    caplog.set_level("ERROR", logger="jobqueue.scheduler")
+    sched.tick(now=120 * S)
+    assert "recurring job j: unusable state" in caplog.text
+    ids = {r.run_id for r in claim(jq, 121)}
+    assert "other@1970-01-01T00:02:00Z" in ids and run_id(120) not in ids
