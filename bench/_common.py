@@ -36,8 +36,8 @@ import redis
 import redis.connection
 import redis.utils
 
-from jobqueue.connection import check, redact, sync_client
-from jobqueue.embedded import EmbeddedServer
+from jobqueue.store.connection import check, redact, sync_client
+from jobqueue.store.embedded import EmbeddedServer
 
 T = TypeVar("T")
 

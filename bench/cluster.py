@@ -43,10 +43,11 @@ from _common import BenchError, fail, fmt_int, format_table, say
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
 from cluster_launcher import Cluster, Node, free_ports
 
-from jobqueue import JobQueue, Request, ops
-from jobqueue.embedded import find_server_binary
-from jobqueue.keys import PartitionKeys
-from jobqueue.payload import encode_result
+from jobqueue import JobQueue, Request
+from jobqueue.store import ops
+from jobqueue.store.embedded import find_server_binary
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.payload import encode_result
 
 PARTITIONS = 16
 BATCH = 1_000

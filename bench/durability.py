@@ -18,8 +18,9 @@ from collections.abc import Sequence
 import redis
 from _common import fmt_int, say
 
-from jobqueue import JobQueue, Request, Settings, ops
-from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue import JobQueue, Request, Settings
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 
 
 def _free_port() -> int:

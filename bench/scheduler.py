@@ -39,9 +39,9 @@ from _common import (
 
 from jobqueue import JobQueue
 from jobqueue.errors import JobQueueError
-from jobqueue.ops import SchedKeys
-from jobqueue.recurring import first_fire_after, make_definition
-from jobqueue.scheduler import Scheduler
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.schedules.recurring import first_fire_after, make_definition
+from jobqueue.store.ops import SchedKeys
 
 DEFAULT_N = 1_000_000
 QUICK_N = 50_000

@@ -54,7 +54,7 @@ from _common import (
 
 from jobqueue import JobQueue, Request
 from jobqueue.errors import JobQueueError
-from jobqueue.keys import WORKERS_KEY, PartitionKeys
+from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
 
 DEFAULT_N = 20_000
 QUICK_N = 2_000

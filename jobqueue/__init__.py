@@ -2,9 +2,9 @@
 
 __version__ = "0.2.0"
 
-from .base import Request
-from .client import JobQueue, RunHandle
-from .errors import (
+from jobqueue.client.base import Request
+from jobqueue.client.sync import JobQueue, RunHandle
+from jobqueue.errors import (
     ConfigError,
     ConnectionFailed,
     JobQueueError,
@@ -16,9 +16,9 @@ from .errors import (
     ServerRefused,
     UnknownTask,
 )
-from .models import Run
-from .settings import Settings
-from .tasks import Task
+from jobqueue.models import Run
+from jobqueue.settings import Settings
+from jobqueue.tasks import Task
 
 __all__ = [
     "ConfigError",

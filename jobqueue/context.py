@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from .errors import JobQueueError
+from jobqueue.errors import JobQueueError
 
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("jobqueue_run")
 

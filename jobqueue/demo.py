@@ -11,10 +11,10 @@ import subprocess
 import sys
 import time
 
-from .client import JobQueue
-from .connection import redact
-from .context import RunContext
-from .embedded import resolve_url
+from jobqueue.client.sync import JobQueue
+from jobqueue.context import RunContext
+from jobqueue.store.connection import redact
+from jobqueue.store.embedded import resolve_url
 
 jq = JobQueue.from_url()
 

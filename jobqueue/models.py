@@ -6,9 +6,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .anomalies import Anomaly, is_time
-from .keys import PartitionKeys
-from .payload import decode_payload, decode_result
+from jobqueue.anomalies import Anomaly, is_time
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.payload import decode_payload, decode_result
 
 _CANCELLED_FENCE = re.compile(r" cancelled \(was running, fence=(\d+)\)")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigError
-from .payload import DEFAULT_MAX_PAYLOAD_BYTES
+from jobqueue.errors import ConfigError
+from jobqueue.store.payload import DEFAULT_MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from .errors import ConfigError, UnknownTask
-from .keys import validate_queue_name
-from .timeutil import seconds_to_ms
+from jobqueue.errors import ConfigError, UnknownTask
+from jobqueue.policy.timeutil import seconds_to_ms
+from jobqueue.store.keys import validate_queue_name
 
 P = ParamSpec("P")
 R = TypeVar("R")

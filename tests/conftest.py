@@ -13,10 +13,10 @@ import fakeredis
 import pytest
 import redis
 
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer, find_server_binary
-from jobqueue.keys import PartitionKeys
-from jobqueue.scripts import ScriptRunner
+from jobqueue.client.sync import JobQueue
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.scripts import ScriptRunner
 
 BACKENDS = [b for b in os.environ.get("JOBQUEUE_TEST_BACKENDS", "fake,real").split(",") if b]
 

@@ -10,11 +10,11 @@ import fakeredis
 import pytest
 import redis.asyncio
 
-from jobqueue.aio import AsyncJobQueue
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer
+from jobqueue.client.aio import AsyncJobQueue
+from jobqueue.client.sync import JobQueue
 from jobqueue.errors import OperationRefused, PayloadError, RunNotFound
-from jobqueue.keys import PartitionKeys
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.keys import PartitionKeys
 
 
 @pytest.fixture

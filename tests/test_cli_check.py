@@ -15,8 +15,8 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from jobqueue.cli import main
-from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.cli.core import main
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 
 AOF_EVERYSEC = ("--appendonly", "yes", "--appendfsync", "everysec")
 # The README's recommended ACL user (tests/test_tls_acl.py runs it over TLS), with and without

@@ -9,8 +9,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from jobqueue.cli import main
-from jobqueue.embedded import EmbeddedServer
+from jobqueue.cli.core import main
+from jobqueue.store.embedded import EmbeddedServer
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

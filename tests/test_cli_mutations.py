@@ -11,10 +11,10 @@ from pathlib import Path
 import redis
 from click.testing import CliRunner, Result
 
-from jobqueue import ops
-from jobqueue.cli import State, main
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer
+from jobqueue.cli.core import State, main
+from jobqueue.client.sync import JobQueue
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")
 

@@ -12,10 +12,10 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from jobqueue import ops
-from jobqueue.cli import main
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer
+from jobqueue.cli.core import main
+from jobqueue.client.sync import JobQueue
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from jobqueue.cli import State, main
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer
-from jobqueue.recurring import JobState
+from jobqueue.cli.core import State, main
+from jobqueue.client.sync import JobQueue
+from jobqueue.schedules.recurring import JobState
+from jobqueue.store.embedded import EmbeddedServer
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")
 S = 1000

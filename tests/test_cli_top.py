@@ -19,12 +19,12 @@ from pathlib import Path
 import redis
 from click.testing import CliRunner, Result
 
-from jobqueue import ops
-from jobqueue.cli import State, main
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer
-from jobqueue.inspect import Lease, PartitionStats, TopSnapshot, WorkerInfo
-from jobqueue.top_view import render
+from jobqueue.cli.core import State, main
+from jobqueue.cli.top_view import render
+from jobqueue.client.queries import Lease, PartitionStats, TopSnapshot, WorkerInfo
+from jobqueue.client.sync import JobQueue
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")
 NOW = 1_796_000_000_000  # 2026-11-30 00:53:20 UTC

@@ -21,12 +21,12 @@ from jobqueue import (
     RunTimeout,
     Settings,
     UnknownTask,
-    ops,
 )
 from jobqueue.errors import InvalidRunId
-from jobqueue.keys import QUEUES_KEY, PartitionKeys
-from jobqueue.payload import encode_payload
-from jobqueue.scripts import ScriptRunner
+from jobqueue.store import ops
+from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
+from jobqueue.store.payload import encode_payload
+from jobqueue.store.scripts import ScriptRunner
 
 
 def register(jq: JobQueue) -> Any:

@@ -1,5 +1,5 @@
 """Clients made from URLs never send a command twice: one whose reply timed out may have run
-on the server (a second claim would lease runs nobody starts). Pinned in jobqueue.connection,
+on the server (a second claim would lease runs nobody starts). Pinned in jobqueue.store.connection,
 whatever redis-py's defaults; these tests fail if a retry policy ever re-sends."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from server_stall import stall
 
-from jobqueue.connection import async_client, sync_client
-from jobqueue.embedded import EmbeddedServer
+from jobqueue.store.connection import async_client, sync_client
+from jobqueue.store.embedded import EmbeddedServer
 
 
 def keep_server_busy(url: str) -> threading.Thread:

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from jobqueue.cron import (
+from jobqueue.policy.cron import (
     Schedule,
     ScheduleError,
     fire_times_between,

@@ -3,9 +3,10 @@ with the CLI) and the in-memory sampler of depth and lateness."""
 
 from __future__ import annotations
 
-from jobqueue import inspect, ops
-from jobqueue.client import JobQueue
+from jobqueue.client import queries as inspect
+from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.sampler import Sampler
+from jobqueue.store import ops
 
 MIN = 60_000
 DAY = 24 * 60 * MIN  # retention: the done index keeps finished runs this long

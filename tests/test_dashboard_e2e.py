@@ -19,10 +19,10 @@ import redis
 import uvicorn
 from playwright.sync_api import BrowserContext, Page, sync_playwright
 
-from jobqueue import ops
-from jobqueue.client import JobQueue
+from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
-from jobqueue.embedded import EmbeddedServer
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.slow
 

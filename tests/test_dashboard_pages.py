@@ -11,10 +11,10 @@ import pytest
 from markupsafe import escape
 from starlette.testclient import TestClient
 
-from jobqueue import ops
-from jobqueue.client import JobQueue
+from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
-from jobqueue.keys import WORKERS_KEY
+from jobqueue.store import ops
+from jobqueue.store.keys import WORKERS_KEY
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 EVIL = '<script>alert("pwned")</script>'

@@ -15,12 +15,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from starlette.testclient import TestClient
 
-from jobqueue import ops
-from jobqueue.cli import main
-from jobqueue.client import JobQueue
+from jobqueue.cli.core import main
+from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.dashboard.cli import is_loopback
 from jobqueue.dashboard.security import SESSION_COOKIE, TOKEN_COOKIE, Credentials
+from jobqueue.store import ops
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 

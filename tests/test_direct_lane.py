@@ -15,12 +15,12 @@ import redis
 from counting_proxy import CountingProxy
 from server_stall import stall
 
-from jobqueue import ops
-from jobqueue.embedded import EmbeddedServer
 from jobqueue.errors import ConnectionFailed, ScriptError
-from jobqueue.keys import PartitionKeys
-from jobqueue.ops import RunSpec
-from jobqueue.scripts import Call, DirectLane, ScriptRunner
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.ops import RunSpec
+from jobqueue.store.scripts import Call, DirectLane, ScriptRunner
 
 PK = PartitionKeys("default", 0)
 

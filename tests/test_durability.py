@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from jobqueue import JobQueue, Settings
-from jobqueue.embedded import EmbeddedServer, find_server_binary
 from jobqueue.errors import ConfigError, NotDurable
-from jobqueue.worker import Worker
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
+from jobqueue.worker.daemon import Worker
 
 
 def free_port() -> int:

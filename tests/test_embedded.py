@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from jobqueue.embedded import EmbeddedServer, remove_stale_directories, resolve_url
+from jobqueue.store.embedded import EmbeddedServer, remove_stale_directories, resolve_url
 
 
 def _alive(pid: int) -> bool:
@@ -51,7 +51,7 @@ def test_stop_kills_the_server_and_removes_its_directory() -> None:
 def test_server_dies_when_its_parent_is_killed_with_sigkill() -> None:
     child = subprocess.Popen(
         [sys.executable, "-c",
-         "from jobqueue.embedded import EmbeddedServer; import time\n"
+         "from jobqueue.store.embedded import EmbeddedServer; import time\n"
          "s = EmbeddedServer().start(); print(s.process.pid, flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )
@@ -69,7 +69,7 @@ def test_server_dies_when_its_parent_is_killed_with_sigkill() -> None:
 def test_the_directory_of_a_sigkilled_owner_is_removed_by_the_next_server() -> None:
     child = subprocess.Popen(
         [sys.executable, "-c",
-         "from jobqueue.embedded import EmbeddedServer; import time\n"
+         "from jobqueue.store.embedded import EmbeddedServer; import time\n"
          "s = EmbeddedServer().start(); print(s.directory, flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -90,7 +90,7 @@ def test_the_directory_of_a_sigkilled_owner_is_removed_by_the_next_server() -> N
 def test_server_stops_when_its_parent_exits_normally() -> None:
     out = subprocess.run(
         [sys.executable, "-c",
-         "from jobqueue.embedded import EmbeddedServer\n"
+         "from jobqueue.store.embedded import EmbeddedServer\n"
          "s = EmbeddedServer().start(); print(s.process.pid)"],
         capture_output=True, text=True, check=True,
     )

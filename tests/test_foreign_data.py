@@ -19,16 +19,17 @@ from click.testing import CliRunner, Result
 from keyspace import keyspace
 from starlette.testclient import TestClient
 
-from jobqueue import inspect, ops
-from jobqueue.aio import AsyncJobQueue
-from jobqueue.cli import State, main
-from jobqueue.client import JobQueue
+from jobqueue.cli.core import State, main
+from jobqueue.client import queries as inspect
+from jobqueue.client.aio import AsyncJobQueue
+from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
-from jobqueue.embedded import EmbeddedServer
 from jobqueue.errors import ConfigError, CorruptData, RunNotFound
-from jobqueue.keys import MAX_PARTITIONS, QUEUES_KEY, WORKERS_KEY, PartitionKeys
-from jobqueue.metrics import PrometheusMetrics
-from jobqueue.recurring import SCHED_CONFIG_KEY
+from jobqueue.runtime.metrics import PrometheusMetrics
+from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.keys import MAX_PARTITIONS, QUEUES_KEY, WORKERS_KEY, PartitionKeys
 
 P0 = PartitionKeys("default", 0)
 DEF = "jq:{sched#0}:def"

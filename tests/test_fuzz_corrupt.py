@@ -18,9 +18,10 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 from test_worker import FAST, make_worker, running, wait_for
 
-from jobqueue import JobQueue, ops
-from jobqueue.cli import State, main
+from jobqueue import JobQueue
+from jobqueue.cli.core import State, main
 from jobqueue.dashboard.app import create_app
+from jobqueue.store import ops
 
 MISSING = None
 

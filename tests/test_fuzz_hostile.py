@@ -27,14 +27,15 @@ from hypothesis import strategies as st
 from keyspace import Keyspace, keyspace
 from starlette.testclient import TestClient
 
-from jobqueue import inspect, ops
-from jobqueue.cli import State, main
-from jobqueue.client import JobQueue
+from jobqueue.cli.core import State, main
+from jobqueue.client import queries as inspect
+from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import JobQueueError
-from jobqueue.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys
-from jobqueue.metrics import PrometheusMetrics
-from jobqueue.recurring import SCHED_CONFIG_KEY
+from jobqueue.runtime.metrics import PrometheusMetrics
+from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
+from jobqueue.store import ops
+from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys
 
 FUZZ = settings(
     max_examples=40,

@@ -1,12 +1,12 @@
 """The rules of ``jobqueue check``, as pure functions of what was read from each node: for each
-rule, a reading it passes and one it warns about (jobqueue/health.py)."""
+rule, a reading it passes and one it warns about (jobqueue/policy/health.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from jobqueue import health
-from jobqueue.health import Check, Limits, NodeReading, Reading, ReplicaLink
+from jobqueue.policy import health
+from jobqueue.policy.health import Check, Limits, NodeReading, Reading, ReplicaLink
 
 LIMITS = Limits(lease_s=30.0)
 

@@ -13,14 +13,14 @@ from keyspace import keyspace
 from starlette.testclient import TestClient
 from test_worker import finished, make_worker, running
 
-from jobqueue.aio import AsyncJobQueue
-from jobqueue.base import Request
-from jobqueue.cli import State, main
-from jobqueue.client import JobQueue
+from jobqueue.cli.core import State, main
+from jobqueue.client.aio import AsyncJobQueue
+from jobqueue.client.base import Request
+from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, PayloadError
-from jobqueue.keys import validate_queue_name
-from jobqueue.payload import encode_result
+from jobqueue.store.keys import validate_queue_name
+from jobqueue.store.payload import encode_result
 
 
 def invoke(jq: JobQueue, *args: str, input: str | bytes | None = None) -> Result:

@@ -30,11 +30,12 @@ import redis
 from fence_rule import fence_issued
 from redis.crc import key_slot
 
-from jobqueue import JobQueue, PayloadError, Request, UnknownTask, ops
-from jobqueue.embedded import EmbeddedServer
-from jobqueue.keys import QUEUES_KEY, PartitionKeys
-from jobqueue.payload import decode_payload
-from jobqueue.scripts import SCRIPT_NAMES, Call, ScriptRunner
+from jobqueue import JobQueue, PayloadError, Request, UnknownTask
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
+from jobqueue.store.payload import decode_payload
+from jobqueue.store.scripts import SCRIPT_NAMES, Call, ScriptRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -527,7 +528,7 @@ def buffered_job(jq: JobQueue) -> None:
     """The scheduler's overlap scripts: a buffer-one job whose second run is held while the
     first is pending, then released once it completes, and its held entry forgotten
     (sched_create, sched_release, sched_unhold; explicit clock, server-side scripts)."""
-    from jobqueue.scheduler import Scheduler
+    from jobqueue.scheduler.daemon import Scheduler
 
     s = 1000
     jq.schedule("buffered", "t", every=60, overlap="buffer-one", now=0)
@@ -700,7 +701,7 @@ def test_inv6_decode_payload_refuses_pickle_bytes_of_every_protocol(protocol: in
 
 
 @pytest.mark.parametrize(
-    "name", ["os.system", "os:system", "builtins.eval", "subprocess.Popen", "jobqueue.ops"]
+    "name", ["os.system", "os:system", "builtins.eval", "subprocess.Popen", "jobqueue.store.ops"]
 )
 def test_inv6_a_task_name_is_only_resolved_through_the_registry(jq: JobQueue, name: str) -> None:
     jq.declare_task("known")
@@ -766,13 +767,13 @@ def test_inv6_no_jobqueue_module_unpickles_or_evaluates_code() -> None:
 def test_inv6_no_jobqueue_module_imports_code_by_name() -> None:
     """No importlib & co: task names come only from the registry the worker was given.
 
-    The one import by name is ``jobqueue worker --app module:attr`` in cli.py: the operator's
+    The one import by name is ``jobqueue worker --app module:attr`` in cli/main.py: the operator's
     own command line naming the app that holds that registry (like ``celery -A``); nothing
     stored in Redis or sent by a user reaches it. Any other use fails this test."""
     found = scan(IMPORTERS, IMPORT_CALLS)
-    cli_uses = found.pop("jobqueue/cli.py", [])
+    cli_uses = found.pop("jobqueue/cli/core.py", [])
     assert found == {}
-    cli_source = (ROOT / "jobqueue" / "cli.py").read_text()
+    cli_source = (ROOT / "jobqueue" / "cli" / "core.py").read_text()
     assert cli_source.count("importlib.import_module(") == 1
     load_app = cli_source[cli_source.index("def load_app("):]
     assert "importlib.import_module(" in load_app[: load_app.index("\ndef ")], cli_uses

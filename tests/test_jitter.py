@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobqueue.hashing import fnv1a_32
-from jobqueue.jitter import herd_histogram, jitter_ms, job_hash
+from jobqueue.policy.hashing import fnv1a_32
+from jobqueue.policy.jitter import herd_histogram, jitter_ms, job_hash
 
 
 def test_jitter_is_the_fnv1a_hash_of_the_job_id_modulo_the_window() -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import redis
 
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer
-from jobqueue.logs import TEXT_FORMAT, JsonFormatter, RedactingFilter, run_fields
-from jobqueue.ops import ClaimedRun
+from jobqueue.client.sync import JobQueue
+from jobqueue.runtime.logs import TEXT_FORMAT, JsonFormatter, RedactingFilter, run_fields
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.ops import ClaimedRun
 
 ROOT = Path(__file__).resolve().parents[1]
 

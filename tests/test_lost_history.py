@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from jobqueue import ops
-from jobqueue.embedded import EmbeddedServer, find_server_binary
 from jobqueue.errors import ServerRefused
-from jobqueue.keys import PartitionKeys
-from jobqueue.scripts import ScriptRunner
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.scripts import ScriptRunner
 
 PK = PartitionKeys("default", 0)
 PAYLOAD = '{"args":[],"kwargs":{}}'

@@ -20,16 +20,16 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobqueue import ops
-from jobqueue.cli import main
-from jobqueue.client import JobQueue
+from jobqueue.cli.core import main
+from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
-from jobqueue.embedded import EmbeddedServer
 from jobqueue.errors import Fatal
-from jobqueue.metrics import NO_METRICS, PrometheusMetrics, serve
-from jobqueue.scheduler import Scheduler
+from jobqueue.runtime.metrics import NO_METRICS, PrometheusMetrics, serve
+from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.settings import Settings
-from jobqueue.worker import Worker
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.worker.daemon import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = Settings(backoff_base_s=0.02, backoff_cap_s=0.05)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from jobqueue.cron import fire_times_between, next_fire_after, parse_schedule
-from jobqueue.misfire import (
+from jobqueue.policy.cron import fire_times_between, next_fire_after, parse_schedule
+from jobqueue.policy.misfire import (
     DEFAULT_FIRE_ALL_CAP,
     MisfireDecision,
     MisfireError,
@@ -211,7 +211,7 @@ def test_a_deadline_in_milliseconds_is_honoured_to_the_millisecond() -> None:
 def test_scheduler_grace_help_says_it_is_at_least_two_intervals() -> None:
     from click.testing import CliRunner
 
-    from jobqueue.cli import main
+    from jobqueue.cli.core import main
 
     result = CliRunner().invoke(main, ["scheduler", "--help"], terminal_width=200)
     assert result.exit_code == 0

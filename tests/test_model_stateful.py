@@ -1,5 +1,5 @@
 """Model-based test of the run state machine: hypothesis drives the real Lua scripts (through
-``ScriptRunner`` and ``jobqueue.ops``, with an explicit clock) with random interleavings of
+``ScriptRunner`` and ``jobqueue.store.ops``, with an explicit clock) with random interleavings of
 create (batched, duplicate run ids included), claim (batched, with a lease), heartbeat,
 complete, fail (retry with backoff, or dead), cancel, release, requeue, the expiry of a
 finished record (and the creation of its run id again) and clock advances (past lease expiry
@@ -41,10 +41,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobqueue import ops
-from jobqueue.embedded import EmbeddedServer
-from jobqueue.keys import PartitionKeys
-from jobqueue.scripts import Call, Script, ScriptRunner, scripts
+from jobqueue.store import ops
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.scripts import Call, Script, ScriptRunner, scripts
 
 PK = PartitionKeys("default", 0)
 # Few run ids, so that creates collide and every run goes through many transitions.

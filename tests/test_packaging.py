@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import jobqueue
-from jobqueue.embedded import EmbeddedServer
-from jobqueue.scripts import PRELUDE, SCRIPT_NAMES
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.scripts import PRELUDE, SCRIPT_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "jobqueue" / "dashboard"
@@ -125,7 +125,7 @@ def test_an_installed_package_loads_its_scripts_from_inside_itself(
         check=True, capture_output=True,
     )
     probe = (
-        "import jobqueue, jobqueue.scripts as s; "
+        "import jobqueue, jobqueue.store.scripts as s; "
         "print(jobqueue.__file__); print(s.lua_dir()); print(len(s.scripts()))"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from jobqueue.client import JobQueue
+from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, OperationRefused, PayloadError, UnknownTask
-from jobqueue.recurring import (
+from jobqueue.schedules.recurring import (
     BackfillInFuture,
     Definition,
     JobState,
@@ -201,7 +201,7 @@ def test_list_schedules_returns_every_job_sorted(jq: JobQueue) -> None:
 
 
 def test_scheduler_partitions_are_a_setting_recorded_in_redis(redis_client: Any) -> None:
-    from jobqueue.recurring import Recurring
+    from jobqueue.schedules.recurring import Recurring
 
     jq = JobQueue(redis_client)
     store = Recurring(jq, partitions=4)

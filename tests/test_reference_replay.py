@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobqueue import ops
-from jobqueue.keys import PartitionKeys
-from jobqueue.scripts import ScriptRunner
+from jobqueue.store import ops
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.scripts import ScriptRunner
 
 LEASE_MS = 30_000
 # The reference output: the expected lines of every reference scenario of docs/design.md.

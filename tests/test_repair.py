@@ -9,11 +9,12 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from jobqueue import JobQueue, ops
-from jobqueue.cli import State, main
-from jobqueue.keys import PartitionKeys
-from jobqueue.repair import repair_queue
-from jobqueue.scripts import ScriptRunner
+from jobqueue import JobQueue
+from jobqueue.cli.core import State, main
+from jobqueue.client.repair import repair_queue
+from jobqueue.store import ops
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE = 30_000

@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 from test_worker import make_worker, running, wait_for
 
-from jobqueue import ops
-from jobqueue import repartition as rp
-from jobqueue.cli import State, main
-from jobqueue.client import JobQueue
+from jobqueue.cli.core import State, main
+from jobqueue.client import repartition as rp
+from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, OperationRefused
-from jobqueue.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys, partition_of
+from jobqueue.store import ops
+from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys, partition_of
 
 Q = "mail"
 LEASE_MS = 60_000

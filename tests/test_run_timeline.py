@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobqueue import JobQueue, inspect, ops
-from jobqueue.keys import PartitionKeys
-from jobqueue.scripts import ScriptRunner
+from jobqueue import JobQueue
+from jobqueue.client import queries as inspect
+from jobqueue.store import ops
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE = 30_000
@@ -107,7 +109,7 @@ def test_show_prints_the_instants_inside_history_entries_as_times(
 ) -> None:
     from click.testing import CliRunner
 
-    from jobqueue.cli import State, main
+    from jobqueue.cli.core import State, main
 
     create(runner, pk, "a", now=1_700_000_000_000)
     c = claim(runner, pk, "w1", now=1_700_000_000_100)

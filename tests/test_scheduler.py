@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from jobqueue.client import JobQueue
-from jobqueue.cron import format_fire_instant, parse_fire_instant
-from jobqueue.jitter import jitter_ms
-from jobqueue.ops import SchedKeys
-from jobqueue.recurring import Definition
-from jobqueue.sched_ops import HOLD_MS
-from jobqueue.scheduler import Scheduler, apply_overlap, plan_fires
+from jobqueue.client.sync import JobQueue
+from jobqueue.policy.cron import format_fire_instant, parse_fire_instant
+from jobqueue.policy.jitter import jitter_ms
+from jobqueue.scheduler.daemon import Scheduler, apply_overlap, plan_fires
+from jobqueue.schedules.recurring import Definition
+from jobqueue.store.ops import SchedKeys
+from jobqueue.store.sched_ops import HOLD_MS
 
 S = 1000  # ms per second
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from jobqueue.cli import main
-from jobqueue.client import JobQueue
-from jobqueue.cron import parse_fire_instant
+from jobqueue.cli.core import main
+from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError
-from jobqueue.recurring import ORIGIN_CODE, RecurringError
-from jobqueue.scheduler import Scheduler
+from jobqueue.policy.cron import parse_fire_instant
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.schedules.recurring import ORIGIN_CODE, RecurringError
 
 S = 1000
 

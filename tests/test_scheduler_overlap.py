@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobqueue import ops
-from jobqueue.client import JobQueue
-from jobqueue.keys import PartitionKeys
-from jobqueue.ops import ClaimedRun
-from jobqueue.sched_ops import HOLD_MS, parse_sched_release, sched_release_call
-from jobqueue.scheduler import Scheduler
+from jobqueue.client.sync import JobQueue
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.store import ops
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.ops import ClaimedRun
+from jobqueue.store.sched_ops import HOLD_MS, parse_sched_release, sched_release_call
 
 S = 1000
 PK = PartitionKeys("default", 0)

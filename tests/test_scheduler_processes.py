@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue.client import JobQueue
-from jobqueue.cron import parse_fire_instant
-from jobqueue.embedded import EmbeddedServer
+from jobqueue.client.sync import JobQueue
+from jobqueue.policy.cron import parse_fire_instant
+from jobqueue.store.embedded import EmbeddedServer
 
 JOBS = 200
 RUN_SECONDS = 12.0
@@ -149,4 +149,4 @@ def test_sigusr1_prints_every_threads_stack_and_the_scheduler_runs_on(
     text = err.decode(errors="replace")
     assert proc.returncode == 0, text
     assert "Current thread" in text or "Thread 0x" in text, text
-    assert "scheduler.py" in text, text  # the main thread's loop, among the stacks
+    assert "scheduler/daemon.py" in text, text  # the main thread's loop, among the stacks

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue import scheduler as scheduler_mod
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer, find_server_binary
-from jobqueue.scheduler import Scheduler
+from jobqueue.client.sync import JobQueue
+from jobqueue.scheduler import daemon as scheduler_mod
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 
 WAIT_S = 10.0  # bound on every wait (the first retry comes after 1 s)
 

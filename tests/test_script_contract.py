@@ -1,7 +1,7 @@
-"""The script contract: each Lua file's header names its KEYS and ARGV (jobqueue.contract reads
-them), the builders in jobqueue.ops and jobqueue.sched_ops pass exactly those, and each
-script uses every key it declares and no other KEYS or ARGV slot. A builder and a header that
-disagree fail here, not in production."""
+"""The script contract: each Lua file's header names its KEYS and ARGV (read by
+jobqueue.store.contract), the builders in jobqueue.store.ops and jobqueue.store.sched_ops pass
+exactly those, and each script uses every key it declares and no other KEYS or ARGV slot. A
+builder and a header that disagree fail here, not in production."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from collections.abc import Callable
 
 import pytest
 
-from jobqueue import ops
-from jobqueue.contract import Contract, contracts
-from jobqueue.keys import PartitionKeys
-from jobqueue.sched_ops import (
+from jobqueue.store import ops
+from jobqueue.store.contract import Contract, contracts
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.sched_ops import (
     RunGroup,
     sched_create_call,
     sched_release_call,
     sched_unhold_call,
 )
-from jobqueue.scripts import SCRIPT_NAMES, Call, lua_dir
+from jobqueue.store.scripts import SCRIPT_NAMES, Call, lua_dir
 
 PK = PartitionKeys("q", 3)
 SK = ops.SchedKeys(2)

@@ -3,7 +3,7 @@ call before its first write, or goes through.
 
 The cases are generated. Each scenario below is a realistic state and the call that drives one
 script through its write paths. The keys the call touches are its declared KEYS (names and
-types from its Lua header through ``jobqueue.contract``, real names from the call), and the
+types from its Lua header through ``jobqueue.store.contract``, real names from the call), and the
 run records and history lists (``prefix + 'run:' + id``, ``prefix + 'hist:' + id``) of every
 run the scenario knows: named by the call, listed in its indexes, or found in the keyspace
 before or after the call. Each key is corrupted in each way that fits it, one case each:
@@ -38,11 +38,13 @@ from typing import Any
 import fakeredis
 import pytest
 
-from jobqueue import JobQueue, ops
-from jobqueue.contract import contracts
+from jobqueue import JobQueue
 from jobqueue.errors import ConnectionFailed, ScriptError
-from jobqueue.keys import PartitionKeys
-from jobqueue.sched_ops import (
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.store import ops
+from jobqueue.store.contract import contracts
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.sched_ops import (
     HOLD_MS,
     RunGroup,
     parse_sched_create,
@@ -51,8 +53,7 @@ from jobqueue.sched_ops import (
     sched_release_call,
     sched_unhold_call,
 )
-from jobqueue.scheduler import Scheduler
-from jobqueue.scripts import SCRIPT_NAMES, Call, Script, ScriptRunner, scripts
+from jobqueue.store.scripts import SCRIPT_NAMES, Call, Script, ScriptRunner, scripts
 
 PK = PartitionKeys("default", 0)
 SK = ops.SchedKeys(0)

@@ -7,9 +7,9 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from jobqueue import ops
-from jobqueue.keys import PartitionKeys
-from jobqueue.scripts import ScriptRunner
+from jobqueue.store import ops
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[1,"a"],"kwargs":{"k":true}}'
 NOW = 1_000_000

@@ -7,9 +7,9 @@ from typing import Any
 
 from fence_rule import fence_issued
 
-from jobqueue import ops
-from jobqueue.keys import PartitionKeys
-from jobqueue.scripts import ScriptRunner
+from jobqueue.store import ops
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE = 30_000

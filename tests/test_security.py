@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from test_worker import FAST, make_worker, running, wait_for
 
 from jobqueue import JobQueue
-from jobqueue.connection import redact
 from jobqueue.models import Run
+from jobqueue.store.connection import redact
 
 
 class Trap:

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from jobqueue.signals import SignalRelay
+from jobqueue.runtime.signals import SignalRelay
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ SCHEDULER_SIGNALLED_HOLDING_ITS_EVENT_LOCK = """
 import os, signal, time
 import fakeredis
 from jobqueue import JobQueue
-from jobqueue.scheduler import Scheduler
+from jobqueue.scheduler.daemon import Scheduler
 
 sched = Scheduler(JobQueue(fakeredis.FakeRedis(decode_responses=True)))
 sched._signals.start()

@@ -35,12 +35,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from jobqueue import JobQueue
-from jobqueue.cli import main
-from jobqueue.connection import check
-from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.cli.core import main
 from jobqueue.errors import ConfigError, ConnectionFailed
-from jobqueue.scheduler import Scheduler
-from jobqueue.worker import Worker
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.store.connection import check
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
+from jobqueue.worker.daemon import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 USER = "jqapp"

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from jobqueue import cli as cli_mod
-from jobqueue import embedded
-from jobqueue.base import Request
-from jobqueue.cli import State, main
-from jobqueue.cli_common import FiniteFloat
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer, resolve_url
+from jobqueue.cli import core as cli_mod
+from jobqueue.cli.common import FiniteFloat
+from jobqueue.cli.core import State, main
+from jobqueue.client.base import Request
+from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, PayloadError
-from jobqueue.keys import QUEUES_KEY
+from jobqueue.store import embedded
+from jobqueue.store.embedded import EmbeddedServer, resolve_url
+from jobqueue.store.keys import QUEUES_KEY
 
 
 def invoke(*args: str, jq: JobQueue | None = None, input: str | None = None) -> Result:
@@ -270,7 +270,7 @@ def test_ctrl_c_while_the_cli_module_imports_exits_130_without_a_traceback() -> 
         "import jobqueue\n"
         "class Interrupt(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path, target=None):\n"
-        "        if name == 'jobqueue.cli_format':\n"
+        "        if name == 'jobqueue.cli.format':\n"
         "            os.kill(os.getpid(), signal.SIGINT)\n"
         "        return None\n"
         "sys.meta_path.insert(0, Interrupt())\n"
@@ -288,7 +288,7 @@ def test_ctrl_c_in_a_command_prints_aborted_and_exits_130(
     def interrupted(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("jobqueue.cli_ops.inspect.stats", interrupted)
+    monkeypatch.setattr("jobqueue.cli.ops.inspect.stats", interrupted)
     result = invoke("queues", jq=jq)
     assert result.exit_code == 130
     assert result.stderr.strip() == "Aborted!"

@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from jobqueue import ops
-from jobqueue import worker as worker_module
-from jobqueue.client import JobQueue
+from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import Fatal
-from jobqueue.keys import WORKERS_KEY
 from jobqueue.models import Run
 from jobqueue.settings import Settings
-from jobqueue.worker import Worker
+from jobqueue.store import ops
+from jobqueue.store.keys import WORKERS_KEY
+from jobqueue.worker import daemon as worker_module
+from jobqueue.worker.daemon import Worker
 
 FAST = Settings(backoff_base_s=0.05, backoff_cap_s=0.2)
 

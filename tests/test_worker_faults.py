@@ -22,12 +22,12 @@ import pytest
 import redis
 from test_worker import FAST, finished, make_worker, running, wait_for
 
-from jobqueue import supervisor
-from jobqueue import worker as worker_module
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed
-from jobqueue.worker import EXIT_UNHEALTHY, MAX_REJECTED_KEPT, Worker, WorkerStats
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
+from jobqueue.worker import daemon as worker_module
+from jobqueue.worker import supervisor
+from jobqueue.worker.daemon import EXIT_UNHEALTHY, MAX_REJECTED_KEPT, Worker, WorkerStats
 
 
 @pytest.fixture

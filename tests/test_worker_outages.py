@@ -15,9 +15,9 @@ import redis
 
 from jobqueue import JobQueue
 from jobqueue.context import RunContext
-from jobqueue.embedded import EmbeddedServer
-from jobqueue.scripts import scripts
-from jobqueue.worker import Worker
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.scripts import scripts
+from jobqueue.worker.daemon import Worker
 
 Failure = Callable[[str], Exception | None]  # script name -> the error to answer, or None
 

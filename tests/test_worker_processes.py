@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue.base import Request
-from jobqueue.client import JobQueue
-from jobqueue.embedded import EmbeddedServer, find_server_binary
-from jobqueue.keys import WORKERS_KEY, PartitionKeys
-from jobqueue.scripts import scripts
+from jobqueue.client.base import Request
+from jobqueue.client.sync import JobQueue
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
+from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
+from jobqueue.store.scripts import scripts
 
 pytestmark = pytest.mark.slow
 

@@ -29,10 +29,13 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import inspect
-from ..cli_format import abs_time, duration, relative
-from ..client import JobQueue
-from ..errors import (
+from jobqueue.cli.format import abs_time, duration, relative
+from jobqueue.client import queries as inspect
+from jobqueue.client.sync import JobQueue
+from jobqueue.dashboard.charts import Series, svg_chart
+from jobqueue.dashboard.sampler import Sampler
+from jobqueue.dashboard.security import CSRF_FIELD, SESSION_COOKIE, AuthGate, Credentials, Csrf
+from jobqueue.errors import (
     ConfigError,
     ConnectionFailed,
     InvalidRunId,
@@ -40,10 +43,7 @@ from ..errors import (
     OperationRefused,
     UnknownQueue,
 )
-from ..models import STATES
-from .charts import Series, svg_chart
-from .sampler import Sampler
-from .security import CSRF_FIELD, SESSION_COOKIE, AuthGate, Credentials, Csrf
+from jobqueue.models import STATES
 
 HERE = Path(__file__).parent
 FLASH_COOKIE = "jq_flash"

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from ..cli_common import FiniteFloat
-from ..errors import ConfigError
+from jobqueue.cli.common import FiniteFloat
+from jobqueue.errors import ConfigError
 
 EXTRA_MISSING = (
     "the dashboard needs starlette, jinja2 and uvicorn: pip install starlette jinja2 uvicorn "
@@ -70,8 +70,8 @@ def dashboard(
     try:
         import uvicorn
 
-        from .app import create_app
-        from .security import Credentials
+        from jobqueue.dashboard.app import create_app
+        from jobqueue.dashboard.security import Credentials
     except ImportError:
         raise ConfigError(EXTRA_MISSING) from None
     if auth and token:

@@ -16,8 +16,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from .. import inspect
-from ..client import JobQueue
+from jobqueue.client import queries as inspect
+from jobqueue.client.sync import JobQueue
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobqueue.keys import PartitionKeys
+from jobqueue.store.keys import PartitionKeys
 
 EFFECTS, APPLIED, EXECUTIONS = "chaos:effects", "chaos:applied", "chaos:executions"
 

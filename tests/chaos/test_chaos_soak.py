@@ -37,9 +37,9 @@ from test_worker_processes import (
     wait_for,
 )
 
-from jobqueue.base import Request
-from jobqueue.cron import format_fire_instant
-from jobqueue.embedded import EmbeddedServer, find_server_binary
+from jobqueue.client.base import Request
+from jobqueue.policy.cron import format_fire_instant
+from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import fakeredis
 import pytest
 from checker import APPLIED, EFFECTS, Report, check
 
-from jobqueue.keys import PartitionKeys
+from jobqueue.store.keys import PartitionKeys
 
 PK = PartitionKeys("default", 0)
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from cluster_launcher import Cluster
 
-from jobqueue.client import JobQueue
-from jobqueue.connection import sync_client
-from jobqueue.embedded import find_server_binary
+from jobqueue.client.sync import JobQueue
+from jobqueue.store.connection import sync_client
+from jobqueue.store.embedded import find_server_binary
 
 
 @pytest.fixture(scope="session")

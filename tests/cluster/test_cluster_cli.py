@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from jobqueue import JobQueue, Request, ops
-from jobqueue.cli import main
+from jobqueue import JobQueue, Request
+from jobqueue.cli.core import main
+from jobqueue.store import ops
 
 LEASE_MS = 60_000
 RETENTION_MS = 3_600_000

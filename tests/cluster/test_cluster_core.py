@@ -20,13 +20,13 @@ from redis.crc import key_slot
 from test_invariants import RUN_IDS, lifecycle, record_script_calls, slots_of_call
 
 from jobqueue import ConfigError, ConnectionFailed, JobQueue, OperationRefused, Request
-from jobqueue.aio import AsyncJobQueue
-from jobqueue.cli import main as cli_main
-from jobqueue.connection import async_client, sync_client
-from jobqueue.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys, partition_of
-from jobqueue.scheduler import Scheduler
-from jobqueue.scripts import SCRIPT_NAMES, ScriptRunner
-from jobqueue.worker import Worker
+from jobqueue.cli.core import main as cli_main
+from jobqueue.client.aio import AsyncJobQueue
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.store.connection import async_client, sync_client
+from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys, partition_of
+from jobqueue.store.scripts import SCRIPT_NAMES, ScriptRunner
+from jobqueue.worker.daemon import Worker
 
 
 def runs_per_master(cluster: Cluster) -> dict[int, int]:

@@ -12,10 +12,10 @@ import redis
 
 from jobqueue import JobQueue
 from jobqueue.errors import ConnectionFailed, ScriptError
-from jobqueue.keys import PartitionKeys
-from jobqueue.ops import cancel_call
-from jobqueue.scripts import ScriptRunner
-from jobqueue.worker import Worker
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.ops import cancel_call
+from jobqueue.store.scripts import ScriptRunner
+from jobqueue.worker.daemon import Worker
 
 CALL = cancel_call(PartitionKeys("default", 0), "r", 1000, "stop")
 
@@ -76,7 +76,7 @@ def test_the_worker_waits_out_a_cluster_outage_and_carries_on(
     exc: BaseException, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The committer's path: script calls retried until the cluster answers again."""
-    monkeypatch.setattr("jobqueue.worker.time.sleep", lambda s: None)
+    monkeypatch.setattr("jobqueue.worker.daemon.time.sleep", lambda s: None)
     outage = ScriptRunner(Raising(exc))
     worker = Worker(JobQueue(Raising(exc)), install_signal_handlers=False)
     attempts: list[int] = []

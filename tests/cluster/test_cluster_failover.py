@@ -23,9 +23,9 @@ from cluster_launcher import Cluster, in_slots
 from redis.crc import key_slot
 
 from jobqueue import JobQueue, Request
-from jobqueue.keys import PartitionKeys, partition_of
-from jobqueue.scripts import ScriptRunner, scripts
-from jobqueue.worker import Worker
+from jobqueue.store.keys import PartitionKeys, partition_of
+from jobqueue.store.scripts import ScriptRunner, scripts
+from jobqueue.worker.daemon import Worker
 
 RUNS = 600
 

@@ -20,13 +20,15 @@ from cluster_launcher import Cluster, Node
 from redis.crc import key_slot
 from server_stall import stall
 
-from jobqueue import JobQueue, Request, inspect, ops
-from jobqueue.connection import sync_client
+from jobqueue import JobQueue, Request
+from jobqueue.client import queries as inspect
 from jobqueue.errors import ConnectionFailed, Fatal, JobQueueError
-from jobqueue.keys import PartitionKeys, partition_of
-from jobqueue.scheduler import Scheduler
-from jobqueue.scripts import ScriptRunner, scripts
-from jobqueue.worker import Worker
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.store import ops
+from jobqueue.store.connection import sync_client
+from jobqueue.store.keys import PartitionKeys, partition_of
+from jobqueue.store.scripts import ScriptRunner, scripts
+from jobqueue.worker.daemon import Worker
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE_MS = 30_000

@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from recorder import record_cluster_commands
 from test_repartition import Q, populate, same_ttl, snapshot
 
-from jobqueue import repartition as rp
-from jobqueue.cli import main
-from jobqueue.client import JobQueue
-from jobqueue.keys import QUEUES_KEY, PartitionKeys
+from jobqueue.cli.core import main
+from jobqueue.client import repartition as rp
+from jobqueue.client.sync import JobQueue
+from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
 
 
 def counter_totals(client: Any, partitions: int) -> dict[str, int]:

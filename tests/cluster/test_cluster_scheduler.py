@@ -9,9 +9,9 @@ import pytest
 from cluster_launcher import Cluster
 
 from jobqueue import JobQueue
-from jobqueue.cron import parse_fire_instant
-from jobqueue.recurring import ENV_SCHED_PARTITIONS
-from jobqueue.scheduler import Scheduler
+from jobqueue.policy.cron import parse_fire_instant
+from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS
 
 S = 1000
 

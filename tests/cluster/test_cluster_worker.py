@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from jobqueue import JobQueue, Request
-from jobqueue.keys import partition_of
-from jobqueue.worker import Worker
+from jobqueue.store.keys import partition_of
+from jobqueue.worker.daemon import Worker
 
 
 @contextmanager

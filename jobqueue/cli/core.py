@@ -1,0 +1,595 @@
+"""The ``jobqueue`` command: daemons and the operator's window onto runs and leases.
+
+Exit codes: 0 ok, 1 operation refused (or not found), 2 bad input or usage error, 3 Redis
+unreachable or credentials refused, 130 interrupted. A user's mistake is one line on stderr,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    raise SystemExit(130)  # a Ctrl-C before the CLI is ready: no traceback of the imports
+
+
+# Until this module's imports are done (redis-py and the rest take a few hundred ms), a Ctrl-C
+# exits 130 quietly; the previous handler is restored at the end of this module.
+_MAIN_THREAD = threading.current_thread() is threading.main_thread()
+_previous_sigint = (
+    signal.signal(signal.SIGINT, _interrupted_while_starting) if _MAIN_THREAD else None
+)
+
+import contextlib  # noqa: E402
+import faulthandler  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+from datetime import datetime  # noqa: E402
+from typing import IO  # noqa: E402
+
+import click  # noqa: E402
+
+from jobqueue import __version__  # noqa: E402
+from jobqueue.cli.common import (  # noqa: E402
+    EXIT_INTERRUPTED,
+    FiniteFloat,
+    Group,
+    State,
+    echo_handle,
+    json_arg,
+    ms_to_text,
+    pass_state,
+    warn_anomalies,
+    yes_option,
+)
+from jobqueue.cli.format import when  # noqa: E402
+from jobqueue.cli.ops import COMMANDS, progress  # noqa: E402
+from jobqueue.cli.repartition import repair, repartition  # noqa: E402
+from jobqueue.cli.schedules import schedule, schedules  # noqa: E402
+from jobqueue.cli.top import top  # noqa: E402
+from jobqueue.client.base import Request  # noqa: E402
+from jobqueue.client.sync import JobQueue  # noqa: E402
+from jobqueue.dashboard.cli import dashboard  # noqa: E402
+from jobqueue.errors import (  # noqa: E402
+    ConfigError,
+    InvalidRunId,
+    JobQueueError,
+    OperationRefused,
+    PayloadError,
+    UnknownTask,
+)
+from jobqueue.runtime import logs  # noqa: E402
+from jobqueue.runtime import metrics as metrics_mod  # noqa: E402
+from jobqueue.store.connection import redact  # noqa: E402
+from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name  # noqa: E402
+from jobqueue.worker.supervisor import SUPERVISED_ENV  # noqa: E402
+
+# Runs per enqueue_many call of `enqueue --from-file` (enqueue_many pipelines its script
+# calls): one progress step each.
+ENQUEUE_CHUNK = 1000
+
+# --metrics-port / --metrics-host, shared by the two daemons.
+_metrics_port = click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on this port (0: any free port; needs prometheus-client, "
+    "the metrics extra of jobqueue-redis).",
+)
+_metrics_host = click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--redis-url",
+    envvar="JOBQUEUE_REDIS_URL",
+    help="redis://, rediss://, unix:// or redis+cluster:// URL (env JOBQUEUE_REDIS_URL). "
+    "Required by commands that change data; without one, reading commands and daemons warn "
+    "and use a private throwaway server.",
+)
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="With no URL, use a private throwaway server on purpose (nothing persists): "
+    "allows every command and silences the warning.",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    envvar="JOBQUEUE_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="json: one object per line (ts, level, logger, msg; run_id, fence, attempt on runs).",
+)
+@click.version_option(__version__, prog_name="jobqueue")
+@click.pass_context
+def main(
+    ctx: click.Context, redis_url: str | None, embedded: bool, log_level: str, log_format: str
+) -> None:
+    """jobqueue: a Redis-backed distributed job scheduler and task queue."""
+    logs.configure(log_level, "json" if log_format == "json" else "text")
+    if embedded and redis_url is not None:
+        raise click.UsageError("--embedded is for when no URL is given; drop one of them")
+    if not isinstance(ctx.obj, State):
+        ctx.obj = State(redis_url, embedded=embedded)
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID` prints every thread's stack to stderr: what a daemon that seems stuck
+    is doing, without stopping it."""
+    # The process's own stderr (sys.stderr may be replaced, e.g. by a test runner's capture).
+    stream = sys.__stderr__
+    if stream is None:
+        return
+    with contextlib.suppress(ValueError, OSError):  # no file descriptor: nothing to dump to
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
+
+
+def load_app(spec: str) -> JobQueue:
+    """``module`` or ``module:attribute`` naming a JobQueue (the operator's own code)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name.strip() or module_name.startswith("."):
+        raise ConfigError(
+            f"--app {spec!r} names no module (expected module:attribute, e.g. app:jq)"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like uvicorn/celery: apps next to where you run
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import app module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the app's own code failed: its error, not ours
+        logging.getLogger("jobqueue").debug("importing %r failed", module_name, exc_info=True)
+        raise ConfigError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exc} "
+            "(--log-level debug shows the traceback)"
+        ) from None
+    app = getattr(module, attr or "jq", None)
+    if type(app).__name__ == "AsyncJobQueue":  # not imported here: aio is for apps
+        raise ConfigError(
+            f"{spec!r} is an AsyncJobQueue, a client for asyncio apps; the daemons need a "
+            "JobQueue with the tasks registered on it (`async def` tasks included: the worker "
+            "runs them on its own event loop)"
+        )
+    if not isinstance(app, JobQueue):
+        raise ConfigError(f"{spec!r} is not a JobQueue (expected module:attribute, e.g. app:jq)")
+    return app
+
+
+_EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
+
+
+@main.command()
+@click.option("--app", "app_spec", required=True, help="module:attribute of your JobQueue.")
+@click.option("--queue", "queues", multiple=True, help="Queue to serve, in priority order.")
+@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--lease",
+    default=30.0,
+    show_default=True,
+    type=FiniteFloat(0.1),
+    help="Lease in seconds; heartbeats every lease/3.",
+)
+@click.option(
+    "--grace",
+    default=30.0,
+    show_default=True,
+    type=FiniteFloat(0),
+    help="Seconds in-flight runs get to finish on SIGTERM before release.",
+)
+@click.option(
+    "--processes",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Worker processes under one supervisor that restarts dead children.",
+)
+@_metrics_port
+@_metrics_host
+@pass_state
+def worker(
+    state: State,
+    app_spec: str,
+    queues: tuple[str, ...],
+    concurrency: int,
+    lease: float,
+    grace: float,
+    processes: int,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Run a worker: claim runs, execute them, heartbeat leases, commit with fences."""
+    from jobqueue.worker.daemon import Worker
+
+    if metrics_port is not None and processes > 1:
+        # Every child would bind the same port: refused before any child is started.
+        raise ConfigError("--metrics-port serves one process: use it with --processes 1")
+    # Until the worker installs its draining handler it holds no run: a SIGTERM while the app
+    # imports or Redis connects is a clean exit, not a death by signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    _dump_stacks_on_sigusr1()
+    for name in queues:
+        validate_queue_name(name)  # as enqueue --queue does: before anything connects
+    app = load_app(app_spec)
+    jq = state.jq(app)
+    if processes > 1 and not os.environ.get(SUPERVISED_ENV):
+        from jobqueue.worker.supervisor import supervise
+
+        sys.exit(supervise(processes, sys.argv, jq.url or "", grace=grace))
+    logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
+    served = list(queues) or [jq.settings.default_queue]
+    m = metrics_mod.for_daemon("worker", metrics_port, metrics_host, jq, lambda: served)
+    code = Worker(
+        jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m
+    ).run()
+    m.close()
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("task")
+@click.option("--args", "args_json", default="[]", help="Positional arguments, a JSON array.")
+@click.option("--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object.")
+@click.option("--run-id", help="Idempotency key: a second enqueue with it creates nothing.")
+@click.option("--delay", type=FiniteFloat(0), help="Seconds from now (server clock).")
+@click.option("--at", "at_text", help="ISO 8601 instant with a zone, e.g. 2026-12-01T09:00Z.")
+@click.option("--queue", help="Queue (default: the task's, else 'default').")
+@click.option("--max-attempts", type=click.IntRange(1), default=None)
+@click.option("--app", "app_spec", help="module:attribute, to use its task options.")
+@click.option(
+    "--from-file",
+    "from_file",
+    # Bytes, decoded line by line: a line that is not UTF-8 is then an error naming it, not
+    # a UnicodeDecodeError from deep inside the file iterator.
+    type=click.File("rb"),
+    help='JSON Lines, one run per line: {"args": [..], "kwargs": {..}, "run_id": ".."} '
+    "(each key optional); - reads stdin. Validated whole before anything is written.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@pass_state
+def enqueue(
+    state: State,
+    task: str,
+    args_json: str,
+    kwargs_json: str,
+    run_id: str | None,
+    delay: float | None,
+    at_text: str | None,
+    queue: str | None,
+    max_attempts: int | None,
+    app_spec: str | None,
+    from_file: IO[bytes] | None,
+    as_json: bool,
+) -> None:
+    """Enqueue one run of TASK (or one per line of --from-file, with a progress bar)."""
+    if from_file is not None and (args_json != "[]" or kwargs_json != "{}" or run_id):
+        raise click.UsageError("--from-file takes args, kwargs and run ids from the file")
+    args = json_arg(args_json, "--args", list)
+    kwargs = json_arg(kwargs_json, "--kwargs", dict)
+    at = None
+    if at_text:
+        try:
+            at = datetime.fromisoformat(at_text.replace("Z", "+00:00"))
+        except ValueError:
+            raise click.BadParameter(
+                f"not an ISO 8601 instant: {at_text!r}", param_hint="--at"
+            ) from None
+    jq = state.jq(load_app(app_spec) if app_spec else None)
+    if app_spec and task not in jq.registry:
+        # The app is the list of tasks its workers run: a run of any other name would only
+        # ever be dead-lettered ("unknown task") by them.
+        raise UnknownTask(f"task {task!r} is not registered in {app_spec}")
+    if app_spec and max_attempts is not None:
+        raise click.UsageError("--max-attempts is for tasks not in --app (the app's task sets it)")
+    unchecked = task not in jq.registry
+    if unchecked:
+        jq.declare_task(task, queue=queue, max_attempts=max_attempts)
+    if from_file is not None:
+        _enqueue_file(jq, task, from_file, delay, at, queue, as_json)
+    else:
+        handle = jq.enqueue(task, *args, run_id=run_id, delay=delay, at=at, queue=queue, **kwargs)
+        echo_handle(handle, as_json)
+    if unchecked:  # after the outcome, so that a refusal stays the one line on stderr
+        click.echo(
+            f"note: task {task!r} is not checked (no --app) and its declared defaults (queue, "
+            "max attempts, timeout) are not applied: pass --app module:jq to use them",
+            err=True,
+        )
+
+
+_LINE_KEYS = frozenset({"args", "kwargs", "run_id"})
+
+
+def _file_requests(
+    jq: JobQueue,
+    task: str,
+    lines: IO[bytes],
+    delay: float | None,
+    at: datetime | None,
+    queue: str | None,
+) -> list[Request]:
+    """Every line parsed and validated (payload size, run id) before anything is written:
+    a bad line 40,000 is one error line naming it (exit 2), not 39,999 runs and a
+    traceback."""
+    out = []
+    for number, raw in enumerate(lines, 1):
+        # click.File opens a path with its name; only stdin may come without one.
+        where = f"{getattr(lines, 'name', '<stdin>')} line {number}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PayloadError(
+                f"{where}: not valid UTF-8 ({exc.reason} at byte {exc.start + 1})"
+            ) from None
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise PayloadError(f"{where}: not valid JSON: {exc}") from None
+        except RecursionError:
+            raise PayloadError(f"{where}: JSON nested too deeply") from None
+        if not isinstance(item, dict) or not _LINE_KEYS.issuperset(item):
+            raise PayloadError(f"{where}: expected an object with only args, kwargs, run_id")
+        args, kwargs, run_id = item.get("args", []), item.get("kwargs", {}), item.get("run_id")
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise PayloadError(f"{where}: args must be a JSON array, kwargs an object")
+        if run_id is not None and not isinstance(run_id, str):
+            raise InvalidRunId(f"{where}: run_id must be a string")
+        req = Request(task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue)
+        try:
+            jq.prepare(req)
+        except JobQueueError as exc:
+            # The same kind of error (so the same exit code), said of this line.
+            raise type(exc)(f"{where}: {exc}") from None
+        out.append(req)
+    return out
+
+
+def _enqueue_file(
+    jq: JobQueue,
+    task: str,
+    lines: IO[bytes],
+    delay: float | None,
+    at: datetime | None,
+    queue: str | None,
+    as_json: bool,
+) -> None:
+    requests = _file_requests(jq, task, lines, delay, at, queue)
+    created = written = 0
+    try:
+        with progress(len(requests), f"enqueueing {len(requests):,} runs") as advance:
+            for start in range(0, len(requests), ENQUEUE_CHUNK):
+                chunk = requests[start : start + ENQUEUE_CHUNK]
+                created += sum(h.created for h in jq.enqueue_many(chunk))
+                written += len(chunk)
+                advance(len(chunk))
+    except KeyboardInterrupt:
+        # A chunk in flight may or may not have been written: `created` counts the confirmed.
+        note = f" ({written - created:,} of them existed already)" if written > created else ""
+        click.echo(
+            f"\ninterrupted: {written:,} of {len(requests):,} created{note}; a re-run skips "
+            "the lines whose run_id exists, but creates lines without run_id again",
+            err=True,
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    existed = len(requests) - created
+    if as_json:
+        click.echo(json.dumps({"runs": len(requests), "created": created, "existed": existed}))
+    else:
+        click.echo(f"{len(requests):,} runs: {created:,} created, {existed:,} existed already")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--queue", help="Look only in this queue.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
+    """Everything about one run, with its history of attempts, owners and errors."""
+    jq = state.jq()
+    run = jq.get_run(run_id, queue=queue)
+    if as_json:
+        warn_anomalies(run.anomalies)
+        click.echo(json.dumps(run.to_dict(), default=str))
+        return
+    now = jq.server_time_ms()
+    rows = [
+        ("run", run.run_id),
+        ("queue", f"{run.queue} (partition {run.partition})"),
+        ("state", run.state),
+        ("task", run.task),
+        ("attempt", f"{run.attempt}/{run.max_attempts}"),
+        ("fence", str(run.fence)),
+        ("owner", run.owner or "-"),
+        ("due", when(run.due_ms, now)),
+        ("lease until", when(run.lease_until_ms, now)),
+        ("created", when(run.created_ms, now)),
+        ("started", when(run.started_ms, now)),
+        ("finished", when(run.finished_ms, now)),
+        ("payload", run.payload),
+        ("result", run.result_json or "-"),
+        ("error", run.error or "-"),
+        *(("anomaly", str(a)) for a in run.anomalies),
+    ]
+    warn_anomalies(run.anomalies)
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key.ljust(width)}  {value}")
+    click.echo("history:")
+    for ms, text in run.timeline():
+        # the scripts write instants as epoch ms; show them like the rest
+        text = _EPOCH_MS.sub(lambda m: m.group(1) + ms_to_text(int(m.group(2))), text)
+        click.echo(f"  {ms_to_text(ms) if ms is not None else '?'}  {text}")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--queue")
+@click.option("--reason", default="cancelled from the CLI", show_default=True)
+@yes_option
+@pass_state
+def cancel(state: State, run_id: str, queue: str | None, reason: str, yes: bool) -> None:
+    """Cancel a pending or running run (a running worker is fenced out).
+
+    Idempotent: an already cancelled run exits 0; a done or dead one is refused (exit 1)."""
+    jq = state.jq()
+    try:
+        previous = jq.cancel(run_id, queue=queue, reason=reason)
+    except OperationRefused:
+        run = jq.find_run(run_id, queue)
+        if run is None or run.state != "cancelled":
+            raise
+        click.echo(f"{run_id} is already cancelled (nothing to do)")
+        return
+    click.echo(f"cancelled {run_id} (was {previous})")
+
+
+@main.command()
+@click.argument("run_id")
+@click.option("--queue")
+@yes_option
+@pass_state
+def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
+    """Put a dead, cancelled or done run back to pending, attempts reset.
+
+    Idempotent: an already pending run exits 0; a running one is refused (exit 1)."""
+    jq = state.jq()
+    try:
+        previous = jq.requeue(run_id, queue=queue)
+    except OperationRefused:
+        run = jq.find_run(run_id, queue)
+        if run is None or run.state != "pending":
+            raise
+        click.echo(f"{run_id} is already pending (nothing to do)")
+        return
+    click.echo(f"requeued {run_id} (was {previous})")
+
+
+# -- recurring jobs: the scheduler daemon, `schedule ...` and `jitter` ----------------------
+
+
+@main.command()
+@click.option("--app", "app_spec", help="module:attribute of your JobQueue (optional).")
+@click.option(
+    "--lookahead",
+    default=60.0,
+    show_default=True,
+    type=FiniteFloat(0),
+    help="Create runs this many seconds before their fire time.",
+)
+@click.option("--interval", default=1.0, show_default=True, type=FiniteFloat(0.01))
+@click.option(
+    "--grace",
+    default=1.0,
+    show_default=True,
+    type=FiniteFloat(0),
+    help="A fire time later than this (at least 2 x --interval) is a misfire (its job's "
+    "policy decides).",
+)
+@click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, MAX_PARTITIONS),
+    help="Scheduler partitions K (default: what Redis records, else 1).",
+)
+@click.option(
+    "--prune",
+    is_flag=True,
+    help="At start, remove the schedules declared in code (--app) that are no longer "
+    "declared; schedules added at run time are never removed.",
+)
+@_metrics_port
+@_metrics_host
+@pass_state
+def scheduler(
+    state: State,
+    app_spec: str | None,
+    lookahead: float,
+    interval: float,
+    grace: float,
+    batch: int,
+    partitions: int | None,
+    prune: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Run a scheduler: turn recurring jobs into runs (any number of instances). Schedules
+    the app declares in code (@jq.task(cron=...), jq.declare_schedule) are written at start."""
+    from jobqueue.scheduler.daemon import Scheduler
+    from jobqueue.schedules.recurring import Recurring
+
+    if prune and not app_spec:
+        raise click.UsageError("--prune needs --app: the app's declarations say what to keep")
+    # Until the scheduler installs its own handler (in run) a SIGTERM while the app imports
+    # or Redis connects is a clean exit, not a death by signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    _dump_stacks_on_sigusr1()
+    jq = state.jq(load_app(app_spec) if app_spec else None)
+    logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
+    store = Recurring(jq, partitions) if partitions else None
+    m = metrics_mod.for_daemon("scheduler", metrics_port, metrics_host, jq, lambda: jq.queues())
+    daemon = Scheduler(
+        jq,
+        lookahead=lookahead,
+        interval=interval,
+        grace=grace,
+        batch=batch,
+        store=store,
+        metrics=m,
+        prune=prune,
+    )
+    sys.exit(daemon.run())
+
+
+
+
+@main.command()
+@click.option(
+    "--jobs", default=100_000, show_default=True, type=click.IntRange(0, 10_000_000)
+)
+@click.option("--window", default=60, show_default=True, type=click.IntRange(0))
+@click.option("--prefix", default="job-", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def jitter(jobs: int, window: int, prefix: str, as_json: bool) -> None:
+    """How a herd of JOBS ids <prefix>0.. firing at once spreads over a WINDOW-second jitter."""
+    from jobqueue.policy.jitter import herd_histogram
+
+    counts = herd_histogram(jobs, window, prefix)
+    low, high = min(counts), max(counts)
+    if as_json:
+        click.echo(json.dumps({"jobs": jobs, "window": window, "min": low, "max": high}))
+        return
+    if window <= 0:
+        click.echo(f"no jitter: second 0 gets {jobs:,}")
+        return
+    click.echo(f"jitter = fnv1a(job_id) % {window}: min {low:,}/s, max {high:,}/s")
+
+
+for _command in [*COMMANDS, top]:
+    main.add_command(_command)
+main.add_command(dashboard)
+main.add_command(schedules)
+main.add_command(schedule)
+main.add_command(repartition)
+main.add_command(repair)
+
+
+if _MAIN_THREAD:
+    signal.signal(signal.SIGINT, _previous_sigint)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

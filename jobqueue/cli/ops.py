@@ -1,0 +1,511 @@
+"""The operator's commands: leases, runs, queues (alias stats), workers, dead runs, capacity,
+check.
+
+Every listing has ``--json``; human output is an aligned table with relative and absolute
+times. Data comes from ``jobqueue.inspect`` (the same functions any dashboard would use).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from jobqueue.anomalies import Anomaly, is_wrong_type
+from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
+from jobqueue.cli.format import abs_time, duration, when
+from jobqueue.cli.format import table as table
+from jobqueue.client import queries as inspect
+from jobqueue.errors import OperationRefused
+from jobqueue.policy import health
+from jobqueue.policy.capacity import CapacityInputs, estimate
+from jobqueue.store import ops
+from jobqueue.store.keys import PartitionKeys
+
+# Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
+pass_state = click.pass_obj
+
+# Script calls per pipelined round trip in bulk commands (as enqueue_many's CREATE_CHUNK).
+BULK_CHUNK = 500
+
+
+def emit(
+    as_json: bool,
+    data: list[dict[str, Any]],
+    rows: list[list[Any]],
+    headers: list[str],
+    empty: str,
+    found: Sequence[Any] = (),
+) -> None:
+    """A listing: JSON, or a table. ``found``: the rows as read (a Listing, one per row);
+    every anomaly goes to stderr, and when rows carry some, the table gets an ANOMALY column
+    marking them."""
+    warn_anomalies(inspect.all_anomalies(found))
+    if as_json:
+        click.echo(json.dumps(data, default=str))
+    elif not rows:
+        click.echo(empty)
+    else:
+        marks = [anomaly_cell(_row_anomalies(item)) for item in found] if found else []
+        if any(marks):
+            rows = [[*row, mark] for row, mark in zip(rows, marks, strict=True)]
+            headers = [*headers, "ANOMALY"]
+        click.echo(table(rows, headers))
+
+
+def _row_anomalies(item: Any) -> tuple[Anomaly, ...]:
+    anomalies: tuple[Anomaly, ...] = getattr(item, "anomalies", ())
+    return anomalies
+
+
+def stdout_is_terminal() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextmanager
+def progress(length: int, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar (click's) on a terminal; silence in a pipe, a file or CI, where a bar
+    is only noise in a log. Yields ``advance(n)``."""
+    if length < 2 or not stdout_is_terminal():
+        yield lambda n: None
+        return
+    with click.progressbar(length=length, label=label, file=sys.stdout) as bar:
+        yield bar.update
+
+
+def confirm(what: str, yes: bool) -> None:
+    """Ask before a destructive or bulk change unless --yes. 'No', or no answer at all (end of
+    input, which click turns into Abort), is a refusal: one ``error:`` line, exit 1, nothing
+    changed."""
+    if yes:
+        return
+    try:
+        answered = click.confirm(what, default=False)
+    except click.Abort:
+        answered = False
+    if not answered:
+        raise OperationRefused("not confirmed: nothing changed (--yes skips the question)")
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.command()
+@click.option("--queue", help="Only this queue.")
+@click.option("--expired", is_flag=True, help="Only leases past their expiry.")
+@click.option("--worker", help="Only leases held by this worker id (or id prefix).")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@json_option
+@pass_state
+def leases(
+    state: Any, queue: str | None, expired: bool, worker: str | None, limit: int, as_json: bool
+) -> None:
+    """Which worker holds which run, and for how long still."""
+    found = inspect.leases(state.jq(), queue, expired_only=expired, worker=worker, limit=limit)
+    rows = [
+        [
+            lease.run_id,
+            lease.task,
+            lease.owner,
+            lease.host or "?",
+            lease.pid or "?",
+            lease.fence,
+            lease.attempt,
+            duration(lease.remaining_ms) + (" EXPIRED" if lease.expired else ""),
+            abs_time(lease.lease_until_ms),
+            duration(lease.running_for_ms),
+        ]
+        for lease in found
+    ]
+    emit(
+        as_json,
+        [lease.to_dict() for lease in found],
+        rows,
+        [
+            "RUN",
+            "TASK",
+            "OWNER",
+            "HOST",
+            "PID",
+            "FENCE",
+            "ATTEMPT",
+            "LEASE LEFT",
+            "LEASE UNTIL (UTC)",
+            "RUNNING FOR",
+        ],
+        "no leases",
+        found,
+    )
+
+
+@click.command()
+@click.option(
+    "--state",
+    "state_filter",
+    type=click.Choice(["pending", "running", "done", "dead", "cancelled"]),
+)
+@click.option("--queue")
+@click.option("--job", help="Runs of this recurring job (run ids job@...).")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@json_option
+@pass_state
+def runs(
+    state: Any,
+    state_filter: str | None,
+    queue: str | None,
+    job: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Runs by state, newest finished first."""
+    jq = state.jq()
+    found = inspect.runs(jq, state=state_filter, queue=queue, job=job, limit=limit)
+    now = jq.server_time_ms()
+    rows = [
+        [
+            r.run_id,
+            r.queue,
+            r.task,
+            r.state,
+            f"{r.attempt}/{r.max_attempts}",
+            r.fence,
+            when(r.due_ms, now),
+            when(r.finished_ms, now),
+            (r.error or "").strip().splitlines()[-1][:60] if (r.error or "").strip() else "",
+        ]
+        for r in found
+    ]
+    emit(
+        as_json,
+        [r.to_dict() for r in found],
+        rows,
+        [
+            "RUN",
+            "QUEUE",
+            "TASK",
+            "STATE",
+            "ATTEMPT",
+            "FENCE",
+            "DUE (UTC)",
+            "FINISHED (UTC)",
+            "ERROR",
+        ],
+        "no runs",
+        found,
+    )
+
+
+@click.command()
+@click.option("--queue", help="Only this queue.")
+@json_option
+@pass_state
+def queues(state: Any, queue: str | None, as_json: bool) -> None:
+    """Per queue and partition: due now, later, running, expired leases, dead, done in the
+    last minute and hour, and how late the oldest due run is. (Alias: stats.)
+
+    DONE counts runs that left through the done index: completed or cancelled."""
+    found = inspect.stats(state.jq(), queue)
+    rows = [
+        [
+            s.queue,
+            s.partition,
+            s.due_now,
+            s.scheduled_later,
+            s.running,
+            s.expired_leases,
+            s.dead,
+            s.done_last_minute,
+            s.done_last_hour,
+            "-"
+            if s.oldest_due_age_ms is None
+            else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
+        ]
+        for s in found
+    ]
+    emit(
+        as_json,
+        [s.to_dict() for s in found],
+        rows,
+        [
+            "QUEUE",
+            "PART",
+            "DUE NOW",
+            "LATER",
+            "RUNNING",
+            "EXPIRED",
+            "DEAD",
+            "DONE/1M",
+            "DONE/1H",
+            "OLDEST DUE (UTC)",
+        ],
+        "no queues yet",
+        found,
+    )
+
+
+# `stats` is the older name, kept for scripts: the same command under both names.
+stats = click.Command(
+    "stats",
+    callback=queues.callback,
+    params=queues.params,
+    help="Same as `queues`.",
+    short_help="Same as `queues`.",
+)
+
+
+@click.command()
+@json_option
+@pass_state
+def workers(state: Any, as_json: bool) -> None:
+    """The live worker registry; stale workers (no heartbeat for 3 beats) are flagged."""
+    jq = state.jq()
+    found = inspect.workers(jq)
+    now = jq.server_time_ms()
+    rows = [
+        [
+            w.id,
+            w.host,
+            w.pid,
+            ",".join(w.queues),
+            f"{w.in_flight}/{w.concurrency}",
+            when(w.started_ms, now),
+            when(w.last_seen_ms, now),
+            "STALE" if w.stale else "ok",
+        ]
+        for w in found
+    ]
+    emit(
+        as_json,
+        [w.to_dict() for w in found],
+        rows,
+        ["WORKER", "HOST", "PID", "QUEUES", "IN FLIGHT", "STARTED (UTC)", "LAST SEEN", "STATUS"],
+        "no workers registered",
+        found,
+    )
+
+
+@click.group()
+def dead() -> None:
+    """Dead runs: list, retry (requeue), purge."""
+
+
+@dead.command("list")
+@click.option("--queue")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@json_option
+@pass_state
+def dead_list(state: Any, queue: str | None, limit: int, as_json: bool) -> None:
+    """Dead runs, most recent first, with the last line of their error."""
+    jq = state.jq()
+    found = inspect.runs(jq, state="dead", queue=queue, limit=limit)
+    now = jq.server_time_ms()
+    rows = [
+        [
+            r.run_id,
+            r.queue,
+            r.task,
+            f"{r.attempt}/{r.max_attempts}",
+            when(r.finished_ms, now),
+            (r.error or "").splitlines()[-1][:80] if r.error else "",
+        ]
+        for r in found
+    ]
+    emit(
+        as_json,
+        [r.to_dict() for r in found],
+        rows,
+        ["RUN", "QUEUE", "TASK", "ATTEMPTS", "DIED (UTC)", "ERROR"],
+        "no dead runs",
+        found,
+    )
+
+
+def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None) -> list[str]:
+    if run_ids and all_:
+        raise click.UsageError("give run ids or --all, not both")
+    if not run_ids and not all_:
+        raise click.UsageError("give run ids, or --all for every dead run")
+    if run_ids:
+        return list(dict.fromkeys(run_ids))
+    found = inspect.runs(jq, state="dead", queue=queue, limit=100_000)
+    warn_anomalies(inspect.all_anomalies(found))
+    return [r.run_id for r in found]
+
+
+def _states(jq: Any, run_ids: list[str], queue: str | None) -> list[tuple[str, Any, str]]:
+    """(run id, partition keys or None, state or 'missing') for each id, states read in one
+    pipeline."""
+    located = [(rid, jq.locate(rid, queue)) for rid in run_ids]
+    pipe = jq.redis.pipeline(transaction=False)
+    for rid, keys in located:
+        if keys is not None:
+            pipe.hget(keys.run(rid), "state")
+    found = iter(pipe.execute(raise_on_error=False))
+
+    def state_of(reply: Any) -> str:
+        if is_wrong_type(reply):  # another program's key under the run's name
+            return "not a run record"
+        if isinstance(reply, Exception):
+            raise reply
+        return str(reply or "missing")
+
+    return [
+        (rid, keys, "missing" if keys is None else state_of(next(found))) for rid, keys in located
+    ]
+
+
+@dead.command("retry")
+@click.argument("run_ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Every dead run (of --queue, if given).")
+@click.option("--queue")
+@click.option("--yes", is_flag=True, help="Do not ask (--all asks first).")
+@pass_state
+def dead_retry(
+    state: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None, yes: bool
+) -> None:
+    """Put dead runs back to pending, attempts reset.
+
+    Idempotent: a run already back to pending is reported, not retried twice. A run in another
+    state (done, running, unknown) is refused: exit 1."""
+    jq = state.jq()
+    ids = _dead_ids(jq, run_ids, all_, queue)
+    if not ids:
+        click.echo("no dead runs to retry")
+        return
+    confirm(f"retry {len(ids)} dead run(s)?", yes or not all_)
+    targets: list[tuple[str, PartitionKeys]] = []
+    already, refused = 0, 0
+    for rid, keys, run_state in _states(jq, ids, queue):
+        if run_state == "dead":
+            targets.append((rid, keys))
+        elif run_state == "pending":
+            already += 1
+            click.echo(f"{rid} is already pending (nothing to do)", err=True)
+        else:
+            refused += 1
+            what = "not found" if run_state == "missing" else f"is {run_state}"
+            click.echo(f"error: refused {rid}: {what}; only dead runs retry", err=True)
+    retried = 0
+    with progress(len(targets), "retrying dead runs") as advance:
+        for start in range(0, len(targets), BULK_CHUNK):
+            chunk = targets[start : start + BULK_CHUNK]
+            replies = jq.scripts.run_many([ops.requeue_call(k, rid) for rid, k in chunk])
+            for (rid, _), reply in zip(chunk, replies, strict=True):
+                changed, previous = ops.parse_state_change(reply)
+                if changed:
+                    retried += 1
+                elif previous == "pending":  # retried by someone else meanwhile
+                    already += 1
+                else:
+                    refused += 1
+                    click.echo(
+                        f"error: refused {rid}: is {previous}; only dead runs retry", err=True
+                    )
+            advance(len(chunk))
+    summary = f"retried {retried} of {len(ids)} dead run(s)"
+    if already:
+        summary += f"; {already} already pending"
+    if refused:
+        summary += f"; {refused} refused"
+    click.echo(summary)
+    if refused:
+        sys.exit(1)
+
+
+@dead.command("purge")
+@click.argument("run_ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True)
+@click.option("--queue")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@pass_state
+def dead_purge(
+    state: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None, yes: bool
+) -> None:
+    """Delete dead runs for good (only runs still dead are touched)."""
+    jq = state.jq()
+    ids = _dead_ids(jq, run_ids, all_, queue)
+    if not ids:
+        click.echo("no dead runs to purge")
+        return
+    confirm(f"purge {len(ids)} dead run(s) for good?", yes)
+    purged = jq.purge_dead(ids, queue)
+    click.echo(f"purged {purged} dead run(s); {len(ids) - purged} not dead or not found")
+
+
+@click.command()
+@click.option("--jobs", default=5_000_000, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--every",
+    default=3600,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Seconds between runs of each job.",
+)
+@click.option(
+    "--row-bytes",
+    default=300,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Bytes per run row, for the run rows/day estimate.",
+)
+@click.option(
+    "--retention",
+    default=24 * 3600,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Seconds a finished run is kept.",
+)
+@json_option
+def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: bool) -> None:
+    """Capacity arithmetic for N recurring jobs (--jobs, each run every --every seconds), plus
+    the Redis memory our data model needs."""
+    result = estimate(
+        CapacityInputs(jobs=jobs, every_s=every, row_bytes=row_bytes, retention_s=retention)
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+        return
+    for line in result.lines():
+        click.echo(line)
+
+
+@click.command()
+@click.option(
+    "--lease",
+    type=FiniteFloat(0.1),
+    help="The shortest lease your workers (--lease) and tasks (lease=) use, in seconds, to "
+    "compare with the cluster's failover time.  [default: Settings.default_lease_s, 30]",
+)
+@json_option
+@pass_state
+def check(state: Any, lease: float | None, as_json: bool) -> None:
+    """Is Redis set up as jobqueue's guarantees need? On a single server, or on every master
+    and replica of a cluster: server version, maxmemory-policy, persistence, replicas and
+    their lag, cluster-node-timeout against the lease, clock skew (host vs nodes, and between
+    nodes), scripts. docs/operations.md says what each line means and what to change.
+
+    Exit code: 0 when every line is ok, 1 when any line warns, 3 when Redis is unreachable.
+    """
+    jq = state.jq()
+    limits = health.Limits(lease_s=lease or jq.settings.default_lease_s)
+    checks = health.run(jq, limits)
+    warnings = sum(1 for c in checks if not c.ok)
+    if as_json:
+        click.echo(json.dumps([c.to_dict() for c in checks]))
+    else:
+        for c in checks:
+            click.echo(c.line())
+        if warnings:
+            click.echo(f"{warnings} warning(s)")
+    if warnings:
+        sys.exit(EXIT_REFUSED)  # 1: something is not as the guarantees need
+
+
+COMMANDS = [leases, runs, queues, stats, workers, dead, capacity, check]

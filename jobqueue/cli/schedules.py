@@ -1,0 +1,375 @@
+"""`jobqueue schedules`: recurring jobs from the terminal (list, show, add, pause, resume,
+trigger, backfill, remove); `schedule` is the older, hidden name of the same group."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from jobqueue.cli.common import (
+    FiniteFloat,
+    Group,
+    State,
+    anomaly_cell,
+    echo_handle,
+    json_arg,
+    pass_state,
+    warn_anomalies,
+)
+from jobqueue.cli.format import when
+from jobqueue.cli.ops import confirm, progress, table
+from jobqueue.client.sync import JobQueue
+from jobqueue.errors import CorruptData, OperationRefused
+from jobqueue.policy.cron import fire_times_between
+from jobqueue.policy.timeutil import instant_to_ms
+from jobqueue.schedules.recurring import MAX_BACKFILL, ScheduleInfo, refuse_future_end
+
+# Fire times per backfill call of `schedules backfill`: one progress step each.
+BACKFILL_CHUNK = 500
+
+
+@click.group(cls=Group, invoke_without_command=True)
+@click.pass_context
+def schedules(ctx: click.Context) -> None:
+    """Recurring jobs: list (the default), show, add (upsert), pause, resume, trigger,
+    backfill, remove."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(schedules_list)
+
+
+def _when_text(info: ScheduleInfo) -> str:
+    d = info.definition
+    every = f"every {d.every_ms / 1000:g}s" if d.every_ms is not None else ""
+    return f"{d.cron if d.cron is not None else every} {d.tz}"
+
+
+def _next_text(info: ScheduleInfo, now: int) -> str:
+    if info.definition.paused:
+        return "paused"
+    return "ended" if info.next_fire_ms is None else when(info.next_fire_ms, now)
+
+
+def _schedule_line(info: ScheduleInfo, now: int) -> str:
+    """One line for what a mutating command did: enough to see its effect at a glance."""
+    s = info.state
+    return (
+        f"{info.job_id} ({info.definition.task}, {_when_text(info)}): "
+        f"{'' if info.definition.paused else 'next '}{_next_text(info, now)}; "
+        f"fired {s.fired}, missed {s.missed}, "
+        f"skipped {s.skipped}, dropped {s.dropped}"
+    )
+
+
+def _require_schedule(jq: JobQueue, job_id: str) -> ScheduleInfo:
+    info = jq.get_schedule(job_id)
+    if info is None:
+        raise OperationRefused(f"no recurring job {job_id!r} (never added, or removed)")
+    return info
+
+
+@schedules.command("add")
+@click.argument("job_id")
+@click.argument("task")
+@click.option("--cron", help="5 fields, 6 with seconds first, or an alias like @daily.")
+@click.option("--every", type=FiniteFloat(0, min_open=True), help="Fixed interval in seconds.")
+@click.option("--tz", default="UTC", show_default=True)
+@click.option("--args", "args_json", default="[]", help="Positional arguments, a JSON array.")
+@click.option("--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object.")
+@click.option("--misfire", default="fire-once", show_default=True)
+@click.option(
+    "--jitter", type=FiniteFloat(0), help="Jitter window in seconds (< the period)."
+)
+@click.option("--overlap", default="allow", show_default=True, help="allow, forbid or buffer-one.")
+@click.option("--queue")
+@click.option("--max-attempts", type=click.IntRange(1), default=None)
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedule_add(
+    state: State,
+    job_id: str,
+    task: str,
+    cron: str | None,
+    every: float | None,
+    tz: str,
+    args_json: str,
+    kwargs_json: str,
+    misfire: str,
+    jitter: float | None,
+    overlap: str,
+    queue: str | None,
+    max_attempts: int | None,
+    as_json: bool,
+) -> None:
+    """Create or update the recurring job JOB_ID running TASK (idempotent: an upsert)."""
+    args = json_arg(args_json, "--args", list)
+    kwargs = json_arg(kwargs_json, "--kwargs", dict)
+    jq = state.jq()
+    info = jq.schedule(
+        job_id,
+        task,
+        cron=cron,
+        every=every,
+        tz=tz,
+        args=args,
+        kwargs=kwargs,
+        misfire=misfire,
+        jitter=jitter,
+        overlap=overlap,
+        queue=queue,
+        max_attempts=max_attempts,
+    )
+    if as_json:
+        click.echo(json.dumps(info.to_dict()))
+    else:
+        click.echo(f"scheduled {_schedule_line(info, jq.server_time_ms())}")
+
+
+@schedules.command("remove")
+@click.argument("job_id")
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@pass_state
+def schedule_remove(state: State, job_id: str, yes: bool) -> None:
+    """Remove a recurring job and its counters (runs already created stay).
+
+    A job that is not there is refused (exit 1): a typo must not look like success."""
+    jq = state.jq()
+    try:
+        info = _require_schedule(jq, job_id)
+        what = f"fired {info.state.fired} times"
+    except CorruptData as exc:
+        # Removing is the way out of a definition that is not usable: allowed, said so.
+        what = f"its stored definition is not usable: {exc}"
+    confirm(f"remove recurring job {job_id!r} ({what})?", yes)
+    if not jq.unschedule(job_id):
+        raise OperationRefused(f"no recurring job {job_id!r} (removed meanwhile)")
+    click.echo(f"removed {job_id}; runs it created stay")
+
+
+@schedules.command("pause")
+@click.argument("job_id")
+@pass_state
+def schedule_pause(state: State, job_id: str) -> None:
+    """Stop firing a recurring job until resumed (idempotent)."""
+    jq = state.jq()
+    if _require_schedule(jq, job_id).definition.paused:
+        click.echo(f"{job_id} is already paused (nothing to do)")
+        return
+    click.echo(f"paused {_schedule_line(jq.pause_schedule(job_id), jq.server_time_ms())}")
+
+
+@schedules.command("resume")
+@click.argument("job_id")
+@pass_state
+def schedule_resume(state: State, job_id: str) -> None:
+    """Fire again from the next fire time; those missed while paused are not fired (backfill
+    them if they matter). Idempotent."""
+    jq = state.jq()
+    info = _require_schedule(jq, job_id)
+    if not info.definition.paused:
+        click.echo(
+            f"{job_id} is not paused (nothing to do): next {_next_text(info, jq.server_time_ms())}"
+        )
+        return
+    click.echo(f"resumed {_schedule_line(jq.resume_schedule(job_id), jq.server_time_ms())}")
+
+
+@schedules.command("trigger")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedule_trigger(state: State, job_id: str, as_json: bool) -> None:
+    """Run a recurring job now, with its own run id (<job>@manual-<now>); its schedule and
+    counters are untouched. Each call is a new manual run."""
+    echo_handle(state.jq().trigger(job_id), as_json, ", due now")
+
+
+def _cli_instant(text: str, what: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"not an ISO 8601 instant: {text!r}", param_hint=what) from None
+    if value.tzinfo is None:
+        raise click.BadParameter(f"{text!r} has no time zone (add Z or +hh:mm)", param_hint=what)
+    return value
+
+
+def _ms_instant(ms: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+
+
+def _backfill_ranges(
+    info: ScheduleInfo, start: datetime, end: datetime
+) -> Iterator[tuple[datetime, datetime, int]]:
+    """[start, end] cut into back-to-back ranges of BACKFILL_CHUNK fire times each (ranges
+    cover every instant, so no fire can fall between two), with their fire counts. Anything
+    jobqueue.schedules.recurring would refuse (too many fires, end before start) is one range: its
+    backfill then raises the error it always did."""
+    defn = info.definition
+    start_ms, end_ms = instant_to_ms(start), instant_to_ms(end)
+    fires = (
+        fire_times_between(
+            defn.schedule, start_ms - 1, end_ms, limit=MAX_BACKFILL + 1, anchor_ms=defn.start_ms
+        )
+        if end_ms >= start_ms
+        else []
+    )
+    if not fires or len(fires) > MAX_BACKFILL:
+        yield start, end, len(fires)
+        return
+    cuts = fires[BACKFILL_CHUNK::BACKFILL_CHUNK]
+    lows = [start, *(_ms_instant(c) for c in cuts)]
+    highs = [*(_ms_instant(c - 1) for c in cuts), end]
+    counts = [BACKFILL_CHUNK] * len(cuts) + [len(fires) - BACKFILL_CHUNK * len(cuts)]
+    yield from zip(lows, highs, counts, strict=True)
+
+
+@schedules.command("backfill")
+@click.argument("job_id")
+@click.option("--start", "start_text", required=True, help="ISO 8601 instant with a zone.")
+@click.option("--end", "end_text", required=True, help="ISO 8601 instant with a zone.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedule_backfill(
+    state: State, job_id: str, start_text: str, end_text: str, as_json: bool
+) -> None:
+    """Create the runs of every fire time in [start, end], due now (idempotent: fire times
+    that already have a run create nothing); END must not be after now. A progress bar on a
+    terminal."""
+    start, end = _cli_instant(start_text, "--start"), _cli_instant(end_text, "--end")
+    jq = state.jq()
+    info = _require_schedule(jq, job_id)
+    # Checked before the first chunk: a refused backfill writes nothing at all.
+    refuse_future_end(job_id, instant_to_ms(end), jq.server_time_ms())
+    ranges = list(_backfill_ranges(info, start, end))
+    fires = created = 0
+    with progress(sum(n for _, _, n in ranges), f"backfilling {job_id}") as advance:
+        for low, high, count in ranges:
+            handles = jq.backfill(job_id, low, high)
+            fires, created = fires + len(handles), created + sum(h.created for h in handles)
+            advance(count)
+    if as_json:
+        click.echo(
+            json.dumps({"fire_times": fires, "created": created, "existed": fires - created})
+        )
+    else:
+        click.echo(f"{fires} fire times: {created} runs created, {fires - created} existed")
+
+
+_SCHEDULE_HEADERS = [
+    "JOB",
+    "TASK",
+    "QUEUE",
+    "SCHEDULE",
+    "MISFIRE",
+    "OVERLAP",
+    "JITTER",
+    "NEXT FIRE (UTC)",
+    "LAST FIRE (UTC)",
+    "FIRED",
+    "MISSED",
+    "SKIPPED",
+    "DROPPED",
+]
+
+
+@schedules.command("list")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 1_000_000))
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedules_list(state: State, limit: int, as_json: bool) -> None:
+    """Recurring jobs: schedule, policies, next and last fire, counters (missed by misfire
+    policy, skipped by overlap policy, dropped by the fire-all cap)."""
+    from jobqueue.client.queries import all_anomalies
+    from jobqueue.client.queries import schedules as read_schedules
+
+    jq = state.jq()
+    infos = read_schedules(jq, limit=limit)
+    warn_anomalies(all_anomalies(infos))
+    if as_json:
+        click.echo(json.dumps([_schedule_dict(i) for i in infos]))
+        return
+    if not infos:
+        click.echo("no recurring jobs")
+        return
+    now = jq.server_time_ms()
+    rows = [
+        [
+            i.job_id,
+            i.definition.task,
+            i.definition.queue,
+            _when_text(i),
+            i.definition.misfire,
+            i.definition.overlap,
+            f"{i.definition.jitter_ms / 1000:g}s",
+            _next_text(i, now),
+            when(i.state.last_fire_ms, now),
+            i.state.fired,
+            i.state.missed,
+            i.state.skipped,
+            i.state.dropped,
+        ]
+        for i in infos
+    ]
+    headers = _SCHEDULE_HEADERS
+    if any(i.anomalies for i in infos):
+        rows = [[*row, anomaly_cell(i.anomalies)] for row, i in zip(rows, infos, strict=True)]
+        headers = [*headers, "ANOMALY"]
+    click.echo(table(rows, headers))
+
+
+def _schedule_dict(info: ScheduleInfo) -> dict[str, Any]:
+    """ScheduleInfo.to_dict plus the last fire in ms (to_dict has it only as text)."""
+    return {**info.to_dict(), "last_fire_ms": info.state.last_fire_ms}
+
+
+@schedules.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedule_show(state: State, job_id: str, as_json: bool) -> None:
+    """One recurring job: its definition, next and last fire, policies and counters."""
+    jq = state.jq()
+    info = _require_schedule(jq, job_id)
+    warn_anomalies(info.anomalies)
+    if as_json:
+        click.echo(json.dumps(_schedule_dict(info)))
+        return
+    d, s, now = info.definition, info.state, jq.server_time_ms()
+    rows = [
+        ("job", d.job_id),
+        ("task", d.task),
+        ("queue", d.queue),
+        ("schedule", _when_text(info)),
+        ("state", "paused" if d.paused else "active" if info.next_fire_ms else "ended"),
+        ("next fire", _next_text(info, now)),
+        ("last fire", when(s.last_fire_ms, now)),
+        ("misfire policy", d.misfire),
+        ("overlap policy", d.overlap),
+        ("jitter", f"{d.jitter_ms / 1000:g}s"),
+        ("max attempts", str(d.max_attempts)),
+        ("args", json.dumps(list(d.args))),
+        ("kwargs", json.dumps(d.kwargs)),
+        ("fired", str(s.fired)),
+        ("missed", f"{s.missed} (misfire policy)"),
+        ("skipped", f"{s.skipped} (overlap policy)"),
+        ("dropped", f"{s.dropped} (fire-all cap)"),
+        *(("anomaly", str(a)) for a in info.anomalies),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        click.echo(f"{key.ljust(width)}  {value}")
+
+
+# The older group name: same commands (one dict), hidden from --help so the docs show one name.
+schedule = Group(
+    "schedule",
+    commands=schedules.commands,
+    hidden=True,
+    invoke_without_command=True,
+    callback=schedules.callback,
+    help=schedules.help,
+)

@@ -1,0 +1,491 @@
+"""What the sync and asyncio clients share: task registration and turning an enqueue request
+into RunSpecs grouped by partition. No I/O here."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
+
+from jobqueue.anomalies import Anomaly, checked, is_wrong_type
+from jobqueue.errors import (
+    ConfigError,
+    CorruptData,
+    OperationRefused,
+    PayloadError,
+    RunNotFound,
+    UnknownTask,
+)
+from jobqueue.models import Run
+from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
+from jobqueue.settings import Settings
+from jobqueue.store import ops
+from jobqueue.store.keys import (
+    QUEUES_KEY,
+    PartitionKeys,
+    bad_count,
+    parse_partition_count,
+    partition_of,
+    validate_partition_count,
+    validate_queue_name,
+    validate_run_id,
+)
+from jobqueue.store.ops import RunSpec
+from jobqueue.store.payload import encode_payload
+from jobqueue.store.scripts import Call
+from jobqueue.tasks import Registry, Task, make_options
+
+if TYPE_CHECKING:
+    from jobqueue.schedules.recurring import Definition
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TaskRef = Task[Any, Any] | Callable[..., Any] | str
+
+# The latest due time a run may have: 9000-01-01T00:00:00Z. Later instants are typing
+# mistakes (and 9999-12-31 is the sentinel that holds buffer-one runs back).
+MAX_DUE_MS = 221845392000000
+# The longest delay: one that cannot pass MAX_DUE_MS from any plausible present (before 2100).
+# A bound, not a decision: Redis adds the delay to its own clock.
+MAX_DELAY_MS = MAX_DUE_MS - 4102444800000
+
+
+def check_args_sequence(args: Any, what: str = "args") -> None:
+    """A str or bytes is a sequence too, and would be stored split into characters."""
+    if isinstance(args, str | bytes | bytearray | memoryview):
+        raise PayloadError(
+            f"{what} must be a list or tuple of arguments, not {type(args).__name__} "
+            f"{args!r:.40}: for one argument pass [value]"
+        )
+
+
+def check_due(at_ms: int | None, delay_ms: int) -> None:
+    """Refuse due times past year 9000, for every way of planning a run."""
+    if at_ms is not None and at_ms >= MAX_DUE_MS:
+        raise ConfigError("at is beyond year 9000: give a due time before 9000-01-01")
+    if delay_ms > MAX_DELAY_MS:
+        raise ConfigError(f"delay of {delay_ms / 1000:.3g} s puts the run beyond year 9000")
+
+
+# Runs per create_run call: large enough to amortise the round trip, small enough that one
+# script never blocks the server for long.
+CREATE_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Request:
+    """One run to enqueue, for ``enqueue_many``."""
+
+    task: TaskRef
+    args: tuple[Any, ...] | list[Any] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+    delay: Delay | None = None
+    at: Instant | None = None
+    queue: str | None = None
+
+
+class Planned(NamedTuple):
+    """A validated run and where it goes (a tuple: one per enqueued run)."""
+
+    keys: PartitionKeys
+    spec: RunSpec
+
+
+class ClientBase:
+    def __init__(
+        self,
+        *,
+        settings: Settings | None = None,
+        partitions: dict[str, int] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.registry = Registry()
+        self._keys: dict[tuple[str, int], PartitionKeys] = {}
+        self._valid_queues: set[str] = set()
+        self._partitions: dict[str, int] = {}
+        for queue, count in (partitions or {}).items():
+            validate_partition_count(count, f"queue {queue!r}")
+            self._partitions[validate_queue_name(queue)] = count
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    @overload
+    def task(self, func: F, /) -> Task[Any, Any]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+        backoff: float | None = None,
+        backoff_cap: float | None = None,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | None = None,
+        misfire: str | None = None,
+        jitter: float | None = None,
+        overlap: str | None = None,
+        schedules: Sequence[dict[str, Any]] | None = None,
+    ) -> Callable[[F], Task[Any, Any]]: ...
+
+    def task(  # type: ignore[misc]  # mypy cannot match a positional-only optional
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+        backoff: float | None = None,
+        backoff_cap: float | None = None,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | None = None,
+        misfire: str | None = None,
+        jitter: float | None = None,
+        overlap: str | None = None,
+        schedules: Sequence[dict[str, Any]] | None = None,
+    ) -> Any:
+        """Register a function as a task: ``@jq.task`` or ``@jq.task(name=..., queue=...)``.
+
+        ``cron=``/``every=`` (with ``tz``, ``misfire``, ``jitter``, ``overlap``) also declare a
+        recurring job named after the task, and ``schedules=[{"id": ..., "cron": ...}, ...]``
+        several; they are validated here and written by the scheduler at start."""
+        schedule = {
+            "cron": cron,
+            "every": every,
+            "tz": tz,
+            "misfire": misfire,
+            "jitter": jitter,
+            "overlap": overlap,
+        }
+
+        def register(f: Callable[..., Any]) -> Task[Any, Any]:
+            task = self._register(
+                name or f.__name__,
+                f,
+                queue,
+                max_attempts,
+                timeout,
+                lease,
+                backoff,
+                backoff_cap,
+                add=False,
+            )
+            if not schedules and all(v is None for v in schedule.values()):
+                self.registry.add(task)
+                return task
+            from jobqueue.schedules.recurring import add_declarations, declare_task_schedules
+
+            # Schedules validated before the task is registered: a refused one leaves nothing
+            # behind (a retry of the decorator is not "already registered").
+            defns = declare_task_schedules(self, task, schedule, schedules)
+            self.registry.add(task)
+            add_declarations(self, defns)
+            return task
+
+        return register(func) if func is not None else register
+
+    def declare_schedule(self, job_id: str, task: TaskRef, **options: Any) -> Definition:
+        """Declare a recurring job in code (the options of ``jq.schedule``): validated now,
+        written by ``jobqueue scheduler --app`` at start, removed there with ``--prune`` once
+        no longer declared."""
+        from jobqueue.schedules.recurring import declare
+
+        check_args_sequence(options.get("args", ()))
+        return declare(self, job_id, task, **options)
+
+    @property
+    def declared_schedules(self) -> list[Definition]:
+        """The recurring jobs this app declares in code, in declaration order."""
+        declared: list[Definition] = self.__dict__.setdefault("_declared_schedules", [])
+        return declared
+
+    def declare_task(
+        self,
+        name: str,
+        *,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+    ) -> Task[Any, Any]:
+        """Make a task known by name where its code is not importable (an app that only
+        enqueues, workers elsewhere)."""
+        return self._register(name, None, queue, max_attempts, timeout, lease, None, None)
+
+    def _register(
+        self,
+        name: str,
+        func: Callable[..., Any] | None,
+        queue: str | None,
+        max_attempts: int | None,
+        timeout: float | None,
+        lease: float | None,
+        backoff: float | None,
+        backoff_cap: float | None,
+        add: bool = True,
+    ) -> Task[Any, Any]:
+        """The task; ``add``: registered too (the decorator adds it once its schedules are
+        validated)."""
+        options = make_options(
+            queue=queue or self.settings.default_queue,
+            max_attempts=self.settings.default_max_attempts
+            if max_attempts is None
+            else max_attempts,
+            timeout=timeout,
+            lease=lease,
+            backoff_base=backoff,
+            backoff_cap=backoff_cap,
+        )
+        task: Task[Any, Any] = Task(name=name, options=options, func=func, enqueuer=self)
+        if add:
+            self.registry.add(task)
+        return task
+
+    def resolve_task(self, ref: TaskRef) -> Task[Any, Any]:
+        if isinstance(ref, Task):
+            return ref
+        if isinstance(ref, str):
+            return self.registry.get(ref)
+        name = getattr(ref, "__name__", None)
+        if isinstance(name, str) and name in self.registry and self.registry.get(name).func is ref:
+            return self.registry.get(name)
+        raise UnknownTask(f"{ref!r} is not a registered task: decorate it with @jq.task")
+
+    # -- partitions ------------------------------------------------------------------------
+
+    def partitions_of(self, queue: str) -> int:
+        return self._partitions.get(queue, 1)
+
+    def partition_keys(self, queue: str, partition: int) -> PartitionKeys:
+        """One shared instance per partition: its key names are built once."""
+        keys = self._keys.get((queue, partition))
+        if keys is None:
+            keys = self._keys[(queue, partition)] = PartitionKeys(queue, partition)
+        return keys
+
+    def keys_for(self, queue: str, run_id: str) -> PartitionKeys:
+        return self.partition_keys(queue, partition_of(run_id, self.partitions_of(queue)))
+
+    def all_partition_keys(self, queue: str) -> list[PartitionKeys]:
+        return [self.partition_keys(queue, p) for p in range(self.partitions_of(queue))]
+
+    # -- planning --------------------------------------------------------------------------
+
+    def prepare(self, req: Request) -> tuple[str, RunSpec]:
+        """Validate one request completely before anything is written: (queue, run)."""
+        return self.prepare_args(
+            req.task, req.args, req.kwargs, req.run_id, req.delay, req.at, req.queue
+        )
+
+    def prepare_args(
+        self,
+        ref: TaskRef,
+        args: tuple[Any, ...] | list[Any],
+        kwargs: dict[str, Any],
+        run_id: str | None,
+        delay: Delay | None,
+        at: Instant | None,
+        queue: str | None,
+    ) -> tuple[str, RunSpec]:
+        """``prepare`` without building a Request first (enqueue's path: a run per call)."""
+        task = ref if isinstance(ref, Task) else self.resolve_task(ref)
+        if delay is not None and at is not None:
+            raise ConfigError("pass delay or at, not both")
+        check_args_sequence(args)
+        at_ms = None if at is None else instant_to_ms(at)
+        delay_ms = 0 if delay is None else delay_to_ms(delay)
+        check_due(at_ms, delay_ms)
+        name = task.options.queue if queue is None else queue  # "" is refused, not defaulted
+        if name not in self._valid_queues:
+            self._valid_queues.add(validate_queue_name(name))
+        payload = encode_payload(args, dict(kwargs), self.settings.max_payload_bytes)
+        options = task.options
+        spec = RunSpec(
+            # 128 random bits, like uuid4().hex, for a fraction of its cost.
+            validate_run_id(run_id) if run_id is not None else os.urandom(16).hex(),
+            task.name,
+            payload,
+            at_ms,
+            delay_ms,
+            options.max_attempts,
+            options.lease_ms,
+            options.timeout_ms,
+        )
+        return name, spec
+
+    def place(self, prepared: list[tuple[str, RunSpec]]) -> list[Planned]:
+        """Partition keys for prepared runs (the queues' partition counts must be known)."""
+        return [Planned(self.keys_for(q, spec.run_id), spec) for q, spec in prepared]
+
+
+    def adopt_partition_count(self, queue: str, reply: Any) -> int:
+        """Check the partition count recorded in Redis (``reply``: HGET's, or a count already
+        read, e.g. from :meth:`queues`) against ours, then use it. A count jobqueue cannot have
+        written is refused (CorruptData): iterating 99999999 partitions would hang the
+        process, and a guess would lose runs."""
+        if is_wrong_type(reply):
+            raise CorruptData(f"{QUEUES_KEY} is not a hash: cannot register queue {queue!r}")
+        if isinstance(reply, Exception):
+            raise reply
+        if type(reply) is int:
+            reply = str(reply)  # checked like the text it was read as
+        stored = parse_partition_count(reply)
+        if stored is None:
+            raise CorruptData(
+                f"{QUEUES_KEY} field {queue!r}: {bad_count(reply)}; set it right "
+                f"(HSET {QUEUES_KEY} {queue} <count>) before using the queue"
+            )
+        wanted = self._partitions.get(queue)
+        if wanted is not None and wanted != stored:
+            raise ConfigError(
+                f"queue {queue!r} has {stored} partitions in Redis but {wanted} are "
+                f"configured here; changing the partition count needs a migration: "
+                f"`jobqueue repartition {queue} --partitions {wanted}` (see its --help)"
+            )
+        self._partitions[queue] = stored
+        return stored
+
+    def lookup_candidates(
+        self, run_id: str, queue: str | None, table: QueueTable
+    ) -> list[PartitionKeys]:
+        """Where a run may live: its partition in ``queue``, else in every known queue, with
+        partition counts as recorded in Redis (a client need not configure them). A queue
+        whose record is unusable is not searched; named explicitly, it is CorruptData."""
+        validate_run_id(run_id)
+        if queue is not None:
+            # A malformed name is bad input (exit 2), as in enqueue: never "not found".
+            validate_queue_name(queue)
+            if queue in table.unusable:
+                raise CorruptData(f"cannot look in queue {queue!r}: {table.unusable[queue]}")
+            names = [queue]
+        else:
+            names = sorted((set(table.counts) | set(self._partitions)) - set(table.unusable))
+        recorded = table.counts
+        return [
+            PartitionKeys(q, partition_of(run_id, self._partitions.get(q) or recorded.get(q, 1)))
+            for q in names
+        ]
+
+
+@dataclass(frozen=True)
+class QueueTable:
+    """``jq:queues`` as read: the queues every command can use, with their partition counts,
+    and the entries none can (by queue name), each with the reason."""
+
+    counts: dict[str, int]
+    unusable: dict[str, Anomaly]
+    anomalies: list[Anomaly]  # the unusable entries, and jq:queues itself if not a hash
+    readable: bool = True  # False: jq:queues is not a hash, so no queue is known at all
+
+
+def queue_table(reply: Any) -> QueueTable:
+    """Parse an HGETALL reply of ``jq:queues`` (or its WRONGTYPE error): a name no command
+    can address, or a count that is not an integer from 1 to MAX_PARTITIONS, is an anomaly
+    and its queue is left out, so no listing ever iterates a count of 99999999."""
+    if is_wrong_type(reply):
+        whole = Anomaly(QUEUES_KEY, "not a hash: no queue can be read")
+        return QueueTable({}, {}, [whole], readable=False)
+    if isinstance(reply, Exception):
+        raise reply
+    counts: dict[str, int] = {}
+    unusable: dict[str, Anomaly] = {}
+    for name, stored in sorted(reply.items()):
+        count = parse_partition_count(stored)
+        try:
+            validate_queue_name(name)
+        except ConfigError:
+            unusable[name] = Anomaly(QUEUES_KEY, f"field {name!r} is not a valid queue name")
+            continue
+        if count is None:
+            unusable[name] = Anomaly(QUEUES_KEY, f"field {name!r}: {bad_count(stored)}")
+        else:
+            counts[name] = count
+    return QueueTable(counts, unusable, list(unusable.values()))
+
+
+# The anomaly of a key of another type under a run's name.
+NOT_A_RECORD = "holds another type, not a hash (not a run record)"
+
+
+def not_a_record(reply: Any, state: str = "unknown") -> Any:
+    """A run record as read (HGETALL), or for a key of another type (WRONGTYPE) a stand-in
+    record saying so; any other error reply is raised."""
+    if not isinstance(reply, Exception):
+        return reply
+    if "WRONGTYPE" not in str(reply):
+        raise reply
+    return {"state": state, "error": f"not a run record: {reply}"[:300]}
+
+
+def read_run(keys: PartitionKeys, run_id: str, fields: Any, history: Any) -> Run | None:
+    """A run from its pipelined HGETALL and LRANGE replies (``raise_on_error=False``), or None
+    when there is no record. A key of another type under a run's name (claim.lua dead-letters
+    those) is shown for what it is, as an anomaly, rather than failing ``show``; any other
+    error reply is raised."""
+    anomalies: list[Anomaly] = []
+    if is_wrong_type(fields):
+        anomalies.append(Anomaly(keys.run(run_id), NOT_A_RECORD))
+    fields = not_a_record(fields)
+    history = checked(history, keys.history(run_id), "list", anomalies, [])
+    if not fields:
+        return None
+    return Run.from_hash(run_id, keys.partition, fields, history, keys.queue, tuple(anomalies))
+
+
+def pick_located(run_id: str, found: list[PartitionKeys]) -> PartitionKeys | None:
+    """The one partition a run id was found in. The same id in several queues (each queue
+    has its own runs) is ambiguous without a queue: refused, never one picked silently."""
+    if len(found) > 1:
+        queues = ", ".join(k.queue for k in found)
+        raise OperationRefused(
+            f"run id {run_id!r} exists in several queues ({queues}): name the queue (--queue)"
+        )
+    return found[0] if found else None
+
+
+def create_batches(planned: list[Planned], now: int | None = None) -> list[tuple[Call, list[int]]]:
+    """One create_run call per partition and chunk, with the indexes of the runs it carries."""
+    groups: dict[PartitionKeys, list[int]] = {}
+    for i, p in enumerate(planned):
+        groups.setdefault(p.keys, []).append(i)
+    batches = []
+    for keys, indexes in groups.items():
+        for start in range(0, len(indexes), CREATE_CHUNK):
+            chunk = indexes[start : start + CREATE_CHUNK]
+            batches.append((ops.create_call(keys, [planned[i].spec for i in chunk], now), chunk))
+    return batches
+
+
+def created_flags(
+    count: int, batches: list[tuple[Call, list[int]]], replies: list[Any]
+) -> list[bool]:
+    created = [False] * count
+    for (_, chunk), reply in zip(batches, replies, strict=True):
+        for i, flag in zip(chunk, ops.parse_create(reply), strict=True):
+            created[i] = flag
+    return created
+
+
+def cancel_refused(run_id: str, state: str) -> OperationRefused:
+    return OperationRefused(f"run {run_id} is {state}; only pending or running runs cancel")
+
+
+def not_found(run_id: str, queue: str | None, skipped: list[Anomaly] | None = None) -> RunNotFound:
+    """``skipped``: queues that could not be searched (their record is unusable), named so
+    that "not found" is not taken for "never created"."""
+    where = f"queue {queue!r}" if queue else "any queue"
+    note = ""
+    if skipped:
+        shown = "; ".join(str(a) for a in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        note = f"; not searched: {shown}"
+    return RunNotFound(f"no run {run_id!r} in {where} (never created, or expired){note}")

@@ -1,0 +1,605 @@
+"""Read-only views of queues, leases, runs and workers: the data behind the ops CLI (and any
+dashboard). Never blocks the server: bounded ZRANGEs and pipelined HMGETs, no KEYS.
+
+Foreign or corrupt data in jobqueue's keys (a key of another type, a garbage field, a queue
+whose partition count is not usable) never fails a listing: each function returns a
+:class:`~jobqueue.anomalies.Listing`, whose rows carry the anomalies found in them and whose
+``anomalies`` hold those that are no row's (see ``jobqueue.anomalies``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from jobqueue.anomalies import (
+    Anomaly,
+    Listing,
+    checked,
+    is_wrong_type,
+    score_ms,
+    stored_int,
+    unique,
+)
+from jobqueue.client.base import NOT_A_RECORD, not_a_record
+from jobqueue.client.sync import JobQueue
+from jobqueue.errors import UnknownQueue
+from jobqueue.models import Run
+from jobqueue.schedules.recurring import ScheduleInfo
+from jobqueue.store.keys import WORKERS_KEY, PartitionKeys, validate_queue_name
+
+# A worker heartbeats every lease/3; three missed beats and it is probably gone.
+STALE_AFTER_BEATS = 3
+# Partitions per pipelined round trip: a queue of MAX_PARTITIONS never builds one huge
+# pipeline (and reply) in memory.
+PARTITION_CHUNK = 512
+# Run records read per round trip by `runs`, which stops reading once it has `limit` rows.
+RECORD_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    queue: str
+    partition: int
+    task: str
+    owner: str
+    host: str | None
+    pid: int | None
+    fence: int
+    attempt: int
+    lease_until_ms: int
+    remaining_ms: int  # negative: expired, waiting to be reclaimed
+    running_for_ms: int | None
+    anomalies: tuple[Anomaly, ...] = ()
+
+    @property
+    def expired(self) -> bool:
+        return self.remaining_ms < 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "expired": self.expired}
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    queue: str
+    partition: int
+    due_now: int
+    scheduled_later: int
+    running: int
+    expired_leases: int
+    dead: int
+    done_last_minute: int
+    done_last_hour: int
+    oldest_due_age_ms: int | None
+    counters: dict[str, int]
+    # Absolute due time of the oldest due run, so a view can show it relative and absolute.
+    oldest_due_ms: int | None = None
+    # Keys of this partition that could not be read as jobqueue writes them (counted as 0).
+    anomalies: tuple[Anomaly, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    started_ms: int
+    last_seen_ms: int
+    seen_ago_ms: int
+    stale: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _partitions(jq: JobQueue, queue: str | None) -> tuple[list[PartitionKeys], list[Anomaly]]:
+    """The partitions to read, from the counts recorded in Redis, and the anomalies of
+    ``jq:queues`` (a queue whose count is not usable has no partitions to read: never
+    ``range(99999999)``)."""
+    if queue is not None:
+        validate_queue_name(queue)  # bad input (exit 2), not an unknown queue (exit 1)
+    table = jq.queue_table()
+    if queue is None:
+        queues = table.counts
+    elif queue in table.counts:
+        queues = {queue: table.counts[queue]}
+    elif queue in table.unusable:
+        return [], [table.unusable[queue]]
+    elif not table.readable:  # jq:queues cannot be read: nothing says the queue is unknown
+        return [], table.anomalies
+    else:
+        known = ", ".join(sorted(table.counts)) or "none yet"
+        raise UnknownQueue(f"no queue {queue!r} in Redis (known: {known})")
+    parts = [PartitionKeys(q, p) for q, count in sorted(queues.items()) for p in range(count)]
+    return parts, (table.anomalies if queue is None else [])
+
+
+def _pipelined(
+    jq: JobQueue, items: Sequence[Any], add: Callable[[Any, Any], None], chunk: int
+) -> list[list[Any]]:
+    """``add(pipe, item)`` queues each item's commands; returns each item's replies, errors in
+    place (``raise_on_error=False``: the caller decides what a WRONGTYPE means), ``chunk``
+    items per round trip."""
+    out: list[list[Any]] = []
+    for start in range(0, len(items), chunk):
+        pipe = jq.redis.pipeline(transaction=False)
+        sizes = []
+        for item in items[start : start + chunk]:
+            before = len(pipe)
+            add(pipe, item)
+            sizes.append(len(pipe) - before)
+        replies = pipe.execute(raise_on_error=False) if len(pipe) else []
+        at = 0
+        for size in sizes:
+            out.append(replies[at : at + size])
+            at += size
+    return out
+
+
+def workers(jq: JobQueue) -> Listing[WorkerInfo]:
+    """The worker registry; an entry that is not one a worker writes is an anomaly."""
+    now = jq.server_time_ms()
+    out = []
+    found: list[Anomaly] = []
+    try:
+        entries = jq.redis.hgetall(WORKERS_KEY)
+    except redis.exceptions.ResponseError as exc:
+        entries = checked(exc, WORKERS_KEY, "hash", found, {})
+    for name, raw in sorted(entries.items()):
+        try:
+            info = json.loads(raw)
+            if not isinstance(info, dict):
+                raise TypeError("not a JSON object")
+            if not isinstance(info.get("queues", []), list):  # list("abc") would "work"
+                raise TypeError(f"queues is {info['queues']!r}, not a list")
+            seen_ago = now - int(info["last_seen_ms"])
+            lease_ms = int(info.get("lease_ms", 30_000))
+            out.append(
+                WorkerInfo(
+                    id=str(info["id"]),
+                    host=str(info.get("host", "?")),
+                    pid=int(info.get("pid", 0)),
+                    queues=[str(q) for q in info.get("queues", [])],
+                    concurrency=int(info.get("concurrency", 0)),
+                    in_flight=int(info.get("in_flight", 0)),
+                    started_ms=int(info.get("started_ms", 0)),
+                    last_seen_ms=int(info["last_seen_ms"]),
+                    seen_ago_ms=seen_ago,
+                    stale=seen_ago > STALE_AFTER_BEATS * lease_ms / 3,
+                )
+            )
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+            # Not worth a crash at 3 a.m., nor silence: listed beside the workers.
+            what = f"{type(exc).__name__}: {exc}"[:120]
+            found.append(Anomaly(WORKERS_KEY, f"field {name!r} is not a worker entry ({what})"))
+    return Listing(sorted(out, key=lambda w: w.id), found)
+
+
+def _int_or(
+    text: str | None, default: int | None, key: str, name: str, found: list[Anomaly]
+) -> Any:
+    """A number field of a run record; a garbage value shows as the default and is recorded
+    as an anomaly, instead of crashing the listing."""
+    try:
+        return int(text) if text else default
+    except ValueError:
+        found.append(Anomaly(key, f"field {name!r} is {text!r}, not an integer"))
+        return default
+
+
+def leases(
+    jq: JobQueue,
+    queue: str | None = None,
+    *,
+    expired_only: bool = False,
+    worker: str | None = None,
+    limit: int = 1000,
+) -> Listing[Lease]:
+    now = jq.server_time_ms()
+    parts, found = _partitions(jq, queue)
+
+    def add(pipe: Any, k: PartitionKeys) -> None:
+        if expired_only:
+            pipe.zrangebyscore(k.leases, "-inf", now, start=0, num=limit, withscores=True)
+        else:
+            pipe.zrange(k.leases, 0, limit - 1, withscores=True)
+
+    entries = []
+    for k, (rows,) in zip(parts, _pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
+        for rid, score in checked(rows, k.leases, "sorted set", found, []):
+            until = score_ms(score)
+            if until is None:
+                found.append(Anomaly(k.leases, f"member {rid!r} has score {score!r}"))
+                continue
+            entries.append((k, rid, until))
+
+    def fields(pipe: Any, entry: tuple[PartitionKeys, str, int]) -> None:
+        k, rid, _ = entry
+        pipe.hmget(k.run(rid), "task", "owner", "fence", "attempt", "started")
+
+    hosts = {w.id: w for w in workers(jq)}
+    out = []
+    for (k, rid, until), (reply,) in zip(
+        entries, _pipelined(jq, entries, fields, RECORD_CHUNK), strict=True
+    ):
+        key = k.run(rid)
+        mine: list[Anomaly] = []
+        task, owner, fence, attempt, started = checked(reply, key, "hash", mine, [None] * 5)
+        if worker and owner != worker and not (owner or "").startswith(worker):
+            continue
+        w = hosts.get(owner or "")
+        fence_n = _int_or(fence, 0, key, "fence", mine)
+        attempt_n = _int_or(attempt, 0, key, "attempt", mine)
+        started_ms = _int_or(started, None, key, "started", mine)
+        out.append(
+            Lease(
+                run_id=rid,
+                queue=k.queue,
+                partition=k.partition,
+                task=task or "?",
+                owner=owner or "?",
+                host=w.host if w else None,
+                pid=w.pid if w else None,
+                fence=fence_n,
+                attempt=attempt_n,
+                lease_until_ms=until,
+                remaining_ms=until - now,
+                running_for_ms=None if started_ms is None else now - started_ms,
+                anomalies=tuple(mine),
+            )
+        )
+    out.sort(key=lambda lease: lease.remaining_ms)
+    return Listing(out[:limit], unique(found))
+
+
+def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
+    now = jq.server_time_ms()
+    parts, found = _partitions(jq, queue)
+
+    def add(pipe: Any, k: PartitionKeys) -> None:
+        pipe.zcount(k.due, "-inf", now)
+        pipe.zcount(k.due, f"({now}", "+inf")
+        pipe.zcard(k.leases)
+        pipe.zcount(k.leases, "-inf", now)
+        pipe.zcard(k.dead)
+        pipe.zcount(k.done, now - 60_000, "+inf")
+        pipe.zcount(k.done, now - 3_600_000, "+inf")
+        pipe.zrange(k.due, 0, 0, withscores=True)
+        pipe.hgetall(k.stats)
+
+    out = []
+    for k, r in zip(parts, _pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
+        mine: list[Anomaly] = []
+        zset_keys = (k.due, k.due, k.leases, k.leases, k.dead, k.done, k.done)
+        counts = [checked(r[i], key, "sorted set", mine, 0) for i, key in enumerate(zset_keys)]
+        first = checked(r[7], k.due, "sorted set", mine, [])
+        oldest = score_ms(first[0][1]) if first else None
+        if first and oldest is None:
+            mine.append(Anomaly(k.due, f"member {first[0][0]!r} has score {first[0][1]!r}"))
+        if oldest is not None and oldest > now:
+            oldest = None  # nothing due yet
+        counters = {}
+        for name, value in checked(r[8], k.stats, "hash", mine, {}).items():
+            number = stored_int(value)
+            if number is None:
+                mine.append(Anomaly(k.stats, f"field {name!r} is {value!r}, not a counter"))
+            else:
+                counters[name] = number
+        out.append(
+            PartitionStats(
+                queue=k.queue,
+                partition=k.partition,
+                due_now=counts[0],
+                scheduled_later=counts[1],
+                running=counts[2],
+                expired_leases=counts[3],
+                dead=counts[4],
+                done_last_minute=counts[5],
+                done_last_hour=counts[6],
+                oldest_due_age_ms=None if oldest is None else now - oldest,
+                counters=counters,
+                oldest_due_ms=oldest,
+                anomalies=tuple(unique(mine)),
+            )
+        )
+    return Listing(out, found)
+
+
+_STATE_INDEX = {
+    "pending": "due",
+    "running": "leases",
+    "dead": "dead",
+    "done": "done",
+    "cancelled": "done",
+}
+
+
+def runs(
+    jq: JobQueue,
+    *,
+    state: str | None = None,
+    queue: str | None = None,
+    job: str | None = None,
+    limit: int = 50,
+) -> Listing[Run]:
+    """Runs from the indexes (newest finished first; pending by due time), read in pipelines.
+    A job filter matches the job id (the run id before '@'). Records are read a chunk at a
+    time until ``limit`` rows are found, so many partitions never mean millions of reads."""
+    indexes = [_STATE_INDEX[state]] if state else ["leases", "due", "dead", "done"]
+    parts, found = _partitions(jq, queue)
+    # Scan further than limit when filtering, still bounded.
+    window = limit * 20 if (job or state == "cancelled" or state == "done") else limit
+
+    def add(pipe: Any, k: PartitionKeys) -> None:
+        for index in indexes:
+            key = getattr(k, index)
+            if index in ("done", "dead"):
+                pipe.zrevrange(key, 0, window - 1)
+            else:
+                pipe.zrange(key, 0, window - 1)
+
+    ids = []
+    for k, replies in zip(parts, _pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
+        for index, rows in zip(indexes, replies, strict=True):
+            for rid in checked(rows, getattr(k, index), "sorted set", found, []):
+                ids.append((k, index, rid))
+    if job:
+        ids = [(k, i, rid) for k, i, rid in ids if rid.rpartition("@")[0] == job or rid == job]
+    out: list[tuple[PartitionKeys, str, dict[str, str], list[Anomaly]]] = []
+    for start in range(0, len(ids), RECORD_CHUNK):
+        chunk = ids[start : start + RECORD_CHUNK]
+        pipe = jq.redis.pipeline(transaction=False)
+        for k, _, rid in chunk:
+            pipe.hgetall(k.run(rid))
+        for (k, index, rid), reply in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            # A listed key that is not a run record (claim.lua dead-letters such keys) is
+            # shown, so that an operator can purge the listing, instead of failing it all.
+            mine = []
+            if is_wrong_type(reply):
+                mine.append(Anomaly(k.run(rid), NOT_A_RECORD))
+            fields = not_a_record(reply, "dead" if index == "dead" else "unknown")
+            if not fields or (state and fields.get("state") != state):
+                continue
+            out.append((k, rid, fields, mine))
+            if len(out) >= limit:
+                break
+        if len(out) >= limit:
+            break
+    # The history of the runs that have one (the record's 'hist' flag), in one more round
+    # trip: a listing shows the same run as `show` does, its timeline included.
+    pipe = jq.redis.pipeline(transaction=False)
+    with_history = [(k, rid, mine) for k, rid, fields, mine in out if fields.get("hist")]
+    for k, rid, _ in with_history:
+        pipe.lrange(k.history(rid), 0, -1)
+    histories = {
+        (k.queue, k.partition, rid): checked(lines, k.history(rid), "list", mine, [])
+        for (k, rid, mine), lines in zip(
+            with_history, pipe.execute(raise_on_error=False) if with_history else [], strict=True
+        )
+    }
+    return Listing(
+        [
+            Run.from_hash(
+                rid,
+                k.partition,
+                f,
+                histories.get((k.queue, k.partition, rid), []),
+                k.queue,
+                tuple(mine),
+            )
+            for k, rid, f, mine in out
+        ],
+        unique(found),
+    )
+
+
+def schedules(
+    jq: JobQueue, *, limit: int = 1000, scan_count: int = 500
+) -> Listing[ScheduleInfo]:
+    """Recurring jobs, at most ``limit``, sorted by job id. Read with HSCAN in pages and
+    pipelined ZSCORE/HGET per page, so a store of millions of jobs never blocks the server
+    (``Recurring.list_jobs`` reads whole hashes: fine for a few jobs, not for an operator's
+    listing). A definition that is not usable is an anomaly of the listing, not a row."""
+    out: list[ScheduleInfo] = []
+    found: list[Anomaly] = []
+    seen: set[str] = set()  # HSCAN may return an entry twice across pages
+    r = jq.redis
+    store = jq.recurring
+    for sk in store.all_keys():
+        cursor: int = 0
+        while len(out) < limit:
+            try:
+                cursor, page = r.hscan(sk.defs, cursor, count=scan_count)
+            except redis.exceptions.ResponseError as exc:
+                checked(exc, sk.defs, "hash", found, None)
+                break
+            items = [(j, t) for j, t in page.items() if j not in seen][: limit - len(out)]
+            seen.update(j for j, _ in items)
+            pipe = r.pipeline(transaction=False)
+            for job_id, _ in items:
+                pipe.zscore(sk.next, job_id)
+                pipe.hget(sk.state, job_id)
+            replies = pipe.execute(raise_on_error=False)
+            for i, (job_id, text) in enumerate(items):
+                score = checked(replies[2 * i], sk.next, "sorted set", found, None)
+                state = checked(replies[2 * i + 1], sk.state, "hash", found, None)
+                info = store.stored_info(sk, job_id, text, score, state)
+                if isinstance(info, Anomaly):
+                    found.append(info)
+                else:
+                    out.append(info)
+            if int(cursor) == 0:
+                break
+        if len(out) >= limit:
+            break
+    return Listing(sorted(out, key=lambda i: i.job_id), unique(found))
+
+
+@dataclass(frozen=True)
+class TopSnapshot:
+    """One frame of ``jobqueue top``: everything it shows, read at server time ``now_ms``."""
+
+    now_ms: int
+    stats: list[PartitionStats]
+    leases: list[Lease]
+    workers: list[WorkerInfo]
+    # Everything found that is not what jobqueue writes, rows' and listings' alike.
+    anomalies: list[Anomaly] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "now_ms": self.now_ms,
+            "stats": [s.to_dict() for s in self.stats],
+            "leases": [lease.to_dict() for lease in self.leases],
+            "workers": [w.to_dict() for w in self.workers],
+            "anomalies": [a.to_dict() for a in self.anomalies],
+        }
+
+
+def top_snapshot(jq: JobQueue, queue: str | None = None, *, lease_limit: int = 10) -> TopSnapshot:
+    """Queue stats, the leases with least time left and the worker registry, in a few
+    pipelined round trips (each bounded as in :func:`stats`, :func:`leases`)."""
+    now = jq.server_time_ms()
+    rows = stats(jq, queue)
+    held = leases(jq, queue, limit=lease_limit)
+    registry = workers(jq)
+    return TopSnapshot(
+        now_ms=now,
+        stats=rows,
+        leases=held,
+        workers=registry,
+        anomalies=all_anomalies(rows, held, registry),
+    )
+
+
+def all_anomalies(*listings: Sequence[Any]) -> list[Anomaly]:
+    """Every anomaly of some listings (a plain list has none of its own), their rows'
+    included, each once."""
+    found: list[Anomaly] = []
+    for listing in listings:
+        found += getattr(listing, "anomalies", [])
+        for row in listing:
+            found += getattr(row, "anomalies", ())
+    return unique(found)
+
+
+@dataclass(frozen=True)
+class QueueTotals:
+    """One queue's partitions added up (a dashboard's row; the CLI lists partitions)."""
+
+    queue: str
+    partitions: int
+    due_now: int
+    scheduled_later: int
+    running: int
+    expired_leases: int
+    dead: int
+    done_last_minute: int
+    done_last_hour: int
+    oldest_due_age_ms: int | None  # the latest any due run of the queue is
+    anomalies: tuple[Anomaly, ...] = ()  # its partitions'
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
+    """Add up :func:`stats` rows per queue (pure: no Redis call)."""
+    grouped: dict[str, list[PartitionStats]] = {}
+    for s in per_partition:
+        grouped.setdefault(s.queue, []).append(s)
+    out = []
+    for queue, rows in sorted(grouped.items()):
+        ages = [s.oldest_due_age_ms for s in rows if s.oldest_due_age_ms is not None]
+        out.append(
+            QueueTotals(
+                queue=queue,
+                partitions=len(rows),
+                due_now=sum(s.due_now for s in rows),
+                scheduled_later=sum(s.scheduled_later for s in rows),
+                running=sum(s.running for s in rows),
+                expired_leases=sum(s.expired_leases for s in rows),
+                dead=sum(s.dead for s in rows),
+                done_last_minute=sum(s.done_last_minute for s in rows),
+                done_last_hour=sum(s.done_last_hour for s in rows),
+                oldest_due_age_ms=max(ages) if ages else None,
+                anomalies=tuple(unique(a for s in rows for a in s.anomalies)),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Runs that finished per time bucket, oldest bucket first: bucket i covers
+    [start_ms + i * bucket_ms, start_ms + (i + 1) * bucket_ms)."""
+
+    queue: str
+    start_ms: int
+    bucket_ms: int
+    finished: list[int]  # left through the done index: completed or cancelled
+    dead: list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def throughput(
+    jq: JobQueue,
+    queue: str | None = None,
+    *,
+    window_ms: int = 3_600_000,
+    bucket_ms: int = 60_000,
+    now_ms: int | None = None,
+) -> Listing[Throughput]:
+    """Per queue, finished and dead runs per bucket over the last ``window_ms``, counted from
+    the done and dead indexes (scored by finish time), so the history exists as soon as the
+    runs do, with no sampler. One ZCOUNT per index and partition over the whole window, then
+    one per bucket only where that found runs (O(log n) each), pipelined: what is read follows
+    what Redis holds, not the partition count. The done index is trimmed by retention, so a
+    window longer than ``done_retention_s`` undercounts its oldest buckets."""
+    now = jq.server_time_ms() if now_ms is None else now_ms
+    buckets = max(1, -(-window_ms // bucket_ms))
+    start = now - buckets * bucket_ms
+    end = f"({start + buckets * bucket_ms}"
+    parts, found = _partitions(jq, queue)
+
+    def whole(pipe: Any, k: PartitionKeys) -> None:
+        pipe.zcount(k.done, start, end)
+        pipe.zcount(k.dead, start, end)
+
+    busy: list[tuple[str, str]] = []  # (queue, index key) with runs in the window
+    for k, (done, dead) in zip(parts, _pipelined(jq, parts, whole, PARTITION_CHUNK), strict=True):
+        if checked(done, k.done, "sorted set", found, 0):
+            busy.append((k.queue, k.done))
+        if checked(dead, k.dead, "sorted set", found, 0):
+            busy.append((k.queue, k.dead))
+
+    def per_bucket(pipe: Any, item: tuple[str, str]) -> None:
+        for i in range(buckets):
+            low = start + i * bucket_ms
+            pipe.zcount(item[1], low, f"({low + bucket_ms}")
+
+    per_queue = {
+        k.queue: Throughput(k.queue, start, bucket_ms, [0] * buckets, [0] * buckets)
+        for k in parts
+    }
+    for (name, key), counts in zip(
+        busy, _pipelined(jq, busy, per_bucket, PARTITION_CHUNK // 8), strict=True
+    ):
+        row = per_queue[name]
+        into = row.dead if key.endswith(":dead") else row.finished
+        for i, n in enumerate(counts):
+            into[i] += checked(n, key, "sorted set", found, 0)
+    return Listing([per_queue[q] for q in sorted(per_queue)], unique(found))

@@ -1,0 +1,429 @@
+"""Changing a queue's partition count P: move every run to the partition its id hashes to
+under the new count, then record the count (``jobqueue repartition``).
+
+The move crosses slots, so it cannot be atomic; it is made safe to interrupt and re-run:
+
+* Refused while the queue has running runs (a lease in any partition) or live workers serve
+  it: a worker holds its partition list for its whole life, and a run claimed mid-move would
+  be copied pending and run twice. Producers and schedulers also keep the count they read at
+  start; the operator stops them too (documented) and restarts every process afterwards.
+* Runs are found through their indexes (``due``, ``dead``, ``done``; ZSCAN in pages, never
+  KEYS), partition by partition. A run whose new partition differs is copied first (history
+  list, record hash, index entry with the same score, each key's TTL re-applied from its
+  PTTL), and only when every copy of a page is written are the old keys deleted (record,
+  history, then the index entry last). While the old record exists it is the authority: a
+  re-run simply writes the copy again. When it is gone, the old index entry says what is left
+  to clean. So a crash anywhere leaves a state that a second run finishes, changing nothing
+  else. A target record that exists with different contents is a conflict: both are left as
+  they are, the count is not recorded, and the operator is told which run ids.
+* Counters (``stats`` hashes) are cumulative per queue; dashboards and Prometheus read their
+  sum. Partitions below the new count keep theirs; those of partitions that cease to exist
+  are added into partition ``p % P`` (via a staging hash in the target's slot and a one-slot
+  MULTI, so a re-run never counts twice). The queue's totals are thus unchanged and no
+  counter goes backwards.
+* The new count is written to ``jq:queues`` last: until then every client still uses (and
+  refuses any other than) the old count. A move in progress is recorded in
+  ``jq:queues:moving`` so that a re-run with yet another count still finds every run.
+
+Only single-key commands (and one-slot transactions), pipelined: the same code serves a single
+node and a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from jobqueue.anomalies import is_wrong_type
+from jobqueue.client.sync import JobQueue
+from jobqueue.errors import ConfigError, CorruptData, OperationRefused
+from jobqueue.store.keys import (
+    MAX_PARTITIONS,
+    QUEUES_KEY,
+    PartitionKeys,
+    bad_count,
+    parse_partition_count,
+    partition_of,
+    validate_queue_name,
+)
+
+# queue -> target count of a move that has started and not yet finished (global hash).
+MOVING_KEY = "jq:queues:moving"
+# Index entries per ZSCAN page and so runs per pipelined batch.
+PAGE = 500
+# The indexes that hold every run not running; a run is in exactly one of them.
+INDEXES: tuple[str, ...] = ("due", "dead", "done")
+_INDEX_STATE = {"due": "pending", "dead": "dead", "done": "done"}
+
+Action = Literal["copy", "finish", "gone", "conflict"]
+
+
+# -- planning (no I/O) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Move:
+    """One index entry whose run belongs in another partition."""
+
+    run_id: str
+    score: float
+    index: str
+    source: PartitionKeys
+    target: PartitionKeys
+
+
+def source_partitions(recorded: int, count: int, moving_to: int | None) -> range:
+    """Every partition a run may be in: the recorded layout, the new one, and the target of
+    an interrupted move (runs may already sit there)."""
+    return range(max(recorded, count, moving_to or 0))
+
+
+def plan_page(
+    source: PartitionKeys, index: str, entries: Iterable[tuple[str, float]], count: int
+) -> tuple[list[Move], int]:
+    """The moves among one page of index entries, and how many entries stay where they are."""
+    moves, stayed = [], 0
+    for run_id, score in entries:
+        target = partition_of(run_id, count)
+        if target == source.partition:
+            stayed += 1
+        else:
+            moves.append(Move(run_id, score, index, source, PartitionKeys(source.queue, target)))
+    return moves, stayed
+
+
+def classify(source_fields: dict[str, str], target_fields: dict[str, str]) -> Action:
+    """What to do with one move, given both records as they are now."""
+    if source_fields:
+        if not target_fields or target_fields == source_fields:
+            return "copy"  # not copied yet, or copied by an interrupted run: (re)write it
+        return "conflict"  # the same run id with other contents: a human decides
+    # The old record is gone: deleted by an interrupted run after its copy (finish the
+    # clean-up), or expired / never there (a dangling index entry: drop it).
+    return "finish" if target_fields else "gone"
+
+
+def fold_target(partition: int, count: int) -> int:
+    """Where the counters of a partition that ceases to exist are added."""
+    return partition % count
+
+
+def staging_key(target: PartitionKeys, source_partition: int) -> str:
+    """Counters of a vanishing partition on their way into ``target``'s (same slot)."""
+    return f"{target.prefix}stats:from:{source_partition}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the operator confirms: the queue as it is before anything moves."""
+
+    queue: str
+    recorded: int
+    count: int
+    moving_to: int | None  # an interrupted move's target, if any
+    runs: dict[str, int]  # entries per index (pending/dead/done) over every partition
+
+    @property
+    def total(self) -> int:
+        return sum(self.runs.values())
+
+    def describe(self) -> str:
+        resumed = f" (resuming a move to {self.moving_to})" if self.moving_to else ""
+        counts = ", ".join(f"{state} {n:,}" for state, n in self.runs.items())
+        return (
+            f"queue {self.queue!r}: {self.recorded} -> {self.count} partitions{resumed}; "
+            f"{self.total:,} runs ({counts})"
+        )
+
+
+@dataclass
+class Report:
+    queue: str
+    old: int
+    new: int
+    moved: dict[str, int] = field(default_factory=dict)  # by state
+    stayed: int = 0  # runs that were already in their partition
+    late: int = 0  # runs moved by the verifying second pass (written during the first)
+    gone: int = 0  # index entries whose record had expired: dropped
+    folded: list[tuple[int, int]] = field(default_factory=list)  # stats: (from, into)
+    conflicts: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def total_moved(self) -> int:
+        return sum(self.moved.values())
+
+    def count_moved(self, state: str) -> None:
+        self.moved[state] = self.moved.get(state, 0) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "from": self.old,
+            "to": self.new,
+            "moved": self.total_moved,
+            "moved_by_state": dict(sorted(self.moved.items())),
+            "stayed": self.stayed,
+            "late": self.late,
+            "dropped_dangling": self.gone,
+            "stats_folded": [list(pair) for pair in self.folded],
+            "conflicts": self.conflicts,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+# -- I/O --------------------------------------------------------------------------------------
+
+
+def _check_count(count: int) -> None:
+    if not isinstance(count, int) or not 1 <= count <= MAX_PARTITIONS:
+        raise ConfigError(f"partitions must be an integer from 1 to {MAX_PARTITIONS}")
+
+
+def _cardinalities(r: Any, keys: list[str]) -> list[int]:
+    """ZCARD of each key, pipelined; a key of another type is refused as CorruptData before
+    anything moves (the move would fail on it halfway)."""
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.zcard(key)
+    replies = pipe.execute(raise_on_error=False)
+    for key, reply in zip(keys, replies, strict=True):
+        if is_wrong_type(reply):
+            raise CorruptData(f"{key} is not a sorted set; nothing moved")
+        if isinstance(reply, Exception):
+            raise reply
+    return [int(n) for n in replies]
+
+
+def _refuse_if_busy(jq: JobQueue, queue: str, partitions: range) -> None:
+    """Running runs or live workers: a move now could run a run twice or strand runs."""
+    from jobqueue.client.queries import workers
+
+    keys = [PartitionKeys(queue, p).leases for p in partitions]
+    running = sum(_cardinalities(jq.redis, keys))
+    if running:
+        raise OperationRefused(
+            f"queue {queue!r} has {running} running runs: stop or drain its workers first "
+            "(jobqueue leases / workers), then run repartition again"
+        )
+    live = [w.id for w in workers(jq) if not w.stale and queue in w.queues]
+    if live:
+        raise OperationRefused(
+            f"{len(live)} live workers serve queue {queue!r} ({', '.join(live[:3])}"
+            f"{', ...' if len(live) > 3 else ''}): stop them first, then run repartition again"
+        )
+
+
+def plan(jq: JobQueue, queue: str, count: int) -> Plan:
+    """Read-only: check the move may start (else OperationRefused) and count what it covers."""
+    validate_queue_name(queue)
+    _check_count(count)
+    r = jq.redis
+    pipe = r.pipeline(transaction=False)
+    pipe.hget(QUEUES_KEY, queue)
+    pipe.hget(MOVING_KEY, queue)
+    stored, moving = pipe.execute(raise_on_error=False)
+    for key, reply in ((QUEUES_KEY, stored), (MOVING_KEY, moving)):
+        if is_wrong_type(reply):
+            raise CorruptData(f"{key} is not a hash; nothing moved")
+        if isinstance(reply, Exception):
+            raise reply
+    if stored is None:
+        known = ", ".join(sorted(jq.queues())) or "none"
+        raise OperationRefused(f"no queue {queue!r} recorded in Redis (known: {known})")
+    recorded = parse_partition_count(stored)
+    if recorded is None:
+        raise CorruptData(f"{QUEUES_KEY} field {queue!r}: {bad_count(stored)}; nothing moved")
+    moving_to = None if moving is None else parse_partition_count(moving)
+    if moving is not None and moving_to is None:
+        raise CorruptData(f"{MOVING_KEY} field {queue!r}: {bad_count(moving)}; nothing moved")
+    partitions = source_partitions(recorded, count, moving_to)
+    _refuse_if_busy(jq, queue, partitions)
+    sizes = _cardinalities(
+        r, [getattr(PartitionKeys(queue, p), index) for p in partitions for index in INDEXES]
+    )
+    runs = {_INDEX_STATE[index]: sum(sizes[i :: len(INDEXES)]) for i, index in enumerate(INDEXES)}
+    return Plan(queue, recorded, count, moving_to, runs)
+
+
+def _ttl(value: Any) -> int:
+    """A PTTL reply as a TTL to re-apply: 0 for none (-1) or gone (-2)."""
+    return int(value) if value is not None and int(value) > 0 else 0
+
+
+def _delete_sources(r: Any, moves: Sequence[tuple[Move, Action]]) -> None:
+    """The old keys of moves whose copies are written: record, history, then the index entry
+    last (while it remains, a re-run knows there is something to finish)."""
+    pipe = r.pipeline(transaction=False)
+    for move, _ in moves:
+        pipe.delete(move.source.run(move.run_id))
+        pipe.delete(move.source.history(move.run_id))
+    for move, _ in moves:
+        pipe.zrem(getattr(move.source, move.index), move.run_id)
+    pipe.execute()
+
+
+def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
+    """Copy, then delete, one page of moves; returns how many runs moved."""
+    if not moves:
+        return 0
+    pipe = r.pipeline(transaction=False)
+    for m in moves:
+        pipe.hgetall(m.source.run(m.run_id))
+        pipe.pttl(m.source.run(m.run_id))
+        pipe.lrange(m.source.history(m.run_id), 0, -1)
+        pipe.pttl(m.source.history(m.run_id))
+        pipe.hgetall(m.target.run(m.run_id))
+    replies = pipe.execute()
+    write = r.pipeline(transaction=False)
+    settled: list[tuple[Move, Action]] = []
+    moved = 0
+    for i, m in enumerate(moves):
+        fields, record_ttl, history, history_ttl, target = replies[i * 5 : i * 5 + 5]
+        action = classify(fields, target)
+        if action == "conflict":
+            report.conflicts.append(m.run_id)
+            continue
+        settled.append((m, action))
+        if action == "gone":
+            report.gone += 1
+            continue
+        if action == "copy":
+            # History first, record second: a record in the target means its history is there.
+            hist_key, run_key = m.target.history(m.run_id), m.target.run(m.run_id)
+            write.delete(hist_key)
+            if history:
+                write.rpush(hist_key, *history)
+                if _ttl(history_ttl):
+                    write.pexpire(hist_key, _ttl(history_ttl))
+            write.hset(run_key, mapping=fields)
+            if _ttl(record_ttl):
+                write.pexpire(run_key, _ttl(record_ttl))
+            else:
+                write.persist(run_key)
+        write.zadd(getattr(m.target, m.index), {m.run_id: m.score})
+        report.count_moved((fields or target).get("state") or _INDEX_STATE[m.index])
+        moved += 1
+    if settled:
+        write.execute()  # every copy of the page is written before any old key goes
+        _delete_sources(r, settled)
+    return moved
+
+
+def _move_pass(
+    r: Any,
+    queue: str,
+    partitions: range,
+    count: int,
+    page: int,
+    report: Report,
+    advance: Callable[[int], None] = lambda n: None,
+) -> tuple[int, int]:
+    """One pass over every index of every partition: (runs moved, entries that stayed);
+    ``advance(n)`` after each page of n entries."""
+    moved = stayed = 0
+    for p in partitions:
+        source = PartitionKeys(queue, p)
+        for index in INDEXES:
+            cursor = 0
+            while True:
+                # ZSCAN, not ZRANGE by rank: entries leave the index as they move, and a scan
+                # still returns every entry present throughout (repeats are harmless).
+                cursor, entries = r.zscan(getattr(source, index), cursor, count=page)
+                moves, kept = plan_page(source, index, entries, count)
+                moved += _move_batch(r, moves, report)
+                stayed += kept
+                advance(len(moves) + kept)
+                if not cursor:
+                    break
+    return moved, stayed
+
+
+def _fold_stats(r: Any, queue: str, partition: int, count: int) -> bool:
+    """Add a vanishing partition's counters into its fold target; True if there were any."""
+    source = PartitionKeys(queue, partition)
+    target = PartitionKeys(queue, fold_target(partition, count))
+    staging = staging_key(target, partition)
+    counters = r.hgetall(source.stats)
+    if counters:
+        # Staged in the target's slot first; the source is the authority while it exists.
+        r.hset(staging, mapping=counters)
+        r.delete(source.stats)
+    staged = r.hgetall(staging)
+    if staged:
+        # One slot, one transaction: the counters are added and the staging hash deleted
+        # together, so an interrupted run never adds them twice.
+        tx = r.pipeline(transaction=True)
+        for name, value in staged.items():
+            try:
+                tx.hincrby(target.stats, name, int(value))
+            except ValueError:
+                continue  # not a counter: nothing to add
+        tx.delete(staging)
+        tx.execute()
+    r.delete(source.wake)  # idle workers' wake tokens of a partition no one will serve
+    return bool(counters or staged)
+
+
+def _carry_fences(r: Any, queue: str, old_stop: int, count: int) -> None:
+    """Every new partition's fence counter starts at the highest of all the old ones, so no
+    claim after the move reissues a fence a run id had before it (its run may have moved, or
+    its record expired and the id be created again in another partition). Raised before the
+    counters of vanishing partitions are deleted: a re-run after a crash finds them again."""
+    keys = [PartitionKeys(queue, p).fences for p in range(max(old_stop, count))]
+    pipe = r.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)  # one key per command: partitions live in different cluster slots
+    highest = max((int(v) for v in pipe.execute() if v is not None), default=0)
+    pipe = r.pipeline(transaction=False)
+    for p in range(count):
+        if highest:
+            pipe.set(keys[p], highest)  # never lower: highest is at least its current value
+    for p in range(count, old_stop):
+        pipe.delete(keys[p])
+    pipe.execute()
+
+
+def repartition(
+    jq: JobQueue,
+    queue: str,
+    count: int,
+    *,
+    page: int = PAGE,
+    clock: Callable[[], float] = time.monotonic,
+    advance: Callable[[int], None] = lambda n: None,
+) -> Report:
+    """Move every run of ``queue`` to its partition under ``count`` partitions, then record
+    the count. Refused (OperationRefused) with running runs or live workers; safe to re-run
+    after an interruption. ``advance(n)`` reports progress through the first pass (about
+    ``plan(...).total`` entries in all)."""
+    started = clock()
+    before = plan(jq, queue, count)
+    r = jq.redis
+    partitions = source_partitions(before.recorded, count, before.moving_to)
+    r.hset(MOVING_KEY, queue, count)
+    report = Report(queue, before.recorded, count)
+    moved, _ = _move_pass(r, queue, partitions, count, page, report, advance)
+    # Counted from the plan: a run moved into a partition scanned later is seen there again.
+    report.stayed = max(before.total - moved - report.gone - len(report.conflicts), 0)
+    # A second pass finds runs written meanwhile by a producer still using the old count
+    # (or behind the scan cursor); on a quiet queue it only reads.
+    report.late, _ = _move_pass(r, queue, partitions, count, page, report)
+    if report.conflicts:
+        report.conflicts = list(dict.fromkeys(report.conflicts))  # both passes saw them
+        shown = ", ".join(report.conflicts[:5]) + (", ..." if len(report.conflicts) > 5 else "")
+        raise OperationRefused(
+            f"{len(report.conflicts)} run ids exist in two partitions with different contents "
+            f"({shown}): resolve them by hand, then run repartition again; count not changed"
+        )
+    for p in range(count, partitions.stop):
+        if _fold_stats(r, queue, p, count):
+            report.folded.append((p, fold_target(p, count)))
+    _carry_fences(r, queue, partitions.stop, count)
+    _refuse_if_busy(jq, queue, partitions)  # a worker started during the move
+    r.hset(QUEUES_KEY, queue, count)
+    r.hdel(MOVING_KEY, queue)
+    report.seconds = clock() - started
+    return report

@@ -1,0 +1,1 @@
+"""What the daemons need at run time: signal handling, logs, metrics."""

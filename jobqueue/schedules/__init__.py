@@ -1,0 +1,1 @@
+"""Recurring jobs: their definitions and state in Redis."""

@@ -1,0 +1,654 @@
+"""The Lua scripts: found on disk, hashed locally, called by SHA, reloaded after NOSCRIPT.
+
+One ``Call`` describes one script invocation (name, keys, args). The sync and asyncio runners
+below are the only code that talks to Redis about scripts; everything else builds Calls and
+parses replies (see ``ops``), so the two flavours share all logic but the I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import select
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import redis
+from redis.utils import HIREDIS_AVAILABLE
+
+if HIREDIS_AVAILABLE:
+    import hiredis
+
+from jobqueue.errors import ConfigError, ConnectionFailed, ScriptError, ServerRefused
+
+SCRIPT_NAMES = (
+    "create_run",
+    "claim",
+    "heartbeat",
+    "complete",
+    "fail",
+    "cancel",
+    "release",
+    "requeue",
+    "fenced_write",
+    "purge",
+    "sched_due",
+    "advance",
+    "sched_define",
+    "sched_create",
+    "sched_release",
+    "sched_unhold",
+    "repair",
+)
+PRELUDE = "_prelude"
+
+ArgT = str | int | float | bytes
+
+
+def lua_dir() -> Path:
+    """The wheel ships the scripts inside the package; a source checkout keeps them at the top."""
+    package = Path(__file__).resolve().parent.parent  # jobqueue/
+    for candidate in (package / "lua", package.parent / "lua"):
+        if (candidate / f"{PRELUDE}.lua").is_file():
+            return candidate
+    raise ScriptError(f"jobqueue's Lua scripts are missing (looked in {package / 'lua'})")
+
+
+@dataclass(frozen=True)
+class Script:
+    """One script's source in two forms. ``source`` starts with a '#!lua' line: Redis and
+    Valkey 7+ then refuse a writing script whole under maxmemory (OOM) instead of letting it
+    run past its first write, and a read-only one ('-- Flags: no-writes' in its header) runs
+    on replicas and under OOM. ``plain`` has no such line, for servers that cannot parse one
+    (fakeredis, Redis before 7); there every write script's first write is one Redis refuses
+    under OOM, so the effect is the same."""
+
+    name: str
+    source: str
+    sha: str
+    plain: str
+    plain_sha: str
+
+
+_FLAGS = re.compile(r"^-- Flags: ([a-z-]+(?:,[a-z-]+)*)", re.M)
+
+
+@cache
+def scripts() -> dict[str, Script]:
+    directory = lua_dir()
+    prelude = (directory / f"{PRELUDE}.lua").read_text()
+    out = {}
+    for name in SCRIPT_NAMES:
+        body = (directory / f"{name}.lua").read_text()
+        flags = _FLAGS.search(body)
+        shebang = "#!lua" + (f" flags={flags.group(1)}" if flags else "")
+        plain = prelude + "\n" + body
+        source = shebang + "\n" + plain
+        out[name] = Script(
+            name, source, _sha(source), plain, _sha(plain)
+        )
+    return out
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode()).hexdigest()
+
+
+class Call(NamedTuple):
+    """One script invocation (a tuple: cheap to build on the per-run paths)."""
+
+    script: str
+    keys: tuple[str, ...]
+    args: tuple[ArgT, ...]
+
+
+def _is_noscript(exc: BaseException) -> bool:
+    return isinstance(exc, redis.exceptions.NoScriptError) or (
+        isinstance(exc, redis.exceptions.ResponseError) and str(exc).startswith("NOSCRIPT")
+    )
+
+
+# A cluster in the middle of a failover: no master for a slot yet (CLUSTERDOWN, MASTERDOWN,
+# TRYAGAIN, a slot redis-py cannot place). Like a lost connection it passes; callers that
+# retry connection failures (the worker, the scheduler) retry these too.
+_CLUSTER_TRANSIENT = (
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.ClusterError,  # redis-py's "TTL exhausted": redirected too often
+)
+# Errors a RedisCluster raises that are not RedisErrors.
+_CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
+# Error replies that mean "not now", the call not executed: memory full (noeviction), a
+# replica or a demoted master, a busy script, a replica without its master, too few
+# replicas, a dataset still loading.
+_REFUSED_FOR_NOW = (
+    "OOM", "READONLY", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING",
+    "TRYLATER",  # a jobqueue script met a key that is on another node (lua/_prelude.lua)
+)
+
+
+# redis-py strips the code of the replies it has a class for (OOM, READONLY, ...).
+# TRYAGAIN: a multi-key call during a slot migration, or a jobqueue script that found a key
+# on another node before its first write: it did not run.
+_REFUSED_CLASSES: tuple[type[Exception], ...] = tuple(
+    getattr(redis.exceptions, name)
+    for name in (
+        "OutOfMemoryError", "ReadOnlyError", "BusyLoadingError", "MasterDownError",
+        "TryAgainError", "MovedError", "AskError",
+    )
+    if hasattr(redis.exceptions, name)
+)
+
+
+def refused_for_now(exc: BaseException) -> bool:
+    if isinstance(exc, _REFUSED_CLASSES):
+        return True
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        return False
+    return str(exc).split(" ", 1)[0] in _REFUSED_FOR_NOW
+
+
+def translate_error(call: Call, exc: BaseException) -> Exception:
+    if refused_for_now(exc):
+        return ServerRefused(f"Redis refused {call.script} for now: {exc}")
+    if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.ConnectionError):
+        return ConnectionFailed(f"Redis connection failed during {call.script}: {exc}")
+    if isinstance(exc, redis.exceptions.TimeoutError):
+        return ConnectionFailed(f"Redis timed out during {call.script}: {exc}")
+    if isinstance(exc, (*_CLUSTER_TRANSIENT, redis.exceptions.RedisClusterException)):
+        # Also redis-py's own "TTL exhausted" (redirected too often: a slot moving) and a
+        # slot with no known master yet.
+        return ConnectionFailed(f"Redis Cluster unavailable during {call.script}: {exc}")
+    return ScriptError(f"script {call.script} failed: {exc}")
+
+
+def _noscript(replies: Sequence[Any]) -> list[int]:
+    """Indexes of pipelined calls the server refused with NOSCRIPT (to reload and re-send)."""
+    return [i for i, r in enumerate(replies) if _is_noscript(r)]
+
+
+def _fill(replies: list[Any], indexes: Sequence[int], again: Sequence[Any]) -> None:
+    for i, reply in zip(indexes, again, strict=True):
+        replies[i] = reply
+
+
+def _checked(calls: Sequence[Call], replies: list[Any]) -> list[Any]:
+    """The replies, or the first error reply raised as jobqueue's error for its call."""
+    for call, reply in zip(calls, replies, strict=True):
+        if isinstance(reply, Exception):
+            error = translate_error(call, reply)
+            if isinstance(error, ServerRefused):
+                error.replies = replies
+            raise error from reply
+    return replies
+
+
+# Connection classes whose send/read we drive directly (redis-py's own TCP, TLS and unix
+# socket connections); anything else (fakeredis, cluster, custom pools) takes the normal path.
+_DIRECT_CLASSES = (
+    redis.connection.Connection,
+    redis.connection.SSLConnection,
+    redis.connection.UnixDomainSocketConnection,
+)
+_TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# The peer closed (or reset) the connection: a readiness event on a connection with no
+# request outstanding. Not plain POLLIN: a TLS 1.3 server may send a session ticket.
+_CLOSED_EVENTS = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
+
+
+class _NotSent(Exception):
+    """The lane failed before any byte of the call reached the server: safe to re-send."""
+
+
+def _pack(conn: Any, args: tuple[Any, ...]) -> list[bytes]:
+    # hiredis packs str, bytes, int and float itself; redis-py's wrapper around it first
+    # re-examines every argument (a fifth of a single call's client time).
+    if HIREDIS_AVAILABLE:
+        return [hiredis.pack_command(args)]
+    return list(conn.pack_command(*args))
+
+
+class DirectLane:
+    """A private connection per thread for script calls.
+
+    redis-py's command path (pool checkout, retry wrapper, observability hooks, response
+    callbacks) costs 20-45 us of Python per call here, more than the round trip itself; a
+    send and a read on a connection the thread already holds cost about 8 us. The first
+    attempt goes this way. A failure before the call was sent (connecting, a connection the
+    server closed while idle, a refused write) drops the connection and the caller falls back
+    to the client's normal path. A failure after it was sent (a timeout, a connection lost
+    while waiting for the reply) is raised: the call may have run, and a script call is not
+    sent twice (a re-sent claim would lease runs that nobody starts).
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._local = threading.local()
+        self._all: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_client(cls, client: Any) -> DirectLane | None:
+        pool = getattr(client, "connection_pool", None)
+        if type(client) is not redis.Redis or type(pool) is not redis.ConnectionPool:
+            return None
+        if pool.connection_class not in _DIRECT_CLASSES:
+            return None
+        return cls(pool)
+
+    def _connection(self) -> Any:
+        held = getattr(self._local, "held", None)
+        pid = os.getpid()
+        if held is None or held[0] != pid:  # first use in this thread, or a forked child
+            conn = self._pool.connection_class(**self._pool.connection_kwargs)
+            with self._lock:
+                self._all.add(conn)
+            held = self._local.held = (pid, conn)
+        return held[1]
+
+    def _ready(self) -> Any:
+        """This thread's connection, connected and not closed by the server; raises _NotSent."""
+        conn = self._connection()
+        try:
+            sock = conn._sock
+            if sock is not None:
+                poller = select.poll()
+                poller.register(sock, _CLOSED_EVENTS)
+                if poller.poll(0):  # closed while idle (server restart, CLIENT KILL, timeout)
+                    conn.disconnect()
+                    sock = None
+            if sock is None:
+                conn.connect()
+        except (*_TRANSIENT, OSError) as exc:
+            self.drop()
+            raise _NotSent(str(exc)) from exc
+        return conn
+
+    def _send(self, conn: Any, packed: list[bytes]) -> None:
+        try:
+            conn.send_packed_command(packed)
+        except redis.exceptions.TimeoutError:
+            self.drop()  # part of it may have been sent
+            raise
+        except redis.exceptions.ConnectionError as exc:
+            self.drop()  # a refused write: the server did not get a whole command
+            raise _NotSent(str(exc)) from exc
+
+    def execute(self, *args: Any) -> Any:
+        conn = self._ready()
+        self._send(conn, _pack(conn, args))
+        try:
+            return conn.read_response()
+        except _TRANSIENT:
+            self.drop()
+            raise
+
+    def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Pipelined: every reply, error replies as exception values."""
+        conn = self._ready()
+        self._send(conn, [b"".join(b for c in commands for b in _pack(conn, c))])
+        replies: list[Any] = []
+        try:
+            for _ in commands:
+                try:
+                    replies.append(conn.read_response())
+                except redis.exceptions.ResponseError as exc:
+                    replies.append(exc)
+        except _TRANSIENT:
+            self.drop()
+            raise
+        return replies
+
+    def drop(self) -> None:
+        """Forget this thread's connection (after an error it may be half-read)."""
+        held = getattr(self._local, "held", None)
+        self._local.held = None
+        if held is not None:
+            held[1].disconnect()
+
+    def close(self) -> None:
+        with self._lock:
+            conns = list(self._all)
+        for conn in conns:
+            conn.disconnect()
+
+
+def _shebang_refused(exc: BaseException) -> bool:
+    """The server cannot parse a '#!lua' line (fakeredis, Redis before 7): use plain sources."""
+    return isinstance(exc, redis.exceptions.ResponseError) and "near '#'" in str(exc)
+
+
+class _Sources:
+    """Which form of the scripts a server takes (see Script); learnt at the first refusal."""
+
+    def __init__(self) -> None:
+        self.plain = False
+
+    def source(self, name: str) -> str:
+        script = scripts()[name]
+        return script.plain if self.plain else script.source
+
+    def evalsha_args(self, call: Call) -> tuple[Any, ...]:
+        script = scripts()[call.script]
+        sha = script.plain_sha if self.plain else script.sha
+        return (sha, len(call.keys), *call.keys, *call.args)
+
+    def learn(self, exc: BaseException) -> bool:
+        """True if exc says the server needs the plain form (then used from now on)."""
+        if self.plain or not _shebang_refused(exc):
+            return False
+        self.plain = True
+        return True
+
+
+class ScriptRunner:
+    """Runs Calls on a synchronous client (Redis or RedisCluster)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._lane = DirectLane.for_client(client)
+        self._sources = _Sources()
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
+
+    def close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
+
+    def load(self, names: Sequence[str] | None = None) -> None:
+        for name in names or SCRIPT_NAMES:
+            try:
+                self.client.script_load(self._sources.source(name))
+            except redis.exceptions.ResponseError as exc:
+                if not self._sources.learn(exc):
+                    raise
+                self.client.script_load(self._sources.source(name))
+
+    def _evalsha(self, call: Call) -> Any:
+        args = self._sources.evalsha_args(call)
+        if self._lane is not None:
+            try:
+                return self._lane.execute("EVALSHA", *args)
+            except _NotSent:
+                pass  # the client's own path below retries with back-off
+        return self.client.evalsha(*args)
+
+    def run(self, call: Call) -> Any:
+        try:
+            for attempt in range(_RECOVERIES + 1):
+                try:
+                    return self._evalsha(call)
+                except redis.exceptions.ResponseError as exc:
+                    # NOSCRIPT (a restarted or promoted server has an empty script cache) or
+                    # a shebang it cannot parse: the call did not run; load and send again.
+                    if attempt == _RECOVERIES or not _reload(exc, self._sources):
+                        raise
+                    self.load([call.script])
+            raise AssertionError("unreachable")
+        except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
+            raise translate_error(call, exc) from exc
+
+    def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
+        if self._lane is not None:
+            try:
+                return self._lane.execute_many(
+                    [("EVALSHA", *self._sources.evalsha_args(c)) for c in calls]
+                )
+            except _NotSent:
+                pass
+        if self._cluster:
+            return self._pipelined_on_masters(calls)
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command("EVALSHA", *self._sources.evalsha_args(call))
+        return list(pipe.execute(raise_on_error=False))
+
+    def _pipelined_on_masters(self, calls: Sequence[Call]) -> list[Any]:
+        """On a cluster: one plain pipeline per master, sent to it directly. Not redis-py's
+        ClusterPipeline: it asks its default node for the keys of every EVALSHA (COMMAND
+        GETKEYS), so with that one node down every pipeline fails, whatever its slots. A
+        redirection (MOVED after a failover, ASK during a slot migration) comes back as that
+        call's reply: the call did not run (see _not_run, which refreshes the slot map)."""
+        replies: list[Any] = [None] * len(calls)
+        for indexes in self._by_node(calls):
+            node = self.client.get_node_from_key(calls[indexes[0]].keys[0])
+            pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+            for i in indexes:
+                pipe.execute_command("EVALSHA", *self._sources.evalsha_args(calls[i]))
+            try:
+                got = pipe.execute(raise_on_error=False)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                self._refresh_slots()
+                raise
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+        return replies
+
+    def _refresh_slots(self) -> None:
+        """Ask the cluster again which master serves which slot (after a failover, a lost
+        node, a MOVED): as redis-py itself does after a failed command."""
+        nodes = getattr(self.client, "nodes_manager", None)
+        if nodes is not None:
+            with contextlib.suppress(redis.exceptions.RedisError, *_CLUSTER_ERRORS):
+                nodes.initialize()
+
+    def run_many(self, calls: Sequence[Call]) -> list[Any]:
+        """One pipelined round trip; calls refused with NOSCRIPT (or a shebang the server
+        cannot parse) did not run: they are reloaded and re-sent alone, so no call runs
+        twice. The first error reply is raised (a ServerRefused carries every reply)."""
+        if not calls:
+            return []
+        replies = self.run_many_replies(calls)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                if isinstance(reply, ServerRefused):
+                    reply.replies = replies
+                raise reply
+        return replies
+
+    def run_each(self, calls: Sequence[Call]) -> list[Any]:
+        """Every call's reply, or the jobqueue error it met, as a value: nothing is raised.
+        On a Redis Cluster the calls go out in one pipeline per master, so a master that is
+        down (or refuses, or times out) fails its own calls only, never the others'. A
+        ConnectionFailed value means the call may or may not have run (a timeout); a
+        ServerRefused value that it did not run."""
+        if not calls:
+            return []
+        out: list[Any] = [None] * len(calls)
+        for indexes in self._by_node(calls):
+            group = [calls[i] for i in indexes]
+            try:
+                replies = self.run_many_replies(group)
+            except (ConnectionFailed, ScriptError) as exc:
+                replies = [exc] * len(group)
+            for i, reply in zip(indexes, replies, strict=True):
+                out[i] = reply
+        return out
+
+    def run_many_replies(self, calls: Sequence[Call]) -> list[Any]:
+        """run_many, with each error reply translated and returned in its call's place (a lost
+        connection still raises: it concerns every call)."""
+        try:
+            replies: list[Any] = self._pipelined(calls)
+            for _ in range(_RECOVERIES):
+                again = _not_run(replies, self._sources)
+                moved = _redirected(replies)
+                if not again and not moved:
+                    break
+                if moved:
+                    self._refresh_slots()
+                if again:
+                    self.load(sorted({calls[i].script for i in again}))
+                resend = sorted(set(again) | set(moved))
+                _fill(replies, resend, self._pipelined([calls[i] for i in resend]))
+        except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
+            raise translate_error(calls[0], exc) from exc
+        return [
+            translate_error(call, reply) if isinstance(reply, Exception) else reply
+            for call, reply in zip(calls, replies, strict=True)
+        ]
+
+    def run_durable(
+        self, calls: Sequence[Call], replicas: int, fsync: bool, timeout_ms: int
+    ) -> tuple[list[Any], bool]:
+        """run_many, then, on the same connection (WAIT counts the writes of its own
+        connection), WAIT for ``replicas`` replicas, or WAITAOF when ``fsync`` (the master's
+        AOF on disk too). Returns the replies (raising as run_many does) and whether every
+        connection's writes were acknowledged within the timeout."""
+        durable = True
+        replies: list[Any] = [None] * len(calls)
+        for indexes in self._by_node(calls):
+            group = [calls[i] for i in indexes]
+            got, acked = self._durable_group(group, replicas, fsync, timeout_ms)
+            durable = durable and acked
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+        return _checked(calls, replies), durable
+
+    def _durable_group(
+        self, calls: Sequence[Call], replicas: int, fsync: bool, timeout_ms: int
+    ) -> tuple[list[Any], bool]:
+        wait: tuple[Any, ...] = (
+            ("WAITAOF", 1, replicas, timeout_ms) if fsync else ("WAIT", replicas, timeout_ms)
+        )
+        # WAIT covers the writes of its own connection only, and a call that finds its run
+        # already there (an enqueue sent again) writes nothing: one small write of this
+        # connection, after the calls, makes WAIT cover everything the master had by then,
+        # whoever wrote it. In the calls' slot (a cluster node serves its own slots).
+        tag = calls[0].keys[0].split("}", 1)[0] + "}"
+        mark = ("SET", f"{tag}:durable", "1", "PX", 60_000)
+        try:
+            for _ in range(_RECOVERIES + 1):
+                commands = [("EVALSHA", *self._sources.evalsha_args(c)) for c in calls]
+                replies = self._on_one_connection([*commands, mark, wait], calls[0])
+                replies = [*replies[:-2], replies[-1]]
+                again = _not_run(replies[:-1], self._sources)
+                if not again:
+                    break
+                self.load(sorted({calls[i].script for i in again}))
+        except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
+            raise translate_error(calls[0], exc) from exc
+        answer = replies[-1]
+        if isinstance(answer, Exception):
+            text = str(answer)
+            if "unknown command" in text.lower():
+                raise ConfigError(f"durable writes need {wait[0]}, which this server lacks "
+                                  f"({'Redis >= 7.2' if fsync else 'Redis >= 3.0'}): {text}")
+            raise ConfigError(f"{wait[0]} refused: {text}")
+        acked = (
+            int(answer[0]) >= 1 and int(answer[1]) >= replicas
+            if fsync
+            else int(answer) >= replicas
+        )
+        return list(replies[:-1]), acked
+
+    def _on_one_connection(self, commands: Sequence[tuple[Any, ...]], first: Call) -> list[Any]:
+        if self._lane is not None:
+            try:
+                return self._lane.execute_many(commands)
+            except _NotSent:
+                pass
+        if self._cluster:
+            node = self.client.get_node_from_key(first.keys[0])
+            pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(pipe.execute(raise_on_error=False))
+
+    def _by_node(self, calls: Sequence[Call]) -> list[list[int]]:
+        """Indexes of the calls, grouped by the cluster master that serves their slot (one
+        group on a single server)."""
+        locate = getattr(self.client, "get_node_from_key", None)
+        if locate is None:
+            return [list(range(len(calls)))]
+        groups: dict[str, list[int]] = {}
+        for i, call in enumerate(calls):
+            try:
+                node = locate(call.keys[0]).name
+            except (redis.exceptions.RedisError, *_CLUSTER_ERRORS):
+                node = ""  # a slot with no known master yet: tried on its own
+            groups.setdefault(node, []).append(i)
+        return list(groups.values())
+
+
+# NOSCRIPT, then (the first time) a shebang the server cannot parse: two reloads at most.
+_RECOVERIES = 2
+
+
+def _reload(exc: BaseException, sources: _Sources) -> bool:
+    return _is_noscript(exc) or sources.learn(exc)
+
+
+def _not_run(replies: Sequence[Any], sources: _Sources) -> list[int]:
+    """Indexes of pipelined calls that did not run for want of their script (NOSCRIPT, or the
+    server refusing the '#!lua' form): reload and re-send those."""
+    refused = [i for i, r in enumerate(replies) if _shebang_refused(r)]
+    if refused:
+        sources.learn(replies[refused[0]])
+    return sorted(set(_noscript(replies)) | set(refused))
+
+
+def _redirected(replies: Sequence[Any]) -> list[int]:
+    """Indexes of pipelined cluster calls answered MOVED (sent again once the slot map is
+    refreshed) or ASK (a slot migrating: they did not run and wait for its end)."""
+    return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.MovedError)]
+
+
+class AsyncScriptRunner:
+    """The same as ScriptRunner, for redis.asyncio clients."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._sources = _Sources()
+
+    async def load(self, names: Sequence[str] | None = None) -> None:
+        for name in names or SCRIPT_NAMES:
+            try:
+                await self.client.script_load(self._sources.source(name))
+            except redis.exceptions.ResponseError as exc:
+                if not self._sources.learn(exc):
+                    raise
+                await self.client.script_load(self._sources.source(name))
+
+    async def run(self, call: Call) -> Any:
+        try:
+            for attempt in range(_RECOVERIES + 1):
+                try:
+                    return await self.client.evalsha(*self._sources.evalsha_args(call))
+                except redis.exceptions.ResponseError as exc:
+                    if attempt == _RECOVERIES or not _reload(exc, self._sources):
+                        raise
+                    await self.load([call.script])
+            raise AssertionError("unreachable")
+        except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
+            raise translate_error(call, exc) from exc
+
+    async def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            pipe.execute_command("EVALSHA", *self._sources.evalsha_args(call))
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def run_many(self, calls: Sequence[Call]) -> list[Any]:
+        if not calls:
+            return []
+        try:
+            replies = await self._pipelined(calls)
+            for _ in range(_RECOVERIES):
+                again = _not_run(replies, self._sources)
+                if not again:
+                    break
+                await self.load(sorted({calls[i].script for i in again}))
+                _fill(replies, again, await self._pipelined([calls[i] for i in again]))
+        except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
+            raise translate_error(calls[0], exc) from exc
+        return _checked(calls, replies)
