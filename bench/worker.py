@@ -75,10 +75,13 @@ def jobqueue_command() -> list[str]:
 class Workers:
     """``jobqueue worker`` as a child process (the supervisor, with --processes > 1)."""
 
-    def __init__(self, url: str, concurrency: int, processes: int) -> None:
+    def __init__(
+        self, url: str, concurrency: int, processes: int, env: dict[str, str] | None = None
+    ) -> None:
         env = {
             **os.environ,
             "PYTHONPATH": f"{BENCH_DIR}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            **(env or {}),
         }
         cmd = [*jobqueue_command(), "--redis-url", url, "--log-level", "warning", "worker"]
         cmd += ["--app", "worker_app:jq", "--concurrency", str(concurrency)]

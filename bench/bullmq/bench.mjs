@@ -1,0 +1,100 @@
+// The BullMQ side of bench/vs_bullmq.py: the same workloads, driven from Python, measured the
+// same way. Installed here with `npm install` (bench/vs_bullmq.py does it), never in the package.
+//
+//   node bench.mjs enqueue <url> <n>            one queue.add at a time; prints {"rate": ...}
+//   node bench.mjs bulk <url> <n>               queue.addBulk in batches of 1,000
+//   node bench.mjs fill <url> <n> <task>        pause the queue, add n jobs (bulk), exit
+//   node bench.mjs worker <url> <concurrency> <task>
+//                                               resume the queue once ready, print {"t0": ms},
+//                                               work until SIGTERM
+//
+// <url> is redis://host:port or unix:///path/to/socket. <task> is noop or incr (one INCR on
+// the task's own connection: the I/O a real task does).
+import { Queue, Worker } from 'bullmq';
+import IORedis from 'ioredis';
+
+const QUEUE = 'bench';
+const COUNTER = 'bench:count';
+const BATCH = 1000;
+
+function connection(url) {
+  const options = { maxRetriesPerRequest: null, enableAutoPipelining: false };
+  if (url.startsWith('unix://')) return new IORedis({ ...options, path: url.slice('unix://'.length) });
+  return new IORedis(url, options);
+}
+
+function say(obj) { process.stdout.write(JSON.stringify(obj) + '\n'); }
+
+async function enqueue(url, n) {
+  const queue = new Queue(QUEUE, { connection: connection(url) });
+  await queue.waitUntilReady();
+  const start = process.hrtime.bigint();
+  for (let i = 0; i < n; i++) await queue.add('noop', { i });
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  say({ rate: n / seconds, seconds });
+  await queue.close();
+}
+
+function jobs(from, to, task) {
+  const out = [];
+  for (let i = from; i < to; i++) out.push({ name: task, data: { i } });
+  return out;
+}
+
+async function bulk(url, n) {
+  const queue = new Queue(QUEUE, { connection: connection(url) });
+  await queue.waitUntilReady();
+  const start = process.hrtime.bigint();
+  for (let i = 0; i < n; i += BATCH) await queue.addBulk(jobs(i, Math.min(i + BATCH, n), 'noop'));
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  say({ rate: n / seconds, seconds });
+  await queue.close();
+}
+
+async function fill(url, n, task) {
+  const queue = new Queue(QUEUE, { connection: connection(url) });
+  await queue.pause();
+  for (let i = 0; i < n; i += BATCH) await queue.addBulk(jobs(i, Math.min(i + BATCH, n), task));
+  say({ added: n });
+  await queue.close();
+}
+
+async function work(url, concurrency, task) {
+  const io = connection(url);
+  const handlers = {
+    noop: async () => null,
+    incr: async () => io.incr(COUNTER),
+  };
+  const handler = handlers[task];
+  if (!handler) throw new Error(`unknown task ${task}`);
+  const worker = new Worker(QUEUE, handler, { connection: connection(url), concurrency });
+  await worker.waitUntilReady();
+  const queue = new Queue(QUEUE, { connection: connection(url) });
+  const t0 = Date.now();
+  await queue.resume();
+  say({ t0 });
+  const stop = async () => {
+    await worker.close();
+    await queue.close();
+    io.disconnect();
+    process.exit(0);
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+const [command, url, a, b] = process.argv.slice(2);
+const commands = {
+  enqueue: () => enqueue(url, Number(a)),
+  bulk: () => bulk(url, Number(a)),
+  fill: () => fill(url, Number(a), b),
+  worker: () => work(url, Number(a), b),
+};
+if (!commands[command] || !url) {
+  process.stderr.write('usage: node bench.mjs enqueue|bulk|fill|worker <url> ...\n');
+  process.exit(2);
+}
+commands[command]().then(
+  () => { if (command !== 'worker') process.exit(0); },
+  (err) => { process.stderr.write(String(err && err.stack || err) + '\n'); process.exit(1); },
+);

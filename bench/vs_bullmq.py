@@ -1,0 +1,319 @@
+"""jobqueue next to BullMQ (Node) on the same server, in one sitting: enqueue, bulk create, and
+the drain rate of a worker process whose task does real I/O.
+
+    .venv/bin/python bench/vs_bullmq.py [--url URL] [--n N] [--quick] [--repeat R] [--flush]
+
+Needs Node.js and npm: BullMQ is installed into bench/bullmq/node_modules on first use
+(``npm install``; never into the package). Phases, each on a freshly flushed server, each
+system measured the same way (median of --repeat runs):
+
+* enqueue one at a time: N ``jq.enqueue(task, i)`` / ``await queue.add(name, {i})``;
+* bulk: ``enqueue_many`` / ``addBulk``, 1,000 per call;
+* drain: N runs are created first (jobqueue: due at an instant D a few seconds ahead; BullMQ:
+  into a paused queue, resumed at D by the worker once it is ready), then ONE worker process
+  drains them. The rate is N / (last finish - D), the last finish read from Redis (the done
+  index / the completed set, whose scores are finish times). Tasks: ``incr`` does one INCR on
+  the task's own Redis connection (sync, and ``aincr`` as ``async def`` for jobqueue), the
+  I/O a real task does; ``noop`` does nothing; ``cpu`` (jobqueue only) burns about 1 ms.
+  The worker's CPU per run (user + system, from /proc) says what a run costs the worker.
+
+This machine may be shared and noisy: compare the ratios within one run, not figures across
+runs. redis-benchmark's EVALSHA rates on the same server are printed as the yardstick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+from _common import (
+    BenchError,
+    BenchServer,
+    add_common_args,
+    baseline_table,
+    bench_server,
+    describe_environment,
+    fail,
+    fmt_int,
+    format_table,
+    run_baselines,
+    runs_from_args,
+    say,
+)
+from worker import LEAD_MS, Workers, server_ms, tree_cpu
+
+from jobqueue import JobQueue, Request
+from jobqueue.errors import JobQueueError
+from jobqueue.store.keys import PartitionKeys
+
+DEFAULT_N = 20_000
+QUICK_N = 4_000
+BULK = 1_000
+NODE_DIR = Path(__file__).resolve().parent / "bullmq"
+BULL_COMPLETED = "bull:bench:completed"
+COUNTER = "bench:count"
+DRAIN_TIMEOUT_S = 180.0
+PK = PartitionKeys("default", 0)
+
+
+@dataclass(frozen=True)
+class Drain:
+    rate: float  # runs/s
+    cpu_us: float  # worker CPU per run, microseconds
+
+
+# -- BullMQ -----------------------------------------------------------------------------------
+
+
+def ensure_bullmq() -> None:
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        raise BenchError(
+            "Node.js and npm are needed for the BullMQ side (apt-get install nodejs npm)"
+        )
+    if not (NODE_DIR / "node_modules" / "bullmq").is_dir():
+        say("installing BullMQ into bench/bullmq/node_modules (npm install) ...")
+        proc = subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--silent"],
+            cwd=NODE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if proc.returncode != 0:
+            raise BenchError(f"npm install failed: {(proc.stderr or proc.stdout).strip()[-500:]}")
+
+
+def node(*args: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        ["node", "bench.mjs", *args], cwd=NODE_DIR, capture_output=True, text=True, timeout=600
+    )
+    if proc.returncode != 0:
+        raise BenchError(f"node bench.mjs {args[0]} failed: {proc.stderr.strip()[-500:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def bull_enqueue(server: BenchServer, n: int, bulk: bool) -> float:
+    server.flush()
+    return float(node("bulk" if bulk else "enqueue", server.url, str(n))["rate"])
+
+
+def bull_drain(server: BenchServer, n: int, task: str, concurrency: int) -> Drain:
+    server.flush()
+    node("fill", server.url, str(n), task)
+    proc = subprocess.Popen(
+        ["node", "bench.mjs", "worker", server.url, str(concurrency), task],
+        cwd=NODE_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise BenchError(f"the BullMQ worker exited: {err.strip()[-500:]}")
+        t0 = int(json.loads(line)["t0"])
+        cpu_before = tree_cpu(proc.pid)
+        wait_done(lambda: int(server.client.zcard(BULL_COMPLETED)), n, "BullMQ")
+        cpu = tree_cpu(proc.pid) - cpu_before
+        ((_, last),) = server.client.zrange(BULL_COMPLETED, -1, -1, withscores=True)
+        check_counter(server, n, task)
+        return Drain(n / ((int(last) - t0) / 1000.0), cpu / n * 1e6)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+# -- jobqueue ---------------------------------------------------------------------------------
+
+
+def jq_enqueue(server: BenchServer, n: int, bulk: bool) -> float:
+    server.flush()
+    jq = JobQueue.from_url(server.url)
+    task = jq.declare_task("noop")
+    try:
+        start = time.perf_counter()
+        if bulk:
+            for first in range(0, n, BULK):
+                jq.enqueue_many([Request(task, (i,)) for i in range(first, min(first + BULK, n))])
+        else:
+            for i in range(n):
+                jq.enqueue(task, i)
+        return n / (time.perf_counter() - start)
+    finally:
+        jq.close()
+
+
+def jq_drain(
+    server: BenchServer, n: int, task_name: str, concurrency: int, processes: int
+) -> Drain:
+    server.flush()
+    jq = JobQueue.from_url(server.url)
+    task = jq.declare_task(task_name)
+    client = server.client
+    workers = Workers(server.url, concurrency, processes, env={"BENCH_TASK_URL": server.url})
+    try:
+        due = server_ms(client) + LEAD_MS
+        for first in range(0, n, BULK):
+            batch = range(first, min(first + BULK, n))
+            jq.enqueue_many([Request(task, (i,), at=due / 1000.0) for i in batch])
+        workers.wait_registered(client)
+        if server_ms(client) >= due:
+            raise BenchError("setup took longer than the lead time; try a smaller --n")
+        cpu_before = tree_cpu(workers.popen.pid)
+        wait_done(lambda: int(client.zcard(PK.done)), n, "jobqueue")
+        cpu = tree_cpu(workers.popen.pid) - cpu_before
+        ((_, last),) = client.zrange(PK.done, -1, -1, withscores=True)
+        check_counter(server, n, task_name)
+        return Drain(n / ((int(last) - due) / 1000.0), cpu / n * 1e6)
+    finally:
+        workers.stop()
+        jq.close()
+
+
+# -- shared -----------------------------------------------------------------------------------
+
+
+def wait_done(count: Callable[[], int], n: int, who: str) -> None:
+    deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    while (done := count()) < n:
+        if time.monotonic() > deadline:
+            raise BenchError(f"{who} drain: only {done:,} of {n:,} done in {DRAIN_TIMEOUT_S:g} s")
+        time.sleep(0.02)
+
+
+def check_counter(server: BenchServer, n: int, task: str) -> None:
+    """The I/O tasks must each have done their INCR: the figure is for work really done."""
+    if task in ("incr", "aincr"):
+        got = int(server.client.get(COUNTER) or 0)
+        if got != n:
+            raise BenchError(f"{task}: the counter is {got:,}, not {n:,}")
+
+
+def median_rate(fn: Callable[[], float], repeat: int) -> float:
+    return statistics.median(fn() for _ in range(repeat))
+
+
+def median_drain(fn: Callable[[], Drain], repeat: int) -> Drain:
+    samples = sorted((fn() for _ in range(repeat)), key=lambda d: d.rate)
+    return samples[len(samples) // 2]
+
+
+def ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.2f}x" if theirs > 0 else "-"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="jobqueue vs BullMQ on the same server.")
+    add_common_args(parser, default_n=DEFAULT_N, quick_n=QUICK_N)
+    parser.add_argument(
+        "--concurrency", type=int, default=50, help="worker slots for both (default 50)"
+    )
+    args = parser.parse_args(argv)
+    n = runs_from_args(args)
+    c, r = args.concurrency, args.repeat
+    try:
+        ensure_bullmq()
+        with bench_server(args.url, allow_flush=args.flush) as server:
+            baselines = run_baselines(server, 20_000 if args.quick else 100_000)
+            say("jobqueue vs BullMQ, one sitting, same server")
+            for line in describe_environment(server).lines():
+                say(f"  {line}")
+            bull_version = json.loads((NODE_DIR / "node_modules/bullmq/package.json").read_text())
+            node_version = subprocess.run(["node", "--version"], capture_output=True, text=True)
+            say(f"  BullMQ {bull_version['version']} on Node {node_version.stdout.strip()}")
+            say(f"  N = {n:,} per phase, median of {r}, worker concurrency {c} (BullMQ also 10)")
+            say()
+            say(baseline_table(baselines))
+            say()
+            rows: list[list[str]] = []
+
+            def row(what: str, ours: float, theirs: float | None, unit: str = "/s") -> None:
+                rows.append(
+                    [
+                        what,
+                        fmt_int(ours) + unit,
+                        "-" if theirs is None else fmt_int(theirs) + unit,
+                        "-" if theirs is None else ratio(ours, theirs),
+                    ]
+                )
+
+            one = median_rate(lambda: jq_enqueue(server, n, False), r)
+            row(
+                "enqueue one at a time", one, median_rate(lambda: bull_enqueue(server, n, False), r)
+            )
+            bulk = median_rate(lambda: jq_enqueue(server, n, True), r)
+            row(
+                "bulk create, 1,000 per call",
+                bulk,
+                median_rate(lambda: bull_enqueue(server, n, True), r),
+            )
+
+            bull = {
+                (task, conc): median_drain(lambda t=task, k=conc: bull_drain(server, n, t, k), r)
+                for task in ("incr", "noop")
+                for conc in (10, c)
+            }
+            ours = {
+                (task, procs): median_drain(lambda t=task, p=procs: jq_drain(server, n, t, c, p), r)
+                for task, procs in (("incr", 1), ("aincr", 1), ("noop", 1), ("cpu", 1), ("incr", 2))
+            }
+            for task, label in (("incr", "sync"), ("aincr", "async")):
+                d = ours[(task, 1)]
+                row(f"drain, 1 INCR per task ({label}), 1 process", d.rate, bull[("incr", c)].rate)
+            row(
+                "  (BullMQ at concurrency 10)",
+                ours[("incr", 1)].rate,
+                bull[("incr", 10)].rate,
+            )
+            row("drain, no-op task, 1 process", ours[("noop", 1)].rate, bull[("noop", c)].rate)
+            row("drain, ~1 ms CPU task, 1 process", ours[("cpu", 1)].rate, None)
+            two = ours[("incr", 2)]
+            rows.append(
+                [
+                    "drain, 1 INCR per task (sync), 2 processes",
+                    fmt_int(two.rate) + "/s",
+                    "-",
+                    f"{two.rate / ours[('incr', 1)].rate:.2f}x of 1 process",
+                ]
+            )
+            for task, label in (
+                ("incr", "1 INCR sync"),
+                ("aincr", "1 INCR async"),
+                ("noop", "no-op"),
+            ):
+                row(
+                    f"worker CPU per run, {label}",
+                    ours[(task, 1)].cpu_us,
+                    bull[("incr" if task != "noop" else "noop", c)].cpu_us,
+                    " us",
+                )
+    except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
+        return fail(str(exc))
+    say(format_table(["workload", "jobqueue", f"BullMQ (c={c})", "ratio"], rows, "lrrr"))
+    say()
+    say(
+        "ratio: jobqueue / BullMQ (for CPU per run, lower is better). Drain: N / (last finish - "
+        "the instant the runs became claimable), finish times from Redis."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
