@@ -25,7 +25,7 @@ local HEADER = 8
 local ok, plan = reading(function()
   local p = {exists = {}}
   expect(KEYS[1], 'zset')
-  p.room = wake_room(KEYS[2])
+  p.wake = waker(KEYS[2])
   p.stats = counters(KEYS[3], 'created')
   local i = 3
   while i <= #ARGV do
@@ -61,12 +61,8 @@ while i <= #ARGV do
     if not plan.exists[j] then
       local job, due = ARGV[j], ARGV[j + 1]
       local run_id = job .. suffix
-      local key = run_prefix .. run_id
-      redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', payload,
-        'due', due, 'max_attempts', attempts, 'created', now, 'job', job,
-        'scheduled_for', sched_for)
-      if lease ~= '0' then redis.call('HSET', key, 'lease_ms', lease) end
-      if timeout ~= '0' then redis.call('HSET', key, 'timeout_ms', timeout) end
+      write_pending(run_prefix .. run_id, now, due, task, payload, attempts, lease, timeout, job,
+                    sched_for)
       created = created + 1
       zadd[2 * created - 1] = due
       zadd[2 * created] = run_id
@@ -79,6 +75,6 @@ end
 if created > 0 then
   bulk('ZADD', KEYS[1], zadd, 2000)
   bump(plan.stats, 'created', created)
-  wake(KEYS[2], plan.room, created)
+  wake(plan.wake, created)
 end
 return {now, created}
