@@ -65,9 +65,9 @@ from jobqueue.policy.hashing import fnv1a_32
 from jobqueue.policy.jitter import jitter_ms
 from jobqueue.policy.misfire import MisfireError, parse_policy
 from jobqueue.policy.timeutil import Instant, instant_to_ms
-from jobqueue.store import ops
 from jobqueue.store.keys import (
     PartitionKeys,
+    SchedKeys,
     bad_count,
     parse_partition_count,
     partition_of,
@@ -75,8 +75,9 @@ from jobqueue.store.keys import (
     validate_queue_name,
     validate_run_id,
 )
-from jobqueue.store.ops import RunSpec, SchedKeys
 from jobqueue.store.payload import encode_payload
+from jobqueue.store.runs import RunSpec
+from jobqueue.store.schedules import SCHED_DEFINE
 from jobqueue.tasks import Task
 
 if TYPE_CHECKING:
@@ -784,7 +785,7 @@ class Recurring:
                 # then everything is read again, in case another process recorded another K.
                 _ = self.partitions
                 continue
-            call = ops.sched_define_call(
+            call = SCHED_DEFINE.call(
                 sk,
                 job_id,
                 expected_definition=text,
@@ -792,7 +793,7 @@ class Recurring:
                 definition=None if defn is None else defn.to_json(),
                 next_ms=new_next,
             )
-            if ops.parse_sched_define(self.jq.scripts.run(call)):
+            if SCHED_DEFINE.parse(self.jq.scripts.run(call)):
                 state = old.state if old else JobState()
                 if defn is None:  # deleted: report what was there
                     if old is None:
@@ -892,7 +893,7 @@ class Recurring:
             text, next_ms, _state = self._read(job_id)
             if text is None:
                 return False
-            call = ops.sched_define_call(
+            call = SCHED_DEFINE.call(
                 sk,
                 job_id,
                 expected_definition=text,
@@ -900,7 +901,7 @@ class Recurring:
                 definition=None,
                 next_ms=None,
             )
-            if ops.parse_sched_define(self.jq.scripts.run(call)):
+            if SCHED_DEFINE.parse(self.jq.scripts.run(call)):
                 return True
         raise OperationRefused(f"recurring job {job_id!r} kept changing; gave up after retries")
 

@@ -19,7 +19,8 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q):
     jq:queues:moving        hash   queue -> target count while a repartition is in progress
     jq:workers              hash   worker id -> registry entry (global)
 
-Recurring jobs have their own partitions (``jq:{sched#k}:...``, see ``recurring.py``).
+Recurring jobs have their own partitions (``jq:{sched#k}:...``, ``SchedKeys``; see
+``jobqueue/schedules/recurring.py``).
 """
 
 from __future__ import annotations
@@ -177,3 +178,31 @@ class PartitionKeys:
 
 def partition_keys(queue: str, partitions: int, run_id: str) -> PartitionKeys:
     return PartitionKeys(queue, partition_of(run_id, partitions))
+
+
+@dataclass(frozen=True)
+class SchedKeys:
+    """The keys of one scheduler partition; every name carries the same hash tag."""
+
+    partition: int
+
+    @property
+    def prefix(self) -> str:
+        return f"jq:{{sched#{self.partition}}}:"
+
+    @property
+    def defs(self) -> str:
+        return self.prefix + "def"
+
+    @property
+    def next(self) -> str:
+        return self.prefix + "next"
+
+    @property
+    def state(self) -> str:
+        return self.prefix + "state"
+
+    @property
+    def held(self) -> str:
+        """buffer-one: job_id -> 'held_fire predecessor_fire' while its run waits."""
+        return self.prefix + "held"
