@@ -17,7 +17,7 @@
 --   counters, waker, fence_counter), waking idle workers (wake: the one wake policy), issuing
 --   fences (issue_fence, save_fences), a lease's length (lease_until), writing a new pending
 --   record (write_pending), dead-lettering (bury), history, expiry and index trims
---   (history, expire_record, trim_index).
+--   (history, expire_record, trim_index), a fire's run id (fire_run_id).
 -- * Two phases, because Redis does not roll back a script that fails half-way. The script
 --   first reads every key it will touch, its declared keys and the records it names, checking
 --   their types and values (reading()); anything wrong refuses the whole call with an error
@@ -235,6 +235,12 @@ end
 -- else the worker's default.
 local function lease_until(now, run_lease_ms, default_ms)
   return now + whole_or(run_lease_ms, 1, default_ms)
+end
+
+-- A fire's run id, '<job_id>@<fire instant>': the same as jobqueue.store.keys.fire_run_id
+-- (tests/test_script_prelude.py checks that the two agree).
+local function fire_run_id(job, instant)
+  return job .. '@' .. instant
 end
 
 -- A new run's record (create_run, sched_create): pending, due at `due`, holding only what

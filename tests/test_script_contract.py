@@ -17,7 +17,7 @@ import pytest
 from jobqueue.store.admin import PURGE, REPAIR, Purged, Repaired
 from jobqueue.store.catalog import CONTRACTS
 from jobqueue.store.contract import Contract, ContractError, Header, Wire, headers, parse_header
-from jobqueue.store.keys import PartitionKeys, SchedKeys
+from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
 from jobqueue.store.runs import (
     CANCEL,
     CLAIM,
@@ -51,7 +51,7 @@ from jobqueue.store.scripts import PRELUDE, SCRIPT_NAMES, Call, ScriptRunner, lu
 
 PK = PartitionKeys("q", 3)
 SK = SchedKeys(2)
-GROUP = RunGroup("t", "{}", 3, 0, 0, "@x", 1)
+GROUP = RunGroup("t", "{}", 3, 0, 0, 1)
 
 # One call of every script, built the way the product builds it (with a non-empty tail).
 BUILDERS: dict[str, Callable[[], Call]] = {
@@ -433,16 +433,16 @@ def parses_sched_define(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_sched_create(runner: ScriptRunner, redis_client: Any) -> None:
-    group = RunGroup("t", "{}", 3, 0, 0, "@1970-01-01T00:01:00Z", 60_000)
+    group = RunGroup("t", "{}", 3, 0, 0, 60_000)
     call = SCHED_CREATE.call(P, [(group, ["a", 60_000, "b", 60_500])], now=NOW)
     assert SCHED_CREATE.parse(runner.run(call)) == 2
     assert SCHED_CREATE.parse(runner.run(call)) == 0
 
 
 def parses_sched_release(runner: ScriptRunner, redis_client: Any) -> None:
-    group = RunGroup("t", "{}", 3, 0, 0, "@1970-01-01T00:01:00Z", 60_000)
+    group = RunGroup("t", "{}", 3, 0, 0, 60_000)
     runner.run(SCHED_CREATE.call(P, [(group, ["a", HOLD_MS, "b", HOLD_MS])], now=NOW))
-    held = [("a@1970-01-01T00:01:00Z", "", 60_000), ("b@1970-01-01T00:01:00Z", "a-running", 1)]
+    held = [(fire_run_id("a", 60_000), "", 60_000), (fire_run_id("b", 60_000), "a-running", 1)]
     create(runner, "a-running")
     claim(runner)
     replies = runner.run(SCHED_RELEASE.call(P, [*held, ("gone", "", 1)], now=NOW))

@@ -134,8 +134,7 @@ def fire(job: str, second: int, due: int | None = None, lease: int = 0
          ) -> tuple[RunGroup, list[str | int]]:
     """A job's run of the fire at ``second`` as the scheduler sends it to sched_create: due at
     the fire time, or at ``due`` (HOLD_MS: a held buffer-one run)."""
-    suffix = "@" + fire_run(job, second).split("@")[1]
-    group = RunGroup("t", PAYLOAD, 3, lease, lease // 2, suffix, second * S)
+    group = RunGroup("t", PAYLOAD, 3, lease, lease // 2, second * S)
     return group, [job, second * S if due is None else due]
 
 

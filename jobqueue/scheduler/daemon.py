@@ -54,7 +54,6 @@ from jobqueue.errors import ConfigError, JobQueueError
 from jobqueue.policy.cron import (
     Schedule,
     fire_times_between,
-    format_fire_instant,
     next_fire_after,
     period_ms,
 )
@@ -69,7 +68,13 @@ from jobqueue.policy.misfire import (
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.runtime.signals import SignalRelay
 from jobqueue.schedules.recurring import Definition, JobState, Overlap, Recurring, SyncReport
-from jobqueue.store.keys import PartitionKeys, SchedKeys, partition_of, validate_queue_name
+from jobqueue.store.keys import (
+    PartitionKeys,
+    SchedKeys,
+    fire_run_id,
+    partition_of,
+    validate_queue_name,
+)
 from jobqueue.store.schedules import (
     ADVANCE,
     HOLD_MS,
@@ -325,11 +330,6 @@ class _DefInfo:
     tmpl: Definition
     payload: str
     keys: list[PartitionKeys]  # the queue's partitions
-
-
-@lru_cache(maxsize=4096)
-def _fire_instant(ms: int) -> str:
-    return format_fire_instant(ms)
 
 
 def _header(
@@ -708,7 +708,6 @@ class Scheduler:
                 max_attempts=tmpl.max_attempts,
                 lease_ms=tmpl.lease_ms,
                 timeout_ms=tmpl.timeout_ms,
-                suffix="@" + _fire_instant(fire),
                 scheduled_for_ms=fire,
             )
             by_pk.setdefault(pk, []).append((group, flat))
@@ -797,7 +796,7 @@ class Scheduler:
         for i, (job, queue, last) in enumerate(jobs):
             pk = None if last is None else self._run_keys(job, queue)
             if pk is not None and last is not None:
-                wanted.append((i, pk.run(f"{job}@{_fire_instant(last)}")))
+                wanted.append((i, pk.run(fire_run_id(job, last))))
         if not wanted:
             return out
         pipe = self.jq.redis.pipeline(transaction=False)
@@ -835,8 +834,8 @@ class Scheduler:
                 log.error("recurring job %s: unusable held entry %r: %s", job, text, exc)
                 continue
             pk = PartitionKeys(queue, partition_of(job, count))
-            pred_id = "" if pred < 0 else f"{job}@{_fire_instant(pred)}"
-            held = (f"{job}@{_fire_instant(fire)}", pred_id, due)
+            pred_id = "" if pred < 0 else fire_run_id(job, pred)
+            held = (fire_run_id(job, fire), pred_id, due)
             if pred_id and pred_queue != queue:
                 pred_pk = self._run_keys(job, pred_queue)
                 if pred_pk is None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from jobqueue.store.contract import Contract, ContractError, NowArg, Wire, now_arg, text
-from jobqueue.store.keys import PartitionKeys, SchedKeys
+from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_instant
 
 # The due time of a held buffer-one run: 9999-12-31T23:59:59Z, far enough that no claim takes
 # it, and still a date every tool can print (it shows what is going on).
@@ -176,15 +176,15 @@ SCHED_DEFINE = Contract(
 
 @dataclass(frozen=True)
 class RunGroup:
-    """Scheduled runs of one queue partition that share everything but the job id and due."""
+    """Scheduled runs of one queue partition that share everything but the job id and due:
+    the runs of one fire time, each ``fire_run_id(job_id, scheduled_for_ms)``."""
 
     task: str
     payload: str
     max_attempts: int
     lease_ms: int
     timeout_ms: int
-    suffix: str  # '@<fire instant>': the run id is job_id + suffix
-    scheduled_for_ms: int
+    scheduled_for_ms: int  # the fire time
 
 
 def _sched_create(
@@ -202,7 +202,7 @@ def _sched_create(
             g.max_attempts,
             g.lease_ms,
             g.timeout_ms,
-            g.suffix,
+            fire_instant(g.scheduled_for_ms),  # the script builds each run id from it
             g.scheduled_for_ms,
         ]
         tail += runs
