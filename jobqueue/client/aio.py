@@ -1,7 +1,8 @@
 """The asyncio flavour of the client, for FastAPI-style apps: ``await jq.enqueue(...)``.
 
 It shares everything but the I/O with the sync client: request planning and validation
-(``ClientBase``), script calls and reply parsing (``ops``), NOSCRIPT recovery (``scripts``).
+(``ClientBase``), script calls and reply parsing (the scripts' contracts), NOSCRIPT recovery
+(``scripts``).
 """
 
 from __future__ import annotations
