@@ -247,15 +247,22 @@ end
 -- differs from the defaults (no attempt or fence: 0 until the first claim; lease_ms and
 -- timeout_ms only when not '0'; job and scheduled_for only when not ''), and no history entry
 -- (creation is the record's created and due fields).
+-- One HSET for the usual shapes (an enqueued run; a scheduled one, with job and scheduled_for):
+-- this runs for every created run, and a table built per run costs the server more.
 local function write_pending(key, now, due, task, payload, attempts, lease, timeout, job,
                              scheduled_for)
-  local f = {'state', 'pending', 'task', task, 'payload', payload, 'due', due,
-             'max_attempts', attempts, 'created', now}
-  if lease ~= '0' then f[#f + 1] = 'lease_ms'; f[#f + 1] = lease end
-  if timeout ~= '0' then f[#f + 1] = 'timeout_ms'; f[#f + 1] = timeout end
-  if job ~= '' then f[#f + 1] = 'job'; f[#f + 1] = job end
-  if scheduled_for ~= '' then f[#f + 1] = 'scheduled_for'; f[#f + 1] = scheduled_for end
-  redis.call('HSET', key, unpack(f))
+  if job ~= '' and scheduled_for ~= '' then
+    redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', payload, 'due', due,
+               'max_attempts', attempts, 'created', now, 'job', job,
+               'scheduled_for', scheduled_for)
+  else
+    redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', payload, 'due', due,
+               'max_attempts', attempts, 'created', now)
+    if job ~= '' then redis.call('HSET', key, 'job', job) end
+    if scheduled_for ~= '' then redis.call('HSET', key, 'scheduled_for', scheduled_for) end
+  end
+  if lease ~= '0' then redis.call('HSET', key, 'lease_ms', lease) end
+  if timeout ~= '0' then redis.call('HSET', key, 'timeout_ms', timeout) end
 end
 
 -- A history entry (the record's 'hist' field says a list exists, so a run without notable
