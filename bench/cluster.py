@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"
 from cluster_launcher import Cluster, Node, free_ports
 
 from jobqueue import JobQueue, Request
-from jobqueue.store import ops
 from jobqueue.store.embedded import find_server_binary
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.payload import encode_result
+from jobqueue.store.runs import CLAIM, COMPLETE
 
 PARTITIONS = 16
 BATCH = 1_000
@@ -85,16 +85,16 @@ def _drain_share(jq: JobQueue, proc: int, procs: int) -> int:
     done = 0
     while mine:
         for pk in list(mine):
-            call = ops.claim_call(pk, CLAIM_LIMIT, f"bench-{proc}", settings.default_lease_ms,
-                                  settings.dead_retention_ms)
-            claimed = ops.parse_claim(runner.run(call)).runs
+            call = CLAIM.call(pk, CLAIM_LIMIT, f"bench-{proc}", settings.default_lease_ms,
+                              settings.dead_retention_ms)
+            claimed = CLAIM.parse(runner.run(call)).runs
             if not claimed:
                 mine.remove(pk)
                 continue
             replies = runner.run_many([
-                ops.complete_call(pk, r.run_id, r.fence, result, settings.done_retention_ms)
+                COMPLETE.call(pk, [(r.run_id, r.fence, result)], settings.done_retention_ms)
                 for r in claimed])
-            done += sum(ops.parse_outcome(reply).accepted for reply in replies)
+            done += sum(COMPLETE.parse(reply)[0].accepted for reply in replies)
     return done
 
 

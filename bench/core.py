@@ -51,9 +51,9 @@ from _common import (
 
 from jobqueue import JobQueue, Request, Task
 from jobqueue.errors import JobQueueError
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.payload import encode_result
+from jobqueue.store.runs import CLAIM, COMPLETE
 
 DEFAULT_N = 20_000
 QUICK_N = 2_000
@@ -141,16 +141,16 @@ def drain(jq: JobQueue, pk: PartitionKeys, n: int) -> int:
     result = encode_result(None)
     done = 0
     while done < n:
-        call = ops.claim_call(
+        call = CLAIM.call(
             pk, CLAIM_LIMIT, OWNER, settings.default_lease_ms, settings.dead_retention_ms
         )
-        claimed = ops.parse_claim(runner.run(call)).runs
+        claimed = CLAIM.parse(runner.run(call)).runs
         if not claimed:
             raise BenchError(f"claim+complete: nothing left to claim after {done:,} of {n:,}")
-        complete = ops.complete_many_call(
+        complete = COMPLETE.call(
             pk, [(r.run_id, r.fence, result) for r in claimed], settings.done_retention_ms
         )
-        for run, outcome in zip(claimed, ops.parse_outcomes(runner.run(complete)), strict=True):
+        for run, outcome in zip(claimed, COMPLETE.parse(runner.run(complete)), strict=True):
             if not outcome.accepted:
                 raise BenchError(f"complete of {run.run_id} refused: {outcome.status}")
         done += len(claimed)

@@ -19,8 +19,8 @@ import redis
 from _common import fmt_int, say
 
 from jobqueue import JobQueue, Request, Settings
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
+from jobqueue.store.runs import CLAIM, COMPLETE
 
 
 def _free_port() -> int:
@@ -71,18 +71,18 @@ def claim_complete_rate(url: str, settings: Settings, n: int, batch: int = 100) 
     start = time.perf_counter()
     done = 0
     while done < n:
-        call = ops.claim_call(pk, batch, "bench", 30_000, 60_000)
+        call = CLAIM.call(pk, batch, "bench", 30_000, 60_000)
         if settings.durable:
             (reply,), _ = jq.scripts.run_durable(
                 [call], settings.durable_replicas, False, settings.durable_timeout_ms
             )
         else:
             reply = jq.scripts.run(call)
-        runs = ops.parse_claim(reply).runs
+        runs = CLAIM.parse(reply).runs
         if not runs:
             break
         items = [(r.run_id, r.fence, "null") for r in runs]
-        jq.scripts.run(ops.complete_many_call(pk, items, 60_000))
+        jq.scripts.run(COMPLETE.call(pk, items, 60_000))
         done += len(runs)
     rate = done / (time.perf_counter() - start)
     jq.redis.flushall()

@@ -41,7 +41,7 @@ from jobqueue import JobQueue
 from jobqueue.errors import JobQueueError
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.schedules.recurring import first_fire_after, make_definition
-from jobqueue.store.ops import SchedKeys
+from jobqueue.store.keys import SchedKeys
 
 DEFAULT_N = 1_000_000
 QUICK_N = 50_000

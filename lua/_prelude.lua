@@ -6,9 +6,18 @@
 -- Returns: nothing; defines the local functions below.
 --
 -- Conventions every script follows:
--- * ARGV[1] is now in ms, or '' to read the Redis server clock: one clock decides (invariant
---   4 of docs/design.md); the explicit form lets tests drive a fake clock through the very
---   same code.
+-- * ARGV[1] is now in ms, or '' to read the Redis server clock, and the script's first
+--   statement reads it (clock), whether or not it decides anything with it: one clock decides
+--   (invariant 4 of docs/design.md); the explicit form lets tests drive a fake clock through
+--   the very same code.
+-- * KEYS are only the keys the script uses, in the order its header lists them (the Python
+--   contract in jobqueue/store builds them by name); run records and histories, named by the
+--   call, are reached through the partition's prefix (ARGV[2]).
+-- * The shared steps have one spelling, here: reading and checking (read, expect, load_run,
+--   counters, waker, fence_counter), waking idle workers (wake: the one wake policy), issuing
+--   fences (issue_fence, save_fences), a lease's length (lease_until), writing a new pending
+--   record (write_pending), dead-lettering (bury), history, expiry and index trims
+--   (history, expire_record, trim_index), a fire's run id (fire_run_id).
 -- * Two phases, because Redis does not roll back a script that fails half-way. The script
 --   first reads every key it will touch, its declared keys and the records it names, checking
 --   their types and values (reading()); anything wrong refuses the whole call with an error
@@ -145,19 +154,20 @@ local function counters(key, ...)
   return c
 end
 
--- The length of a wake list, or nil when its key holds another type (no wake-up then).
-local function wake_room(key)
+-- A wake list and the room left in it, for wake(); nil when its key holds another type (no
+-- wake-up then).
+local function waker(key)
   local n, foreign = checked(redis.pcall('LLEN', key), key, true)
   if foreign then return nil end
-  return WAKE_TOKENS - n
+  return {key = key, room = WAKE_TOKENS - n}
 end
 
--- The last fence a partition issued (its counter); garbage or another type counts as 0 (the
--- counter is overwritten with a SET, which takes any type).
+-- A partition's fence counter, for issue_fence(): `last` is the last fence it issued; garbage
+-- or another type counts as 0 (save_fences overwrites the counter with a SET, which takes any
+-- type).
 local function fence_counter(key)
   local v = checked(redis.pcall('GET', key), key, true)
-  if whole(v, 0) then return tonumber(v) end
-  return 0
+  return {key = key, last = whole(v, 0) and tonumber(v) or 0, issued = false}
 end
 
 -- -- phase 2: writing -------------------------------------------------------------------
@@ -180,27 +190,79 @@ local function bump(c, field, n)
   end
 end
 
--- Wake tokens: up to `wanted`, never more than WAKE_TOKENS in the list (room from wake_room;
--- a list found longer is cut back).
-local function wake(key, room, wanted)
-  if not room then return end
-  if room < 0 then redis.call('LTRIM', key, 0, WAKE_TOKENS - 1) end
-  local n = math.min(room, wanted)
+-- The one wake policy: a script that makes runs pending (created, retried, released, requeued,
+-- released from hold) pushes one token per run, so idle workers blocked on the list claim at
+-- once, or re-plan their sleep for a due time still ahead; never more than WAKE_TOKENS in the
+-- list (enough for several idle workers; a list found longer is cut back). `w` from waker().
+local function wake(w, runs)
+  if not w then return end
+  if w.room < 0 then
+    redis.call('LTRIM', w.key, 0, WAKE_TOKENS - 1)
+    w.room = 0
+  end
+  local n = math.min(w.room, runs)
   if n <= 0 then return end
   local tokens = {}
   for i = 1, n do tokens[i] = '1' end
-  redis.call('LPUSH', key, unpack(tokens))
+  redis.call('LPUSH', w.key, unpack(tokens))
+  w.room = w.room - n
 end
 
 -- The next fence of a partition: above every fence it issued (`last`, its counter) and the
 -- run's own, and at least the server clock in microseconds. The clock is what keeps fences
 -- from ever repeating when a node lost part of its history (a replica promoted while it
 -- lagged, a restart from an older snapshot): its clock has moved on since it issued the fences
--- it lost. Callers store the result in the partition's counter.
+-- it lost.
 local function next_fence(last, run_fence)
   local f = math.max(last, tonumber(run_fence) or 0) + 1
   if now_us > f then f = now_us end
   return f
+end
+
+-- Issue a fence for a run (claim, cancel) from the counter `c` (fence_counter); save_fences()
+-- then stores the last one issued, once per call.
+local function issue_fence(c, run_fence)
+  c.last = next_fence(c.last, run_fence)
+  c.issued = true
+  return c.last
+end
+
+local function save_fences(c)
+  if c.issued then redis.call('SET', c.key, int(c.last)) end
+end
+
+-- A lease granted now (claim, heartbeat): the run's own lease_ms when it holds a usable one,
+-- else the worker's default.
+local function lease_until(now, run_lease_ms, default_ms)
+  return now + whole_or(run_lease_ms, 1, default_ms)
+end
+
+-- A fire's run id, '<job_id>@<fire instant>': the same as jobqueue.store.keys.fire_run_id
+-- (tests/test_script_prelude.py checks that the two agree).
+local function fire_run_id(job, instant)
+  return job .. '@' .. instant
+end
+
+-- A new run's record (create_run, sched_create): pending, due at `due`, holding only what
+-- differs from the defaults (no attempt or fence: 0 until the first claim; lease_ms and
+-- timeout_ms only when not '0'; job and scheduled_for only when not ''), and no history entry
+-- (creation is the record's created and due fields).
+-- One HSET for the usual shapes (an enqueued run; a scheduled one, with job and scheduled_for):
+-- this runs for every created run, and a table built per run costs the server more.
+local function write_pending(key, now, due, task, payload, attempts, lease, timeout, job,
+                             scheduled_for)
+  if job ~= '' and scheduled_for ~= '' then
+    redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', payload, 'due', due,
+               'max_attempts', attempts, 'created', now, 'job', job,
+               'scheduled_for', scheduled_for)
+  else
+    redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', payload, 'due', due,
+               'max_attempts', attempts, 'created', now)
+    if job ~= '' then redis.call('HSET', key, 'job', job) end
+    if scheduled_for ~= '' then redis.call('HSET', key, 'scheduled_for', scheduled_for) end
+  end
+  if lease ~= '0' then redis.call('HSET', key, 'lease_ms', lease) end
+  if timeout ~= '0' then redis.call('HSET', key, 'timeout_ms', timeout) end
 end
 
 -- A history entry (the record's 'hist' field says a list exists, so a run without notable
@@ -224,10 +286,25 @@ local function expire_record(prefix, run_id, retention_ms, has_history)
 end
 
 -- Entries of a finished-run index older than the retention: their records have expired.
+-- Once per call, after the call's last entry was added to the index.
 local function trim_index(key, now, retention_ms)
   if retention_ms and retention_ms > 0 then
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now - retention_ms)
   end
+end
+
+-- Dead-lettering (claim, fail): the run will not run again. Its record says dead, with the
+-- error, and loses its lease; its history (when has_history: history_ok() was true) ends with
+-- '<now> dead<note>'; it expires after the dead retention and is listed in the dead index at
+-- now. The caller removes its other index entry, and trims the dead index (trim_index) after
+-- its last bury.
+local function bury(dead_key, prefix, run_id, now, err, note, retention_ms, has_history)
+  local key = prefix .. 'run:' .. run_id
+  redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished', now)
+  redis.call('HDEL', key, 'lease_until')
+  if has_history then history(prefix, run_id, now .. ' dead' .. note) end
+  expire_record(prefix, run_id, retention_ms, has_history)
+  redis.call('ZADD', dead_key, now, run_id)
 end
 
 -- Why a fenced operation is refused, or nil when the caller holds the current lease.

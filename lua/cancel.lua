@@ -31,7 +31,7 @@ local ok, plan = reading(function()
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
     p.stats = counters(KEYS[4], 'cancelled')
-    p.last = fence_counter(KEYS[5])
+    p.fences = fence_counter(KEYS[5])
     p.hist = history_ok(prefix, run_id)
   end
   return p
@@ -41,8 +41,8 @@ local run = plan.run
 if not run or not run.state then return {0, 'unknown'} end
 if run.state ~= 'pending' and run.state ~= 'running' then return {0, run.state} end
 
-local fence = next_fence(plan.last, run.fence)
-redis.call('SET', KEYS[5], int(fence))
+local fence = issue_fence(plan.fences, run.fence)
+save_fences(plan.fences)
 redis.call('HSET', key, 'state', 'cancelled', 'fence', int(fence), 'finished', now,
            'error', reason)
 redis.call('HDEL', key, 'lease_until')

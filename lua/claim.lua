@@ -82,7 +82,7 @@ local ok, plan = reading(function()
   expect(KEYS[3], 'zset')
   p.orphans = read('ZRANGE', KEYS[6], 0, ORPHANS_PER_CALL - 1, 'WITHSCORES')
   p.stats = counters(KEYS[4], 'claimed', 'lease_expired', 'dead')
-  p.last = fence_counter(KEYS[5])
+  p.fences = fence_counter(KEYS[5])
 
   local taking = 0
   -- 1. Expired leases. (Every entry read handled and more may follow: wake again at once.)
@@ -182,54 +182,45 @@ if not ok then return plan end
 local out = {}
 local new_leases = {} -- score, member pairs: one ZADD for the call
 local died = 0
-local last = plan.last
 local next_lease_added = nil
 
 for _, run in ipairs(plan.take) do
   local key = prefix .. 'run:' .. run.id
-  local fence = next_fence(last, run.fence)
-  last = fence
+  local fence = issue_fence(plan.fences, run.fence)
   local attempt = (tonumber(run.attempt) or 0) + 1
-  local lease = whole_or(run.lease_ms, 1, default_lease)
-  local lease_until = now + lease
+  local until_ = lease_until(now, run.lease_ms, default_lease)
   if run.expired and run.hist_ok then
     history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
             ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
   end
   redis.call('HSET', key, 'state', 'running', 'fence', int(fence), 'attempt', attempt,
-             'owner', owner, 'lease_until', lease_until, 'started', now)
-  new_leases[#new_leases + 1] = lease_until
+             'owner', owner, 'lease_until', until_, 'started', now)
+  new_leases[#new_leases + 1] = until_
   new_leases[#new_leases + 1] = run.id
-  if not next_lease_added or lease_until < next_lease_added then next_lease_added = lease_until end
+  if not next_lease_added or until_ < next_lease_added then next_lease_added = until_ end
   local n = #out
   out[n + 1] = run.id; out[n + 2] = fence; out[n + 3] = attempt
   out[n + 4] = tonumber(run.max_attempts) or 1; out[n + 5] = run.task
-  out[n + 6] = run.payload; out[n + 7] = lease_until; out[n + 8] = whole_or(run.timeout_ms, 0, 0)
+  out[n + 6] = run.payload; out[n + 7] = until_; out[n + 8] = whole_or(run.timeout_ms, 0, 0)
   out[n + 9] = run.job or ''; out[n + 10] = run.scheduled_for or ''
   out[n + 11] = whole_or(run.due, 0, 0)
 end
-if #plan.take > 0 then redis.call('SET', KEYS[5], int(last)) end
+save_fences(plan.fences)
 -- Leases are added before any is removed: the leases key is never emptied and then written
 -- in one call (on a node migrating the slot, a write to a missing key is refused).
 if #new_leases > 0 then bulk('ZADD', KEYS[2], new_leases, 2000) end
 
-local dead_entries = {}
 for _, run in ipairs(plan.bury) do
-  local key = prefix .. 'run:' .. run.id
   if run.expired and run.hist_ok then
     history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
             ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
   end
-  redis.call('HSET', key, 'state', 'dead', 'error', run.reason, 'finished', now)
-  redis.call('HDEL', key, 'lease_until')
-  if run.hist_ok then history(prefix, run.id, now .. ' dead ' .. run.reason) end
-  expire_record(prefix, run.id, dead_retention, run.hist_ok)
-  dead_entries[#dead_entries + 1] = now
-  dead_entries[#dead_entries + 1] = run.id
+  bury(KEYS[3], prefix, run.id, now, run.reason, ' ' .. run.reason, dead_retention, run.hist_ok)
   died = died + 1
 end
 -- A run id whose key is not a hash: listed as dead so an operator sees it; the key itself is
 -- someone else's data and is left alone.
+local dead_entries = {}
 for _, run_id in ipairs(plan.foreign) do
   dead_entries[#dead_entries + 1] = now
   dead_entries[#dead_entries + 1] = run_id

@@ -18,10 +18,10 @@
 -- A created run is pending, in the due zset at due_at or now + delay_ms, and wake tokens are
 -- pushed so that idle workers blocked on the list claim at once.
 --
--- The record holds only what differs from the defaults: no queue (the key says it), no
--- attempt or fence (0 until the first claim), no lease_ms, timeout_ms or job when 0 or empty,
--- and no history entry (creation is the record's created and due fields; the history starts
--- at the first event that the record cannot show).
+-- The record holds only what differs from the defaults (write_pending): no queue (the key
+-- says it), no attempt or fence (0 until the first claim), no lease_ms, timeout_ms or job when
+-- 0 or empty, and no history entry (creation is the record's created and due fields; the
+-- history starts at the first event that the record cannot show).
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
@@ -30,7 +30,7 @@ local HEADER, STRIDE = 5, 6
 local ok, plan = reading(function()
   local p = {exists = {}}
   expect(KEYS[1], 'zset')
-  p.room = wake_room(KEYS[2])
+  p.wake = waker(KEYS[2])
   p.stats = counters(KEYS[3], 'created')
   local i, seen = 3, {}
   while i <= #ARGV do
@@ -64,13 +64,8 @@ while i <= #ARGV do
       local run_id = ARGV[j]
       local key = prefix .. 'run:' .. run_id
       local due = tonumber(ARGV[j + 2]) or (now + (tonumber(ARGV[j + 3]) or 0))
-      redis.call('HSET', key, 'state', 'pending', 'task', task, 'payload', ARGV[j + 1],
-        'due', due, 'max_attempts', attempts, 'created', now)
-      if lease ~= '0' then redis.call('HSET', key, 'lease_ms', lease) end
-      if timeout ~= '0' then redis.call('HSET', key, 'timeout_ms', timeout) end
-      local job, sched = ARGV[j + 4], ARGV[j + 5]
-      if job ~= '' then redis.call('HSET', key, 'job', job) end
-      if sched ~= '' then redis.call('HSET', key, 'scheduled_for', sched) end
+      write_pending(key, now, due, task, ARGV[j + 1], attempts, lease, timeout, ARGV[j + 4],
+                    ARGV[j + 5])
       created = created + 1
       due_pairs[2 * created - 1] = due
       due_pairs[2 * created] = run_id
@@ -84,6 +79,6 @@ end
 if created > 0 then
   bulk('ZADD', KEYS[1], due_pairs, 2000)
   bump(plan.stats, 'created', created)
-  wake(KEYS[2], plan.room, created)
+  wake(plan.wake, created)
 end
 return out

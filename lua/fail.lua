@@ -32,7 +32,7 @@ local ok, plan = reading(function()
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
-    p.room = wake_room(KEYS[5])
+    p.wake = waker(KEYS[5])
     p.hist = history_ok(prefix, run_id)
   end
   return p
@@ -60,17 +60,12 @@ if delay and attempt < max_attempts then
   redis.call('ZREM', KEYS[2], run_id)
   bump(plan.stats, 'failed', 1)
   bump(plan.stats, 'retried', 1)
-  wake(KEYS[5], plan.room, 1)
+  wake(plan.wake, 1)
   return {1, 'retry', due}
 end
 
-redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished', now)
-redis.call('HDEL', key, 'lease_until')
-if plan.hist then
-  history(prefix, run_id, now .. ' dead' .. ended .. ': ' .. string.sub(err, 1, 200))
-end
-expire_record(prefix, run_id, dead_retention, plan.hist)
-redis.call('ZADD', KEYS[3], now, run_id)
+bury(KEYS[3], prefix, run_id, now, err, ended .. ': ' .. string.sub(err, 1, 200), dead_retention,
+     plan.hist)
 trim_index(KEYS[3], now, dead_retention)
 redis.call('ZREM', KEYS[2], run_id)
 bump(plan.stats, 'failed', 1)

@@ -33,12 +33,11 @@ for _, r in ipairs(plan) do
   if r.why then
     out[#out + 1] = r.why
   else
-    local lease = whole_or(r.lease, 1, default_lease)
-    local lease_until = now + lease
-    redis.call('HSET', prefix .. 'run:' .. r.id, 'lease_until', lease_until)
-    leases[#leases + 1] = lease_until
+    local expiry = lease_until(now, r.lease, default_lease)
+    redis.call('HSET', prefix .. 'run:' .. r.id, 'lease_until', expiry)
+    leases[#leases + 1] = expiry
     leases[#leases + 1] = r.id
-    out[#out + 1] = lease_until
+    out[#out + 1] = expiry
   end
 end
 if #leases > 0 then bulk('ZADD', KEYS[1], leases, 2000) end

@@ -1,8 +1,8 @@
 -- purge.lua: delete dead runs for good (record, history and dead-set entry).
 --
 -- KEYS[1]  dead      zset    jq:{q#p}:dead     run_id -> time it died
--- ARGV[1]  now                now ms, or '' for the server clock (unused; every script
---                             takes it)
+-- ARGV[1]  now                now ms, or '' for the server clock (read first, as every
+--                             script does; nothing here depends on it)
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3..] run_ids           the runs to purge
 -- Returns  {purged_count, refused_count}: a run that is not dead (requeued meanwhile, or
@@ -11,6 +11,7 @@
 --          whole (an error reply, nothing changed) when a key is not on this node or the dead
 --          index holds another type.
 
+local _ = clock(ARGV[1])
 local prefix = ARGV[2]
 
 local ok, plan = reading(function()

@@ -25,7 +25,7 @@ local ok, plan = reading(function()
   if not p.why then
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
-    p.room = wake_room(KEYS[3])
+    p.wake = waker(KEYS[3])
     p.hist = history_ok(prefix, run_id)
   end
   return p
@@ -42,5 +42,5 @@ if plan.hist then
 end
 redis.call('ZADD', KEYS[1], now, run_id)
 redis.call('ZREM', KEYS[2], run_id)
-wake(KEYS[3], plan.room, 1)
+wake(plan.wake, 1)
 return {1, 'released'}

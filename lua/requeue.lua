@@ -24,7 +24,7 @@ local ok, plan = reading(function()
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
-    p.room = wake_room(KEYS[4])
+    p.wake = waker(KEYS[4])
     p.hist = history_ok(prefix, run_id)
   end
   return p
@@ -44,5 +44,5 @@ end
 redis.call('ZADD', KEYS[1], now, run_id)
 redis.call('ZREM', KEYS[2], run_id)
 redis.call('ZREM', KEYS[3], run_id)
-wake(KEYS[4], plan.room, 1)
+wake(plan.wake, 1)
 return {1, run.state}

@@ -4,8 +4,8 @@
 -- KEYS[1]  next      zset    jq:{sched#k}:next   job_id -> next fire time (ms)
 -- KEYS[2]  defs      hash    jq:{sched#k}:def    job_id -> definition (JSON)
 -- KEYS[3]  state     hash    jq:{sched#k}:state  job_id -> counters and cursors (text)
--- ARGV[1]  now                now ms, or '' for the server clock (unused but for the reply:
---                             one clock)
+-- ARGV[1]  now                now ms, or '' for the server clock (read first, as every
+--                             script does; nothing here depends on it)
 -- ARGV[2]  job_id             the recurring job
 -- ARGV[3]  action             'put' or 'delete'
 -- ARGV[4]  expected_def       expected definition ('' = expect none)

@@ -24,7 +24,7 @@ local now = clock(ARGV[1])
 local prefix, hold = ARGV[2], tonumber(ARGV[3])
 
 local ok, plan = reading(function()
-  local p = {room = wake_room(KEYS[2]), runs = {}}
+  local p = {wake = waker(KEYS[2]), runs = {}}
   expect(KEYS[1], 'zset')
   for i = 4, #ARGV, 3 do
     local run_id, pred, due = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
@@ -58,5 +58,5 @@ for _, r in ipairs(plan.runs) do
   end
   out[#out + 1] = r.verdict
 end
-wake(KEYS[2], plan.room, released)
+wake(plan.wake, released)
 return out

@@ -13,8 +13,8 @@ from click.testing import CliRunner, Result
 
 from jobqueue.cli.core import State, main
 from jobqueue.client.sync import JobQueue
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")
 
@@ -32,12 +32,12 @@ def make(jq: JobQueue, **states: str) -> None:
         jq.enqueue("report", run_id=run_id)
         if state == "pending":
             continue
-        (r,) = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 1, "w", 60_000, 60_000))).runs
+        (r,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 60_000, 60_000))).runs
         assert r.run_id == run_id
         if state == "done":
-            jq.scripts.run(ops.complete_call(keys, run_id, r.fence, "null", 60_000))
+            jq.scripts.run(COMPLETE.call(keys, [(run_id, r.fence, "null")], 60_000))
         elif state == "dead":
-            jq.scripts.run(ops.fail_call(keys, run_id, r.fence, "boom", None, 60_000))
+            jq.scripts.run(FAIL.call(keys, run_id, r.fence, "boom", None, 60_000))
 
 
 def test_cancel_says_what_it_did_and_a_second_cancel_exits_0(jq: JobQueue) -> None:

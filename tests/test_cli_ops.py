@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from jobqueue.cli.core import main
 from jobqueue.client.sync import JobQueue
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.runs import CLAIM, FAIL
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def cli_json(url: str, *args: str) -> Any:
 
 def claim(jq: JobQueue, owner: str, lease_ms: int = 30_000, now: int | None = None) -> Any:
     keys = jq.keys_for("default", "x")
-    return ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 10, owner, lease_ms, 60_000, now)))
+    return CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 10, owner, lease_ms, 60_000, now)))
 
 
 def test_leases_lists_owner_fence_attempt_and_time_left(jq: JobQueue, url: str) -> None:
@@ -100,7 +100,7 @@ def test_stats_counts_due_later_running_and_dead(jq: JobQueue, url: str) -> None
     jq.enqueue("report", run_id="now-2")
     jq.enqueue("report", run_id="later", delay=600)
     claim_keys = jq.keys_for("default", "x")
-    ops.parse_claim(jq.scripts.run(ops.claim_call(claim_keys, 1, "w", 30_000, 60_000)))
+    CLAIM.parse(jq.scripts.run(CLAIM.call(claim_keys, 1, "w", 30_000, 60_000)))
     (row,) = cli_json(url, "stats")
     assert (row["due_now"], row["scheduled_later"], row["running"], row["dead"]) == (1, 1, 1, 0)
     assert row["counters"]["created"] == 3
@@ -111,7 +111,7 @@ def test_dead_list_retry_and_purge(jq: JobQueue, url: str) -> None:
     for run_id in ("d1", "d2"):
         jq.enqueue("report", run_id=run_id)
     for r in claim(jq, "w").runs:
-        jq.scripts.run(ops.fail_call(keys, r.run_id, r.fence, "boom", None, 60_000))
+        jq.scripts.run(FAIL.call(keys, r.run_id, r.fence, "boom", None, 60_000))
     assert {r["run_id"] for r in cli_json(url, "dead", "list")} == {"d1", "d2"}
     code, out, _ = cli(url, "dead", "retry", "d1")
     assert code == 0 and "retried 1 of 1" in out
@@ -126,7 +126,7 @@ def test_purge_asks_before_deleting(jq: JobQueue, url: str) -> None:
     jq.enqueue("report", run_id="d1")
     keys = jq.keys_for("default", "x")
     (r,) = claim(jq, "w").runs
-    jq.scripts.run(ops.fail_call(keys, r.run_id, r.fence, "boom", None, 60_000))
+    jq.scripts.run(FAIL.call(keys, r.run_id, r.fence, "boom", None, 60_000))
     code, _, _ = cli(url, "dead", "purge", "d1", input="n\n")
     assert code == 1  # aborted
     assert jq.get_run("d1").state == "dead"

@@ -22,8 +22,8 @@ from click.testing import CliRunner, Result
 from jobqueue.cli.core import State, main
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.runs import CLAIM, FAIL
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")
 
@@ -117,8 +117,8 @@ def bulk_state(url: str, tmp_path: Path) -> Path:
     jq.declare_task("report")
     jq.enqueue_many([Request("report", run_id=f"d-{i}") for i in range(600)])
     keys = jq.keys_for("default", "x")
-    claimed = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 600, "w", 60_000, 600_000)))
-    jq.scripts.run_many([ops.fail_call(keys, r.run_id, r.fence, "boom", None, 600_000)
+    claimed = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 600, "w", 60_000, 600_000)))
+    jq.scripts.run_many([FAIL.call(keys, r.run_id, r.fence, "boom", None, 600_000)
                          for r in claimed.runs])
     jq.schedule("minutely", "report", every=60)
     return write_lines(tmp_path / "runs.jsonl", [{"run_id": f"f-{i}"} for i in range(3000)])

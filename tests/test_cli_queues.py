@@ -15,8 +15,8 @@ from click.testing import CliRunner, Result
 
 from jobqueue.cli.core import State, main
 from jobqueue.client.sync import JobQueue
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.runs import CLAIM, COMPLETE, FAIL, ClaimedRun
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")
 MINUTE = 60_000
@@ -32,19 +32,19 @@ def as_json(jq: JobQueue, *args: str) -> Any:
     return json.loads(result.stdout)
 
 
-def claim(jq: JobQueue, n: int, now: int, lease_ms: int = 60_000) -> list[ops.ClaimedRun]:
+def claim(jq: JobQueue, n: int, now: int, lease_ms: int = 60_000) -> list[ClaimedRun]:
     keys = jq.keys_for("default", "x")
-    call = ops.claim_call(keys, n, "w-1", lease_ms, 3_600_000, now)
-    return ops.parse_claim(jq.scripts.run(call)).runs
+    call = CLAIM.call(keys, n, "w-1", lease_ms, 3_600_000, now)
+    return CLAIM.parse(jq.scripts.run(call)).runs
 
 
-def finish(jq: JobQueue, runs: list[ops.ClaimedRun], now: int, dead: bool = False) -> None:
+def finish(jq: JobQueue, runs: list[ClaimedRun], now: int, dead: bool = False) -> None:
     keys = jq.keys_for("default", "x")
     for r in runs:
         if dead:
-            jq.scripts.run(ops.fail_call(keys, r.run_id, r.fence, "boom", None, 3_600_000, now))
+            jq.scripts.run(FAIL.call(keys, r.run_id, r.fence, "boom", None, 3_600_000, now))
         else:
-            jq.scripts.run(ops.complete_call(keys, r.run_id, r.fence, "null", 3_600_000, now))
+            jq.scripts.run(COMPLETE.call(keys, [(r.run_id, r.fence, "null")], 3_600_000, now))
 
 
 def build_state(jq: JobQueue) -> int:

@@ -23,8 +23,8 @@ from jobqueue.cli.core import State, main
 from jobqueue.cli.top_view import render
 from jobqueue.client.queries import Lease, PartitionStats, TopSnapshot, WorkerInfo
 from jobqueue.client.sync import JobQueue
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.runs import CLAIM
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")
 NOW = 1_796_000_000_000  # 2026-11-30 00:53:20 UTC
@@ -119,7 +119,7 @@ def hold_lease(jq: JobQueue, run_id: str) -> None:
     jq.declare_task("report")
     jq.enqueue("report", run_id=run_id)
     keys = jq.keys_for("default", run_id)
-    (r,) = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 1, "w-top", 60_000, 60_000))).runs
+    (r,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w-top", 60_000, 60_000))).runs
     assert r.run_id == run_id
 
 

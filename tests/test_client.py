@@ -23,9 +23,9 @@ from jobqueue import (
     UnknownTask,
 )
 from jobqueue.errors import InvalidRunId
-from jobqueue.store import ops
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
 from jobqueue.store.payload import encode_payload
+from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, ClaimResult, RunSpec
 from jobqueue.store.scripts import ScriptRunner
 
 
@@ -485,10 +485,10 @@ def test_partition_count_must_be_a_positive_integer(redis_client: Any) -> None:
 # -- decoding --------------------------------------------------------------------------------
 
 
-def claim_all(jq: JobQueue, run_id: str) -> ops.ClaimResult:
+def claim_all(jq: JobQueue, run_id: str) -> ClaimResult:
     pk = jq.keys_for("default", run_id)
-    call = ops.claim_call(pk, 100, "test-worker", 30_000, 60_000)
-    return ops.parse_claim(jq.scripts.run(call))
+    call = CLAIM.call(pk, 100, "test-worker", 30_000, 60_000)
+    return CLAIM.parse(jq.scripts.run(call))
 
 
 def claimed_now(jq: JobQueue, run_id: str) -> int:
@@ -507,8 +507,8 @@ def test_run_args_kwargs_and_result_decode(jq: JobQueue) -> None:
     (c,) = claim_all(jq, "r").runs
     result_json = '{"sum":3,"items":["a",null]}'
     pk = jq.keys_for("default", "r")
-    outcome = ops.parse_outcome(jq.scripts.run(ops.complete_call(pk, "r", c.fence, result_json,
-                                                                 60_000)))
+    call = COMPLETE.call(pk, [("r", c.fence, result_json)], 60_000)
+    (outcome,) = COMPLETE.parse(jq.scripts.run(call))
     assert outcome.accepted
     done = jq.get_run("r")
     assert done.result == {"sum": 3, "items": ["a", None]}
@@ -523,7 +523,7 @@ def test_handle_refresh_state_and_result_follow_the_run(jq: JobQueue) -> None:
     (c,) = claim_all(jq, "h").runs
     assert handle.state == "running"
     pk = jq.keys_for("default", "h")
-    jq.scripts.run(ops.complete_call(pk, "h", c.fence, "42", 60_000))
+    jq.scripts.run(COMPLETE.call(pk, [("h", c.fence, "42")], 60_000))
     assert handle.result == 42
     assert handle.wait(timeout=1).state == "done"
 
@@ -540,12 +540,12 @@ def test_handle_wait_gives_up_with_run_timeout(jq: JobQueue) -> None:
 
 def test_runner_run_recovers_after_script_flush(runner: ScriptRunner, pk: PartitionKeys,
                                                 redis_client: Any) -> None:
-    spec = ops.RunSpec("a", "t", "{}")
-    assert ops.parse_create(runner.run(ops.create_call(pk, [spec], now=1))) == [True]
+    spec = RunSpec("a", "t", "{}")
+    assert CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [spec], now=1))) == [True]
     redis_client.script_flush()
-    assert ops.parse_create(runner.run(ops.create_call(pk, [spec], now=2))) == [False]
+    assert CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [spec], now=2))) == [False]
     redis_client.script_flush()
-    claimed = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w", 1_000, 1, now=3)))
+    claimed = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", 1_000, 1, now=3)))
     assert [r.run_id for r in claimed.runs] == ["a"]
 
 
@@ -556,19 +556,19 @@ def test_runner_run_many_recovers_after_script_flush(
     redis_client.script_flush()
     other = PartitionKeys("default", 1)
     calls = [
-        ops.create_call(pk, [ops.RunSpec("a", "t", "{}")], now=1),
-        ops.create_call(other, [ops.RunSpec("b", "t", "{}")], now=1),
-        ops.claim_call(pk, 5, "w", 1_000, 1, now=2),
-        ops.create_call(pk, [ops.RunSpec("a", "t", "{}")], now=3),
+        CREATE_RUN.call(pk, [RunSpec("a", "t", "{}")], now=1),
+        CREATE_RUN.call(other, [RunSpec("b", "t", "{}")], now=1),
+        CLAIM.call(pk, 5, "w", 1_000, 1, now=2),
+        CREATE_RUN.call(pk, [RunSpec("a", "t", "{}")], now=3),
     ]
     replies = runner.run_many(calls)
-    assert ops.parse_create(replies[0]) == [True]
-    assert ops.parse_create(replies[1]) == [True]
-    assert [r.run_id for r in ops.parse_claim(replies[2]).runs] == ["a"]
+    assert CREATE_RUN.parse(replies[0]) == [True]
+    assert CREATE_RUN.parse(replies[1]) == [True]
+    assert [r.run_id for r in CLAIM.parse(replies[2]).runs] == ["a"]
     # each call ran exactly once: the claim saw one run and the last create found it
-    assert ops.parse_create(replies[3]) == [False]
+    assert CREATE_RUN.parse(replies[3]) == [False]
     assert redis_client.hget(pk.stats, "claimed") == "1"
-    assert redis_client.hget(pk.run("a"), "fence") == str(ops.parse_claim(replies[2]).runs[0].fence)
+    assert redis_client.hget(pk.run("a"), "fence") == str(CLAIM.parse(replies[2]).runs[0].fence)
 
 
 def test_enqueue_and_enqueue_many_recover_after_script_flush(redis_client: Any) -> None:

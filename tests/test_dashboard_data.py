@@ -6,7 +6,7 @@ from __future__ import annotations
 from jobqueue.client import queries as inspect
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.sampler import Sampler
-from jobqueue.store import ops
+from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 MIN = 60_000
 DAY = 24 * 60 * MIN  # retention: the done index keeps finished runs this long
@@ -16,12 +16,12 @@ def finish(jq: JobQueue, run_id: str, at_ms: int, *, fail: bool = False) -> None
     """Create and claim one run now; complete (or kill) it at server time ``at_ms``."""
     jq.enqueue("report", run_id=run_id)
     keys = jq.keys_for("default", run_id)
-    claim = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 1, "w", 30_000, MIN)))
+    claim = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, MIN)))
     fence = claim.runs[0].fence
     if fail:
-        jq.scripts.run(ops.fail_call(keys, run_id, fence, "boom", None, DAY, at_ms))
+        jq.scripts.run(FAIL.call(keys, run_id, fence, "boom", None, DAY, at_ms))
     else:
-        jq.scripts.run(ops.complete_call(keys, run_id, fence, "null", DAY, at_ms))
+        jq.scripts.run(COMPLETE.call(keys, [(run_id, fence, "null")], DAY, at_ms))
 
 
 def test_throughput_counts_finished_and_dead_runs_per_minute(jq: JobQueue) -> None:

@@ -21,8 +21,8 @@ from playwright.sync_api import BrowserContext, Page, sync_playwright
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,7 @@ def run_id(prefix: str) -> str:
 def claimed(jq: JobQueue, queue: str, rid: str) -> tuple[Any, int]:
     """Claim ``rid``: each test uses its own queue, so it is that queue's only due run."""
     keys = jq.keys_for(queue, rid)
-    (run,) = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 1, "e2e", 30_000, 60_000))).runs
+    (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "e2e", 30_000, 60_000))).runs
     assert run.run_id == rid
     return keys, run.fence
 
@@ -121,7 +121,7 @@ def test_retry_button_on_a_dead_run_puts_it_back(jq: JobQueue, page: Page, base_
     rid = run_id("doomed")
     jq.enqueue("report", run_id=rid, queue="e2e-dead")
     keys, fence = claimed(jq, "e2e-dead", rid)
-    jq.scripts.run(ops.fail_call(keys, rid, fence, "ValueError: boom", None, 60_000))
+    jq.scripts.run(FAIL.call(keys, rid, fence, "ValueError: boom", None, 60_000))
     assert jq.get_run(rid).state == "dead"
     page.goto(f"{base_url}/dead")
     row = page.locator(f'#dead tr[data-run-id="{rid}"]')
@@ -144,7 +144,7 @@ def test_purge_asks_for_confirmation_then_deletes_the_dead_run(
     rid = run_id("purged")
     jq.enqueue("report", run_id=rid, queue="e2e-purge")
     keys, fence = claimed(jq, "e2e-purge", rid)
-    jq.scripts.run(ops.fail_call(keys, rid, fence, "ValueError: boom", None, 60_000))
+    jq.scripts.run(FAIL.call(keys, rid, fence, "ValueError: boom", None, 60_000))
     page.goto(f"{base_url}/dead")
     with page.expect_navigation():
         page.locator(f'#dead tr[data-run-id="{rid}"] button[data-action="purge"]').click()
@@ -203,7 +203,7 @@ def test_queue_chart_renders(jq: JobQueue, page: Page, base_url: str) -> None:
         jq.enqueue("report", run_id=rid, queue="e2e-chart")
         keys, fence = claimed(jq, "e2e-chart", rid)
         finished_at = now - minutes_ago * 60_000
-        jq.scripts.run(ops.complete_call(keys, rid, fence, "null", 86_400_000, finished_at))
+        jq.scripts.run(COMPLETE.call(keys, [(rid, fence, "null")], 86_400_000, finished_at))
     page.goto(f"{base_url}/queues")
     chart = page.locator("#chart-throughput-e2e-chart")
     assert chart.is_visible()

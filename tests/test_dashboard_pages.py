@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
-from jobqueue.store import ops
 from jobqueue.store.keys import WORKERS_KEY
+from jobqueue.store.runs import CLAIM, FAIL
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 EVIL = '<script>alert("pwned")</script>'
@@ -29,8 +29,8 @@ def client(jq: JobQueue) -> TestClient:
 def claim(jq: JobQueue, run_id: str, lease_ms: int = 30_000) -> int:
     """Claim the one due run (tests keep a single one due at a time)."""
     keys = jq.keys_for("default", run_id)
-    reply = jq.scripts.run(ops.claim_call(keys, 1, "w-1", lease_ms, 60_000))
-    (run,) = ops.parse_claim(reply).runs
+    reply = jq.scripts.run(CLAIM.call(keys, 1, "w-1", lease_ms, 60_000))
+    (run,) = CLAIM.parse(reply).runs
     assert run.run_id == run_id
     return run.fence
 
@@ -46,7 +46,7 @@ def kill(jq: JobQueue, run_id: str, error: str = "boom") -> None:
     jq.enqueue("report", run_id=run_id)
     fence = claim(jq, run_id)
     keys = jq.keys_for("default", run_id)
-    jq.scripts.run(ops.fail_call(keys, run_id, fence, error, None, 60_000))
+    jq.scripts.run(FAIL.call(keys, run_id, fence, error, None, 60_000))
 
 
 def post(client: TestClient, action: str, page: str, **fields: str) -> str:

@@ -20,7 +20,7 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.dashboard.cli import is_loopback
 from jobqueue.dashboard.security import SESSION_COOKIE, TOKEN_COOKIE, Credentials
-from jobqueue.store import ops
+from jobqueue.store.runs import CLAIM, FAIL
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 
@@ -29,8 +29,8 @@ def dead_run(jq: JobQueue, run_id: str) -> None:
     jq.declare_task("report", max_attempts=1)
     jq.enqueue("report", run_id=run_id)
     keys = jq.keys_for("default", run_id)
-    claim = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 1, "w", 30_000, 60_000)))
-    jq.scripts.run(ops.fail_call(keys, run_id, claim.runs[0].fence, "boom", None, 60_000))
+    claim = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000)))
+    jq.scripts.run(FAIL.call(keys, run_id, claim.runs[0].fence, "boom", None, 60_000))
     assert jq.get_run(run_id).state == "dead"
 
 

@@ -16,10 +16,9 @@ from counting_proxy import CountingProxy
 from server_stall import stall
 
 from jobqueue.errors import ConnectionFailed, ScriptError
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.ops import RunSpec
+from jobqueue.store.runs import CLAIM, CREATE_RUN, RunSpec
 from jobqueue.store.scripts import Call, DirectLane, ScriptRunner
 
 PK = PartitionKeys("default", 0)
@@ -35,7 +34,7 @@ def client(real_server: EmbeddedServer) -> Iterator[Any]:
 
 
 def create(run_id: str) -> Call:
-    return ops.create_call(PK, [RunSpec(run_id, "t", '{"args":[],"kwargs":{}}')])
+    return CREATE_RUN.call(PK, [RunSpec(run_id, "t", '{"args":[],"kwargs":{}}')])
 
 
 def test_plain_redis_client_gets_a_direct_lane(client: Any) -> None:
@@ -49,8 +48,8 @@ def test_fakeredis_and_cluster_like_clients_take_the_normal_path() -> None:
 
 def test_run_through_the_lane_creates_once_and_says_so(client: Any) -> None:
     runner = ScriptRunner(client)
-    assert ops.parse_create(runner.run(create("r1"))) == [True]
-    assert ops.parse_create(runner.run(create("r1"))) == [False]
+    assert CREATE_RUN.parse(runner.run(create("r1"))) == [True]
+    assert CREATE_RUN.parse(runner.run(create("r1"))) == [False]
     assert client.hget(PK.run("r1"), "state") == "pending"
 
 
@@ -58,9 +57,9 @@ def test_lane_recovers_noscript_after_a_script_flush(client: Any) -> None:
     runner = ScriptRunner(client)
     runner.run(create("a"))
     client.script_flush()
-    assert ops.parse_create(runner.run(create("b"))) == [True]
+    assert CREATE_RUN.parse(runner.run(create("b"))) == [True]
     client.script_flush()
-    assert [ops.parse_create(r) for r in runner.run_many([create("c"), create("a")])] == [
+    assert [CREATE_RUN.parse(r) for r in runner.run_many([create("c"), create("a")])] == [
         [True],
         [False],
     ]
@@ -71,8 +70,8 @@ def test_lane_falls_back_when_its_connection_was_killed(client: Any) -> None:
     runner.run(create("before"))
     # Kill every other client connection, the lane's included.
     client.client_kill_filter(skipme=True)
-    assert ops.parse_create(runner.run(create("after"))) == [True]
-    assert ops.parse_create(runner.run(create("again"))) == [True]
+    assert CREATE_RUN.parse(runner.run(create("after"))) == [True]
+    assert CREATE_RUN.parse(runner.run(create("again"))) == [True]
     assert client.exists(PK.run("after"), PK.run("again")) == 2
 
 
@@ -81,7 +80,7 @@ def test_pipelined_calls_after_a_killed_connection_still_run_once_each(client: A
     runner.run(create("warm"))
     client.client_kill_filter(skipme=True)
     replies = runner.run_many([create("x"), create("y")])
-    assert [ops.parse_create(r) for r in replies] == [[True], [True]]
+    assert [CREATE_RUN.parse(r) for r in replies] == [[True], [True]]
 
 
 def test_an_error_reply_in_a_pipeline_is_raised_and_the_other_calls_still_ran(
@@ -92,7 +91,7 @@ def test_an_error_reply_in_a_pipeline_is_raised_and_the_other_calls_still_ran(
     client.set(PK.due, "not a zset")  # create_run's ZADD on it fails with WRONGTYPE
     with pytest.raises(ScriptError, match="create_run"):
         runner.run_many(
-            [create("z"), ops.create_call(other, [RunSpec("w", "t", '{"args":[],"kwargs":{}}')])]
+            [create("z"), CREATE_RUN.call(other, [RunSpec("w", "t", '{"args":[],"kwargs":{}}')])]
         )
     assert client.hget(other.run("w"), "state") == "pending"
 
@@ -130,7 +129,7 @@ def test_close_disconnects_the_lane_connections(client: Any) -> None:
         time.sleep(0.01)
     assert len(client.client_list()) == before - 1
     # and the runner still works afterwards (a new connection)
-    assert ops.parse_create(runner.run(create("c2"))) == [True]
+    assert CREATE_RUN.parse(runner.run(create("c2"))) == [True]
 
 
 def test_a_call_whose_reply_timed_out_is_raised_not_sent_again(
@@ -142,16 +141,16 @@ def test_a_call_whose_reply_timed_out_is_raised_not_sent_again(
     Valkey may drop a command whose client left)."""
     runner = ScriptRunner(client)
     specs = [RunSpec(f"r{i}", "t", '{"args":[],"kwargs":{}}') for i in range(3)]
-    runner.run(ops.create_call(PK, specs))
+    runner.run(CREATE_RUN.call(PK, specs))
     proxy = CountingProxy(real_server.socket)
     slow = redis.Redis.from_url(proxy.url("socket_timeout=0.3"), decode_responses=True)
     slow_runner = ScriptRunner(slow)
-    slow_runner.run(ops.claim_call(PK, 0, "w", 30_000, 60_000))  # the lane is connected
+    slow_runner.run(CLAIM.call(PK, 0, "w", 30_000, 60_000))  # the lane is connected
     sent_before = proxy.count(b"EVALSHA")  # (and claim.lua loaded)
     busy = stall(real_server.url, 1.0)
     try:
         with pytest.raises(ConnectionFailed, match="timed out"):
-            slow_runner.run(ops.claim_call(PK, 1, "w", 30_000, 60_000))
+            slow_runner.run(CLAIM.call(PK, 1, "w", 30_000, 60_000))
         busy.join(5)
         time.sleep(0.3)  # what a re-send would still have done by now
         assert proxy.count(b"EVALSHA") == sent_before + 1  # the timed-out claim went once

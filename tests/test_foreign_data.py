@@ -27,9 +27,9 @@ from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, CorruptData, RunNotFound
 from jobqueue.runtime.metrics import PrometheusMetrics
 from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import MAX_PARTITIONS, QUEUES_KEY, WORKERS_KEY, PartitionKeys
+from jobqueue.store.runs import CLAIM
 
 P0 = PartitionKeys("default", 0)
 DEF = "jq:{sched#0}:def"
@@ -70,7 +70,7 @@ def seeded(jq: JobQueue) -> JobQueue:
     jq.declare_task("t")
     jq.enqueue("t", 1, run_id="held")
     jq.enqueue("t", 2, run_id="waiting")
-    claimed = ops.parse_claim(jq.scripts.run(ops.claim_call(P0, 1, "w-1", 30_000, 60_000)))
+    claimed = CLAIM.parse(jq.scripts.run(CLAIM.call(P0, 1, "w-1", 30_000, 60_000)))
     assert [r.run_id for r in claimed.runs] == ["held"]
     return jq
 

@@ -21,7 +21,7 @@ from test_worker import FAST, make_worker, running, wait_for
 from jobqueue import JobQueue
 from jobqueue.cli.core import State, main
 from jobqueue.dashboard.app import create_app
-from jobqueue.store import ops
+from jobqueue.store.runs import CLAIM
 
 MISSING = None
 
@@ -151,7 +151,7 @@ def test_a_dead_listed_key_of_the_wrong_type_is_listed_and_purged_by_the_cli(
     jq.enqueue("t", run_id="victim")
     redis_client.delete(keys.run("victim"))
     redis_client.set(keys.run("victim"), "not a hash")
-    jq.scripts.run(ops.claim_call(keys, 1, "w", 30_000, 60_000))  # dead-letters the key
+    jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000))  # dead-letters the key
     assert "victim" in cli(jq, "dead", "list")
     listed = json.loads(cli(jq, "runs", "--state", "dead", "--json"))
     assert [(x["run_id"], x["state"]) for x in listed] == [("victim", "dead")]
@@ -204,8 +204,8 @@ def test_cli_shows_runs_and_leases_with_corrupt_fields_without_crashing(
     jq.enqueue("t", 2, run_id="waiting")
     keys = jq.keys_for("default", "held")
     # 'held' is running (in the leases zset), 'waiting' pending (in the due zset).
-    call = ops.claim_call(keys, 1, "host:1:abc", 30_000, 60_000)
-    assert [r.run_id for r in ops.parse_claim(jq.scripts.run(call)).runs] == ["held"]
+    call = CLAIM.call(keys, 1, "host:1:abc", 30_000, 60_000)
+    assert [r.run_id for r in CLAIM.parse(jq.scripts.run(call)).runs] == ["held"]
     for run_id in ("held", "waiting"):
         corrupt(redis_client, keys.run(run_id), Corruption(field, value, ""))
 

@@ -34,8 +34,8 @@ from jobqueue.dashboard.app import create_app
 from jobqueue.errors import JobQueueError
 from jobqueue.runtime.metrics import PrometheusMetrics
 from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
-from jobqueue.store import ops
 from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys
+from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 FUZZ = settings(
     max_examples=40,
@@ -62,15 +62,15 @@ def seed(client: Any) -> JobQueue:
     jq = JobQueue(client)
     jq.declare_task("t")
     keys = P0
-    lease = ops.claim_call(keys, 1, "w-seed", 60_000, 600_000)
+    lease = CLAIM.call(keys, 1, "w-seed", 60_000, 600_000)
     jq.enqueue("t", {"k": [1]}, run_id="seed-running")
     jq.scripts.run(lease)
     jq.enqueue("t", run_id="seed-dead")
-    (dead,) = ops.parse_claim(jq.scripts.run(lease)).runs
-    jq.scripts.run(ops.fail_call(keys, "seed-dead", dead.fence, "boom", None, 600_000))
+    (dead,) = CLAIM.parse(jq.scripts.run(lease)).runs
+    jq.scripts.run(FAIL.call(keys, "seed-dead", dead.fence, "boom", None, 600_000))
     jq.enqueue("t", run_id="seed-done")
-    (done,) = ops.parse_claim(jq.scripts.run(lease)).runs
-    jq.scripts.run(ops.complete_call(keys, "seed-done", done.fence, '"ok"', 600_000))
+    (done,) = CLAIM.parse(jq.scripts.run(lease)).runs
+    jq.scripts.run(COMPLETE.call(keys, [("seed-done", done.fence, '"ok"')], 600_000))
     jq.enqueue("t", run_id="seed-pending", delay=3600)
     jq.schedule(SEED_JOB, "t", every=60)
     entry = {"id": "w-seed", "host": "h", "pid": 1, "queues": ["default"], "last_seen_ms": 1}

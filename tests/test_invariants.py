@@ -29,12 +29,29 @@ import pytest
 import redis
 from fence_rule import fence_issued
 from redis.crc import key_slot
+from script_calls import Advance, advance_groups
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
-from jobqueue.store import ops
+from jobqueue.store.admin import PURGE, REPAIR
 from jobqueue.store.embedded import EmbeddedServer
-from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
+from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, SchedKeys
 from jobqueue.store.payload import decode_payload
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    FENCED_WRITE,
+    HEARTBEAT,
+    RELEASE,
+    REQUEUE,
+    ClaimedRun,
+    ClaimResult,
+    Outcome,
+    RunSpec,
+)
+from jobqueue.store.schedules import ADVANCE, SCHED_DEFINE, SCHED_DUE
 from jobqueue.store.scripts import SCRIPT_NAMES, Call, ScriptRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,20 +98,21 @@ def server_ms(client: Any) -> int:
 
 def create(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int = 0,
            max_attempts: int = 3) -> bool:
-    spec = ops.RunSpec(run_id, "t", PAYLOAD, max_attempts=max_attempts)
-    (created,) = ops.parse_create(runner.run(ops.create_call(pk, [spec], now=now)))
+    spec = RunSpec(run_id, "t", PAYLOAD, max_attempts=max_attempts)
+    (created,) = CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [spec], now=now)))
     return created
 
 
 def claim(runner: ScriptRunner, pk: PartitionKeys, now: int | None, owner: str = "w",
-          limit: int = 10) -> ops.ClaimResult:
-    return ops.parse_claim(runner.run(ops.claim_call(pk, limit, owner, LEASE, RETENTION, now=now)))
+          limit: int = 10) -> ClaimResult:
+    return CLAIM.parse(runner.run(CLAIM.call(pk, limit, owner, LEASE, RETENTION, now=now)))
 
 
 def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int | None,
-             result: str = "null") -> ops.Outcome:
-    call = ops.complete_call(pk, run_id, fence, result, RETENTION, now=now)
-    return ops.parse_outcome(runner.run(call))
+             result: str = "null") -> Outcome:
+    call = COMPLETE.call(pk, [(run_id, fence, result)], RETENTION, now=now)
+    (outcome,) = COMPLETE.parse(runner.run(call))
+    return outcome
 
 
 # == 1. created at most once ==================================================================
@@ -132,8 +150,8 @@ def test_inv1_eight_threads_racing_scripts_without_a_clock_create_once(
     runners = [ScriptRunner(sibling_client(redis_client, backend, request)) for _ in range(8)]
 
     def schedule(i: int) -> list[bool]:
-        specs = [ops.RunSpec(r, "t", PAYLOAD) for r in (ids if i % 2 else ids[::-1])]
-        created = ops.parse_create(runners[i].run(ops.create_call(pk, specs)))
+        specs = [RunSpec(r, "t", PAYLOAD) for r in (ids if i % 2 else ids[::-1])]
+        created = CREATE_RUN.parse(runners[i].run(CREATE_RUN.call(pk, specs)))
         return created if i % 2 else created[::-1]
 
     results = race(8, schedule)
@@ -237,10 +255,9 @@ def test_inv2_stale_holder_cannot_fail_or_release_the_new_holders_run(
     create(runner, pk, "a")
     (w1,) = claim(runner, pk, now=0, owner="w1").runs
     (w2,) = claim(runner, pk, now=LEASE, owner="w2").runs
-    failed = runner.run(ops.fail_call(pk, "a", w1.fence, "late", None, RETENTION, now=LEASE + 1))
-    assert not ops.parse_outcome(failed).accepted
-    assert not ops.parse_outcome(runner.run(ops.release_call(pk, "a", w1.fence,
-                                                             now=LEASE + 1))).accepted
+    failed = runner.run(FAIL.call(pk, "a", w1.fence, "late", None, RETENTION, now=LEASE + 1))
+    assert not FAIL.parse(failed).accepted
+    assert not RELEASE.parse(runner.run(RELEASE.call(pk, "a", w1.fence, now=LEASE + 1))).accepted
     assert redis_client.hget(pk.run("a"), "state") == "running"
     assert complete(runner, pk, "a", w2.fence, now=LEASE + 2).accepted
 
@@ -252,12 +269,12 @@ def test_inv2_every_way_of_losing_a_run_fences_out_the_old_holder(
     create(runner, pk, "a")
     (old,) = claim(runner, pk, now=0, owner="old").runs
     if how == "release":
-        runner.run(ops.release_call(pk, "a", old.fence, now=10))
+        runner.run(RELEASE.call(pk, "a", old.fence, now=10))
     elif how == "fail-retry":
-        runner.run(ops.fail_call(pk, "a", old.fence, "x", 0, RETENTION, now=10))
+        runner.run(FAIL.call(pk, "a", old.fence, "x", 0, RETENTION, now=10))
     elif how == "cancel-requeue":
-        runner.run(ops.cancel_call(pk, "a", RETENTION, "x", now=10))
-        runner.run(ops.requeue_call(pk, "a", now=11))
+        runner.run(CANCEL.call(pk, "a", RETENTION, "x", now=10))
+        runner.run(REQUEUE.call(pk, "a", now=11))
     (new,) = claim(runner, pk, now=LEASE, owner="new").runs
     assert new.fence > old.fence
     assert not complete(runner, pk, "a", old.fence, now=LEASE + 1).accepted
@@ -275,11 +292,11 @@ def test_inv2_eight_threads_completing_with_the_current_fence_are_accepted_once(
         (c,) = claim(runner, pk, now=None, limit=1).runs
         runners = [ScriptRunner(sibling_client(redis_client, backend, request)) for _ in range(8)]
 
-        def commit(i: int, c: ops.ClaimedRun = c, runners: list[ScriptRunner] = runners
-                   ) -> ops.Outcome:
+        def commit(i: int, c: ClaimedRun = c, runners: list[ScriptRunner] = runners
+                   ) -> Outcome:
             if i % 3 == 2:  # a few of them try to fail it instead: still one winner
-                call = ops.fail_call(pk, c.run_id, c.fence, f"e{i}", None, RETENTION)
-                return ops.parse_outcome(runners[i].run(call))
+                call = FAIL.call(pk, c.run_id, c.fence, f"e{i}", None, RETENTION)
+                return FAIL.parse(runners[i].run(call))
             return complete(runners[i], pk, c.run_id, c.fence, now=None, result=str(i))
 
         outcomes = race(8, commit)
@@ -314,11 +331,11 @@ def test_inv2_random_interleavings_never_accept_two_completions(
                     assert fence == current and state == "running"
                     accepted[run_id] = accepted.get(run_id, 0) + 1
             elif op < 0.8:
-                runner.run(ops.fail_call(pk, run_id, fence, "x", 100, RETENTION, now=now))
+                runner.run(FAIL.call(pk, run_id, fence, "x", 100, RETENTION, now=now))
             elif op < 0.9:
-                runner.run(ops.release_call(pk, run_id, fence, now=now))
+                runner.run(RELEASE.call(pk, run_id, fence, now=now))
             else:
-                runner.run(ops.heartbeat_call(pk, [(run_id, fence)], LEASE, now=now))
+                runner.run(HEARTBEAT.call(pk, [(run_id, fence)], LEASE, now=now))
         assert all(n == 1 for n in accepted.values()), accepted
         assert accepted, "the random walk should complete something"
         done = [r for r in run_ids if redis_client.hget(pk.run(r), "state") == "done"]
@@ -346,7 +363,7 @@ def test_inv3_a_worker_that_dies_after_heartbeating_loses_its_runs_after_the_las
 ) -> None:
     create(runner, pk, "a")
     (c,) = claim(runner, pk, now=0, owner="dies").runs
-    runner.run(ops.heartbeat_call(pk, [("a", c.fence)], LEASE, now=20_000))
+    runner.run(HEARTBEAT.call(pk, [("a", c.fence)], LEASE, now=20_000))
     assert claim(runner, pk, now=20_000 + LEASE - 1, owner="w2").runs == []
     assert [r.run_id for r in claim(runner, pk, now=20_000 + LEASE, owner="w2").runs] == ["a"]
 
@@ -354,13 +371,13 @@ def test_inv3_a_worker_that_dies_after_heartbeating_loses_its_runs_after_the_las
 def test_inv3_every_run_of_a_dead_worker_is_recovered(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    specs = [ops.RunSpec(f"r{i}", "t", PAYLOAD) for i in range(25)]
-    runner.run(ops.create_call(pk, specs, now=0))
+    specs = [RunSpec(f"r{i}", "t", PAYLOAD) for i in range(25)]
+    runner.run(CREATE_RUN.call(pk, specs, now=0))
     taken: list[str] = []
     while batch := claim(runner, pk, now=0, owner="dies", limit=10).runs:
         taken += [r.run_id for r in batch]
     assert len(taken) == 25
-    recovered: dict[str, ops.ClaimedRun] = {}
+    recovered: dict[str, ClaimedRun] = {}
     while batch := claim(runner, pk, now=LEASE, owner="w2", limit=10).runs:
         recovered.update({r.run_id: r for r in batch})
     assert sorted(recovered) == sorted(taken)
@@ -378,7 +395,7 @@ def test_inv3_a_run_past_its_attempts_is_dead_lettered_not_dropped(
     assert claim(runner, pk, now=LEASE).runs == []
     assert redis_client.zscore(pk.dead, "a") == LEASE
     assert "lease expired" in redis_client.hget(pk.run("a"), "error")
-    assert ops.parse_state_change(runner.run(ops.requeue_call(pk, "a", now=LEASE + 1))) == (
+    assert REQUEUE.parse(runner.run(REQUEUE.call(pk, "a", now=LEASE + 1))) == (
         True, "dead"
     )
     assert [r.run_id for r in claim(runner, pk, now=LEASE + 1).runs] == ["a"]
@@ -500,24 +517,23 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
     jq.enqueue("t", run_id="elsewhere", queue="other")
     for p in jq.all_partition_keys("default"):
         got = claim(runner, p, now=None, owner="w1", limit=100).runs
-        ops.parse_heartbeat(runner.run(ops.heartbeat_call(p, [(c.run_id, c.fence)
-                                                              for c in got], LEASE)))
+        HEARTBEAT.parse(runner.run(HEARTBEAT.call(p, [(c.run_id, c.fence) for c in got], LEASE)))
         for i, c in enumerate(got):
-            runner.run(ops.fenced_write_call(p, f"res-{c.run_id}", c.fence, "v", c.run_id))
+            runner.run(FENCED_WRITE.call(p, f"res-{c.run_id}", c.fence, "v", c.run_id))
             if i % 4 == 0:
-                runner.run(ops.complete_call(p, c.run_id, c.fence, "1", RETENTION))
+                runner.run(COMPLETE.call(p, [(c.run_id, c.fence, "1")], RETENTION))
             elif i % 4 == 1:
-                runner.run(ops.fail_call(p, c.run_id, c.fence, "boom", None, RETENTION))
+                runner.run(FAIL.call(p, c.run_id, c.fence, "boom", None, RETENTION))
             elif i % 4 == 2:
-                runner.run(ops.release_call(p, c.run_id, c.fence))
+                runner.run(RELEASE.call(p, c.run_id, c.fence))
             else:
-                runner.run(ops.cancel_call(p, c.run_id, RETENTION, "stop"))
+                runner.run(CANCEL.call(p, c.run_id, RETENTION, "stop"))
         for i, c in enumerate(got):
             if i % 4 in (0, 3):
-                runner.run(ops.requeue_call(p, c.run_id))
+                runner.run(REQUEUE.call(p, c.run_id))
         dead = [c.run_id for i, c in enumerate(got) if i % 4 == 1]
-        runner.run(ops.purge_call(p, [*dead, "never-existed"]))
-        runner.run(ops.repair_call(p, [c.run_id for c in got]))
+        runner.run(PURGE.call(p, [*dead, "never-existed"]))
+        runner.run(REPAIR.call(p, [c.run_id for c in got]))
     jq.cancel("elsewhere")
     jq.requeue("elsewhere")
     buffered_job(jq)  # before sched_lifecycle: its bare definitions are not runnable
@@ -536,10 +552,10 @@ def buffered_job(jq: JobQueue) -> None:
     scheduler.tick(now=60 * s)
     scheduler.tick(now=120 * s)  # the 60 s run is still pending: the 120 s run is held
     pk = jq.keys_for("default", "buffered@x")
-    for run in ops.parse_claim(
-        jq.scripts.run(ops.claim_call(pk, 10, "w", 30_000, 3_600_000, now=121 * s))
+    for run in CLAIM.parse(
+        jq.scripts.run(CLAIM.call(pk, 10, "w", 30_000, 3_600_000, now=121 * s))
     ).runs:
-        jq.scripts.run(ops.complete_call(pk, run.run_id, run.fence, "1", 3_600_000, now=122 * s))
+        jq.scripts.run(COMPLETE.call(pk, [(run.run_id, run.fence, "1")], 3_600_000, now=122 * s))
     for now in (130, 180, 240):
         scheduler.tick(now=now * s)
 
@@ -547,19 +563,20 @@ def buffered_job(jq: JobQueue) -> None:
 def sched_lifecycle(runner: ScriptRunner) -> None:
     """The recurring-job scripts, on three scheduler partitions."""
     for k in range(3):
-        sk = ops.SchedKeys(k)
+        sk = SchedKeys(k)
         job, definition = f"job-{k}", '{"task":"t","every":60}'
-        assert ops.parse_sched_define(runner.run(ops.sched_define_call(
+        assert SCHED_DEFINE.parse(runner.run(SCHED_DEFINE.call(
             sk, job, expected_definition=None, expected_next_ms=None, definition=definition,
             next_ms=60_000)))
-        _, due = ops.parse_sched_due(runner.run(ops.sched_due_call(sk, 0, 10, now=60_000)))
-        assert [d.job_id for d in due] == [job]
-        move = ops.Advance(job, 60_000, 120_000, fired=1, last_fire_ms=60_000, through_ms=60_000)
-        assert ops.parse_advance(runner.run(ops.advance_call(sk, [move], now=60_000))) == [True]
-        assert ops.parse_sched_define(runner.run(ops.sched_define_call(
+        due = SCHED_DUE.parse(runner.run(SCHED_DUE.call(sk, 0, 10, now=60_000)))
+        assert [j for segment in due.segments for j in segment.jobs] == [job]
+        move = Advance(job, 60_000, 120_000, fired=1, last_fire_ms=60_000, through_ms=60_000)
+        call = ADVANCE.call(sk, advance_groups([move]), now=60_000)
+        assert ADVANCE.parse(runner.run(call)) == [True]
+        assert SCHED_DEFINE.parse(runner.run(SCHED_DEFINE.call(
             sk, f"gone-{k}", expected_definition=None, expected_next_ms=None,
             definition=definition, next_ms=None)))
-        assert ops.parse_sched_define(runner.run(ops.sched_define_call(
+        assert SCHED_DEFINE.parse(runner.run(SCHED_DEFINE.call(
             sk, f"gone-{k}", expected_definition=definition, expected_next_ms=None,
             definition=None, next_ms=None)))
 
@@ -701,7 +718,7 @@ def test_inv6_decode_payload_refuses_pickle_bytes_of_every_protocol(protocol: in
 
 
 @pytest.mark.parametrize(
-    "name", ["os.system", "os:system", "builtins.eval", "subprocess.Popen", "jobqueue.store.ops"]
+    "name", ["os.system", "os:system", "builtins.eval", "subprocess.Popen", "jobqueue.store.runs"]
 )
 def test_inv6_a_task_name_is_only_resolved_through_the_registry(jq: JobQueue, name: str) -> None:
     jq.declare_task("known")

@@ -16,7 +16,7 @@ import redis
 from jobqueue.client.sync import JobQueue
 from jobqueue.runtime.logs import TEXT_FORMAT, JsonFormatter, RedactingFilter, run_fields
 from jobqueue.store.embedded import EmbeddedServer
-from jobqueue.store.ops import ClaimedRun
+from jobqueue.store.runs import ClaimedRun
 
 ROOT = Path(__file__).resolve().parents[1]
 

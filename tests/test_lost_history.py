@@ -14,9 +14,20 @@ import pytest
 import redis
 
 from jobqueue.errors import ServerRefused
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    FENCED_WRITE,
+    HEARTBEAT,
+    RELEASE,
+    ClaimedRun,
+    RunSpec,
+)
 from jobqueue.store.scripts import ScriptRunner
 
 PK = PartitionKeys("default", 0)
@@ -42,8 +53,8 @@ def restart_from_disk(srv: EmbeddedServer) -> None:
     srv.start()
 
 
-def claim_one(runner: ScriptRunner, owner: str) -> ops.ClaimedRun:
-    (run,) = ops.parse_claim(runner.run(ops.claim_call(PK, 1, owner, LEASE_MS, 60_000))).runs
+def claim_one(runner: ScriptRunner, owner: str) -> ClaimedRun:
+    (run,) = CLAIM.parse(runner.run(CLAIM.call(PK, 1, owner, LEASE_MS, 60_000))).runs
     return run
 
 
@@ -52,7 +63,7 @@ def test_a_restart_from_an_older_snapshot_never_reissues_a_fence(
 ) -> None:
     client = redis.Redis.from_url(server.url, decode_responses=True)
     runner = ScriptRunner(client)
-    runner.run(ops.create_call(PK, [ops.RunSpec("r", "t", PAYLOAD)]))
+    runner.run(CREATE_RUN.call(PK, [RunSpec("r", "t", PAYLOAD)]))
     client.save()  # the snapshot: the run pending, no fence issued yet
     held = claim_one(runner, "w1")  # w1 holds a fence the snapshot does not know
     restart_from_disk(server)
@@ -63,25 +74,25 @@ def test_a_restart_from_an_older_snapshot_never_reissues_a_fence(
     taken = claim_one(runner, "w2")
     assert taken.fence > held.fence
     # w1, alive and unaware, is refused everywhere; w2's work stands.
-    assert ops.parse_heartbeat(runner.run(ops.heartbeat_call(PK, [("r", held.fence)], 1))) == [
-        "fenced"
-    ]
-    write = ops.fenced_write_call(PK, "effect", held.fence, "w1", "r")
-    assert ops.parse_fenced_write(runner.run(write))[0] is False
-    stale = ops.complete_call(PK, "r", held.fence, '"w1"', 60_000)
-    assert ops.parse_outcome(runner.run(stale)).status == "fenced"
-    assert ops.parse_outcome(runner.run(ops.complete_call(PK, "r", taken.fence, '"w2"', 60_000)))
+    beat = HEARTBEAT.call(PK, [("r", held.fence)], 1)
+    assert HEARTBEAT.parse(runner.run(beat)).answers == ["fenced"]
+    write = FENCED_WRITE.call(PK, "effect", held.fence, "w1", "r")
+    assert FENCED_WRITE.parse(runner.run(write))[0] is False
+    stale = COMPLETE.call(PK, [("r", held.fence, '"w1"')], 60_000)
+    assert COMPLETE.parse(runner.run(stale))[0].status == "fenced"
+    fresh = COMPLETE.call(PK, [("r", taken.fence, '"w2"')], 60_000)
+    assert COMPLETE.parse(runner.run(fresh))[0].accepted
     assert client.hget(PK.run("r"), "result") == '"w2"'
 
 
 WRITES = {
-    "create_run": lambda held: ops.create_call(PK, [ops.RunSpec("new", "t", PAYLOAD)]),
-    "claim": lambda held: ops.claim_call(PK, 10, "w2", LEASE_MS, 60_000),
-    "heartbeat": lambda held: ops.heartbeat_call(PK, [(held.run_id, held.fence)], LEASE_MS),
-    "complete": lambda held: ops.complete_call(PK, held.run_id, held.fence, "1", 60_000),
-    "fail": lambda held: ops.fail_call(PK, held.run_id, held.fence, "boom", 1_000, 60_000),
-    "release": lambda held: ops.release_call(PK, held.run_id, held.fence),
-    "cancel": lambda held: ops.cancel_call(PK, held.run_id, 60_000, "stop"),
+    "create_run": lambda held: CREATE_RUN.call(PK, [RunSpec("new", "t", PAYLOAD)]),
+    "claim": lambda held: CLAIM.call(PK, 10, "w2", LEASE_MS, 60_000),
+    "heartbeat": lambda held: HEARTBEAT.call(PK, [(held.run_id, held.fence)], LEASE_MS),
+    "complete": lambda held: COMPLETE.call(PK, [(held.run_id, held.fence, "1")], 60_000),
+    "fail": lambda held: FAIL.call(PK, held.run_id, held.fence, "boom", 1_000, 60_000),
+    "release": lambda held: RELEASE.call(PK, held.run_id, held.fence),
+    "cancel": lambda held: CANCEL.call(PK, held.run_id, 60_000, "stop"),
 }
 
 
@@ -95,7 +106,7 @@ def test_a_full_server_refuses_a_writing_script_whole_before_its_first_write(
     scripts makes Redis refuse every writing call up front, whole."""
     client = redis.Redis.from_url(server.url, decode_responses=True)
     runner = ScriptRunner(client)
-    runner.run(ops.create_call(PK, [ops.RunSpec(f"r{i}", "t", PAYLOAD) for i in range(20)]))
+    runner.run(CREATE_RUN.call(PK, [RunSpec(f"r{i}", "t", PAYLOAD) for i in range(20)]))
     held = claim_one(runner, "w1")
     before = {k: client.dump(k) for k in client.keys("*")}
     client.config_set("maxmemory-policy", "noeviction")

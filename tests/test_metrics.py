@@ -27,8 +27,8 @@ from jobqueue.errors import Fatal
 from jobqueue.runtime.metrics import NO_METRICS, PrometheusMetrics, serve
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.settings import Settings
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.runs import CLAIM
 from jobqueue.worker.daemon import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_start_lateness_is_claim_time_minus_due_time_on_the_server_clock(
     pk = jq.keys_for("default", "late")
     jq.enqueue("t", run_id="late")
     due = int(jq.redis.zscore(pk.due, "late"))
-    claim = ops.parse_claim(jq.scripts.run(ops.claim_call(pk, 1, "w", 1000, 1000, now=due + 7000)))
+    claim = CLAIM.parse(jq.scripts.run(CLAIM.call(pk, 1, "w", 1000, 1000, now=due + 7000)))
     metrics.claimed("default", claim.runs, claim.now_ms)
     got = scrape(metrics.port)
     assert value(got, "jobqueue_start_lateness_seconds_sum", queue="default") == 7.0
@@ -161,8 +161,8 @@ def test_queue_depth_and_lease_expiries_come_from_the_queue_stats(
     jq.enqueue("t", run_id="later", delay=3600)
     now = jq.server_time_ms()
     # Claim one run with a 1 ms lease, then claim again after it expired: one expiry.
-    jq.scripts.run(ops.claim_call(pk, 1, "w1", 1, 1000, now=now))
-    jq.scripts.run(ops.claim_call(pk, 1, "w2", 60_000, 1000, now=now + 10))
+    jq.scripts.run(CLAIM.call(pk, 1, "w1", 1, 1000, now=now))
+    jq.scripts.run(CLAIM.call(pk, 1, "w2", 60_000, 1000, now=now + 10))
     metrics.refresh_depth(jq, ["default"])
     got = scrape(metrics.port)
     q = {"queue": "default"}

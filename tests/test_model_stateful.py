@@ -1,5 +1,5 @@
 """Model-based test of the run state machine: hypothesis drives the real Lua scripts (through
-``ScriptRunner`` and ``jobqueue.store.ops``, with an explicit clock) with random interleavings of
+``ScriptRunner`` and ``jobqueue.store.runs``, with an explicit clock) with random interleavings of
 create (batched, duplicate run ids included), claim (batched, with a lease), heartbeat,
 complete, fail (retry with backoff, or dead), cancel, release, requeue, the expiry of a
 finished record (and the creation of its run id again) and clock advances (past lease expiry
@@ -41,9 +41,20 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    HEARTBEAT,
+    RELEASE,
+    REQUEUE,
+    Outcome,
+    RunSpec,
+)
 from jobqueue.store.scripts import Call, Script, ScriptRunner, scripts
 
 PK = PartitionKeys("default", 0)
@@ -140,7 +151,7 @@ class RunStateMachine(RuleBasedStateMachine):
             self.runs[run_id].commits += 1
             assert self.runs[run_id].commits <= 1, f"two accepted commits for {run_id}"
 
-    def fenced(self, h: Holding, outcome: ops.Outcome) -> ModelRun | None:
+    def fenced(self, h: Holding, outcome: Outcome) -> ModelRun | None:
         """Check a fenced operation's acceptance against the model; the run if accepted."""
         run = self.runs.get(h.run_id)
         why = refusal(run, h.fence)
@@ -163,9 +174,9 @@ class RunStateMachine(RuleBasedStateMachine):
     )
     def create(self, ids: list[str], delay: int, max_attempts: int) -> None:
         specs = [
-            ops.RunSpec(r, "t", PAYLOAD, delay_ms=delay, max_attempts=max_attempts) for r in ids
+            RunSpec(r, "t", PAYLOAD, delay_ms=delay, max_attempts=max_attempts) for r in ids
         ]
-        created = ops.parse_create(self.run(ops.create_call(PK, specs, now=self.now)))
+        created = CREATE_RUN.parse(self.run(CREATE_RUN.call(PK, specs, now=self.now)))
         expected = []
         for run_id in ids:
             fresh = run_id not in self.runs
@@ -182,8 +193,8 @@ class RunStateMachine(RuleBasedStateMachine):
 
     @rule(limit=st.integers(1, 3), lease=st.integers(100, 3000), owner=st.sampled_from(OWNERS))
     def claim(self, limit: int, lease: int, owner: str) -> None:
-        result = ops.parse_claim(
-            self.run(ops.claim_call(PK, limit, owner, lease, RETENTION_MS, now=self.now))
+        result = CLAIM.parse(
+            self.run(CLAIM.call(PK, limit, owner, lease, RETENTION_MS, now=self.now))
         )
         assert result.now_ms == self.now
         expected: list[str] = []
@@ -218,10 +229,10 @@ class RunStateMachine(RuleBasedStateMachine):
     @rule(data=st.data(), lease=st.integers(100, 3000))
     def heartbeat(self, data: st.DataObject, lease: int) -> None:
         h = data.draw(st.sampled_from(self.holdings))
-        reply = self.run(ops.heartbeat_call(PK, [(h.run_id, h.fence)], lease, now=self.now))
-        (answer,) = ops.parse_heartbeat(reply)
+        reply = self.run(HEARTBEAT.call(PK, [(h.run_id, h.fence)], lease, now=self.now))
+        (answer,) = HEARTBEAT.parse(reply).answers
         accepted = isinstance(answer, int)
-        run = self.fenced(h, ops.Outcome(accepted, "" if accepted else str(answer)))
+        run = self.fenced(h, Outcome(accepted, "" if accepted else str(answer)))
         if run is not None:
             run.lease_until = self.now + lease
             assert answer == run.lease_until
@@ -230,8 +241,8 @@ class RunStateMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def complete(self, data: st.DataObject) -> None:
         h = data.draw(st.sampled_from(self.holdings))
-        call = ops.complete_call(PK, h.run_id, h.fence, '"ok"', RETENTION_MS, now=self.now)
-        outcome = ops.parse_outcome(self.run(call))
+        call = COMPLETE.call(PK, [(h.run_id, h.fence, '"ok"')], RETENTION_MS, now=self.now)
+        (outcome,) = COMPLETE.parse(self.run(call))
         run = self.fenced(h, outcome)
         self.commit(h.run_id, outcome.accepted)
         if run is not None:
@@ -241,8 +252,8 @@ class RunStateMachine(RuleBasedStateMachine):
     @rule(data=st.data(), retry=st.none() | st.integers(0, 2000))
     def fail(self, data: st.DataObject, retry: int | None) -> None:
         h = data.draw(st.sampled_from(self.holdings))
-        call = ops.fail_call(PK, h.run_id, h.fence, "boom", retry, RETENTION_MS, now=self.now)
-        outcome = ops.parse_outcome(self.run(call))
+        call = FAIL.call(PK, h.run_id, h.fence, "boom", retry, RETENTION_MS, now=self.now)
+        outcome = FAIL.parse(self.run(call))
         run = self.fenced(h, outcome)
         if run is None:
             return
@@ -259,7 +270,7 @@ class RunStateMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         h = data.draw(st.sampled_from(self.holdings))
-        outcome = ops.parse_outcome(self.run(ops.release_call(PK, h.run_id, h.fence, self.now)))
+        outcome = RELEASE.parse(self.run(RELEASE.call(PK, h.run_id, h.fence, self.now)))
         run = self.fenced(h, outcome)
         if run is not None:
             run.state, run.due, run.lease_until = "pending", self.now, None
@@ -267,8 +278,8 @@ class RunStateMachine(RuleBasedStateMachine):
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def cancel(self, run_id: str) -> None:
-        call = ops.cancel_call(PK, run_id, RETENTION_MS, "stop", now=self.now)
-        changed, state = ops.parse_state_change(self.run(call))
+        call = CANCEL.call(PK, run_id, RETENTION_MS, "stop", now=self.now)
+        changed, state = CANCEL.parse(self.run(call))
         run = self.runs.get(run_id)
         if run is None:
             assert (changed, state) == (False, "unknown")
@@ -281,9 +292,7 @@ class RunStateMachine(RuleBasedStateMachine):
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def requeue(self, run_id: str) -> None:
-        changed, state = ops.parse_state_change(
-            self.run(ops.requeue_call(PK, run_id, now=self.now))
-        )
+        changed, state = REQUEUE.parse(self.run(REQUEUE.call(PK, run_id, now=self.now)))
         run = self.runs.get(run_id)
         if run is None:
             assert (changed, state) == (False, "unknown")

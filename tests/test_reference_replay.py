@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, HEARTBEAT, ClaimedRun, RunSpec
 from jobqueue.store.scripts import ScriptRunner
 
 LEASE_MS = 30_000
@@ -42,8 +42,8 @@ side effects applied for report@60: 1"""
 def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str, list[int]]:
     creation = []
     for who in ("scheduler-A", "scheduler-B"):
-        spec = ops.RunSpec("report@60", "report", '{"args":[],"kwargs":{}}', due_at_ms=60_000)
-        (created,) = ops.parse_create(runner.run(ops.create_call(pk, [spec], now=60_000)))
+        spec = RunSpec("report@60", "report", '{"args":[],"kwargs":{}}', due_at_ms=60_000)
+        (created,) = CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [spec], now=60_000)))
         creation.append(
             f"{who}: INSERT report@60 -> " + ("created" if created else "already exists, ignored")
         )
@@ -56,9 +56,9 @@ def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str, list[int]
         """The fence's place in the order of issue (1 = the first)."""
         return issued.index(fence) + 1 if fence in issued else 0
 
-    def claim(t: int, worker: str) -> ops.ClaimedRun | None:
-        call = ops.claim_call(pk, 1, worker, LEASE_MS, 1, now=t * 1000)
-        result = ops.parse_claim(runner.run(call))
+    def claim(t: int, worker: str) -> ClaimedRun | None:
+        call = CLAIM.call(pk, 1, worker, LEASE_MS, 1, now=t * 1000)
+        result = CLAIM.parse(runner.run(call))
         if not result.runs:
             lifecycle.append(f"t={t} {worker} finds nothing to claim")
             return None
@@ -71,15 +71,15 @@ def replay(runner: ScriptRunner, pk: PartitionKeys) -> tuple[str, str, list[int]
         )
         return r
 
-    def heartbeat(t: int, worker: str, c: ops.ClaimedRun) -> None:
-        call = ops.heartbeat_call(pk, [(c.run_id, c.fence)], LEASE_MS, now=t * 1000)
-        (answer,) = ops.parse_heartbeat(runner.run(call))
+    def heartbeat(t: int, worker: str, c: ClaimedRun) -> None:
+        call = HEARTBEAT.call(pk, [(c.run_id, c.fence)], LEASE_MS, now=t * 1000)
+        (answer,) = HEARTBEAT.parse(runner.run(call)).answers
         assert isinstance(answer, int)
         lifecycle.append(f"t={t} {worker} heartbeat -> lease until {answer // 1000}")
 
-    def complete(t: int, worker: str, c: ops.ClaimedRun) -> None:
-        call = ops.complete_call(pk, c.run_id, c.fence, "null", 3_600_000, now=t * 1000)
-        outcome = ops.parse_outcome(runner.run(call))
+    def complete(t: int, worker: str, c: ClaimedRun) -> None:
+        call = COMPLETE.call(pk, [(c.run_id, c.fence, "null")], 3_600_000, now=t * 1000)
+        (outcome,) = COMPLETE.parse(runner.run(call))
         if not outcome.accepted:
             lifecycle.append(
                 f"t={t} {worker} commit fence {nth(c.fence)} REJECTED "

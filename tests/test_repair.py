@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from jobqueue import JobQueue
 from jobqueue.cli.core import State, main
 from jobqueue.client.repair import repair_queue
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, FAIL, RELEASE, RunSpec
 from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -21,12 +21,12 @@ LEASE = 30_000
 
 
 def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, now: int = 0) -> None:
-    runner.run(ops.create_call(pk, [ops.RunSpec(r, "t", PAYLOAD) for r in run_ids], now=now))
+    runner.run(CREATE_RUN.call(pk, [RunSpec(r, "t", PAYLOAD) for r in run_ids], now=now))
 
 
 def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, limit: int = 10) -> list[str]:
-    reply = runner.run(ops.claim_call(pk, limit, "w", LEASE, 60_000, now=now))
-    return [r.run_id for r in ops.parse_claim(reply).runs]
+    reply = runner.run(CLAIM.call(pk, limit, "w", LEASE, 60_000, now=now))
+    return [r.run_id for r in CLAIM.parse(reply).runs]
 
 
 def snapshot(client: Any) -> dict[str, Any]:
@@ -78,9 +78,9 @@ def test_repair_gives_every_state_its_index(
     create(runner, pk, "p", "r", "d", "x")
     assert sorted(claim(runner, pk, now=1)) == ["d", "p", "r", "x"]
     fences = {k: int(redis_client.hget(pk.run(k), "fence")) for k in ("d", "p", "r", "x")}
-    runner.run(ops.complete_call(pk, "d", fences["d"], "1", 60_000, now=2))
-    runner.run(ops.fail_call(pk, "x", fences["x"], "boom", None, 60_000, now=2))
-    runner.run(ops.release_call(pk, "p", fences["p"], now=2))
+    runner.run(COMPLETE.call(pk, [("d", fences["d"], "1")], 60_000, now=2))
+    runner.run(FAIL.call(pk, "x", fences["x"], "boom", None, 60_000, now=2))
+    runner.run(RELEASE.call(pk, "p", fences["p"], now=2))
     for index in (pk.due, pk.leases, pk.dead, pk.done):
         redis_client.delete(index)
     report = repair_queue(jq, "default")

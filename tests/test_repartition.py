@@ -16,8 +16,8 @@ from jobqueue.cli.core import State, main
 from jobqueue.client import repartition as rp
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, OperationRefused
-from jobqueue.store import ops
 from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys, partition_of
+from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 Q = "mail"
 LEASE_MS = 60_000
@@ -35,14 +35,14 @@ def populate(client: Any, partitions: int) -> JobQueue:
         jq.enqueue("t", i, run_id=f"dead-{i}")
         jq.enqueue("t", i, run_id=f"done-{i}")
     for keys in jq.all_partition_keys(Q):
-        claimed = ops.parse_claim(
-            jq.scripts.run(ops.claim_call(keys, 100, "w-1", LEASE_MS, RETENTION_MS))
+        claimed = CLAIM.parse(
+            jq.scripts.run(CLAIM.call(keys, 100, "w-1", LEASE_MS, RETENTION_MS))
         ).runs
         for c in claimed:
             if c.run_id.startswith("dead-"):
-                jq.scripts.run(ops.fail_call(keys, c.run_id, c.fence, "boom", None, RETENTION_MS))
+                jq.scripts.run(FAIL.call(keys, c.run_id, c.fence, "boom", None, RETENTION_MS))
             else:
-                jq.scripts.run(ops.complete_call(keys, c.run_id, c.fence, "1", RETENTION_MS))
+                jq.scripts.run(COMPLETE.call(keys, [(c.run_id, c.fence, "1")], RETENTION_MS))
     for i in range(8):
         jq.enqueue("t", i, run_id=f"later-{i}", delay=3600)
         jq.enqueue("t", i, run_id=f"now-{i}")
@@ -209,7 +209,7 @@ def test_every_new_partition_issues_fences_above_any_issued_before_the_move(
 def test_refused_while_runs_are_running_and_nothing_moves(redis_client: Any) -> None:
     jq = populate(redis_client, 1)
     keys = jq.partition_keys(Q, 0)
-    jq.scripts.run(ops.claim_call(keys, 1, "w-1", LEASE_MS, RETENTION_MS))
+    jq.scripts.run(CLAIM.call(keys, 1, "w-1", LEASE_MS, RETENTION_MS))
     before = snapshot(redis_client, 1)
     with pytest.raises(OperationRefused, match="1 running runs: stop or drain its workers"):
         rp.repartition(JobQueue(redis_client), Q, 4)

@@ -7,8 +7,8 @@ from typing import Any
 
 from jobqueue import JobQueue
 from jobqueue.client import queries as inspect
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CANCEL, CLAIM, COMPLETE, CREATE_RUN, FAIL, ClaimedRun, RunSpec
 from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -16,12 +16,12 @@ LEASE = 30_000
 
 
 def create(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int) -> None:
-    spec = ops.RunSpec(run_id, "t", PAYLOAD, max_attempts=3)
-    runner.run(ops.create_call(pk, [spec], now=now))
+    spec = RunSpec(run_id, "t", PAYLOAD, max_attempts=3)
+    runner.run(CREATE_RUN.call(pk, [spec], now=now))
 
 
-def claim(runner: ScriptRunner, pk: PartitionKeys, owner: str, now: int) -> ops.ClaimedRun:
-    (run,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, owner, LEASE, 1, now=now))).runs
+def claim(runner: ScriptRunner, pk: PartitionKeys, owner: str, now: int) -> ClaimedRun:
+    (run,) = CLAIM.parse(runner.run(CLAIM.call(pk, 1, owner, LEASE, 1, now=now))).runs
     return run
 
 
@@ -34,7 +34,7 @@ def test_a_first_attempt_success_reads_created_claimed_done(
 ) -> None:
     create(runner, pk, "a", now=100)
     c = claim(runner, pk, "w1", now=150)
-    runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=180))
+    runner.run(COMPLETE.call(pk, [("a", c.fence, "1")], 60_000, now=180))
     assert events(jq, "a") == [
         (100, "created"),
         (150, f"claimed fence={c.fence} attempt=1 owner=w1"),
@@ -47,9 +47,9 @@ def test_a_retried_run_shows_how_the_first_attempt_ended_and_who_held_each(
 ) -> None:
     create(runner, pk, "a", now=0)
     c1 = claim(runner, pk, "w1", now=10)
-    runner.run(ops.fail_call(pk, "a", c1.fence, "boom", 90, 1, now=20))
+    runner.run(FAIL.call(pk, "a", c1.fence, "boom", 90, 1, now=20))
     c2 = claim(runner, pk, "w2", now=110)
-    runner.run(ops.complete_call(pk, "a", c2.fence, "1", 60_000, now=130))
+    runner.run(COMPLETE.call(pk, [("a", c2.fence, "1")], 60_000, now=130))
     assert events(jq, "a") == [
         (0, "created"),
         (20, f"failed fence={c1.fence} attempt=1 owner=w1 retry at 110: boom"),
@@ -76,7 +76,7 @@ def test_a_cancelled_running_run_shows_the_fence_its_claim_had(
 ) -> None:
     create(runner, pk, "a", now=0)
     c = claim(runner, pk, "w1", now=5)
-    runner.run(ops.cancel_call(pk, "a", 60_000, "stop", now=9))
+    runner.run(CANCEL.call(pk, "a", 60_000, "stop", now=9))
     assert events(jq, "a") == [
         (0, "created"),
         (5, f"claimed fence={c.fence} attempt=1 owner=w1"),
@@ -96,7 +96,7 @@ def test_show_json_carries_the_timeline(
 ) -> None:
     create(runner, pk, "a", now=100)
     c = claim(runner, pk, "w1", now=150)
-    runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=180))
+    runner.run(COMPLETE.call(pk, [("a", c.fence, "1")], 60_000, now=180))
     assert jq.get_run("a", queue="default").to_dict()["timeline"] == [
         {"at_ms": 100, "event": "created"},
         {"at_ms": 150, "event": f"claimed fence={c.fence} attempt=1 owner=w1"},
@@ -113,7 +113,7 @@ def test_show_prints_the_instants_inside_history_entries_as_times(
 
     create(runner, pk, "a", now=1_700_000_000_000)
     c = claim(runner, pk, "w1", now=1_700_000_000_100)
-    runner.run(ops.fail_call(pk, "a", c.fence, "boom", 60_000, 1, now=1_700_000_000_200))
+    runner.run(FAIL.call(pk, "a", c.fence, "boom", 60_000, 1, now=1_700_000_000_200))
     out = CliRunner().invoke(main, ["show", "a", "--queue", "default"], obj=State(None, jq))
     assert out.exit_code == 0, out.output
     assert "retry at 2023-11-14" in out.output and "1700000060200" not in out.output
@@ -125,7 +125,7 @@ def test_a_listing_shows_each_run_with_the_same_history_and_timeline_as_show(
     jq.register_queue("default")  # as every enqueue does; these runs come from the scripts
     create(runner, pk, "a", now=100)
     c = claim(runner, pk, "w1", now=150)
-    runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, 60_000, now=170))  # dead
+    runner.run(FAIL.call(pk, "a", c.fence, "boom", None, 60_000, now=170))  # dead
     create(runner, pk, "b", now=200)
     listed = {r.run_id: r for r in inspect.runs(jq, queue="default")}
     for run_id in ("a", "b"):

@@ -14,8 +14,8 @@ from jobqueue.policy.cron import format_fire_instant, parse_fire_instant
 from jobqueue.policy.jitter import jitter_ms
 from jobqueue.scheduler.daemon import Scheduler, apply_overlap, plan_fires
 from jobqueue.schedules.recurring import Definition
-from jobqueue.store.ops import SchedKeys
-from jobqueue.store.sched_ops import HOLD_MS
+from jobqueue.store.keys import SchedKeys
+from jobqueue.store.schedules import HOLD_MS
 
 S = 1000  # ms per second
 

@@ -9,10 +9,9 @@ from typing import Any
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.store import ops
-from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.ops import ClaimedRun
-from jobqueue.store.sched_ops import HOLD_MS, parse_sched_release, sched_release_call
+from jobqueue.store.keys import PartitionKeys, SchedKeys
+from jobqueue.store.runs import CLAIM, COMPLETE, ClaimedRun
+from jobqueue.store.schedules import HOLD_MS, SCHED_RELEASE
 
 S = 1000
 PK = PartitionKeys("default", 0)
@@ -23,13 +22,13 @@ def scheduler(jq: JobQueue) -> Scheduler:
 
 
 def claim(jq: JobQueue, now_s: float, pk: PartitionKeys = PK) -> list[ClaimedRun]:
-    reply = jq.scripts.run(ops.claim_call(pk, 10, "w1", 600 * S, 3600 * S, now=int(now_s * S)))
-    return ops.parse_claim(reply).runs
+    reply = jq.scripts.run(CLAIM.call(pk, 10, "w1", 600 * S, 3600 * S, now=int(now_s * S)))
+    return CLAIM.parse(reply).runs
 
 
 def complete(jq: JobQueue, run: ClaimedRun, now_s: int, pk: PartitionKeys = PK) -> None:
-    call = ops.complete_call(pk, run.run_id, run.fence, "null", 3600 * S, now=now_s * S)
-    assert ops.parse_outcome(jq.scripts.run(call)).accepted
+    call = COMPLETE.call(pk, [(run.run_id, run.fence, "null")], 3600 * S, now=now_s * S)
+    assert COMPLETE.parse(jq.scripts.run(call))[0].accepted
 
 
 def run_id(second: int) -> str:
@@ -116,7 +115,7 @@ def test_buffer_one_release_survives_a_scheduler_crash_before_its_advance(
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     scheduler(jq).tick(now=60 * S)
     (first,) = claim(jq, 60)
-    scheduler(jq).fire(ops.SchedKeys(0), 120 * S)  # held run created, then the process dies
+    scheduler(jq).fire(SchedKeys(0), 120 * S)  # held run created, then the process dies
     complete(jq, first, 125)
     scheduler(jq).tick(now=130 * S)  # redoes fire 120: records the held run, releases it
     assert [r.run_id for r in claim(jq, 130)] == [run_id(120)]
@@ -130,12 +129,12 @@ def test_release_script_checks_the_predecessor_and_releases_once(
     scheduler(jq).tick(now=60 * S)
     (first,) = claim(jq, 60)
     scheduler(jq).tick(now=120 * S)
-    call = sched_release_call(PK, [(run_id(120), run_id(60), 120 * S)], now=121 * S)
-    assert parse_sched_release(jq.scripts.run(call)) == [0]  # predecessor running
+    call = SCHED_RELEASE.call(PK, [(run_id(120), run_id(60), 120 * S)], now=121 * S)
+    assert SCHED_RELEASE.parse(jq.scripts.run(call)) == [0]  # predecessor running
     complete(jq, first, 122)
-    assert parse_sched_release(jq.scripts.run(call)) == [1]  # released
+    assert SCHED_RELEASE.parse(jq.scripts.run(call)) == [1]  # released
     assert redis_client.zscore(PK.due, run_id(120)) == 120 * S
-    assert parse_sched_release(jq.scripts.run(call)) == [2]  # nothing held any more
+    assert SCHED_RELEASE.parse(jq.scripts.run(call)) == [2]  # nothing held any more
 
 
 def test_get_schedule_reports_missed_dropped_skipped_and_last_fire(jq: JobQueue) -> None:
@@ -236,7 +235,7 @@ def test_a_policed_job_whose_state_is_garbage_is_left_alone_and_the_others_fire(
     jq.schedule("j", "t", every=60, overlap="forbid", now=0)
     jq.schedule("other", "t", every=60, now=0)
     sched.tick(now=60 * S)
-    redis_client.hset(ops.SchedKeys(0).state, "j", "garbage here")
+    redis_client.hset(SchedKeys(0).state, "j", "garbage here")
     caplog.set_level("ERROR", logger="jobqueue.scheduler")
     sched.tick(now=120 * S)
     assert "recurring job j: unusable state" in caplog.text

@@ -1,4 +1,4 @@
-"""cancel.lua, release.lua and requeue.lua through ops, plus the history cap."""
+"""cancel.lua, release.lua and requeue.lua through their contracts, plus the history cap."""
 
 from __future__ import annotations
 
@@ -7,8 +7,20 @@ from typing import Any
 import pytest
 from fence_rule import fence_issued
 
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    HEARTBEAT,
+    RELEASE,
+    REQUEUE,
+    ClaimedRun,
+    Outcome,
+    RunSpec,
+)
 from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -19,43 +31,42 @@ DEAD_RETENTION = 7_200_000
 
 def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, max_attempts: int = 3,
            now: int = 0, delay_ms: int = 0) -> None:
-    specs = [ops.RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts, delay_ms=delay_ms)
+    specs = [RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts, delay_ms=delay_ms)
              for r in run_ids]
-    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
+    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
 
 
 def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1",
-          limit: int = 1) -> list[ops.ClaimedRun]:
-    call = ops.claim_call(pk, limit, owner, LEASE, DEAD_RETENTION, now=now)
-    return ops.parse_claim(runner.run(call)).runs
+          limit: int = 1) -> list[ClaimedRun]:
+    call = CLAIM.call(pk, limit, owner, LEASE, DEAD_RETENTION, now=now)
+    return CLAIM.parse(runner.run(call)).runs
 
 
 def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
-              ) -> ops.ClaimedRun:
+              ) -> ClaimedRun:
     (run,) = claim(runner, pk, now, owner)
     return run
 
 
 def cancel(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int,
            reason: str = "stop", retention: int = RETENTION) -> tuple[bool, str]:
-    return ops.parse_state_change(
-        runner.run(ops.cancel_call(pk, run_id, retention, reason, now=now))
-    )
+    return CANCEL.parse(runner.run(CANCEL.call(pk, run_id, retention, reason, now=now)))
 
 
 def release(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int
-            ) -> ops.Outcome:
-    return ops.parse_outcome(runner.run(ops.release_call(pk, run_id, fence, now=now)))
+            ) -> Outcome:
+    return RELEASE.parse(runner.run(RELEASE.call(pk, run_id, fence, now=now)))
 
 
 def requeue(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int) -> tuple[bool, str]:
-    return ops.parse_state_change(runner.run(ops.requeue_call(pk, run_id, now=now)))
+    return REQUEUE.parse(runner.run(REQUEUE.call(pk, run_id, now=now)))
 
 
 def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int
-             ) -> ops.Outcome:
-    call = ops.complete_call(pk, run_id, fence, '"ok"', RETENTION, now=now)
-    return ops.parse_outcome(runner.run(call))
+             ) -> Outcome:
+    call = COMPLETE.call(pk, [(run_id, fence, '"ok"')], RETENTION, now=now)
+    (outcome,) = COMPLETE.parse(runner.run(call))
+    return outcome
 
 
 def make_state(runner: ScriptRunner, pk: PartitionKeys, state: str) -> None:
@@ -67,7 +78,7 @@ def make_state(runner: ScriptRunner, pk: PartitionKeys, state: str) -> None:
     if state == "done":
         complete(runner, pk, "a", c.fence, now=10)
     elif state == "dead":
-        runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, DEAD_RETENTION, now=10))
+        runner.run(FAIL.call(pk, "a", c.fence, "boom", None, DEAD_RETENTION, now=10))
     elif state == "cancelled":
         cancel(runner, pk, "a", now=10)
     else:
@@ -99,13 +110,13 @@ def test_cancel_running_run_bumps_fence_so_the_worker_is_refused(
     assert cancel(runner, pk, "a", now=100) == (True, "running")
     cancelled_at = fence_issued(100, after=c.fence)
     assert redis_client.hget(pk.run("a"), "fence") == str(cancelled_at)
-    beat = runner.run(ops.heartbeat_call(pk, [("a", c.fence)], LEASE, now=200))
-    assert ops.parse_heartbeat(beat) == ["cancelled"]
-    assert complete(runner, pk, "a", c.fence, now=300) == ops.Outcome(
+    beat = runner.run(HEARTBEAT.call(pk, [("a", c.fence)], LEASE, now=200))
+    assert HEARTBEAT.parse(beat).answers == ["cancelled"]
+    assert complete(runner, pk, "a", c.fence, now=300) == Outcome(
         False, "cancelled", current_fence=cancelled_at
     )
-    failed = runner.run(ops.fail_call(pk, "a", c.fence, "x", 0, DEAD_RETENTION, now=300))
-    assert ops.parse_outcome(failed).status == "cancelled"
+    failed = runner.run(FAIL.call(pk, "a", c.fence, "x", 0, DEAD_RETENTION, now=300))
+    assert FAIL.parse(failed).status == "cancelled"
     assert release(runner, pk, "a", c.fence, now=300).status == "cancelled"
     assert redis_client.hget(pk.run("a"), "state") == "cancelled"
 
@@ -173,7 +184,7 @@ def test_release_does_not_count_an_attempt(
     create(runner, pk, "a", max_attempts=1)
     c = claim_one(runner, pk, now=0)
     assert c.attempt == 1
-    assert release(runner, pk, "a", c.fence, now=10) == ops.Outcome(True, "released")
+    assert release(runner, pk, "a", c.fence, now=10) == Outcome(True, "released")
     assert redis_client.hget(pk.run("a"), "attempt") == "0"
     again = claim_one(runner, pk, now=20, owner="w2")
     assert (again.attempt, again.fence) == (1, fence_issued(20, after=c.fence))
@@ -231,7 +242,7 @@ def test_release_with_stale_fence_is_refused(
     old = claim_one(runner, pk, now=0, owner="w1")
     new = claim_one(runner, pk, now=LEASE, owner="w2")
     before = redis_client.hgetall(pk.run("a"))
-    assert release(runner, pk, "a", old.fence, now=LEASE + 1) == ops.Outcome(
+    assert release(runner, pk, "a", old.fence, now=LEASE + 1) == Outcome(
         False, "fenced", current_fence=new.fence
     )
     assert redis_client.hgetall(pk.run("a")) == before
@@ -255,7 +266,7 @@ def test_release_is_refused_unless_the_run_is_running(
 
 def test_release_of_unknown_run_is_refused(runner: ScriptRunner, pk: PartitionKeys,
                                            redis_client: Any) -> None:
-    assert release(runner, pk, "ghost", 1, now=1) == ops.Outcome(False, "unknown", current_fence=0)
+    assert release(runner, pk, "ghost", 1, now=1) == Outcome(False, "unknown", current_fence=0)
     assert redis_client.keys("*") == []
 
 

@@ -1,4 +1,4 @@
-"""claim.lua through ops: due runs, expired leases first, dead-lettering, corrupt records,
+"""claim.lua through its contract: due runs, expired leases first, dead-lettering, corrupt records,
 stray index entries, next_wake, stats and history. Explicit clock throughout."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fence_rule import fence_issued
 
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, FAIL, ClaimedRun, ClaimResult, RunSpec
 from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -17,14 +17,14 @@ LEASE = 30_000
 DEAD_RETENTION = 7_200_000
 
 
-def spec(run_id: str, **kw: Any) -> ops.RunSpec:
+def spec(run_id: str, **kw: Any) -> RunSpec:
     task = kw.pop("task", "t")
     payload = kw.pop("payload", PAYLOAD)
-    return ops.RunSpec(run_id, task, payload, **kw)
+    return RunSpec(run_id, task, payload, **kw)
 
 
-def create(runner: ScriptRunner, pk: PartitionKeys, *specs: ops.RunSpec, now: int = 0) -> None:
-    assert all(ops.parse_create(runner.run(ops.create_call(pk, list(specs), now=now))))
+def create(runner: ScriptRunner, pk: PartitionKeys, *specs: RunSpec, now: int = 0) -> None:
+    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, list(specs), now=now))))
 
 
 def claim(
@@ -34,12 +34,12 @@ def claim(
     limit: int = 10,
     owner: str = "w1",
     lease_ms: int = LEASE,
-) -> ops.ClaimResult:
-    call = ops.claim_call(pk, limit, owner, lease_ms, DEAD_RETENTION, now=now)
-    return ops.parse_claim(runner.run(call))
+) -> ClaimResult:
+    call = CLAIM.call(pk, limit, owner, lease_ms, DEAD_RETENTION, now=now)
+    return CLAIM.parse(runner.run(call))
 
 
-def ids(result: ops.ClaimResult) -> list[str]:
+def ids(result: ClaimResult) -> list[str]:
     return [r.run_id for r in result.runs]
 
 
@@ -55,7 +55,7 @@ def test_claim_takes_a_due_run_and_returns_its_fields(
     result = claim(runner, pk, now=61_000)
     assert result.now_ms == 61_000
     assert result.runs == [
-        ops.ClaimedRun(
+        ClaimedRun(
             run_id="job@60",
             fence=fence_issued(61_000),
             attempt=1,
@@ -319,7 +319,7 @@ def test_claim_drops_a_stray_due_entry_of_a_run_in_another_state(
 ) -> None:
     create(runner, pk, spec("a"))
     (r,) = claim(runner, pk, now=0).runs
-    runner.run(ops.complete_call(pk, "a", r.fence, '"ok"', 60_000, now=10))
+    runner.run(COMPLETE.call(pk, [("a", r.fence, '"ok"')], 60_000, now=10))
     redis_client.zadd(pk.due, {"a": 5})
     before = redis_client.hgetall(pk.run("a"))
     assert claim(runner, pk, now=20).runs == []
@@ -389,7 +389,7 @@ def test_claim_of_a_retried_run_continues_the_attempt_count(
 ) -> None:
     create(runner, pk, spec("a", max_attempts=3))
     (r,) = claim(runner, pk, now=0).runs
-    runner.run(ops.fail_call(pk, "a", r.fence, "boom", 100, DEAD_RETENTION, now=10))
+    runner.run(FAIL.call(pk, "a", r.fence, "boom", 100, DEAD_RETENTION, now=10))
     (r2,) = claim(runner, pk, now=110).runs
     assert (r2.fence, r2.attempt) == (fence_issued(110, after=r.fence), 2)
 
@@ -432,8 +432,8 @@ def test_a_node_that_lost_its_fence_history_still_issues_greater_fences(
         redis_client.restore(key, 0, value)
     (new,) = claim(runner, pk, now=1_001, owner="w2").runs
     assert new.fence > lost.fence
-    stale = ops.complete_call(pk, "a", lost.fence, '"w1"', 60_000, now=1_002)
-    assert ops.parse_outcome(runner.run(stale)).status == "fenced"
+    stale = COMPLETE.call(pk, [("a", lost.fence, '"w1"')], 60_000, now=1_002)
+    assert COMPLETE.parse(runner.run(stale))[0].status == "fenced"
 
 
 def test_a_run_id_created_again_after_its_record_expired_never_reuses_a_fence(
@@ -442,15 +442,15 @@ def test_a_run_id_created_again_after_its_record_expired_never_reuses_a_fence(
     create(runner, pk, spec("order-42"))
     (old,) = claim(runner, pk, now=0, owner="w1").runs  # w1 then stalls past everything below
     (taken,) = claim(runner, pk, now=LEASE, owner="w2").runs
-    runner.run(ops.complete_call(pk, "order-42", taken.fence, '"w2"', 60_000, now=LEASE))
+    runner.run(COMPLETE.call(pk, [("order-42", taken.fence, '"w2"')], 60_000, now=LEASE))
     redis_client.delete(pk.run("order-42"))  # its retention ran out
     create(runner, pk, spec("order-42"), now=LEASE + 1)
     (new,) = claim(runner, pk, now=LEASE + 1, owner="w3").runs
     assert new.fence > taken.fence > old.fence
-    stale = ops.complete_call(pk, "order-42", old.fence, '"w1"', 60_000, now=LEASE + 2)
-    assert ops.parse_outcome(runner.run(stale)).status == "fenced"
-    fresh = ops.complete_call(pk, "order-42", new.fence, '"w3"', 60_000, now=LEASE + 3)
-    assert ops.parse_outcome(runner.run(fresh)).accepted
+    stale = COMPLETE.call(pk, [("order-42", old.fence, '"w1"')], 60_000, now=LEASE + 2)
+    assert COMPLETE.parse(runner.run(stale))[0].status == "fenced"
+    fresh = COMPLETE.call(pk, [("order-42", new.fence, '"w3"')], 60_000, now=LEASE + 3)
+    assert COMPLETE.parse(runner.run(fresh))[0].accepted
     assert redis_client.hget(pk.run("order-42"), "result") == '"w3"'
 
 

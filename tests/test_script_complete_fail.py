@@ -1,5 +1,5 @@
-"""complete.lua and fail.lua through ops: fenced commits, retry with delay, dead-lettering,
-retention, the done index, stats and history."""
+"""complete.lua and fail.lua through their contracts: fenced commits, retry with delay,
+dead-lettering, retention, the done index, stats and history."""
 
 from __future__ import annotations
 
@@ -8,8 +8,17 @@ from typing import Any
 import pytest
 from fence_rule import fence_issued
 
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    ClaimedRun,
+    Outcome,
+    RunSpec,
+)
 from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -20,27 +29,28 @@ DEAD_RETENTION = 7_200_000
 
 def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, max_attempts: int = 3,
            now: int = 0) -> None:
-    specs = [ops.RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts) for r in run_ids]
-    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
+    specs = [RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts) for r in run_ids]
+    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
 
 
 def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
-              ) -> ops.ClaimedRun:
-    call = ops.claim_call(pk, 1, owner, LEASE, DEAD_RETENTION, now=now)
-    (run,) = ops.parse_claim(runner.run(call)).runs
+              ) -> ClaimedRun:
+    call = CLAIM.call(pk, 1, owner, LEASE, DEAD_RETENTION, now=now)
+    (run,) = CLAIM.parse(runner.run(call)).runs
     return run
 
 
 def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int,
-             result: str = '"ok"', retention: int = RETENTION) -> ops.Outcome:
-    call = ops.complete_call(pk, run_id, fence, result, retention, now=now)
-    return ops.parse_outcome(runner.run(call))
+             result: str = '"ok"', retention: int = RETENTION) -> Outcome:
+    call = COMPLETE.call(pk, [(run_id, fence, result)], retention, now=now)
+    (outcome,) = COMPLETE.parse(runner.run(call))
+    return outcome
 
 
 def fail(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int,
-         delay: int | None = 1_000, error: str = "boom") -> ops.Outcome:
-    call = ops.fail_call(pk, run_id, fence, error, delay, DEAD_RETENTION, now=now)
-    return ops.parse_outcome(runner.run(call))
+         delay: int | None = 1_000, error: str = "boom") -> Outcome:
+    call = FAIL.call(pk, run_id, fence, error, delay, DEAD_RETENTION, now=now)
+    return FAIL.parse(runner.run(call))
 
 
 # -- complete --------------------------------------------------------------------------------
@@ -51,8 +61,8 @@ def test_complete_with_current_fence_is_accepted_once(
 ) -> None:
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
-    assert complete(runner, pk, "a", c.fence, now=10) == ops.Outcome(True, "done")
-    assert complete(runner, pk, "a", c.fence, now=20) == ops.Outcome(
+    assert complete(runner, pk, "a", c.fence, now=10) == Outcome(True, "done")
+    assert complete(runner, pk, "a", c.fence, now=20) == Outcome(
         False, "finished", current_fence=c.fence
     )
 
@@ -79,7 +89,7 @@ def test_complete_removes_the_lease_and_indexes_the_run_as_done(
     assert redis_client.zscore(pk.leases, "a") is None
     assert redis_client.zscore(pk.done, "a") == 500
     # a completed run is not reclaimed when its old lease time passes
-    result = ops.parse_claim(runner.run(ops.claim_call(pk, 5, "w2", LEASE, 1, now=10 * LEASE)))
+    result = CLAIM.parse(runner.run(CLAIM.call(pk, 5, "w2", LEASE, 1, now=10 * LEASE)))
     assert result.runs == []
 
 
@@ -89,7 +99,7 @@ def test_complete_with_stale_fence_is_refused_as_fenced_with_current_fence(
     create(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
     new = claim_one(runner, pk, now=LEASE, owner="w2")
-    assert complete(runner, pk, "a", old.fence, now=LEASE + 1) == ops.Outcome(
+    assert complete(runner, pk, "a", old.fence, now=LEASE + 1) == Outcome(
         False, "fenced", current_fence=new.fence
     )
 
@@ -115,7 +125,7 @@ def test_complete_of_unknown_run_is_refused_as_unknown(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     outcome = complete(runner, pk, "ghost", 1, now=10)
-    assert outcome == ops.Outcome(False, "unknown", current_fence=0)
+    assert outcome == Outcome(False, "unknown", current_fence=0)
     assert not redis_client.exists(pk.run("ghost"))
     assert not redis_client.exists(pk.history("ghost"))
     assert redis_client.zcard(pk.done) == 0
@@ -126,7 +136,7 @@ def test_complete_of_a_pending_run_is_refused_as_not_running(
 ) -> None:
     create(runner, pk, "a")
     outcome = complete(runner, pk, "a", 0, now=10)
-    assert outcome == ops.Outcome(False, "not-running", current_fence=0)
+    assert outcome == Outcome(False, "not-running", current_fence=0)
     assert redis_client.hget(pk.run("a"), "state") == "pending"
 
 
@@ -135,8 +145,8 @@ def test_complete_of_cancelled_run_is_refused_as_cancelled(
 ) -> None:
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
-    runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=5))
-    assert complete(runner, pk, "a", c.fence, now=10) == ops.Outcome(
+    runner.run(CANCEL.call(pk, "a", RETENTION, "stop", now=5))
+    assert complete(runner, pk, "a", c.fence, now=10) == Outcome(
         False, "cancelled", current_fence=fence_issued(5, after=c.fence)
     )
 
@@ -167,8 +177,8 @@ def test_complete_trims_done_index_entries_older_than_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "old", "new")
-    fences = {r.run_id: r.fence for r in ops.parse_claim(
-        runner.run(ops.claim_call(pk, 2, "w", 10**9, 1, now=0))).runs}
+    fences = {r.run_id: r.fence for r in CLAIM.parse(
+        runner.run(CLAIM.call(pk, 2, "w", 10**9, 1, now=0))).runs}
     complete(runner, pk, "old", fences["old"], now=1_000, retention=10_000)
     complete(runner, pk, "new", fences["new"], now=20_000, retention=10_000)
     assert redis_client.zrange(pk.done, 0, -1) == ["new"]
@@ -178,8 +188,8 @@ def test_complete_keeps_done_index_entries_within_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "old", "new")
-    fences = {r.run_id: r.fence for r in ops.parse_claim(
-        runner.run(ops.claim_call(pk, 2, "w", 10**9, 1, now=0))).runs}
+    fences = {r.run_id: r.fence for r in CLAIM.parse(
+        runner.run(CLAIM.call(pk, 2, "w", 10**9, 1, now=0))).runs}
     complete(runner, pk, "old", fences["old"], now=1_000, retention=10_000)
     complete(runner, pk, "new", fences["new"], now=10_999, retention=10_000)
     assert redis_client.zrange(pk.done, 0, -1) == ["old", "new"]
@@ -214,16 +224,16 @@ def test_complete_many_accepts_each_current_fence_and_refuses_each_stale_one(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "a", "b", "c")
-    claimed = {r.run_id: r for r in ops.parse_claim(runner.run(
-        ops.claim_call(pk, 3, "w1", 30_000, DEAD_RETENTION, now=0))).runs}
-    call = ops.complete_many_call(
+    claimed = {r.run_id: r for r in CLAIM.parse(runner.run(
+        CLAIM.call(pk, 3, "w1", 30_000, DEAD_RETENTION, now=0))).runs}
+    call = COMPLETE.call(
         pk,
         [("a", claimed["a"].fence, '"A"'), ("b", claimed["b"].fence + 7, '"B"'),
          ("c", claimed["c"].fence, '"C"'), ("ghost", 1, "null")],
         RETENTION,
         now=50,
     )
-    outcomes = ops.parse_outcomes(runner.run(call))
+    outcomes = COMPLETE.parse(runner.run(call))
     assert [(o.accepted, o.status) for o in outcomes] == [
         (True, "done"), (False, "fenced"), (True, "done"), (False, "unknown")
     ]
@@ -252,9 +262,9 @@ def test_fail_retries_at_now_plus_delay_until_max_attempts(
         if outcome.retry_at_ms is not None:
             now = outcome.retry_at_ms
     assert outcomes == [
-        ops.Outcome(True, "retry", retry_at_ms=2_100),
-        ops.Outcome(True, "retry", retry_at_ms=4_200),
-        ops.Outcome(True, "dead"),
+        Outcome(True, "retry", retry_at_ms=2_100),
+        Outcome(True, "retry", retry_at_ms=4_200),
+        Outcome(True, "dead"),
     ]
     assert redis_client.hget(pk.run("a"), "attempt") == "3"
 
@@ -282,7 +292,7 @@ def test_fail_retry_is_claimable_at_its_due_time_not_before(
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=100, delay=5_000)
-    early = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w", LEASE, 1, now=5_099)))
+    early = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", LEASE, 1, now=5_099)))
     assert early.runs == []
     assert early.next_wake_ms == 5_100
     again = claim_one(runner, pk, now=5_100)
@@ -294,7 +304,7 @@ def test_fail_without_retry_delay_buries_at_once(
 ) -> None:
     create(runner, pk, "a", max_attempts=10)
     c = claim_one(runner, pk, now=0)
-    assert fail(runner, pk, "a", c.fence, now=100, delay=None) == ops.Outcome(True, "dead")
+    assert fail(runner, pk, "a", c.fence, now=100, delay=None) == Outcome(True, "dead")
     assert redis_client.hget(pk.run("a"), "state") == "dead"
     assert redis_client.zscore(pk.due, "a") is None
 
@@ -304,7 +314,7 @@ def test_fail_on_last_attempt_buries_in_dead_set_with_dead_retention(
 ) -> None:
     create(runner, pk, "a", max_attempts=1)
     c = claim_one(runner, pk, now=0)
-    assert fail(runner, pk, "a", c.fence, now=300, delay=1_000, error="final") == ops.Outcome(
+    assert fail(runner, pk, "a", c.fence, now=300, delay=1_000, error="final") == Outcome(
         True, "dead"
     )
     run = redis_client.hgetall(pk.run("a"))
@@ -325,7 +335,7 @@ def test_fail_with_stale_fence_is_refused_and_changes_nothing(
     new = claim_one(runner, pk, now=LEASE, owner="w2")
     record = redis_client.hgetall(pk.run("a"))
     outcome = fail(runner, pk, "a", old.fence, now=LEASE + 1, delay=None)
-    assert outcome == ops.Outcome(False, "fenced", current_fence=new.fence)
+    assert outcome == Outcome(False, "fenced", current_fence=new.fence)
     assert redis_client.hgetall(pk.run("a")) == record
     assert redis_client.zscore(pk.leases, "a") == 2 * LEASE
     assert redis_client.zcard(pk.dead) == 0
@@ -345,7 +355,7 @@ def test_fail_is_refused_unless_the_run_is_running(
     if setup in ("cancelled", "done"):
         fence = claim_one(runner, pk, now=0).fence
     if setup == "cancelled":
-        runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=1))
+        runner.run(CANCEL.call(pk, "a", RETENTION, "stop", now=1))
         fence += 1  # even the new fence is refused: the run is cancelled
     if setup == "done":
         complete(runner, pk, "a", fence, now=1)
@@ -401,12 +411,12 @@ def test_a_key_of_another_type_in_a_batched_complete_refuses_that_run_alone(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "a", "b", "c")
-    got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w", LEASE, DEAD_RETENTION, now=0)))
+    got = CLAIM.parse(runner.run(CLAIM.call(pk, 3, "w", LEASE, DEAD_RETENTION, now=0)))
     fences = {r.run_id: r.fence for r in got.runs}
     redis_client.delete(pk.run("b"))
     redis_client.set(pk.run("b"), "not a hash")
     batch = [(r, fences[r], '"ok"') for r in "abc"]
-    outcomes = ops.parse_outcomes(runner.run(ops.complete_many_call(pk, batch, RETENTION, now=1)))
+    outcomes = COMPLETE.parse(runner.run(COMPLETE.call(pk, batch, RETENTION, now=1)))
     assert [(o.accepted, o.status) for o in outcomes] == [
         (True, "done"), (False, "unknown"), (True, "done")
     ]

@@ -1,51 +1,79 @@
-"""The script contract: each Lua file's header names its KEYS and ARGV (read by
-jobqueue.store.contract), the builders in jobqueue.store.ops and jobqueue.store.sched_ops pass
-exactly those, and each script uses every key it declares and no other KEYS or ARGV slot. A
-builder and a header that disagree fail here, not in production."""
+"""The script contract: one contract object per Lua script (jobqueue.store.catalog), and each
+one agrees with its script's header (KEYS by name, count and order, the fixed ARGV by name and
+count, the variadic tail); the calls its builder makes pass exactly those; the script uses every
+key it declares and no other KEYS or ARGV slot, and reads its clock first; and its parser reads
+the script's real replies. A contract and a header that disagree fail here, not in
+production."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from jobqueue.store import ops
-from jobqueue.store.contract import Contract, contracts
-from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.sched_ops import (
-    RunGroup,
-    sched_create_call,
-    sched_release_call,
-    sched_unhold_call,
+from jobqueue.store.admin import PURGE, REPAIR, Purged, Repaired
+from jobqueue.store.catalog import CONTRACTS
+from jobqueue.store.contract import Contract, ContractError, Header, Wire, headers, parse_header
+from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    FENCED_WRITE,
+    HEARTBEAT,
+    RELEASE,
+    REQUEUE,
+    Beats,
+    ClaimedRun,
+    FencedWrite,
+    Outcome,
+    RunSpec,
+    StateChange,
 )
-from jobqueue.store.scripts import SCRIPT_NAMES, Call, lua_dir
+from jobqueue.store.schedules import (
+    ADVANCE,
+    HOLD_MS,
+    SCHED_CREATE,
+    SCHED_DEFINE,
+    SCHED_DUE,
+    SCHED_RELEASE,
+    SCHED_UNHOLD,
+    Due,
+    DueSegment,
+    RunGroup,
+)
+from jobqueue.store.scripts import PRELUDE, SCRIPT_NAMES, Call, ScriptRunner, lua_dir
 
 PK = PartitionKeys("q", 3)
-SK = ops.SchedKeys(2)
-GROUP = RunGroup("t", "{}", 3, 0, 0, "@x", 1)
+SK = SchedKeys(2)
+GROUP = RunGroup("t", "{}", 3, 0, 0, 1)
 
-# One call of every script, built the way the product builds it.
+# One call of every script, built the way the product builds it (with a non-empty tail).
 BUILDERS: dict[str, Callable[[], Call]] = {
-    "create_run": lambda: ops.create_call(PK, [ops.RunSpec("r", "t", "{}")]),
-    "claim": lambda: ops.claim_call(PK, 1, "w", 1, 1),
-    "heartbeat": lambda: ops.heartbeat_call(PK, [("r", 1)], 1),
-    "complete": lambda: ops.complete_many_call(PK, [("r", 1, "1")], 1),
-    "fail": lambda: ops.fail_call(PK, "r", 1, "e", 1, 1),
-    "cancel": lambda: ops.cancel_call(PK, "r", 1, "x"),
-    "release": lambda: ops.release_call(PK, "r", 1),
-    "requeue": lambda: ops.requeue_call(PK, "r"),
-    "fenced_write": lambda: ops.fenced_write_call(PK, "res", 1, "v", "r"),
-    "purge": lambda: ops.purge_call(PK, ["r"]),
-    "repair": lambda: ops.repair_call(PK, ["r"]),
-    "sched_due": lambda: ops.sched_due_call(SK, 1, 1),
-    "advance": lambda: ops.advance_call(SK, [ops.Advance("j", 1, 2)]),
-    "sched_define": lambda: ops.sched_define_call(
+    "create_run": lambda: CREATE_RUN.call(PK, [RunSpec("r", "t", "{}")]),
+    "claim": lambda: CLAIM.call(PK, 1, "w", 1, 1),
+    "heartbeat": lambda: HEARTBEAT.call(PK, [("r", 1)], 1),
+    "complete": lambda: COMPLETE.call(PK, [("r", 1, "1")], 1),
+    "fail": lambda: FAIL.call(PK, "r", 1, "e", 1, 1),
+    "cancel": lambda: CANCEL.call(PK, "r", 1, "x"),
+    "release": lambda: RELEASE.call(PK, "r", 1),
+    "requeue": lambda: REQUEUE.call(PK, "r"),
+    "fenced_write": lambda: FENCED_WRITE.call(PK, "res", 1, "v", "r"),
+    "purge": lambda: PURGE.call(PK, ["r"]),
+    "repair": lambda: REPAIR.call(PK, ["r"]),
+    "sched_due": lambda: SCHED_DUE.call(SK, 1, 1),
+    "advance": lambda: ADVANCE.call(SK, [((1, 2, 1, 0, 0, 0, "", 1, ""), ["j"])]),
+    "sched_define": lambda: SCHED_DEFINE.call(
         SK, "j", expected_definition=None, expected_next_ms=None, definition="{}", next_ms=1
     ),
-    "sched_create": lambda: sched_create_call(PK, [(GROUP, ["j", 1])]),
-    "sched_release": lambda: sched_release_call(PK, [("j@x", "", 1)]),
-    "sched_unhold": lambda: sched_unhold_call(SK, [("j", "text")]),
+    "sched_create": lambda: SCHED_CREATE.call(PK, [(GROUP, ["j", 1])]),
+    "sched_release": lambda: SCHED_RELEASE.call(PK, [("j@x", "", 1)]),
+    "sched_unhold": lambda: SCHED_UNHOLD.call(SK, [("j", "text")]),
 }
 
 
@@ -55,45 +83,405 @@ def body(name: str) -> str:
     return "\n".join(line for line in text.splitlines() if not line.startswith("--"))
 
 
+def code(name: str) -> str:
+    """The script without any comment."""
+    return "\n".join(re.sub(r"--.*$", "", line) for line in body(name).splitlines())
+
+
+def disagreements(contract: Contract[..., Any], header: Header) -> list[str]:
+    """How a contract differs from its script's header (nothing, when they agree)."""
+    found = []
+    if contract.keys != header.keys:
+        found.append(f"keys {contract.keys} != header {header.keys}")
+    if contract.args != header.args:
+        found.append(f"ARGV {contract.args} != header {header.args}")
+    if contract.tail != header.tail:
+        found.append(f"tail {contract.tail} != header {header.tail}")
+    if header.tail_at is not None and header.tail_at != len(header.args) + 1:
+        found.append(f"tail at ARGV[{header.tail_at}..], after {len(header.args)} fixed")
+    return found
+
+
+# -- one contract per script -------------------------------------------------------------------
+
+
+def test_every_script_in_lua_has_a_contract() -> None:
+    on_disk = {p.stem for p in lua_dir().glob("*.lua")} - {PRELUDE}
+    assert set(CONTRACTS) == on_disk
+
+
+def test_every_contract_names_a_script_that_exists() -> None:
+    for name in CONTRACTS:
+        assert (lua_dir() / f"{name}.lua").is_file(), name
+
+
+def test_the_runner_loads_exactly_the_scripts_that_have_contracts() -> None:
+    assert sorted(SCRIPT_NAMES) == sorted(CONTRACTS)
+
+
+def test_each_contract_is_filed_under_its_own_name() -> None:
+    for name, contract in CONTRACTS.items():
+        assert contract.name == name
+
+
 def test_every_script_has_a_builder_here() -> None:
-    assert set(BUILDERS) == set(SCRIPT_NAMES)
+    assert set(BUILDERS) == set(CONTRACTS)
+
+
+# -- contract and header agree -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_the_contract_agrees_with_its_header(name: str) -> None:
+    assert disagreements(CONTRACTS[name], headers()[name]) == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"keys": ("leases", "due", "dead", "stats", "fences", "orphans")},  # order
+        {"keys": ("due", "leases", "dead", "stats", "fences")},  # count
+        {"keys": ("due", "leases", "dead", "stats", "fence", "orphans")},  # a name
+        {"args": ("now", "prefix", "limit", "owner", "lease_ms")},  # fixed ARGV count
+        {"args": ("now", "prefix", "limit", "owner", "lease", "dead_retention_ms")},  # a name
+        {"tail": "runs"},  # a tail the script does not read
+    ],
+    ids=["key-order", "key-count", "key-name", "argv-count", "argv-name", "tail"],
+)
+def test_a_contract_that_differs_from_its_header_is_caught(change: dict[str, Any]) -> None:
+    good = CLAIM
+    wrong = Contract(
+        good.name,
+        keys=change.get("keys", good.keys),
+        args=change.get("args", good.args),
+        tail=change.get("tail", good.tail),
+        build=lambda: Wire(PK, {}),
+        parse=lambda reply: reply,
+    )
+    assert disagreements(wrong, headers()["claim"]) != []
+
+
+def test_a_header_whose_tail_does_not_follow_the_fixed_arguments_is_caught() -> None:
+    header = parse_header(
+        "x", "-- KEYS[1]  due  zset\n-- ARGV[1]  now\n-- ARGV[3..] runs\n"
+    )
+    contract = Contract(
+        "x", keys=("due",), args=("now",), tail="runs",
+        build=lambda: Wire(PK, {}), parse=lambda reply: reply,
+    )
+    assert disagreements(contract, header) != []
+    assert disagreements(contract, replace(header, tail_at=2)) == []
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_every_script_takes_now_first(name: str) -> None:
+    assert headers()[name].args[0] == "now"
+    assert CONTRACTS[name].args[0] == "now"
+
+
+# -- the calls built agree with the header -----------------------------------------------------
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_the_builder_passes_the_keys_the_header_names_in_its_order(name: str) -> None:
-    contract: Contract = contracts()[name]
+    header = headers()[name]
     call = BUILDERS[name]()
     assert call.script == name
-    assert len(call.keys) == len(contract.keys)
-    for key, key_name in zip(call.keys, contract.keys, strict=True):
+    assert len(call.keys) == len(header.keys)
+    for key, key_name in zip(call.keys, header.keys, strict=True):
         suffix = {"defs": "def", "resource": "fenced:res", "run": "run:r"}.get(key_name, key_name)
         assert key.endswith(":" + suffix), (key, key_name)
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
-def test_the_builder_passes_the_fixed_arguments_the_header_names(name: str) -> None:
-    contract = contracts()[name]
+def test_the_builder_passes_the_fixed_arguments_then_the_tail_the_header_names(name: str) -> None:
+    header = headers()[name]
     call = BUILDERS[name]()
-    if contract.tail is None:
-        assert len(call.args) == len(contract.args)
+    if header.tail is None:
+        assert len(call.args) == len(header.args)
     else:
-        assert len(call.args) > len(contract.args)  # the tail follows the fixed ones
-    assert contract.args[0] == "now"  # every script takes now first
+        assert len(call.args) > len(header.args)  # the tail follows the fixed ones
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: HEARTBEAT.call(PK, [], 1),
+        lambda: COMPLETE.call(PK, [], 1),
+        lambda: PURGE.call(PK, []),
+        lambda: SCHED_UNHOLD.call(SK, []),
+    ],
+    ids=["heartbeat", "complete", "purge", "sched_unhold"],
+)
+def test_an_empty_tail_passes_the_fixed_arguments_alone(call: Callable[[], Call]) -> None:
+    built = call()
+    assert len(built.args) == len(headers()[built.script].args)
+
+
+def test_a_builder_that_names_other_arguments_than_its_contract_is_refused() -> None:
+    contract = Contract(
+        "x", keys=("due",), args=("now", "limit"),
+        build=lambda: Wire(PK, {"now": "", "lmit": 1}), parse=lambda reply: reply,
+    )
+    with pytest.raises(ContractError, match="takes ARGV"):
+        contract.call()
+
+
+def test_a_builder_that_passes_a_tail_to_a_script_without_one_is_refused() -> None:
+    contract = Contract(
+        "x", keys=("due",), args=("now",),
+        build=lambda: Wire(PK, {"now": ""}, ["extra"]), parse=lambda reply: reply,
+    )
+    with pytest.raises(ContractError, match="no ARGV beyond"):
+        contract.call()
+
+
+def test_keys_given_by_name_must_be_exactly_the_contracts() -> None:
+    contract = Contract(
+        "x", keys=("resource", "run"), args=("now",),
+        build=lambda: Wire({"resource": "jq:{q#0}:fenced:a"}, {"now": ""}),
+        parse=lambda reply: reply,
+    )
+    with pytest.raises(ContractError, match="takes keys"):
+        contract.call()
+
+
+def test_an_advance_group_header_of_the_wrong_length_is_refused() -> None:
+    with pytest.raises(ContractError, match="header fields"):
+        ADVANCE.call(SK, [((1, 2, 1, 0, 0, 0, "", 1), ["j"])])
+
+
+# -- the scripts keep to their headers ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_the_script_uses_every_key_it_declares_and_no_other(name: str) -> None:
-    contract = contracts()[name]
+    header = headers()[name]
     used = {int(i) for i in re.findall(r"KEYS\[(\d+)\]", body(name))}
     loops = re.search(r"for \w+ = 1, 5 do", body(name))  # repair.lua checks its 5 in a loop
     if loops:
         used |= set(range(1, 6))
-    assert used == set(range(1, len(contract.keys) + 1)), (used, contract.keys)
+    assert used == set(range(1, len(header.keys) + 1)), (used, header.keys)
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix(
+    name: str,
+) -> None:
+    """Indexes, counters and wake lists are KEYS (declared, passed by the caller); only the
+    records and histories of the runs a call names are built from the prefix."""
+    built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", code(name))
+    assert set(built) <= {"run:", "hist:"}, built
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_the_script_reads_no_argv_slot_its_header_does_not_name(name: str) -> None:
-    contract = contracts()[name]
+    header = headers()[name]
     used = {int(i) for i in re.findall(r"ARGV\[(\d+)\]", body(name))}
-    if contract.tail is None:
-        assert used <= set(range(1, len(contract.args) + 1)), used
+    if header.tail is None:
+        assert used <= set(range(1, len(header.args) + 1)), used
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_the_script_reads_its_clock_first(name: str) -> None:
+    first = next(line for line in code(name).splitlines() if line.strip())
+    assert re.fullmatch(r"local (now|_) = clock\(ARGV\[1\]\)\s*", first), first
+
+
+# -- each contract parses its script's real replies --------------------------------------------
+
+NOW = 1_000_000
+P = PartitionKeys("default", 0)
+K = SchedKeys(0)
+
+
+def create(runner: ScriptRunner, *run_ids: str, now: int = NOW) -> None:
+    runner.run(CREATE_RUN.call(P, [RunSpec(r, "t", "{}") for r in run_ids], now=now))
+
+
+def claim(runner: ScriptRunner, limit: int = 10, now: int = NOW) -> list[ClaimedRun]:
+    return CLAIM.parse(runner.run(CLAIM.call(P, limit, "w", 30_000, 60_000, now=now))).runs
+
+
+def parses_create_run(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "old")
+    reply = runner.run(CREATE_RUN.call(P, [RunSpec("new", "t", "{}"), RunSpec("old", "t", "{}")],
+                                       now=NOW))
+    assert CREATE_RUN.parse(reply) == [True, False]
+
+
+def parses_claim(runner: ScriptRunner, redis_client: Any) -> None:
+    runner.run(CREATE_RUN.call(P, [
+        RunSpec("a", "t", '{"args":[1]}', max_attempts=5, timeout_ms=700, job_id="j",
+                scheduled_for_ms=NOW - 1),
+        RunSpec("later", "t", "{}", delay_ms=5_000),
+    ], now=NOW))
+    result = CLAIM.parse(runner.run(CLAIM.call(P, 10, "w", 30_000, 60_000, now=NOW)))
+    assert (result.now_ms, result.next_wake_ms) == (NOW, NOW + 5_000)
+    (run,) = result.runs
+    assert run == ClaimedRun("a", run.fence, 1, 5, "t", '{"args":[1]}', NOW + 30_000, 700, "j",
+                             NOW - 1, NOW)
+    assert run.fence > 0
+
+
+def parses_heartbeat(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a")
+    (a,) = claim(runner)
+    reply = runner.run(HEARTBEAT.call(P, [("a", a.fence), ("gone", 1)], 40_000, now=NOW + 1))
+    assert HEARTBEAT.parse(reply) == Beats(NOW + 1, [NOW + 40_001, "unknown"])
+
+
+def parses_complete(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a", "b")
+    a, b = claim(runner)
+    call = COMPLETE.call(P, [("a", a.fence, "1"), ("b", b.fence + 1, "2")], 60_000, now=NOW)
+    assert COMPLETE.parse(runner.run(call)) == [
+        Outcome(True, "done"), Outcome(False, "fenced", current_fence=b.fence)
+    ]
+
+
+def parses_fail(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a", "b")
+    a, b = claim(runner)
+    retry = FAIL.call(P, "a", a.fence, "boom", 2_000, 60_000, now=NOW + 1)
+    assert FAIL.parse(runner.run(retry)) == Outcome(True, "retry", retry_at_ms=NOW + 2_001)
+    dead = FAIL.call(P, "b", b.fence, "fatal", None, 60_000, now=NOW + 1)
+    assert FAIL.parse(runner.run(dead)) == Outcome(True, "dead")
+
+
+def parses_release(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a")
+    (a,) = claim(runner)
+    assert RELEASE.parse(runner.run(RELEASE.call(P, "a", a.fence, now=NOW))) == Outcome(
+        True, "released"
+    )
+    again = RELEASE.call(P, "a", a.fence, now=NOW)
+    assert RELEASE.parse(runner.run(again)) == Outcome(False, "not-running", current_fence=a.fence)
+
+
+def parses_cancel(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a")
+    call = CANCEL.call(P, "a", 60_000, "stop", now=NOW)
+    assert CANCEL.parse(runner.run(call)) == StateChange(True, "pending")
+    assert CANCEL.parse(runner.run(call)) == StateChange(False, "cancelled")
+
+
+def parses_requeue(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a")
+    runner.run(CANCEL.call(P, "a", 60_000, "stop", now=NOW))
+    call = REQUEUE.call(P, "a", now=NOW)
+    assert REQUEUE.parse(runner.run(call)) == StateChange(True, "cancelled")
+    assert REQUEUE.parse(runner.run(call)) == StateChange(False, "pending")
+
+
+def parses_fenced_write(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a")
+    (a,) = claim(runner)
+    call = FENCED_WRITE.call(P, "res", a.fence, "v", "a", now=NOW)
+    assert FENCED_WRITE.parse(runner.run(call)) == FencedWrite(True, a.fence)
+    stale = FENCED_WRITE.call(P, "res", a.fence - 1, "v", "a", now=NOW)
+    assert FENCED_WRITE.parse(runner.run(stale)) == FencedWrite(False, a.fence)
+
+
+def parses_purge(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "dead", "alive")
+    dead = next(r for r in claim(runner) if r.run_id == "dead")
+    runner.run(FAIL.call(P, "dead", dead.fence, "boom", None, 60_000, now=NOW))
+    assert PURGE.parse(runner.run(PURGE.call(P, ["dead", "alive"], now=NOW))) == Purged(1, 1)
+
+
+def parses_repair(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "lost", "fine")
+    redis_client.zrem(P.due, "lost")
+    call = REPAIR.call(P, ["lost", "fine"], dry_run=True, now=NOW)
+    assert REPAIR.parse(runner.run(call)) == Repaired(1, 0, 0, 1)
+
+
+def define(runner: ScriptRunner, job: str, definition: str, next_ms: int) -> bool:
+    return SCHED_DEFINE.parse(runner.run(SCHED_DEFINE.call(
+        K, job, expected_definition=None, expected_next_ms=None, definition=definition,
+        next_ms=next_ms, now=NOW,
+    )))
+
+
+def parses_sched_due(runner: ScriptRunner, redis_client: Any) -> None:
+    herd = '{"task":"t","every_ms":60000}'
+    policed = '{"task":"t","every_ms":60000,"overlap":"forbid"}'
+    for job in ("h1", "h2"):
+        define(runner, job, herd, 60_000)
+    define(runner, "p", policed, 120_000)
+    redis_client.zadd(K.next, {"vanished": 180_000})
+    due = SCHED_DUE.parse(runner.run(SCHED_DUE.call(K, 1_000_000, 10, now=NOW)))
+    assert due == Due(NOW, [herd, policed], [
+        DueSegment(60_000, 1, "", ["h1", "h2"]),
+        DueSegment(120_000, 2, "|", ["p"]),
+        DueSegment(180_000, 0, "", ["vanished"]),
+    ])
+
+
+def parses_advance(runner: ScriptRunner, redis_client: Any) -> None:
+    define(runner, "a", '{"task":"t"}', 60_000)
+    define(runner, "b", '{"task":"t"}', 90_000)
+    header = (60_000, 120_000, 1, 0, 0, 0, "", 60_000, "")
+    call = ADVANCE.call(K, [(header, ["a", "b"])], now=NOW)
+    assert ADVANCE.parse(runner.run(call)) == [True, False]
+
+
+def parses_sched_define(runner: ScriptRunner, redis_client: Any) -> None:
+    assert define(runner, "a", '{"task":"t"}', 60_000) is True
+    assert define(runner, "a", '{"task":"t"}', 60_000) is False  # it exists: a conflict
+
+
+def parses_sched_create(runner: ScriptRunner, redis_client: Any) -> None:
+    group = RunGroup("t", "{}", 3, 0, 0, 60_000)
+    call = SCHED_CREATE.call(P, [(group, ["a", 60_000, "b", 60_500])], now=NOW)
+    assert SCHED_CREATE.parse(runner.run(call)) == 2
+    assert SCHED_CREATE.parse(runner.run(call)) == 0
+
+
+def parses_sched_release(runner: ScriptRunner, redis_client: Any) -> None:
+    group = RunGroup("t", "{}", 3, 0, 0, 60_000)
+    runner.run(SCHED_CREATE.call(P, [(group, ["a", HOLD_MS, "b", HOLD_MS])], now=NOW))
+    held = [(fire_run_id("a", 60_000), "", 60_000), (fire_run_id("b", 60_000), "a-running", 1)]
+    create(runner, "a-running")
+    claim(runner)
+    replies = runner.run(SCHED_RELEASE.call(P, [*held, ("gone", "", 1)], now=NOW))
+    assert SCHED_RELEASE.parse(replies) == [1, 0, 2]
+
+
+def parses_sched_unhold(runner: ScriptRunner, redis_client: Any) -> None:
+    redis_client.hset(K.held, mapping={"a": "1 -1 1 default", "b": "2 -1 2 default"})
+    call = SCHED_UNHOLD.call(K, [("a", "1 -1 1 default"), ("b", "stale text")], now=NOW)
+    assert SCHED_UNHOLD.parse(runner.run(call)) == 1
+
+
+REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
+    "create_run": parses_create_run,
+    "claim": parses_claim,
+    "heartbeat": parses_heartbeat,
+    "complete": parses_complete,
+    "fail": parses_fail,
+    "release": parses_release,
+    "cancel": parses_cancel,
+    "requeue": parses_requeue,
+    "fenced_write": parses_fenced_write,
+    "purge": parses_purge,
+    "repair": parses_repair,
+    "sched_due": parses_sched_due,
+    "advance": parses_advance,
+    "sched_define": parses_sched_define,
+    "sched_create": parses_sched_create,
+    "sched_release": parses_sched_release,
+    "sched_unhold": parses_sched_unhold,
+}
+
+
+def test_every_contracts_parser_is_checked_against_real_replies_here() -> None:
+    assert set(REPLIES) == set(CONTRACTS)
+
+
+@pytest.mark.parametrize("name", sorted(REPLIES))
+def test_the_contract_parses_its_scripts_real_reply(
+    name: str, runner: ScriptRunner, redis_client: Any
+) -> None:
+    REPLIES[name](runner, redis_client)

@@ -18,7 +18,7 @@ before or after the call. Each key is corrupted in each way that fits it, one ca
 
 The oracle: the call raised one of jobqueue's errors (ScriptError; ConnectionFailed and its
 ServerRefused for TRYLATER) and the keyspace (each key's type, content and expiry time) is what
-it was before the call; or the call went through, its reply parses with its ``ops.parse_*``, and
+it was before the call; or the call went through, its reply parses with its contract, and
 no key became a type that is neither its own nor the one the header declares. Any other
 exception fails the case. Both backends, like every Redis-facing test.
 
@@ -37,26 +37,40 @@ from typing import Any
 
 import fakeredis
 import pytest
+from script_calls import Advance, advance_groups, outcome
 
 from jobqueue import JobQueue
 from jobqueue.errors import ConnectionFailed, ScriptError
 from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.store import ops
-from jobqueue.store.contract import contracts
-from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.sched_ops import (
+from jobqueue.store.admin import PURGE, REPAIR
+from jobqueue.store.contract import headers
+from jobqueue.store.keys import PartitionKeys, SchedKeys
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    FENCED_WRITE,
+    HEARTBEAT,
+    RELEASE,
+    REQUEUE,
+    RunSpec,
+)
+from jobqueue.store.schedules import (
+    ADVANCE,
     HOLD_MS,
+    SCHED_CREATE,
+    SCHED_DEFINE,
+    SCHED_DUE,
+    SCHED_RELEASE,
+    SCHED_UNHOLD,
     RunGroup,
-    parse_sched_create,
-    parse_sched_release,
-    sched_create_call,
-    sched_release_call,
-    sched_unhold_call,
 )
 from jobqueue.store.scripts import SCRIPT_NAMES, Call, Script, ScriptRunner, scripts
 
 PK = PartitionKeys("default", 0)
-SK = ops.SchedKeys(0)
+SK = SchedKeys(0)
 NOW = 1_700_000_000_000  # ms: the queue scenarios' calls run at this instant
 S = 1_000  # the recurring jobs' clock starts at 0
 LEASE = 30_000
@@ -73,22 +87,22 @@ RECORD, HISTORY = "run:", "hist:"  # the undeclared keys: prefix + these + run i
 # -- building states ---------------------------------------------------------------------------
 
 
-def spec(run_id: str, **fields: Any) -> ops.RunSpec:
-    return ops.RunSpec(run_id, "t", PAYLOAD, **fields)
+def spec(run_id: str, **fields: Any) -> RunSpec:
+    return RunSpec(run_id, "t", PAYLOAD, **fields)
 
 
-def enqueue(runner: ScriptRunner, *specs: ops.RunSpec, now: int) -> None:
-    assert all(ops.parse_create(runner.run(ops.create_call(PK, specs, now=now))))
+def enqueue(runner: ScriptRunner, *specs: RunSpec, now: int) -> None:
+    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(PK, specs, now=now))))
 
 
 def claim(runner: ScriptRunner, limit: int, now: int, owner: str = "w1") -> dict[str, int]:
     """Claim up to ``limit`` runs; their fences by run id."""
-    call = ops.claim_call(PK, limit, owner, LEASE, RETENTION, now=now)
-    return {r.run_id: r.fence for r in ops.parse_claim(runner.run(call)).runs}
+    call = CLAIM.call(PK, limit, owner, LEASE, RETENTION, now=now)
+    return {r.run_id: r.fence for r in CLAIM.parse(runner.run(call)).runs}
 
 
 def accepted(runner: ScriptRunner, call: Call) -> None:
-    assert ops.parse_outcome(runner.run(call)).accepted, call
+    assert outcome(call, runner.run(call)).accepted, call
 
 
 def running_with_history(runner: ScriptRunner, run_id: str, now: int, **fields: Any) -> int:
@@ -96,13 +110,13 @@ def running_with_history(runner: ScriptRunner, run_id: str, now: int, **fields: 
     fence."""
     enqueue(runner, spec(run_id, **fields), now=now)
     (first,) = claim(runner, 1, now=now).values()
-    accepted(runner, ops.fail_call(PK, run_id, first, "flaky", 0, RETENTION, now=now + 1))
+    accepted(runner, FAIL.call(PK, run_id, first, "flaky", 0, RETENTION, now=now + 1))
     return claim(runner, 1, now=now + 2)[run_id]
 
 
 def dead_with_history(runner: ScriptRunner, run_id: str, now: int) -> None:
     fence = running_with_history(runner, run_id, now, max_attempts=2)
-    accepted(runner, ops.fail_call(PK, run_id, fence, "boom", None, RETENTION, now=now + 3))
+    accepted(runner, FAIL.call(PK, run_id, fence, "boom", None, RETENTION, now=now + 3))
 
 
 def expired_entry(runner: ScriptRunner, index: str) -> None:
@@ -120,8 +134,7 @@ def fire(job: str, second: int, due: int | None = None, lease: int = 0
          ) -> tuple[RunGroup, list[str | int]]:
     """A job's run of the fire at ``second`` as the scheduler sends it to sched_create: due at
     the fire time, or at ``due`` (HOLD_MS: a held buffer-one run)."""
-    suffix = "@" + fire_run(job, second).split("@")[1]
-    group = RunGroup("t", PAYLOAD, 3, lease, lease // 2, suffix, second * S)
+    group = RunGroup("t", PAYLOAD, 3, lease, lease // 2, second * S)
     return group, [job, second * S if due is None else due]
 
 
@@ -147,7 +160,7 @@ def create_run(runner: ScriptRunner) -> Call:
     """A run is created again (it exists: left alone) with two new ones, one with its own
     lease, timeout, job and schedule."""
     enqueue(runner, spec("queued"), now=NOW - 1_000)
-    return ops.create_call(PK, [
+    return CREATE_RUN.call(PK, [
         spec("queued"),
         spec("new-1", lease_ms=5_000, timeout_ms=4_000, job_id="nightly", scheduled_for_ms=NOW),
         spec("new-2", delay_ms=1_000),
@@ -165,14 +178,14 @@ def claim_a_busy_partition(runner: ScriptRunner) -> Call:
     claim(runner, 1, now=start + 3)
     enqueue(runner, spec("finished"), now=start + 4)
     fence = claim(runner, 1, now=start + 4)["finished"]
-    accepted(runner, ops.complete_call(PK, "finished", fence, "1", RETENTION, now=start + 5))
+    accepted(runner, COMPLETE.call(PK, [("finished", fence, "1")], RETENTION, now=start + 5))
     # What a failover leaves: a due entry of the finished run, and an orphan ('returned' was
     # indexed on a node its record had not reached yet; the record is here now).
     runner.client.zadd(PK.due, {"finished": start + 4})
     enqueue(runner, spec("due"), spec("later", delay_ms=120_000), spec("returned"), now=NOW - 10)
     runner.client.zrem(PK.due, "returned")
     runner.client.zadd(PK.orphans, {"returned": NOW - 5})
-    return ops.claim_call(PK, 2, "w2", LEASE, RETENTION, now=NOW)
+    return CLAIM.call(PK, 2, "w2", LEASE, RETENTION, now=NOW)
 
 
 def heartbeat(runner: ScriptRunner) -> Call:
@@ -180,10 +193,10 @@ def heartbeat(runner: ScriptRunner) -> Call:
     took one of them meanwhile, and a fourth run it names is gone."""
     enqueue(runner, spec("held", lease_ms=5_000), spec("other"), spec("stolen"), now=NOW - 3_000)
     fences = claim(runner, 3, now=NOW - 3_000)
-    accepted(runner, ops.release_call(PK, "stolen", fences["stolen"], now=NOW - 2_000))
+    accepted(runner, RELEASE.call(PK, "stolen", fences["stolen"], now=NOW - 2_000))
     claim(runner, 1, now=NOW - 1_000, owner="w2")
     leases = [(r, fences[r]) for r in ("held", "other", "stolen")] + [("vanished", 1)]
-    return ops.heartbeat_call(PK, leases, LEASE, now=NOW)
+    return HEARTBEAT.call(PK, leases, LEASE, now=NOW)
 
 
 def complete_a_batch(runner: ScriptRunner) -> Call:
@@ -193,15 +206,15 @@ def complete_a_batch(runner: ScriptRunner) -> Call:
     fence_a = running_with_history(runner, "a", NOW - 3_000)
     enqueue(runner, spec("b"), spec("stale"), now=NOW - 2_000)
     fences = claim(runner, 2, now=NOW - 2_000)
-    accepted(runner, ops.release_call(PK, "stale", fences["stale"], now=NOW - 1_500))
+    accepted(runner, RELEASE.call(PK, "stale", fences["stale"], now=NOW - 1_500))
     claim(runner, 1, now=NOW - 1_000, owner="w2")
     items = [("a", fence_a, '"ok"'), ("b", fences["b"], "2"), ("stale", fences["stale"], "3")]
-    return ops.complete_many_call(PK, items, RETENTION, now=NOW)
+    return COMPLETE.call(PK, items, RETENTION, now=NOW)
 
 
 def fail_and_retry(runner: ScriptRunner) -> Call:
     fence = running_with_history(runner, "a", NOW - 3_000)
-    return ops.fail_call(PK, "a", fence, "boom", 1_000, RETENTION, now=NOW)
+    return FAIL.call(PK, "a", fence, "boom", 1_000, RETENTION, now=NOW)
 
 
 def fail_for_good(runner: ScriptRunner) -> Call:
@@ -209,23 +222,23 @@ def fail_for_good(runner: ScriptRunner) -> Call:
     retention."""
     expired_entry(runner, PK.dead)
     fence = running_with_history(runner, "a", NOW - 3_000, max_attempts=2)
-    return ops.fail_call(PK, "a", fence, "boom", 1_000, RETENTION, now=NOW)
+    return FAIL.call(PK, "a", fence, "boom", 1_000, RETENTION, now=NOW)
 
 
 def cancel_a_running_run(runner: ScriptRunner) -> Call:
     expired_entry(runner, PK.done)
     running_with_history(runner, "a", NOW - 3_000)
-    return ops.cancel_call(PK, "a", RETENTION, "stop", now=NOW)
+    return CANCEL.call(PK, "a", RETENTION, "stop", now=NOW)
 
 
 def release(runner: ScriptRunner) -> Call:
     fence = running_with_history(runner, "a", NOW - 3_000)
-    return ops.release_call(PK, "a", fence, now=NOW)
+    return RELEASE.call(PK, "a", fence, now=NOW)
 
 
 def requeue_a_dead_run(runner: ScriptRunner) -> Call:
     dead_with_history(runner, "a", NOW - 3_000)
-    return ops.requeue_call(PK, "a", now=NOW)
+    return REQUEUE.call(PK, "a", now=NOW)
 
 
 def fenced_write(runner: ScriptRunner) -> Call:
@@ -233,9 +246,9 @@ def fenced_write(runner: ScriptRunner) -> Call:
     enqueue(runner, spec("older"), now=NOW - 4_000)
     enqueue(runner, spec("a"), now=NOW - 3_000)
     fences = claim(runner, 2, now=NOW - 3_000)
-    call = ops.fenced_write_call(PK, "report", fences["older"], "v1", "older", now=NOW - 2_000)
-    assert ops.parse_fenced_write(runner.run(call))[0]
-    return ops.fenced_write_call(PK, "report", fences["a"], "v2", "a", ttl_ms=60_000, now=NOW)
+    call = FENCED_WRITE.call(PK, "report", fences["older"], "v1", "older", now=NOW - 2_000)
+    assert FENCED_WRITE.parse(runner.run(call))[0]
+    return FENCED_WRITE.call(PK, "report", fences["a"], "v2", "a", ttl_ms=60_000, now=NOW)
 
 
 def purge(runner: ScriptRunner) -> Call:
@@ -243,14 +256,14 @@ def purge(runner: ScriptRunner) -> Call:
     dead_with_history(runner, "a", NOW - 3_000)
     enqueue(runner, spec("b", max_attempts=1), now=NOW - 2_000)
     fence = claim(runner, 1, now=NOW - 2_000)["b"]
-    accepted(runner, ops.fail_call(PK, "b", fence, "boom", None, RETENTION, now=NOW - 1_000))
+    accepted(runner, FAIL.call(PK, "b", fence, "boom", None, RETENTION, now=NOW - 1_000))
     enqueue(runner, spec("c"), now=NOW - 1_000)
-    return ops.purge_call(PK, ["a", "b", "c"])
+    return PURGE.call(PK, ["a", "b", "c"])
 
 
 def sched_due(runner: ScriptRunner) -> Call:
     recurring_jobs(runner)
-    return ops.sched_due_call(SK, 0, 100, now=180 * S)
+    return SCHED_DUE.call(SK, 0, 100, now=180 * S)
 
 
 def advance(runner: ScriptRunner) -> Call:
@@ -258,19 +271,19 @@ def advance(runner: ScriptRunner) -> Call:
     (its schedule is over)."""
     recurring_jobs(runner)
     fired = {"fired": 1, "last_fire_ms": 180 * S, "through_ms": 180 * S}
-    return ops.advance_call(SK, [
-        ops.Advance("herd-1", 180 * S, 240 * S, **fired),
-        ops.Advance("herd-2", 180 * S, 240 * S, **fired),
-        ops.Advance("policed", 180 * S, 240 * S, skipped=1, through_ms=180 * S,
-                    held=f"{180 * S} {60 * S} {180 * S} default"),
-        ops.Advance("hourly", 3600 * S, None, through_ms=180 * S),
-    ], now=180 * S)
+    return ADVANCE.call(SK, advance_groups([
+        Advance("herd-1", 180 * S, 240 * S, **fired),
+        Advance("herd-2", 180 * S, 240 * S, **fired),
+        Advance("policed", 180 * S, 240 * S, skipped=1, through_ms=180 * S,
+                held=f"{180 * S} {60 * S} {180 * S} default"),
+        Advance("hourly", 3600 * S, None, through_ms=180 * S),
+    ]), now=180 * S)
 
 
 def sched_define_put(runner: ScriptRunner) -> Call:
     """'herd-1' is redefined to every two minutes, compare-and-set against what was read."""
     recurring_jobs(runner)
-    return ops.sched_define_call(
+    return SCHED_DEFINE.call(
         SK, "herd-1", expected_definition=runner.client.hget(SK.defs, "herd-1"),
         expected_next_ms=180 * S, definition='{"task":"t","queue":"default","every_ms":120000}',
         next_ms=240 * S, state="2 0 0 0 120000 120000 default",
@@ -279,7 +292,7 @@ def sched_define_put(runner: ScriptRunner) -> Call:
 
 def sched_define_delete(runner: ScriptRunner) -> Call:
     recurring_jobs(runner)
-    return ops.sched_define_call(
+    return SCHED_DEFINE.call(
         SK, "hourly", expected_definition=runner.client.hget(SK.defs, "hourly"),
         expected_next_ms=3600 * S, definition=None, next_ms=None,
     )
@@ -289,10 +302,10 @@ def sched_create(runner: ScriptRunner) -> Call:
     """The 180 s fire: 'herd-1' (with its own lease and timeout) and 'herd-2', and the held
     run of 'policed'; with the 120 s run of 'herd-1' again (it exists: the scheduler crashed
     before its advance)."""
-    runner.run(sched_create_call(PK, [fire("herd-1", 120)], now=120 * S))
+    runner.run(SCHED_CREATE.call(PK, [fire("herd-1", 120)], now=120 * S))
     group, herd = fire("herd-1", 180, lease=5_000)
     herd += fire("herd-2", 180)[1]
-    return sched_create_call(PK, [
+    return SCHED_CREATE.call(PK, [
         fire("herd-1", 120), (group, herd), fire("policed", 180, due=HOLD_MS),
     ], now=180 * S)
 
@@ -300,13 +313,13 @@ def sched_create(runner: ScriptRunner) -> Call:
 def sched_release(runner: ScriptRunner) -> Call:
     """Two buffer-one jobs with their 120 s runs held: 'policed' (its 60 s run completed:
     released) and 'slow' (its 60 s run is still running: still held)."""
-    runner.run(sched_create_call(PK, [fire("policed", 60), fire("slow", 60)], now=60 * S))
+    runner.run(SCHED_CREATE.call(PK, [fire("policed", 60), fire("slow", 60)], now=60 * S))
     fences = claim(runner, 2, now=61 * S)
     held = [fire("policed", 120, due=HOLD_MS), fire("slow", 120, due=HOLD_MS)]
-    runner.run(sched_create_call(PK, held, now=120 * S))
+    runner.run(SCHED_CREATE.call(PK, held, now=120 * S))
     first = fire_run("policed", 60)
-    accepted(runner, ops.complete_call(PK, first, fences[first], "1", RETENTION, now=122 * S))
-    return sched_release_call(PK, [
+    accepted(runner, COMPLETE.call(PK, [(first, fences[first], "1")], RETENTION, now=122 * S))
+    return SCHED_RELEASE.call(PK, [
         (fire_run("policed", 120), first, 120 * S),
         (fire_run("slow", 120), fire_run("slow", 60), 120 * S),
     ], now=130 * S)
@@ -317,7 +330,7 @@ def sched_unhold(runner: ScriptRunner) -> Call:
     read (kept)."""
     recurring_jobs(runner)
     held = runner.client.hgetall(SK.held)
-    return sched_unhold_call(SK, [("policed", held["policed"]), ("slow", held["slow"]),
+    return SCHED_UNHOLD.call(SK, [("policed", held["policed"]), ("slow", held["slow"]),
                                   ("herd-1", "120000 60000 120000 default")], now=130 * S)
 
 
@@ -332,11 +345,7 @@ def repair(runner: ScriptRunner) -> Call:
     runner.client.delete(PK.run("gone"))
     runner.client.zrem(PK.due, "returned")
     runner.client.zadd(PK.orphans, {"returned": NOW - 5})
-    return ops.repair_call(PK, ["lost", "held", "gone", "returned", "fine"], now=NOW)
-
-
-def ignored(reply: Any) -> None:
-    """sched_unhold's reply: the scheduler does not read it."""
+    return REPAIR.call(PK, ["lost", "held", "gone", "returned", "fine"], now=NOW)
 
 
 @dataclass(frozen=True)
@@ -347,7 +356,7 @@ class Scenario:
     name: str
     script: str
     build: Callable[[ScriptRunner], Call]
-    parse: Callable[[Any], object]  # the reply's parser (ops.parse_*, or what its caller reads)
+    parse: Callable[[Any], object]  # the reply's parser: its script's contract's
     prefix: str = PK.prefix  # where the records and histories of its runs live ('' = none)
     names: tuple[str, ...] = ()  # run ids the call names that have no key at all
 
@@ -355,27 +364,27 @@ class Scenario:
 SCENARIOS = {
     s.name: s
     for s in (
-        Scenario("create_run", "create_run", create_run, ops.parse_create),
-        Scenario("claim", "claim", claim_a_busy_partition, ops.parse_claim),
-        Scenario("heartbeat", "heartbeat", heartbeat, ops.parse_heartbeat, names=("vanished",)),
-        Scenario("complete", "complete", complete_a_batch, ops.parse_outcomes),
-        Scenario("fail-retry", "fail", fail_and_retry, ops.parse_outcome),
-        Scenario("fail-dead", "fail", fail_for_good, ops.parse_outcome),
-        Scenario("cancel", "cancel", cancel_a_running_run, ops.parse_state_change),
-        Scenario("release", "release", release, ops.parse_outcome),
-        Scenario("requeue", "requeue", requeue_a_dead_run, ops.parse_state_change),
-        Scenario("fenced_write", "fenced_write", fenced_write, ops.parse_fenced_write),
-        Scenario("purge", "purge", purge, ops.parse_purge),
-        Scenario("repair", "repair", repair, ops.parse_repair),
-        Scenario("sched_due", "sched_due", sched_due, ops.parse_sched_due, prefix=""),
-        Scenario("advance", "advance", advance, ops.parse_advance, prefix=""),
-        Scenario("sched_define-put", "sched_define", sched_define_put, ops.parse_sched_define,
+        Scenario("create_run", "create_run", create_run, CREATE_RUN.parse),
+        Scenario("claim", "claim", claim_a_busy_partition, CLAIM.parse),
+        Scenario("heartbeat", "heartbeat", heartbeat, HEARTBEAT.parse, names=("vanished",)),
+        Scenario("complete", "complete", complete_a_batch, COMPLETE.parse),
+        Scenario("fail-retry", "fail", fail_and_retry, FAIL.parse),
+        Scenario("fail-dead", "fail", fail_for_good, FAIL.parse),
+        Scenario("cancel", "cancel", cancel_a_running_run, CANCEL.parse),
+        Scenario("release", "release", release, RELEASE.parse),
+        Scenario("requeue", "requeue", requeue_a_dead_run, REQUEUE.parse),
+        Scenario("fenced_write", "fenced_write", fenced_write, FENCED_WRITE.parse),
+        Scenario("purge", "purge", purge, PURGE.parse),
+        Scenario("repair", "repair", repair, REPAIR.parse),
+        Scenario("sched_due", "sched_due", sched_due, SCHED_DUE.parse, prefix=""),
+        Scenario("advance", "advance", advance, ADVANCE.parse, prefix=""),
+        Scenario("sched_define-put", "sched_define", sched_define_put, SCHED_DEFINE.parse,
                  prefix=""),
         Scenario("sched_define-delete", "sched_define", sched_define_delete,
-                 ops.parse_sched_define, prefix=""),
-        Scenario("sched_create", "sched_create", sched_create, parse_sched_create),
-        Scenario("sched_release", "sched_release", sched_release, parse_sched_release),
-        Scenario("sched_unhold", "sched_unhold", sched_unhold, ignored, prefix=""),
+                 SCHED_DEFINE.parse, prefix=""),
+        Scenario("sched_create", "sched_create", sched_create, SCHED_CREATE.parse),
+        Scenario("sched_release", "sched_release", sched_release, SCHED_RELEASE.parse),
+        Scenario("sched_unhold", "sched_unhold", sched_unhold, SCHED_UNHOLD.parse, prefix=""),
     )
 }
 
@@ -466,10 +475,10 @@ class Target:
 
 
 def targets(scenario: Scenario, call: Call, before: Shape, after: Shape) -> Iterator[Target]:
-    """The call's declared KEYS (from the contract and the call), then the records and
+    """The call's declared KEYS (from the header and the call), then the records and
     histories of the runs it names, its indexes list, or the keyspace holds before or after."""
-    contract = contracts()[scenario.script]
-    declared = dict(zip(contract.keys, call.keys, strict=True))
+    header = headers()[scenario.script]
+    declared = dict(zip(header.keys, call.keys, strict=True))
 
     def target(role: str, key: str, kind: str) -> Target:
         fields: set[str] = set()
@@ -480,7 +489,7 @@ def targets(scenario: Scenario, call: Call, before: Shape, after: Shape) -> Iter
         return Target(role, kind, key in before, tuple(sorted(fields)))
 
     for role, key in declared.items():
-        yield target(role, key, contract.kind_of(role))
+        yield target(role, key, header.kind_of(role))
     if not scenario.prefix:
         return
     runs = set(scenario.names)
@@ -616,9 +625,9 @@ def set_up(scenario: Scenario, runner: ScriptRunner, backend: str) -> Call:
 
 
 def key_of(case: Case, call: Call) -> str:
-    contract = contracts()[case.scenario.script]
-    if case.target.role in contract.keys:
-        return call.keys[contract.keys.index(case.target.role)]
+    header = headers()[case.scenario.script]
+    if case.target.role in header.keys:
+        return call.keys[header.keys.index(case.target.role)]
     return case.scenario.prefix + case.target.role
 
 
@@ -638,7 +647,7 @@ def check(case: Case, call: Call, runner: ScriptRunner) -> None:
         return
     case.scenario.parse(reply)
     after = kinds(client)
-    declared = dict(zip(call.keys, contracts()[call.script].kinds, strict=True))
+    declared = dict(zip(call.keys, headers()[call.script].kinds, strict=True))
     declared[key] = case.target.kind
     retyped = [
         f"{k}: {before[k].kind} -> {after[k]}"

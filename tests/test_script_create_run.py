@@ -1,5 +1,5 @@
-"""create_run.lua through ops: SET NX semantics, batches, due time, wake tokens, stats, history.
-Plus the one-clock rule for every script: without ``now`` the scripts read Redis TIME."""
+"""create_run.lua through its contract: SET NX semantics, batches, due time, wake tokens, stats,
+history. Plus the one-clock rule for every script: without ``now`` the scripts read Redis TIME."""
 
 from __future__ import annotations
 
@@ -7,24 +7,35 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    FENCED_WRITE,
+    HEARTBEAT,
+    RELEASE,
+    REQUEUE,
+    RunSpec,
+)
 from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[1,"a"],"kwargs":{"k":true}}'
 NOW = 1_000_000
 
 
-def spec(run_id: str, **kw: Any) -> ops.RunSpec:
+def spec(run_id: str, **kw: Any) -> RunSpec:
     task = kw.pop("task", "t")
     payload = kw.pop("payload", PAYLOAD)
-    return ops.RunSpec(run_id, task, payload, **kw)
+    return RunSpec(run_id, task, payload, **kw)
 
 
 def create(
-    runner: ScriptRunner, pk: PartitionKeys, *specs: ops.RunSpec, now: int = NOW
+    runner: ScriptRunner, pk: PartitionKeys, *specs: RunSpec, now: int = NOW
 ) -> list[bool]:
-    return ops.parse_create(runner.run(ops.create_call(pk, list(specs), now=now)))
+    return CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, list(specs), now=now)))
 
 
 def server_ms(client: Any) -> int:
@@ -71,7 +82,7 @@ def test_create_run_stores_no_field_left_at_its_default(
 
 
 def test_create_run_returns_the_now_it_used(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    reply = runner.run(ops.create_call(pk, [spec("r1")], now=123_456))
+    reply = runner.run(CREATE_RUN.call(pk, [spec("r1")], now=123_456))
     assert int(reply[0]) == 123_456
 
 
@@ -112,9 +123,9 @@ def test_create_run_refuses_to_recreate_a_run_in_any_state(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, spec("a"), now=1_000)
-    claimed = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w", 30_000, 60_000, now=1_000)))
+    claimed = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", 30_000, 60_000, now=1_000)))
     c = claimed.runs[0]
-    runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=2_000))
+    runner.run(COMPLETE.call(pk, [("a", c.fence, "1")], 60_000, now=2_000))
     assert create(runner, pk, spec("a"), now=3_000) == [False]
     assert redis_client.hget(pk.run("a"), "state") == "done"
     assert redis_client.zscore(pk.due, "a") is None
@@ -231,15 +242,15 @@ def test_scripts_use_the_server_clock_when_no_now_is_given(
 ) -> None:
     """Invariant 4 for every script: with now=None each one decides with Redis TIME."""
     lo = server_ms(redis_client)
-    created = runner.run(ops.create_call(pk, [spec("a"), spec("b"), spec("c", delay_ms=60_000)]))
-    claim = ops.parse_claim(runner.run(ops.claim_call(pk, 2, "w", 30_000, 60_000)))
+    created = runner.run(CREATE_RUN.call(pk, [spec("a"), spec("b"), spec("c", delay_ms=60_000)]))
+    claim = CLAIM.parse(runner.run(CLAIM.call(pk, 2, "w", 30_000, 60_000)))
     by_id = {r.run_id: r for r in claim.runs}
-    beat = runner.run(ops.heartbeat_call(pk, [("a", by_id["a"].fence)], 40_000))
-    runner.run(ops.fenced_write_call(pk, "res", by_id["a"].fence, "v", "a"))  # while a runs
-    runner.run(ops.complete_call(pk, "a", by_id["a"].fence, "1", 60_000))
-    retry = ops.parse_outcome(runner.run(ops.fail_call(pk, "b", by_id["b"].fence, "x", 5_000, 1)))
-    runner.run(ops.cancel_call(pk, "c", 60_000, "stop"))
-    runner.run(ops.requeue_call(pk, "c"))
+    beat = runner.run(HEARTBEAT.call(pk, [("a", by_id["a"].fence)], 40_000))
+    runner.run(FENCED_WRITE.call(pk, "res", by_id["a"].fence, "v", "a"))  # while a runs
+    runner.run(COMPLETE.call(pk, [("a", by_id["a"].fence, "1")], 60_000))
+    retry = FAIL.parse(runner.run(FAIL.call(pk, "b", by_id["b"].fence, "x", 5_000, 1)))
+    runner.run(CANCEL.call(pk, "c", 60_000, "stop"))
+    runner.run(REQUEUE.call(pk, "c"))
     hi = server_ms(redis_client)
 
     def within(value: Any, offset: int = 0) -> None:
@@ -262,9 +273,9 @@ def test_scripts_use_the_server_clock_when_no_now_is_given(
     within(redis_client.hget(pk.fence_resource("res"), "at"))
     # and the released run's due is the server's now too
     lo = server_ms(redis_client)
-    claim2 = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w", 30_000, 60_000)))
+    claim2 = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", 30_000, 60_000)))
     (c,) = claim2.runs
-    runner.run(ops.release_call(pk, c.run_id, c.fence))
+    runner.run(RELEASE.call(pk, c.run_id, c.fence))
     hi = server_ms(redis_client)
     within(redis_client.zscore(pk.due, c.run_id) or 0)
 
@@ -294,4 +305,4 @@ def test_create_run_batch_mixing_tasks_and_options_keeps_each_runs_own_fields(
     assert (got["a4"]["timeout_ms"], got["a4"]["job"], got["a4"]["scheduled_for"]) == (
         "1000", "j", str(NOW - 1)
     )
-    assert len(ops.create_call(pk, batch).args) == 2 + 4 * 5 + 5 * 6  # 4 groups, 5 runs
+    assert len(CREATE_RUN.call(pk, batch).args) == 2 + 4 * 5 + 5 * 6  # 4 groups, 5 runs

@@ -1,4 +1,4 @@
-"""fenced_write.lua through ops: a resource written only by the current holder of its run's
+"""fenced_write.lua through its contract: a resource written only by the current holder of its run's
 lease, and never over a write from a newer fence, so a stale attempt's side effect is refused."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CANCEL, CLAIM, COMPLETE, CREATE_RUN, FENCED_WRITE, RunSpec
 from jobqueue.store.scripts import ScriptRunner
 
 LEASE = 30_000
@@ -17,16 +17,16 @@ PAYLOAD = '{"args":[],"kwargs":{}}'
 
 def holding(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int = 0) -> int:
     """Create ``run_id`` and claim it; the fence of that claim."""
-    runner.run(ops.create_call(pk, [ops.RunSpec(run_id, "t", PAYLOAD)], now=now))
-    (run,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w", LEASE, 1, now=now))).runs
+    runner.run(CREATE_RUN.call(pk, [RunSpec(run_id, "t", PAYLOAD)], now=now))
+    (run,) = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", LEASE, 1, now=now))).runs
     assert run.run_id == run_id
     return run.fence
 
 
 def write(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, value: str,
           now: int = 1, resource: str = "res", ttl_ms: int = 0) -> tuple[bool, int]:
-    call = ops.fenced_write_call(pk, resource, fence, value, run_id, ttl_ms, now=now)
-    return ops.parse_fenced_write(runner.run(call))
+    call = FENCED_WRITE.call(pk, resource, fence, value, run_id, ttl_ms, now=now)
+    return FENCED_WRITE.parse(runner.run(call))
 
 
 def test_fenced_write_accepts_the_current_holder(
@@ -54,7 +54,7 @@ def test_fenced_write_refuses_the_side_effect_of_a_worker_whose_lease_was_reclai
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     w1 = holding(runner, pk, "a")
-    (w2,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, 1, now=LEASE))).runs
+    (w2,) = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w2", LEASE, 1, now=LEASE))).runs
     # The stale attempt is refused even before the new holder wrote anything.
     assert write(runner, pk, "a", w1, "from w1") == (False, w2.fence)
     assert not redis_client.exists(pk.fence_resource("res"))
@@ -67,9 +67,9 @@ def test_fenced_write_refuses_a_run_that_finished_or_was_cancelled(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     done = holding(runner, pk, "done")
-    runner.run(ops.complete_call(pk, "done", done, "1", 60_000, now=1))
+    runner.run(COMPLETE.call(pk, [("done", done, "1")], 60_000, now=1))
     cancelled = holding(runner, pk, "cancelled")
-    runner.run(ops.cancel_call(pk, "cancelled", 60_000, "stop", now=1))
+    runner.run(CANCEL.call(pk, "cancelled", 60_000, "stop", now=1))
     assert write(runner, pk, "done", done, "late")[0] is False
     assert write(runner, pk, "cancelled", cancelled, "late")[0] is False
     assert write(runner, pk, "never-created", 1, "v")[0] is False

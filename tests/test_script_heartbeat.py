@@ -1,4 +1,4 @@
-"""heartbeat.lua through ops: extend a lease only with the current fence of a running run,
+"""heartbeat.lua through its contract: extend a lease only with the current fence of a running run,
 else say why, so the worker stops."""
 
 from __future__ import annotations
@@ -7,8 +7,18 @@ from typing import Any
 
 from fence_rule import fence_issued
 
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import (
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FAIL,
+    HEARTBEAT,
+    RELEASE,
+    ClaimedRun,
+    RunSpec,
+)
 from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -18,20 +28,20 @@ RETENTION = 3_600_000
 
 def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, lease_ms: int = 0,
            now: int = 0) -> None:
-    specs = [ops.RunSpec(r, "t", PAYLOAD, lease_ms=lease_ms, max_attempts=3) for r in run_ids]
-    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
+    specs = [RunSpec(r, "t", PAYLOAD, lease_ms=lease_ms, max_attempts=3) for r in run_ids]
+    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
 
 
 def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
-              ) -> ops.ClaimedRun:
-    result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, owner, LEASE, RETENTION, now=now)))
+              ) -> ClaimedRun:
+    result = CLAIM.parse(runner.run(CLAIM.call(pk, 1, owner, LEASE, RETENTION, now=now)))
     (run,) = result.runs
     return run
 
 
 def beat(runner: ScriptRunner, pk: PartitionKeys, leases: list[tuple[str, int]], now: int,
          lease_ms: int = LEASE) -> list[int | str]:
-    return ops.parse_heartbeat(runner.run(ops.heartbeat_call(pk, leases, lease_ms, now=now)))
+    return HEARTBEAT.parse(runner.run(HEARTBEAT.call(pk, leases, lease_ms, now=now))).answers
 
 
 def test_heartbeat_extends_the_lease_from_now(
@@ -45,7 +55,7 @@ def test_heartbeat_extends_the_lease_from_now(
 
 
 def test_heartbeat_returns_the_now_it_used(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    reply = runner.run(ops.heartbeat_call(pk, [], LEASE, now=4_321))
+    reply = runner.run(HEARTBEAT.call(pk, [], LEASE, now=4_321))
     assert [int(x) for x in reply] == [4_321]
 
 
@@ -72,7 +82,7 @@ def test_heartbeat_keeps_an_extended_lease_from_being_reclaimed(
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     beat(runner, pk, [("a", c.fence)], now=20_000)
-    result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, RETENTION, now=LEASE)))
+    result = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w2", LEASE, RETENTION, now=LEASE)))
     assert result.runs == []
     assert result.next_wake_ms == 20_000 + LEASE
 
@@ -101,7 +111,7 @@ def test_heartbeat_refuses_a_fence_from_the_future_as_fenced(
 def test_heartbeat_refuses_a_cancelled_run(runner: ScriptRunner, pk: PartitionKeys) -> None:
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
-    runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=5))
+    runner.run(CANCEL.call(pk, "a", RETENTION, "stop", now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["cancelled"]
 
 
@@ -110,7 +120,7 @@ def test_heartbeat_refuses_a_completed_run_as_finished(
 ) -> None:
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
-    runner.run(ops.complete_call(pk, "a", c.fence, "null", RETENTION, now=5))
+    runner.run(COMPLETE.call(pk, [("a", c.fence, "null")], RETENTION, now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["finished"]
     assert redis_client.zscore(pk.leases, "a") is None
     assert not redis_client.hexists(pk.run("a"), "lease_until")
@@ -119,7 +129,7 @@ def test_heartbeat_refuses_a_completed_run_as_finished(
 def test_heartbeat_refuses_a_dead_run_as_finished(runner: ScriptRunner, pk: PartitionKeys) -> None:
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
-    runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, RETENTION, now=5))
+    runner.run(FAIL.call(pk, "a", c.fence, "boom", None, RETENTION, now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["finished"]
 
 
@@ -128,7 +138,7 @@ def test_heartbeat_refuses_a_released_run_as_not_running(
 ) -> None:
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
-    runner.run(ops.release_call(pk, "a", c.fence, now=5))
+    runner.run(RELEASE.call(pk, "a", c.fence, now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["not-running"]
     assert redis_client.zscore(pk.leases, "a") is None
 
@@ -138,7 +148,7 @@ def test_heartbeat_refuses_a_run_failed_back_to_pending_as_not_running(
 ) -> None:
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
-    runner.run(ops.fail_call(pk, "a", c.fence, "boom", 1_000, RETENTION, now=5))
+    runner.run(FAIL.call(pk, "a", c.fence, "boom", 1_000, RETENTION, now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["not-running"]
 
 
@@ -154,9 +164,9 @@ def test_heartbeat_answers_each_lease_of_a_batch_in_order(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", "b", "c")
-    got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w1", LEASE, RETENTION, now=0)))
+    got = CLAIM.parse(runner.run(CLAIM.call(pk, 3, "w1", LEASE, RETENTION, now=0)))
     fences = {r.run_id: r.fence for r in got.runs}
-    runner.run(ops.complete_call(pk, "b", fences["b"], "null", RETENTION, now=1))
+    runner.run(COMPLETE.call(pk, [("b", fences["b"], "null")], RETENTION, now=1))
     answer = beat(
         runner,
         pk,
@@ -187,7 +197,7 @@ def test_heartbeat_after_lease_expiry_but_before_reclaim_is_still_accepted(
     create(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert beat(runner, pk, [("a", c.fence)], now=LEASE + 5) == [2 * LEASE + 5]
-    result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, RETENTION,
+    result = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w2", LEASE, RETENTION,
                                                        now=LEASE + 6)))
     assert result.runs == []
 
@@ -196,7 +206,7 @@ def test_a_key_of_another_type_in_a_batched_heartbeat_refuses_that_run_alone(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "a", "b", "c")
-    got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w", LEASE, RETENTION, now=0)))
+    got = CLAIM.parse(runner.run(CLAIM.call(pk, 3, "w", LEASE, RETENTION, now=0)))
     fences = {r.run_id: r.fence for r in got.runs}
     redis_client.delete(pk.run("b"))
     redis_client.set(pk.run("b"), "not a hash")

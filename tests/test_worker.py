@@ -21,8 +21,8 @@ from jobqueue.context import RunContext
 from jobqueue.errors import Fatal
 from jobqueue.models import Run
 from jobqueue.settings import Settings
-from jobqueue.store import ops
 from jobqueue.store.keys import WORKERS_KEY
+from jobqueue.store.runs import CLAIM, FENCED_WRITE
 from jobqueue.worker import daemon as worker_module
 from jobqueue.worker.daemon import Worker
 
@@ -296,11 +296,11 @@ def test_fenced_write_refuses_a_write_older_than_the_resources_last(fast_jq: Job
         # A run claimed later in the same partition (a greater fence) writes first; the busy
         # worker (one slot) leaves it to this claim.
         fast_jq.enqueue("write", "x", run_id="newer")
-        claim = ops.claim_call(keys, 1, "other", 30_000, 60_000)
-        (newer,) = ops.parse_claim(fast_jq.scripts.run(claim)).runs
+        claim = CLAIM.call(keys, 1, "other", 30_000, 60_000)
+        (newer,) = CLAIM.parse(fast_jq.scripts.run(claim)).runs
         assert newer.run_id == "newer" and newer.fence > held.fence
-        first = ops.fenced_write_call(keys, "contested", newer.fence, "newer", "newer")
-        assert ops.parse_fenced_write(fast_jq.scripts.run(first)) == (True, newer.fence)
+        first = FENCED_WRITE.call(keys, "contested", newer.fence, "newer", "newer")
+        assert FENCED_WRITE.parse(fast_jq.scripts.run(first)) == (True, newer.fence)
         release.set()
         stale = finished(fast_jq, older.run_id)
         fresh = finished(fast_jq, fast_jq.enqueue(write, "fresh", run_id="fresh").run_id)

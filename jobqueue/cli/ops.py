@@ -23,8 +23,8 @@ from jobqueue.client import queries as inspect
 from jobqueue.errors import OperationRefused
 from jobqueue.policy import health
 from jobqueue.policy.capacity import CapacityInputs, estimate
-from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import REQUEUE
 
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
 pass_state = click.pass_obj
@@ -396,9 +396,9 @@ def dead_retry(
     with progress(len(targets), "retrying dead runs") as advance:
         for start in range(0, len(targets), BULK_CHUNK):
             chunk = targets[start : start + BULK_CHUNK]
-            replies = jq.scripts.run_many([ops.requeue_call(k, rid) for rid, k in chunk])
+            replies = jq.scripts.run_many([REQUEUE.call(k, rid) for rid, k in chunk])
             for (rid, _), reply in zip(chunk, replies, strict=True):
-                changed, previous = ops.parse_state_change(reply)
+                changed, previous = REQUEUE.parse(reply)
                 if changed:
                     retried += 1
                 elif previous == "pending":  # retried by someone else meanwhile

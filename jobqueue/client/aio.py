@@ -1,7 +1,8 @@
 """The asyncio flavour of the client, for FastAPI-style apps: ``await jq.enqueue(...)``.
 
 It shares everything but the I/O with the sync client: request planning and validation
-(``ClientBase``), script calls and reply parsing (``ops``), NOSCRIPT recovery (``scripts``).
+(``ClientBase``), script calls and reply parsing (the scripts' contracts), NOSCRIPT recovery
+(``scripts``).
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from jobqueue.errors import ConnectionFailed, RunTimeout
 from jobqueue.models import Run
 from jobqueue.policy.timeutil import Delay, Instant
 from jobqueue.settings import Settings
-from jobqueue.store import ops
 from jobqueue.store.connection import async_client, redact
 from jobqueue.store.embedded import resolve_url
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
+from jobqueue.store.runs import CANCEL
 from jobqueue.store.scripts import AsyncScriptRunner
 
 
@@ -195,8 +196,8 @@ class AsyncJobQueue(ClientBase):
         keys, skipped = await self._search(run_id, queue)
         if keys is None:
             raise not_found(run_id, queue, skipped)
-        call = ops.cancel_call(keys, run_id, self.settings.done_retention_ms, reason)
-        changed, state = ops.parse_state_change(await self.scripts.run(call))
+        call = CANCEL.call(keys, run_id, self.settings.done_retention_ms, reason)
+        changed, state = CANCEL.parse(await self.scripts.run(call))
         if not changed:
             raise cancel_refused(run_id, state)
         return state

@@ -20,7 +20,6 @@ from jobqueue.errors import (
 from jobqueue.models import Run
 from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
 from jobqueue.settings import Settings
-from jobqueue.store import ops
 from jobqueue.store.keys import (
     QUEUES_KEY,
     PartitionKeys,
@@ -31,8 +30,8 @@ from jobqueue.store.keys import (
     validate_queue_name,
     validate_run_id,
 )
-from jobqueue.store.ops import RunSpec
 from jobqueue.store.payload import encode_payload
+from jobqueue.store.runs import CREATE_RUN, RunSpec
 from jobqueue.store.scripts import Call
 from jobqueue.tasks import Registry, Task, make_options
 
@@ -462,7 +461,7 @@ def create_batches(planned: list[Planned], now: int | None = None) -> list[tuple
     for keys, indexes in groups.items():
         for start in range(0, len(indexes), CREATE_CHUNK):
             chunk = indexes[start : start + CREATE_CHUNK]
-            batches.append((ops.create_call(keys, [planned[i].spec for i in chunk], now), chunk))
+            batches.append((CREATE_RUN.call(keys, [planned[i].spec for i in chunk], now), chunk))
     return batches
 
 
@@ -471,7 +470,7 @@ def created_flags(
 ) -> list[bool]:
     created = [False] * count
     for (_, chunk), reply in zip(batches, replies, strict=True):
-        for i, flag in zip(chunk, ops.parse_create(reply), strict=True):
+        for i, flag in zip(chunk, CREATE_RUN.parse(reply), strict=True):
             created[i] = flag
     return created
 

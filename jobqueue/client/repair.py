@@ -15,7 +15,7 @@ from typing import Any
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import UnknownQueue
-from jobqueue.store import ops
+from jobqueue.store.admin import REPAIR, Repaired
 from jobqueue.store.keys import PartitionKeys, validate_queue_name
 
 BATCH = 200  # run ids per repair.lua call
@@ -27,12 +27,12 @@ class RepairReport:
     queue: str
     partitions: int
     dry_run: bool
-    by_partition: dict[int, ops.Repaired] = field(default_factory=dict)
+    by_partition: dict[int, Repaired] = field(default_factory=dict)
 
     @property
-    def totals(self) -> ops.Repaired:
+    def totals(self) -> Repaired:
         sums = [sum(col) for col in zip(*self.by_partition.values(), strict=True)]
-        return ops.Repaired(*sums) if sums else ops.Repaired(0, 0, 0, 0)
+        return Repaired(*sums) if sums else Repaired(0, 0, 0, 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,12 +80,12 @@ def _text(value: Any) -> str:
 
 def repair_partition(
     jq: JobQueue, pk: PartitionKeys, dry_run: bool, advance: Callable[[int], None]
-) -> ops.Repaired:
-    found = ops.Repaired(0, 0, 0, 0)
+) -> Repaired:
+    found = Repaired(0, 0, 0, 0)
     ids = run_ids(jq, pk)
     while batch := list(itertools.islice(ids, BATCH)):
-        reply = ops.parse_repair(jq.scripts.run(ops.repair_call(pk, batch, dry_run)))
-        found = ops.Repaired(*(a + b for a, b in zip(found, reply, strict=True)))
+        reply = REPAIR.parse(jq.scripts.run(REPAIR.call(pk, batch, dry_run)))
+        found = Repaired(*(a + b for a, b in zip(found, reply, strict=True)))
         advance(len(batch))
     return found
 

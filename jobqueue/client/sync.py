@@ -29,10 +29,11 @@ from jobqueue.errors import ConfigError, ConnectionFailed, NotDurable, Operation
 from jobqueue.models import Run
 from jobqueue.policy.timeutil import Delay, Instant
 from jobqueue.settings import Settings
-from jobqueue.store import ops
+from jobqueue.store.admin import PURGE
 from jobqueue.store.connection import check, redact, sync_client
 from jobqueue.store.embedded import configured_url, resolve_url
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, validate_queue_name
+from jobqueue.store.runs import CANCEL, CREATE_RUN, REQUEUE
 from jobqueue.store.scripts import Call, ScriptRunner
 
 
@@ -200,12 +201,12 @@ class JobQueue(ClientBase):
         name, spec = self.prepare_args(task, args, kwargs, run_id, delay, at, queue)
         self.register_queue(name)
         keys = self.keys_for(name, spec.run_id)
-        call = ops.create_call(keys, (spec,))
+        call = CREATE_RUN.call(keys, (spec,))
         if self.settings.durable:
             (reply,) = self._run_durable([call], [spec.run_id])
         else:
             reply = self.scripts.run(call)
-        (created,) = ops.parse_create(reply)
+        (created,) = CREATE_RUN.parse(reply)
         return RunHandle(self, spec.run_id, name, created)
 
     def _run_durable(self, calls: list[Call], run_ids: list[str]) -> list[Any]:
@@ -298,8 +299,8 @@ class JobQueue(ClientBase):
         """Cancel a pending or running run; returns the state it was in. A running worker is
         fenced out at its next heartbeat. Refused (OperationRefused) if already finished."""
         keys = self._located(run_id, queue)
-        call = ops.cancel_call(keys, run_id, self.settings.done_retention_ms, reason)
-        changed, state = ops.parse_state_change(self.scripts.run(call))
+        call = CANCEL.call(keys, run_id, self.settings.done_retention_ms, reason)
+        changed, state = CANCEL.parse(self.scripts.run(call))
         if not changed:
             raise cancel_refused(run_id, state)
         return state
@@ -313,13 +314,13 @@ class JobQueue(ClientBase):
             keys = self.locate(run_id, queue)
             if keys is not None:
                 groups.setdefault(keys, []).append(run_id)
-        calls = [ops.purge_call(keys, members) for keys, members in groups.items()]
-        return sum(ops.parse_purge(reply)[0] for reply in self.scripts.run_many(calls))
+        calls = [PURGE.call(keys, members) for keys, members in groups.items()]
+        return sum(PURGE.parse(reply)[0] for reply in self.scripts.run_many(calls))
 
     def requeue(self, run_id: str, queue: str | None = None) -> str:
         """Put a dead, cancelled or done run back to pending with its attempts reset."""
         keys = self._located(run_id, queue)
-        changed, state = ops.parse_state_change(self.scripts.run(ops.requeue_call(keys, run_id)))
+        changed, state = REQUEUE.parse(self.scripts.run(REQUEUE.call(keys, run_id)))
         if not changed:
             raise OperationRefused(f"run {run_id} is {state}; only finished runs requeue")
         return state

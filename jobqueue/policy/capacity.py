@@ -81,8 +81,8 @@ def measure_bytes_per_run(samples: int = 2000) -> float | None:
     return the memory each finished run holds (record, history, index entry)."""
     from jobqueue.client.sync import JobQueue
     from jobqueue.errors import JobQueueError
-    from jobqueue.store import ops
     from jobqueue.store.embedded import EmbeddedServer
+    from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, RunSpec
 
     try:
         server = EmbeddedServer().start()
@@ -94,7 +94,7 @@ def measure_bytes_per_run(samples: int = 2000) -> float | None:
         keys = jq.keys_for("default", "x")
         before = int(jq.redis.info("memory")["used_memory"])
         specs = [
-            ops.RunSpec(
+            RunSpec(
                 f"job-{i}@2026-11-29T10:00:00Z",
                 "report.hourly",
                 '{"args":[12345],"kwargs":{"region":"eu-west"}}',
@@ -103,12 +103,12 @@ def measure_bytes_per_run(samples: int = 2000) -> float | None:
             for i in range(samples)
         ]
         for start in range(0, samples, 500):
-            jq.scripts.run(ops.create_call(keys, specs[start : start + 500]))
+            jq.scripts.run(CREATE_RUN.call(keys, specs[start : start + 500]))
         done = 0
         while done < samples:
-            claimed = ops.parse_claim(jq.scripts.run(ops.claim_call(keys, 500, "w", 30000, 1)))
+            claimed = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 500, "w", 30000, 1)))
             items = [(r.run_id, r.fence, '"ok"') for r in claimed.runs]
-            jq.scripts.run(ops.complete_many_call(keys, items, 86_400_000))
+            jq.scripts.run(COMPLETE.call(keys, items, 86_400_000))
             done += len(items)
         after = int(jq.redis.info("memory")["used_memory"])
         jq.close()

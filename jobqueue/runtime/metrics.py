@@ -31,7 +31,7 @@ from jobqueue.errors import ConfigError, JobQueueError
 
 if TYPE_CHECKING:
     from jobqueue.client.sync import JobQueue
-    from jobqueue.store.ops import ClaimedRun
+    from jobqueue.store.runs import ClaimedRun
 
 log = logging.getLogger("jobqueue.metrics")
 

@@ -54,7 +54,6 @@ from jobqueue.errors import ConfigError, JobQueueError
 from jobqueue.policy.cron import (
     Schedule,
     fire_times_between,
-    format_fire_instant,
     next_fire_after,
     period_ms,
 )
@@ -69,18 +68,22 @@ from jobqueue.policy.misfire import (
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.runtime.signals import SignalRelay
 from jobqueue.schedules.recurring import Definition, JobState, Overlap, Recurring, SyncReport
-from jobqueue.store import ops
-from jobqueue.store.keys import PartitionKeys, partition_of, validate_queue_name
-from jobqueue.store.ops import SchedKeys
-from jobqueue.store.sched_ops import (
+from jobqueue.store.keys import (
+    PartitionKeys,
+    SchedKeys,
+    fire_run_id,
+    partition_of,
+    validate_queue_name,
+)
+from jobqueue.store.schedules import (
+    ADVANCE,
     HOLD_MS,
+    SCHED_CREATE,
+    SCHED_DUE,
+    SCHED_RELEASE,
+    SCHED_UNHOLD,
+    AdvanceHeader,
     RunGroup,
-    advance_groups_call,
-    parse_sched_create,
-    parse_sched_release,
-    sched_create_call,
-    sched_release_call,
-    sched_unhold_call,
 )
 from jobqueue.store.scripts import Call
 
@@ -306,11 +309,6 @@ class TickReport:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-# An advance group's header (see advance.lua): expected next, new next, fired, missed, skipped,
-# dropped, last fire ('<ms> <queue>': the queue its run went to), through, held text.
-AdvanceHeader = tuple[int, int | str, int, int, int, int, int | str, int, str]
-
-
 @dataclass
 class Batch:
     """Step one of a tick for one scheduler partition: runs created, advance still to do."""
@@ -332,11 +330,6 @@ class _DefInfo:
     tmpl: Definition
     payload: str
     keys: list[PartitionKeys]  # the queue's partitions
-
-
-@lru_cache(maxsize=4096)
-def _fire_instant(ms: int) -> str:
-    return format_fire_instant(ms)
 
 
 def _header(
@@ -564,30 +557,21 @@ class Scheduler:
         (definition text, next fire); per job only its jitter, its queue partition and two
         list appends. Runs go out grouped (sched_create.lua), advances too (advance.lua).
         """
-        reply = self.jq.scripts.run(
-            ops.sched_due_call(sk, self.lookahead_ms, self.batch, now, after)
+        due = SCHED_DUE.parse(
+            self.jq.scripts.run(SCHED_DUE.call(sk, self.lookahead_ms, self.batch, now, after))
         )
-        now_ms, ndefs = int(reply[0]), int(reply[1])
-        base = 2 + ndefs
+        now_ms = due.now_ms
         batch = Batch(sk, now_ms)
         report = batch.report
         report.now_ms = now_ms
-        if len(reply) == base:
+        if not due.segments:
             return batch
-        infos = self._definitions(reply[2:base])
+        infos = self._definitions(due.definitions)
         runs: dict[tuple[PartitionKeys, int, int], list[str | int]] = {}
         groups = batch.groups
         policed: list[tuple[str, _DefInfo, FirePlan, str]] = []
-        i = base
-        while i < len(reply):  # segments: next, def index, extra, count, job ids
-            next_ms, idx, extra, count = (
-                int(float(_text(reply[i]))),
-                int(reply[i + 1]),
-                _text(reply[i + 2]),
-                int(reply[i + 3]),
-            )
-            jobs = [_text(j) for j in reply[i + 4 : i + 4 + count]]
-            i += 4 + count
+        for next_ms, idx, extra, jobs in due.segments:
+            count = len(jobs)
             report.due_jobs += count
             batch.cursor = (next_ms, jobs[-1])
             info = infos[idx]
@@ -724,7 +708,6 @@ class Scheduler:
                 max_attempts=tmpl.max_attempts,
                 lease_ms=tmpl.lease_ms,
                 timeout_ms=tmpl.timeout_ms,
-                suffix="@" + _fire_instant(fire),
                 scheduled_for_ms=fire,
             )
             by_pk.setdefault(pk, []).append((group, flat))
@@ -732,7 +715,7 @@ class Scheduler:
         jobs: list[list[str]] = []
 
         def send(pk: PartitionKeys, chunk: list[tuple[RunGroup, Sequence[str | int]]]) -> None:
-            calls.append(sched_create_call(pk, chunk, now))
+            calls.append(SCHED_CREATE.call(pk, chunk, now))
             jobs.append([str(job) for _, part in chunk for job in part[0::2]])
 
         for pk, groups in by_pk.items():
@@ -764,7 +747,7 @@ class Scheduler:
                 failed.update(jobs)
                 error = reply
             else:
-                created += parse_sched_create(reply)
+                created += SCHED_CREATE.parse(reply)
         if failed:
             log.warning(
                 "runs of %d recurring jobs not created (%s); their fires are kept for the next "
@@ -791,9 +774,8 @@ class Scheduler:
             for header, jobs in batch.groups.items()
             for i in range(0, len(jobs), ADVANCE_CHUNK)
         ]
-        reply = self.jq.scripts.run(advance_groups_call(batch.keys, chunks, batch.now_ms))
-        flags = reply[1:]
-        batch.report.advanced = sum(int(x) for x in flags)
+        flags = ADVANCE.parse(self.jq.scripts.run(ADVANCE.call(batch.keys, chunks, batch.now_ms)))
+        batch.report.advanced = sum(flags)
         batch.report.conflicts = len(flags) - batch.report.advanced
 
     def _run_keys(self, job: str, queue: str) -> PartitionKeys | None:
@@ -814,7 +796,7 @@ class Scheduler:
         for i, (job, queue, last) in enumerate(jobs):
             pk = None if last is None else self._run_keys(job, queue)
             if pk is not None and last is not None:
-                wanted.append((i, pk.run(f"{job}@{_fire_instant(last)}")))
+                wanted.append((i, pk.run(fire_run_id(job, last))))
         if not wanted:
             return out
         pipe = self.jq.redis.pipeline(transaction=False)
@@ -852,8 +834,8 @@ class Scheduler:
                 log.error("recurring job %s: unusable held entry %r: %s", job, text, exc)
                 continue
             pk = PartitionKeys(queue, partition_of(job, count))
-            pred_id = "" if pred < 0 else f"{job}@{_fire_instant(pred)}"
-            held = (f"{job}@{_fire_instant(fire)}", pred_id, due)
+            pred_id = "" if pred < 0 else fire_run_id(job, pred)
+            held = (fire_run_id(job, fire), pred_id, due)
             if pred_id and pred_queue != queue:
                 pred_pk = self._run_keys(job, pred_queue)
                 if pred_pk is None:
@@ -871,19 +853,19 @@ class Scheduler:
                 if state is None or _text(state) not in UNFINISHED:
                     by_pk.setdefault(pk, []).append((job, text, (run_id, "", due)))
         calls = [
-            sched_release_call(pk, [h for _, _, h in items], now) for pk, items in by_pk.items()
+            SCHED_RELEASE.call(pk, [h for _, _, h in items], now) for pk, items in by_pk.items()
         ]
         released, done = 0, []
         for (pk, items), reply in zip(by_pk.items(), self.jq.scripts.run_each(calls), strict=True):
             if isinstance(reply, Exception):  # its master down: released at a later tick
                 log.warning("held runs in %s not released yet (%s)", pk.prefix, reply)
                 continue
-            for (job, text, _), result in zip(items, parse_sched_release(reply), strict=True):
+            for (job, text, _), result in zip(items, SCHED_RELEASE.parse(reply), strict=True):
                 released += result == 1
                 if result:
                     done.append((job, text))
         if done:
-            self.jq.scripts.run(sched_unhold_call(sk, done, now))
+            self.jq.scripts.run(SCHED_UNHOLD.call(sk, done, now))
         return released
 
     # -- the loop --------------------------------------------------------------------------

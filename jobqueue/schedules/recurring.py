@@ -14,7 +14,7 @@ Storage (scheduler partition k of K, hash tag ``{sched#k}``, k = fnv1a_32(job_id
 to which fire times have been handled and ``last_queue`` the queue of the last fire's run
 (absent: the definition's queue). A held entry's ``pred_queue`` is the predecessor's queue when
 it differs from the held run's (the job's queue changed in between). Scheduled runs are
-``<job_id>@<fire instant, UTC>`` (see ``cron.format_fire_instant``), so a job id must not
+``<job_id>@<fire instant, UTC>`` (``store.keys.fire_run_id``), so a job id must not
 contain '@'.
 
 Upsert: ``schedule`` on an existing job keeps its next fire when the timing (cron, every, tz,
@@ -65,18 +65,20 @@ from jobqueue.policy.hashing import fnv1a_32
 from jobqueue.policy.jitter import jitter_ms
 from jobqueue.policy.misfire import MisfireError, parse_policy
 from jobqueue.policy.timeutil import Instant, instant_to_ms
-from jobqueue.store import ops
 from jobqueue.store.keys import (
     PartitionKeys,
+    SchedKeys,
     bad_count,
+    fire_run_id,
     parse_partition_count,
     partition_of,
     validate_partition_count,
     validate_queue_name,
     validate_run_id,
 )
-from jobqueue.store.ops import RunSpec, SchedKeys
 from jobqueue.store.payload import encode_payload
+from jobqueue.store.runs import RunSpec
+from jobqueue.store.schedules import SCHED_DEFINE
 from jobqueue.tasks import Task
 
 if TYPE_CHECKING:
@@ -383,14 +385,10 @@ class ScheduleInfo:
         }
 
 
-def run_id_for(job_id: str, fire_ms: int) -> str:
-    return f"{job_id}@{format_fire_instant(fire_ms)}"
-
-
 def fire_spec(defn: Definition, fire_ms: int, payload: str) -> RunSpec:
     """The run of one fire time: due = nominal + the job's deterministic jitter."""
     return RunSpec(
-        run_id=run_id_for(defn.job_id, fire_ms),
+        run_id=fire_run_id(defn.job_id, fire_ms),
         task=defn.task,
         payload=payload,
         due_at_ms=fire_ms + jitter_ms(defn.job_id, defn.jitter_ms),
@@ -784,7 +782,7 @@ class Recurring:
                 # then everything is read again, in case another process recorded another K.
                 _ = self.partitions
                 continue
-            call = ops.sched_define_call(
+            call = SCHED_DEFINE.call(
                 sk,
                 job_id,
                 expected_definition=text,
@@ -792,7 +790,7 @@ class Recurring:
                 definition=None if defn is None else defn.to_json(),
                 next_ms=new_next,
             )
-            if ops.parse_sched_define(self.jq.scripts.run(call)):
+            if SCHED_DEFINE.parse(self.jq.scripts.run(call)):
                 state = old.state if old else JobState()
                 if defn is None:  # deleted: report what was there
                     if old is None:
@@ -892,7 +890,7 @@ class Recurring:
             text, next_ms, _state = self._read(job_id)
             if text is None:
                 return False
-            call = ops.sched_define_call(
+            call = SCHED_DEFINE.call(
                 sk,
                 job_id,
                 expected_definition=text,
@@ -900,7 +898,7 @@ class Recurring:
                 definition=None,
                 next_ms=None,
             )
-            if ops.parse_sched_define(self.jq.scripts.run(call)):
+            if SCHED_DEFINE.parse(self.jq.scripts.run(call)):
                 return True
         raise OperationRefused(f"recurring job {job_id!r} kept changing; gave up after retries")
 
@@ -945,7 +943,7 @@ class Recurring:
         defn = self.require(job_id).definition
         t = self._now(now)
         spec = RunSpec(
-            run_id=f"{job_id}@manual-{format_fire_instant(t)}",
+            run_id=fire_run_id(job_id, t, manual=True),
             task=defn.task,
             payload=defn.payload(self.jq.settings.max_payload_bytes),
             due_at_ms=t,

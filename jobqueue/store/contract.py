@@ -1,10 +1,13 @@
-"""The script contract: each Lua file's header names its KEYS (with their Redis types) and ARGV
-in order, and this module reads those names. Calls take their keys by name from an object that
-has them as attributes (a partition's or a scheduler partition's keys), so a builder cannot pass
-them in an order the script does not read; tests/test_script_contract.py checks every builder
-against the header, and tests/test_script_corrupt_data.py plants foreign types by the header's.
+"""The script contract: one typed ``Contract`` object per Lua script (in ``runs``, ``schedules``
+and ``admin``; every one of them by name in ``catalog``) names the script's KEYS and fixed ARGV
+in order, its variadic ARGV tail, how a call is built and how its reply is parsed. Every call
+of a script is built by its contract and every reply parsed by it, so a caller never spells a
+key order, an argument position or a reply layout.
 
-Header lines (see lua/claim.lua):
+Each Lua file's header names the same KEYS (with their Redis types) and ARGV, and ``headers()``
+reads them; tests/test_script_contract.py fails when a contract and its header disagree, and
+tests/test_script_corrupt_data.py plants foreign types by the header's. Header lines (see
+lua/claim.lua):
 
     -- KEYS[1]  due       zset    jq:{q#p}:due   ...
     -- ARGV[1]  now                now ms, or '' for the server clock
@@ -14,12 +17,111 @@ Header lines (see lua/claim.lua):
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from operator import itemgetter
+from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar
 
 from jobqueue.store.scripts import SCRIPT_NAMES, ArgT, Call, lua_dir
+
+NowArg = int | None
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def now_arg(now: NowArg) -> str | int:
+    """ARGV[1] of every script: the caller's clock (tests) or '' for the server's."""
+    return "" if now is None else int(now)
+
+
+def text(value: Any) -> str:
+    """A reply element as text (a client without decode_responses answers bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Wire(NamedTuple):
+    """What a contract's builder returns: where the keys come from (a hashable object with the
+    key names as attributes, such as a partition's keys, or a dict of name to key), the fixed
+    ARGV by name, and the variadic tail."""
+
+    keys: Any
+    args: Mapping[str, ArgT]
+    tail: Sequence[ArgT] = ()
+
+
+class ContractError(ValueError):
+    """A builder that does not give what its contract names (a bug, never bad input)."""
+
+
+class Contract(Generic[P, R]):
+    """One script: its name, KEYS and fixed ARGV by name (as its Lua header lists them), the
+    name of its variadic ARGV tail (None when it has none), ``call(...)`` to build a Call (typed
+    like the builder) and ``parse(reply)`` to read the reply."""
+
+    __slots__ = ("_build", "_key_cache", "_parse", "_pick", "args", "keys", "name", "tail")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        keys: tuple[str, ...],
+        args: tuple[str, ...],
+        tail: str | None = None,
+        build: Callable[P, Wire],
+        parse: Callable[[Any], R],
+    ) -> None:
+        self.name = name
+        self.keys = keys
+        self.args = args
+        self.tail = tail
+        self._build = build
+        self._parse = parse
+        # The fixed ARGV in the script's order, picked by name (itemgetter: a call is built per
+        # enqueue and per claim, where a microsecond shows).
+        pick = itemgetter(*args)
+        self._pick: Callable[[Mapping[str, ArgT]], tuple[ArgT, ...]] = (
+            pick if len(args) > 1 else lambda fixed: (pick(fixed),)
+        )
+        # A partition's keys object is built once and reused: its KEYS tuple is worked out
+        # once (the claim and commit paths call per batch).
+        self._key_cache: dict[Any, tuple[str, ...]] = {}
+
+    def __repr__(self) -> str:
+        return f"Contract({self.name!r})"
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Call:
+        source, fixed, tail = self._build(*args, **kwargs)
+        if len(fixed) != len(self.args):
+            raise ContractError(f"{self.name} takes ARGV {self.args}, not {tuple(fixed)}")
+        try:
+            values = self._pick(fixed)
+        except KeyError as exc:
+            raise ContractError(f"{self.name} takes ARGV {self.args}, not {tuple(fixed)}") from exc
+        if tail:
+            if self.tail is None:
+                raise ContractError(f"{self.name} takes no ARGV beyond {self.args}")
+            values += tuple(tail)
+        keys = self._key_cache.get(source) if type(source) is not dict else None
+        if keys is None:
+            keys = self._keys_of(source)
+        return Call(self.name, keys, values)
+
+    def parse(self, reply: Any) -> R:
+        return self._parse(reply)
+
+    def _keys_of(self, source: Any) -> tuple[str, ...]:
+        if isinstance(source, Mapping):  # keys that are not a partition's (a run's record)
+            if set(source) != set(self.keys):
+                raise ContractError(f"{self.name} takes keys {self.keys}, not {tuple(source)}")
+            return tuple(source[name] for name in self.keys)
+        found = tuple(getattr(source, name) for name in self.keys)
+        self._key_cache[source] = found
+        return found
+
+
+# -- the Lua headers ---------------------------------------------------------------------------
 
 _KEY = re.compile(r"^-- KEYS\[(\d+)\]\s+(\w+)\s+(\w+)", re.M)
 _KINDS = frozenset({"string", "list", "set", "hash", "zset"})
@@ -27,60 +129,42 @@ _ARG = re.compile(r"^-- ARGV\[(\d+)(\.\.)?\]\s+(\w+)", re.M)
 
 
 @dataclass(frozen=True)
-class Contract:
+class Header:
+    """What a Lua file's header declares."""
+
     name: str
     keys: tuple[str, ...]
     kinds: tuple[str, ...]  # the Redis type of each key, as its header line says
     args: tuple[str, ...]  # the fixed ARGV, in order
     tail: str | None  # the name of a variadic ARGV tail (ARGV[n..]), if any
-    _key_cache: dict[Any, tuple[str, ...]] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    tail_at: int | None  # n of ARGV[n..]
 
     def kind_of(self, key: str) -> str:
         """The Redis type the script expects at the key it calls ``key`` (e.g. 'zset')."""
         return self.kinds[self.keys.index(key)]
 
-    def keys_of(self, source: Any) -> tuple[str, ...]:
-        """The KEYS, in the script's order, from the attributes of ``source`` (cached: a
-        partition's keys object is built once and reused)."""
-        found = self._key_cache.get(source)
-        if found is None:
-            found = tuple(getattr(source, name) for name in self.keys)
-            self._key_cache[source] = found
-        return found
 
-    def call(self, source: Any, args: Sequence[ArgT]) -> Call:
-        return Call(self.name, self.keys_of(source), tuple(args))
-
-    def call_with(self, keys: dict[str, str], args: Sequence[ArgT]) -> Call:
-        """For keys that are not a partition's (a run's record, a fenced resource)."""
-        if set(keys) != set(self.keys):
-            raise ValueError(f"{self.name} takes keys {self.keys}, not {tuple(keys)}")
-        return Call(self.name, tuple(keys[name] for name in self.keys), tuple(args))
-
-
-def parse_header(name: str, text: str) -> Contract:
-    header = _header(text)
+def parse_header(name: str, source: str) -> Header:
+    header = _header(source)
     declared = _KEY.findall(header)
     keys = _numbered([(int(n), k) for n, k, _ in declared], name, "KEYS")
     kinds = tuple(kind for _, _, kind in declared)
     if not set(kinds) <= _KINDS:
         raise ValueError(f"{name}.lua: a KEYS line's type is not one of {sorted(_KINDS)}")
     fixed: list[tuple[int, str]] = []
-    tail = None
+    tail, tail_at = None, None
     for n, dots, arg in _ARG.findall(header):
         if dots:
-            tail = arg
+            tail, tail_at = arg, int(n)
         else:
             fixed.append((int(n), arg))
-    return Contract(name, keys, kinds, _numbered(fixed, name, "ARGV"), tail)
+    return Header(name, keys, kinds, _numbered(fixed, name, "ARGV"), tail, tail_at)
 
 
-def _header(text: str) -> str:
+def _header(source: str) -> str:
     """The leading comment block."""
     lines = []
-    for line in text.splitlines():
+    for line in source.splitlines():
         if not line.startswith("--"):
             break
         lines.append(line)
@@ -94,13 +178,9 @@ def _numbered(items: list[tuple[int, str]], script: str, what: str) -> tuple[str
 
 
 @cache
-def contracts() -> dict[str, Contract]:
+def headers() -> dict[str, Header]:
     directory = lua_dir()
     return {
         name: parse_header(name, (directory / f"{name}.lua").read_text())
         for name in SCRIPT_NAMES
     }
-
-
-def contract(name: str) -> Contract:
-    return contracts()[name]

@@ -19,16 +19,18 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q):
     jq:queues:moving        hash   queue -> target count while a repartition is in progress
     jq:workers              hash   worker id -> registry entry (global)
 
-Recurring jobs have their own partitions (``jq:{sched#k}:...``, see ``recurring.py``).
+Recurring jobs have their own partitions (``jq:{sched#k}:...``, ``SchedKeys``; see
+``jobqueue/schedules/recurring.py``), and their runs have the run ids of ``fire_run_id``.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from jobqueue.errors import ConfigError, InvalidRunId
+from jobqueue.policy.cron import format_fire_instant
 from jobqueue.policy.hashing import fnv1a_32
 
 QUEUES_KEY = "jq:queues"
@@ -91,6 +93,24 @@ def validate_run_id(run_id: str) -> str:
             # client would fail to send it, or store '?' and merge it with another id.
             raise InvalidRunId(f"run id {run_id!r} is not valid Unicode text") from None
     return run_id
+
+
+@lru_cache(maxsize=4096)
+def fire_instant(fire_ms: int) -> str:
+    """A fire time as run ids spell it (cached: a tick builds the runs of a few instants)."""
+    return format_fire_instant(fire_ms)
+
+
+def fire_run_id(job_id: str, fire_ms: int, *, manual: bool = False) -> str:
+    """The run id of a recurring job's fire: ``<job_id>@<fire instant in UTC>``, e.g.
+    ``nightly-report@2026-11-29T06:30:00Z``; one spelling per instant, so every scheduler
+    builds the same id. ``manual``: a run fired by hand (``schedules trigger``) at that
+    instant, ``<job_id>@manual-<instant>``, which no scheduled fire can take.
+
+    The only place a fire's run id is built: sched_create.lua joins the job id and the
+    instant with the prelude's ``fire_run_id``, which tests/test_script_prelude.py checks
+    against this function."""
+    return f"{job_id}@{'manual-' if manual else ''}{fire_instant(fire_ms)}"
 
 
 def partition_key(run_id: str) -> str:
@@ -177,3 +197,31 @@ class PartitionKeys:
 
 def partition_keys(queue: str, partitions: int, run_id: str) -> PartitionKeys:
     return PartitionKeys(queue, partition_of(run_id, partitions))
+
+
+@dataclass(frozen=True)
+class SchedKeys:
+    """The keys of one scheduler partition; every name carries the same hash tag."""
+
+    partition: int
+
+    @property
+    def prefix(self) -> str:
+        return f"jq:{{sched#{self.partition}}}:"
+
+    @property
+    def defs(self) -> str:
+        return self.prefix + "def"
+
+    @property
+    def next(self) -> str:
+        return self.prefix + "next"
+
+    @property
+    def state(self) -> str:
+        return self.prefix + "state"
+
+    @property
+    def held(self) -> str:
+        """buffer-one: job_id -> 'held_fire predecessor_fire' while its run waits."""
+        return self.prefix + "held"

@@ -2,7 +2,8 @@
 
 One ``Call`` describes one script invocation (name, keys, args). The sync and asyncio runners
 below are the only code that talks to Redis about scripts; everything else builds Calls and
-parses replies (see ``ops``), so the two flavours share all logic but the I/O.
+parses replies through the scripts' contracts (see ``contract``), so the two flavours share
+all logic but the I/O.
 """
 
 from __future__ import annotations

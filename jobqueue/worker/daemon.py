@@ -51,9 +51,18 @@ from jobqueue.policy.backoff import retry_delay_ms
 from jobqueue.runtime.logs import run_fields
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.runtime.signals import SignalRelay
-from jobqueue.store import ops
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
 from jobqueue.store.payload import decode_payload, encode_result
+from jobqueue.store.runs import (
+    CLAIM,
+    COMPLETE,
+    FAIL,
+    FENCED_WRITE,
+    HEARTBEAT,
+    RELEASE,
+    ClaimedRun,
+    Outcome,
+)
 from jobqueue.store.scripts import Call
 from jobqueue.tasks import Task
 
@@ -156,7 +165,7 @@ class _DaemonPool:
 class InFlight:
     """One claimed run from claim to commit."""
 
-    run: ops.ClaimedRun
+    run: ClaimedRun
     keys: PartitionKeys
     ctx: RunContext
     started: float  # monotonic, for the timeout only
@@ -560,12 +569,12 @@ class Worker:
                 gap = int((cooling[0] - now) * 1000)
                 wait_ms = gap if wait_ms is None else min(wait_ms, gap)
                 continue
-            call = ops.claim_call(
+            call = CLAIM.call(
                 keys, want, self.id, self.lease_ms, self.jq.settings.dead_retention_ms
             )
             sent = time.monotonic()
             try:
-                result = ops.parse_claim(self._send_claim(call))
+                result = CLAIM.parse(self._send_claim(call))
             except (JobQueueError, redis.exceptions.RedisError) as exc:
                 failure = exc
                 self._cool_down(keys, exc)
@@ -644,7 +653,7 @@ class Worker:
     # -- executing -------------------------------------------------------------------------
 
     def _start(
-        self, run: ops.ClaimedRun, keys: PartitionKeys, now_ms: int, sent: float
+        self, run: ClaimedRun, keys: PartitionKeys, now_ms: int, sent: float
     ) -> None:
         """``sent``: when the claim was sent (monotonic), from which its lease counts."""
         ctx = RunContext(
@@ -885,7 +894,7 @@ class Worker:
         # An exception's text may hold lone surrogates (undecodable bytes): not UTF-8, so it
         # could not be sent, and the whole commit batch would fail with it.
         error = item.error.encode("utf-8", "replace").decode("utf-8")
-        return ops.fail_call(keys, run.run_id, run.fence, error, delay, settings.dead_retention_ms)
+        return FAIL.call(keys, run.run_id, run.fence, error, delay, settings.dead_retention_ms)
 
     def _commit(self, batch: list[Finished], retries: list[_Deferred]) -> list[_Deferred]:
         """One complete call per partition for the successes (one script call for many runs
@@ -905,7 +914,7 @@ class Worker:
             return []
         retention = self.jq.settings.done_retention_ms
         calls = [
-            ops.complete_many_call(
+            COMPLETE.call(
                 g.items[0].entry.keys,
                 [(i.entry.run.run_id, i.entry.run.fence, i.result_json) for i in g.items],
                 retention,
@@ -937,7 +946,7 @@ class Worker:
                     self._abandon(item)
                 continue
             outcomes = (
-                ops.parse_outcomes(reply) if group.items[0].ok else [ops.parse_outcome(reply)]
+                COMPLETE.parse(reply) if group.items[0].ok else [FAIL.parse(reply)]
             )
             for item, outcome in zip(group.items, outcomes, strict=True):
                 self._settle(item, outcome, group.resent)
@@ -956,7 +965,7 @@ class Worker:
         self._committed(settled)
         return later
 
-    def _settle(self, item: Finished, outcome: ops.Outcome, resent: bool = False) -> None:
+    def _settle(self, item: Finished, outcome: Outcome, resent: bool = False) -> None:
         """Record the outcome of one commit; the caller frees the slot (see _committed).
 
         A commit sent again after a lost connection may be refused by its own first copy,
@@ -969,7 +978,7 @@ class Worker:
             and outcome.current_fence == run.fence
             and outcome.status in ("finished", "not-running")
         ):
-            outcome = ops.Outcome(True, "done" if item.ok else "landed")
+            outcome = Outcome(True, "done" if item.ok else "landed")
         self.metrics.committed(item.entry.keys.queue, item.ok, outcome.accepted, outcome.status)
         if outcome.accepted:
             if item.ok:
@@ -1064,7 +1073,7 @@ class Worker:
         for e in entries:
             groups.setdefault(e.keys, []).append(e)
         calls = [
-            ops.heartbeat_call(k, [(e.run.run_id, e.run.fence) for e in es], self.lease_ms)
+            HEARTBEAT.call(k, [(e.run.run_id, e.run.fence) for e in es], self.lease_ms)
             for k, es in groups.items()
         ]
         server_now = None
@@ -1078,8 +1087,9 @@ class Worker:
             if isinstance(reply, Exception):
                 failures.append(reply)
                 continue
-            server_now = int(reply[0])
-            for e, answer in zip(es, ops.parse_heartbeat(reply), strict=True):
+            beats = HEARTBEAT.parse(reply)
+            server_now = beats.now_ms
+            for e, answer in zip(es, beats.answers, strict=True):
                 if isinstance(answer, str):
                     self._lost(e, answer)
                 else:
@@ -1245,8 +1255,8 @@ class Worker:
     def _writer_for(self, keys: PartitionKeys) -> Writer:
         def write(resource: str, value: str, fence: int, run_id: str, ttl: float | None) -> bool:
             ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
-            call = ops.fenced_write_call(keys, resource, fence, value, run_id, ttl_ms)
-            ok, _ = ops.parse_fenced_write(self.jq.scripts.run(call))
+            call = FENCED_WRITE.call(keys, resource, fence, value, run_id, ttl_ms)
+            ok, _ = FENCED_WRITE.parse(self.jq.scripts.run(call))
             return ok
 
         return write
@@ -1279,7 +1289,7 @@ class Worker:
             ]
         if not leftover:
             return
-        calls = [ops.release_call(e.keys, e.run.run_id, e.run.fence) for e in leftover]
+        calls = [RELEASE.call(e.keys, e.run.run_id, e.run.fence) for e in leftover]
         for e in leftover:
             e.released = True  # a late result must not be committed after the release
             e.ctx.cancel("worker shutting down")
@@ -1299,7 +1309,7 @@ class Worker:
             return
         replies = got[0]
         for e, reply in zip(leftover, replies, strict=True):
-            outcome = ops.parse_outcome(reply)
+            outcome = RELEASE.parse(reply)
             if outcome.accepted:
                 self.stats.released += 1
             # The attempt is handed back uncounted (show says attempt N-1): say so, once.

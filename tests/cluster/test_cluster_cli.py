@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from jobqueue import JobQueue, Request
 from jobqueue.cli.core import main
-from jobqueue.store import ops
+from jobqueue.store.runs import CLAIM, FAIL
 
 LEASE_MS = 60_000
 RETENTION_MS = 3_600_000
@@ -25,12 +25,12 @@ def populated(cluster_url: str) -> dict[str, Any]:
     jq.enqueue_many(Request("t", (i,), run_id=f"r-{i}") for i in range(60))
     running = []
     for keys in jq.all_partition_keys("default"):
-        claimed = ops.parse_claim(
-            jq.scripts.run(ops.claim_call(keys, 1, "w-1", LEASE_MS, RETENTION_MS))
+        claimed = CLAIM.parse(
+            jq.scripts.run(CLAIM.call(keys, 1, "w-1", LEASE_MS, RETENTION_MS))
         ).runs
         running += [(keys, c) for c in claimed]
     keys, dead = running.pop()
-    jq.scripts.run(ops.fail_call(keys, dead.run_id, dead.fence, "boom", None, RETENTION_MS))
+    jq.scripts.run(FAIL.call(keys, dead.run_id, dead.fence, "boom", None, RETENTION_MS))
     jq.close()
     return {"url": cluster_url, "running": sorted(c.run_id for _, c in running),
             "dead": dead.run_id}

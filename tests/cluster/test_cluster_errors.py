@@ -13,11 +13,11 @@ import redis
 from jobqueue import JobQueue
 from jobqueue.errors import ConnectionFailed, ScriptError
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.ops import cancel_call
+from jobqueue.store.runs import CANCEL
 from jobqueue.store.scripts import ScriptRunner
 from jobqueue.worker.daemon import Worker
 
-CALL = cancel_call(PartitionKeys("default", 0), "r", 1000, "stop")
+CALL = CANCEL.call(PartitionKeys("default", 0), "r", 1000, "stop")
 
 
 class Raising:

@@ -24,9 +24,17 @@ from jobqueue import JobQueue, Request
 from jobqueue.client import queries as inspect
 from jobqueue.errors import ConnectionFailed, Fatal, JobQueueError
 from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.store import ops
 from jobqueue.store.connection import sync_client
 from jobqueue.store.keys import PartitionKeys, partition_of
+from jobqueue.store.runs import (
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    FENCED_WRITE,
+    HEARTBEAT,
+    ClaimedRun,
+    RunSpec,
+)
 from jobqueue.store.scripts import ScriptRunner, scripts
 from jobqueue.worker.daemon import Worker
 
@@ -56,9 +64,9 @@ def runner(cluster_url: str) -> Iterator[ScriptRunner]:
     client.close()
 
 
-def claim_one(runner: ScriptRunner, pk: PartitionKeys, owner: str) -> ops.ClaimedRun:
-    reply = runner.run(ops.claim_call(pk, 1, owner, LEASE_MS, 60_000))
-    (run,) = ops.parse_claim(reply).runs
+def claim_one(runner: ScriptRunner, pk: PartitionKeys, owner: str) -> ClaimedRun:
+    reply = runner.run(CLAIM.call(pk, 1, owner, LEASE_MS, 60_000))
+    (run,) = CLAIM.parse(reply).runs
     return run
 
 
@@ -70,7 +78,7 @@ def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
     replica takes over without that claim: its fence counter and the record are behind. Its
     next fence must still be above w1's, so w1 (alive, stalled) is refused everywhere."""
     pk = PartitionKeys("lagging", 0)
-    runner.run(ops.create_call(pk, [ops.RunSpec("r", "t", PAYLOAD)]))
+    runner.run(CREATE_RUN.call(pk, [RunSpec("r", "t", PAYLOAD)]))
     slot = key_slot(pk.due.encode())
     master = cluster.master_of_slot(slot)
     replica = cluster.replica_of(master)
@@ -93,14 +101,14 @@ def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
         # The promoted node never saw w1's claim: the run is pending there, and claimed again.
         taken = eventually(lambda: claim_one(runner, pk, "w2"), 30, "a claim on the new master")
         assert taken.fence > held.fence
-        stale_beat = runner.run(ops.heartbeat_call(pk, [("r", held.fence)], LEASE_MS))
-        assert ops.parse_heartbeat(stale_beat) == ["fenced"]
-        write = ops.fenced_write_call(pk, "effect", held.fence, "w1", "r")
-        assert ops.parse_fenced_write(runner.run(write))[0] is False
-        stale = ops.complete_call(pk, "r", held.fence, '"w1"', 60_000)
-        assert ops.parse_outcome(runner.run(stale)).status == "fenced"
-        fresh = ops.complete_call(pk, "r", taken.fence, '"w2"', 60_000)
-        assert ops.parse_outcome(runner.run(fresh)).accepted
+        stale_beat = runner.run(HEARTBEAT.call(pk, [("r", held.fence)], LEASE_MS))
+        assert HEARTBEAT.parse(stale_beat).answers == ["fenced"]
+        write = FENCED_WRITE.call(pk, "effect", held.fence, "w1", "r")
+        assert FENCED_WRITE.parse(runner.run(write))[0] is False
+        stale = COMPLETE.call(pk, [("r", held.fence, '"w1"')], 60_000)
+        assert COMPLETE.parse(runner.run(stale))[0].status == "fenced"
+        fresh = COMPLETE.call(pk, [("r", taken.fence, '"w2"')], 60_000)
+        assert COMPLETE.parse(runner.run(fresh))[0].accepted
     finally:
         cluster.restore(master)
 
@@ -118,8 +126,8 @@ def test_a_claim_whose_reply_timed_out_is_not_sent_again_by_the_cluster_client(
     client = sync_client(cluster_url + "?socket_timeout=0.3")
     runner = ScriptRunner(client)
     pk = PartitionKeys("timeouts", 0)
-    runner.run(ops.create_call(pk, [ops.RunSpec(f"r{i}", "t", PAYLOAD) for i in range(3)]))
-    runner.run(ops.claim_call(pk, 0, "w", LEASE_MS, 60_000))  # claim.lua is loaded
+    runner.run(CREATE_RUN.call(pk, [RunSpec(f"r{i}", "t", PAYLOAD) for i in range(3)]))
+    runner.run(CLAIM.call(pk, 0, "w", LEASE_MS, 60_000))  # claim.lua is loaded
     claim_sha = scripts()["claim"].sha
     sent: list[int] = []
     original = redis.connection.AbstractConnection.send_packed_command
@@ -135,7 +143,7 @@ def test_a_claim_whose_reply_timed_out_is_not_sent_again_by_the_cluster_client(
     busy = stall(f"redis://127.0.0.1:{node.port}", 3.0)  # ten timeouts long
     try:
         with pytest.raises(ConnectionFailed, match=r"timed out|Timeout"):
-            runner.run(ops.claim_call(pk, 1, "w", LEASE_MS, 60_000))
+            runner.run(CLAIM.call(pk, 1, "w", LEASE_MS, 60_000))
     finally:
         busy.join(10)
         client.close()

@@ -1,0 +1,66 @@
+"""The contracts of the operator's scripts on a queue partition: purging dead runs for good
+(``jobqueue dead purge``) and putting runs back in their index (``jobqueue repair``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from jobqueue.store.contract import Contract, NowArg, Wire, now_arg
+from jobqueue.store.keys import PartitionKeys
+
+
+class Purged(NamedTuple):
+    purged: int
+    refused: int  # no longer dead (requeued meanwhile) or gone
+
+
+def _purge(pk: PartitionKeys, run_ids: Sequence[str], now: NowArg = None) -> Wire:
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix}, run_ids)
+
+
+def _parse_purge(reply: Sequence[Any]) -> Purged:
+    return Purged(int(reply[0]), int(reply[1]))
+
+
+PURGE = Contract(
+    "purge",
+    keys=("dead",),
+    args=("now", "prefix"),
+    tail="run_ids",
+    build=_purge,
+    parse=_parse_purge,
+)
+
+
+class Repaired(NamedTuple):
+    indexed: int  # records given their missing index entry
+    orphaned: int  # index entries without a record, moved to the orphans index
+    unorphaned: int  # orphans whose record is back, put back in place
+    unchanged: int
+
+
+def _repair(
+    pk: PartitionKeys, run_ids: Sequence[str], dry_run: bool = False, now: NowArg = None
+) -> Wire:
+    return Wire(
+        pk,
+        {"now": now_arg(now), "prefix": pk.prefix, "dry_run": "1" if dry_run else "0"},
+        run_ids,
+    )
+
+
+def _parse_repair(reply: Sequence[Any]) -> Repaired:
+    return Repaired(*(int(x) for x in reply[:4]))
+
+
+REPAIR = Contract(
+    "repair",
+    keys=("due", "leases", "dead", "done", "orphans"),
+    args=("now", "prefix", "dry_run"),
+    tail="run_ids",
+    build=_repair,
+    parse=_parse_repair,
+)
+
+CONTRACTS = (PURGE, REPAIR)

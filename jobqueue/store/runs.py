@@ -1,0 +1,385 @@
+"""The contracts of the run-lifecycle scripts (one queue partition, hash tag ``{q#p}``): what
+the sync and asyncio clients, the worker and the CLI build their calls with and parse the
+replies of, without I/O. ``CLAIM.call(pk, ...)`` builds a Call, ``CLAIM.parse(reply)`` reads
+its reply."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from jobqueue.anomalies import stored_int
+from jobqueue.store.contract import Contract, NowArg, Wire, now_arg, text
+from jobqueue.store.keys import PartitionKeys
+
+# -- create_run --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunSpec:
+    """Everything create_run needs to write one run (not frozen: built once per enqueued run,
+    and a frozen dataclass costs several microseconds more to build)."""
+
+    run_id: str
+    task: str
+    payload: str
+    due_at_ms: int | None = None
+    delay_ms: int = 0
+    max_attempts: int = 3
+    lease_ms: int = 0
+    timeout_ms: int = 0
+    job_id: str = ""
+    scheduled_for_ms: int | None = None
+
+
+def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Wire:
+    """Runs in order; consecutive runs sharing task, attempts, lease and timeout form one
+    group whose shared fields are sent once."""
+    tail: list[str | int] = []
+    i, n = 0, len(specs)
+    while i < n:
+        first = specs[i]
+        head = (first.task, first.max_attempts, first.lease_ms, first.timeout_ms)
+        j = i + 1
+        while j < n and (
+            specs[j].task == head[0]
+            and specs[j].max_attempts == head[1]
+            and specs[j].lease_ms == head[2]
+            and specs[j].timeout_ms == head[3]
+        ):
+            j += 1
+        tail += [j - i, *head]
+        for s in specs[i:j]:
+            tail += [
+                s.run_id,
+                s.payload,
+                "" if s.due_at_ms is None else s.due_at_ms,
+                s.delay_ms,
+                s.job_id,
+                "" if s.scheduled_for_ms is None else s.scheduled_for_ms,
+            ]
+        i = j
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix}, tail)
+
+
+def _parse_create(reply: Sequence[Any]) -> list[bool]:
+    """Per run, in order: True when this call created it, False when it already existed."""
+    return [int(x) == 1 for x in reply[1:]]
+
+
+CREATE_RUN = Contract(
+    "create_run",
+    keys=("due", "wake", "stats"),
+    args=("now", "prefix"),
+    tail="groups",
+    build=_create,
+    parse=_parse_create,
+)
+
+# -- claim -------------------------------------------------------------------------------------
+
+
+class ClaimedRun(NamedTuple):
+    """One claimed run (a tuple: built per run on the worker's hot path)."""
+
+    run_id: str
+    fence: int
+    attempt: int
+    max_attempts: int
+    task: str
+    payload: str
+    lease_until_ms: int
+    timeout_ms: int
+    job_id: str
+    scheduled_for_ms: int | None
+    due_ms: int
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    now_ms: int
+    next_wake_ms: int | None
+    runs: list[ClaimedRun]
+
+
+CLAIM_STRIDE = 11  # reply fields per claimed run
+
+
+def _claim(
+    pk: PartitionKeys,
+    limit: int,
+    owner: str,
+    lease_ms: int,
+    dead_retention_ms: int,
+    now: NowArg = None,
+) -> Wire:
+    return Wire(
+        pk,
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "limit": limit,
+            "owner": owner,
+            "lease_ms": lease_ms,
+            "dead_retention_ms": dead_retention_ms,
+        },
+    )
+
+
+def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
+    now, next_wake, count = int(reply[0]), int(reply[1]), int(reply[2])
+    if count and isinstance(reply[3], bytes):  # a client without decode_responses
+        reply = [*reply[:3], *(text(x) if isinstance(x, bytes) else x for x in reply[3:])]
+    runs = []
+    for i in range(3, 3 + count * CLAIM_STRIDE, CLAIM_STRIDE):
+        rid, fence, attempt, most, task, payload, until, timeout, job, sched, due = reply[
+            i : i + CLAIM_STRIDE
+        ]
+        runs.append(
+            ClaimedRun(
+                rid,
+                int(fence),
+                int(attempt),
+                int(most),
+                task,
+                payload,
+                int(until),
+                int(timeout),
+                job,
+                # Informational only: a garbage value in a record must not fail the claim.
+                # isdigit() alone took "²", which int() refuses: strictly ASCII digits.
+                stored_int(sched),
+                int(due),
+            )
+        )
+    return ClaimResult(now, None if next_wake < 0 else next_wake, runs)
+
+
+CLAIM = Contract(
+    "claim",
+    keys=("due", "leases", "dead", "stats", "fences", "orphans"),
+    args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
+    build=_claim,
+    parse=_parse_claim,
+)
+
+# -- heartbeat ---------------------------------------------------------------------------------
+
+
+class Beats(NamedTuple):
+    """A heartbeat's answer: the server's now, and per lease the new expiry in ms or the
+    refusal reason."""
+
+    now_ms: int
+    answers: list[int | str]
+
+
+def _heartbeat(
+    pk: PartitionKeys, leases: Sequence[tuple[str, int]], lease_ms: int, now: NowArg = None
+) -> Wire:
+    tail: list[str | int] = []
+    for run_id, fence in leases:
+        tail += [run_id, fence]
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "lease_ms": lease_ms}, tail)
+
+
+def _parse_heartbeat(reply: Sequence[Any]) -> Beats:
+    return Beats(int(reply[0]), [x if isinstance(x, int) else text(x) for x in reply[1:]])
+
+
+HEARTBEAT = Contract(
+    "heartbeat",
+    keys=("leases",),
+    args=("now", "prefix", "lease_ms"),
+    tail="leases",
+    build=_heartbeat,
+    parse=_parse_heartbeat,
+)
+
+# -- fenced commits: complete, fail, release ---------------------------------------------------
+
+
+class Outcome(NamedTuple):
+    """The answer of a fenced operation: accepted, or refused with the reason (a tuple: one
+    per committed run)."""
+
+    accepted: bool
+    status: str  # 'done', 'retry', 'dead', 'released' or the refusal reason
+    current_fence: int | None = None
+    retry_at_ms: int | None = None
+
+
+def _outcome(reply: Sequence[Any]) -> Outcome:
+    status = text(reply[1])
+    if int(reply[0]) == 1:
+        retry_at = int(reply[2]) if status == "retry" else None
+        return Outcome(True, status, retry_at_ms=retry_at)
+    fence = int(reply[2]) if len(reply) > 2 else None
+    return Outcome(False, status, current_fence=fence)
+
+
+def _complete(
+    pk: PartitionKeys,
+    items: Sequence[tuple[str, int, str]],
+    retention_ms: int,
+    now: NowArg = None,
+) -> Wire:
+    """Completions of runs of one partition: (run_id, fence, result JSON) each."""
+    tail: list[str | int] = []
+    for run_id, fence, result_json in items:
+        tail += [run_id, fence, result_json]
+    return Wire(
+        pk, {"now": now_arg(now), "prefix": pk.prefix, "retention_ms": retention_ms}, tail
+    )
+
+
+def _parse_complete(reply: Sequence[Any]) -> list[Outcome]:
+    """One outcome per run, in order."""
+    return [_outcome(r) for r in reply]
+
+
+COMPLETE = Contract(
+    "complete",
+    keys=("leases", "done", "stats"),
+    args=("now", "prefix", "retention_ms"),
+    tail="runs",
+    build=_complete,
+    parse=_parse_complete,
+)
+
+
+def _fail(
+    pk: PartitionKeys,
+    run_id: str,
+    fence: int,
+    error: str,
+    retry_delay_ms: int | None,
+    dead_retention_ms: int,
+    now: NowArg = None,
+) -> Wire:
+    return Wire(
+        pk,
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "run_id": run_id,
+            "fence": fence,
+            "error": error,
+            "retry_delay_ms": "" if retry_delay_ms is None else retry_delay_ms,
+            "dead_retention_ms": dead_retention_ms,
+        },
+    )
+
+
+FAIL = Contract(
+    "fail",
+    keys=("due", "leases", "dead", "stats", "wake"),
+    args=("now", "prefix", "run_id", "fence", "error", "retry_delay_ms", "dead_retention_ms"),
+    build=_fail,
+    parse=_outcome,
+)
+
+
+def _release(pk: PartitionKeys, run_id: str, fence: int, now: NowArg = None) -> Wire:
+    return Wire(
+        pk, {"now": now_arg(now), "prefix": pk.prefix, "run_id": run_id, "fence": fence}
+    )
+
+
+RELEASE = Contract(
+    "release",
+    keys=("due", "leases", "wake"),
+    args=("now", "prefix", "run_id", "fence"),
+    build=_release,
+    parse=_outcome,
+)
+
+# -- cancel, requeue ---------------------------------------------------------------------------
+
+
+class StateChange(NamedTuple):
+    """cancel / requeue: whether the run changed, and its previous state or the refusal."""
+
+    changed: bool
+    state: str
+
+
+def _state_change(reply: Sequence[Any]) -> StateChange:
+    return StateChange(int(reply[0]) == 1, text(reply[1]))
+
+
+def _cancel(
+    pk: PartitionKeys, run_id: str, retention_ms: int, reason: str, now: NowArg = None
+) -> Wire:
+    return Wire(
+        pk,
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "run_id": run_id,
+            "retention_ms": retention_ms,
+            "reason": reason,
+        },
+    )
+
+
+CANCEL = Contract(
+    "cancel",
+    keys=("due", "leases", "done", "stats", "fences"),
+    args=("now", "prefix", "run_id", "retention_ms", "reason"),
+    build=_cancel,
+    parse=_state_change,
+)
+
+
+def _requeue(pk: PartitionKeys, run_id: str, now: NowArg = None) -> Wire:
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "run_id": run_id})
+
+
+REQUEUE = Contract(
+    "requeue",
+    keys=("due", "dead", "done", "wake"),
+    args=("now", "prefix", "run_id"),
+    build=_requeue,
+    parse=_state_change,
+)
+
+# -- fenced_write ------------------------------------------------------------------------------
+
+
+class FencedWrite(NamedTuple):
+    """Whether the resource was written, and the fence that decided it."""
+
+    written: bool
+    fence: int
+
+
+def _fenced_write(
+    pk: PartitionKeys,
+    resource: str,
+    fence: int,
+    value: str,
+    run_id: str,
+    ttl_ms: int = 0,
+    now: NowArg = None,
+) -> Wire:
+    return Wire(
+        {"resource": pk.fence_resource(resource), "run": pk.run(run_id)},
+        {"now": now_arg(now), "fence": fence, "value": value, "run_id": run_id, "ttl_ms": ttl_ms},
+    )
+
+
+def _parse_fenced_write(reply: Sequence[Any]) -> FencedWrite:
+    return FencedWrite(int(reply[0]) == 1, int(reply[1]))
+
+
+FENCED_WRITE = Contract(
+    "fenced_write",
+    keys=("resource", "run"),
+    args=("now", "fence", "value", "run_id", "ttl_ms"),
+    build=_fenced_write,
+    parse=_parse_fenced_write,
+)
+
+CONTRACTS = (CREATE_RUN, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE)
