@@ -198,11 +198,16 @@ class RunStateMachine(RuleBasedStateMachine):
         )
         assert result.now_ms == self.now
         expected: list[str] = []
-        # 1. Expired leases (their scan is bounded by the limit too); past attempts: dead.
-        leased = {r: m.lease_until for r, m in self.runs.items() if m.state == "running"}
-        stale = [r for r in zorder(leased) if (leased[r] or 0) <= self.now][:limit]  # type: ignore[arg-type]
-        for run_id in stale:
-            if len(expected) >= limit:
+        # Each index is read one entry past the limit, in sorted-set order. An entry is
+        # handled until one is not yet due or the limit is reached; that entry's score is the
+        # index's next wake-up. When every entry read was handled, more may follow: now.
+        # 1. Expired leases: past their attempts they go dead, which the limit does not count.
+        leased = {r: m.lease_until or 0 for r, m in self.runs.items() if m.state == "running"}
+        window = zorder(leased)[: limit + 1]
+        next_lease = self.now if len(window) == limit + 1 else None
+        for run_id in window:
+            if leased[run_id] > self.now or len(expected) >= limit:
+                next_lease = leased[run_id]
                 break
             m = self.runs[run_id]
             if m.attempt >= m.max_attempts:
@@ -210,9 +215,14 @@ class RunStateMachine(RuleBasedStateMachine):
             else:
                 expected.append(run_id)
         # 2. Due runs.
-        if len(expected) < limit:
-            due = {r: m.due for r, m in self.runs.items() if m.state == "pending"}
-            expected += [r for r in zorder(due) if due[r] <= self.now][: limit - len(expected)]
+        due = {r: m.due for r, m in self.runs.items() if m.state == "pending"}
+        window = zorder(due)[: limit + 1]
+        next_due = self.now if len(window) == limit + 1 else None
+        for run_id in window:
+            if due[run_id] > self.now or len(expected) >= limit:
+                next_due = due[run_id]
+                break
+            expected.append(run_id)
         assert [c.run_id for c in result.runs] == expected
         for c in result.runs:
             m = self.runs[c.run_id]
@@ -221,9 +231,9 @@ class RunStateMachine(RuleBasedStateMachine):
             m.lease_until = self.now + lease
             assert (c.fence, c.attempt, c.lease_until_ms) == (m.fence, m.attempt, m.lease_until)
             self.holdings.append(Holding(c.run_id, c.fence, owner, m.record))
-        pending = [m.due for m in self.runs.values() if m.state == "pending"]
-        pending += [m.lease_until or 0 for m in self.runs.values() if m.state == "running"]
-        assert result.next_wake_ms == (min(pending) if pending else None)
+        wakes = [t for t in (next_lease, next_due) if t is not None]
+        wakes += [self.now + lease] if result.runs else []
+        assert result.next_wake_ms == (min(wakes) if wakes else None)
 
     @precondition(lambda self: self.holdings)
     @rule(data=st.data(), lease=st.integers(100, 3000))

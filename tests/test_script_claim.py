@@ -232,6 +232,17 @@ def test_expired_lease_past_max_attempts_goes_dead_with_reason(
     assert redis_client.zscore(pk.due, "a") is None
 
 
+def test_dead_lettering_expired_leases_does_not_count_against_the_limit(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, spec("a", max_attempts=1), spec("b", max_attempts=1))
+    claim(runner, pk, now=0)
+    result = claim(runner, pk, now=LEASE + 1, limit=1)  # reads limit + 1 lease entries
+    assert result.runs == []
+    assert redis_client.zrange(pk.dead, 0, -1) == ["a", "b"]
+    assert result.next_wake_ms == LEASE + 1  # every entry read was handled: more may follow
+
+
 def test_dead_lettered_record_expires_after_dead_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
