@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"
 from cluster_launcher import Cluster, Node, free_ports
 
 from jobqueue import JobQueue, Request
+from jobqueue.payload import encode_result
 from jobqueue.store import ops
 from jobqueue.store.embedded import find_server_binary
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.payload import encode_result
 
 PARTITIONS = 16
 BATCH = 1_000

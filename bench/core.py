@@ -51,9 +51,9 @@ from _common import (
 
 from jobqueue import JobQueue, Request, Task
 from jobqueue.errors import JobQueueError
+from jobqueue.payload import encode_result
 from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.payload import encode_result
 
 DEFAULT_N = 20_000
 QUICK_N = 2_000

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from jobqueue.errors import ConfigError
-from jobqueue.store.payload import DEFAULT_MAX_PAYLOAD_BYTES
+from jobqueue.payload import DEFAULT_MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from jobqueue import (
     UnknownTask,
 )
 from jobqueue.errors import InvalidRunId
+from jobqueue.payload import encode_payload
 from jobqueue.store import ops
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
-from jobqueue.store.payload import encode_payload
 from jobqueue.store.scripts import ScriptRunner
 
 

@@ -31,10 +31,10 @@ from fence_rule import fence_issued
 from redis.crc import key_slot
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
+from jobqueue.payload import decode_payload
 from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
-from jobqueue.store.payload import decode_payload
 from jobqueue.store.scripts import SCRIPT_NAMES, Call, ScriptRunner
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,6 +48,7 @@ from jobqueue.cli.common import (  # noqa: E402
     warn_anomalies,
     yes_option,
 )
+from jobqueue.cli.dashboard import dashboard  # noqa: E402
 from jobqueue.cli.format import when  # noqa: E402
 from jobqueue.cli.ops import COMMANDS, progress  # noqa: E402
 from jobqueue.cli.repartition import repair, repartition  # noqa: E402
@@ -55,7 +56,6 @@ from jobqueue.cli.schedules import schedule, schedules  # noqa: E402
 from jobqueue.cli.top import top  # noqa: E402
 from jobqueue.client.base import Request  # noqa: E402
 from jobqueue.client.sync import JobQueue  # noqa: E402
-from jobqueue.dashboard.cli import dashboard  # noqa: E402
 from jobqueue.errors import (  # noqa: E402
     ConfigError,
     InvalidRunId,

@@ -15,21 +15,22 @@ from typing import Any
 
 import click
 
-from jobqueue.anomalies import Anomaly, is_wrong_type
+from jobqueue.anomalies import Anomaly
 from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
 from jobqueue.cli.format import abs_time, duration, when
 from jobqueue.cli.format import table as table
+from jobqueue.client import health
 from jobqueue.client import queries as inspect
+from jobqueue.client.capacity import measure_bytes_per_run
 from jobqueue.errors import OperationRefused
-from jobqueue.policy import health
 from jobqueue.policy.capacity import CapacityInputs, estimate
-from jobqueue.store import ops
+from jobqueue.policy.health import Limits
 from jobqueue.store.keys import PartitionKeys
 
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
 pass_state = click.pass_obj
 
-# Script calls per pipelined round trip in bulk commands (as enqueue_many's CREATE_CHUNK).
+# Runs per round trip of `dead retry` (one requeue call each): one progress step each.
 BULK_CHUNK = 500
 
 
@@ -339,28 +340,6 @@ def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None) 
     return [r.run_id for r in found]
 
 
-def _states(jq: Any, run_ids: list[str], queue: str | None) -> list[tuple[str, Any, str]]:
-    """(run id, partition keys or None, state or 'missing') for each id, states read in one
-    pipeline."""
-    located = [(rid, jq.locate(rid, queue)) for rid in run_ids]
-    pipe = jq.redis.pipeline(transaction=False)
-    for rid, keys in located:
-        if keys is not None:
-            pipe.hget(keys.run(rid), "state")
-    found = iter(pipe.execute(raise_on_error=False))
-
-    def state_of(reply: Any) -> str:
-        if is_wrong_type(reply):  # another program's key under the run's name
-            return "not a run record"
-        if isinstance(reply, Exception):
-            raise reply
-        return str(reply or "missing")
-
-    return [
-        (rid, keys, "missing" if keys is None else state_of(next(found))) for rid, keys in located
-    ]
-
-
 @dead.command("retry")
 @click.argument("run_ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Every dead run (of --queue, if given).")
@@ -382,8 +361,8 @@ def dead_retry(
     confirm(f"retry {len(ids)} dead run(s)?", yes or not all_)
     targets: list[tuple[str, PartitionKeys]] = []
     already, refused = 0, 0
-    for rid, keys, run_state in _states(jq, ids, queue):
-        if run_state == "dead":
+    for rid, keys, run_state in jq.run_states(ids, queue):
+        if run_state == "dead" and keys is not None:
             targets.append((rid, keys))
         elif run_state == "pending":
             already += 1
@@ -396,9 +375,8 @@ def dead_retry(
     with progress(len(targets), "retrying dead runs") as advance:
         for start in range(0, len(targets), BULK_CHUNK):
             chunk = targets[start : start + BULK_CHUNK]
-            replies = jq.scripts.run_many([ops.requeue_call(k, rid) for rid, k in chunk])
-            for (rid, _), reply in zip(chunk, replies, strict=True):
-                changed, previous = ops.parse_state_change(reply)
+            outcomes = jq.requeue_located(chunk)
+            for (rid, _), (changed, previous) in zip(chunk, outcomes, strict=True):
                 if changed:
                     retried += 1
                 elif previous == "pending":  # retried by someone else meanwhile
@@ -467,7 +445,8 @@ def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: boo
     """Capacity arithmetic for N recurring jobs (--jobs, each run every --every seconds), plus
     the Redis memory our data model needs."""
     result = estimate(
-        CapacityInputs(jobs=jobs, every_s=every, row_bytes=row_bytes, retention_s=retention)
+        CapacityInputs(jobs=jobs, every_s=every, row_bytes=row_bytes, retention_s=retention),
+        measure_bytes_per_run(),
     )
     if as_json:
         click.echo(json.dumps(result.to_dict()))
@@ -494,7 +473,7 @@ def check(state: Any, lease: float | None, as_json: bool) -> None:
     Exit code: 0 when every line is ok, 1 when any line warns, 3 when Redis is unreachable.
     """
     jq = state.jq()
-    limits = health.Limits(lease_s=lease or jq.settings.default_lease_s)
+    limits = Limits(lease_s=lease or jq.settings.default_lease_s)
     checks = health.run(jq, limits)
     warnings = sum(1 for c in checks if not c.ok)
     if as_json:

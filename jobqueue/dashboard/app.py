@@ -29,7 +29,6 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jobqueue.cli.format import abs_time, duration, relative
 from jobqueue.client import queries as inspect
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.charts import Series, svg_chart
@@ -44,6 +43,7 @@ from jobqueue.errors import (
     UnknownQueue,
 )
 from jobqueue.models import STATES
+from jobqueue.policy.timeutil import abs_time, duration, relative
 
 HERE = Path(__file__).parent
 FLASH_COOKIE = "jq_flash"

@@ -908,7 +908,7 @@ class Scheduler:
             "scheduler started: lookahead %.1fs, interval %.2fs, %d partition(s)",
             self.lookahead_ms / 1000,
             self.interval,
-            self.store.partitions,
+            self.store.record_partitions(),
         )
         self.sync_declared()
 

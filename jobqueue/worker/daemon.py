@@ -47,13 +47,13 @@ from jobqueue.errors import (
     ServerRefused,
     UnknownTask,
 )
+from jobqueue.payload import decode_payload, encode_result
 from jobqueue.policy.backoff import retry_delay_ms
 from jobqueue.runtime.logs import run_fields
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.runtime.signals import SignalRelay
 from jobqueue.store import ops
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
-from jobqueue.store.payload import decode_payload, encode_result
 from jobqueue.store.scripts import Call
 from jobqueue.tasks import Task
 
