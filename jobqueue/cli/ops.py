@@ -25,6 +25,7 @@ from jobqueue.client.capacity import measure_bytes_per_run
 from jobqueue.errors import OperationRefused
 from jobqueue.policy.capacity import CapacityInputs, estimate
 from jobqueue.policy.health import Limits
+from jobqueue.settings import Settings
 from jobqueue.store.keys import PartitionKeys
 
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
@@ -460,7 +461,8 @@ def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: boo
     "--lease",
     type=FiniteFloat(0.1),
     help="The shortest lease your workers (--lease) and tasks (lease=) use, in seconds, to "
-    "compare with the cluster's failover time.  [default: Settings.default_lease_s, 30]",
+    "compare with the cluster's failover time.  [default: the app's "
+    f"Settings.default_lease_s, {Settings().default_lease_s:g}]",
 )
 @json_option
 @pass_state

@@ -32,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 from jobqueue.client import queries as inspect
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.charts import Series, svg_chart
-from jobqueue.dashboard.sampler import Sampler
+from jobqueue.dashboard.sampler import DEFAULT_SAMPLE_EVERY_S, Sampler
 from jobqueue.dashboard.security import CSRF_FIELD, SESSION_COOKIE, AuthGate, Credentials, Csrf
 from jobqueue.errors import (
     ConfigError,
@@ -435,7 +435,7 @@ def create_app(
     jq: JobQueue,
     *,
     credentials: Credentials | None = None,
-    sample_every_s: float = 10.0,
+    sample_every_s: float = DEFAULT_SAMPLE_EVERY_S,
     allowed_hosts: list[str] | None = None,
     secret: bytes | None = None,
 ) -> Starlette:

@@ -26,8 +26,12 @@ class Sample:
     totals: dict[str, inspect.QueueTotals]
 
 
+# Seconds between samples unless `jobqueue dashboard --sample-every` says otherwise.
+DEFAULT_SAMPLE_EVERY_S = 10.0
+
+
 class Sampler:
-    def __init__(self, every_s: float = 10.0, window_s: float = 3600.0) -> None:
+    def __init__(self, every_s: float = DEFAULT_SAMPLE_EVERY_S, window_s: float = 3600.0) -> None:
         self.every_ms = int(every_s * 1000)
         self.window_ms = int(window_s * 1000)
         self._ring: deque[Sample] = deque(maxlen=math.ceil(window_s / every_s) + 1)
