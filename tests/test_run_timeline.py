@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobqueue import JobQueue
-from jobqueue.client import queries as inspect
+from jobqueue.client import queries
 from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import ScriptRunner
@@ -127,7 +127,7 @@ def test_a_listing_shows_each_run_with_the_same_history_and_timeline_as_show(
     c = claim(runner, pk, "w1", now=150)
     runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, 60_000, now=170))  # dead
     create(runner, pk, "b", now=200)
-    listed = {r.run_id: r for r in inspect.runs(jq, queue="default")}
+    listed = {r.run_id: r for r in queries.runs(jq, queue="default")}
     for run_id in ("a", "b"):
         shown = jq.get_run(run_id, queue="default")
         assert listed[run_id].history == shown.history

@@ -2,7 +2,7 @@
 check.
 
 Every listing has ``--json``; human output is an aligned table with relative and absolute
-times. Data comes from ``jobqueue.inspect`` (the same functions any dashboard would use).
+times. Data comes from ``jobqueue.queries`` (the same functions any dashboard would use).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from jobqueue.anomalies import Anomaly
 from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
 from jobqueue.cli.format import abs_time, duration, when
 from jobqueue.cli.format import table as table
-from jobqueue.client import health
-from jobqueue.client import queries as inspect
+from jobqueue.client import health, queries
 from jobqueue.client.capacity import measure_bytes_per_run
 from jobqueue.errors import OperationRefused
 from jobqueue.policy.capacity import CapacityInputs, estimate
@@ -46,7 +45,7 @@ def emit(
     """A listing: JSON, or a table. ``found``: the rows as read (a Listing, one per row);
     every anomaly goes to stderr, and when rows carry some, the table gets an ANOMALY column
     marking them."""
-    warn_anomalies(inspect.all_anomalies(found))
+    warn_anomalies(queries.all_anomalies(found))
     if as_json:
         click.echo(json.dumps(data, default=str))
     elif not rows:
@@ -110,7 +109,7 @@ def leases(
     state: Any, queue: str | None, expired: bool, worker: str | None, limit: int, as_json: bool
 ) -> None:
     """Which worker holds which run, and for how long still."""
-    found = inspect.leases(state.jq(), queue, expired_only=expired, worker=worker, limit=limit)
+    found = queries.leases(state.jq(), queue, expired_only=expired, worker=worker, limit=limit)
     rows = [
         [
             lease.run_id,
@@ -168,7 +167,7 @@ def runs(
 ) -> None:
     """Runs by state, newest finished first."""
     jq = state.jq()
-    found = inspect.runs(jq, state=state_filter, queue=queue, job=job, limit=limit)
+    found = queries.runs(jq, state=state_filter, queue=queue, job=job, limit=limit)
     now = jq.server_time_ms()
     rows = [
         [
@@ -213,7 +212,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
     last minute and hour, and how late the oldest due run is. (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
-    found = inspect.stats(state.jq(), queue)
+    found = queries.stats(state.jq(), queue)
     rows = [
         [
             s.queue,
@@ -268,7 +267,7 @@ stats = click.Command(
 def workers(state: Any, as_json: bool) -> None:
     """The live worker registry; stale workers (no heartbeat for 3 beats) are flagged."""
     jq = state.jq()
-    found = inspect.workers(jq)
+    found = queries.workers(jq)
     now = jq.server_time_ms()
     rows = [
         [
@@ -306,7 +305,7 @@ def dead() -> None:
 def dead_list(state: Any, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead runs, most recent first, with the last line of their error."""
     jq = state.jq()
-    found = inspect.runs(jq, state="dead", queue=queue, limit=limit)
+    found = queries.runs(jq, state="dead", queue=queue, limit=limit)
     now = jq.server_time_ms()
     rows = [
         [
@@ -336,8 +335,8 @@ def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None) 
         raise click.UsageError("give run ids, or --all for every dead run")
     if run_ids:
         return list(dict.fromkeys(run_ids))
-    found = inspect.runs(jq, state="dead", queue=queue, limit=100_000)
-    warn_anomalies(inspect.all_anomalies(found))
+    found = queries.runs(jq, state="dead", queue=queue, limit=100_000)
+    warn_anomalies(queries.all_anomalies(found))
     return [r.run_id for r in found]
 
 

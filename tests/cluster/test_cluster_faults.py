@@ -21,7 +21,7 @@ from redis.crc import key_slot
 from server_stall import stall
 
 from jobqueue import JobQueue, Request
-from jobqueue.client import queries as inspect
+from jobqueue.client import queries
 from jobqueue.errors import ConnectionFailed, Fatal, JobQueueError
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store import ops
@@ -315,7 +315,7 @@ def test_a_slot_migration_under_workers_a_scheduler_and_producers_loses_no_run(
         for j in range(6):
             fired = sorted(
                 r.scheduled_for_ms or 0
-                for r in inspect.runs(jq, job=f"tick-{j}", state="done", limit=1000)
+                for r in queries.runs(jq, job=f"tick-{j}", state="done", limit=1000)
             )
             assert fired, f"tick-{j} never fired"
             assert all(b - a == 1000 for a, b in itertools.pairwise(fired)), (j, fired)
