@@ -28,6 +28,7 @@ import fakeredis
 import pytest
 import redis
 from fence_rule import fence_issued
+from helpers import claim, create
 from redis.crc import key_slot
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
@@ -77,18 +78,6 @@ def race(n: int, action: Callable[[int], Any]) -> list[Any]:
 def server_ms(client: Any) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int = 0,
-           max_attempts: int = 3) -> bool:
-    spec = ops.RunSpec(run_id, "t", PAYLOAD, max_attempts=max_attempts)
-    (created,) = ops.parse_create(runner.run(ops.create_call(pk, [spec], now=now)))
-    return created
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, now: int | None, owner: str = "w",
-          limit: int = 10) -> ops.ClaimResult:
-    return ops.parse_claim(runner.run(ops.claim_call(pk, limit, owner, LEASE, RETENTION, now=now)))
 
 
 def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int | None,
@@ -272,7 +261,7 @@ def test_inv2_eight_threads_completing_with_the_current_fence_are_accepted_once(
     for k in range(3):
         run_id = f"r{k}"
         create(runner, pk, run_id)
-        (c,) = claim(runner, pk, now=None, limit=1).runs
+        (c,) = claim(runner, pk, now=None, limit=1, owner="w").runs
         runners = [ScriptRunner(sibling_client(redis_client, backend, request)) for _ in range(8)]
 
         def commit(i: int, c: ops.ClaimedRun = c, runners: list[ScriptRunner] = runners
@@ -303,7 +292,8 @@ def test_inv2_random_interleavings_never_accept_two_completions(
             now += rng.choice([1, 500, LEASE // 2, LEASE])
             op = rng.random()
             if op < 0.35 or not held:
-                held += [(c.run_id, c.fence) for c in claim(runner, pk, now=now, limit=2).runs]
+                claimed = claim(runner, pk, now=now, limit=2, owner="w").runs
+                held += [(c.run_id, c.fence) for c in claimed]
                 continue
             run_id, fence = rng.choice(held)
             current = int(redis_client.hget(pk.run(run_id), "fence"))
@@ -375,13 +365,13 @@ def test_inv3_a_run_past_its_attempts_is_dead_lettered_not_dropped(
 ) -> None:
     create(runner, pk, "a", max_attempts=1)
     claim(runner, pk, now=0, owner="dies")
-    assert claim(runner, pk, now=LEASE).runs == []
+    assert claim(runner, pk, now=LEASE, owner="w").runs == []
     assert redis_client.zscore(pk.dead, "a") == LEASE
     assert "lease expired" in redis_client.hget(pk.run("a"), "error")
     assert ops.parse_state_change(runner.run(ops.requeue_call(pk, "a", now=LEASE + 1))) == (
         True, "dead"
     )
-    assert [r.run_id for r in claim(runner, pk, now=LEASE + 1).runs] == ["a"]
+    assert [r.run_id for r in claim(runner, pk, now=LEASE + 1, owner="w").runs] == ["a"]
 
 
 def test_inv3_an_enqueued_run_whose_worker_dies_runs_again(jq: JobQueue) -> None:
@@ -686,7 +676,7 @@ def test_inv6_a_pickled_payload_is_never_unpickled(
     with pytest.raises(PayloadError):
         decode_payload(pickled)
     assert run.to_dict()["payload"] == pickled
-    (claimed,) = claim(jq.scripts, pk, now=None).runs
+    (claimed,) = claim(jq.scripts, pk, now=None, owner="w").runs
     assert claimed.payload == pickled  # handed over as text; decoding it is the JSON decoder's job
 
 

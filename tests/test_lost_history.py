@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from helpers import claim_one
 
 from jobqueue.errors import ServerRefused
 from jobqueue.store import ops
@@ -42,11 +43,6 @@ def restart_from_disk(srv: EmbeddedServer) -> None:
     srv.start()
 
 
-def claim_one(runner: ScriptRunner, owner: str) -> ops.ClaimedRun:
-    (run,) = ops.parse_claim(runner.run(ops.claim_call(PK, 1, owner, LEASE_MS, 60_000))).runs
-    return run
-
-
 def test_a_restart_from_an_older_snapshot_never_reissues_a_fence(
     server: EmbeddedServer,
 ) -> None:
@@ -54,13 +50,14 @@ def test_a_restart_from_an_older_snapshot_never_reissues_a_fence(
     runner = ScriptRunner(client)
     runner.run(ops.create_call(PK, [ops.RunSpec("r", "t", PAYLOAD)]))
     client.save()  # the snapshot: the run pending, no fence issued yet
-    held = claim_one(runner, "w1")  # w1 holds a fence the snapshot does not know
+    # w1 holds a fence the snapshot does not know
+    held = claim_one(runner, PK, owner="w1", retention_ms=60_000)
     restart_from_disk(server)
 
     client = redis.Redis.from_url(server.url, decode_responses=True)
     runner = ScriptRunner(client)
     assert client.hget(PK.run("r"), "state") == "pending"  # w1's claim is lost with the crash
-    taken = claim_one(runner, "w2")
+    taken = claim_one(runner, PK, owner="w2", retention_ms=60_000)
     assert taken.fence > held.fence
     # w1, alive and unaware, is refused everywhere; w2's work stands.
     assert ops.parse_heartbeat(runner.run(ops.heartbeat_call(PK, [("r", held.fence)], 1))) == [
@@ -96,7 +93,7 @@ def test_a_full_server_refuses_a_writing_script_whole_before_its_first_write(
     client = redis.Redis.from_url(server.url, decode_responses=True)
     runner = ScriptRunner(client)
     runner.run(ops.create_call(PK, [ops.RunSpec(f"r{i}", "t", PAYLOAD) for i in range(20)]))
-    held = claim_one(runner, "w1")
+    held = claim_one(runner, PK, owner="w1", retention_ms=60_000)
     before = {k: client.dump(k) for k in client.keys("*")}
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)  # full from now on

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from helpers import claim_one, create
+
 from jobqueue import JobQueue
 from jobqueue.client import queries
 from jobqueue.store import ops
@@ -15,16 +17,6 @@ PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE = 30_000
 
 
-def create(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int) -> None:
-    spec = ops.RunSpec(run_id, "t", PAYLOAD, max_attempts=3)
-    runner.run(ops.create_call(pk, [spec], now=now))
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, owner: str, now: int) -> ops.ClaimedRun:
-    (run,) = ops.parse_claim(runner.run(ops.claim_call(pk, 1, owner, LEASE, 1, now=now))).runs
-    return run
-
-
 def events(jq: JobQueue, run_id: str) -> list[tuple[int | None, str]]:
     return jq.get_run(run_id, queue="default").timeline()
 
@@ -33,7 +25,7 @@ def test_a_first_attempt_success_reads_created_claimed_done(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=100)
-    c = claim(runner, pk, "w1", now=150)
+    c = claim_one(runner, pk, 150, "w1", retention_ms=1)
     runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=180))
     assert events(jq, "a") == [
         (100, "created"),
@@ -46,9 +38,9 @@ def test_a_retried_run_shows_how_the_first_attempt_ended_and_who_held_each(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=0)
-    c1 = claim(runner, pk, "w1", now=10)
+    c1 = claim_one(runner, pk, 10, "w1", retention_ms=1)
     runner.run(ops.fail_call(pk, "a", c1.fence, "boom", 90, 1, now=20))
-    c2 = claim(runner, pk, "w2", now=110)
+    c2 = claim_one(runner, pk, 110, "w2", retention_ms=1)
     runner.run(ops.complete_call(pk, "a", c2.fence, "1", 60_000, now=130))
     assert events(jq, "a") == [
         (0, "created"),
@@ -62,8 +54,8 @@ def test_a_lease_expiry_names_the_owner_that_lost_the_run(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=0)
-    c1 = claim(runner, pk, "w1", now=0)
-    c2 = claim(runner, pk, "w2", now=LEASE + 1)
+    c1 = claim_one(runner, pk, 0, "w1", retention_ms=1)
+    c2 = claim_one(runner, pk, LEASE + 1, "w2", retention_ms=1)
     assert events(jq, "a") == [
         (0, "created"),
         (LEASE + 1, f"lease expired fence={c1.fence} attempt=1 owner=w1"),
@@ -75,7 +67,7 @@ def test_a_cancelled_running_run_shows_the_fence_its_claim_had(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=0)
-    c = claim(runner, pk, "w1", now=5)
+    c = claim_one(runner, pk, 5, "w1", retention_ms=1)
     runner.run(ops.cancel_call(pk, "a", 60_000, "stop", now=9))
     assert events(jq, "a") == [
         (0, "created"),
@@ -95,7 +87,7 @@ def test_show_json_carries_the_timeline(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "a", now=100)
-    c = claim(runner, pk, "w1", now=150)
+    c = claim_one(runner, pk, 150, "w1", retention_ms=1)
     runner.run(ops.complete_call(pk, "a", c.fence, "1", 60_000, now=180))
     assert jq.get_run("a", queue="default").to_dict()["timeline"] == [
         {"at_ms": 100, "event": "created"},
@@ -112,7 +104,7 @@ def test_show_prints_the_instants_inside_history_entries_as_times(
     from jobqueue.cli.core import State, main
 
     create(runner, pk, "a", now=1_700_000_000_000)
-    c = claim(runner, pk, "w1", now=1_700_000_000_100)
+    c = claim_one(runner, pk, 1_700_000_000_100, "w1", retention_ms=1)
     runner.run(ops.fail_call(pk, "a", c.fence, "boom", 60_000, 1, now=1_700_000_000_200))
     out = CliRunner().invoke(main, ["show", "a", "--queue", "default"], obj=State(None, jq))
     assert out.exit_code == 0, out.output
@@ -124,7 +116,7 @@ def test_a_listing_shows_each_run_with_the_same_history_and_timeline_as_show(
 ) -> None:
     jq.register_queue("default")  # as every enqueue does; these runs come from the scripts
     create(runner, pk, "a", now=100)
-    c = claim(runner, pk, "w1", now=150)
+    c = claim_one(runner, pk, 150, "w1", retention_ms=1)
     runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, 60_000, now=170))  # dead
     create(runner, pk, "b", now=200)
     listed = {r.run_id: r for r in queries.runs(jq, queue="default")}

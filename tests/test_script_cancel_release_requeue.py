@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from fence_rule import fence_issued
+from helpers import claim, claim_one, create_new
 
 from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
@@ -15,25 +16,6 @@ PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE = 30_000
 RETENTION = 3_600_000
 DEAD_RETENTION = 7_200_000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, max_attempts: int = 3,
-           now: int = 0, delay_ms: int = 0) -> None:
-    specs = [ops.RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts, delay_ms=delay_ms)
-             for r in run_ids]
-    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1",
-          limit: int = 1) -> list[ops.ClaimedRun]:
-    call = ops.claim_call(pk, limit, owner, LEASE, DEAD_RETENTION, now=now)
-    return ops.parse_claim(runner.run(call)).runs
-
-
-def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
-              ) -> ops.ClaimedRun:
-    (run,) = claim(runner, pk, now, owner)
-    return run
 
 
 def cancel(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int,
@@ -60,7 +42,7 @@ def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, n
 
 def make_state(runner: ScriptRunner, pk: PartitionKeys, state: str) -> None:
     """Run 'a' in the given state."""
-    create(runner, pk, "a", max_attempts=1)
+    create_new(runner, pk, "a", max_attempts=1)
     if state == "pending":
         return
     c = claim_one(runner, pk, now=0)
@@ -80,7 +62,7 @@ def make_state(runner: ScriptRunner, pk: PartitionKeys, state: str) -> None:
 def test_cancel_pending_run_removes_it_from_the_due_queue(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", delay_ms=1_000)
+    create_new(runner, pk, "a", delay_ms=1_000)
     assert cancel(runner, pk, "a", now=500) == (True, "pending")
     run = redis_client.hgetall(pk.run("a"))
     assert (run["state"], run["fence"], run["finished"]) == (
@@ -88,13 +70,13 @@ def test_cancel_pending_run_removes_it_from_the_due_queue(
     )
     assert redis_client.zscore(pk.due, "a") is None
     assert redis_client.zscore(pk.done, "a") == 500
-    assert claim(runner, pk, now=10**9) == []
+    assert claim(runner, pk, now=10**9).runs == []
 
 
 def test_cancel_running_run_bumps_fence_so_the_worker_is_refused(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert cancel(runner, pk, "a", now=100) == (True, "running")
     cancelled_at = fence_issued(100, after=c.fence)
@@ -113,13 +95,13 @@ def test_cancel_running_run_bumps_fence_so_the_worker_is_refused(
 def test_cancel_running_run_removes_its_lease(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     claim_one(runner, pk, now=0)
     cancel(runner, pk, "a", now=100)
     assert redis_client.zscore(pk.leases, "a") is None
     assert not redis_client.hexists(pk.run("a"), "lease_until")
     # its old lease time passing does not bring it back
-    assert claim(runner, pk, now=10 * LEASE) == []
+    assert claim(runner, pk, now=10 * LEASE).runs == []
     assert redis_client.hget(pk.run("a"), "state") == "cancelled"
 
 
@@ -143,7 +125,7 @@ def test_cancel_of_finished_run_reports_its_state_and_changes_nothing(
 def test_cancelled_record_expires_after_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     cancel(runner, pk, "a", now=1, retention=40_000)
     for key in (pk.run("a"), pk.history("a")):
         assert 30_000 < redis_client.pttl(key) <= 40_000
@@ -152,7 +134,7 @@ def test_cancelled_record_expires_after_retention(
 def test_cancel_stores_the_reason_and_counts_in_stats(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b")
     long_reason = "operator said so " + "!" * 300
     cancel(runner, pk, "a", now=1, reason=long_reason)
     cancel(runner, pk, "b", now=2)
@@ -170,7 +152,7 @@ def test_cancel_stores_the_reason_and_counts_in_stats(
 def test_release_does_not_count_an_attempt(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=1)
+    create_new(runner, pk, "a", max_attempts=1)
     c = claim_one(runner, pk, now=0)
     assert c.attempt == 1
     assert release(runner, pk, "a", c.fence, now=10) == ops.Outcome(True, "released")
@@ -182,7 +164,7 @@ def test_release_does_not_count_an_attempt(
 def test_release_puts_run_back_due_now_without_owner_or_lease(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=1_500)
     run = redis_client.hgetall(pk.run("a"))
@@ -196,7 +178,7 @@ def test_release_puts_run_back_due_now_without_owner_or_lease(
 def test_release_keeps_the_fence_until_the_next_claim_bumps_it(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=10)
     assert redis_client.hget(pk.run("a"), "fence") == str(c.fence)
@@ -207,7 +189,7 @@ def test_release_keeps_the_fence_until_the_next_claim_bumps_it(
 def test_release_pushes_a_wake_token(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     redis_client.delete(pk.wake)
     release(runner, pk, "a", c.fence, now=10)
@@ -217,7 +199,7 @@ def test_release_pushes_a_wake_token(
 def test_release_cuts_an_overfull_wake_list_back_to_its_cap(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     redis_client.rpush(pk.wake, *["1"] * 30)
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=10)
@@ -227,7 +209,7 @@ def test_release_cuts_an_overfull_wake_list_back_to_its_cap(
 def test_release_with_stale_fence_is_refused(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
     new = claim_one(runner, pk, now=LEASE, owner="w2")
     before = redis_client.hgetall(pk.run("a"))
@@ -262,7 +244,7 @@ def test_release_of_unknown_run_is_refused(runner: ScriptRunner, pk: PartitionKe
 def test_release_writes_a_history_entry(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=42)
     assert redis_client.lrange(pk.history("a"), -1, -1) == [
@@ -273,7 +255,7 @@ def test_release_writes_a_history_entry(
 def test_history_keeps_only_the_last_32_entries(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     fences = []
     for i in range(40):
         c = claim_one(runner, pk, now=i * 10)
@@ -331,7 +313,7 @@ def test_requeue_removes_run_from_dead_and_done_indexes(
 def test_requeue_keeps_the_fence_so_an_old_worker_stays_refused(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=10)
     requeue(runner, pk, "a", now=20)
@@ -373,8 +355,8 @@ def test_requeue_pushes_a_wake_token_and_writes_history(
 def test_cancel_issues_a_fence_from_the_partitions_counter(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b")
-    held = claim(runner, pk, now=0, limit=2)
+    create_new(runner, pk, "a", "b")
+    held = claim(runner, pk, now=0, limit=2).runs
     assert cancel(runner, pk, "a", now=1) == (True, "running")
     fence_a = int(redis_client.hget(pk.run("a"), "fence"))
     assert fence_a > max(r.fence for r in held)
@@ -386,6 +368,6 @@ def test_cancel_trims_done_index_entries_older_than_the_retention(
 ) -> None:
     now = RETENTION + 10_000
     redis_client.zadd(pk.done, {"expired-long-ago": 1_000})
-    create(runner, pk, "a", now=now)
+    create_new(runner, pk, "a", now=now)
     assert cancel(runner, pk, "a", now=now) == (True, "pending")
     assert redis_client.zrange(pk.done, 0, -1) == ["a"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from fence_rule import fence_issued
+from helpers import claim, create_new, spec
 
 from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
@@ -17,28 +18,6 @@ LEASE = 30_000
 DEAD_RETENTION = 7_200_000
 
 
-def spec(run_id: str, **kw: Any) -> ops.RunSpec:
-    task = kw.pop("task", "t")
-    payload = kw.pop("payload", PAYLOAD)
-    return ops.RunSpec(run_id, task, payload, **kw)
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, *specs: ops.RunSpec, now: int = 0) -> None:
-    assert all(ops.parse_create(runner.run(ops.create_call(pk, list(specs), now=now))))
-
-
-def claim(
-    runner: ScriptRunner,
-    pk: PartitionKeys,
-    now: int,
-    limit: int = 10,
-    owner: str = "w1",
-    lease_ms: int = LEASE,
-) -> ops.ClaimResult:
-    call = ops.claim_call(pk, limit, owner, lease_ms, DEAD_RETENTION, now=now)
-    return ops.parse_claim(runner.run(call))
-
-
 def ids(result: ops.ClaimResult) -> list[str]:
     return [r.run_id for r in result.runs]
 
@@ -46,7 +25,7 @@ def ids(result: ops.ClaimResult) -> list[str]:
 def test_claim_takes_a_due_run_and_returns_its_fields(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(
+    create_new(
         runner,
         pk,
         spec("job@60", task="report", payload='{"args":[1],"kwargs":{}}', due_at_ms=60_000,
@@ -74,7 +53,7 @@ def test_claim_takes_a_due_run_and_returns_its_fields(
 def test_claim_reports_no_job_and_no_scheduled_for_for_a_plain_run(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, spec("a"))
+    create_new(runner, pk, spec("a"))
     (r,) = claim(runner, pk, now=0).runs
     assert r.job_id == ""
     assert r.scheduled_for_ms is None
@@ -83,7 +62,7 @@ def test_claim_reports_no_job_and_no_scheduled_for_for_a_plain_run(
 def test_claim_marks_the_record_running_with_owner_and_lease(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a"), now=1_000)
+    create_new(runner, pk, spec("a"), now=1_000)
     claim(runner, pk, now=2_000, owner="worker-7")
     run = redis_client.hgetall(pk.run("a"))
     assert run["state"] == "running"
@@ -98,34 +77,36 @@ def test_claim_marks_the_record_running_with_owner_and_lease(
 
 def test_claim_skips_runs_not_yet_due(runner: ScriptRunner, pk: PartitionKeys,
                                       redis_client: Any) -> None:
-    create(runner, pk, spec("later", due_at_ms=5_000), spec("now", due_at_ms=1_000))
+    create_new(runner, pk, spec("later", due_at_ms=5_000), spec("now", due_at_ms=1_000))
     assert ids(claim(runner, pk, now=4_999)) == ["now"]
     assert redis_client.hget(pk.run("later"), "state") == "pending"
     assert redis_client.zscore(pk.due, "later") == 5_000
 
 
 def test_claim_takes_a_run_due_exactly_now(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, spec("a", due_at_ms=5_000))
+    create_new(runner, pk, spec("a", due_at_ms=5_000))
     assert ids(claim(runner, pk, now=4_999)) == []
     assert ids(claim(runner, pk, now=5_000)) == ["a"]
 
 
 def test_claim_takes_due_runs_in_due_order(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, spec("c", due_at_ms=300), spec("a", due_at_ms=100), spec("b", due_at_ms=200))
+    create_new(
+        runner, pk, spec("c", due_at_ms=300), spec("a", due_at_ms=100), spec("b", due_at_ms=200)
+    )
     assert ids(claim(runner, pk, now=1_000, limit=2)) == ["a", "b"]
     assert ids(claim(runner, pk, now=1_000, limit=2)) == ["c"]
 
 
 def test_claim_takes_at_most_limit_runs(runner: ScriptRunner, pk: PartitionKeys,
                                         redis_client: Any) -> None:
-    create(runner, pk, *(spec(f"r{i}", due_at_ms=i) for i in range(5)))
+    create_new(runner, pk, *(spec(f"r{i}", due_at_ms=i) for i in range(5)))
     assert len(claim(runner, pk, now=100, limit=3).runs) == 3
     assert redis_client.zcard(pk.due) == 2
     assert redis_client.zcard(pk.leases) == 3
 
 
 def test_claim_never_hands_one_run_to_two_claims(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, spec("a"))
+    create_new(runner, pk, spec("a"))
     assert ids(claim(runner, pk, now=0, owner="w1")) == ["a"]
     assert ids(claim(runner, pk, now=1, owner="w2")) == []
 
@@ -133,7 +114,7 @@ def test_claim_never_hands_one_run_to_two_claims(runner: ScriptRunner, pk: Parti
 def test_claim_uses_the_runs_own_lease_over_the_default(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, spec("own", lease_ms=5_000), spec("default"))
+    create_new(runner, pk, spec("own", lease_ms=5_000), spec("default"))
     runs = {r.run_id: r for r in claim(runner, pk, now=1_000).runs}
     assert runs["own"].lease_until_ms == 6_000
     assert runs["default"].lease_until_ms == 1_000 + LEASE
@@ -150,10 +131,10 @@ def test_claim_returns_nothing_and_no_next_wake_on_an_empty_partition(
 def test_claim_returns_next_wake_as_earliest_due_or_lease(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, spec("now"), spec("later", due_at_ms=50_000))
+    create_new(runner, pk, spec("now"), spec("later", due_at_ms=50_000))
     # "now" leased until 30_000, "later" due at 50_000: the lease comes first
     assert claim(runner, pk, now=0, limit=1).next_wake_ms == LEASE
-    create(runner, pk, spec("soon", due_at_ms=10_000), now=1)
+    create_new(runner, pk, spec("soon", due_at_ms=10_000), now=1)
     # now the due run at 10_000 is the earliest
     assert claim(runner, pk, now=2, limit=1).next_wake_ms == 10_000
 
@@ -161,12 +142,12 @@ def test_claim_returns_next_wake_as_earliest_due_or_lease(
 def test_claim_next_wake_is_the_lease_when_nothing_is_due(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, spec("a"))
+    create_new(runner, pk, spec("a"))
     assert claim(runner, pk, now=100).next_wake_ms == 100 + LEASE
 
 
 def test_claim_next_wake_ignores_claimed_runs(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, spec("a", due_at_ms=10), spec("b", due_at_ms=70_000))
+    create_new(runner, pk, spec("a", due_at_ms=10), spec("b", due_at_ms=70_000))
     result = claim(runner, pk, now=20, lease_ms=100_000)
     assert ids(result) == ["a"]
     assert result.next_wake_ms == 70_000
@@ -175,9 +156,9 @@ def test_claim_next_wake_ignores_claimed_runs(runner: ScriptRunner, pk: Partitio
 def test_claim_takes_expired_leases_before_due_runs(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("stalled"), now=0)
+    create_new(runner, pk, spec("stalled"), now=0)
     claim(runner, pk, now=0, owner="w1")
-    create(runner, pk, spec("fresh", due_at_ms=1_000), now=1)
+    create_new(runner, pk, spec("fresh", due_at_ms=1_000), now=1)
     result = claim(runner, pk, now=LEASE + 1, limit=1, owner="w2")
     assert ids(result) == ["stalled"]
     assert redis_client.zscore(pk.due, "fresh") == 1_000
@@ -186,16 +167,16 @@ def test_claim_takes_expired_leases_before_due_runs(
 def test_claim_fills_the_remaining_limit_with_due_runs_after_expired_leases(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, spec("stalled"), now=0)
+    create_new(runner, pk, spec("stalled"), now=0)
     claim(runner, pk, now=0)
-    create(runner, pk, spec("d1", due_at_ms=1), spec("d2", due_at_ms=2), now=1)
+    create_new(runner, pk, spec("d1", due_at_ms=1), spec("d2", due_at_ms=2), now=1)
     assert ids(claim(runner, pk, now=LEASE, limit=2, owner="w2")) == ["stalled", "d1"]
 
 
 def test_claim_does_not_take_a_lease_that_has_not_expired(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, spec("a"))
+    create_new(runner, pk, spec("a"))
     claim(runner, pk, now=0)
     assert ids(claim(runner, pk, now=LEASE - 1, owner="w2")) == []
     assert ids(claim(runner, pk, now=LEASE, owner="w2")) == ["a"]
@@ -204,7 +185,7 @@ def test_claim_does_not_take_a_lease_that_has_not_expired(
 def test_claim_of_an_expired_lease_counts_an_attempt_and_bumps_the_fence(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a", max_attempts=3))
+    create_new(runner, pk, spec("a", max_attempts=3))
     (first,) = claim(runner, pk, now=0, owner="w1").runs
     (r,) = claim(runner, pk, now=LEASE + 5, owner="w2").runs
     fence = fence_issued(LEASE + 5, after=first.fence)
@@ -217,7 +198,7 @@ def test_claim_of_an_expired_lease_counts_an_attempt_and_bumps_the_fence(
 def test_expired_lease_past_max_attempts_goes_dead_with_reason(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a", max_attempts=2))
+    create_new(runner, pk, spec("a", max_attempts=2))
     claim(runner, pk, now=0)
     claim(runner, pk, now=LEASE)  # attempt 2 of 2
     result = claim(runner, pk, now=2 * LEASE + 1)
@@ -235,7 +216,7 @@ def test_expired_lease_past_max_attempts_goes_dead_with_reason(
 def test_dead_lettered_record_expires_after_dead_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a", max_attempts=1))
+    create_new(runner, pk, spec("a", max_attempts=1))
     claim(runner, pk, now=0)
     claim(runner, pk, now=LEASE)
     assert redis_client.hget(pk.run("a"), "state") == "dead"
@@ -244,7 +225,7 @@ def test_dead_lettered_record_expires_after_dead_retention(
 
 
 def test_a_dead_run_is_never_claimed_again(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, spec("a", max_attempts=1))
+    create_new(runner, pk, spec("a", max_attempts=1))
     claim(runner, pk, now=0)
     claim(runner, pk, now=LEASE)
     assert ids(claim(runner, pk, now=10 * LEASE)) == []
@@ -264,7 +245,7 @@ def test_claim_dead_letters_a_corrupt_record_with_a_reason(
 ) -> None:
     corrupt(redis_client, pk, "no-task", task=None)
     corrupt(redis_client, pk, "bad-max", max_attempts="lots")
-    create(runner, pk, spec("good"))
+    create_new(runner, pk, spec("good"))
     result = claim(runner, pk, now=5_000)
     assert ids(result) == ["good"]
     assert redis_client.hget(pk.run("no-task"), "state") == "dead"
@@ -304,7 +285,7 @@ def test_claim_dead_letters_each_kind_of_corrupt_pending_record(
 def test_claim_dead_letters_a_corrupt_running_record_whose_lease_expired(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a", max_attempts=5))
+    create_new(runner, pk, spec("a", max_attempts=5))
     claim(runner, pk, now=0)
     redis_client.hdel(pk.run("a"), "task")
     assert claim(runner, pk, now=LEASE, owner="w2").runs == []
@@ -317,7 +298,7 @@ def test_claim_dead_letters_a_corrupt_running_record_whose_lease_expired(
 def test_claim_drops_a_stray_due_entry_of_a_run_in_another_state(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a"))
+    create_new(runner, pk, spec("a"))
     (r,) = claim(runner, pk, now=0).runs
     runner.run(ops.complete_call(pk, "a", r.fence, '"ok"', 60_000, now=10))
     redis_client.zadd(pk.due, {"a": 5})
@@ -345,7 +326,7 @@ def test_claim_drops_a_due_entry_whose_record_is_gone(
 def test_claim_drops_a_lease_entry_whose_record_is_not_running(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("pending-one", due_at_ms=10**9))
+    create_new(runner, pk, spec("pending-one", due_at_ms=10**9))
     redis_client.zadd(pk.leases, {"pending-one": 1, "ghost": 2})
     result = claim(runner, pk, now=100)
     assert result.runs == []
@@ -358,9 +339,9 @@ def test_claim_drops_a_lease_entry_whose_record_is_not_running(
 def test_claim_counts_claimed_expired_and_dead_in_stats(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("retry", max_attempts=2), spec("die", max_attempts=1))
+    create_new(runner, pk, spec("retry", max_attempts=2), spec("die", max_attempts=1))
     claim(runner, pk, now=0)
-    create(runner, pk, spec("fresh"), now=1)
+    create_new(runner, pk, spec("fresh"), now=1)
     claim(runner, pk, now=LEASE + 1)  # retry reclaimed, die buried, fresh claimed
     stats = redis_client.hgetall(pk.stats)
     assert stats["claimed"] == "4"
@@ -371,7 +352,7 @@ def test_claim_counts_claimed_expired_and_dead_in_stats(
 def test_claim_writes_a_lease_expired_history_entry_with_the_owner_that_lost_it(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a"), now=0)
+    create_new(runner, pk, spec("a"), now=0)
     (first,) = claim(runner, pk, now=10, owner="w1").runs
     (second,) = claim(runner, pk, now=10 + LEASE, owner="w2").runs
     # The claims themselves are in the record (owner w2, its fence now); the history keeps
@@ -387,7 +368,7 @@ def test_claim_writes_a_lease_expired_history_entry_with_the_owner_that_lost_it(
 def test_claim_of_a_retried_run_continues_the_attempt_count(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, spec("a", max_attempts=3))
+    create_new(runner, pk, spec("a", max_attempts=3))
     (r,) = claim(runner, pk, now=0).runs
     runner.run(ops.fail_call(pk, "a", r.fence, "boom", 100, DEAD_RETENTION, now=10))
     (r2,) = claim(runner, pk, now=110).runs
@@ -400,7 +381,7 @@ def test_claim_of_a_retried_run_continues_the_attempt_count(
 def test_each_claim_in_a_partition_issues_a_greater_fence_than_any_before(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a"), spec("b"), spec("c"))
+    create_new(runner, pk, spec("a"), spec("b"), spec("c"))
     fences = [r.fence for r in claim(runner, pk, now=0, limit=2).runs]
     fences += [r.fence for r in claim(runner, pk, now=0).runs]
     assert fences == [1, 2, 3]  # at the clock's origin, the counter alone decides
@@ -410,7 +391,7 @@ def test_each_claim_in_a_partition_issues_a_greater_fence_than_any_before(
 def test_a_fence_is_at_least_the_clock_in_microseconds(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a"), spec("b"))
+    create_new(runner, pk, spec("a"), spec("b"))
     (a,) = claim(runner, pk, now=5_000, limit=1).runs
     (b,) = claim(runner, pk, now=5_000, limit=1).runs
     assert (a.fence, b.fence) == (5_000_000, 5_000_001)  # same instant: the counter goes on
@@ -423,7 +404,7 @@ def test_a_node_that_lost_its_fence_history_still_issues_greater_fences(
     """A replica promoted while it lagged, or a restart from an older snapshot: the counter
     and the record are back where they were before fences were issued. The clock has moved on
     since, and the next fence is above every one lost."""
-    create(runner, pk, spec("a"))
+    create_new(runner, pk, spec("a"))
     snapshot = {k: redis_client.dump(k) for k in redis_client.keys("*")}
     (lost,) = claim(runner, pk, now=1_000, owner="w1").runs  # then the node loses it
     for key in redis_client.keys("*"):
@@ -439,12 +420,12 @@ def test_a_node_that_lost_its_fence_history_still_issues_greater_fences(
 def test_a_run_id_created_again_after_its_record_expired_never_reuses_a_fence(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("order-42"))
+    create_new(runner, pk, spec("order-42"))
     (old,) = claim(runner, pk, now=0, owner="w1").runs  # w1 then stalls past everything below
     (taken,) = claim(runner, pk, now=LEASE, owner="w2").runs
     runner.run(ops.complete_call(pk, "order-42", taken.fence, '"w2"', 60_000, now=LEASE))
     redis_client.delete(pk.run("order-42"))  # its retention ran out
-    create(runner, pk, spec("order-42"), now=LEASE + 1)
+    create_new(runner, pk, spec("order-42"), now=LEASE + 1)
     (new,) = claim(runner, pk, now=LEASE + 1, owner="w3").runs
     assert new.fence > taken.fence > old.fence
     stale = ops.complete_call(pk, "order-42", old.fence, '"w1"', 60_000, now=LEASE + 2)
@@ -458,7 +439,7 @@ def test_a_fence_counter_behind_a_records_fence_is_overtaken(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     """Records written before the counter existed (or moved in by repartition) keep growing."""
-    create(runner, pk, spec("a"))
+    create_new(runner, pk, spec("a"))
     redis_client.hset(pk.run("a"), "fence", 41)
     (run,) = claim(runner, pk, now=0).runs
     assert run.fence == 42 and redis_client.get(pk.fences) == "42"

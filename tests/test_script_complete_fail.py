@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from fence_rule import fence_issued
+from helpers import claim_one, create_new
 
 from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
@@ -16,19 +17,6 @@ PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE = 30_000
 RETENTION = 3_600_000
 DEAD_RETENTION = 7_200_000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, max_attempts: int = 3,
-           now: int = 0) -> None:
-    specs = [ops.RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts) for r in run_ids]
-    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
-
-
-def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
-              ) -> ops.ClaimedRun:
-    call = ops.claim_call(pk, 1, owner, LEASE, DEAD_RETENTION, now=now)
-    (run,) = ops.parse_claim(runner.run(call)).runs
-    return run
 
 
 def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int,
@@ -49,7 +37,7 @@ def fail(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: 
 def test_complete_with_current_fence_is_accepted_once(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert complete(runner, pk, "a", c.fence, now=10) == ops.Outcome(True, "done")
     assert complete(runner, pk, "a", c.fence, now=20) == ops.Outcome(
@@ -60,7 +48,7 @@ def test_complete_with_current_fence_is_accepted_once(
 def test_complete_marks_done_with_result_and_finish_time(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=1_234, result='{"n":[1,2]}')
     run = redis_client.hgetall(pk.run("a"))
@@ -73,7 +61,7 @@ def test_complete_marks_done_with_result_and_finish_time(
 def test_complete_removes_the_lease_and_indexes_the_run_as_done(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=500)
     assert redis_client.zscore(pk.leases, "a") is None
@@ -86,7 +74,7 @@ def test_complete_removes_the_lease_and_indexes_the_run_as_done(
 def test_complete_with_stale_fence_is_refused_as_fenced_with_current_fence(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
     new = claim_one(runner, pk, now=LEASE, owner="w2")
     assert complete(runner, pk, "a", old.fence, now=LEASE + 1) == ops.Outcome(
@@ -97,7 +85,7 @@ def test_complete_with_stale_fence_is_refused_as_fenced_with_current_fence(
 def test_refused_complete_changes_nothing(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
     claim_one(runner, pk, now=LEASE, owner="w2")
     record = redis_client.hgetall(pk.run("a"))
@@ -124,7 +112,7 @@ def test_complete_of_unknown_run_is_refused_as_unknown(
 def test_complete_of_a_pending_run_is_refused_as_not_running(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     outcome = complete(runner, pk, "a", 0, now=10)
     assert outcome == ops.Outcome(False, "not-running", current_fence=0)
     assert redis_client.hget(pk.run("a"), "state") == "pending"
@@ -133,7 +121,7 @@ def test_complete_of_a_pending_run_is_refused_as_not_running(
 def test_complete_of_cancelled_run_is_refused_as_cancelled(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=5))
     assert complete(runner, pk, "a", c.fence, now=10) == ops.Outcome(
@@ -144,7 +132,7 @@ def test_complete_of_cancelled_run_is_refused_as_cancelled(
 def test_complete_of_dead_run_is_refused_as_finished(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=5, delay=None)
     assert complete(runner, pk, "a", c.fence, now=10).status == "finished"
@@ -153,7 +141,7 @@ def test_complete_of_dead_run_is_refused_as_finished(
 def test_finished_record_expires_after_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert redis_client.pttl(pk.run("a")) == -1
     fail(runner, pk, "a", c.fence, now=5, delay=0)  # a history entry: a history key exists
@@ -166,7 +154,7 @@ def test_finished_record_expires_after_retention(
 def test_complete_trims_done_index_entries_older_than_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "old", "new")
+    create_new(runner, pk, "old", "new")
     fences = {r.run_id: r.fence for r in ops.parse_claim(
         runner.run(ops.claim_call(pk, 2, "w", 10**9, 1, now=0))).runs}
     complete(runner, pk, "old", fences["old"], now=1_000, retention=10_000)
@@ -177,7 +165,7 @@ def test_complete_trims_done_index_entries_older_than_retention(
 def test_complete_keeps_done_index_entries_within_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "old", "new")
+    create_new(runner, pk, "old", "new")
     fences = {r.run_id: r.fence for r in ops.parse_claim(
         runner.run(ops.claim_call(pk, 2, "w", 10**9, 1, now=0))).runs}
     complete(runner, pk, "old", fences["old"], now=1_000, retention=10_000)
@@ -188,7 +176,7 @@ def test_complete_keeps_done_index_entries_within_retention(
 def test_complete_counts_completed_and_rejected_in_stats(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=10)
     complete(runner, pk, "a", c.fence, now=11)
@@ -201,7 +189,7 @@ def test_a_first_attempt_that_completes_writes_no_history(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     """The record tells it all (owner, fence, attempt, started, finished): no list key."""
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=77)
     assert not redis_client.exists(pk.history("a"))
@@ -213,7 +201,7 @@ def test_a_first_attempt_that_completes_writes_no_history(
 def test_complete_many_accepts_each_current_fence_and_refuses_each_stale_one(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c")
     claimed = {r.run_id: r for r in ops.parse_claim(runner.run(
         ops.claim_call(pk, 3, "w1", 30_000, DEAD_RETENTION, now=0))).runs}
     call = ops.complete_many_call(
@@ -242,7 +230,7 @@ def test_complete_many_accepts_each_current_fence_and_refuses_each_stale_one(
 def test_fail_retries_at_now_plus_delay_until_max_attempts(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=3)
+    create_new(runner, pk, "a", max_attempts=3)
     now = 0
     outcomes = []
     for _ in range(3):
@@ -262,7 +250,7 @@ def test_fail_retries_at_now_plus_delay_until_max_attempts(
 def test_fail_retry_puts_the_run_back_to_pending_with_the_error(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=100, delay=5_000, error="ValueError: nope")
     run = redis_client.hgetall(pk.run("a"))
@@ -279,7 +267,7 @@ def test_fail_retry_puts_the_run_back_to_pending_with_the_error(
 def test_fail_retry_is_claimable_at_its_due_time_not_before(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=100, delay=5_000)
     early = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w", LEASE, 1, now=5_099)))
@@ -292,7 +280,7 @@ def test_fail_retry_is_claimable_at_its_due_time_not_before(
 def test_fail_without_retry_delay_buries_at_once(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=10)
+    create_new(runner, pk, "a", max_attempts=10)
     c = claim_one(runner, pk, now=0)
     assert fail(runner, pk, "a", c.fence, now=100, delay=None) == ops.Outcome(True, "dead")
     assert redis_client.hget(pk.run("a"), "state") == "dead"
@@ -302,7 +290,7 @@ def test_fail_without_retry_delay_buries_at_once(
 def test_fail_on_last_attempt_buries_in_dead_set_with_dead_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=1)
+    create_new(runner, pk, "a", max_attempts=1)
     c = claim_one(runner, pk, now=0)
     assert fail(runner, pk, "a", c.fence, now=300, delay=1_000, error="final") == ops.Outcome(
         True, "dead"
@@ -320,7 +308,7 @@ def test_fail_on_last_attempt_buries_in_dead_set_with_dead_retention(
 def test_fail_with_stale_fence_is_refused_and_changes_nothing(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
     new = claim_one(runner, pk, now=LEASE, owner="w2")
     record = redis_client.hgetall(pk.run("a"))
@@ -341,7 +329,7 @@ def test_fail_is_refused_unless_the_run_is_running(
 ) -> None:
     fence = 0
     if setup != "none":
-        create(runner, pk, "a")
+        create_new(runner, pk, "a")
     if setup in ("cancelled", "done"):
         fence = claim_one(runner, pk, now=0).fence
     if setup == "cancelled":
@@ -359,7 +347,7 @@ def test_fail_is_refused_unless_the_run_is_running(
 def test_fail_counts_failed_retried_dead_and_rejected(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=2)
+    create_new(runner, pk, "a", max_attempts=2)
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=1, delay=0)
     c = claim_one(runner, pk, now=2)
@@ -374,7 +362,7 @@ def test_fail_counts_failed_retried_dead_and_rejected(
 def test_fail_writes_retry_and_dead_history_entries(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=2)
+    create_new(runner, pk, "a", max_attempts=2)
     first = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", first.fence, now=10, delay=90, error="E1")
     second = claim_one(runner, pk, now=100)
@@ -391,7 +379,7 @@ def test_fail_writes_retry_and_dead_history_entries(
 def test_fail_with_zero_delay_is_due_at_once(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert fail(runner, pk, "a", c.fence, now=50, delay=0).retry_at_ms == 50
     assert claim_one(runner, pk, now=50).attempt == 2
@@ -400,7 +388,7 @@ def test_fail_with_zero_delay_is_due_at_once(
 def test_a_key_of_another_type_in_a_batched_complete_refuses_that_run_alone(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c")
     got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w", LEASE, DEAD_RETENTION, now=0)))
     fences = {r.run_id: r.fence for r in got.runs}
     redis_client.delete(pk.run("b"))
@@ -422,7 +410,7 @@ def test_fail_to_dead_trims_dead_index_entries_older_than_the_dead_retention(
 ) -> None:
     now = DEAD_RETENTION + 10_000
     redis_client.zadd(pk.dead, {"expired-long-ago": 1_000})
-    create(runner, pk, "a", max_attempts=1, now=now)
+    create_new(runner, pk, "a", max_attempts=1, now=now)
     c = claim_one(runner, pk, now=now)
     assert fail(runner, pk, "a", c.fence, now=now, delay=None).status == "dead"
     assert redis_client.zrange(pk.dead, 0, -1) == ["a"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fence_rule import fence_issued
+from helpers import claim_one, create_new
 
 from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
@@ -16,19 +17,6 @@ LEASE = 30_000
 RETENTION = 3_600_000
 
 
-def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, lease_ms: int = 0,
-           now: int = 0) -> None:
-    specs = [ops.RunSpec(r, "t", PAYLOAD, lease_ms=lease_ms, max_attempts=3) for r in run_ids]
-    assert all(ops.parse_create(runner.run(ops.create_call(pk, specs, now=now))))
-
-
-def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
-              ) -> ops.ClaimedRun:
-    result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, owner, LEASE, RETENTION, now=now)))
-    (run,) = result.runs
-    return run
-
-
 def beat(runner: ScriptRunner, pk: PartitionKeys, leases: list[tuple[str, int]], now: int,
          lease_ms: int = LEASE) -> list[int | str]:
     return ops.parse_heartbeat(runner.run(ops.heartbeat_call(pk, leases, lease_ms, now=now)))
@@ -37,7 +25,7 @@ def beat(runner: ScriptRunner, pk: PartitionKeys, leases: list[tuple[str, int]],
 def test_heartbeat_extends_the_lease_from_now(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert beat(runner, pk, [("a", c.fence)], now=10_000) == [10_000 + LEASE]
     assert redis_client.hget(pk.run("a"), "lease_until") == str(10_000 + LEASE)
@@ -52,7 +40,7 @@ def test_heartbeat_returns_the_now_it_used(runner: ScriptRunner, pk: PartitionKe
 def test_heartbeat_uses_the_callers_lease_length_when_the_run_has_none(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert beat(runner, pk, [("a", c.fence)], now=1_000, lease_ms=5_000) == [6_000]
 
@@ -60,7 +48,7 @@ def test_heartbeat_uses_the_callers_lease_length_when_the_run_has_none(
 def test_heartbeat_uses_the_runs_own_lease_over_the_default(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", lease_ms=90_000)
+    create_new(runner, pk, "a", lease_ms=90_000)
     c = claim_one(runner, pk, now=0)
     assert c.lease_until_ms == 90_000
     assert beat(runner, pk, [("a", c.fence)], now=1_000, lease_ms=5_000) == [91_000]
@@ -69,7 +57,7 @@ def test_heartbeat_uses_the_runs_own_lease_over_the_default(
 def test_heartbeat_keeps_an_extended_lease_from_being_reclaimed(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     beat(runner, pk, [("a", c.fence)], now=20_000)
     result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, RETENTION, now=LEASE)))
@@ -80,7 +68,7 @@ def test_heartbeat_keeps_an_extended_lease_from_being_reclaimed(
 def test_heartbeat_refuses_a_stale_fence_as_fenced(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
     new = claim_one(runner, pk, now=LEASE, owner="w2")
     assert new.fence == fence_issued(LEASE, after=old.fence)
@@ -93,13 +81,13 @@ def test_heartbeat_refuses_a_stale_fence_as_fenced(
 def test_heartbeat_refuses_a_fence_from_the_future_as_fenced(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert beat(runner, pk, [("a", c.fence + 1)], now=1) == ["fenced"]
 
 
 def test_heartbeat_refuses_a_cancelled_run(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     runner.run(ops.cancel_call(pk, "a", RETENTION, "stop", now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["cancelled"]
@@ -108,7 +96,7 @@ def test_heartbeat_refuses_a_cancelled_run(runner: ScriptRunner, pk: PartitionKe
 def test_heartbeat_refuses_a_completed_run_as_finished(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     runner.run(ops.complete_call(pk, "a", c.fence, "null", RETENTION, now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["finished"]
@@ -117,7 +105,7 @@ def test_heartbeat_refuses_a_completed_run_as_finished(
 
 
 def test_heartbeat_refuses_a_dead_run_as_finished(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     runner.run(ops.fail_call(pk, "a", c.fence, "boom", None, RETENTION, now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["finished"]
@@ -126,7 +114,7 @@ def test_heartbeat_refuses_a_dead_run_as_finished(runner: ScriptRunner, pk: Part
 def test_heartbeat_refuses_a_released_run_as_not_running(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     runner.run(ops.release_call(pk, "a", c.fence, now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["not-running"]
@@ -136,7 +124,7 @@ def test_heartbeat_refuses_a_released_run_as_not_running(
 def test_heartbeat_refuses_a_run_failed_back_to_pending_as_not_running(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     runner.run(ops.fail_call(pk, "a", c.fence, "boom", 1_000, RETENTION, now=5))
     assert beat(runner, pk, [("a", c.fence)], now=10) == ["not-running"]
@@ -153,7 +141,7 @@ def test_heartbeat_refuses_an_unknown_run(
 def test_heartbeat_answers_each_lease_of_a_batch_in_order(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c")
     got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w1", LEASE, RETENTION, now=0)))
     fences = {r.run_id: r.fence for r in got.runs}
     runner.run(ops.complete_call(pk, "b", fences["b"], "null", RETENTION, now=1))
@@ -170,7 +158,7 @@ def test_heartbeat_answers_each_lease_of_a_batch_in_order(
 def test_heartbeat_does_not_change_the_fence_attempt_or_owner(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     before = redis_client.hgetall(pk.run("a"))
     beat(runner, pk, [("a", c.fence)], now=10_000)
@@ -184,7 +172,7 @@ def test_heartbeat_after_lease_expiry_but_before_reclaim_is_still_accepted(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     """Nobody took the run yet, so the fence is still current: the worker keeps it."""
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert beat(runner, pk, [("a", c.fence)], now=LEASE + 5) == [2 * LEASE + 5]
     result = ops.parse_claim(runner.run(ops.claim_call(pk, 1, "w2", LEASE, RETENTION,
@@ -195,7 +183,7 @@ def test_heartbeat_after_lease_expiry_but_before_reclaim_is_still_accepted(
 def test_a_key_of_another_type_in_a_batched_heartbeat_refuses_that_run_alone(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c")
     got = ops.parse_claim(runner.run(ops.claim_call(pk, 3, "w", LEASE, RETENTION, now=0)))
     fences = {r.run_id: r.fence for r in got.runs}
     redis_client.delete(pk.run("b"))

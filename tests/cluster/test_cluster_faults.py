@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 from cluster_launcher import Cluster, Node
+from helpers import claim_one
 from redis.crc import key_slot
 from server_stall import stall
 
@@ -56,12 +57,6 @@ def runner(cluster_url: str) -> Iterator[ScriptRunner]:
     client.close()
 
 
-def claim_one(runner: ScriptRunner, pk: PartitionKeys, owner: str) -> ops.ClaimedRun:
-    reply = runner.run(ops.claim_call(pk, 1, owner, LEASE_MS, 60_000))
-    (run,) = ops.parse_claim(reply).runs
-    return run
-
-
 def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
     cluster: Cluster, runner: ScriptRunner
 ) -> None:
@@ -82,7 +77,7 @@ def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
     with master.client() as c:
         assert c.client_kill_filter(_type="replica") == 1
     try:
-        held = claim_one(runner, pk, "w1")  # acknowledged by the master alone
+        held = claim_one(runner, pk, owner="w1")  # acknowledged by the master alone
         master.kill()
     finally:
         replica.process.send_signal(signal.SIGCONT)
@@ -91,7 +86,9 @@ def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
             eventually(lambda: c.execute_command("CLUSTER", "FAILOVER", "TAKEOVER"), 10)
         eventually(lambda: cluster.serves(replica.port, slot) or _raise(), 30, "the takeover")
         # The promoted node never saw w1's claim: the run is pending there, and claimed again.
-        taken = eventually(lambda: claim_one(runner, pk, "w2"), 30, "a claim on the new master")
+        taken = eventually(
+            lambda: claim_one(runner, pk, owner="w2"), 30, "a claim on the new master"
+        )
         assert taken.fence > held.fence
         stale_beat = runner.run(ops.heartbeat_call(pk, [("r", held.fence)], LEASE_MS))
         assert ops.parse_heartbeat(stale_beat) == ["fenced"]
