@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from helpers import claim
 from redis.crc import key_slot
 
 from jobqueue import (
@@ -92,7 +93,7 @@ def test_enqueue_stores_the_task_options(jq: JobQueue) -> None:
     register(jq)
     run = jq.get_run(jq.enqueue("add", 1, run_id="opts").run_id)
     assert (run.max_attempts, run.queue, run.attempt, run.fence) == (4, "default", 0, 0)
-    (claimed,) = claim_all(jq, "opts").runs
+    (claimed,) = claim(jq.scripts, jq.keys_for("default", "opts"), limit=100).runs
     assert claimed.timeout_ms == 5_000
     assert claimed.lease_until_ms - claimed_now(jq, "opts") == 12_000
 
@@ -345,7 +346,8 @@ def test_requeue_a_cancelled_run(jq: JobQueue) -> None:
     assert jq.requeue("c") == "cancelled"
     run = jq.get_run("c")
     assert (run.state, run.attempt, run.finished_ms) == ("pending", 0, None)
-    assert [r.run_id for r in claim_all(jq, "c").runs] == ["c"]
+    claimed = claim(jq.scripts, jq.keys_for("default", "c"), limit=100).runs
+    assert [r.run_id for r in claimed] == ["c"]
 
 
 def test_requeue_of_a_pending_run_is_refused(jq: JobQueue) -> None:
@@ -412,7 +414,7 @@ def test_odd_but_legal_run_ids_round_trip(
     assert run.partition == pk.partition
     assert redis_client.hget(pk.run(run_id), "state") == "pending"
     assert redis_client.zscore(pk.due, run_id) is not None
-    (claimed,) = claim_all(jq, run_id).runs
+    (claimed,) = claim(jq.scripts, jq.keys_for("default", run_id), limit=100).runs
     assert claimed.run_id == run_id
     assert jq.cancel(run_id) == "running"
 
@@ -485,12 +487,6 @@ def test_partition_count_must_be_a_positive_integer(redis_client: Any) -> None:
 # -- decoding --------------------------------------------------------------------------------
 
 
-def claim_all(jq: JobQueue, run_id: str) -> ops.ClaimResult:
-    pk = jq.keys_for("default", run_id)
-    call = ops.claim_call(pk, 100, "test-worker", 30_000, 60_000)
-    return ops.parse_claim(jq.scripts.run(call))
-
-
 def claimed_now(jq: JobQueue, run_id: str) -> int:
     started = jq.get_run(run_id).started_ms
     assert started is not None
@@ -504,7 +500,7 @@ def test_run_args_kwargs_and_result_decode(jq: JobQueue) -> None:
     assert run.args == [1, [2, "three"], None]
     assert run.kwargs == {"y": {"nested": [True, 1.5]}, "z": "ü"}
     assert run.result is None
-    (c,) = claim_all(jq, "r").runs
+    (c,) = claim(jq.scripts, jq.keys_for("default", "r"), limit=100).runs
     result_json = '{"sum":3,"items":["a",null]}'
     pk = jq.keys_for("default", "r")
     outcome = ops.parse_outcome(jq.scripts.run(ops.complete_call(pk, "r", c.fence, result_json,
@@ -520,7 +516,7 @@ def test_handle_refresh_state_and_result_follow_the_run(jq: JobQueue) -> None:
     add = register(jq)
     handle = jq.enqueue(add, 1, run_id="h")
     assert handle.state == "pending"
-    (c,) = claim_all(jq, "h").runs
+    (c,) = claim(jq.scripts, jq.keys_for("default", "h"), limit=100).runs
     assert handle.state == "running"
     pk = jq.keys_for("default", "h")
     jq.scripts.run(ops.complete_call(pk, "h", c.fence, "42", 60_000))
