@@ -13,6 +13,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import redis
+
 from jobqueue.store.scripts import AsyncScriptRunner, Call, ScriptRunner
 
 T = TypeVar("T")
@@ -116,6 +118,13 @@ async def run_steps_async(steps: Steps[T], client: Any, scripts: AsyncScriptRunn
 
 
 def _perform(request: Request, client: Any, scripts: ScriptRunner) -> Any:
+    if isinstance(request, Commands) and len(request.cmds) == 1:
+        # Alone, without a pipeline: a cluster pipeline refuses keyless commands (TIME).
+        (c,) = request.cmds
+        try:
+            return [getattr(client, c.name)(*c.args, **c.kwargs)]
+        except redis.exceptions.ResponseError as exc:
+            return [exc]  # in its place, as a pipeline would give it
     if isinstance(request, Commands):
         pipe = client.pipeline(transaction=False)
         for c in request.cmds:
@@ -131,6 +140,12 @@ def _perform(request: Request, client: Any, scripts: ScriptRunner) -> Any:
 
 
 async def _perform_async(request: Request, client: Any, scripts: AsyncScriptRunner) -> Any:
+    if isinstance(request, Commands) and len(request.cmds) == 1:
+        (c,) = request.cmds
+        try:
+            return [await getattr(client, c.name)(*c.args, **c.kwargs)]
+        except redis.exceptions.ResponseError as exc:
+            return [exc]
     if isinstance(request, Commands):
         pipe = client.pipeline(transaction=False)
         for c in request.cmds:
