@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"
 from cluster_launcher import Cluster, Node, free_ports
 
 from jobqueue import JobQueue, Request
+from jobqueue.payload import encode_result
 from jobqueue.store.embedded import find_server_binary
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.payload import encode_result
 from jobqueue.store.runs import CLAIM, COMPLETE
 
 PARTITIONS = 16

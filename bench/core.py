@@ -51,8 +51,8 @@ from _common import (
 
 from jobqueue import JobQueue, Request, Task
 from jobqueue.errors import JobQueueError
+from jobqueue.payload import encode_result
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.payload import encode_result
 from jobqueue.store.runs import CLAIM, COMPLETE
 
 DEFAULT_N = 20_000

@@ -1,44 +1,14 @@
-"""The read functions the CLI and the dashboard go through. ``jobqueue.inspect`` is their
-documented name; they live in jobqueue.client.queries."""
+"""Deprecated: the old name of ``jobqueue.queries`` (it shadowed the standard library's
+``inspect`` for anyone importing it unqualified). Kept importable, with a DeprecationWarning,
+for code written against it; it will be removed."""
 
-from jobqueue.client.queries import (
-    PARTITION_CHUNK,
-    RECORD_CHUNK,
-    STALE_AFTER_BEATS,
-    Lease,
-    PartitionStats,
-    QueueTotals,
-    Throughput,
-    TopSnapshot,
-    WorkerInfo,
-    all_anomalies,
-    leases,
-    queue_totals,
-    runs,
-    schedules,
-    stats,
-    throughput,
-    top_snapshot,
-    workers,
+import warnings
+
+from jobqueue.queries import *  # noqa: F403
+from jobqueue.queries import __all__ as __all__
+
+warnings.warn(
+    "jobqueue.inspect is deprecated: import jobqueue.queries instead",
+    DeprecationWarning,
+    stacklevel=2,
 )
-
-__all__ = [
-    "PARTITION_CHUNK",
-    "RECORD_CHUNK",
-    "STALE_AFTER_BEATS",
-    "Lease",
-    "PartitionStats",
-    "QueueTotals",
-    "Throughput",
-    "TopSnapshot",
-    "WorkerInfo",
-    "all_anomalies",
-    "leases",
-    "queue_totals",
-    "runs",
-    "schedules",
-    "stats",
-    "throughput",
-    "top_snapshot",
-    "workers",
-]

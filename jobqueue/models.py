@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobqueue.anomalies import Anomaly, is_time
-from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.payload import decode_payload, decode_result
+from jobqueue.payload import decode_payload, decode_result
 
 _CANCELLED_FENCE = re.compile(r" cancelled \(was running, fence=(\d+)\)")
 
@@ -88,12 +87,14 @@ class Run:
         history: list[str],
         queue: str = "",
         anomalies: tuple[Anomaly, ...] = (),
+        *,
+        key: str = "",
     ) -> Run:
         """A run from its record. Fields at their defaults are not stored (see create_run.lua),
-        and the queue comes from the key the record was read from. A field that is not what
-        jobqueue writes is shown as its default and added to ``anomalies``."""
+        and the queue comes from the key the record was read from (``key``, which names the
+        anomalies found). A field that is not what jobqueue writes is shown as its default and
+        added to ``anomalies``."""
         found = list(anomalies)
-        key = PartitionKeys(queue, partition).run(run_id)
         state = fields.get("state", "unknown")
         if state not in STATES and not found:  # a stand-in record already says why
             found.append(Anomaly(key, f"state {fields.get('state')!r} is not a run state"))

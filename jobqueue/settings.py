@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from jobqueue.errors import ConfigError
-from jobqueue.store.payload import DEFAULT_MAX_PAYLOAD_BYTES
+from jobqueue.payload import DEFAULT_MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -49,25 +49,34 @@ class Settings:
 
     @property
     def durable_timeout_ms(self) -> int:
-        return _ms(self.durable_timeout_s)
+        return to_ms(self.durable_timeout_s)
 
     @property
     def done_retention_ms(self) -> int:
-        return _ms(self.done_retention_s)
+        return to_ms(self.done_retention_s)
 
     @property
     def dead_retention_ms(self) -> int:
-        return _ms(self.dead_retention_s)
+        return to_ms(self.dead_retention_s)
 
     @property
     def default_lease_ms(self) -> int:
-        return _ms(self.default_lease_s)
+        return to_ms(self.default_lease_s)
+
+    @property
+    def backoff_base_ms(self) -> int:
+        return to_ms(self.backoff_base_s)
+
+    @property
+    def backoff_cap_ms(self) -> int:
+        return to_ms(self.backoff_cap_s)
 
 
 def _positive(seconds: float) -> bool:
     return seconds > 0 and math.isfinite(seconds)  # NaN compares False to everything
 
 
-def _ms(seconds: float) -> int:
-    """Whole milliseconds, at least 1: the scripts read 0 as 'no expiry' / 'no lease'."""
+def to_ms(seconds: float) -> int:
+    """Whole milliseconds (rounded), at least 1: the scripts read 0 as 'no expiry' / 'no
+    lease'. Every duration in seconds that jobqueue is given becomes ms this way."""
     return max(1, round(seconds * 1000))

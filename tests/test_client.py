@@ -23,8 +23,8 @@ from jobqueue import (
     UnknownTask,
 )
 from jobqueue.errors import InvalidRunId
+from jobqueue.payload import encode_payload
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
-from jobqueue.store.payload import encode_payload
 from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, ClaimResult, RunSpec
 from jobqueue.store.scripts import ScriptRunner
 

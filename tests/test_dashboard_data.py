@@ -1,9 +1,9 @@
-"""The data behind the dashboard's charts: inspect.throughput and inspect.queue_totals (shared
+"""The data behind the dashboard's charts: queries.throughput and queries.queue_totals (shared
 with the CLI) and the in-memory sampler of depth and lateness."""
 
 from __future__ import annotations
 
-from jobqueue.client import queries as inspect
+from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.sampler import Sampler
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
@@ -31,7 +31,7 @@ def test_throughput_counts_finished_and_dead_runs_per_minute(jq: JobQueue) -> No
     finish(jq, "b", now - 30 * MIN - 2)
     finish(jq, "c", now - 1)  # the last minute
     finish(jq, "d", now - 5 * MIN - 1, fail=True)
-    (flow,) = inspect.throughput(jq, now_ms=now)
+    (flow,) = queries.throughput(jq, now_ms=now)
     assert flow.queue == "default" and flow.bucket_ms == MIN
     assert len(flow.finished) == len(flow.dead) == 60
     assert flow.start_ms == now - 60 * MIN
@@ -43,7 +43,7 @@ def test_throughput_ignores_runs_older_than_the_window(jq: JobQueue) -> None:
     jq.declare_task("report", max_attempts=1)
     now = jq.server_time_ms()
     finish(jq, "old", now - 61 * MIN)
-    (flow,) = inspect.throughput(jq, now_ms=now)
+    (flow,) = queries.throughput(jq, now_ms=now)
     assert sum(flow.finished) == 0
 
 
@@ -55,22 +55,22 @@ def test_throughput_adds_up_the_partitions_of_a_queue(redis_client: object) -> N
     assert len({jq.keys_for("default", i).partition for i in ids}) > 1
     for run_id in ids:
         finish(jq, run_id, now - 10)
-    (flow,) = inspect.throughput(jq, now_ms=now)
+    (flow,) = queries.throughput(jq, now_ms=now)
     assert flow.finished[-1] == 8
 
 
 def test_queue_totals_sum_partitions_and_keep_the_latest_due_run() -> None:
-    def part(p: int, due: int, age: int | None) -> inspect.PartitionStats:
-        return inspect.PartitionStats("q", p, due, 1, 2, 0, 1, 3, 4, age, {})
+    def part(p: int, due: int, age: int | None) -> queries.PartitionStats:
+        return queries.PartitionStats("q", p, due, 1, 2, 0, 1, 3, 4, age, {})
 
-    (total,) = inspect.queue_totals([part(0, 5, 100), part(1, 2, None), part(2, 1, 900)])
+    (total,) = queries.queue_totals([part(0, 5, 100), part(1, 2, None), part(2, 1, 900)])
     assert (total.partitions, total.due_now, total.running, total.done_last_hour) == (3, 8, 6, 12)
     assert total.oldest_due_age_ms == 900
 
 
 def test_sampler_keeps_at_most_one_point_per_interval() -> None:
     sampler = Sampler(every_s=10)
-    row = inspect.QueueTotals("q", 1, 3, 0, 1, 0, 0, 0, 0, 2_000)
+    row = queries.QueueTotals("q", 1, 3, 0, 1, 0, 0, 0, 0, 2_000)
     assert sampler.record(0, [row]) is True
     assert sampler.record(5_000, [row]) is False
     assert sampler.record(10_000, [row]) is True
@@ -80,7 +80,7 @@ def test_sampler_keeps_at_most_one_point_per_interval() -> None:
 
 def test_sampler_forgets_points_older_than_its_window() -> None:
     sampler = Sampler(every_s=10, window_s=60)
-    row = inspect.QueueTotals("q", 1, 1, 0, 0, 0, 0, 0, 0, None)
+    row = queries.QueueTotals("q", 1, 1, 0, 0, 0, 0, 0, 0, None)
     for t in range(0, 200_000, 10_000):
         sampler.record(t, [row])
     points = sampler.depth("q", 190_000)
@@ -100,8 +100,8 @@ def test_sampler_reads_the_cli_stats_from_redis(jq: JobQueue) -> None:
 
 def test_sampler_ends_the_line_with_the_current_reading() -> None:
     sampler = Sampler(every_s=10)
-    old = inspect.QueueTotals("q", 1, 3, 0, 0, 0, 0, 0, 0, None)
-    new = inspect.QueueTotals("q", 1, 5, 0, 0, 0, 0, 0, 0, None)
+    old = queries.QueueTotals("q", 1, 3, 0, 0, 0, 0, 0, 0, None)
+    new = queries.QueueTotals("q", 1, 5, 0, 0, 0, 0, 0, 0, None)
     sampler.record(0, [old])
     assert sampler.depth("q", 4_000, new) == [(0, 3), (4_000, 5)]
     assert sampler.depth("fresh-queue", 4_000, new) == [(4_000, 5)]

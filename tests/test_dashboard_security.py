@@ -16,9 +16,9 @@ from redis.retry import Retry
 from starlette.testclient import TestClient
 
 from jobqueue.cli.core import main
+from jobqueue.cli.dashboard import is_loopback
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
-from jobqueue.dashboard.cli import is_loopback
 from jobqueue.dashboard.security import SESSION_COOKIE, TOKEN_COOKIE, Credentials
 from jobqueue.store.runs import CLAIM, FAIL
 

@@ -1,6 +1,6 @@
 """Foreign or corrupt data in jobqueue's own keys (a key of another type, a garbage field, a
 garbage JSON definition, a partition count that is not one): every reading path (CLI
-listings and ``show``, dashboard pages, ``jobqueue.inspect``, the client's listing methods,
+listings and ``show``, dashboard pages, ``jobqueue.queries``, the client's listing methods,
 metrics) reports it as an anomaly of the item it concerns and goes on; a command that cannot
 do what was asked because of it is refused in one line (exit 1) and writes nothing. Never a
 traceback, never a hang."""
@@ -20,7 +20,7 @@ from keyspace import keyspace
 from starlette.testclient import TestClient
 
 from jobqueue.cli.core import State, main
-from jobqueue.client import queries as inspect
+from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
@@ -117,7 +117,7 @@ def test_a_huge_partition_count_is_never_iterated(seeded: JobQueue, redis_client
     started = time.monotonic()
     for command in LISTINGS:
         listed(invoke(seeded, *command))
-    inspect.throughput(seeded)
+    queries.throughput(seeded)
     assert time.monotonic() - started < 10
     # The healthy queue is still listed whole.
     assert {r["run_id"] for r in json.loads(invoke(seeded, "runs", "--json").stdout)} == {

@@ -20,8 +20,8 @@ from keyspace import keyspace
 from jobqueue import JobQueue, Request
 from jobqueue.cli.core import main
 from jobqueue.errors import InvalidRunId, JobQueueError, PayloadError
+from jobqueue.payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
 from jobqueue.store.embedded import EmbeddedServer
-from jobqueue.store.payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
 
 FUZZ = settings(
     max_examples=60,

@@ -28,7 +28,7 @@ from keyspace import Keyspace, keyspace
 from starlette.testclient import TestClient
 
 from jobqueue.cli.core import State, main
-from jobqueue.client import queries as inspect
+from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import JobQueueError
@@ -427,14 +427,14 @@ def test_the_api_reading_paths_meet_foreign_data_with_anomalies_or_a_typed_error
     before = keyspace(redis_client)
     jq = JobQueue(redis_client)
     reads = [
-        lambda: inspect.stats(jq),
-        lambda: inspect.runs(jq),
-        lambda: inspect.runs(jq, state="dead"),
-        lambda: inspect.leases(jq),
-        lambda: inspect.workers(jq),
-        lambda: inspect.schedules(jq),
-        lambda: inspect.throughput(jq),
-        lambda: inspect.top_snapshot(jq),
+        lambda: queries.stats(jq),
+        lambda: queries.runs(jq),
+        lambda: queries.runs(jq, state="dead"),
+        lambda: queries.leases(jq),
+        lambda: queries.workers(jq),
+        lambda: queries.schedules(jq),
+        lambda: queries.throughput(jq),
+        lambda: queries.top_snapshot(jq),
         lambda: jq.list_schedules(),
         lambda: jq.get_schedule(SEED_JOB),
         lambda: jq.find_run("seed-running"),

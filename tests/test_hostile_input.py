@@ -19,8 +19,8 @@ from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, PayloadError
+from jobqueue.payload import encode_result
 from jobqueue.store.keys import validate_queue_name
-from jobqueue.store.payload import encode_result
 
 
 def invoke(jq: JobQueue, *args: str, input: str | bytes | None = None) -> Result:

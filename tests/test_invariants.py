@@ -32,10 +32,10 @@ from redis.crc import key_slot
 from script_calls import Advance, advance_groups
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
+from jobqueue.payload import decode_payload
 from jobqueue.store.admin import PURGE, REPAIR
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, SchedKeys
-from jobqueue.store.payload import decode_payload
 from jobqueue.store.runs import (
     CANCEL,
     CLAIM,

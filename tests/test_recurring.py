@@ -205,11 +205,19 @@ def test_scheduler_partitions_are_a_setting_recorded_in_redis(redis_client: Any)
 
     jq = JobQueue(redis_client)
     store = Recurring(jq, partitions=4)
-    assert store.partitions == 4
+    assert store.record_partitions() == 4
     ids = [f"job-{i}" for i in range(40)]
     assert {store.keys(j).partition for j in ids} == {0, 1, 2, 3}
     with pytest.raises(ConfigError, match="4 scheduler partitions in Redis but 2"):
         _ = Recurring(jq, partitions=2).partitions
+
+
+def test_reading_the_scheduler_partition_count_writes_nothing(redis_client: Any) -> None:
+    from jobqueue.schedules.recurring import Recurring
+
+    store = Recurring(JobQueue(redis_client), partitions=4)
+    assert (store.partitions, store.read_partitions()) == (4, 4)  # as configured
+    assert keys(redis_client) == []
 
 
 def test_schedule_of_a_task_the_registry_does_not_know_is_refused_as_enqueue_refuses_it(

@@ -288,7 +288,7 @@ def test_ctrl_c_in_a_command_prints_aborted_and_exits_130(
     def interrupted(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("jobqueue.cli.ops.inspect.stats", interrupted)
+    monkeypatch.setattr("jobqueue.cli.ops.queries.stats", interrupted)
     result = invoke("queues", jq=jq)
     assert result.exit_code == 130
     assert result.stderr.strip() == "Aborted!"

@@ -48,6 +48,7 @@ from jobqueue.cli.common import (  # noqa: E402
     warn_anomalies,
     yes_option,
 )
+from jobqueue.cli.dashboard import dashboard  # noqa: E402
 from jobqueue.cli.format import when  # noqa: E402
 from jobqueue.cli.ops import COMMANDS, progress  # noqa: E402
 from jobqueue.cli.repartition import repair, repartition  # noqa: E402
@@ -55,7 +56,6 @@ from jobqueue.cli.schedules import schedule, schedules  # noqa: E402
 from jobqueue.cli.top import top  # noqa: E402
 from jobqueue.client.base import Request  # noqa: E402
 from jobqueue.client.sync import JobQueue  # noqa: E402
-from jobqueue.dashboard.cli import dashboard  # noqa: E402
 from jobqueue.errors import (  # noqa: E402
     ConfigError,
     InvalidRunId,
@@ -64,11 +64,19 @@ from jobqueue.errors import (  # noqa: E402
     PayloadError,
     UnknownTask,
 )
+from jobqueue.policy.misfire import DEFAULT_GRACE_MS  # noqa: E402
 from jobqueue.runtime import logs  # noqa: E402
 from jobqueue.runtime import metrics as metrics_mod  # noqa: E402
+from jobqueue.scheduler.daemon import (  # noqa: E402
+    DEFAULT_BATCH,
+    DEFAULT_INTERVAL_S,
+    DEFAULT_LOOKAHEAD_MS,
+)
+from jobqueue.settings import Settings  # noqa: E402
 from jobqueue.store.connection import redact  # noqa: E402
 from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name  # noqa: E402
-from jobqueue.worker.supervisor import SUPERVISED_ENV  # noqa: E402
+from jobqueue.worker.daemon import DEFAULT_CONCURRENCY  # noqa: E402
+from jobqueue.worker.supervisor import DEFAULT_GRACE_S, SUPERVISED_ENV  # noqa: E402
 
 # Runs per enqueue_many call of `enqueue --from-file` (enqueue_many pipelines its script
 # calls): one progress step each.
@@ -174,17 +182,21 @@ _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
 @main.command()
 @click.option("--app", "app_spec", required=True, help="module:attribute of your JobQueue.")
 @click.option("--queue", "queues", multiple=True, help="Queue to serve, in priority order.")
-@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--concurrency",
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+)
 @click.option(
     "--lease",
-    default=30.0,
-    show_default=True,
     type=FiniteFloat(0.1),
-    help="Lease in seconds; heartbeats every lease/3.",
+    help="Lease in seconds; heartbeats every lease/3.  [default: the app's "
+    f"Settings.default_lease_s, {Settings().default_lease_s:g}]",
 )
 @click.option(
     "--grace",
-    default=30.0,
+    default=DEFAULT_GRACE_S,
     show_default=True,
     type=FiniteFloat(0),
     help="Seconds in-flight runs get to finish on SIGTERM before release.",
@@ -204,7 +216,7 @@ def worker(
     app_spec: str,
     queues: tuple[str, ...],
     concurrency: int,
-    lease: float,
+    lease: float | None,
     grace: float,
     processes: int,
     metrics_port: int | None,
@@ -485,21 +497,25 @@ def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
 @click.option("--app", "app_spec", help="module:attribute of your JobQueue (optional).")
 @click.option(
     "--lookahead",
-    default=60.0,
+    default=DEFAULT_LOOKAHEAD_MS / 1000,
     show_default=True,
     type=FiniteFloat(0),
     help="Create runs this many seconds before their fire time.",
 )
-@click.option("--interval", default=1.0, show_default=True, type=FiniteFloat(0.01))
+@click.option(
+    "--interval", default=DEFAULT_INTERVAL_S, show_default=True, type=FiniteFloat(0.01)
+)
 @click.option(
     "--grace",
-    default=1.0,
+    default=DEFAULT_GRACE_MS / 1000,
     show_default=True,
     type=FiniteFloat(0),
     help="A fire time later than this (at least 2 x --interval) is a misfire (its job's "
     "policy decides).",
 )
-@click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option(
+    "--batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(1, 100_000)
+)
 @click.option(
     "--partitions",
     type=click.IntRange(1, MAX_PARTITIONS),

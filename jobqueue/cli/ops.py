@@ -2,7 +2,7 @@
 check.
 
 Every listing has ``--json``; human output is an aligned table with relative and absolute
-times. Data comes from ``jobqueue.inspect`` (the same functions any dashboard would use).
+times. Data comes from ``jobqueue.queries`` (the same functions any dashboard would use).
 """
 
 from __future__ import annotations
@@ -15,21 +15,22 @@ from typing import Any
 
 import click
 
-from jobqueue.anomalies import Anomaly, is_wrong_type
+from jobqueue.anomalies import Anomaly
 from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
 from jobqueue.cli.format import abs_time, duration, when
 from jobqueue.cli.format import table as table
-from jobqueue.client import queries as inspect
+from jobqueue.client import health, queries
+from jobqueue.client.capacity import measure_bytes_per_run
 from jobqueue.errors import OperationRefused
-from jobqueue.policy import health
 from jobqueue.policy.capacity import CapacityInputs, estimate
+from jobqueue.policy.health import Limits
+from jobqueue.settings import Settings
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import REQUEUE
 
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
 pass_state = click.pass_obj
 
-# Script calls per pipelined round trip in bulk commands (as enqueue_many's CREATE_CHUNK).
+# Runs per round trip of `dead retry` (one requeue call each): one progress step each.
 BULK_CHUNK = 500
 
 
@@ -44,7 +45,7 @@ def emit(
     """A listing: JSON, or a table. ``found``: the rows as read (a Listing, one per row);
     every anomaly goes to stderr, and when rows carry some, the table gets an ANOMALY column
     marking them."""
-    warn_anomalies(inspect.all_anomalies(found))
+    warn_anomalies(queries.all_anomalies(found))
     if as_json:
         click.echo(json.dumps(data, default=str))
     elif not rows:
@@ -108,7 +109,7 @@ def leases(
     state: Any, queue: str | None, expired: bool, worker: str | None, limit: int, as_json: bool
 ) -> None:
     """Which worker holds which run, and for how long still."""
-    found = inspect.leases(state.jq(), queue, expired_only=expired, worker=worker, limit=limit)
+    found = queries.leases(state.jq(), queue, expired_only=expired, worker=worker, limit=limit)
     rows = [
         [
             lease.run_id,
@@ -166,7 +167,7 @@ def runs(
 ) -> None:
     """Runs by state, newest finished first."""
     jq = state.jq()
-    found = inspect.runs(jq, state=state_filter, queue=queue, job=job, limit=limit)
+    found = queries.runs(jq, state=state_filter, queue=queue, job=job, limit=limit)
     now = jq.server_time_ms()
     rows = [
         [
@@ -211,7 +212,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
     last minute and hour, and how late the oldest due run is. (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
-    found = inspect.stats(state.jq(), queue)
+    found = queries.stats(state.jq(), queue)
     rows = [
         [
             s.queue,
@@ -266,7 +267,7 @@ stats = click.Command(
 def workers(state: Any, as_json: bool) -> None:
     """The live worker registry; stale workers (no heartbeat for 3 beats) are flagged."""
     jq = state.jq()
-    found = inspect.workers(jq)
+    found = queries.workers(jq)
     now = jq.server_time_ms()
     rows = [
         [
@@ -304,7 +305,7 @@ def dead() -> None:
 def dead_list(state: Any, queue: str | None, limit: int, as_json: bool) -> None:
     """Dead runs, most recent first, with the last line of their error."""
     jq = state.jq()
-    found = inspect.runs(jq, state="dead", queue=queue, limit=limit)
+    found = queries.runs(jq, state="dead", queue=queue, limit=limit)
     now = jq.server_time_ms()
     rows = [
         [
@@ -334,31 +335,9 @@ def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None) 
         raise click.UsageError("give run ids, or --all for every dead run")
     if run_ids:
         return list(dict.fromkeys(run_ids))
-    found = inspect.runs(jq, state="dead", queue=queue, limit=100_000)
-    warn_anomalies(inspect.all_anomalies(found))
+    found = queries.runs(jq, state="dead", queue=queue, limit=100_000)
+    warn_anomalies(queries.all_anomalies(found))
     return [r.run_id for r in found]
-
-
-def _states(jq: Any, run_ids: list[str], queue: str | None) -> list[tuple[str, Any, str]]:
-    """(run id, partition keys or None, state or 'missing') for each id, states read in one
-    pipeline."""
-    located = [(rid, jq.locate(rid, queue)) for rid in run_ids]
-    pipe = jq.redis.pipeline(transaction=False)
-    for rid, keys in located:
-        if keys is not None:
-            pipe.hget(keys.run(rid), "state")
-    found = iter(pipe.execute(raise_on_error=False))
-
-    def state_of(reply: Any) -> str:
-        if is_wrong_type(reply):  # another program's key under the run's name
-            return "not a run record"
-        if isinstance(reply, Exception):
-            raise reply
-        return str(reply or "missing")
-
-    return [
-        (rid, keys, "missing" if keys is None else state_of(next(found))) for rid, keys in located
-    ]
 
 
 @dead.command("retry")
@@ -382,8 +361,8 @@ def dead_retry(
     confirm(f"retry {len(ids)} dead run(s)?", yes or not all_)
     targets: list[tuple[str, PartitionKeys]] = []
     already, refused = 0, 0
-    for rid, keys, run_state in _states(jq, ids, queue):
-        if run_state == "dead":
+    for rid, keys, run_state in jq.run_states(ids, queue):
+        if run_state == "dead" and keys is not None:
             targets.append((rid, keys))
         elif run_state == "pending":
             already += 1
@@ -396,9 +375,8 @@ def dead_retry(
     with progress(len(targets), "retrying dead runs") as advance:
         for start in range(0, len(targets), BULK_CHUNK):
             chunk = targets[start : start + BULK_CHUNK]
-            replies = jq.scripts.run_many([REQUEUE.call(k, rid) for rid, k in chunk])
-            for (rid, _), reply in zip(chunk, replies, strict=True):
-                changed, previous = REQUEUE.parse(reply)
+            outcomes = jq.requeue_located(chunk)
+            for (rid, _), (changed, previous) in zip(chunk, outcomes, strict=True):
                 if changed:
                     retried += 1
                 elif previous == "pending":  # retried by someone else meanwhile
@@ -467,7 +445,8 @@ def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: boo
     """Capacity arithmetic for N recurring jobs (--jobs, each run every --every seconds), plus
     the Redis memory our data model needs."""
     result = estimate(
-        CapacityInputs(jobs=jobs, every_s=every, row_bytes=row_bytes, retention_s=retention)
+        CapacityInputs(jobs=jobs, every_s=every, row_bytes=row_bytes, retention_s=retention),
+        measure_bytes_per_run(),
     )
     if as_json:
         click.echo(json.dumps(result.to_dict()))
@@ -481,7 +460,8 @@ def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: boo
     "--lease",
     type=FiniteFloat(0.1),
     help="The shortest lease your workers (--lease) and tasks (lease=) use, in seconds, to "
-    "compare with the cluster's failover time.  [default: Settings.default_lease_s, 30]",
+    "compare with the cluster's failover time.  [default: the app's "
+    f"Settings.default_lease_s, {Settings().default_lease_s:g}]",
 )
 @json_option
 @pass_state
@@ -494,7 +474,7 @@ def check(state: Any, lease: float | None, as_json: bool) -> None:
     Exit code: 0 when every line is ok, 1 when any line warns, 3 when Redis is unreachable.
     """
     jq = state.jq()
-    limits = health.Limits(lease_s=lease or jq.settings.default_lease_s)
+    limits = Limits(lease_s=lease or jq.settings.default_lease_s)
     checks = health.run(jq, limits)
     warnings = sum(1 for c in checks if not c.ok)
     if as_json:

@@ -26,7 +26,15 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.errors import CorruptData, OperationRefused
 from jobqueue.policy.cron import fire_times_between
 from jobqueue.policy.timeutil import instant_to_ms
-from jobqueue.schedules.recurring import MAX_BACKFILL, ScheduleInfo, refuse_future_end
+from jobqueue.schedules.recurring import (
+    DEFAULT_MISFIRE,
+    DEFAULT_OVERLAP,
+    DEFAULT_TZ,
+    MAX_BACKFILL,
+    OVERLAP_POLICIES,
+    ScheduleInfo,
+    refuse_future_end,
+)
 
 # Fire times per backfill call of `schedules backfill`: one progress step each.
 BACKFILL_CHUNK = 500
@@ -76,14 +84,19 @@ def _require_schedule(jq: JobQueue, job_id: str) -> ScheduleInfo:
 @click.argument("task")
 @click.option("--cron", help="5 fields, 6 with seconds first, or an alias like @daily.")
 @click.option("--every", type=FiniteFloat(0, min_open=True), help="Fixed interval in seconds.")
-@click.option("--tz", default="UTC", show_default=True)
+@click.option("--tz", default=DEFAULT_TZ, show_default=True)
 @click.option("--args", "args_json", default="[]", help="Positional arguments, a JSON array.")
 @click.option("--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object.")
-@click.option("--misfire", default="fire-once", show_default=True)
+@click.option("--misfire", default=DEFAULT_MISFIRE, show_default=True)
 @click.option(
     "--jitter", type=FiniteFloat(0), help="Jitter window in seconds (< the period)."
 )
-@click.option("--overlap", default="allow", show_default=True, help="allow, forbid or buffer-one.")
+@click.option(
+    "--overlap",
+    default=DEFAULT_OVERLAP,
+    show_default=True,
+    help=", ".join(OVERLAP_POLICIES[:-1]) + f" or {OVERLAP_POLICIES[-1]}.",
+)
 @click.option("--queue")
 @click.option("--max-attempts", type=click.IntRange(1), default=None)
 @click.option("--json", "as_json", is_flag=True)

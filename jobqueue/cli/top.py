@@ -24,7 +24,7 @@ import click
 
 from jobqueue.cli.common import FiniteFloat
 from jobqueue.cli.top_view import render
-from jobqueue.client import queries as inspect
+from jobqueue.client import queries
 
 QUIT_KEYS = frozenset(b"qQ\x03")  # \x03: Ctrl-C, should the terminal deliver it as a byte
 
@@ -106,7 +106,7 @@ def live(
     frames = 0
     with cbreak(keys.fd), alternate_screen(out):
         while True:
-            snap = inspect.top_snapshot(jq, queue, lease_limit=lease_limit)
+            snap = queries.top_snapshot(jq, queue, lease_limit=lease_limit)
             size = shutil.get_terminal_size()
             draw(
                 out,
@@ -158,11 +158,11 @@ def top(
     jq = state.jq()
     out = sys.stdout
     if as_json:
-        snap = inspect.top_snapshot(jq, queue, lease_limit=lease_limit)
+        snap = queries.top_snapshot(jq, queue, lease_limit=lease_limit)
         click.echo(json.dumps(snap.to_dict()))
         return
     if once or not out.isatty():
-        snap = inspect.top_snapshot(jq, queue, lease_limit=lease_limit)
+        snap = queries.top_snapshot(jq, queue, lease_limit=lease_limit)
         width = shutil.get_terminal_size().columns if out.isatty() else 10_000
         click.echo("\n".join(render(snap, width=width, height=10_000)))
         return

@@ -1,5 +1,6 @@
-"""The app-facing clients (sync and asyncio) and the read and admin operations the CLI
-and the dashboard go through (queries, repair, repartition)."""
+"""The app-facing clients (sync and asyncio, both driving the operations of ``core``) and the
+read and admin operations the CLI and the dashboard go through (queries, repair,
+repartition, health, capacity)."""
 
 from jobqueue.client.sync import JobQueue, RunHandle
 

@@ -1,8 +1,9 @@
 """The asyncio flavour of the client, for FastAPI-style apps: ``await jq.enqueue(...)``.
 
-It shares everything but the I/O with the sync client: request planning and validation
-(``ClientBase``), script calls and reply parsing (the scripts' contracts), NOSCRIPT recovery
-(``scripts``).
+Every operation is ``jobqueue.client.core``'s, the same steps the sync client drives (request
+planning and validation, script calls and reply parsing, foreign data); here they are driven
+on a ``redis.asyncio`` connection. Each public method of ``JobQueue`` has a twin here with the
+same parameters (``tests/test_client_parity.py`` holds them to it).
 """
 
 from __future__ import annotations
@@ -10,34 +11,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
-import redis
-
-from jobqueue.anomalies import Anomaly, is_wrong_type
-from jobqueue.client.base import (
-    ClientBase,
-    Planned,
-    QueueTable,
-    Request,
-    TaskRef,
-    cancel_refused,
-    create_batches,
-    created_flags,
-    not_found,
-    pick_located,
-    queue_table,
-    read_run,
-)
-from jobqueue.errors import ConnectionFailed, RunTimeout
+from jobqueue.anomalies import Listing
+from jobqueue.client.base import QueueTable, Request, TaskRef
+from jobqueue.client.core import ClientCore, Created, RunState
+from jobqueue.errors import RunTimeout
 from jobqueue.models import Run
 from jobqueue.policy.timeutil import Delay, Instant
+from jobqueue.schedules.recurring import (
+    DEFAULT_MISFIRE,
+    DEFAULT_OVERLAP,
+    DEFAULT_TZ,
+    RecurringSteps,
+    ScheduleInfo,
+)
 from jobqueue.settings import Settings
 from jobqueue.store.connection import async_client, redact
 from jobqueue.store.embedded import resolve_url
-from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
-from jobqueue.store.runs import CANCEL
+from jobqueue.store.io import Steps, run_steps_async, server_time_steps
+from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import AsyncScriptRunner
+
+T = TypeVar("T")
 
 
 class AsyncRunHandle:
@@ -63,7 +59,7 @@ class AsyncRunHandle:
             pause = min(pause * 2, poll)
 
 
-class AsyncJobQueue(ClientBase):
+class AsyncJobQueue(ClientCore):
     """``AsyncJobQueue.from_url(url)`` or ``AsyncJobQueue(redis.asyncio client)``."""
 
     def __init__(
@@ -78,7 +74,7 @@ class AsyncJobQueue(ClientBase):
         self.redis = client
         self.url = url
         self.scripts = AsyncScriptRunner(client)
-        self._registered_queues: set[str] = set()
+        self.recurring = RecurringSteps()
 
     @classmethod
     def from_url(
@@ -98,35 +94,27 @@ class AsyncJobQueue(ClientBase):
     def __repr__(self) -> str:
         return f"AsyncJobQueue({redact(self.url or repr(self.redis))})"
 
+    async def run_steps(self, steps: Steps[T]) -> T:
+        """Drive I/O-free steps (``jobqueue.store.io``) on this client's connection."""
+        return await run_steps_async(steps, self.redis, self.scripts)
+
+    def _handle(self, created: Created) -> AsyncRunHandle:
+        return AsyncRunHandle(self, created.run_id, created.queue, created.created)
+
+    # -- queues ----------------------------------------------------------------------------
+
     async def register_queue(self, queue: str) -> int:
-        if queue in self._registered_queues:
-            return self.partitions_of(queue)
-        try:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hsetnx(QUEUES_KEY, queue, self._partitions.get(queue, 1))
-            pipe.hget(QUEUES_KEY, queue)
-            written, stored = await pipe.execute(raise_on_error=False)
-            if isinstance(written, Exception) and not is_wrong_type(written):
-                raise written  # refused by the server (OOM, READONLY): not the data's fault
-        except redis.exceptions.RedisError as exc:
-            raise ConnectionFailed(f"cannot register queue {queue!r}: {exc}") from None
-        count = self.adopt_partition_count(queue, stored)
-        self._registered_queues.add(queue)
-        return count
+        return await self.run_steps(self._register_queue(queue))
 
     async def queues(self) -> dict[str, int]:
         """Every usable queue recorded in Redis (see :meth:`queue_table`)."""
-        return (await self.queue_table()).counts
+        return await self.run_steps(self._queues())
 
     async def queue_table(self) -> QueueTable:
         """``jq:queues`` as read, with the entries no command can use as anomalies."""
-        try:
-            reply = await self.redis.hgetall(QUEUES_KEY)
-        except redis.exceptions.ResponseError as exc:
-            if not is_wrong_type(exc):
-                raise
-            reply = exc
-        return queue_table(reply)
+        return await self.run_steps(self._queue_table())
+
+    # -- enqueue ---------------------------------------------------------------------------
 
     async def enqueue(
         self,
@@ -138,66 +126,108 @@ class AsyncJobQueue(ClientBase):
         queue: str | None = None,
         **kwargs: Any,
     ) -> AsyncRunHandle:
-        req = Request(task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue)
-        return (await self.enqueue_many([req]))[0]
+        steps = self._enqueue(task, args, kwargs, run_id, delay, at, queue)
+        return self._handle(await self.run_steps(steps))
 
     async def enqueue_many(self, requests: Iterable[Request]) -> list[AsyncRunHandle]:
-        prepared = [self.prepare(r) for r in requests]
-        for queue in {q for q, _ in prepared}:
-            await self.register_queue(queue)
-        planned: list[Planned] = self.place(prepared)
-        batches = create_batches(planned)
-        replies = await self.scripts.run_many([call for call, _ in batches])
-        created = created_flags(len(planned), batches, replies)
-        return [
-            AsyncRunHandle(self, p.spec.run_id, p.keys.queue, c)
-            for p, c in zip(planned, created, strict=True)
-        ]
+        return [self._handle(c) for c in await self.run_steps(self._enqueue_many(requests))]
+
+    # -- look-ups --------------------------------------------------------------------------
 
     async def locate(self, run_id: str, queue: str | None = None) -> PartitionKeys | None:
-        return (await self._search(run_id, queue))[0]
-
-    async def _search(
-        self, run_id: str, queue: str | None
-    ) -> tuple[PartitionKeys | None, list[Anomaly]]:
-        """The partition holding a run, and the queues that could not be searched."""
-        table = await self.queue_table()
-        keys = self.lookup_candidates(run_id, queue, table)
-        skipped = [] if queue else table.anomalies
-        if not keys:
-            return None, skipped
-        pipe = self.redis.pipeline(transaction=False)
-        for k in keys:
-            pipe.exists(k.run(run_id))
-        found = await pipe.execute()
-        return pick_located(run_id, [k for k, n in zip(keys, found, strict=True) if n]), skipped
+        return await self.run_steps(self._locate(run_id, queue))
 
     async def find_run(self, run_id: str, queue: str | None = None) -> Run | None:
-        keys = await self.locate(run_id, queue)
-        return None if keys is None else await self._read(keys, run_id)
-
-    async def _read(self, keys: PartitionKeys, run_id: str) -> Run | None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(keys.run(run_id))
-        pipe.lrange(keys.history(run_id), 0, -1)
-        fields, history = await pipe.execute(raise_on_error=False)
-        return read_run(keys, run_id, fields, history)
+        return await self.run_steps(self._find_run(run_id, queue))
 
     async def get_run(self, run_id: str, queue: str | None = None) -> Run:
-        keys, skipped = await self._search(run_id, queue)
-        if keys is None:
-            raise not_found(run_id, queue, skipped)
-        run = await self._read(keys, run_id)
-        if run is None:  # expired between the look-up and the read
-            raise not_found(run_id, queue)
-        return run
+        return await self.run_steps(self._get_run(run_id, queue))
+
+    async def run_states(
+        self, run_ids: Iterable[str], queue: str | None = None
+    ) -> list[RunState]:
+        return await self.run_steps(self._run_states(run_ids, queue))
+
+    # -- steering --------------------------------------------------------------------------
 
     async def cancel(self, run_id: str, queue: str | None = None, reason: str = "cancelled") -> str:
-        keys, skipped = await self._search(run_id, queue)
-        if keys is None:
-            raise not_found(run_id, queue, skipped)
-        call = CANCEL.call(keys, run_id, self.settings.done_retention_ms, reason)
-        changed, state = CANCEL.parse(await self.scripts.run(call))
-        if not changed:
-            raise cancel_refused(run_id, state)
-        return state
+        return await self.run_steps(self._cancel(run_id, queue, reason))
+
+    async def purge_dead(self, run_ids: Iterable[str], queue: str | None = None) -> int:
+        return await self.run_steps(self._purge_dead(run_ids, queue))
+
+    async def requeue(self, run_id: str, queue: str | None = None) -> str:
+        return await self.run_steps(self._requeue(run_id, queue))
+
+    async def requeue_located(
+        self, runs: list[tuple[str, PartitionKeys]]
+    ) -> list[tuple[bool, str]]:
+        return await self.run_steps(self._requeue_located(runs))
+
+    async def server_time_ms(self) -> int:
+        return await self.run_steps(server_time_steps())
+
+    # -- recurring jobs --------------------------------------------------------------------
+
+    async def schedule(
+        self,
+        job_id: str,
+        task: TaskRef,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str = DEFAULT_TZ,
+        args: Iterable[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        misfire: str = DEFAULT_MISFIRE,
+        jitter: float | None = None,
+        overlap: str = DEFAULT_OVERLAP,
+        queue: str | None = None,
+        start_at: Instant | None = None,
+        end_at: Instant | None = None,
+        max_attempts: int | None = None,
+        now: int | None = None,
+    ) -> ScheduleInfo:
+        return await self.run_steps(
+            self._schedule(
+                job_id,
+                task,
+                cron=cron,
+                every=every,
+                tz=tz,
+                args=args,
+                kwargs=kwargs,
+                misfire=misfire,
+                jitter=jitter,
+                overlap=overlap,
+                queue=queue,
+                start_at=start_at,
+                end_at=end_at,
+                max_attempts=max_attempts,
+                now=now,
+            )
+        )
+
+    async def unschedule(self, job_id: str) -> bool:
+        return await self.run_steps(self.recurring.unschedule_steps(job_id))
+
+    async def pause_schedule(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+        return await self.run_steps(self.recurring.pause_steps(job_id, now))
+
+    async def resume_schedule(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+        return await self.run_steps(self.recurring.resume_steps(job_id, now))
+
+    async def trigger(self, job_id: str, now: int | None = None) -> AsyncRunHandle:
+        return self._handle(await self.run_steps(self._trigger(job_id, now)))
+
+    async def backfill(
+        self, job_id: str, start: Instant, end: Instant, now: int | None = None
+    ) -> list[AsyncRunHandle]:
+        created = await self.run_steps(self._backfill(job_id, start, end, now))
+        return [self._handle(c) for c in created]
+
+    async def get_schedule(self, job_id: str) -> ScheduleInfo | None:
+        return await self.run_steps(self.recurring.get_steps(job_id))
+
+    async def list_schedules(self, limit: int | None = None) -> Listing[ScheduleInfo]:
+        return await self.run_steps(self._list_schedules(limit))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
+from typing import Any, NamedTuple, TypeVar, overload
 
 from jobqueue.anomalies import Anomaly, checked, is_wrong_type
 from jobqueue.errors import (
@@ -18,7 +18,14 @@ from jobqueue.errors import (
     UnknownTask,
 )
 from jobqueue.models import Run
+from jobqueue.payload import encode_payload
 from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
+from jobqueue.schedules.recurring import (
+    Definition,
+    add_declarations,
+    declare,
+    declare_task_schedules,
+)
 from jobqueue.settings import Settings
 from jobqueue.store.keys import (
     QUEUES_KEY,
@@ -30,13 +37,9 @@ from jobqueue.store.keys import (
     validate_queue_name,
     validate_run_id,
 )
-from jobqueue.store.payload import encode_payload
 from jobqueue.store.runs import CREATE_RUN, RunSpec
 from jobqueue.store.scripts import Call
 from jobqueue.tasks import Registry, Task, make_options
-
-if TYPE_CHECKING:
-    from jobqueue.schedules.recurring import Definition
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,9 +70,9 @@ def check_due(at_ms: int | None, delay_ms: int) -> None:
         raise ConfigError(f"delay of {delay_ms / 1000:.3g} s puts the run beyond year 9000")
 
 
-# Runs per create_run call: large enough to amortise the round trip, small enough that one
-# script never blocks the server for long.
-CREATE_CHUNK = 500
+# Runs per create_run call (the scheduler has its own chunk for sched_create): large enough
+# to amortise the round trip, small enough that one script never blocks the server for long.
+CREATE_RUN_CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,9 @@ class ClientBase:
     ) -> None:
         self.settings = settings or Settings()
         self.registry = Registry()
+        # The recurring jobs this app declares in code, in declaration order (written by the
+        # scheduler at start).
+        self.declared_schedules: list[Definition] = []
         self._keys: dict[tuple[str, int], PartitionKeys] = {}
         self._valid_queues: set[str] = set()
         self._partitions: dict[str, int] = {}
@@ -182,8 +188,6 @@ class ClientBase:
             if not schedules and all(v is None for v in schedule.values()):
                 self.registry.add(task)
                 return task
-            from jobqueue.schedules.recurring import add_declarations, declare_task_schedules
-
             # Schedules validated before the task is registered: a refused one leaves nothing
             # behind (a retry of the decorator is not "already registered").
             defns = declare_task_schedules(self, task, schedule, schedules)
@@ -197,16 +201,8 @@ class ClientBase:
         """Declare a recurring job in code (the options of ``jq.schedule``): validated now,
         written by ``jobqueue scheduler --app`` at start, removed there with ``--prune`` once
         no longer declared."""
-        from jobqueue.schedules.recurring import declare
-
         check_args_sequence(options.get("args", ()))
         return declare(self, job_id, task, **options)
-
-    @property
-    def declared_schedules(self) -> list[Definition]:
-        """The recurring jobs this app declares in code, in declaration order."""
-        declared: list[Definition] = self.__dict__.setdefault("_declared_schedules", [])
-        return declared
 
     def declare_task(
         self,
@@ -326,7 +322,6 @@ class ClientBase:
         """Partition keys for prepared runs (the queues' partition counts must be known)."""
         return [Planned(self.keys_for(q, spec.run_id), spec) for q, spec in prepared]
 
-
     def adopt_partition_count(self, queue: str, reply: Any) -> int:
         """Check the partition count recorded in Redis (``reply``: HGET's, or a count already
         read, e.g. from :meth:`queues`) against ours, then use it. A count jobqueue cannot have
@@ -438,7 +433,15 @@ def read_run(keys: PartitionKeys, run_id: str, fields: Any, history: Any) -> Run
     history = checked(history, keys.history(run_id), "list", anomalies, [])
     if not fields:
         return None
-    return Run.from_hash(run_id, keys.partition, fields, history, keys.queue, tuple(anomalies))
+    return Run.from_hash(
+        run_id,
+        keys.partition,
+        fields,
+        history,
+        keys.queue,
+        tuple(anomalies),
+        key=keys.run(run_id),
+    )
 
 
 def pick_located(run_id: str, found: list[PartitionKeys]) -> PartitionKeys | None:
@@ -459,8 +462,8 @@ def create_batches(planned: list[Planned], now: int | None = None) -> list[tuple
         groups.setdefault(p.keys, []).append(i)
     batches = []
     for keys, indexes in groups.items():
-        for start in range(0, len(indexes), CREATE_CHUNK):
-            chunk = indexes[start : start + CREATE_CHUNK]
+        for start in range(0, len(indexes), CREATE_RUN_CHUNK):
+            chunk = indexes[start : start + CREATE_RUN_CHUNK]
             batches.append((CREATE_RUN.call(keys, [planned[i].spec for i in chunk], now), chunk))
     return batches
 

@@ -28,7 +28,7 @@ from jobqueue.client.base import NOT_A_RECORD, not_a_record
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import UnknownQueue
 from jobqueue.models import Run
-from jobqueue.schedules.recurring import ScheduleInfo
+from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys, validate_queue_name
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
@@ -397,6 +397,7 @@ def runs(
                 histories.get((k.queue, k.partition, rid), []),
                 k.queue,
                 tuple(mine),
+                key=k.run(rid),
             )
             for k, rid, f, mine in out
         ],
@@ -405,45 +406,12 @@ def runs(
 
 
 def schedules(
-    jq: JobQueue, *, limit: int = 1000, scan_count: int = 500
+    jq: JobQueue, *, limit: int = 1000, scan_count: int = LIST_SCAN_COUNT
 ) -> Listing[ScheduleInfo]:
-    """Recurring jobs, at most ``limit``, sorted by job id. Read with HSCAN in pages and
-    pipelined ZSCORE/HGET per page, so a store of millions of jobs never blocks the server
-    (``Recurring.list_jobs`` reads whole hashes: fine for a few jobs, not for an operator's
-    listing). A definition that is not usable is an anomaly of the listing, not a row."""
-    out: list[ScheduleInfo] = []
-    found: list[Anomaly] = []
-    seen: set[str] = set()  # HSCAN may return an entry twice across pages
-    r = jq.redis
-    store = jq.recurring
-    for sk in store.all_keys():
-        cursor: int = 0
-        while len(out) < limit:
-            try:
-                cursor, page = r.hscan(sk.defs, cursor, count=scan_count)
-            except redis.exceptions.ResponseError as exc:
-                checked(exc, sk.defs, "hash", found, None)
-                break
-            items = [(j, t) for j, t in page.items() if j not in seen][: limit - len(out)]
-            seen.update(j for j, _ in items)
-            pipe = r.pipeline(transaction=False)
-            for job_id, _ in items:
-                pipe.zscore(sk.next, job_id)
-                pipe.hget(sk.state, job_id)
-            replies = pipe.execute(raise_on_error=False)
-            for i, (job_id, text) in enumerate(items):
-                score = checked(replies[2 * i], sk.next, "sorted set", found, None)
-                state = checked(replies[2 * i + 1], sk.state, "hash", found, None)
-                info = store.stored_info(sk, job_id, text, score, state)
-                if isinstance(info, Anomaly):
-                    found.append(info)
-                else:
-                    out.append(info)
-            if int(cursor) == 0:
-                break
-        if len(out) >= limit:
-            break
-    return Listing(sorted(out, key=lambda i: i.job_id), unique(found))
+    """Recurring jobs, at most ``limit``, sorted by job id, read page by page (HSCAN) as
+    ``jq.list_schedules`` reads them; a definition that is not usable is an anomaly of the
+    listing, not a row (shown by the caller, not logged)."""
+    return jq.run_steps(jq.recurring.list_steps(limit, scan_count))
 
 
 @dataclass(frozen=True)

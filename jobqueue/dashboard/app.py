@@ -1,4 +1,4 @@
-"""The dashboard: a Starlette app over the CLI's data functions (``jobqueue.inspect`` and the
+"""The dashboard: a Starlette app over the CLI's data functions (``jobqueue.queries`` and the
 ``JobQueue`` client), rendered server-side with Jinja2 (autoescape on) and SVG charts.
 
 Pages are GETs with no side effect; every change is a POST to ``/actions/<name>``, one route,
@@ -29,11 +29,10 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jobqueue.cli.format import abs_time, duration, relative
-from jobqueue.client import queries as inspect
+from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.charts import Series, svg_chart
-from jobqueue.dashboard.sampler import Sampler
+from jobqueue.dashboard.sampler import DEFAULT_SAMPLE_EVERY_S, Sampler
 from jobqueue.dashboard.security import CSRF_FIELD, SESSION_COOKIE, AuthGate, Credentials, Csrf
 from jobqueue.errors import (
     ConfigError,
@@ -44,6 +43,7 @@ from jobqueue.errors import (
     UnknownQueue,
 )
 from jobqueue.models import STATES
+from jobqueue.policy.timeutil import abs_time, duration, relative
 
 HERE = Path(__file__).parent
 FLASH_COOKIE = "jq_flash"
@@ -135,10 +135,10 @@ def queues_page(request: Request) -> Response:
     s = _settings(request)
     jq = s.jq
     now = jq.server_time_ms()
-    per_partition = inspect.stats(jq)
-    totals = inspect.queue_totals(per_partition)
+    per_partition = queries.stats(jq)
+    totals = queries.queue_totals(per_partition)
     s.sampler.record(now, totals)
-    flowing = inspect.throughput(jq, now_ms=now)
+    flowing = queries.throughput(jq, now_ms=now)
     flows = {t.queue: t for t in flowing}
     labels = _minute_labels(now)
     charts = []
@@ -191,13 +191,13 @@ def queues_page(request: Request) -> Response:
         totals=totals,
         charts=charts,
         every_s=s.sampler.every_ms / 1000,
-        anomalies=inspect.all_anomalies(per_partition, flowing),
+        anomalies=queries.all_anomalies(per_partition, flowing),
     )
 
 
 def leases_page(request: Request) -> Response:
     p = request.query_params
-    found = inspect.leases(
+    found = queries.leases(
         _settings(request).jq,
         p.get("queue") or None,
         expired_only=p.get("expired") == "1",
@@ -205,7 +205,7 @@ def leases_page(request: Request) -> Response:
         limit=500,
     )
     return render(
-        request, "leases.html", leases=found, params=p, anomalies=inspect.all_anomalies(found)
+        request, "leases.html", leases=found, params=p, anomalies=queries.all_anomalies(found)
     )
 
 
@@ -228,8 +228,8 @@ def runs_page(request: Request) -> Response:
         if exact is not None:
             target = f"/run?id={quote(exact.run_id, safe='')}&queue={quote(exact.queue)}"
             return RedirectResponse(target, status_code=303)
-    found = inspect.runs(jq, state=state, queue=queue, job=job, limit=limit)
-    anomalies = inspect.all_anomalies(found)
+    found = queries.runs(jq, state=state, queue=queue, job=job, limit=limit)
+    anomalies = queries.all_anomalies(found)
     shown = [r for r in found if search in r.run_id] if search else found
     return render(
         request,
@@ -258,25 +258,25 @@ def run_page(request: Request) -> Response:
 
 
 def schedules_page(request: Request) -> Response:
-    found = inspect.schedules(_settings(request).jq)
+    found = queries.schedules(_settings(request).jq)
     return render(
-        request, "schedules.html", schedules=found, anomalies=inspect.all_anomalies(found)
+        request, "schedules.html", schedules=found, anomalies=queries.all_anomalies(found)
     )
 
 
 def dead_page(request: Request) -> Response:
     p = request.query_params
-    found = inspect.runs(
+    found = queries.runs(
         _settings(request).jq, state="dead", queue=p.get("queue") or None, limit=500
     )
     return render(
-        request, "dead.html", runs=found, params=p, anomalies=inspect.all_anomalies(found)
+        request, "dead.html", runs=found, params=p, anomalies=queries.all_anomalies(found)
     )
 
 
 def workers_page(request: Request) -> Response:
-    found = inspect.workers(_settings(request).jq)
-    return render(request, "workers.html", workers=found, anomalies=inspect.all_anomalies(found))
+    found = queries.workers(_settings(request).jq)
+    return render(request, "workers.html", workers=found, anomalies=queries.all_anomalies(found))
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -435,7 +435,7 @@ def create_app(
     jq: JobQueue,
     *,
     credentials: Credentials | None = None,
-    sample_every_s: float = 10.0,
+    sample_every_s: float = DEFAULT_SAMPLE_EVERY_S,
     allowed_hosts: list[str] | None = None,
     secret: bytes | None = None,
 ) -> Starlette:

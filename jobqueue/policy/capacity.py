@@ -1,7 +1,8 @@
 """Capacity arithmetic for N recurring jobs and what our data model costs in Redis memory.
 
-The arithmetic is pure; the bytes per run are measured on a private embedded server by
-creating and finishing sample runs, so the figure follows the real encoding of this version.
+The arithmetic is pure; the bytes per run it is given are measured on a private embedded server
+by creating and finishing sample runs (``jobqueue.client.capacity``), so the figure follows the
+real encoding of this version.
 """
 
 from __future__ import annotations
@@ -57,9 +58,8 @@ class CapacityResult:
         return asdict(self)
 
 
-def estimate(inputs: CapacityInputs, bytes_per_run: float | None = None) -> CapacityResult:
-    if bytes_per_run is None:
-        bytes_per_run = measure_bytes_per_run()
+def estimate(inputs: CapacityInputs, bytes_per_run: float | None) -> CapacityResult:
+    """The arithmetic; ``bytes_per_run`` None (not measured) leaves the memory line out."""
     per_day = inputs.jobs * 86400 / inputs.every_s
     per_s = per_day / 86400
     return CapacityResult(
@@ -74,44 +74,3 @@ def estimate(inputs: CapacityInputs, bytes_per_run: float | None = None) -> Capa
         if bytes_per_run is None
         else per_s * inputs.retention_s * bytes_per_run / 1e9,
     )
-
-
-def measure_bytes_per_run(samples: int = 2000) -> float | None:
-    """Create, claim and complete ``samples`` runs of a typical shape on a private server and
-    return the memory each finished run holds (record, history, index entry)."""
-    from jobqueue.client.sync import JobQueue
-    from jobqueue.errors import JobQueueError
-    from jobqueue.store.embedded import EmbeddedServer
-    from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, RunSpec
-
-    try:
-        server = EmbeddedServer().start()
-    except JobQueueError:
-        return None
-    try:
-        jq = JobQueue.from_url(server.url)
-        jq.declare_task("report.hourly")
-        keys = jq.keys_for("default", "x")
-        before = int(jq.redis.info("memory")["used_memory"])
-        specs = [
-            RunSpec(
-                f"job-{i}@2026-11-29T10:00:00Z",
-                "report.hourly",
-                '{"args":[12345],"kwargs":{"region":"eu-west"}}',
-                job_id=f"job-{i}",
-            )
-            for i in range(samples)
-        ]
-        for start in range(0, samples, 500):
-            jq.scripts.run(CREATE_RUN.call(keys, specs[start : start + 500]))
-        done = 0
-        while done < samples:
-            claimed = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 500, "w", 30000, 1)))
-            items = [(r.run_id, r.fence, '"ok"') for r in claimed.runs]
-            jq.scripts.run(COMPLETE.call(keys, items, 86_400_000))
-            done += len(items)
-        after = int(jq.redis.info("memory")["used_memory"])
-        jq.close()
-        return max(after - before, 0) / samples
-    finally:
-        server.stop()

@@ -1,4 +1,5 @@
-"""Conversions of user-facing times (seconds, timedelta, datetime) to the ms the scripts use.
+"""Conversions of user-facing times (seconds, timedelta, datetime) to the ms the scripts use,
+and back to text for people (the CLI and the dashboard).
 
 Nothing here reads a clock: the due time of a delayed run is computed by Redis (now + delay).
 """
@@ -6,7 +7,7 @@ Nothing here reads a clock: the due time of a delayed run is computed by Redis (
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from jobqueue.errors import ConfigError
 
@@ -54,3 +55,48 @@ def seconds_to_ms(value: float, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"{what} must be a positive number of seconds, not {value!r}")
     return max(1, int(value * 1000))
+
+
+# -- showing times -------------------------------------------------------------------------
+# Both ways: absolute (UTC, so two operators in different zones read the same thing) and
+# relative to the server's clock (what matters at 3 a.m.: "due 4 minutes ago"). The CLI and
+# the dashboard write times with these.
+
+
+def abs_time(ms: int | None) -> str:
+    """``2026-11-29 23:01:02`` (UTC), or ``-``."""
+    if ms is None:
+        return "-"
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (ValueError, OverflowError, OSError):  # foreign data: no date is that far out
+        return f"{ms} ms (not a date)"
+
+
+def duration(ms: int | None) -> str:
+    """Signed duration, e.g. ``12.3s``, ``-4.0s`` (expired), ``5m07s``, ``2h05m``, ``3d04h``."""
+    if ms is None:
+        return "-"
+    sign, ms = ("-" if ms < 0 else ""), abs(ms)
+    if ms < 60_000:
+        return f"{sign}{ms / 1000:.1f}s"
+    if ms < 3_600_000:
+        return f"{sign}{ms // 60_000}m{(ms // 1000) % 60:02d}s"
+    if ms < 86_400_000:
+        return f"{sign}{ms // 3_600_000}h{(ms // 60_000) % 60:02d}m"
+    return f"{sign}{ms // 86_400_000}d{(ms // 3_600_000) % 24:02d}h"
+
+
+def relative(ms: int | None, now_ms: int) -> str:
+    """``in 5.0s`` or ``3m02s ago`` from the server's ``now``."""
+    if ms is None:
+        return "-"
+    delta = ms - now_ms
+    return f"in {duration(delta)}" if delta > 0 else f"{duration(-delta)} ago"
+
+
+def when(ms: int | None, now_ms: int) -> str:
+    """Absolute and relative: ``2026-11-29 23:01:02 (3.2s ago)``."""
+    if ms is None:
+        return "-"
+    return f"{abs_time(ms)} ({relative(ms, now_ms)})"

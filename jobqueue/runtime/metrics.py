@@ -15,7 +15,7 @@ What is counted where:
 * lease expiries: ``claim.lua`` does not say which claimed runs were reclaimed from an expired
   lease; it counts them in each partition's ``stats`` hash, which the queue-depth refresh
   exports (``jobqueue_queue_lease_expiries``, all workers together);
-* queue depth (due now / running / dead, per queue): :func:`jobqueue.inspect.stats`, refreshed
+* queue depth (due now / running / dead, per queue): :func:`jobqueue.queries.stats`, refreshed
   every few seconds by a daemon thread (never on the scrape path, which must stay fast);
 * scheduler fires / misses / drops / skips / conflicts: each tick's report.
 """

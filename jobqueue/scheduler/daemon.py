@@ -94,6 +94,7 @@ log = logging.getLogger("jobqueue.scheduler")
 
 DEFAULT_LOOKAHEAD_MS = 60_000
 DEFAULT_BATCH = 1000
+DEFAULT_INTERVAL_S = 1.0
 # Fire times one job may create in one tick (a 1 ms interval with a 60 s lookahead would
 # otherwise make 60,000); the rest follow in the next ticks.
 MAX_FIRES_PER_TICK = 1000
@@ -356,7 +357,7 @@ class Scheduler:
         jq: JobQueue,
         *,
         lookahead: float = DEFAULT_LOOKAHEAD_MS / 1000,
-        interval: float = 1.0,
+        interval: float = DEFAULT_INTERVAL_S,
         grace: float = DEFAULT_GRACE_MS / 1000,
         batch: int = DEFAULT_BATCH,
         max_fires: int = MAX_FIRES_PER_TICK,
@@ -890,7 +891,7 @@ class Scheduler:
             "scheduler started: lookahead %.1fs, interval %.2fs, %d partition(s)",
             self.lookahead_ms / 1000,
             self.interval,
-            self.store.partitions,
+            self.store.record_partitions(),
         )
         self.sync_declared()
 

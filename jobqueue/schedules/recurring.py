@@ -36,9 +36,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Literal
-
-import redis
+from typing import Any, Literal, Protocol, TypeVar
 
 from jobqueue.anomalies import (
     MAX_TIME_MS,
@@ -50,8 +48,8 @@ from jobqueue.anomalies import (
     score_ms,
     unique,
 )
-from jobqueue.client.base import Planned
 from jobqueue.errors import ConfigError, CorruptData, OperationRefused
+from jobqueue.payload import encode_payload
 from jobqueue.policy.cron import (
     Schedule,
     ScheduleError,
@@ -65,25 +63,32 @@ from jobqueue.policy.hashing import fnv1a_32
 from jobqueue.policy.jitter import jitter_ms
 from jobqueue.policy.misfire import MisfireError, parse_policy
 from jobqueue.policy.timeutil import Instant, instant_to_ms
+from jobqueue.settings import Settings
+from jobqueue.store.io import (
+    Cmd,
+    Scripts,
+    Steps,
+    cmd,
+    commands,
+    raised,
+    run_steps,
+    server_time_steps,
+)
 from jobqueue.store.keys import (
-    PartitionKeys,
     SchedKeys,
     bad_count,
     fire_run_id,
     parse_partition_count,
-    partition_of,
     validate_partition_count,
     validate_queue_name,
     validate_run_id,
 )
-from jobqueue.store.payload import encode_payload
 from jobqueue.store.runs import RunSpec
 from jobqueue.store.schedules import SCHED_DEFINE
-from jobqueue.tasks import Task
+from jobqueue.store.scripts import ScriptRunner
+from jobqueue.tasks import Registry, Task, validate_task_name
 
-if TYPE_CHECKING:
-    from jobqueue.client.base import ClientBase
-    from jobqueue.client.sync import JobQueue, RunHandle
+T = TypeVar("T")
 
 SCHED_CONFIG_KEY = "jq:sched:config"
 # Job ids ever synced from code declarations (global, plain commands only): where --prune
@@ -93,11 +98,15 @@ DECLARED_KEY = "jq:sched:declared"
 ORIGIN_CODE = "code"
 ENV_SCHED_PARTITIONS = "JOBQUEUE_SCHED_PARTITIONS"
 DEFAULT_MISFIRE = "fire-once"
+DEFAULT_TZ = "UTC"
 MAX_BACKFILL = 10_000
 _CAS_ATTEMPTS = 20
+# Definitions read per HSCAN page by listings.
+LIST_SCAN_COUNT = 500
 
 Overlap = Literal["allow", "forbid", "buffer-one"]
 OVERLAP_POLICIES: tuple[Overlap, ...] = ("allow", "forbid", "buffer-one")
+DEFAULT_OVERLAP: Overlap = "allow"
 
 
 class RecurringError(ConfigError):
@@ -115,6 +124,35 @@ class UnknownSchedule(OperationRefused, LookupError):
 
 class RuntimeOwned(Exception):
     """Internal to :meth:`Recurring.sync`: the id belongs to a schedule added at run time."""
+
+
+class TaskSource(Protocol):
+    """What a definition is validated against: a client's tasks and settings."""
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def resolve_task(self, ref: Any) -> Task[Any, Any]: ...
+
+
+class Declarer(TaskSource, Protocol):
+    """A client that keeps the recurring jobs its app declares in code."""
+
+    @property
+    def declared_schedules(self) -> list[Definition]: ...
+
+
+class SyncConnection(Protocol):
+    """What :class:`Recurring` runs its operations on (a connected JobQueue)."""
+
+    @property
+    def redis(self) -> Any: ...
+
+    @property
+    def scripts(self) -> ScriptRunner: ...
 
 
 def validate_job_id(job_id: str) -> str:
@@ -158,12 +196,12 @@ class Definition:
     queue: str
     cron: str | None = None
     every_ms: int | None = None
-    tz: str = "UTC"
+    tz: str = DEFAULT_TZ
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     misfire: str = DEFAULT_MISFIRE
     jitter_ms: int = 0
-    overlap: Overlap = "allow"
+    overlap: Overlap = DEFAULT_OVERLAP
     max_attempts: int = 3
     lease_ms: int = 0
     timeout_ms: int = 0
@@ -191,12 +229,12 @@ class Definition:
         else:
             data["every_ms"] = self.every_ms
         optional: dict[str, Any] = {
-            "tz": (self.tz, "UTC"),
+            "tz": (self.tz, DEFAULT_TZ),
             "args": (list(self.args), []),
             "kwargs": (self.kwargs, {}),
             "misfire": (self.misfire, DEFAULT_MISFIRE),
             "jitter_ms": (self.jitter_ms, 0),
-            "overlap": (self.overlap, "allow"),
+            "overlap": (self.overlap, DEFAULT_OVERLAP),
             "max_attempts": (self.max_attempts, 3),
             "lease_ms": (self.lease_ms, 0),
             "timeout_ms": (self.timeout_ms, 0),
@@ -243,12 +281,12 @@ def _definition_from_json(job_id: str, text: str) -> Definition:
         queue=data["queue"],
         cron=data.get("cron"),
         every_ms=data.get("every_ms"),
-        tz=data.get("tz", "UTC"),
+        tz=data.get("tz", DEFAULT_TZ),
         args=tuple(data.get("args", ())),
         kwargs=dict(data.get("kwargs", {})),
         misfire=data.get("misfire", DEFAULT_MISFIRE),
         jitter_ms=data.get("jitter_ms", 0),
-        overlap=data.get("overlap", "allow"),
+        overlap=data.get("overlap", DEFAULT_OVERLAP),
         max_attempts=data.get("max_attempts", 3),
         lease_ms=data.get("lease_ms", 0),
         timeout_ms=data.get("timeout_ms", 0),
@@ -425,18 +463,18 @@ def _seconds_to_ms(value: float | None, what: str, *, allow_zero: bool) -> int:
 
 
 def make_definition(
-    jq: ClientBase,
+    jq: TaskSource,
     job_id: str,
     task: Task[Any, Any] | Any,
     *,
     cron: str | None = None,
     every: float | None = None,
-    tz: str = "UTC",
+    tz: str = DEFAULT_TZ,
     args: Sequence[Any] = (),
     kwargs: dict[str, Any] | None = None,
     misfire: str = DEFAULT_MISFIRE,
     jitter: float | None = None,
-    overlap: str = "allow",
+    overlap: str = DEFAULT_OVERLAP,
     queue: str | None = None,
     start_at: Instant | None = None,
     end_at: Instant | None = None,
@@ -448,8 +486,6 @@ def make_definition(
         # No registry at all: a process that only schedules by name (the CLI, an ops script)
         # for workers elsewhere. With one, a name it does not know is refused as enqueue
         # refuses it: its runs would only ever be dead-lettered as "unknown task".
-        from jobqueue.tasks import validate_task_name
-
         task_name, options = validate_task_name(task), None
     else:
         resolved = jq.resolve_task(task)
@@ -524,7 +560,7 @@ DECLARATION_OPTIONS = frozenset(
 )
 
 
-def declare(jq: ClientBase, job_id: str, task: Task[Any, Any] | Any, **options: Any) -> Definition:
+def declare(jq: Declarer, job_id: str, task: Task[Any, Any] | Any, **options: Any) -> Definition:
     """Validate a code-declared recurring job now (a bad cron, zone, jitter or policy raises
     RecurringError here, at import time) and add it to ``jq.declared_schedules``; the scheduler
     writes it at start (:meth:`Recurring.sync`). Nothing touches Redis here."""
@@ -534,7 +570,7 @@ def declare(jq: ClientBase, job_id: str, task: Task[Any, Any] | Any, **options: 
 
 
 def plan_declarations(
-    jq: ClientBase, items: Sequence[tuple[str, Task[Any, Any] | Any, dict[str, Any]]]
+    jq: Declarer, items: Sequence[tuple[str, Task[Any, Any] | Any, dict[str, Any]]]
 ) -> list[Definition]:
     """Validate declarations (job id, task, options) without declaring any: all or nothing."""
     out: list[Definition] = []
@@ -551,13 +587,13 @@ def plan_declarations(
     return out
 
 
-def add_declarations(jq: ClientBase, defns: Sequence[Definition]) -> None:
+def add_declarations(jq: Declarer, defns: Sequence[Definition]) -> None:
     """Add validated declarations (:func:`plan_declarations`) to ``jq.declared_schedules``."""
     jq.declared_schedules.extend(defns)
 
 
 def declare_task_schedules(
-    jq: ClientBase,
+    jq: Declarer,
     task: Task[Any, Any],
     schedule: dict[str, Any],
     schedules: Sequence[dict[str, Any]] | None,
@@ -596,49 +632,84 @@ class SyncReport:
     ignored: list[str] = field(default_factory=list)
 
 
-class Recurring:
-    """The definitions store of one JobQueue (``jq.schedule(...)`` and friends delegate here)."""
+def trigger_spec(defn: Definition, now_ms: int, max_payload_bytes: int) -> RunSpec:
+    """The run of ``jq.trigger``: now, outside the schedule, with its own run id
+    ``<job_id>@manual-<now>``; the schedule is untouched."""
+    return RunSpec(
+        run_id=fire_run_id(defn.job_id, now_ms, manual=True),
+        task=defn.task,
+        payload=defn.payload(max_payload_bytes),
+        due_at_ms=now_ms,
+        max_attempts=defn.max_attempts,
+        lease_ms=defn.lease_ms,
+        timeout_ms=defn.timeout_ms,
+        job_id=defn.job_id,
+        scheduled_for_ms=now_ms,
+    )
 
-    def __init__(self, jq: JobQueue, partitions: int | None = None) -> None:
-        self.jq = jq
+
+def backfill_specs(
+    defn: Definition, start: Instant, end: Instant, now_ms: int, max_payload_bytes: int
+) -> list[RunSpec]:
+    """The runs of every fire time in [start, end] (the run ids the scheduler would use, so
+    fire times that already ran create nothing), due at once. ``end`` must not be after
+    ``now_ms`` (BackfillInFuture): a future fire time's run created now would run early, and
+    at its time the scheduler would find it already there and create nothing."""
+    start_ms, end_ms = instant_to_ms(start), instant_to_ms(end)
+    if end_ms < start_ms:
+        raise RecurringError("backfill: end is before start")
+    refuse_future_end(defn.job_id, end_ms, now_ms)
+    fires = fire_times_between(
+        defn.schedule, start_ms - 1, end_ms, limit=MAX_BACKFILL + 1, anchor_ms=defn.start_ms
+    )
+    if len(fires) > MAX_BACKFILL:
+        raise RecurringError(
+            f"backfill of {defn.job_id!r} covers more than {MAX_BACKFILL:,} fire times; "
+            "split the range"
+        )
+    payload = defn.payload(max_payload_bytes)
+    return [replace(fire_spec(defn, f, payload), due_at_ms=None) for f in fires]
+
+
+class RecurringSteps:
+    """The definitions store as I/O-free operations (``Steps``, see ``jobqueue.store.io``),
+    driven by the sync client (:class:`Recurring`) and by the asyncio one alike. It keeps one
+    thing between operations: K, the scheduler partition count, once known."""
+
+    def __init__(self, partitions: int | None = None) -> None:
         self._wanted = partitions
         self._partitions: int | None = None
 
     # -- partitions ------------------------------------------------------------------------
 
-    @property
-    def partitions(self) -> int:
+    def record_partitions_steps(self) -> Steps[int]:
         """K, recorded in Redis (HSETNX) by the first writer; a process configured otherwise
-        is refused. Writers (and the scheduler daemon at start) use this; readers use
-        :meth:`read_partitions`, which records nothing."""
+        is refused. Every write records it first, and the scheduler daemon at start."""
         if self._partitions is None:
-            wanted = self._configured()
-            pipe = self.jq.redis.pipeline(transaction=False)
-            pipe.hsetnx(SCHED_CONFIG_KEY, "partitions", wanted or 1)
-            pipe.hget(SCHED_CONFIG_KEY, "partitions")
-            written, stored = pipe.execute(raise_on_error=False)
+            wanted = self.configured()
+            written, stored = yield commands(
+                cmd("hsetnx", SCHED_CONFIG_KEY, "partitions", wanted or 1),
+                cmd("hget", SCHED_CONFIG_KEY, "partitions"),
+            )
             if isinstance(written, Exception) and not is_wrong_type(written):
                 raise written  # refused by the server (OOM, READONLY): not the data's fault
             self._partitions = self._adopt(stored, wanted)
         return self._partitions
 
-    def read_partitions(self) -> int:
+    def read_partitions_steps(self) -> Steps[int]:
         """K as recorded, else as configured: nothing recorded means no definition was ever
         written, so there is nothing to find in any partition. Writes nothing, so a command
         that only reads (or is refused) leaves Redis as it was."""
         if self._partitions is not None:
             return self._partitions
-        wanted = self._configured()
-        try:
-            stored = self.jq.redis.hget(SCHED_CONFIG_KEY, "partitions")
-        except redis.exceptions.ResponseError as exc:
-            stored = exc
+        wanted = self.configured()
+        (stored,) = yield commands(cmd("hget", SCHED_CONFIG_KEY, "partitions"))
         if stored is None:
             return wanted or 1  # not kept: the first write records it, and may find another
         self._partitions = self._adopt(stored, wanted)
         return self._partitions
 
-    def _configured(self) -> int | None:
+    def configured(self) -> int | None:
         """K as this process is configured (argument, else $JOBQUEUE_SCHED_PARTITIONS)."""
         wanted = self._wanted
         env = os.environ.get(ENV_SCHED_PARTITIONS)
@@ -669,21 +740,22 @@ class Recurring:
             )
         return count
 
-    def keys(self, job_id: str) -> SchedKeys:
-        return SchedKeys(sched_partition_of(job_id, self.read_partitions()))
+    def keys_steps(self, job_id: str) -> Steps[SchedKeys]:
+        return SchedKeys(sched_partition_of(job_id, (yield from self.read_partitions_steps())))
 
-    def all_keys(self) -> list[SchedKeys]:
-        return [SchedKeys(k) for k in range(self.read_partitions())]
+    def all_keys_steps(self) -> Steps[list[SchedKeys]]:
+        return [SchedKeys(k) for k in range((yield from self.read_partitions_steps()))]
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _read(self, job_id: str) -> tuple[str | None, int | None, str | None]:
-        sk = self.keys(job_id)
-        pipe = self.jq.redis.pipeline(transaction=False)
-        pipe.hget(sk.defs, job_id)
-        pipe.zscore(sk.next, job_id)
-        pipe.hget(sk.state, job_id)
-        replies = pipe.execute(raise_on_error=False)
+    def read_steps(self, job_id: str) -> Steps[tuple[str | None, int | None, str | None]]:
+        """A job's stored definition text, next fire and counters text (None: absent)."""
+        sk = yield from self.keys_steps(job_id)
+        replies = yield commands(
+            cmd("hget", sk.defs, job_id),
+            cmd("zscore", sk.next, job_id),
+            cmd("hget", sk.state, job_id),
+        )
         kinds = ((sk.defs, "hash"), (sk.next, "sorted set"), (sk.state, "hash"))
         for (key, kind), reply in zip(kinds, replies, strict=True):
             if is_wrong_type(reply):
@@ -695,8 +767,9 @@ class Recurring:
             raise CorruptData(f"{sk.next} member {job_id!r} has score {score!r}, not a time")
         return _str(text), score_ms(score), _str(state)
 
+    @staticmethod
     def stored_info(
-        self, sk: SchedKeys, job_id: str, text: str, next_fire: Any, state: Any
+        sk: SchedKeys, job_id: str, text: str, next_fire: Any, state: Any
     ) -> ScheduleInfo | Anomaly:
         """A stored job as read, or the Anomaly that says why its definition is not usable.
         A garbage next fire or counters text is an anomaly of the row instead."""
@@ -720,67 +793,83 @@ class Recurring:
             )
         return ScheduleInfo(defn, fire, counters, tuple(anomalies))
 
-    def get(self, job_id: str) -> ScheduleInfo | None:
+    def get_steps(self, job_id: str) -> Steps[ScheduleInfo | None]:
         """The job, None if there is none; CorruptData if its definition is not usable."""
-        text, next_ms, state = self._read(validate_job_id(job_id))
+        text, next_ms, state = yield from self.read_steps(validate_job_id(job_id))
         if text is None:
             return None
-        info = self.stored_info(self.keys(job_id), job_id, text, next_ms, state)
+        sk = yield from self.keys_steps(job_id)
+        info = self.stored_info(sk, job_id, text, next_ms, state)
         if isinstance(info, Anomaly):
             raise CorruptData(f"recurring job {job_id!r} cannot be read: {info}")
         return info
 
-    def require(self, job_id: str) -> ScheduleInfo:
-        info = self.get(job_id)
+    def require_steps(self, job_id: str) -> Steps[ScheduleInfo]:
+        info = yield from self.get_steps(job_id)
         if info is None:
             raise UnknownSchedule(f"no recurring job {job_id!r}")
         return info
 
-    def list_jobs(self) -> Listing[ScheduleInfo]:
-        """Every job, sorted; definitions that are not usable are left out, as anomalies of
-        the listing (reads whole hashes: ``jobqueue.inspect.schedules`` pages instead)."""
+    def list_steps(
+        self, limit: int | None = None, scan_count: int = LIST_SCAN_COUNT
+    ) -> Steps[Listing[ScheduleInfo]]:
+        """Recurring jobs (at most ``limit``; None: all), sorted by job id. Read with HSCAN in
+        pages and pipelined ZSCORE/HGET per page, so a store of millions of jobs never blocks
+        the server. A definition that is not usable is an anomaly of the listing, not a row;
+        garbage beside a usable one, an anomaly of its row."""
         out: list[ScheduleInfo] = []
         found: list[Anomaly] = []
-        r = self.jq.redis
-        for sk in self.all_keys():
-            pipe = r.pipeline(transaction=False)
-            pipe.hgetall(sk.defs)
-            pipe.zrange(sk.next, 0, -1, withscores=True)
-            pipe.hgetall(sk.state)
-            defs, nexts, states = pipe.execute(raise_on_error=False)
-            defs = checked(defs, sk.defs, "hash", found, {})
-            next_of = {_str(j): s for j, s in checked(nexts, sk.next, "sorted set", found, [])}
-            state_of = {_str(j): s for j, s in checked(states, sk.state, "hash", found, {}).items()}
-            for raw_id, text in defs.items():
-                job_id = _str(raw_id) or ""
-                info = self.stored_info(
-                    sk, job_id, _str(text) or "", next_of.get(job_id), state_of.get(job_id)
+        seen: set[str] = set()  # HSCAN may return an entry twice across pages
+        wanted = math.inf if limit is None else limit
+        for sk in (yield from self.all_keys_steps()):
+            cursor: int = 0
+            while len(out) < wanted:
+                (page,) = yield commands(cmd("hscan", sk.defs, cursor, count=scan_count))
+                if checked(page, sk.defs, "hash", found, None) is None:
+                    break
+                cursor, entries = page
+                items = [(j, t) for j, t in entries.items() if j not in seen]
+                if limit is not None:
+                    items = items[: limit - len(out)]
+                seen.update(j for j, _ in items)
+                replies = (
+                    (yield commands(
+                        *(c for job_id, _ in items
+                          for c in (cmd("zscore", sk.next, job_id), cmd("hget", sk.state, job_id)))
+                    ))
+                    if items
+                    else []
                 )
-                if isinstance(info, Anomaly):
-                    found.append(info)
-                else:
-                    out.append(info)
+                for i, (job_id, text) in enumerate(items):
+                    score = checked(replies[2 * i], sk.next, "sorted set", found, None)
+                    state = checked(replies[2 * i + 1], sk.state, "hash", found, None)
+                    info = self.stored_info(sk, job_id, text, score, state)
+                    if isinstance(info, Anomaly):
+                        found.append(info)
+                    else:
+                        out.append(info)
+                if int(cursor) == 0:
+                    break
+            if len(out) >= wanted:
+                break
         return Listing(sorted(out, key=lambda i: i.job_id), unique(found))
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _now(self, now: int | None) -> int:
-        return self.jq.server_time_ms() if now is None else int(now)
-
-    def _put(self, job_id: str, build: Any, now: int | None) -> ScheduleInfo:
+    def put_steps(self, job_id: str, build: Any, now: int | None) -> Steps[ScheduleInfo]:
         """Read, let ``build(old_info, now)`` decide (definition, next), write with CAS; retry
         when a scheduler or another client changed the job in between."""
         for _ in range(_CAS_ATTEMPTS):
-            sk = self.keys(job_id)
-            text, next_ms, state_text = self._read(job_id)
+            text, next_ms, state_text = yield from self.read_steps(job_id)
+            sk = yield from self.keys_steps(job_id)
             old = None if text is None else self.stored_info(sk, job_id, text, next_ms, state_text)
             if isinstance(old, Anomaly):
                 raise CorruptData(f"recurring job {job_id!r} cannot be changed: {old}")
-            defn, new_next = build(old, self._now(now))
+            defn, new_next = build(old, (yield from server_time_steps(now)))
             if self._partitions is None:
                 # This process's first write, now known to be valid: K is recorded (HSETNX),
                 # then everything is read again, in case another process recorded another K.
-                _ = self.partitions
+                yield from self.record_partitions_steps()
                 continue
             call = SCHED_DEFINE.call(
                 sk,
@@ -790,7 +879,8 @@ class Recurring:
                 definition=None if defn is None else defn.to_json(),
                 next_ms=new_next,
             )
-            if SCHED_DEFINE.parse(self.jq.scripts.run(call)):
+            (reply,) = yield Scripts([call])
+            if SCHED_DEFINE.parse(reply):
                 state = old.state if old else JobState()
                 if defn is None:  # deleted: report what was there
                     if old is None:
@@ -799,11 +889,13 @@ class Recurring:
                 return ScheduleInfo(defn, new_next, state)
         raise OperationRefused(f"recurring job {job_id!r} kept changing; gave up after retries")
 
-    def schedule(self, defn: Definition, now: int | None = None) -> ScheduleInfo:
+    def schedule_steps(self, defn: Definition, now: int | None = None) -> Steps[ScheduleInfo]:
         """Create or update (upsert) a validated definition."""
-        return self._upsert(defn, now, code=False)
+        return (yield from self.upsert_steps(defn, now, code=False))
 
-    def _upsert(self, defn: Definition, now: int | None, *, code: bool) -> ScheduleInfo:
+    def upsert_steps(
+        self, defn: Definition, now: int | None, *, code: bool
+    ) -> Steps[ScheduleInfo]:
         """``code``: a declaration in code, which never replaces a schedule added at run time
         (raises RuntimeOwned instead, checked in the same compare-and-set as the write)."""
 
@@ -819,47 +911,9 @@ class Recurring:
                 return new, old.next_fire_ms
             return new, first_fire_after(new, max(t, old.state.through_ms or t))
 
-        return self._put(defn.job_id, build, now)
+        return (yield from self.put_steps(defn.job_id, build, now))
 
-    def sync(
-        self, declared: Sequence[Definition], prune: bool = False, now: int | None = None
-    ) -> SyncReport:
-        """Write the code-declared definitions (upsert: an unchanged one is not written at all,
-        so its next fire stays; a changed one applies from its next fire), and with ``prune``
-        remove the code-declared ones no longer declared. Schedules added at run time
-        (``jq.schedule``, the CLI) are never pruned, nor replaced by a declaration with the
-        same id: that declaration is left out (``report.ignored``)."""
-        report = SyncReport()
-        names = {d.job_id for d in declared}
-        r = self.jq.redis
-        for defn in declared:
-            info = self.get(defn.job_id)
-            if info is not None and info.definition.origin != ORIGIN_CODE:
-                report.ignored.append(defn.job_id)
-                continue
-            if info is not None and replace(defn, paused=info.definition.paused).to_json() == (
-                info.definition.to_json()
-            ):
-                report.unchanged.append(defn.job_id)
-            else:
-                try:
-                    self._upsert(defn, now, code=True)
-                except RuntimeOwned:  # jq.schedule took the id between the read and the write
-                    report.ignored.append(defn.job_id)
-                    continue
-                (report.created if info is None else report.updated).append(defn.job_id)
-            # After the write: a crash in between leaves a definition prune never sees (safe).
-            r.sadd(DECLARED_KEY, defn.job_id)
-        if prune:
-            known = sorted(_str(j) or "" for j in r.smembers(DECLARED_KEY))
-            for job_id in known:
-                if job_id not in names:
-                    if self._remove_declared(job_id):
-                        report.removed.append(job_id)
-                    r.srem(DECLARED_KEY, job_id)
-        return report
-
-    def _remove_declared(self, job_id: str) -> bool:
+    def remove_declared_steps(self, job_id: str) -> Steps[bool]:
         """Delete the job only if its stored definition still comes from code."""
         removed = False
 
@@ -872,22 +926,22 @@ class Recurring:
             return None, None
 
         try:
-            self._put(job_id, build, 0)
+            yield from self.put_steps(job_id, build, 0)
         except UnknownSchedule:
             return False
         return removed
 
-    def unschedule(self, job_id: str) -> bool:
+    def unschedule_steps(self, job_id: str) -> Steps[bool]:
         """Remove a job's definition, next fire and counters; runs already created stay."""
         validate_job_id(job_id)
-        if self._read(job_id)[0] is None:
+        if (yield from self.read_steps(job_id))[0] is None:
             return False  # nothing there: nothing recorded either
-        _ = self.partitions  # a write: K is recorded first
-        sk = self.keys(job_id)
+        yield from self.record_partitions_steps()  # a write: K is recorded first
+        sk = yield from self.keys_steps(job_id)
         for _ in range(_CAS_ATTEMPTS):
             # Compared with the stored text as it is, not parsed: a definition that is not
             # usable (foreign data) can still be removed, which is the way out of it.
-            text, next_ms, _state = self._read(job_id)
+            text, next_ms, _state = yield from self.read_steps(job_id)
             if text is None:
                 return False
             call = SCHED_DEFINE.call(
@@ -898,23 +952,24 @@ class Recurring:
                 definition=None,
                 next_ms=None,
             )
-            if SCHED_DEFINE.parse(self.jq.scripts.run(call)):
+            (reply,) = yield Scripts([call])
+            if SCHED_DEFINE.parse(reply):
                 return True
         raise OperationRefused(f"recurring job {job_id!r} kept changing; gave up after retries")
 
-    def pause(self, job_id: str, now: int | None = None) -> ScheduleInfo:
-        self.require(job_id)
+    def pause_steps(self, job_id: str, now: int | None = None) -> Steps[ScheduleInfo]:
+        yield from self.require_steps(job_id)
 
         def build(old: ScheduleInfo | None, t: int) -> tuple[Definition, None]:
             if old is None:
                 raise UnknownSchedule(f"no recurring job {job_id!r}")
             return replace(old.definition, paused=True), None
 
-        return self._put(job_id, build, now)
+        return (yield from self.put_steps(job_id, build, now))
 
-    def resume(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+    def resume_steps(self, job_id: str, now: int | None = None) -> Steps[ScheduleInfo]:
         """Fire times that passed while paused are not fired (use backfill for those)."""
-        self.require(job_id)
+        yield from self.require_steps(job_id)
 
         def build(old: ScheduleInfo | None, t: int) -> tuple[Definition, int | None]:
             if old is None:
@@ -924,68 +979,103 @@ class Recurring:
             new = replace(old.definition, paused=False)
             return new, first_fire_after(new, max(t, old.state.through_ms or t))
 
-        return self._put(job_id, build, now)
+        return (yield from self.put_steps(job_id, build, now))
 
-    def _create(self, defn: Definition, specs: list[RunSpec], now: int | None) -> list[bool]:
-        if not specs:
-            return []
-        count = self.jq.register_queue(defn.queue)
-        planned = [
-            Planned(PartitionKeys(defn.queue, partition_of(s.run_id, count)), s) for s in specs
-        ]
-        return self.jq._create(planned, now)
 
-    def trigger(self, job_id: str, now: int | None = None) -> RunHandle:
-        """Run the job now, outside its schedule, with its own run id
-        ``<job_id>@manual-<now>``; the schedule is untouched."""
-        from jobqueue.client.sync import RunHandle
+class Recurring(RecurringSteps):
+    """The definitions store on a sync connection (``jq.recurring``; the scheduler daemon's
+    and the CLI's): each method runs the operation of the same name ``..._steps``."""
 
-        defn = self.require(job_id).definition
-        t = self._now(now)
-        spec = RunSpec(
-            run_id=fire_run_id(job_id, t, manual=True),
-            task=defn.task,
-            payload=defn.payload(self.jq.settings.max_payload_bytes),
-            due_at_ms=t,
-            max_attempts=defn.max_attempts,
-            lease_ms=defn.lease_ms,
-            timeout_ms=defn.timeout_ms,
-            job_id=job_id,
-            scheduled_for_ms=t,
-        )
-        (created,) = self._create(defn, [spec], now)
-        return RunHandle(self.jq, spec.run_id, defn.queue, created)
+    def __init__(self, conn: SyncConnection, partitions: int | None = None) -> None:
+        super().__init__(partitions)
+        self.conn = conn
 
-    def backfill(
-        self, job_id: str, start: Instant, end: Instant, now: int | None = None
-    ) -> list[RunHandle]:
-        """Create the runs of every fire time in [start, end] (same run ids as the scheduler
-        would use, so fire times that already ran create nothing); due at once.
+    def run(self, steps: Steps[T]) -> T:
+        return run_steps(steps, self.conn.redis, self.conn.scripts)
 
-        ``end`` must not be after the server's now (BackfillInFuture, nothing written): a
-        future fire time's run created now would run early, and at its time the scheduler
-        would find it already there and create nothing."""
-        from jobqueue.client.sync import RunHandle
+    @property
+    def partitions(self) -> int:
+        """K as recorded, else as configured: reads, never writes (see
+        :meth:`record_partitions`)."""
+        return self.read_partitions()
 
-        defn = self.require(job_id).definition
-        start_ms, end_ms = instant_to_ms(start), instant_to_ms(end)
-        if end_ms < start_ms:
-            raise RecurringError("backfill: end is before start")
-        refuse_future_end(job_id, end_ms, self._now(now))
-        fires = fire_times_between(
-            defn.schedule, start_ms - 1, end_ms, limit=MAX_BACKFILL + 1, anchor_ms=defn.start_ms
-        )
-        if len(fires) > MAX_BACKFILL:
-            raise RecurringError(
-                f"backfill of {job_id!r} covers more than {MAX_BACKFILL:,} fire times; "
-                "split the range"
-            )
-        payload = defn.payload(self.jq.settings.max_payload_bytes)
-        specs = [replace(fire_spec(defn, f, payload), due_at_ms=None) for f in fires]
-        created = self._create(defn, specs, now)
-        return [
-            RunHandle(self.jq, s.run_id, defn.queue, c) for s, c in zip(specs, created, strict=True)
-        ]
+    def record_partitions(self) -> int:
+        return self.run(self.record_partitions_steps())
+
+    def read_partitions(self) -> int:
+        return self.run(self.read_partitions_steps())
+
+    def keys(self, job_id: str) -> SchedKeys:
+        return self.run(self.keys_steps(job_id))
+
+    def all_keys(self) -> list[SchedKeys]:
+        return self.run(self.all_keys_steps())
+
+    def get(self, job_id: str) -> ScheduleInfo | None:
+        return self.run(self.get_steps(job_id))
+
+    def require(self, job_id: str) -> ScheduleInfo:
+        return self.run(self.require_steps(job_id))
+
+    def list_jobs(
+        self, limit: int | None = None, scan_count: int = LIST_SCAN_COUNT
+    ) -> Listing[ScheduleInfo]:
+        return self.run(self.list_steps(limit, scan_count))
+
+    def schedule(self, defn: Definition, now: int | None = None) -> ScheduleInfo:
+        return self.run(self.schedule_steps(defn, now))
+
+    def unschedule(self, job_id: str) -> bool:
+        return self.run(self.unschedule_steps(job_id))
+
+    def pause(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+        return self.run(self.pause_steps(job_id, now))
+
+    def resume(self, job_id: str, now: int | None = None) -> ScheduleInfo:
+        return self.run(self.resume_steps(job_id, now))
+
+    def sync(
+        self, declared: Sequence[Definition], prune: bool = False, now: int | None = None
+    ) -> SyncReport:
+        """Write the code-declared definitions (upsert: an unchanged one is not written at all,
+        so its next fire stays; a changed one applies from its next fire), and with ``prune``
+        remove the code-declared ones no longer declared. Schedules added at run time
+        (``jq.schedule``, the CLI) are never pruned, nor replaced by a declaration with the
+        same id: that declaration is left out (``report.ignored``). The scheduler daemon's
+        (sync) start-up step."""
+        report = SyncReport()
+        names = {d.job_id for d in declared}
+        for defn in declared:
+            info = self.get(defn.job_id)
+            if info is not None and info.definition.origin != ORIGIN_CODE:
+                report.ignored.append(defn.job_id)
+                continue
+            if info is not None and replace(defn, paused=info.definition.paused).to_json() == (
+                info.definition.to_json()
+            ):
+                report.unchanged.append(defn.job_id)
+            else:
+                try:
+                    self.run(self.upsert_steps(defn, now, code=True))
+                except RuntimeOwned:  # jq.schedule took the id between the read and the write
+                    report.ignored.append(defn.job_id)
+                    continue
+                (report.created if info is None else report.updated).append(defn.job_id)
+            # After the write: a crash in between leaves a definition prune never sees (safe).
+            self.run(_write(cmd("sadd", DECLARED_KEY, defn.job_id)))
+        if prune:
+            (members,) = self.run(_write(cmd("smembers", DECLARED_KEY)))
+            for job_id in sorted(_str(j) or "" for j in members):
+                if job_id not in names:
+                    if self.run(self.remove_declared_steps(job_id)):
+                        report.removed.append(job_id)
+                    self.run(_write(cmd("srem", DECLARED_KEY, job_id)))
+        return report
+
+
+def _write(*cmds: Cmd) -> Steps[list[Any]]:
+    """Plain commands whose error replies are raised (the server refused: OOM, READONLY)."""
+    return raised((yield commands(*cmds)))
 
 
 def _str(value: Any) -> str | None:

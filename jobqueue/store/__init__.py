@@ -1,2 +1,2 @@
 """Redis: key names, the Lua scripts and their contract, the calls built from it and
-their replies, connections from URLs, the embedded server, the JSON payloads."""
+their replies, connections from URLs, the embedded server."""

@@ -516,19 +516,11 @@ class ScriptRunner:
     def _durable_group(
         self, calls: Sequence[Call], replicas: int, fsync: bool, timeout_ms: int
     ) -> tuple[list[Any], bool]:
-        wait: tuple[Any, ...] = (
-            ("WAITAOF", 1, replicas, timeout_ms) if fsync else ("WAIT", replicas, timeout_ms)
-        )
-        # WAIT covers the writes of its own connection only, and a call that finds its run
-        # already there (an enqueue sent again) writes nothing: one small write of this
-        # connection, after the calls, makes WAIT cover everything the master had by then,
-        # whoever wrote it. In the calls' slot (a cluster node serves its own slots).
-        tag = calls[0].keys[0].split("}", 1)[0] + "}"
-        mark = ("SET", f"{tag}:durable", "1", "PX", 60_000)
+        wait = _wait_command(replicas, fsync, timeout_ms)
         try:
             for _ in range(_RECOVERIES + 1):
-                commands = [("EVALSHA", *self._sources.evalsha_args(c)) for c in calls]
-                replies = self._on_one_connection([*commands, mark, wait], calls[0])
+                commands = _durable_commands(calls, wait, self._sources)
+                replies = self._on_one_connection(commands, calls[0])
                 replies = [*replies[:-2], replies[-1]]
                 again = _not_run(replies[:-1], self._sources)
                 if not again:
@@ -536,19 +528,7 @@ class ScriptRunner:
                 self.load(sorted({calls[i].script for i in again}))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(calls[0], exc) from exc
-        answer = replies[-1]
-        if isinstance(answer, Exception):
-            text = str(answer)
-            if "unknown command" in text.lower():
-                raise ConfigError(f"durable writes need {wait[0]}, which this server lacks "
-                                  f"({'Redis >= 7.2' if fsync else 'Redis >= 3.0'}): {text}")
-            raise ConfigError(f"{wait[0]} refused: {text}")
-        acked = (
-            int(answer[0]) >= 1 and int(answer[1]) >= replicas
-            if fsync
-            else int(answer) >= replicas
-        )
-        return list(replies[:-1]), acked
+        return list(replies[:-1]), _acknowledged(replies[-1], wait, replicas, fsync)
 
     def _on_one_connection(self, commands: Sequence[tuple[Any, ...]], first: Call) -> list[Any]:
         if self._lane is not None:
@@ -604,6 +584,36 @@ def _redirected(replies: Sequence[Any]) -> list[int]:
     return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.MovedError)]
 
 
+def _wait_command(replicas: int, fsync: bool, timeout_ms: int) -> tuple[Any, ...]:
+    return ("WAITAOF", 1, replicas, timeout_ms) if fsync else ("WAIT", replicas, timeout_ms)
+
+
+def _durable_commands(
+    calls: Sequence[Call], wait: tuple[Any, ...], sources: _Sources
+) -> list[tuple[Any, ...]]:
+    """The calls, a mark, then WAIT, all for one connection. WAIT covers the writes of its own
+    connection only, and a call that finds its run already there (an enqueue sent again)
+    writes nothing: one small write of this connection, after the calls, makes WAIT cover
+    everything the master had by then, whoever wrote it. In the calls' slot (a cluster node
+    serves its own slots)."""
+    tag = calls[0].keys[0].split("}", 1)[0] + "}"
+    mark = ("SET", f"{tag}:durable", "1", "PX", 60_000)
+    return [*(("EVALSHA", *sources.evalsha_args(c)) for c in calls), mark, wait]
+
+
+def _acknowledged(answer: Any, wait: tuple[Any, ...], replicas: int, fsync: bool) -> bool:
+    """Whether WAIT's (or WAITAOF's) answer counts enough acknowledgements."""
+    if isinstance(answer, Exception):
+        text = str(answer)
+        if "unknown command" in text.lower():
+            raise ConfigError(f"durable writes need {wait[0]}, which this server lacks "
+                              f"({'Redis >= 7.2' if fsync else 'Redis >= 3.0'}): {text}")
+        raise ConfigError(f"{wait[0]} refused: {text}")
+    if fsync:
+        return int(answer[0]) >= 1 and int(answer[1]) >= replicas
+    return int(answer) >= replicas
+
+
 class AsyncScriptRunner:
     """The same as ScriptRunner, for redis.asyncio clients."""
 
@@ -653,3 +663,32 @@ class AsyncScriptRunner:
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(calls[0], exc) from exc
         return _checked(calls, replies)
+
+    async def run_durable(
+        self, calls: Sequence[Call], replicas: int, fsync: bool, timeout_ms: int
+    ) -> tuple[list[Any], bool]:
+        """ScriptRunner.run_durable on one server: the calls, then WAIT, on one connection
+        (an asyncio pipeline keeps to one)."""
+        if hasattr(self.client, "get_node_from_key"):
+            raise ConfigError(
+                "durable writes (Settings.durable_replicas/durable_fsync) from the asyncio "
+                "client need a single server; on a Redis Cluster enqueue with the sync JobQueue"
+            )
+        if not calls:
+            return [], True
+        wait = _wait_command(replicas, fsync, timeout_ms)
+        try:
+            for _ in range(_RECOVERIES + 1):
+                pipe = self.client.pipeline(transaction=False)
+                for command in _durable_commands(calls, wait, self._sources):
+                    pipe.execute_command(*command)
+                replies = list(await pipe.execute(raise_on_error=False))
+                replies = [*replies[:-2], replies[-1]]
+                again = _not_run(replies[:-1], self._sources)
+                if not again:
+                    break
+                await self.load(sorted({calls[i].script for i in again}))
+        except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
+            raise translate_error(calls[0], exc) from exc
+        acked = _acknowledged(replies[-1], wait, replicas, fsync)
+        return _checked(calls, list(replies[:-1])), acked

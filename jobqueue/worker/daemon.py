@@ -47,12 +47,13 @@ from jobqueue.errors import (
     ServerRefused,
     UnknownTask,
 )
+from jobqueue.payload import decode_payload, encode_result
 from jobqueue.policy.backoff import retry_delay_ms
 from jobqueue.runtime.logs import run_fields
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.runtime.signals import SignalRelay
+from jobqueue.settings import to_ms
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
-from jobqueue.store.payload import decode_payload, encode_result
 from jobqueue.store.runs import (
     CLAIM,
     COMPLETE,
@@ -65,10 +66,12 @@ from jobqueue.store.runs import (
 )
 from jobqueue.store.scripts import Call
 from jobqueue.tasks import Task
+from jobqueue.worker.supervisor import DEFAULT_GRACE_S
 
 log = logging.getLogger("jobqueue.worker")
 
 MAX_CLAIM_BATCH = 500
+DEFAULT_CONCURRENCY = 8
 # Below the client's socket timeout, so a blocking wait never looks like a dead server.
 MAX_IDLE_WAIT_S = 2.0
 DRAIN_COMMIT_WAIT_S = 5.0
@@ -243,9 +246,9 @@ class Worker:
         jq: JobQueue,
         queues: Iterable[str] | None = None,
         *,
-        concurrency: int = 8,
+        concurrency: int = DEFAULT_CONCURRENCY,
         lease: float | None = None,
-        grace: float = 30.0,
+        grace: float = DEFAULT_GRACE_S,
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
         metrics: Metrics = NO_METRICS,
@@ -256,7 +259,7 @@ class Worker:
         self.jq = jq
         self.queues = list(queues or [jq.settings.default_queue])
         self.concurrency = concurrency
-        self.lease_ms = int((lease or jq.settings.default_lease_s) * 1000)
+        self.lease_ms = to_ms(lease or jq.settings.default_lease_s)
         self.grace = grace
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.install_signal_handlers = install_signal_handlers
@@ -888,8 +891,8 @@ class Worker:
         delay = None
         if item.retry:
             task = self.jq.registry.get(run.task) if run.task in self.jq.registry else None
-            base = (task and task.options.backoff_base_ms) or int(settings.backoff_base_s * 1000)
-            cap = (task and task.options.backoff_cap_ms) or int(settings.backoff_cap_s * 1000)
+            base = (task and task.options.backoff_base_ms) or settings.backoff_base_ms
+            cap = (task and task.options.backoff_cap_ms) or settings.backoff_cap_ms
             delay = retry_delay_ms(run.attempt, base, cap)
         # An exception's text may hold lone surrogates (undecodable bytes): not UTF-8, so it
         # could not be sent, and the whole commit batch would fail with it.

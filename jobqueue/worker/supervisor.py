@@ -29,7 +29,9 @@ _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 # A child that has not drained this long after the grace period is killed (its worker's own
 # watchdog exits it at grace + 9 s; this is for one that hangs even so).
 _KILL_MARGIN_S = 15.0
-_DEFAULT_GRACE_S = 30.0
+# What in-flight runs get to finish on SIGTERM unless --grace says otherwise (the Worker's
+# default too; defined here, where the supervisor reads its children's --grace).
+DEFAULT_GRACE_S = 30.0
 
 
 def _child_setup() -> None:
@@ -63,7 +65,7 @@ def _grace_from(argv: list[str]) -> float:
                 return float(value)
             except ValueError:
                 break
-    return _DEFAULT_GRACE_S
+    return DEFAULT_GRACE_S
 
 
 def _clean(code: int, stopping: bool) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from jobqueue.cli.common import FiniteFloat
+from jobqueue.dashboard.sampler import DEFAULT_SAMPLE_EVERY_S
 from jobqueue.errors import ConfigError
 
 EXTRA_MISSING = (
@@ -50,7 +51,7 @@ def is_loopback(host: str) -> bool:
 )
 @click.option(
     "--sample-every",
-    default=10.0,
+    default=DEFAULT_SAMPLE_EVERY_S,
     show_default=True,
     type=FiniteFloat(1),
     help="Seconds between samples of queue depth and lateness (kept in memory for an hour).",

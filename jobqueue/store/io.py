@@ -1,0 +1,160 @@
+"""Operations written once for the sync and the asyncio client: an operation is a generator
+(``Steps``) that yields what it needs from Redis (a pipeline of commands, script calls) and
+receives the replies; it decides everything else (validation, keys, parsing, anomalies)
+without I/O. :func:`run_steps` answers it on a sync client, :func:`run_steps_async` on a
+``redis.asyncio`` one: only these two touch the network.
+
+An error the I/O raises (a lost connection, a script refused) is thrown into the generator at
+its ``yield``, so an operation handles it the same way on both."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import redis
+
+from jobqueue.store.scripts import AsyncScriptRunner, Call, ScriptRunner
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Cmd:
+    """One redis-py command by its method name, e.g. ``Cmd("zrange", (key, 0, -1),
+    {"withscores": True})``: redis-py parses its reply as that method does."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def cmd(name: str, *args: Any, **kwargs: Any) -> Cmd:
+    return Cmd(name, args, kwargs)
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Commands in one pipelined round trip; each reply in its place, an error reply (such as
+    WRONGTYPE) as a value: the operation decides what it means."""
+
+    cmds: Sequence[Cmd]
+
+
+@dataclass(frozen=True)
+class Scripts:
+    """Script calls in one round trip (a single call goes without a pipeline); the first
+    error reply is raised, as ``ScriptRunner.run_many`` does. Replies in call order."""
+
+    calls: Sequence[Call]
+
+
+@dataclass(frozen=True)
+class DurableScripts:
+    """Script calls, then WAIT (or WAITAOF) on their connections: (replies, acknowledged)."""
+
+    calls: Sequence[Call]
+    replicas: int
+    fsync: bool
+    timeout_ms: int
+
+
+Request = Commands | Scripts | DurableScripts
+Steps = Generator[Request, Any, T]
+
+
+def commands(*cmds: Cmd) -> Commands:
+    return Commands(cmds)
+
+
+def raised(replies: list[Any]) -> list[Any]:
+    """Pipelined replies, the first error among them raised (the server refused: OOM,
+    READONLY; or a key of another type where the caller has no other answer)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def server_time_steps(now: int | None = None) -> Steps[int]:
+    """``now`` (ms, as tests give it), else the Redis server's clock: the one clock."""
+    if now is not None:
+        return int(now)
+    ((seconds, micros),) = raised((yield commands(cmd("time"))))
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def run_steps(steps: Steps[T], client: Any, scripts: ScriptRunner) -> T:
+    """Drive an operation on a sync client."""
+    try:
+        request = next(steps)
+        while True:
+            try:
+                reply = _perform(request, client, scripts)
+            except Exception as exc:
+                request = steps.throw(exc)
+            else:
+                request = steps.send(reply)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def run_steps_async(steps: Steps[T], client: Any, scripts: AsyncScriptRunner) -> T:
+    """Drive an operation on a ``redis.asyncio`` client."""
+    try:
+        request = next(steps)
+        while True:
+            try:
+                reply = await _perform_async(request, client, scripts)
+            except Exception as exc:
+                request = steps.throw(exc)
+            else:
+                request = steps.send(reply)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+def _perform(request: Request, client: Any, scripts: ScriptRunner) -> Any:
+    if isinstance(request, Commands) and len(request.cmds) == 1:
+        # Alone, without a pipeline: a cluster pipeline refuses keyless commands (TIME).
+        (c,) = request.cmds
+        try:
+            return [getattr(client, c.name)(*c.args, **c.kwargs)]
+        except redis.exceptions.ResponseError as exc:
+            return [exc]  # in its place, as a pipeline would give it
+    if isinstance(request, Commands):
+        pipe = client.pipeline(transaction=False)
+        for c in request.cmds:
+            getattr(pipe, c.name)(*c.args, **c.kwargs)
+        return list(pipe.execute(raise_on_error=False))
+    if isinstance(request, Scripts):
+        if len(request.calls) == 1:  # no pipeline: its overhead matters at one enqueue
+            return [scripts.run(request.calls[0])]
+        return scripts.run_many(request.calls)
+    return scripts.run_durable(
+        request.calls, request.replicas, request.fsync, request.timeout_ms
+    )
+
+
+async def _perform_async(request: Request, client: Any, scripts: AsyncScriptRunner) -> Any:
+    if isinstance(request, Commands) and len(request.cmds) == 1:
+        (c,) = request.cmds
+        try:
+            return [await getattr(client, c.name)(*c.args, **c.kwargs)]
+        except redis.exceptions.ResponseError as exc:
+            return [exc]
+    if isinstance(request, Commands):
+        pipe = client.pipeline(transaction=False)
+        for c in request.cmds:
+            getattr(pipe, c.name)(*c.args, **c.kwargs)
+        return list(await pipe.execute(raise_on_error=False))
+    if isinstance(request, Scripts):
+        if len(request.calls) == 1:
+            return [await scripts.run(request.calls[0])]
+        return await scripts.run_many(request.calls)
+    return await scripts.run_durable(
+        request.calls, request.replicas, request.fsync, request.timeout_ms
+    )
