@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import redis
 from redis.crc import key_slot
 
 from jobqueue import (
@@ -26,7 +27,7 @@ from jobqueue.errors import InvalidRunId
 from jobqueue.payload import encode_payload
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, ClaimResult, RunSpec
-from jobqueue.store.scripts import ScriptRunner
+from jobqueue.store.scripts import ScriptRunner, scripts
 
 
 def register(jq: JobQueue) -> Any:
@@ -569,6 +570,46 @@ def test_runner_run_many_recovers_after_script_flush(
     assert CREATE_RUN.parse(replies[3]) == [False]
     assert redis_client.hget(pk.stats, "claimed") == "1"
     assert redis_client.hget(pk.run("a"), "fence") == str(CLAIM.parse(replies[2]).runs[0].fence)
+
+
+class ServerWithoutShebang:
+    """A client of a server that cannot parse a '#!lua' line (Redis 6 does this), which lets
+    ``meanwhile`` run just before it refuses the first call (another thread of the same
+    process learning the plain form in between)."""
+
+    REFUSAL = "Error compiling script (new function): user_script:1: unexpected symbol near '#'"
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.meanwhile: Any = None
+        self.shebang_shas = {s.sha for s in scripts().values()}
+
+    def evalsha(self, sha: str, *args: Any) -> Any:
+        if sha in self.shebang_shas:
+            if self.meanwhile is not None:
+                meanwhile, self.meanwhile = self.meanwhile, None
+                meanwhile()
+            raise redis.exceptions.ResponseError(self.REFUSAL)
+        return self.client.evalsha(sha, *args)
+
+    def script_load(self, source: str) -> Any:
+        if source.startswith("#!"):
+            raise redis.exceptions.ResponseError(self.REFUSAL)
+        return self.client.script_load(source)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_a_call_refused_for_its_lua_line_after_another_learnt_the_plain_form_is_sent_again(
+    redis_client: Any, pk: PartitionKeys
+) -> None:
+    server = ServerWithoutShebang(redis_client)
+    runner = ScriptRunner(server)
+    other = PartitionKeys("default", 1)
+    server.meanwhile = lambda: runner.run(CREATE_RUN.call(other, [RunSpec("b", "t", "{}")]))
+    assert CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [RunSpec("a", "t", "{}")]))) == [True]
+    assert redis_client.exists(pk.run("a"), other.run("b")) == 2
 
 
 def test_enqueue_and_enqueue_many_recover_after_script_flush(redis_client: Any) -> None:

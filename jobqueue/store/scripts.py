@@ -343,8 +343,10 @@ class _Sources:
         return (sha, len(call.keys), *call.keys, *call.args)
 
     def learn(self, exc: BaseException) -> bool:
-        """True if exc says the server needs the plain form (then used from now on)."""
-        if self.plain or not _shebang_refused(exc):
+        """True if exc says the server needs the plain form (then used from now on). Also
+        when another thread learnt it first: a call sent in the '#!lua' form meanwhile did
+        not run and is sent again."""
+        if not _shebang_refused(exc):
             return False
         self.plain = True
         return True
