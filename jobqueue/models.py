@@ -88,12 +88,15 @@ class Run:
         history: list[str],
         queue: str = "",
         anomalies: tuple[Anomaly, ...] = (),
+        key: str | None = None,
     ) -> Run:
         """A run from its record. Fields at their defaults are not stored (see create_run.lua),
-        and the queue comes from the key the record was read from. A field that is not what
-        jobqueue writes is shown as its default and added to ``anomalies``."""
+        and the queue comes from the key the record was read from (``key``, which anomalies
+        name). A field that is not what jobqueue writes is shown as its default and added to
+        ``anomalies``."""
         found = list(anomalies)
-        key = PartitionKeys(queue, partition).run(run_id)
+        if key is None:
+            key = PartitionKeys(queue, partition).run(run_id)
         state = fields.get("state", "unknown")
         if state not in STATES and not found:  # a stand-in record already says why
             found.append(Anomaly(key, f"state {fields.get('state')!r} is not a run state"))

@@ -248,6 +248,22 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
         "no queues yet",
         found,
     )
+    if not as_json and any(s.node for s in found):
+        _master_table(state.jq(), found)
+
+
+def _master_table(jq: Any, found: Sequence[inspect.PartitionStats]) -> None:
+    """On a cluster: what each master carries, so an uneven placement shows (SHARE 1.0 is
+    its fair share of the partitions listed; `jobqueue repartition` spreads a queue whose
+    partitions still have the plain tags of earlier versions)."""
+    primaries = getattr(jq.redis, "get_primaries", None)
+    masters = [n.name for n in primaries()] if primaries else []
+    rows = [
+        [m.node, m.partitions, m.due_now, m.scheduled_later, m.running, f"{m.share:.2f}"]
+        for m in inspect.master_loads(found, masters)
+    ]
+    click.echo()
+    click.echo(table(rows, ["MASTER", "PARTITIONS", "DUE NOW", "LATER", "RUNNING", "SHARE"]))
 
 
 # `stats` is the older name, kept for scripts: the same command under both names.

@@ -102,7 +102,7 @@ class AsyncJobQueue(ClientBase):
             return self.partitions_of(queue)
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hsetnx(QUEUES_KEY, queue, self._partitions.get(queue, 1))
+            pipe.hsetnx(QUEUES_KEY, queue, self.registration(queue))
             pipe.hget(QUEUES_KEY, queue)
             written, stored = await pipe.execute(raise_on_error=False)
             if isinstance(written, Exception) and not is_wrong_type(written):

@@ -157,7 +157,7 @@ class JobQueue(ClientBase):
         validate_queue_name(queue)  # jq:queues lists only names every command can address
         try:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hsetnx(QUEUES_KEY, queue, self._partitions.get(queue, 1))
+            pipe.hsetnx(QUEUES_KEY, queue, self.registration(queue))
             pipe.hget(QUEUES_KEY, queue)
             written, stored = pipe.execute(raise_on_error=False)
             if isinstance(written, Exception) and not is_wrong_type(written):

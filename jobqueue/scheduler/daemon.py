@@ -639,8 +639,8 @@ class Scheduler:
             text = _text(raw)
             try:
                 tmpl = Definition.from_json("", text)
-                count = self.jq.register_queue(tmpl.queue)
-                keys = [PartitionKeys(tmpl.queue, p) for p in range(count)]
+                self.jq.register_queue(tmpl.queue)
+                keys = self.jq.all_partition_keys(tmpl.queue)
                 out.append(_DefInfo(tmpl, tmpl.payload(limit), keys))
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("unusable recurring job definition %.200s: %s", text, exc)
@@ -804,7 +804,7 @@ class Scheduler:
         except (ValueError, JobQueueError) as exc:
             log.error("recurring job %s: unusable queue %r: %s", job, queue, exc)
             return None
-        return PartitionKeys(queue, partition_of(job, count))
+        return self.jq.partition_keys(queue, partition_of(job, count))
 
     def _previous_states(self, jobs: list[tuple[str, str, int | None]]) -> list[str | None]:
         """The state of each job's previous run, given (job, queue of that run, its fire)
@@ -851,7 +851,7 @@ class Scheduler:
             except (ValueError, JobQueueError) as exc:
                 log.error("recurring job %s: unusable held entry %r: %s", job, text, exc)
                 continue
-            pk = PartitionKeys(queue, partition_of(job, count))
+            pk = self.jq.partition_keys(queue, partition_of(job, count))
             pred_id = "" if pred < 0 else f"{job}@{_fire_instant(pred)}"
             held = (f"{job}@{_fire_instant(fire)}", pred_id, due)
             if pred_id and pred_queue != queue:

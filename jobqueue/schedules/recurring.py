@@ -67,10 +67,8 @@ from jobqueue.policy.misfire import MisfireError, parse_policy
 from jobqueue.policy.timeutil import Instant, instant_to_ms
 from jobqueue.store import ops
 from jobqueue.store.keys import (
-    PartitionKeys,
     bad_count,
     parse_partition_count,
-    partition_of,
     validate_partition_count,
     validate_queue_name,
     validate_run_id,
@@ -931,10 +929,8 @@ class Recurring:
     def _create(self, defn: Definition, specs: list[RunSpec], now: int | None) -> list[bool]:
         if not specs:
             return []
-        count = self.jq.register_queue(defn.queue)
-        planned = [
-            Planned(PartitionKeys(defn.queue, partition_of(s.run_id, count)), s) for s in specs
-        ]
+        self.jq.register_queue(defn.queue)
+        planned = [Planned(self.jq.keys_for(defn.queue, s.run_id), s) for s in specs]
         return self.jq._create(planned, now)
 
     def trigger(self, job_id: str, now: int | None = None) -> RunHandle:
