@@ -35,6 +35,7 @@ from jobqueue.store import ops
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
 from jobqueue.store.payload import decode_payload
+from jobqueue.store.sched_ops import parse_sched_lease, sched_lease_call
 from jobqueue.store.scripts import SCRIPT_NAMES, Call, ScriptRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -554,8 +555,11 @@ def sched_lifecycle(runner: ScriptRunner) -> None:
             next_ms=60_000)))
         _, due = ops.parse_sched_due(runner.run(ops.sched_due_call(sk, 0, 10, now=60_000)))
         assert [d.job_id for d in due] == [job]
+        acquire = sched_lease_call(sk, "s", "acquire", 5_000, now=60_000)
+        lease = parse_sched_lease(runner.run(acquire))
         move = ops.Advance(job, 60_000, 120_000, fired=1, last_fire_ms=60_000, through_ms=60_000)
-        assert ops.parse_advance(runner.run(ops.advance_call(sk, [move], now=60_000))) == [True]
+        call = ops.advance_call(sk, [move], now=60_000, token=lease.token)
+        assert ops.parse_advance(runner.run(call)) == [True]
         assert ops.parse_sched_define(runner.run(ops.sched_define_call(
             sk, f"gone-{k}", expected_definition=None, expected_next_ms=None,
             definition=definition, next_ms=None)))
@@ -590,7 +594,8 @@ def test_inv5_every_stored_key_carries_its_partitions_hash_tag(redis_client: Any
     assert len(keys) > 40
     used = set()
     for key in keys:
-        if key in (QUEUES_KEY, "jq:sched:config"):  # global: plain single-key commands only
+        # global: plain single-key commands only
+        if key in (QUEUES_KEY, "jq:sched:config", "jq:schedulers"):
             continue
         m = tag.match(key)
         assert m, key

@@ -16,6 +16,7 @@ from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.sched_ops import (
     RunGroup,
     sched_create_call,
+    sched_lease_call,
     sched_release_call,
     sched_unhold_call,
 )
@@ -39,13 +40,14 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "purge": lambda: ops.purge_call(PK, ["r"]),
     "repair": lambda: ops.repair_call(PK, ["r"]),
     "sched_due": lambda: ops.sched_due_call(SK, 1, 1),
-    "advance": lambda: ops.advance_call(SK, [ops.Advance("j", 1, 2)]),
+    "advance": lambda: ops.advance_call(SK, [ops.Advance("j", 1, 2)], token=7),
     "sched_define": lambda: ops.sched_define_call(
         SK, "j", expected_definition=None, expected_next_ms=None, definition="{}", next_ms=1
     ),
     "sched_create": lambda: sched_create_call(PK, [(GROUP, ["j", 1])]),
     "sched_release": lambda: sched_release_call(PK, [("j@x", "", 1)]),
     "sched_unhold": lambda: sched_unhold_call(SK, [("j", "text")]),
+    "sched_lease": lambda: sched_lease_call(SK, "s", "renew", 1, 7),
 }
 
 

@@ -48,8 +48,10 @@ from jobqueue.store.sched_ops import (
     HOLD_MS,
     RunGroup,
     parse_sched_create,
+    parse_sched_lease,
     parse_sched_release,
     sched_create_call,
+    sched_lease_call,
     sched_release_call,
     sched_unhold_call,
 )
@@ -264,7 +266,7 @@ def advance(runner: ScriptRunner) -> Call:
         ops.Advance("policed", 180 * S, 240 * S, skipped=1, through_ms=180 * S,
                     held=f"{180 * S} {60 * S} {180 * S} default"),
         ops.Advance("hourly", 3600 * S, None, through_ms=180 * S),
-    ], now=180 * S)
+    ], now=180 * S, token=int(runner.client.hget(SK.owner, "token")))  # the ticks' scheduler
 
 
 def sched_define_put(runner: ScriptRunner) -> Call:
@@ -319,6 +321,21 @@ def sched_unhold(runner: ScriptRunner) -> Call:
     held = runner.client.hgetall(SK.held)
     return sched_unhold_call(SK, [("policed", held["policed"]), ("slow", held["slow"]),
                                   ("herd-1", "120000 60000 120000 default")], now=130 * S)
+
+
+def sched_lease_takeover(runner: ScriptRunner) -> Call:
+    """The partition's owner (the ticks' scheduler) stopped renewing at 120 s; another
+    scheduler acquires it at 180 s, its lease long expired: a new owner and token."""
+    recurring_jobs(runner)
+    return sched_lease_call(SK, "s-2", "acquire", 5_000, now=180 * S)
+
+
+def sched_lease_renew(runner: ScriptRunner) -> Call:
+    """The owner renews its lease with its token."""
+    recurring_jobs(runner)
+    token = int(runner.client.hget(SK.owner, "token"))
+    owner = runner.client.hget(SK.owner, "owner")
+    return sched_lease_call(SK, owner, "renew", 5_000, token, now=121 * S)
 
 
 def repair(runner: ScriptRunner) -> Call:
@@ -376,6 +393,10 @@ SCENARIOS = {
         Scenario("sched_create", "sched_create", sched_create, parse_sched_create),
         Scenario("sched_release", "sched_release", sched_release, parse_sched_release),
         Scenario("sched_unhold", "sched_unhold", sched_unhold, ignored, prefix=""),
+        Scenario("sched_lease-takeover", "sched_lease", sched_lease_takeover,
+                 parse_sched_lease, prefix=""),
+        Scenario("sched_lease-renew", "sched_lease", sched_lease_renew, parse_sched_lease,
+                 prefix=""),
     )
 }
 

@@ -7,7 +7,12 @@ Storage (scheduler partition k of K, hash tag ``{sched#k}``, k = fnv1a_32(job_id
     jq:{sched#k}:next   zset   job_id -> next fire instant (ms); absent while paused or ended
     jq:{sched#k}:state  hash   job_id -> 'fired missed skipped dropped last through [last_queue]'
     jq:{sched#k}:held   hash   job_id -> 'fire pred_fire due queue [pred_queue]' (buffer-one)
-    jq:sched:config     hash   partitions -> K (global, plain commands only)
+    jq:sched:config     hash   partitions -> K, and the placement: 'K' (the tags {sched#k})
+                               or 'K spread' (global, plain commands only); moving -> the
+                               target of a `schedules repartition` in progress
+    jq:schedulers       hash   scheduler id -> its registry entry (``scheduler.membership``)
+    jq:{sched#k}:owner  hash   the lease of the scheduler that owns partition k (owner,
+                               token, until)
     jq:sched:declared   set    job ids synced from code declarations (global, plain commands)
 
 ``last`` is the latest fire instant that got a run (-1: none yet), ``through`` the instant up
@@ -67,8 +72,10 @@ from jobqueue.policy.misfire import MisfireError, parse_policy
 from jobqueue.policy.timeutil import Instant, instant_to_ms
 from jobqueue.store import ops
 from jobqueue.store.keys import (
+    MAX_PARTITIONS,
     bad_count,
-    parse_partition_count,
+    parse_placement,
+    placement_record,
     validate_partition_count,
     validate_queue_name,
     validate_run_id,
@@ -88,6 +95,8 @@ SCHED_CONFIG_KEY = "jq:sched:config"
 DECLARED_KEY = "jq:sched:declared"
 ORIGIN_CODE = "code"
 ENV_SCHED_PARTITIONS = "JOBQUEUE_SCHED_PARTITIONS"
+# Scheduler partitions per cluster master when nothing configures K (see default_partitions).
+PER_MASTER = 4
 DEFAULT_MISFIRE = "fire-once"
 MAX_BACKFILL = 10_000
 _CAS_ATTEMPTS = 20
@@ -137,6 +146,11 @@ def refuse_future_end(job_id: str, end_ms: int, now_ms: int) -> None:
 
 def sched_partition_of(job_id: str, partitions: int) -> int:
     return 0 if partitions <= 1 else fnv1a_32(job_id) % partitions
+
+
+def sched_keys(partition: int, count: int, spread: bool) -> SchedKeys:
+    """Scheduler partition ``partition`` of ``count``, with its placement."""
+    return SchedKeys(partition, count if spread and count > 1 else 0)
 
 
 @lru_cache(maxsize=65536)
@@ -603,6 +617,7 @@ class Recurring:
         self.jq = jq
         self._wanted = partitions
         self._partitions: int | None = None
+        self._spread = False
 
     # -- partitions ------------------------------------------------------------------------
 
@@ -613,14 +628,25 @@ class Recurring:
         :meth:`read_partitions`, which records nothing."""
         if self._partitions is None:
             wanted = self._configured()
+            first = placement_record(wanted or self.default_partitions(), True)
             pipe = self.jq.redis.pipeline(transaction=False)
-            pipe.hsetnx(SCHED_CONFIG_KEY, "partitions", wanted or 1)
+            pipe.hsetnx(SCHED_CONFIG_KEY, "partitions", first)
             pipe.hget(SCHED_CONFIG_KEY, "partitions")
             written, stored = pipe.execute(raise_on_error=False)
             if isinstance(written, Exception) and not is_wrong_type(written):
                 raise written  # refused by the server (OOM, READONLY): not the data's fault
-            self._partitions = self._adopt(stored, wanted)
+            self._partitions, self._spread = self._adopt(stored, wanted)
         return self._partitions
+
+    def default_partitions(self) -> int:
+        """K when nothing configures it: 1 on a single server (its one thread runs every
+        script anyway; a second scheduler stands by), PER_MASTER x the masters on a cluster,
+        so that the partitions, placed evenly, put the same share of the jobs on each master
+        and up to that many schedulers can share the work."""
+        primaries = getattr(self.jq.redis, "get_primaries", None)
+        if primaries is None:
+            return 1
+        return min(MAX_PARTITIONS, PER_MASTER * max(1, len(primaries())))
 
     def read_partitions(self) -> int:
         """K as recorded, else as configured: nothing recorded means no definition was ever
@@ -635,8 +661,12 @@ class Recurring:
             stored = exc
         if stored is None:
             return wanted or 1  # not kept: the first write records it, and may find another
-        self._partitions = self._adopt(stored, wanted)
+        self._partitions, self._spread = self._adopt(stored, wanted)
         return self._partitions
+
+    def forget(self) -> None:
+        """Read K and its placement again at the next use (after `schedules repartition`)."""
+        self._partitions, self._spread = None, False
 
     def _configured(self) -> int | None:
         """K as this process is configured (argument, else $JOBQUEUE_SCHED_PARTITIONS)."""
@@ -650,30 +680,34 @@ class Recurring:
             validate_partition_count(wanted, "scheduler")
         return wanted
 
-    def _adopt(self, stored: Any, wanted: int | None) -> int:
-        """The recorded K (an HGET reply), checked against the configured one."""
+    def _adopt(self, stored: Any, wanted: int | None) -> tuple[int, bool]:
+        """The recorded K and placement (an HGET reply), checked against the configured K."""
         if is_wrong_type(stored):
             raise CorruptData(f"{SCHED_CONFIG_KEY} is not a hash: recurring jobs cannot be read")
         if isinstance(stored, Exception):
             raise stored
-        count = parse_partition_count(stored)
-        if count is None:
+        placed = parse_placement(stored)
+        if placed is None:
             raise CorruptData(
                 f"{SCHED_CONFIG_KEY} field 'partitions': {bad_count(stored)}; set it right "
                 "before using recurring jobs"
             )
+        count, spread = placed
         if wanted is not None and wanted != count:
             raise ConfigError(
                 f"recurring jobs use {count} scheduler partitions in Redis but {wanted} "
-                "are configured here; changing it needs a migration"
+                f"are configured here; changing it needs a migration: `jobqueue schedules "
+                f"repartition {wanted}` (see its --help)"
             )
-        return count
+        return count, spread
 
     def keys(self, job_id: str) -> SchedKeys:
-        return SchedKeys(sched_partition_of(job_id, self.read_partitions()))
+        count = self.read_partitions()
+        return sched_keys(sched_partition_of(job_id, count), count, self._spread)
 
     def all_keys(self) -> list[SchedKeys]:
-        return [SchedKeys(k) for k in range(self.read_partitions())]
+        count = self.read_partitions()
+        return [sched_keys(k, count, self._spread) for k in range(count)]
 
     # -- reading ---------------------------------------------------------------------------
 

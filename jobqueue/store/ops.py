@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from jobqueue.anomalies import stored_int
 from jobqueue.store.contract import contract
-from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.keys import PartitionKeys, spread_tag
 from jobqueue.store.scripts import Call
 
 NowArg = int | None
@@ -283,13 +283,21 @@ def parse_fenced_write(reply: Sequence[Any]) -> tuple[bool, int]:
 
 @dataclass(frozen=True)
 class SchedKeys:
-    """The keys of one scheduler partition; every name carries the same hash tag."""
+    """The keys of one scheduler partition; every name carries the same hash tag. ``spread``:
+    the partition count K when the store is recorded with the spread placement (see
+    ``jobqueue.store.keys``), 0 for the tags ``{sched#k}``."""
 
     partition: int
+    spread: int = 0
 
     @property
     def prefix(self) -> str:
-        return f"jq:{{sched#{self.partition}}}:"
+        return f"jq:{{{spread_tag('sched', self.partition, self.spread)}}}:"
+
+    @property
+    def owner(self) -> str:
+        """The lease by which one scheduler owns the partition (sched_lease.lua)."""
+        return self.prefix + "owner"
 
     @property
     def defs(self) -> str:
@@ -361,8 +369,11 @@ class Advance:
     held: str = ""  # buffer-one: 'held_fire predecessor_fire' to record, '' for none
 
 
-def advance_call(sk: SchedKeys, moves: Sequence[Advance], now: NowArg = None) -> Call:
-    """Moves that share everything but the job id travel as one group (advance.lua)."""
+def advance_call(
+    sk: SchedKeys, moves: Sequence[Advance], now: NowArg = None, token: int = 0
+) -> Call:
+    """Moves that share everything but the job id travel as one group (advance.lua), under
+    the caller's lease ``token`` on the partition."""
     groups: dict[tuple[str | int, ...], list[str]] = {}
     for m in moves:
         header = (
@@ -377,13 +388,14 @@ def advance_call(sk: SchedKeys, moves: Sequence[Advance], now: NowArg = None) ->
             m.held,
         )
         groups.setdefault(header, []).append(m.job_id)
-    args: list[str | int] = [_now(now)]
+    args: list[str | int] = [_now(now), token]
     for fields, jobs in groups.items():
         args += [len(jobs), *fields, *jobs]
     return _ADVANCE.call(sk, args)
 
 
 def parse_advance(reply: Sequence[Any]) -> list[bool]:
+    """Per job: advanced (a refusal is 0, or 2 when the caller's token was not current)."""
     return [int(x) == 1 for x in reply[1:]]
 
 

@@ -15,6 +15,7 @@ from jobqueue.store.scripts import Call
 
 _SCHED_CREATE, _SCHED_RELEASE = contract("sched_create"), contract("sched_release")
 _SCHED_UNHOLD, _ADVANCE = contract("sched_unhold"), contract("advance")
+_SCHED_LEASE = contract("sched_lease")
 
 # The due time of a held buffer-one run: 9999-12-31T23:59:59Z, far enough that no claim takes
 # it, and still a date every tool can print (it shows what is going on).
@@ -90,13 +91,44 @@ def sched_unhold_call(
 
 
 def advance_groups_call(
-    sk: SchedKeys, groups: Sequence[tuple[Sequence[Any], Sequence[str]]], now: NowArg = None
+    sk: SchedKeys,
+    groups: Sequence[tuple[Sequence[Any], Sequence[str]]],
+    now: NowArg = None,
+    token: int = 0,
 ) -> Call:
     """advance.lua with the moves already grouped: (header, job ids) pairs (the scheduler's
-    hot path; ``ops.advance_call`` builds the same from one Advance per job)."""
-    args: list[str | int] = [_now(now)]
+    hot path; ``ops.advance_call`` builds the same from one Advance per job), under the
+    caller's lease ``token``."""
+    args: list[str | int] = [_now(now), token]
     for header, jobs in groups:
         args.append(len(jobs))
         args += header
         args += jobs
     return _ADVANCE.call(sk, args)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A scheduler partition's lease as sched_lease.lua answers: whether the caller holds it,
+    and the token, owner and end of the current lease."""
+
+    now_ms: int
+    held: bool
+    token: int
+    owner: str
+    until_ms: int
+
+
+def sched_lease_call(
+    sk: SchedKeys, scheduler: str, action: str, lease_ms: int, token: int | None = None,
+    now: NowArg = None,
+) -> Call:
+    """``action``: 'acquire', 'renew' or 'release' (see sched_lease.lua)."""
+    return _SCHED_LEASE.call(
+        sk, (_now(now), scheduler, action, lease_ms, "" if token is None else token)
+    )
+
+
+def parse_sched_lease(reply: Sequence[Any]) -> Lease:
+    owner = reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
+    return Lease(int(reply[0]), int(reply[1]) == 1, int(reply[2]), owner, int(reply[4]))
