@@ -6,13 +6,17 @@ neither doubles nor loses a fire. Explicit clocks, both backends."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 
+from jobqueue.cli.core import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.policy.cron import parse_fire_instant
+from jobqueue.scheduler.checks import checks as scheduler_checks
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.scheduler.membership import SCHEDULERS_KEY, read_members, read_owners
 from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS
@@ -219,3 +223,64 @@ def test_membership_and_ownership_are_visible_to_operators(redis_client: Any) ->
     assert Counter(o.owner for o in owners) == Counter({"a": K // 2, "b": K // 2})
     mine = {o.partition for o in owners if o.owner == "a"}
     assert mine == set(next(m.partitions for m in members if m.id == "a"))
+
+
+# -- what operators see ------------------------------------------------------------------------
+
+
+def invoke(jq: JobQueue, *args: str) -> Result:
+    return CliRunner().invoke(main, list(args), obj=State(None, jq))
+
+
+def two_schedulers_ticking(redis_client: Any) -> list[Scheduler]:
+    """Two schedulers on the server's clock, ticked until they share the partitions."""
+    schedulers = [scheduler(redis_client, "a"), scheduler(redis_client, "b")]
+    for _ in range(3):
+        for s in schedulers:
+            s.tick()
+    return schedulers
+
+
+def test_schedules_partitions_shows_each_partitions_owner_and_each_scheduler(
+    redis_client: Any,
+) -> None:
+    jq = store(redis_client)
+    herd(jq, 40)
+    two_schedulers_ticking(redis_client)
+    result = invoke(jq, "schedules", "partitions", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert [p["partition"] for p in found["partitions"]] == list(range(K))
+    assert Counter(p["owner"] for p in found["partitions"]) == Counter({"a": 4, "b": 4})
+    assert sum(p["jobs"] for p in found["partitions"]) == 40
+    assert {s["id"]: len(s["partitions"]) for s in found["schedulers"]} == {"a": 4, "b": 4}
+    assert all(s["live"] for s in found["schedulers"])
+    table = invoke(jq, "schedules", "partitions")
+    assert table.exit_code == 0 and table.stderr == ""
+    assert table.stdout.splitlines()[0].split() == ["PART", "JOBS", "OWNER", "LEASE", "LEFT"]
+    assert "SCHEDULER  PARTITIONS" in table.stdout
+
+
+def test_check_says_which_partitions_have_no_owner_while_schedulers_run(redis_client: Any) -> None:
+    jq = store(redis_client)
+    herd(jq, 40)
+    a, _ = two_schedulers_ticking(redis_client)
+    (line,) = [c for c in scheduler_checks(jq) if c.name == "schedulers"]
+    assert line.ok and "2 scheduler(s) share 8 scheduler partition(s)" in line.detail
+    lost = a.ownership.owned()[0]
+    redis_client.delete(lost.owner)  # its lease gone: nobody owns it until the next tick
+    (line,) = [c for c in scheduler_checks(jq) if c.name == "schedulers"]
+    assert not line.ok
+    assert f"scheduler partition(s) {lost.partition} of 8 have no owner" in line.detail
+    result = invoke(jq, "check", "--json")
+    assert result.exit_code == 1
+    lines = json.loads(result.stdout)
+    assert any(c["name"] == "schedulers" and c["status"] == "warn" for c in lines)
+    listed = invoke(jq, "schedules", "partitions")
+    assert f"partition(s) {lost.partition} have no owner while 2 scheduler(s) run" in listed.stderr
+
+
+def test_check_says_nothing_of_schedulers_where_there_are_no_recurring_jobs(
+    redis_client: Any,
+) -> None:
+    assert scheduler_checks(JobQueue(redis_client)) == []

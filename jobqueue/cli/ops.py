@@ -499,19 +499,27 @@ def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: boo
     help="The shortest lease your workers (--lease) and tasks (lease=) use, in seconds, to "
     "compare with the cluster's failover time.  [default: Settings.default_lease_s, 30]",
 )
+@click.option(
+    "--create-rate",
+    type=FiniteFloat(1),
+    help="Runs/s one scheduler creates, for the herd line while no scheduler has measured "
+    "its own.  [default: 20000]",
+)
 @json_option
 @pass_state
-def check(state: Any, lease: float | None, as_json: bool) -> None:
+def check(state: Any, lease: float | None, create_rate: float | None, as_json: bool) -> None:
     """Is Redis set up as jobqueue's guarantees need? On a single server, or on every master
     and replica of a cluster: server version, maxmemory-policy, persistence, replicas and
     their lag, cluster-node-timeout against the lease, clock skew (host vs nodes, and between
-    nodes), scripts. docs/operations.md says what each line means and what to change.
+    nodes), scripts; with recurring jobs, whether every scheduler partition has an owner while
+    schedulers run and whether the largest herd can be created before it fires.
+    docs/operations.md says what each line means and what to change.
 
     Exit code: 0 when every line is ok, 1 when any line warns, 3 when Redis is unreachable.
     """
     jq = state.jq()
     limits = health.Limits(lease_s=lease or jq.settings.default_lease_s)
-    checks = health.run(jq, limits)
+    checks = health.run(jq, limits, create_rate)
     warnings = sum(1 for c in checks if not c.ok)
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in checks]))

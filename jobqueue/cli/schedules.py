@@ -373,3 +373,68 @@ schedule = Group(
     callback=schedules.callback,
     help=schedules.help,
 )
+
+
+@schedules.command("partitions")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedules_partitions(state: State, as_json: bool) -> None:
+    """Who owns which scheduler partition (its lease and how long it has left, its jobs, its
+    master on a cluster), and the schedulers running: what each owns, its lookahead and the
+    creation rate it measured. A partition without an owner while schedulers run is named on
+    stderr (its jobs do not fire until one takes it)."""
+    from jobqueue.cli.format import duration
+    from jobqueue.scheduler.membership import read_members, read_owners
+
+    jq = state.jq()
+    keys = jq.recurring.all_keys()
+    now = jq.server_time_ms()
+    owners = read_owners(jq, keys)
+    members = read_members(jq, now)
+    found = [a for o in owners for a in o.anomalies] + members.anomalies
+    warn_anomalies(found)
+    live = [m for m in members if m.live]
+    unowned = [o.partition for o in owners if not o.held(now)]
+    if live and unowned:
+        click.echo(
+            f"warning: scheduler partition(s) {', '.join(map(str, unowned))} have no owner "
+            f"while {len(live)} scheduler(s) run",
+            err=True,
+        )
+    if as_json:
+        click.echo(json.dumps({
+            "now_ms": now,
+            "partitions": [o.to_dict() for o in owners],
+            "schedulers": [m.to_dict() for m in members],
+        }))  # fmt: skip
+        return
+    cluster = any(o.node for o in owners)
+    rows = [
+        [
+            o.partition,
+            *([o.node] if cluster else []),
+            o.jobs,
+            o.owner or "-",
+            ("-" if not o.owner else duration(o.until_ms - now) if o.held(now) else "expired"),
+        ]
+        for o in owners
+    ]
+    headers = ["PART", *(["MASTER"] if cluster else []), "JOBS", "OWNER", "LEASE LEFT"]
+    click.echo(table(rows, headers))
+    click.echo()
+    if not members:
+        click.echo("no scheduler registered")
+        return
+    rows = [
+        [
+            m.id,
+            ",".join(map(str, m.partitions)) or "-",
+            f"{m.lookahead_ms / 1000:g}s",
+            "-" if m.rate is None else f"{m.rate:,.0f}/s",
+            when(m.seen_ms, now),
+            "ok" if m.live else "STALE",
+        ]
+        for m in members
+    ]
+    headers = ["SCHEDULER", "PARTITIONS", "LOOKAHEAD", "RATE", "LAST SEEN", "STATUS"]
+    click.echo(table(rows, headers))

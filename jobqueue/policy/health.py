@@ -595,5 +595,9 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def run(jq: JobQueue, limits: Limits) -> list[Check]:
-    return evaluate(read(jq), limits)
+def run(jq: JobQueue, limits: Limits, create_rate: float | None = None) -> list[Check]:
+    """Every check; then, where recurring jobs or schedulers exist, the schedulers' (every
+    partition owned, the largest herd creatable in time: ``jobqueue.scheduler.checks``)."""
+    from jobqueue.scheduler.checks import checks as scheduler_checks
+
+    return evaluate(read(jq), limits) + scheduler_checks(jq, create_rate)

@@ -71,9 +71,11 @@ class SchedulerInfo:
     seen_ms: int
     lease_ms: int
     partitions: list[int]
-    lookahead_ms: int
+    lookahead_ms: int  # this tick's (it grows for a herd)
     rate: float | None  # runs/s this scheduler measured creating a herd (None: not yet)
     seen_ago_ms: int = 0
+    base_lookahead_ms: int = 0  # --lookahead
+    max_lookahead_ms: int = 0  # --max-lookahead
 
     @property
     def live(self) -> bool:
@@ -106,6 +108,8 @@ def parse_member(name: str, raw: Any, now_ms: int) -> SchedulerInfo:
         lookahead_ms=int(info.get("lookahead_ms", 0)),
         rate=None if rate is None else float(rate),
         seen_ago_ms=now_ms - seen,
+        base_lookahead_ms=int(info.get("base_lookahead_ms") or info.get("lookahead_ms") or 0),
+        max_lookahead_ms=int(info.get("max_lookahead_ms") or info.get("lookahead_ms") or 0),
     )
 
 
