@@ -1,7 +1,7 @@
-"""What ``jobqueue check`` says about the schedulers (when recurring jobs or schedulers exist):
-whether every scheduler partition has an owner while schedulers run, and whether the largest
-herd of the next 24 hours can be created within the lookahead the schedulers can use, at the
-creation rate they measured (or the one assumed)."""
+"""What ``jobqueue check`` says about the schedulers (when recurring jobs or schedulers exist,
+and the user may read jobqueue's keys): whether every scheduler partition has an owner while
+schedulers run, and whether the largest herd of the next 24 hours can be created within the
+lookahead the schedulers can use, at the creation rate they measured (or the one assumed)."""
 
 from __future__ import annotations
 
@@ -92,8 +92,11 @@ def checks(jq: JobQueue, create_rate: float | None = None) -> list[Check]:
 
 def _checks(jq: JobQueue, create_rate: float | None) -> list[Check]:
     r = jq.redis
-    if not r.exists(SCHED_CONFIG_KEY) and not r.exists(SCHEDULERS_KEY):
-        return []
+    try:
+        if not r.exists(SCHED_CONFIG_KEY) and not r.exists(SCHEDULERS_KEY):
+            return []
+    except redis.exceptions.NoPermissionError:
+        return []  # a user who may not read jobqueue's keys: nothing to say of schedulers
     now = jq.server_time_ms()
     keys = jq.recurring.all_keys()
     owners = read_owners(jq, keys)
