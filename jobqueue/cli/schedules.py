@@ -27,6 +27,7 @@ from jobqueue.errors import CorruptData, OperationRefused
 from jobqueue.policy.cron import fire_times_between
 from jobqueue.policy.timeutil import instant_to_ms
 from jobqueue.schedules.recurring import MAX_BACKFILL, ScheduleInfo, refuse_future_end
+from jobqueue.store.keys import MAX_PARTITIONS
 
 # Fire times per backfill call of `schedules backfill`: one progress step each.
 BACKFILL_CHUNK = 500
@@ -36,7 +37,7 @@ BACKFILL_CHUNK = 500
 @click.pass_context
 def schedules(ctx: click.Context) -> None:
     """Recurring jobs: list (the default), show, add (upsert), pause, resume, trigger,
-    backfill, remove."""
+    backfill, remove; partitions (who owns which scheduler partition), repartition K."""
     if ctx.invoked_subcommand is None:
         ctx.invoke(schedules_list)
 
@@ -438,3 +439,40 @@ def schedules_partitions(state: State, as_json: bool) -> None:
     ]
     headers = ["SCHEDULER", "PARTITIONS", "LOOKAHEAD", "RATE", "LAST SEEN", "STATUS"]
     click.echo(table(rows, headers))
+
+
+@schedules.command("repartition")
+@click.argument("count", type=click.IntRange(1, MAX_PARTITIONS))
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_state
+def schedules_repartition(state: State, count: int, yes: bool, as_json: bool) -> None:
+    """Change the scheduler partition count K to COUNT: move every recurring job to its
+    partition under COUNT (spread evenly over the slots), then record it. Refused while
+    schedulers run (stop them first); safe to re-run after an interruption (it finishes the
+    move). On a cluster, a multiple of the master count spreads the jobs evenly (4 x the
+    masters is the default at install)."""
+    from jobqueue.schedules import repartition as srp
+
+    jq = state.jq()
+    before = srp.plan(jq, count)
+    if not yes and not click.confirm(
+        f"{before.describe()}\nstop every scheduler first, and deploy them with no "
+        "--partitions (or the new count) afterwards. Move now?",
+        err=True,
+    ):
+        click.echo("error: not confirmed: nothing moved", err=True)
+        raise click.exceptions.Exit(1)
+    with progress(before.jobs, "moving recurring jobs") as advance:
+        report = srp.repartition(jq, count, advance=advance)
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+        return
+    click.echo(f"scheduler partitions: {report.old} -> {report.new}")
+    click.echo(f"moved {report.moved:,} recurring jobs; {report.stayed:,} were already in place")
+    if report.late:
+        click.echo(
+            f"{report.late:,} jobs were written during the move and moved too: is a client "
+            "still writing schedules with the old count?"
+        )
+    click.echo(f"recorded {report.new} scheduler partitions in {report.seconds:.2f} s")

@@ -95,6 +95,8 @@ SCHED_CONFIG_KEY = "jq:sched:config"
 DECLARED_KEY = "jq:sched:declared"
 ORIGIN_CODE = "code"
 ENV_SCHED_PARTITIONS = "JOBQUEUE_SCHED_PARTITIONS"
+# jq:sched:config's field naming the target of a `schedules repartition` in progress.
+MOVING_FIELD = "moving"
 # Scheduler partitions per cluster master when nothing configures K (see default_partitions).
 PER_MASTER = 4
 DEFAULT_MISFIRE = "fire-once"
@@ -668,6 +670,26 @@ class Recurring:
         """Read K and its placement again at the next use (after `schedules repartition`)."""
         self._partitions, self._spread = None, False
 
+    def refresh(self) -> None:
+        """Before a write: K and its placement as Redis records them now (another process
+        may have changed them with `jobqueue schedules repartition` since this one read
+        them), and refused while such a change is in progress."""
+        try:
+            stored, moving = self.jq.redis.hmget(SCHED_CONFIG_KEY, ["partitions", MOVING_FIELD])
+        except redis.exceptions.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            raise CorruptData(
+                f"{SCHED_CONFIG_KEY} is not a hash: recurring jobs cannot be read"
+            ) from None
+        if moving is not None:
+            raise OperationRefused(
+                f"the scheduler partitions are being changed to {_str(moving)!r} (jobqueue "
+                "schedules repartition): try again once it has finished"
+            )
+        if stored is not None:
+            self._partitions, self._spread = self._adopt(stored, self._configured())
+
     def _configured(self) -> int | None:
         """K as this process is configured (argument, else $JOBQUEUE_SCHED_PARTITIONS)."""
         wanted = self._wanted
@@ -804,6 +826,7 @@ class Recurring:
     def _put(self, job_id: str, build: Any, now: int | None) -> ScheduleInfo:
         """Read, let ``build(old_info, now)`` decide (definition, next), write with CAS; retry
         when a scheduler or another client changed the job in between."""
+        self.refresh()
         for _ in range(_CAS_ATTEMPTS):
             sk = self.keys(job_id)
             text, next_ms, state_text = self._read(job_id)
@@ -917,6 +940,7 @@ class Recurring:
         if self._read(job_id)[0] is None:
             return False  # nothing there: nothing recorded either
         _ = self.partitions  # a write: K is recorded first
+        self.refresh()
         sk = self.keys(job_id)
         for _ in range(_CAS_ATTEMPTS):
             # Compared with the stored text as it is, not parsed: a definition that is not
