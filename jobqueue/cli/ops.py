@@ -22,7 +22,12 @@ from jobqueue.cli.format import table as table
 from jobqueue.client import queries as inspect
 from jobqueue.errors import OperationRefused
 from jobqueue.policy import health
-from jobqueue.policy.capacity import CapacityInputs, estimate
+from jobqueue.policy.capacity import (
+    PERSISTENCE,
+    CapacityInputs,
+    estimate,
+    measure_bytes_per_run,
+)
 from jobqueue.store import ops
 from jobqueue.store.keys import PartitionKeys
 
@@ -478,13 +483,87 @@ def dead_purge(
     type=click.IntRange(1),
     help="Seconds a finished run is kept.",
 )
+@click.option(
+    "--jitter",
+    default=60,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Jitter window of the jobs, seconds: their claims spread over it.",
+)
+@click.option(
+    "--lookahead",
+    default=60,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Seconds before its fire time a herd is created by (the schedulers' --lookahead).",
+)
+@click.option(
+    "--master-gb",
+    default=16.0,
+    show_default=True,
+    type=FiniteFloat(0.1),
+    help="Memory each master may use, GB.",
+)
+@click.option(
+    "--persistence",
+    default="everysec",
+    show_default=True,
+    type=click.Choice(PERSISTENCE),
+    help="AOF as configured on the masters (appendfsync).",
+)
+@click.option(
+    "--task-seconds",
+    default=0.0,
+    show_default=True,
+    type=FiniteFloat(0),
+    help="How long a task runs (0: no-op runs), for the worker processes.",
+)
+@click.option(
+    "--concurrency",
+    default=16,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Runs one worker process runs at once (its --concurrency).",
+)
+@click.option(
+    "--measure",
+    is_flag=True,
+    help="Measure a finished run's memory now on a private server instead of using the "
+    "figure measured when this version was released.",
+)
 @json_option
-def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: bool) -> None:
-    """Capacity arithmetic for N recurring jobs (--jobs, each run every --every seconds), plus
-    the Redis memory our data model needs."""
-    result = estimate(
-        CapacityInputs(jobs=jobs, every_s=every, row_bytes=row_bytes, retention_s=retention)
+def capacity(
+    jobs: int,
+    every: int,
+    row_bytes: int,
+    retention: int,
+    jitter: int,
+    lookahead: int,
+    master_gb: float,
+    persistence: str,
+    task_seconds: float,
+    concurrency: int,
+    measure: bool,
+    as_json: bool,
+) -> None:
+    """The capacity model for N recurring jobs (--jobs, each run every --every seconds): runs
+    per day and at the top of the period, Redis memory, and how many masters, schedulers and
+    worker processes they need. Per-run costs were measured here by bench/ (server CPU on
+    cluster masters, AOF's cost, memory, process rates); the fleet is extrapolated from them
+    (docs/operations.md, Capacity planning)."""
+    inputs = CapacityInputs(
+        jobs=jobs,
+        every_s=every,
+        row_bytes=row_bytes,
+        retention_s=retention,
+        jitter_window_s=jitter,
+        lookahead_s=lookahead,
+        master_gb=master_gb,
+        persistence=persistence,
+        task_seconds=task_seconds,
+        concurrency=concurrency,
     )
+    result = estimate(inputs, measure_bytes_per_run() if measure else None)
     if as_json:
         click.echo(json.dumps(result.to_dict()))
         return
