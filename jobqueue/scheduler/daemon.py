@@ -1,7 +1,9 @@
 """The scheduler daemon: turns recurring jobs into runs, exactly once per fire time, with any
-number of instances running at once.
+number of instances running at once. They share the scheduler partitions: each tick starts
+with a rebalance (``membership.Ownership``) that keeps this instance's leases on about K/N of
+them, and only those are ticked.
 
-One tick, per scheduler partition ``{sched#k}``, batch after batch:
+One tick, per scheduler partition ``{sched#k}`` this instance owns, batch after batch:
 
 1. ``sched_due.lua`` reads the server clock and the jobs whose next fire <= now + lookahead
    (one round trip; each distinct definition text once, jobs in segments sharing next fire and
@@ -14,15 +16,18 @@ One tick, per scheduler partition ``{sched#k}``, batch after batch:
 3. the runs are created with ``sched_create.lua`` in the queue's slot (``{q#p}``), idempotent
    by run id ``<job_id>@<fire instant>``, due at fire + jitter;
 4. ``advance.lua`` moves each job's next fire forward in the scheduler slot, compare-and-set
-   against the next fire read in step 1 and never backwards, and adds the tick's counters.
+   against the next fire read in step 1 and never backwards, under this instance's lease token
+   (refused whole when another took the partition over), and adds the tick's counters.
 
 Steps 3 and 4 are in different slots, so they cannot be one transaction; they do not need to
-be. A scheduler that dies between them leaves the next fire where it was: the next tick (of any
-instance) computes the same fire times, ``sched_create`` finds those runs already there, and
-the advance happens then: nothing lost, nothing doubled. Two instances racing on one tick both
-create (the second creation is a no-op) and only one advance is accepted, so each tick's
+be. A scheduler that dies between them leaves the next fire where it was: whoever owns the
+partition next computes the same fire times, ``sched_create`` finds those runs already there,
+and the advance happens then: nothing lost, nothing doubled. An owner that stalled past its
+lease and wakes mid-tick writes nothing once it sees its lease is gone, and its advance is
+fenced; what it created meanwhile are the new owner's run ids (a no-op), so each tick's
 counters are added once. Steps 3-4 of one batch run on a writer thread while steps 1-2 of the
-next batch run here (see :meth:`Scheduler.tick`).
+next batch run here (see :meth:`Scheduler.tick`). The lookahead grows for a herd too big to be
+created within it at the measured rate (:meth:`Scheduler.lookahead_for`).
 
 Jobs with an overlap policy other than ``allow`` are not looked ahead: whether their previous
 run is still unfinished is decided when a fire time comes, not a lookahead earlier, in the
