@@ -1,29 +1,37 @@
-"""Capacity of recurring jobs: Redis memory per job and the runs/s one scheduler creates.
+"""Recurring jobs at scale: Redis memory per job, and one herd turned into runs by 1, 2 and 4
+scheduler processes sharing the scheduler partitions.
 
     .venv/bin/python bench/scheduler.py [--url URL] [--n N] [--quick] [--flush]
+                                        [--schedulers 1,2,4] [--partitions 8]
 
 1. Register N hourly jobs (``0 * * * *``, UTC, jitter 60 s, fire-once) in pipelined batches of
-   10,000: the exact definition JSON and next-fire entry ``Recurring.schedule`` writes (the
-   per-job validation is done once for the shared schedule: it is the same for every job).
-   Redis ``used_memory`` before and after gives bytes per recurring job.
-2. Make them all fall due at once and time ONE ``Scheduler.tick`` (explicit clock) that turns
-   them into N runs: runs/s for one scheduler process, end to end (read due jobs, plan, create
-   runs in the queue slot, advance next fire times in the scheduler slot). Besides the wall
-   clock, the CPU time the scheduler process and the Redis server each spent per run: on a
-   shared machine the wall clock swings with the load, the CPU times much less, and they say
-   what one scheduler does with a core of its own next to a server with a core of its own
-   (the tick overlaps its planning with the server's script time: the larger one bounds it).
-3. Extrapolate to 5,000,000 hourly jobs (the sizing example in docs/design.md).
+   10,000 (the exact definition JSON and next-fire entry ``Recurring.schedule`` writes, over
+   K scheduler partitions with the spread placement). Redis ``used_memory`` before and after
+   gives bytes per recurring job.
+2. For each count of scheduler processes (1, 2, 4): register the herd again (the server
+   flushed), start the processes (``Scheduler``, explicit clock), let them settle who owns
+   which partition (each should own K / processes), then make them all tick once at the herd's
+   fire time, together. Reported per round: the jobs read (``sched_due``) and the runs sent to
+   ``sched_create`` summed over the processes, as multiples of the herd (both must stay ~1x
+   whatever the count: no scheduler repeats another's work), the largest share one process
+   did (~1/N), the scheduler processes' CPU per run and the server's CPU per run.
+
+This machine has 2 cores shared by the server and every scheduler process: several processes
+cannot make the wall clock faster here (the server's one thread is the limit), so what the
+rounds show is the work each does and the CPU each side spends per run, not wall-clock scaling.
+A scheduler with a core of its own and one server (or master) per share of the partitions is
+what the CPU figures extrapolate to (``jobqueue capacity`` does that arithmetic).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import multiprocessing as mp
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import redis
 from _common import (
@@ -33,143 +41,216 @@ from _common import (
     describe_environment,
     fail,
     fmt_int,
+    format_table,
     runs_from_args,
     say,
+    server_cpu_seconds,
 )
 
 from jobqueue import JobQueue
 from jobqueue.errors import JobQueueError
 from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.schedules.recurring import first_fire_after, make_definition
-from jobqueue.store.keys import SchedKeys
+from jobqueue.schedules.recurring import (
+    SCHED_CONFIG_KEY,
+    first_fire_after,
+    make_definition,
+    sched_keys,
+    sched_partition_of,
+)
+from jobqueue.store.keys import placement_record
 
 DEFAULT_N = 1_000_000
 QUICK_N = 50_000
 PIPELINE_BATCH = 10_000
-SIZING_JOBS = 5_000_000  # the sizing example in docs/design.md
-HERD_WINDOW_S = 60  # pre-create the top-of-hour herd inside a 60 s lookahead
-TARGET_BYTES_PER_JOB = 300
-TARGET_RUNS_PER_S = 50_000
 T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z
-
-T = TypeVar("T")
-
-
-def timed(fn: Callable[[], T]) -> tuple[T, float]:
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
+SETTLE_ROUNDS = 12
+LEASE_S = 120.0  # long: a slow round on a shared machine never loses a partition
 
 
 def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def server_cpu_s(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-def register(jq: JobQueue, n: int) -> None:
+def register(jq: JobQueue, n: int, partitions: int) -> int:
+    """n hourly jobs over ``partitions`` spread scheduler partitions; their first fire."""
+    jq.redis.hset(SCHED_CONFIG_KEY, "partitions", placement_record(partitions, True))
+    jq.recurring.forget()
     template = make_definition(jq, "job-0", "report", cron="0 * * * *", jitter=60)
     first = first_fire_after(template, T0)
     assert first is not None
     text = template.to_json()
-    sk = SchedKeys(0)
-    client = jq.redis
+    keys = [sched_keys(k, partitions, True) for k in range(partitions)]
     for start in range(0, n, PIPELINE_BATCH):
-        ids = [f"job-{i}" for i in range(start, min(n, start + PIPELINE_BATCH))]
-        pipe = client.pipeline(transaction=False)
-        pipe.hset(sk.defs, mapping=dict.fromkeys(ids, text))
-        pipe.zadd(sk.next, dict.fromkeys(ids, first))
+        by: dict[int, list[str]] = {}
+        for i in range(start, min(n, start + PIPELINE_BATCH)):
+            job = f"job-{i}"
+            by.setdefault(sched_partition_of(job, partitions), []).append(job)
+        pipe = jq.redis.pipeline(transaction=False)
+        for k, ids in by.items():
+            pipe.hset(keys[k].defs, mapping=dict.fromkeys(ids, text))
+            pipe.zadd(keys[k].next, dict.fromkeys(ids, first))
         pipe.execute()
+    return first
+
+
+# -- one scheduler process ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Share:
+    name: str
+    partitions: int
+    jobs_read: int
+    runs_sent: int
+    runs_created: int
+    advanced: int
+    seconds: float
+    cpu: float
+    error: str = ""
+
+
+def _scheduler(url: str, name: str, fire: int, barrier: Any, go: Any, out: Any) -> None:
+    try:
+        jq = JobQueue.from_url(url)
+        jq.declare_task("report")
+        s = Scheduler(jq, lookahead=0, install_signal_handlers=False, scheduler_id=name,
+                      partition_lease=LEASE_S)  # fmt: skip
+        for i in range(SETTLE_ROUNDS):  # nothing due yet: only who owns what settles
+            barrier.wait(timeout=120)
+            s.tick(now=fire - 10_000 + i)
+        out.put(("owned", name, len(s.ownership.owned())))
+        go.wait(timeout=120)
+        cpu, start = time.process_time(), time.monotonic()
+        r = s.tick(now=fire)
+        seconds, cpu = time.monotonic() - start, time.process_time() - cpu
+        out.put(("done", Share(name, r.partitions, r.due_jobs, r.runs_requested,
+                               r.runs_created, r.advanced, seconds, cpu)))  # fmt: skip
+        s.close()
+        jq.close()
+    except Exception as exc:  # reported by the parent, which fails the benchmark
+        out.put(("done", Share(name, 0, 0, 0, 0, 0, 0.0, 0.0, f"{type(exc).__name__}: {exc}")))
+
+
+@dataclass(frozen=True)
+class Round:
+    processes: int
+    herd: int
+    shares: list[Share]
+    seconds: float
+    server_cpu: float
+
+    @property
+    def jobs_read(self) -> int:
+        return sum(s.jobs_read for s in self.shares)
+
+    @property
+    def runs_sent(self) -> int:
+        return sum(s.runs_sent for s in self.shares)
+
+    @property
+    def largest_share(self) -> float:
+        return max(s.jobs_read for s in self.shares) / self.herd
+
+
+def herd_round(url: str, client: Any, n: int, partitions: int, processes: int) -> Round:
+    jq = JobQueue.from_url(url)
+    fire = register(jq, n, partitions)
+    jq.close()
+    ctx = mp.get_context("fork")
+    barrier, go, out = ctx.Barrier(processes), ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(target=_scheduler, args=(url, f"bench-{i}", fire, barrier, go, out))
+        for i in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        owned = [out.get(timeout=600) for _ in procs]
+        if any(kind != "owned" for kind, *_ in owned):
+            raise BenchError(f"a scheduler failed while settling: {owned}")
+        counts = sorted(count for _, _, count in owned)
+        if sum(counts) != partitions or counts[-1] - counts[0] > 1:
+            raise BenchError(f"ownership did not settle: {counts} of {partitions} partitions")
+        cpu = server_cpu_seconds(client)
+        start = time.monotonic()
+        go.set()
+        shares = [out.get(timeout=1800)[1] for _ in procs]
+        seconds = time.monotonic() - start
+        server_cpu = server_cpu_seconds(client) - cpu
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    errors = [s.error for s in shares if s.error]
+    if errors:
+        raise BenchError(errors[0])
+    created = sum(s.runs_created for s in shares)
+    if created != n or sum(s.advanced for s in shares) != n:
+        raise BenchError(f"{created:,} runs created of {n:,}")
+    return Round(processes, n, shares, seconds, server_cpu)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser, default_n=DEFAULT_N, quick_n=QUICK_N)
+    parser.add_argument("--schedulers", default="1,2,4",
+                        help="scheduler process counts to measure (default 1,2,4)")
+    parser.add_argument("--partitions", type=int, default=8,
+                        help="scheduler partitions K (default 8)")
     args = parser.parse_args(argv)
     n = runs_from_args(args)
+    counts = [int(c) for c in args.schedulers.split(",") if c]
+    rounds: list[Round] = []
     try:
         with bench_server(args.url, allow_flush=args.flush) as server:
-            env = describe_environment(server)
-            for line in env.lines():
+            for line in describe_environment(server).lines():
                 say(line)
-            jq = JobQueue.from_url(server.url)
-            jq.recurring.partitions  # noqa: B018 (records K = 1 before measuring)
-            jq.register_queue("default")
             client = server.client
+            jq = JobQueue.from_url(server.url)
             before = used_memory(client)
-            _, reg_s = timed(lambda: register(jq, n))
-            after = used_memory(client)
-            per_job = (after - before) / n
-            say(
-                f"\nregistered {fmt_int(n)} hourly jobs in {reg_s:.1f} s "
-                f"({fmt_int(n / reg_s)} jobs/s, pipelined batches of {fmt_int(PIPELINE_BATCH)})"
-            )
-            say(
-                f"redis memory: {fmt_int(after - before)} bytes -> {per_job:.0f} bytes per "
-                f"recurring job (target <= {TARGET_BYTES_PER_JOB}: "
-                f"{'PASS' if per_job <= TARGET_BYTES_PER_JOB else 'MISS'})"
-            )
-
-            sched = Scheduler(jq, lookahead=0, batch=1000, install_signal_handlers=False)
-            fire_at = T0 + 3_600_000
-            cpu_server, cpu_client = server_cpu_s(client), time.process_time()
-            report, fire_s = timed(lambda: sched.tick(now=fire_at + 10))
-            cpu_client = (time.process_time() - cpu_client) / n * 1e6
-            cpu_server = (server_cpu_s(client) - cpu_server) / n * 1e6
-            sched.close()
-            if report.runs_created != n or report.advanced != n:
-                raise BenchError(
-                    f"tick created {report.runs_created:,} runs and advanced "
-                    f"{report.advanced:,} jobs; expected {n:,} each"
-                )
-            rate = n / fire_s
-            state_bytes = int(client.memory_usage(SchedKeys(0).state, samples=0) or 0)
-            say(
-                f"one scheduler, all {fmt_int(n)} due at once: {fmt_int(n)} runs in "
-                f"{fire_s:.1f} s -> {fmt_int(rate)} runs/s (target >= "
-                f"{fmt_int(TARGET_RUNS_PER_S)}: {'PASS' if rate >= TARGET_RUNS_PER_S else 'MISS'})"
-            )
-            bound = 1e6 / max(cpu_client, cpu_server)
-            say(
-                f"CPU per run: scheduler process {cpu_client:.1f} us, redis-server "
-                f"{cpu_server:.1f} us -> {fmt_int(bound)} runs/s with a core each "
-                f"({'PASS' if bound >= TARGET_RUNS_PER_S else 'MISS'}; "
-                f"{fmt_int(1e6 / (cpu_client + cpu_server))} runs/s on one core)"
-            )
-            say(
-                f"after the first fire each job also has counters: "
-                f"{state_bytes / n:.0f} bytes per job more"
-            )
+            start = time.monotonic()
+            register(jq, n, args.partitions)
+            reg_s = time.monotonic() - start
+            per_job = (used_memory(client) - before) / n
+            jq.close()
+            say(f"\nregistered {fmt_int(n)} hourly jobs over {args.partitions} scheduler "
+                f"partitions in {reg_s:.1f} s; redis memory {per_job:.0f} bytes per recurring "
+                "job")  # fmt: skip
+            for processes in counts:
+                server.flush()
+                rounds.append(herd_round(server.url, client, n, args.partitions, processes))
+                r = rounds[-1]
+                say(f"  {processes} scheduler(s): {fmt_int(n)} runs in {r.seconds:.1f} s")
     except (BenchError, JobQueueError, redis.exceptions.RedisError) as exc:
         return fail(str(exc))
-
-    need = SIZING_JOBS / HERD_WINDOW_S
-    say(
-        f"\nextrapolated to {fmt_int(SIZING_JOBS)} hourly jobs "
-        "(the sizing example in docs/design.md):"
-    )
-    say(
-        f"  definitions: {fmt_int(SIZING_JOBS * per_job / 1e6)} MB "
-        f"(+{fmt_int(SIZING_JOBS * state_bytes / n / 1e6)} MB of counters once fired)"
-    )
-    say(
-        f"  one scheduler creates the whole top-of-hour herd in {SIZING_JOBS / rate:.0f} s "
-        f"({SIZING_JOBS / bound:.0f} s with a core of its own)"
-    )
-    client_rate, server_rate = 1e6 / cpu_client, 1e6 / cpu_server
-    say(
-        f"  pre-creating it inside a {HERD_WINDOW_S} s lookahead needs {fmt_int(need)} runs/s. "
-        f"Scheduler side: {math.ceil(need / client_rate)} process(es) (one plans "
-        f"{fmt_int(client_rate)} runs/s of CPU; {math.ceil(need / rate)} at this run's wall "
-        f"rate on this shared machine), on distinct scheduler partitions (K >= processes). "
-        f"Server side: one Redis runs {fmt_int(server_rate)} runs/s of these scripts on its "
-        f"single thread, so {math.ceil(need / server_rate)} server(s) or cluster shard(s) "
-        f"(queue and scheduler partitions spread over them), or a lookahead of "
-        f"{math.ceil(SIZING_JOBS / server_rate):.0f} s or more with one server"
-    )
+    rows = []
+    for r in rounds:
+        client_cpu = sum(s.cpu for s in r.shares)
+        rows.append([
+            str(r.processes),
+            f"{r.seconds:.1f}",
+            fmt_int(r.herd / r.seconds),
+            f"{r.jobs_read / r.herd:.2f}x",
+            f"{r.runs_sent / r.herd:.2f}x",
+            f"{r.largest_share:.2f}",
+            ", ".join(str(s.partitions) for s in r.shares),
+            f"{client_cpu / r.herd * 1e6:.1f}",
+            f"{r.server_cpu / r.herd * 1e6:.1f}",
+        ])  # fmt: skip
+    say()
+    say(f"one herd of {fmt_int(n)} jobs due at once, K = {args.partitions}:")
+    say(format_table(
+        ["procs", "wall s", "runs/s", "jobs read", "runs sent", "largest share",
+         "partitions", "sched CPU us/run", "server CPU us/run"],
+        rows,
+    ))  # fmt: skip
+    say()
+    say("jobs read and runs sent are summed over the processes, as multiples of the herd:")
+    say("1.00x is every job read and every run sent once. The largest share is the most one")
+    say("process did (1/N when shared evenly). Wall-clock figures are capped by 2 shared cores;")
+    say("the CPU columns are what each side spends per run: a process plans 1e6 / (sched CPU)")
+    say("runs/s on a core of its own, a server or master runs 1e6 / (server CPU) of them.")
     return 0
 
 

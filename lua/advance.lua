@@ -8,9 +8,13 @@
 -- KEYS[2]  state     hash    jq:{sched#k}:state  job_id -> counters and cursors (text)
 -- KEYS[3]  held      hash    jq:{sched#k}:held   buffer-one: the run waiting for its
 --                                                predecessor
+-- KEYS[4]  owner     hash    jq:{sched#k}:owner  the partition's lease (sched_lease.lua):
+--                                                the current token
 -- ARGV[1]  now                now ms, or '' for the server clock (unused but for the reply:
 --                             one clock)
--- ARGV[2..] groups            10 header fields followed by that many job ids (at most 2,000):
+-- ARGV[2]  token              the caller's lease token on the partition: nothing moves
+--                             unless it is the current one (the caller still owns it)
+-- ARGV[3..] groups            10 header fields followed by that many job ids (at most 2,000):
 --                             count, expected next (ms), new next (ms, or '' when the
 --                             schedule has ended), fired, missed, skipped (overlap), dropped
 --                             (fire-all cap), last fired instant (ms, or '' to keep;
@@ -20,8 +24,10 @@
 --                             recorded in the held hash)
 -- Returns  {now, r1, r2, ...}: per job 1 = advanced, 0 = refused (another scheduler moved it
 --          first, the job was paused, removed or redefined, the new time is not later, or the
---          job came twice in this call). Refused whole (an error reply, nothing changed) when
---          a key holds another type or is not on this node.
+--          job came twice in this call), 2 = fenced: the token is not the partition's current
+--          one (another scheduler took it over), and nothing of the call was applied. Refused
+--          whole (an error reply, nothing changed) when a key holds another type or is not on
+--          this node.
 --
 -- State text: 'fired missed skipped dropped last through [queue]' (integers, last = -1 when
 -- never; queue: of the last fire's run, absent when not given = the definition's queue). A new
@@ -32,8 +38,10 @@ local HEADER = 10
 
 local ok, plan = reading(function()
   expect(KEYS[3], 'hash')
-  local groups, taken = {}, {}
-  local i = 2
+  local holder = read('HGET', KEYS[4], 'token')
+  local fenced = not (whole(holder, 0) and tonumber(holder) == tonumber(ARGV[2]))
+  local groups, taken = {fenced = fenced}, {}
+  local i = 3
   while i <= #ARGV do
     local g = {count = tonumber(ARGV[i]), expected = tonumber(ARGV[i + 1]),
                new_next = tonumber(ARGV[i + 2]),
@@ -44,7 +52,7 @@ local ok, plan = reading(function()
     g.last, g.last_q = tonumber(last_s), last_q
     for j = 1, g.count do g.jobs[j] = ARGV[i + HEADER + j - 1] end
     i = i + HEADER + g.count
-    if g.count > 0 and (g.new_next == nil or g.new_next > g.expected) then
+    if not fenced and g.count > 0 and (g.new_next == nil or g.new_next > g.expected) then
       local scores = read('ZMSCORE', KEYS[1], unpack(g.jobs))
       for j = 1, g.count do
         local job = g.jobs[j]
@@ -62,6 +70,12 @@ end)
 if not ok then return plan end
 
 local out = {now}
+if plan.fenced then
+  for _, g in ipairs(plan) do
+    for _ = 1, g.count do out[#out + 1] = 2 end
+  end
+  return out
+end
 local ended = {} -- removed last: the next key is never emptied and then written in one call
 for _, g in ipairs(plan) do
   local ok_ = {}

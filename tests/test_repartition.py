@@ -16,13 +16,26 @@ from jobqueue.cli.core import State, main
 from jobqueue.client import repartition as rp
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, OperationRefused
-from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys, partition_of
+from jobqueue.store.keys import (
+    QUEUES_KEY,
+    WORKERS_KEY,
+    PartitionKeys,
+    partition_of,
+    queue_partition,
+    queue_partitions,
+)
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 Q = "mail"
 LEASE_MS = 60_000
 RETENTION_MS = 3_600_000
 INDEXES = ("due", "leases", "dead", "done")
+
+
+def part(p: int, partitions: int) -> PartitionKeys:
+    """Partition p of Q with ``partitions`` partitions, as a new queue (or a repartition)
+    places it: spread (see jobqueue.store.keys)."""
+    return queue_partition(Q, p, partitions, True)
 
 
 def populate(client: Any, partitions: int) -> JobQueue:
@@ -57,7 +70,7 @@ def snapshot(client: Any, partitions: int) -> dict[str, dict[str, Any]]:
     """Every run of Q as stored: record, history, index and score, TTLs, where it should be."""
     out: dict[str, dict[str, Any]] = {}
     for p in range(partitions):
-        keys = PartitionKeys(Q, p)
+        keys = part(p, partitions)
         for index in INDEXES:
             for run_id, score in client.zrange(getattr(keys, index), 0, -1, withscores=True):
                 assert partition_of(run_id, partitions) == p, f"{run_id} misplaced"
@@ -141,7 +154,7 @@ def test_the_new_count_is_recorded_and_a_client_configured_with_it_finds_every_r
     populate(redis_client, 1)
     run_ids = set(snapshot(redis_client, 1))
     rp.repartition(JobQueue(redis_client), Q, 4)
-    assert redis_client.hget(QUEUES_KEY, Q) == "4"
+    assert redis_client.hget(QUEUES_KEY, Q) == "4 spread"
     jq = JobQueue(redis_client, partitions={Q: 4})
     assert jq.register_queue(Q) == 4
     assert {jq.get_run(run_id).run_id for run_id in run_ids} == run_ids
@@ -180,15 +193,16 @@ def test_counters_of_removed_partitions_are_added_to_the_remaining_ones(
     def totals(partitions: int) -> dict[str, int]:
         out: dict[str, int] = {}
         for p in range(partitions):
-            for name, value in redis_client.hgetall(PartitionKeys(Q, p).stats).items():
+            for name, value in redis_client.hgetall(part(p, partitions).stats).items():
                 out[name] = out.get(name, 0) + int(value)
         return out
 
     before = totals(4)
     report = rp.repartition(JobQueue(redis_client), Q, 2)
     assert totals(2) == before and before["created"] == 12 + 24 + 4
-    assert sorted(report.folded) == [(2, 0), (3, 1)]
-    assert not redis_client.exists(PartitionKeys(Q, 2).stats, PartitionKeys(Q, 3).stats)
+    # Partition 0 keeps its tag (the first of every spread layout); the others move.
+    assert sorted(report.folded) == [(1, 1), (2, 0), (3, 1)]
+    assert not redis_client.exists(*(part(p, 4).stats for p in (1, 2, 3)))
 
 
 @pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
@@ -197,13 +211,12 @@ def test_every_new_partition_issues_fences_above_any_issued_before_the_move(
 ) -> None:
     populate(redis_client, old)
     for p in range(old):
-        redis_client.set(PartitionKeys(Q, p).fences, 100 + p)
+        redis_client.set(part(p, old).fences, 100 + p)
     rp.repartition(JobQueue(redis_client), Q, new)
     highest = 100 + old - 1
-    assert [int(redis_client.get(PartitionKeys(Q, p).fences)) for p in range(new)] == [
-        highest
-    ] * new
-    assert not any(redis_client.exists(PartitionKeys(Q, p).fences) for p in range(new, old))
+    assert [int(redis_client.get(part(p, new).fences)) for p in range(new)] == [highest] * new
+    gone = set(queue_partitions(Q, old, True)) - set(queue_partitions(Q, new, True))
+    assert not any(redis_client.exists(k.fences) for k in gone)
 
 
 def test_refused_while_runs_are_running_and_nothing_moves(redis_client: Any) -> None:
@@ -232,7 +245,7 @@ def test_a_stale_worker_entry_or_a_worker_of_another_queue_does_not_block(
     register_worker(redis_client, [Q], seen_ago_ms=600_000)
     register_worker(redis_client, ["other"], worker_id="w-8")
     rp.repartition(JobQueue(redis_client), Q, 4)
-    assert redis_client.hget(QUEUES_KEY, Q) == "4"
+    assert redis_client.hget(QUEUES_KEY, Q) == "4 spread"
 
 
 def test_a_queue_not_recorded_in_redis_is_refused(redis_client: Any) -> None:
@@ -259,14 +272,11 @@ def test_a_rerun_after_a_crash_mid_move_completes_it(
     monkeypatch.setattr(rp, "_delete_sources", crashing)
     with pytest.raises(RuntimeError, match="killed"):
         rp.repartition(JobQueue(redis_client), Q, 2, page=2)
-    assert redis_client.hget(QUEUES_KEY, Q) == "4"  # clients still use the old count
-    stored_twice = [
-        r
-        for r in before
-        if sum(redis_client.exists(PartitionKeys(Q, p).run(r)) for p in range(4)) == 2
-    ]
+    assert redis_client.hget(QUEUES_KEY, Q) == "4 spread"  # clients still use the old count
+    layouts = set(queue_partitions(Q, 4, True)) | set(queue_partitions(Q, 2, True))
+    stored_twice = [r for r in before if sum(redis_client.exists(k.run(r)) for k in layouts) == 2]
     assert stored_twice  # the crash left copies whose old keys were not deleted yet
-    assert redis_client.hget(rp.MOVING_KEY, Q) == "2"
+    assert redis_client.hget(rp.MOVING_KEY, Q) == "2 spread"
     monkeypatch.setattr(rp, "_delete_sources", real)
     rp.repartition(JobQueue(redis_client), Q, 2)
     after = snapshot(redis_client, 2)
@@ -275,7 +285,8 @@ def test_a_rerun_after_a_crash_mid_move_completes_it(
         after[r]["fields"] == b["fields"] and after[r]["score"] == b["score"]
         for r, b in before.items()
     )
-    assert redis_client.hget(QUEUES_KEY, Q) == "2" and not redis_client.hget(rp.MOVING_KEY, Q)
+    assert redis_client.hget(QUEUES_KEY, Q) == "2 spread"
+    assert not redis_client.hget(rp.MOVING_KEY, Q)
 
 
 def test_a_rerun_with_another_count_after_a_crash_still_finds_every_run(
@@ -295,11 +306,10 @@ def test_a_rerun_with_another_count_after_a_crash_still_finds_every_run(
     with pytest.raises(RuntimeError):
         rp.repartition(JobQueue(redis_client), Q, 8, page=2)
     monkeypatch.setattr(rp, "_delete_sources", real)
-    rp.repartition(JobQueue(redis_client), Q, 3)  # some runs already sit in partitions 3-7
+    rp.repartition(JobQueue(redis_client), Q, 3)  # some runs already sit in the 8 layout
     assert set(snapshot(redis_client, 3)) == run_ids
-    assert not any(
-        redis_client.exists(PartitionKeys(Q, p).run(r)) for p in range(3, 8) for r in run_ids
-    )
+    stale = set(queue_partitions(Q, 8, True)) - set(queue_partitions(Q, 3, True))
+    assert not any(redis_client.exists(k.run(r)) for k in stale for r in run_ids)
 
 
 def test_a_second_run_of_a_finished_move_changes_nothing(redis_client: Any) -> None:
@@ -316,17 +326,17 @@ def test_a_run_id_stored_twice_with_different_contents_is_left_for_a_human(
 ) -> None:
     populate(redis_client, 1)
     run_id = next(f"later-{i}" for i in range(8) if partition_of(f"later-{i}", 4) != 0)
-    target = PartitionKeys(Q, partition_of(run_id, 4))
+    target = part(partition_of(run_id, 4), 4)
     redis_client.hset(target.run(run_id), mapping={"state": "pending", "task": "other"})
     with pytest.raises(OperationRefused, match=f"1 run ids exist in two partitions.*{run_id}"):
         rp.repartition(JobQueue(redis_client), Q, 4)
-    assert redis_client.hget(PartitionKeys(Q, 0).run(run_id), "task") == "t"
+    assert redis_client.hget(part(0, 1).run(run_id), "task") == "t"
     assert redis_client.hget(target.run(run_id), "task") == "other"
     assert redis_client.hget(QUEUES_KEY, Q) == "1"
 
 
 def test_plan_page_keeps_runs_already_in_their_partition() -> None:
-    source = PartitionKeys(Q, 1)
+    source = part(1, 4)
     ids = [f"r-{i}" for i in range(40)]
     moves, stayed = rp.plan_page(source, "due", [(r, 5.0) for r in ids], 4)
     assert stayed == sum(partition_of(r, 4) == 1 for r in ids)
@@ -365,7 +375,7 @@ def test_cli_yes_at_the_prompt_moves_and_prints_a_summary(redis_client: Any) -> 
     result = cli(redis_client, "repartition", Q, "--partitions", "4", input="y\n")
     assert result.exit_code == 0, result.output
     assert "recorded 4 partitions in" in result.stdout
-    assert redis_client.hget(QUEUES_KEY, Q) == "4"
+    assert redis_client.hget(QUEUES_KEY, Q) == "4 spread"
 
 
 def test_cli_refusal_is_one_line_and_exit_1(redis_client: Any) -> None:

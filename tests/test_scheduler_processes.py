@@ -1,6 +1,7 @@
-"""Real scheduler processes against one real Redis server (bounded to ~20 s): three
-``jobqueue scheduler`` processes for 200 jobs firing every second; one is killed with SIGKILL
-mid-run. Every fire time gets exactly one run: no gap, no duplicate, counted once."""
+"""Real scheduler processes against one real Redis server (bounded to ~20 s each): three
+``jobqueue scheduler`` processes for 200 jobs firing every second, one killed with SIGKILL
+mid-run; and two sharing a herd, the owner of its partition SIGSTOPped mid-herd past its lease.
+Every fire time gets exactly one run: no gap, no duplicate, counted once."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import redis
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.policy.cron import parse_fire_instant
+from jobqueue.scheduler.membership import read_members
+from jobqueue.schedules.recurring import first_fire_after, make_definition
 from jobqueue.store.embedded import EmbeddedServer
 
 JOBS = 200
@@ -28,7 +31,7 @@ pytestmark = pytest.mark.slow
 APP = "from jobqueue import JobQueue\n\njq = JobQueue.from_url()\n"
 
 
-def start_scheduler(url: str, cwd: Path) -> subprocess.Popen[bytes]:
+def start_scheduler(url: str, cwd: Path, *extra: str) -> subprocess.Popen[bytes]:
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     cmd = [
@@ -46,8 +49,108 @@ def start_scheduler(url: str, cwd: Path) -> subprocess.Popen[bytes]:
         "2",
         "--interval",
         "0.1",
+        *extra,
     ]
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_until(what: str, ok: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+HERD = 6000
+HERD_EVERY = 6  # s
+PAUSED_LEASE = 1.0  # s: the schedulers' partition lease in the pause test
+
+
+def bulk_herd(jq: JobQueue, n: int) -> int:
+    """n jobs firing every HERD_EVERY s from the same instant, written in pipelined batches
+    (the definition ``jq.schedule`` writes; one schedule validated, not n): the first fire."""
+    template = make_definition(jq, "job-0", "tick", every=HERD_EVERY, misfire="fire-all")
+    first = first_fire_after(template, jq.server_time_ms() + 1000)
+    assert first is not None
+    text = template.to_json()
+    (sk,) = jq.recurring.all_keys()
+    for start in range(0, n, 2000):
+        ids = [f"job-{i}" for i in range(start, min(n, start + 2000))]
+        pipe = jq.redis.pipeline(transaction=False)
+        pipe.hset(sk.defs, mapping=dict.fromkeys(ids, text))
+        pipe.zadd(sk.next, dict.fromkeys(ids, first))
+        pipe.execute()
+    return first
+
+
+def test_a_scheduler_paused_mid_herd_past_its_lease_neither_doubles_nor_loses_a_fire(
+    real_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """Scheduler A owns the one scheduler partition, B stands by. While A is creating a herd
+    (batches of 100), A is SIGSTOPped for 2.5 partition leases: B takes the partition over and
+    fires what A had not advanced; A, continued, is fenced out (its batch dropped or its
+    advance refused) and gives the partition up. Every fire of every job has exactly one
+    run, counted once. Bounded: ~15 s."""
+    client: Any = redis.Redis.from_url(real_server.url, decode_responses=True)
+    client.flushall()
+    (tmp_path / "sched_app.py").write_text(APP)
+    jq = JobQueue(client)
+    jq.recurring.record_partitions()  # K = 1
+    first = bulk_herd(jq, HERD)
+    stats = jq.partition_keys("default", 0).stats
+    lease = ("--lookahead", "0", "--batch", "100", "--partition-lease", str(PAUSED_LEASE))
+    a = start_scheduler(real_server.url, tmp_path, *lease)
+    procs = [a]
+
+    def owners() -> list[list[int]]:
+        return [m.partitions for m in read_members(jq)]
+
+    def created() -> int:
+        return int(client.hget(stats, "created") or 0)
+
+    try:
+        wait_until("A to own the partition", lambda: owners() == [[0]], 15)
+        b = start_scheduler(real_server.url, tmp_path, *lease)
+        procs.append(b)
+        wait_until("B to register", lambda: sorted(owners()) == [[], [0]], 15)
+
+        # A creates the second herd batch after batch; pause it in the middle.
+        wait_until("A in the middle of a herd", lambda: HERD < created() < 2 * HERD - 500, 20)
+        a.send_signal(signal.SIGSTOP)
+        paused_at = created()
+        time.sleep(2.5 * PAUSED_LEASE)
+        wait_until("B to finish the herd", lambda: created() >= 2 * HERD, 10)
+        a.send_signal(signal.SIGCONT)
+        wait_until("the next herd", lambda: created() >= 3 * HERD, 3 * HERD_EVERY)
+        time.sleep(1.0)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGCONT)
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    errors = [p.stderr.read().decode() if p.stderr else "" for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    assert HERD < paused_at < 2 * HERD
+    # A found out it no longer owned the partition: fenced, dropped, or lost at renewal.
+    assert any(w in errors[0] for w in ("refused", "dropped", "lost")), errors[0]
+    runs: dict[str, list[int]] = {}
+    keys = list(client.scan_iter(match="jq:{default#0}:run:*", count=10_000))
+    for key in keys:
+        job, _, when = key.split(":run:", 1)[1].rpartition("@")
+        runs.setdefault(job, []).append(parse_fire_instant(when))
+    assert len(runs) == HERD
+    last = max(max(f) for f in runs.values())
+    for job, fires in runs.items():
+        # No gap and no duplicate: one run per fire from the first to the last fired.
+        assert sorted(fires) == list(range(first, last + 1, HERD_EVERY * 1000)), job
+    total = len(keys)
+    assert int(client.hget(stats, "created")) == total
+    assert sum(i.state.fired for i in jq.list_schedules()) == total
+    client.close()
 
 
 def test_three_scheduler_processes_one_killed_create_every_fire_exactly_once(

@@ -41,10 +41,12 @@ from jobqueue.store.schedules import (
     SCHED_CREATE,
     SCHED_DEFINE,
     SCHED_DUE,
+    SCHED_LEASE,
     SCHED_RELEASE,
     SCHED_UNHOLD,
     Due,
     DueSegment,
+    Moved,
     RunGroup,
 )
 from jobqueue.store.scripts import PRELUDE, SCRIPT_NAMES, Call, ScriptRunner, lua_dir
@@ -67,13 +69,14 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "purge": lambda: PURGE.call(PK, ["r"]),
     "repair": lambda: REPAIR.call(PK, ["r"]),
     "sched_due": lambda: SCHED_DUE.call(SK, 1, 1),
-    "advance": lambda: ADVANCE.call(SK, [((1, 2, 1, 0, 0, 0, "", 1, ""), ["j"])]),
+    "advance": lambda: ADVANCE.call(SK, [((1, 2, 1, 0, 0, 0, "", 1, ""), ["j"])], token=7),
     "sched_define": lambda: SCHED_DEFINE.call(
         SK, "j", expected_definition=None, expected_next_ms=None, definition="{}", next_ms=1
     ),
     "sched_create": lambda: SCHED_CREATE.call(PK, [(GROUP, ["j", 1])]),
     "sched_release": lambda: SCHED_RELEASE.call(PK, [("j@x", "", 1)]),
     "sched_unhold": lambda: SCHED_UNHOLD.call(SK, [("j", "text")]),
+    "sched_lease": lambda: SCHED_LEASE.call(SK, "s", "renew", 1, 7),
 }
 
 
@@ -423,8 +426,11 @@ def parses_advance(runner: ScriptRunner, redis_client: Any) -> None:
     define(runner, "a", '{"task":"t"}', 60_000)
     define(runner, "b", '{"task":"t"}', 90_000)
     header = (60_000, 120_000, 1, 0, 0, 0, "", 60_000, "")
-    call = ADVANCE.call(K, [(header, ["a", "b"])], now=NOW)
-    assert ADVANCE.parse(runner.run(call)) == [True, False]
+    lease = SCHED_LEASE.parse(runner.run(SCHED_LEASE.call(K, "s", "acquire", 5_000, now=NOW)))
+    stale = ADVANCE.call(K, [(header, ["a", "b"])], now=NOW, token=lease.token - 1)
+    assert ADVANCE.parse(runner.run(stale)) == [Moved.FENCED, Moved.FENCED]
+    call = ADVANCE.call(K, [(header, ["a", "b"])], now=NOW, token=lease.token)
+    assert ADVANCE.parse(runner.run(call)) == [Moved.ADVANCED, Moved.REFUSED]
 
 
 def parses_sched_define(runner: ScriptRunner, redis_client: Any) -> None:
@@ -447,6 +453,13 @@ def parses_sched_release(runner: ScriptRunner, redis_client: Any) -> None:
     claim(runner)
     replies = runner.run(SCHED_RELEASE.call(P, [*held, ("gone", "", 1)], now=NOW))
     assert SCHED_RELEASE.parse(replies) == [1, 0, 2]
+
+
+def parses_sched_lease(runner: ScriptRunner, redis_client: Any) -> None:
+    mine = SCHED_LEASE.parse(runner.run(SCHED_LEASE.call(K, "s1", "acquire", 5_000, now=NOW)))
+    assert (mine.now_ms, mine.held, mine.owner, mine.until_ms) == (NOW, True, "s1", NOW + 5_000)
+    theirs = SCHED_LEASE.parse(runner.run(SCHED_LEASE.call(K, "s2", "acquire", 5_000, now=NOW)))
+    assert (theirs.held, theirs.token, theirs.owner) == (False, mine.token, "s1")
 
 
 def parses_sched_unhold(runner: ScriptRunner, redis_client: Any) -> None:
@@ -473,6 +486,7 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "sched_create": parses_sched_create,
     "sched_release": parses_sched_release,
     "sched_unhold": parses_sched_unhold,
+    "sched_lease": parses_sched_lease,
 }
 
 

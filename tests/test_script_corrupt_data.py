@@ -63,6 +63,7 @@ from jobqueue.store.schedules import (
     SCHED_CREATE,
     SCHED_DEFINE,
     SCHED_DUE,
+    SCHED_LEASE,
     SCHED_RELEASE,
     SCHED_UNHOLD,
     RunGroup,
@@ -277,7 +278,7 @@ def advance(runner: ScriptRunner) -> Call:
         Advance("policed", 180 * S, 240 * S, skipped=1, through_ms=180 * S,
                 held=f"{180 * S} {60 * S} {180 * S} default"),
         Advance("hourly", 3600 * S, None, through_ms=180 * S),
-    ]), now=180 * S)
+    ]), now=180 * S, token=int(runner.client.hget(SK.owner, "token")))  # the ticks' scheduler
 
 
 def sched_define_put(runner: ScriptRunner) -> Call:
@@ -334,6 +335,21 @@ def sched_unhold(runner: ScriptRunner) -> Call:
                                   ("herd-1", "120000 60000 120000 default")], now=130 * S)
 
 
+def sched_lease_takeover(runner: ScriptRunner) -> Call:
+    """The partition's owner (the ticks' scheduler) stopped renewing at 120 s; another
+    scheduler acquires it at 180 s, its lease long expired: a new owner and token."""
+    recurring_jobs(runner)
+    return SCHED_LEASE.call(SK, "s-2", "acquire", 5_000, now=180 * S)
+
+
+def sched_lease_renew(runner: ScriptRunner) -> Call:
+    """The owner renews its lease with its token."""
+    recurring_jobs(runner)
+    token = int(runner.client.hget(SK.owner, "token"))
+    owner = runner.client.hget(SK.owner, "owner")
+    return SCHED_LEASE.call(SK, owner, "renew", 5_000, token, now=121 * S)
+
+
 def repair(runner: ScriptRunner) -> Call:
     """A pending run whose due entry is gone, a running run whose lease entry is gone, a
     due entry whose record is gone, an orphan whose record is back, and a run in place."""
@@ -385,6 +401,10 @@ SCENARIOS = {
         Scenario("sched_create", "sched_create", sched_create, SCHED_CREATE.parse),
         Scenario("sched_release", "sched_release", sched_release, SCHED_RELEASE.parse),
         Scenario("sched_unhold", "sched_unhold", sched_unhold, SCHED_UNHOLD.parse, prefix=""),
+        Scenario("sched_lease-takeover", "sched_lease", sched_lease_takeover,
+                 SCHED_LEASE.parse, prefix=""),
+        Scenario("sched_lease-renew", "sched_lease", sched_lease_renew, SCHED_LEASE.parse,
+                 prefix=""),
     )
 }
 

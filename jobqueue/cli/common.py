@@ -108,7 +108,7 @@ class Group(click.Group):
 NO_URL_WARNS = frozenset(
     {
         "show", "leases", "runs", "queues", "stats", "workers", "dead list", "check", "top",
-        "schedules", "schedules list", "schedules show",
+        "schedules", "schedules list", "schedules show", "schedules partitions",
         "worker", "scheduler", "dashboard",
     }
 )  # fmt: skip

@@ -519,7 +519,29 @@ def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
 @click.option(
     "--partitions",
     type=click.IntRange(1, MAX_PARTITIONS),
-    help="Scheduler partitions K (default: what Redis records, else 1).",
+    help="Scheduler partitions K (default: what Redis records, else 1 on a single server and "
+    "4 x the masters on a cluster; change it with `jobqueue schedules repartition`).",
+)
+@click.option(
+    "--partition-lease",
+    default=5.0,
+    show_default=True,
+    type=FiniteFloat(0.1),
+    help="Seconds a scheduler's lease on each scheduler partition it owns lasts unrenewed: "
+    "how soon the others take over the partitions of one that died.",
+)
+@click.option(
+    "--max-lookahead",
+    type=FiniteFloat(0),
+    help="How far the lookahead may grow so that a herd is created before it fires, at the "
+    "creation rate measured.  [default: 10 x --lookahead]",
+)
+@click.option(
+    "--create-rate",
+    default=20_000.0,
+    show_default=True,
+    type=FiniteFloat(1),
+    help="Runs/s assumed until this scheduler has measured its own creation rate.",
 )
 @click.option(
     "--prune",
@@ -538,12 +560,17 @@ def scheduler(
     grace: float,
     batch: int,
     partitions: int | None,
+    partition_lease: float,
+    max_lookahead: float | None,
+    create_rate: float,
     prune: bool,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
-    """Run a scheduler: turn recurring jobs into runs (any number of instances). Schedules
-    the app declares in code (@jq.task(cron=...), jq.declare_schedule) are written at start."""
+    """Run a scheduler: turn recurring jobs into runs. Run several: they share the scheduler
+    partitions (each owns some, under a lease; the others take over those of one that
+    stops). Schedules the app declares in code (@jq.task(cron=...), jq.declare_schedule) are
+    written at start."""
     from jobqueue.scheduler.daemon import Scheduler
     from jobqueue.schedules.recurring import Recurring
 
@@ -566,6 +593,9 @@ def scheduler(
         store=store,
         metrics=m,
         prune=prune,
+        partition_lease=partition_lease,
+        max_lookahead=max_lookahead,
+        create_rate=create_rate,
     )
     sys.exit(daemon.run())
 

@@ -22,8 +22,9 @@ from jobqueue.cli.format import table as table
 from jobqueue.client import health, queries
 from jobqueue.client.capacity import measure_bytes_per_run
 from jobqueue.errors import OperationRefused
-from jobqueue.policy.capacity import CapacityInputs, estimate
+from jobqueue.policy.capacity import PERSISTENCE, CapacityInputs, estimate
 from jobqueue.policy.health import Limits
+from jobqueue.scheduler.checks import checks as scheduler_checks
 from jobqueue.settings import Settings
 from jobqueue.store.keys import PartitionKeys
 
@@ -249,6 +250,20 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
         "no queues yet",
         found,
     )
+    if not as_json and any(s.node for s in found):
+        _master_table(state.jq(), found)
+
+
+def _master_table(jq: Any, found: Sequence[queries.PartitionStats]) -> None:
+    """On a cluster: what each master carries, so an uneven placement shows (SHARE 1.0 is
+    its fair share of the partitions listed; `jobqueue repartition` spreads a queue whose
+    partitions still have the plain tags of earlier versions)."""
+    rows = [
+        [m.node, m.partitions, m.due_now, m.scheduled_later, m.running, f"{m.share:.2f}"]
+        for m in queries.master_loads(found, queries.master_names(jq))
+    ]
+    click.echo()
+    click.echo(table(rows, ["MASTER", "PARTITIONS", "DUE NOW", "LATER", "RUNNING", "SHARE"]))
 
 
 # `stats` is the older name, kept for scripts: the same command under both names.
@@ -440,14 +455,87 @@ def dead_purge(
     type=click.IntRange(1),
     help="Seconds a finished run is kept.",
 )
+@click.option(
+    "--jitter",
+    default=60,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Jitter window of the jobs, seconds: their claims spread over it.",
+)
+@click.option(
+    "--lookahead",
+    default=60,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Seconds before its fire time a herd is created by (the schedulers' --lookahead).",
+)
+@click.option(
+    "--master-gb",
+    default=16.0,
+    show_default=True,
+    type=FiniteFloat(0.1),
+    help="Memory each master may use, GB.",
+)
+@click.option(
+    "--persistence",
+    default="everysec",
+    show_default=True,
+    type=click.Choice(PERSISTENCE),
+    help="AOF as configured on the masters (appendfsync).",
+)
+@click.option(
+    "--task-seconds",
+    default=0.0,
+    show_default=True,
+    type=FiniteFloat(0),
+    help="How long a task runs (0: no-op runs), for the worker processes.",
+)
+@click.option(
+    "--concurrency",
+    default=16,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Runs one worker process runs at once (its --concurrency).",
+)
+@click.option(
+    "--measure",
+    is_flag=True,
+    help="Measure a finished run's memory now on a private server instead of using the "
+    "figure measured when this version was released.",
+)
 @json_option
-def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: bool) -> None:
-    """Capacity arithmetic for N recurring jobs (--jobs, each run every --every seconds), plus
-    the Redis memory our data model needs."""
-    result = estimate(
-        CapacityInputs(jobs=jobs, every_s=every, row_bytes=row_bytes, retention_s=retention),
-        measure_bytes_per_run(),
+def capacity(
+    jobs: int,
+    every: int,
+    row_bytes: int,
+    retention: int,
+    jitter: int,
+    lookahead: int,
+    master_gb: float,
+    persistence: str,
+    task_seconds: float,
+    concurrency: int,
+    measure: bool,
+    as_json: bool,
+) -> None:
+    """The capacity model for N recurring jobs (--jobs, each run every --every seconds): runs
+    per day and at the top of the period, Redis memory, and how many masters, schedulers and
+    worker processes they need. Per-run costs were measured here by bench/ (server CPU on
+    cluster masters, AOF's cost, memory, process rates); the fleet is extrapolated from them
+    (docs/operations.md, Capacity planning)."""
+    inputs = CapacityInputs(
+        jobs=jobs,
+        every_s=every,
+        row_bytes=row_bytes,
+        retention_s=retention,
+        jitter_window_s=jitter,
+        lookahead_s=lookahead,
+        master_gb=master_gb,
+        persistence=persistence,
+        task_seconds=task_seconds,
+        concurrency=concurrency,
     )
+    result = estimate(inputs, measure_bytes_per_run() if measure else None)
     if as_json:
         click.echo(json.dumps(result.to_dict()))
         return
@@ -463,19 +551,27 @@ def capacity(jobs: int, every: int, row_bytes: int, retention: int, as_json: boo
     "compare with the cluster's failover time.  [default: the app's "
     f"Settings.default_lease_s, {Settings().default_lease_s:g}]",
 )
+@click.option(
+    "--create-rate",
+    type=FiniteFloat(1),
+    help="Runs/s one scheduler creates, for the herd line while no scheduler has measured "
+    "its own.  [default: 20000]",
+)
 @json_option
 @pass_state
-def check(state: Any, lease: float | None, as_json: bool) -> None:
+def check(state: Any, lease: float | None, create_rate: float | None, as_json: bool) -> None:
     """Is Redis set up as jobqueue's guarantees need? On a single server, or on every master
     and replica of a cluster: server version, maxmemory-policy, persistence, replicas and
     their lag, cluster-node-timeout against the lease, clock skew (host vs nodes, and between
-    nodes), scripts. docs/operations.md says what each line means and what to change.
+    nodes), scripts; with recurring jobs, whether every scheduler partition has an owner while
+    schedulers run and whether the largest herd can be created before it fires.
+    docs/operations.md says what each line means and what to change.
 
     Exit code: 0 when every line is ok, 1 when any line warns, 3 when Redis is unreachable.
     """
     jq = state.jq()
     limits = Limits(lease_s=lease or jq.settings.default_lease_s)
-    checks = health.run(jq, limits)
+    checks = health.run(jq, limits) + scheduler_checks(jq, create_rate)
     warnings = sum(1 for c in checks if not c.ok)
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in checks]))

@@ -35,6 +35,7 @@ from jobqueue.schedules.recurring import (
     ScheduleInfo,
     refuse_future_end,
 )
+from jobqueue.store.keys import MAX_PARTITIONS
 
 # Fire times per backfill call of `schedules backfill`: one progress step each.
 BACKFILL_CHUNK = 500
@@ -44,7 +45,7 @@ BACKFILL_CHUNK = 500
 @click.pass_context
 def schedules(ctx: click.Context) -> None:
     """Recurring jobs: list (the default), show, add (upsert), pause, resume, trigger,
-    backfill, remove."""
+    backfill, remove; partitions (who owns which scheduler partition), repartition K."""
     if ctx.invoked_subcommand is None:
         ctx.invoke(schedules_list)
 
@@ -386,3 +387,105 @@ schedule = Group(
     callback=schedules.callback,
     help=schedules.help,
 )
+
+
+@schedules.command("partitions")
+@click.option("--json", "as_json", is_flag=True)
+@pass_state
+def schedules_partitions(state: State, as_json: bool) -> None:
+    """Who owns which scheduler partition (its lease and how long it has left, its jobs, its
+    master on a cluster), and the schedulers running: what each owns, its lookahead and the
+    creation rate it measured. A partition without an owner while schedulers run is named on
+    stderr (its jobs do not fire until one takes it)."""
+    from jobqueue.cli.format import duration
+    from jobqueue.scheduler.membership import read_members, read_owners
+
+    jq = state.jq()
+    keys = jq.recurring.all_keys()
+    now = jq.server_time_ms()
+    owners = read_owners(jq, keys)
+    members = read_members(jq, now)
+    found = [a for o in owners for a in o.anomalies] + members.anomalies
+    warn_anomalies(found)
+    live = [m for m in members if m.live]
+    unowned = [o.partition for o in owners if not o.held(now)]
+    if live and unowned:
+        click.echo(
+            f"warning: scheduler partition(s) {', '.join(map(str, unowned))} have no owner "
+            f"while {len(live)} scheduler(s) run",
+            err=True,
+        )
+    if as_json:
+        click.echo(json.dumps({
+            "now_ms": now,
+            "partitions": [o.to_dict() for o in owners],
+            "schedulers": [m.to_dict() for m in members],
+        }))  # fmt: skip
+        return
+    cluster = any(o.node for o in owners)
+    rows = [
+        [
+            o.partition,
+            *([o.node] if cluster else []),
+            o.jobs,
+            o.owner or "-",
+            ("-" if not o.owner else duration(o.until_ms - now) if o.held(now) else "expired"),
+        ]
+        for o in owners
+    ]
+    headers = ["PART", *(["MASTER"] if cluster else []), "JOBS", "OWNER", "LEASE LEFT"]
+    click.echo(table(rows, headers))
+    click.echo()
+    if not members:
+        click.echo("no scheduler registered")
+        return
+    rows = [
+        [
+            m.id,
+            ",".join(map(str, m.partitions)) or "-",
+            f"{m.lookahead_ms / 1000:g}s",
+            "-" if m.rate is None else f"{m.rate:,.0f}/s",
+            when(m.seen_ms, now),
+            "ok" if m.live else "STALE",
+        ]
+        for m in members
+    ]
+    headers = ["SCHEDULER", "PARTITIONS", "LOOKAHEAD", "RATE", "LAST SEEN", "STATUS"]
+    click.echo(table(rows, headers))
+
+
+@schedules.command("repartition")
+@click.argument("count", type=click.IntRange(1, MAX_PARTITIONS))
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_state
+def schedules_repartition(state: State, count: int, yes: bool, as_json: bool) -> None:
+    """Change the scheduler partition count K to COUNT: move every recurring job to its
+    partition under COUNT (spread evenly over the slots), then record it. Refused while
+    schedulers run (stop them first); safe to re-run after an interruption (it finishes the
+    move). On a cluster, a multiple of the master count spreads the jobs evenly (4 x the
+    masters is the default at install)."""
+    from jobqueue.scheduler import repartition as srp
+
+    jq = state.jq()
+    before = srp.plan(jq, count)
+    if not yes and not click.confirm(
+        f"{before.describe()}\nstop every scheduler first, and deploy them with no "
+        "--partitions (or the new count) afterwards. Move now?",
+        err=True,
+    ):
+        click.echo("error: not confirmed: nothing moved", err=True)
+        raise click.exceptions.Exit(1)
+    with progress(before.jobs, "moving recurring jobs") as advance:
+        report = srp.repartition(jq, count, advance=advance)
+    if as_json:
+        click.echo(json.dumps(report.to_dict()))
+        return
+    click.echo(f"scheduler partitions: {report.old} -> {report.new}")
+    click.echo(f"moved {report.moved:,} recurring jobs; {report.stayed:,} were already in place")
+    if report.late:
+        click.echo(
+            f"{report.late:,} jobs were written during the move and moved too: is a client "
+            "still writing schedules with the old count?"
+        )
+    click.echo(f"recorded {report.new} scheduler partitions in {report.seconds:.2f} s")

@@ -74,7 +74,7 @@ class AsyncJobQueue(ClientCore):
         self.redis = client
         self.url = url
         self.scripts = AsyncScriptRunner(client)
-        self.recurring = RecurringSteps()
+        self.recurring = RecurringSteps(client=client)
 
     @classmethod
     def from_url(

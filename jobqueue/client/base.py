@@ -31,8 +31,10 @@ from jobqueue.store.keys import (
     QUEUES_KEY,
     PartitionKeys,
     bad_count,
-    parse_partition_count,
+    parse_placement,
     partition_of,
+    placement_record,
+    queue_partition,
     validate_partition_count,
     validate_queue_name,
     validate_run_id,
@@ -110,6 +112,8 @@ class ClientBase:
         self._keys: dict[tuple[str, int], PartitionKeys] = {}
         self._valid_queues: set[str] = set()
         self._partitions: dict[str, int] = {}
+        # Queues recorded with the spread placement (see jobqueue.store.keys: Placement).
+        self._spread: dict[str, bool] = {}
         for queue, count in (partitions or {}).items():
             validate_partition_count(count, f"queue {queue!r}")
             self._partitions[validate_queue_name(queue)] = count
@@ -261,11 +265,17 @@ class ClientBase:
     def partitions_of(self, queue: str) -> int:
         return self._partitions.get(queue, 1)
 
+    def spread_of(self, queue: str) -> bool:
+        """Whether the queue's partitions use the spread placement, as recorded in Redis."""
+        return self._spread.get(queue, False)
+
     def partition_keys(self, queue: str, partition: int) -> PartitionKeys:
         """One shared instance per partition: its key names are built once."""
         keys = self._keys.get((queue, partition))
         if keys is None:
-            keys = self._keys[(queue, partition)] = PartitionKeys(queue, partition)
+            keys = self._keys[(queue, partition)] = queue_partition(
+                queue, partition, self.partitions_of(queue), self.spread_of(queue)
+            )
         return keys
 
     def keys_for(self, queue: str, run_id: str) -> PartitionKeys:
@@ -322,23 +332,30 @@ class ClientBase:
         """Partition keys for prepared runs (the queues' partition counts must be known)."""
         return [Planned(self.keys_for(q, spec.run_id), spec) for q, spec in prepared]
 
+
+    def registration(self, queue: str) -> str:
+        """What a first registration records for ``queue``: its configured count (1 unless
+        ``partitions=`` says otherwise), with the spread placement."""
+        return placement_record(self._partitions.get(queue, 1), True)
+
     def adopt_partition_count(self, queue: str, reply: Any) -> int:
         """Check the partition count recorded in Redis (``reply``: HGET's, or a count already
-        read, e.g. from :meth:`queues`) against ours, then use it. A count jobqueue cannot have
-        written is refused (CorruptData): iterating 99999999 partitions would hang the
-        process, and a guess would lose runs."""
+        read, e.g. from :meth:`queues`; see :meth:`QueueTable.record`) against ours, then use
+        it with its placement. A count jobqueue cannot have written is refused (CorruptData):
+        iterating 99999999 partitions would hang the process, and a guess would lose runs."""
         if is_wrong_type(reply):
             raise CorruptData(f"{QUEUES_KEY} is not a hash: cannot register queue {queue!r}")
         if isinstance(reply, Exception):
             raise reply
         if type(reply) is int:
             reply = str(reply)  # checked like the text it was read as
-        stored = parse_partition_count(reply)
-        if stored is None:
+        placed = parse_placement(reply)
+        if placed is None:
             raise CorruptData(
                 f"{QUEUES_KEY} field {queue!r}: {bad_count(reply)}; set it right "
                 f"(HSET {QUEUES_KEY} {queue} <count>) before using the queue"
             )
+        stored, spread = placed
         wanted = self._partitions.get(queue)
         if wanted is not None and wanted != stored:
             raise ConfigError(
@@ -346,7 +363,11 @@ class ClientBase:
                 f"configured here; changing the partition count needs a migration: "
                 f"`jobqueue repartition {queue} --partitions {wanted}` (see its --help)"
             )
+        if (self._partitions.get(queue), self.spread_of(queue)) != (stored, spread):
+            # Keys built before the count and placement were known are built again.
+            self._keys = {k: v for k, v in self._keys.items() if k[0] != queue}
         self._partitions[queue] = stored
+        self._spread[queue] = spread
         return stored
 
     def lookup_candidates(
@@ -364,11 +385,12 @@ class ClientBase:
             names = [queue]
         else:
             names = sorted((set(table.counts) | set(self._partitions)) - set(table.unusable))
-        recorded = table.counts
-        return [
-            PartitionKeys(q, partition_of(run_id, self._partitions.get(q) or recorded.get(q, 1)))
-            for q in names
-        ]
+        out = []
+        for q in names:
+            count = self._partitions.get(q) or table.counts.get(q, 1)
+            spread = self._spread.get(q, q in table.spread)
+            out.append(queue_partition(q, partition_of(run_id, count), count, spread))
+        return out
 
 
 @dataclass(frozen=True)
@@ -380,6 +402,16 @@ class QueueTable:
     unusable: dict[str, Anomaly]
     anomalies: list[Anomaly]  # the unusable entries, and jq:queues itself if not a hash
     readable: bool = True  # False: jq:queues is not a hash, so no queue is known at all
+    spread: frozenset[str] = frozenset()  # the queues recorded with the spread placement
+
+    def record(self, queue: str) -> str:
+        """The queue's entry as jobqueue writes it (what ``adopt_partition_count`` takes)."""
+        return placement_record(self.counts[queue], queue in self.spread)
+
+    def partitions(self, queue: str) -> list[PartitionKeys]:
+        """Every partition of a usable queue, with its placement."""
+        count, spread = self.counts[queue], queue in self.spread
+        return [queue_partition(queue, p, count, spread) for p in range(count)]
 
 
 def queue_table(reply: Any) -> QueueTable:
@@ -392,19 +424,22 @@ def queue_table(reply: Any) -> QueueTable:
     if isinstance(reply, Exception):
         raise reply
     counts: dict[str, int] = {}
+    spread: set[str] = set()
     unusable: dict[str, Anomaly] = {}
     for name, stored in sorted(reply.items()):
-        count = parse_partition_count(stored)
+        placed = parse_placement(stored)
         try:
             validate_queue_name(name)
         except ConfigError:
             unusable[name] = Anomaly(QUEUES_KEY, f"field {name!r} is not a valid queue name")
             continue
-        if count is None:
+        if placed is None:
             unusable[name] = Anomaly(QUEUES_KEY, f"field {name!r}: {bad_count(stored)}")
         else:
-            counts[name] = count
-    return QueueTable(counts, unusable, list(unusable.values()))
+            counts[name] = placed[0]
+            if placed[1]:
+                spread.add(name)
+    return QueueTable(counts, unusable, list(unusable.values()), spread=frozenset(spread))
 
 
 # The anomaly of a key of another type under a run's name.

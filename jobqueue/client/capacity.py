@@ -1,5 +1,5 @@
-"""What a finished run costs in Redis memory, measured on a private embedded server (the
-arithmetic around it is ``jobqueue.policy.capacity``)."""
+"""What runs cost in Redis memory, measured on a server (the arithmetic around it is
+``jobqueue.policy.capacity``)."""
 
 from __future__ import annotations
 
@@ -10,39 +10,52 @@ from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, RunSpec
 
 
+def measure_run_bytes(jq: JobQueue, samples: int = 2000) -> tuple[float, float]:
+    """On an empty server: the memory a scheduled run of a typical shape (run id
+    ``job-N@<fire instant>``, a small payload and result) holds pending, then finished
+    (record, index entry, expiry; no history when nothing notable happened)."""
+    jq.declare_task("report.hourly")
+    keys = jq.keys_for(jq.settings.default_queue, "x")
+    lease_ms, retention_ms = jq.settings.default_lease_ms, jq.settings.done_retention_ms
+
+    def used() -> int:
+        return int(jq.redis.info("memory")["used_memory"])
+
+    before = used()
+    specs = [
+        RunSpec(
+            f"job-{i}@2026-11-29T10:00:00Z",
+            "report.hourly",
+            '{"args":[12345],"kwargs":{"region":"eu-west"}}',
+            job_id=f"job-{i}",
+        )
+        for i in range(samples)
+    ]
+    for start in range(0, samples, CREATE_RUN_CHUNK):
+        jq.scripts.run(CREATE_RUN.call(keys, specs[start : start + CREATE_RUN_CHUNK]))
+    pending = used()
+    done = 0
+    while done < samples:
+        claim = CLAIM.call(keys, CREATE_RUN_CHUNK, "w", lease_ms, 1)
+        claimed = CLAIM.parse(jq.scripts.run(claim))
+        items = [(r.run_id, r.fence, '"ok"') for r in claimed.runs]
+        jq.scripts.run(COMPLETE.call(keys, items, retention_ms))
+        done += len(items)
+    after = used()
+    return max(pending - before, 0) / samples, max(after - before, 0) / samples
+
+
 def measure_bytes_per_run(samples: int = 2000) -> float | None:
-    """Create, claim and complete ``samples`` runs of a typical shape on a private server and
-    return the memory each finished run holds (record, history, index entry)."""
+    """A finished run's memory (``measure_run_bytes``) on a private server, or None when
+    none can start."""
     try:
         server = EmbeddedServer().start()
     except JobQueueError:
         return None
     try:
         jq = JobQueue.from_url(server.url)
-        jq.declare_task("report.hourly")
-        keys = jq.keys_for(jq.settings.default_queue, "x")
-        lease_ms, retention_ms = jq.settings.default_lease_ms, jq.settings.done_retention_ms
-        before = int(jq.redis.info("memory")["used_memory"])
-        specs = [
-            RunSpec(
-                f"job-{i}@2026-11-29T10:00:00Z",
-                "report.hourly",
-                '{"args":[12345],"kwargs":{"region":"eu-west"}}',
-                job_id=f"job-{i}",
-            )
-            for i in range(samples)
-        ]
-        for start in range(0, samples, CREATE_RUN_CHUNK):
-            jq.scripts.run(CREATE_RUN.call(keys, specs[start : start + CREATE_RUN_CHUNK]))
-        done = 0
-        while done < samples:
-            claim = CLAIM.call(keys, CREATE_RUN_CHUNK, "w", lease_ms, 1)
-            claimed = CLAIM.parse(jq.scripts.run(claim))
-            items = [(r.run_id, r.fence, '"ok"') for r in claimed.runs]
-            jq.scripts.run(COMPLETE.call(keys, items, retention_ms))
-            done += len(items)
-        after = int(jq.redis.info("memory")["used_memory"])
+        finished = measure_run_bytes(jq, samples)[1]
         jq.close()
-        return max(after - before, 0) / samples
+        return finished
     finally:
         server.stop()

@@ -91,7 +91,7 @@ class ClientCore(ClientBase):
         validate_queue_name(queue)  # jq:queues lists only names every command can address
         try:
             written, stored = yield commands(
-                cmd("hsetnx", QUEUES_KEY, queue, self._partitions.get(queue, 1)),
+                cmd("hsetnx", QUEUES_KEY, queue, self.registration(queue)),
                 cmd("hget", QUEUES_KEY, queue),
             )
             if isinstance(written, Exception) and not is_wrong_type(written):

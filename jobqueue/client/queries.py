@@ -81,6 +81,8 @@ class PartitionStats:
     oldest_due_ms: int | None = None
     # Keys of this partition that could not be read as jobqueue writes them (counted as 0).
     anomalies: tuple[Anomaly, ...] = ()
+    slot: int | None = None  # the Redis Cluster slot of its keys (its hash tag's)
+    node: str | None = None  # on a cluster: the master serving that slot (host:port)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,7 +123,7 @@ def _partitions(jq: JobQueue, queue: str | None) -> tuple[list[PartitionKeys], l
     else:
         known = ", ".join(sorted(table.counts)) or "none yet"
         raise UnknownQueue(f"no queue {queue!r} in Redis (known: {known})")
-    parts = [PartitionKeys(q, p) for q, count in sorted(queues.items()) for p in range(count)]
+    parts = [k for q in sorted(queues) for k in table.partitions(q)]
     return parts, (table.anomalies if queue is None else [])
 
 
@@ -279,6 +281,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.hgetall(k.stats)
 
     out = []
+    locate = getattr(jq.redis, "get_node_from_key", None)
     for k, r in zip(parts, _pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
         mine: list[Anomaly] = []
         zset_keys = (k.due, k.due, k.leases, k.leases, k.dead, k.done, k.done)
@@ -311,9 +314,64 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 counters=counters,
                 oldest_due_ms=oldest,
                 anomalies=tuple(unique(mine)),
+                slot=k.slot,
+                node=_node_name(locate, k.due),
             )
         )
     return Listing(out, found)
+
+
+def _node_name(locate: Callable[[str], Any] | None, key: str) -> str | None:
+    """The cluster master serving a key (None on a single server, or a slot with no master)."""
+    if locate is None:
+        return None
+    try:
+        return str(locate(key).name)
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class MasterLoad:
+    """What one cluster master carries of the queues' partitions (``jobqueue queues``)."""
+
+    node: str
+    partitions: int
+    due_now: int
+    scheduled_later: int
+    running: int
+    share: float  # its partitions / the fair share (partitions / masters)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def master_names(jq: JobQueue) -> list[str]:
+    """The masters of a cluster client (from its cached slot map), none on a single server."""
+    primaries = getattr(jq.redis, "get_primaries", None)
+    return [n.name for n in primaries()] if primaries else []
+
+
+def master_loads(rows: Sequence[PartitionStats], masters: Sequence[str]) -> list[MasterLoad]:
+    """Partitions and runs per master, every master listed (one without partitions too), the
+    busiest first; ``share`` 1.0 is an even spread."""
+    by: dict[str, list[PartitionStats]] = {m: [] for m in masters}
+    for row in rows:
+        if row.node is not None:
+            by.setdefault(row.node, []).append(row)
+    fair = len(rows) / max(len(by), 1)
+    loads = [
+        MasterLoad(
+            node,
+            len(mine),
+            sum(r.due_now for r in mine),
+            sum(r.scheduled_later for r in mine),
+            sum(r.running for r in mine),
+            round(len(mine) / fair, 2) if fair else 0.0,
+        )
+        for node, mine in by.items()
+    ]
+    return sorted(loads, key=lambda m: (-m.partitions, m.node))
 
 
 _STATE_INDEX = {

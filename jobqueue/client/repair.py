@@ -98,10 +98,11 @@ def repair_queue(
     advance: Callable[[int], None] = lambda n: None,
 ) -> RepairReport:
     validate_queue_name(queue)
-    known = jq.queues()
-    if queue not in known:
-        raise UnknownQueue(f"no queue {queue!r} in Redis (queues: {', '.join(sorted(known))})")
-    count = jq.adopt_partition_count(queue, known[queue])
+    table = jq.queue_table()
+    if queue not in table.counts:
+        known = ", ".join(sorted(table.counts))
+        raise UnknownQueue(f"no queue {queue!r} in Redis (queues: {known})")
+    count = jq.adopt_partition_count(queue, table.record(queue))
     report = RepairReport(queue, count, dry_run)
     for p in range(count):
         report.by_partition[p] = repair_partition(

@@ -24,6 +24,9 @@ The move crosses slots, so it cannot be atomic; it is made safe to interrupt and
 * The new count is written to ``jq:queues`` last: until then every client still uses (and
   refuses any other than) the old count. A move in progress is recorded in
   ``jq:queues:moving`` so that a re-run with yet another count still finds every run.
+* The new layout always has the spread placement (``jobqueue.store.keys``: Placement), so a
+  queue whose tags are the plain ``{q#p}`` of earlier versions moves to the spread tags, even
+  with its count unchanged: that is the migration of existing queues.
 
 Only single-key commands (and one-slot transactions), pipelined: the same code serves a single
 node and a Redis Cluster.
@@ -44,8 +47,11 @@ from jobqueue.store.keys import (
     QUEUES_KEY,
     PartitionKeys,
     bad_count,
-    parse_partition_count,
+    parse_placement,
     partition_of,
+    placement_record,
+    queue_partition,
+    queue_partitions,
     validate_queue_name,
 )
 
@@ -74,10 +80,23 @@ class Move:
     target: PartitionKeys
 
 
-def source_partitions(recorded: int, count: int, moving_to: int | None) -> range:
+# A layout: (partition count, spread placement).
+Layout = tuple[int, bool]
+
+
+def targets(queue: str, count: int) -> list[PartitionKeys]:
+    """The partitions of the new layout: ``count`` of them, spread."""
+    return queue_partitions(queue, count, True)
+
+
+def source_partitions(
+    queue: str, recorded: Layout, count: int, moving_to: Layout | None
+) -> list[PartitionKeys]:
     """Every partition a run may be in: the recorded layout, the new one, and the target of
-    an interrupted move (runs may already sit there)."""
-    return range(max(recorded, count, moving_to or 0))
+    an interrupted move (runs may already sit there); each once."""
+    layouts = [recorded, *([moving_to] if moving_to else []), (count, True)]
+    found = [k for n, spread in layouts for k in queue_partitions(queue, n, spread)]
+    return list(dict.fromkeys(found))
 
 
 def plan_page(
@@ -86,11 +105,11 @@ def plan_page(
     """The moves among one page of index entries, and how many entries stay where they are."""
     moves, stayed = [], 0
     for run_id, score in entries:
-        target = partition_of(run_id, count)
-        if target == source.partition:
+        target = queue_partition(source.queue, partition_of(run_id, count), count, True)
+        if target == source:
             stayed += 1
         else:
-            moves.append(Move(run_id, score, index, source, PartitionKeys(source.queue, target)))
+            moves.append(Move(run_id, score, index, source, target))
     return moves, stayed
 
 
@@ -124,6 +143,8 @@ class Plan:
     count: int
     moving_to: int | None  # an interrupted move's target, if any
     runs: dict[str, int]  # entries per index (pending/dead/done) over every partition
+    spread: bool = True  # the recorded layout's placement (False: the plain {q#p} tags)
+    moving_spread: bool = True  # the interrupted move's placement
 
     @property
     def total(self) -> int:
@@ -131,11 +152,17 @@ class Plan:
 
     def describe(self) -> str:
         resumed = f" (resuming a move to {self.moving_to})" if self.moving_to else ""
+        placed = "" if self.spread or self.recorded == 1 else " (to the spread placement)"
         counts = ", ".join(f"{state} {n:,}" for state, n in self.runs.items())
         return (
-            f"queue {self.queue!r}: {self.recorded} -> {self.count} partitions{resumed}; "
-            f"{self.total:,} runs ({counts})"
+            f"queue {self.queue!r}: {self.recorded} -> {self.count} partitions{placed}"
+            f"{resumed}; {self.total:,} runs ({counts})"
         )
+
+    @property
+    def sources(self) -> list[PartitionKeys]:
+        moving = None if self.moving_to is None else (self.moving_to, self.moving_spread)
+        return source_partitions(self.queue, (self.recorded, self.spread), self.count, moving)
 
 
 @dataclass
@@ -197,11 +224,11 @@ def _cardinalities(r: Any, keys: list[str]) -> list[int]:
     return [int(n) for n in replies]
 
 
-def _refuse_if_busy(jq: JobQueue, queue: str, partitions: range) -> None:
+def _refuse_if_busy(jq: JobQueue, queue: str, partitions: Sequence[PartitionKeys]) -> None:
     """Running runs or live workers: a move now could run a run twice or strand runs."""
     from jobqueue.client.queries import workers
 
-    keys = [PartitionKeys(queue, p).leases for p in partitions]
+    keys = [k.leases for k in partitions]
     running = sum(_cardinalities(jq.redis, keys))
     if running:
         raise OperationRefused(
@@ -233,19 +260,26 @@ def plan(jq: JobQueue, queue: str, count: int) -> Plan:
     if stored is None:
         known = ", ".join(sorted(jq.queues())) or "none"
         raise OperationRefused(f"no queue {queue!r} recorded in Redis (known: {known})")
-    recorded = parse_partition_count(stored)
+    recorded = parse_placement(stored)
     if recorded is None:
         raise CorruptData(f"{QUEUES_KEY} field {queue!r}: {bad_count(stored)}; nothing moved")
-    moving_to = None if moving is None else parse_partition_count(moving)
+    # A move started by an earlier version recorded a bare count: its target had plain tags.
+    moving_to = None if moving is None else parse_placement(moving)
     if moving is not None and moving_to is None:
         raise CorruptData(f"{MOVING_KEY} field {queue!r}: {bad_count(moving)}; nothing moved")
-    partitions = source_partitions(recorded, count, moving_to)
+    partitions = source_partitions(queue, recorded, count, moving_to)
     _refuse_if_busy(jq, queue, partitions)
-    sizes = _cardinalities(
-        r, [getattr(PartitionKeys(queue, p), index) for p in partitions for index in INDEXES]
-    )
+    sizes = _cardinalities(r, [getattr(k, index) for k in partitions for index in INDEXES])
     runs = {_INDEX_STATE[index]: sum(sizes[i :: len(INDEXES)]) for i, index in enumerate(INDEXES)}
-    return Plan(queue, recorded, count, moving_to, runs)
+    return Plan(
+        queue,
+        recorded[0],
+        count,
+        None if moving_to is None else moving_to[0],
+        runs,
+        spread=recorded[1],
+        moving_spread=True if moving_to is None else moving_to[1],
+    )
 
 
 def _ttl(value: Any) -> int:
@@ -314,8 +348,7 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
 
 def _move_pass(
     r: Any,
-    queue: str,
-    partitions: range,
+    partitions: Sequence[PartitionKeys],
     count: int,
     page: int,
     report: Report,
@@ -324,8 +357,7 @@ def _move_pass(
     """One pass over every index of every partition: (runs moved, entries that stayed);
     ``advance(n)`` after each page of n entries."""
     moved = stayed = 0
-    for p in partitions:
-        source = PartitionKeys(queue, p)
+    for source in partitions:
         for index in INDEXES:
             cursor = 0
             while True:
@@ -341,11 +373,10 @@ def _move_pass(
     return moved, stayed
 
 
-def _fold_stats(r: Any, queue: str, partition: int, count: int) -> bool:
+def _fold_stats(r: Any, source: PartitionKeys, count: int) -> bool:
     """Add a vanishing partition's counters into its fold target; True if there were any."""
-    source = PartitionKeys(queue, partition)
-    target = PartitionKeys(queue, fold_target(partition, count))
-    staging = staging_key(target, partition)
+    target = targets(source.queue, count)[fold_target(source.partition, count)]
+    staging = staging_key(target, source.partition)
     counters = r.hgetall(source.stats)
     if counters:
         # Staged in the target's slot first; the source is the authority while it exists.
@@ -367,22 +398,24 @@ def _fold_stats(r: Any, queue: str, partition: int, count: int) -> bool:
     return bool(counters or staged)
 
 
-def _carry_fences(r: Any, queue: str, old_stop: int, count: int) -> None:
+def _carry_fences(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
     """Every new partition's fence counter starts at the highest of all the old ones, so no
     claim after the move reissues a fence a run id had before it (its run may have moved, or
     its record expired and the id be created again in another partition). Raised before the
     counters of vanishing partitions are deleted: a re-run after a crash finds them again."""
-    keys = [PartitionKeys(queue, p).fences for p in range(max(old_stop, count))]
+    new = targets(sources[0].queue, count)
+    everything = list(dict.fromkeys([*sources, *new]))
     pipe = r.pipeline(transaction=False)
-    for key in keys:
-        pipe.get(key)  # one key per command: partitions live in different cluster slots
+    for k in everything:
+        pipe.get(k.fences)  # one key per command: partitions live in different cluster slots
     highest = max((int(v) for v in pipe.execute() if v is not None), default=0)
     pipe = r.pipeline(transaction=False)
-    for p in range(count):
+    for k in new:
         if highest:
-            pipe.set(keys[p], highest)  # never lower: highest is at least its current value
-    for p in range(count, old_stop):
-        pipe.delete(keys[p])
+            pipe.set(k.fences, highest)  # never lower: highest is at least its current value
+    for k in everything:
+        if k not in new:
+            pipe.delete(k.fences)
     pipe.execute()
 
 
@@ -402,15 +435,15 @@ def repartition(
     started = clock()
     before = plan(jq, queue, count)
     r = jq.redis
-    partitions = source_partitions(before.recorded, count, before.moving_to)
-    r.hset(MOVING_KEY, queue, count)
+    partitions = before.sources
+    r.hset(MOVING_KEY, queue, placement_record(count, True))
     report = Report(queue, before.recorded, count)
-    moved, _ = _move_pass(r, queue, partitions, count, page, report, advance)
+    moved, _ = _move_pass(r, partitions, count, page, report, advance)
     # Counted from the plan: a run moved into a partition scanned later is seen there again.
     report.stayed = max(before.total - moved - report.gone - len(report.conflicts), 0)
     # A second pass finds runs written meanwhile by a producer still using the old count
     # (or behind the scan cursor); on a quiet queue it only reads.
-    report.late, _ = _move_pass(r, queue, partitions, count, page, report)
+    report.late, _ = _move_pass(r, partitions, count, page, report)
     if report.conflicts:
         report.conflicts = list(dict.fromkeys(report.conflicts))  # both passes saw them
         shown = ", ".join(report.conflicts[:5]) + (", ..." if len(report.conflicts) > 5 else "")
@@ -418,12 +451,13 @@ def repartition(
             f"{len(report.conflicts)} run ids exist in two partitions with different contents "
             f"({shown}): resolve them by hand, then run repartition again; count not changed"
         )
-    for p in range(count, partitions.stop):
-        if _fold_stats(r, queue, p, count):
-            report.folded.append((p, fold_target(p, count)))
-    _carry_fences(r, queue, partitions.stop, count)
+    new = targets(queue, count)
+    for source in partitions:
+        if source not in new and _fold_stats(r, source, count):
+            report.folded.append((source.partition, fold_target(source.partition, count)))
+    _carry_fences(r, partitions, count)
     _refuse_if_busy(jq, queue, partitions)  # a worker started during the move
-    r.hset(QUEUES_KEY, queue, count)
+    r.hset(QUEUES_KEY, queue, placement_record(count, True))
     r.hdel(MOVING_KEY, queue)
     report.seconds = clock() - started
     return report

@@ -1,7 +1,9 @@
 """The scheduler daemon: turns recurring jobs into runs, exactly once per fire time, with any
-number of instances running at once.
+number of instances running at once. They share the scheduler partitions: each tick starts
+with a rebalance (``membership.Ownership``) that keeps this instance's leases on about K/N of
+them, and only those are ticked.
 
-One tick, per scheduler partition ``{sched#k}``, batch after batch:
+One tick, per scheduler partition ``{sched#k}`` this instance owns, batch after batch:
 
 1. ``sched_due.lua`` reads the server clock and the jobs whose next fire <= now + lookahead
    (one round trip; each distinct definition text once, jobs in segments sharing next fire and
@@ -14,15 +16,18 @@ One tick, per scheduler partition ``{sched#k}``, batch after batch:
 3. the runs are created with ``sched_create.lua`` in the queue's slot (``{q#p}``), idempotent
    by run id ``<job_id>@<fire instant>``, due at fire + jitter;
 4. ``advance.lua`` moves each job's next fire forward in the scheduler slot, compare-and-set
-   against the next fire read in step 1 and never backwards, and adds the tick's counters.
+   against the next fire read in step 1 and never backwards, under this instance's lease token
+   (refused whole when another took the partition over), and adds the tick's counters.
 
 Steps 3 and 4 are in different slots, so they cannot be one transaction; they do not need to
-be. A scheduler that dies between them leaves the next fire where it was: the next tick (of any
-instance) computes the same fire times, ``sched_create`` finds those runs already there, and
-the advance happens then: nothing lost, nothing doubled. Two instances racing on one tick both
-create (the second creation is a no-op) and only one advance is accepted, so each tick's
+be. A scheduler that dies between them leaves the next fire where it was: whoever owns the
+partition next computes the same fire times, ``sched_create`` finds those runs already there,
+and the advance happens then: nothing lost, nothing doubled. An owner that stalled past its
+lease and wakes mid-tick writes nothing once it sees its lease is gone, and its advance is
+fenced; what it created meanwhile are the new owner's run ids (a no-op), so each tick's
 counters are added once. Steps 3-4 of one batch run on a writer thread while steps 1-2 of the
-next batch run here (see :meth:`Scheduler.tick`).
+next batch run here (see :meth:`Scheduler.tick`). The lookahead grows for a herd too big to be
+created within it at the measured rate (:meth:`Scheduler.lookahead_for`).
 
 Jobs with an overlap policy other than ``allow`` are not looked ahead: whether their previous
 run is still unfinished is decided when a fire time comes, not a lookahead earlier, in the
@@ -37,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import signal
 import threading
 import time
@@ -67,6 +71,7 @@ from jobqueue.policy.misfire import (
 )
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.runtime.signals import SignalRelay
+from jobqueue.scheduler.membership import DEFAULT_PARTITION_LEASE_S, Ownership
 from jobqueue.schedules.recurring import Definition, JobState, Overlap, Recurring, SyncReport
 from jobqueue.store.keys import (
     PartitionKeys,
@@ -83,6 +88,7 @@ from jobqueue.store.schedules import (
     SCHED_RELEASE,
     SCHED_UNHOLD,
     AdvanceHeader,
+    Moved,
     RunGroup,
 )
 from jobqueue.store.scripts import Call
@@ -105,6 +111,16 @@ UNFINISHED = frozenset({"pending", "running"})
 # one script never blocks the server for long (about 10 ms).
 CREATE_CHUNK = 1000
 ADVANCE_CHUNK = 1000
+# The lookahead grows (up to --max-lookahead, by default this many times --lookahead) so that
+# the jobs firing within it can be created before their fire time: jobs due within
+# max_lookahead / creation rate x the margin.
+MAX_LOOKAHEAD_FACTOR = 10
+LOOKAHEAD_MARGIN = 1.5
+# Runs/s assumed before this scheduler measured its own (--create-rate): a conservative
+# share of what one scheduler process measured here against one Redis (bench/scheduler.py).
+DEFAULT_CREATE_RATE = 20_000.0
+# A partition's drain counts as a measurement of the creation rate from this many runs on.
+RATE_SAMPLE_RUNS = 1000
 
 
 def retry_delay(failures: int) -> float:
@@ -291,6 +307,9 @@ class TickReport:
     released: int = 0
     create_failures: int = 0  # jobs whose runs could not be created (kept for the next tick)
     failed_partitions: int = 0  # scheduler partitions skipped this tick (their master down)
+    fenced: int = 0  # jobs whose advance was refused: another scheduler took the partition
+    partitions: int = 0  # scheduler partitions this scheduler owned and ticked
+    dropped_batches: int = 0  # batches not written: the lease could not be trusted any more
 
     def add(self, other: TickReport) -> None:
         self.now_ms = max(self.now_ms, other.now_ms)
@@ -306,6 +325,9 @@ class TickReport:
             "released",
             "create_failures",
             "failed_partitions",
+            "fenced",
+            "partitions",
+            "dropped_batches",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -322,6 +344,7 @@ class Batch:
     creates: list[Call] = field(default_factory=list)
     create_jobs: list[list[str]] = field(default_factory=list)  # the job ids of each create
     held: int = 0  # buffer-one entries this batch records
+    token: int = 0  # the scheduler's lease token on the partition (advance.lua's fence)
 
 
 @dataclass
@@ -366,15 +389,34 @@ class Scheduler:
         metrics: Metrics = NO_METRICS,
         declared: Sequence[Definition] | None = None,
         prune: bool = False,
+        partition_lease: float = DEFAULT_PARTITION_LEASE_S,
+        scheduler_id: str | None = None,
+        max_lookahead: float | None = None,
+        create_rate: float = DEFAULT_CREATE_RATE,
     ) -> None:
         """``declared``: the app's code-declared schedules (``jq.declared_schedules`` when
         None), written by :meth:`run` at start; ``prune`` also removes the code-declared ones
-        no longer declared."""
+        no longer declared. ``partition_lease``: how long this scheduler's lease on each
+        scheduler partition it owns lasts without renewal (see ``membership``).
+        ``max_lookahead``: how far the lookahead may grow so that a herd is created before
+        its fire time (MAX_LOOKAHEAD_FACTOR x ``lookahead`` when None: no growth with no
+        lookahead), at the creation rate this scheduler measures (``create_rate`` runs/s
+        until it has measured one); see :meth:`lookahead_for`."""
         if lookahead < 0 or interval <= 0 or grace < 0 or batch < 1 or max_fires < 1:
             raise ValueError("lookahead and grace >= 0, interval > 0, batch and max_fires >= 1")
+        if not partition_lease > 0 or not create_rate > 0:
+            raise ValueError("partition_lease > 0 and create_rate > 0")
         self.jq = jq
         self.store = store or jq.recurring
         self.lookahead_ms = int(lookahead * 1000)
+        most = MAX_LOOKAHEAD_FACTOR * lookahead if max_lookahead is None else max_lookahead
+        if most < 0:
+            raise ValueError("max_lookahead >= 0")
+        self.max_lookahead_ms = max(self.lookahead_ms, int(most * 1000))
+        # This tick's lookahead (lookahead_for), and the creation rate measured (runs/s).
+        self.effective_lookahead_ms = self.lookahead_ms
+        self.create_rate: float | None = None
+        self.assumed_rate = create_rate
         self.interval = interval
         # Never below two tick intervals: overlap jobs (not looked ahead) and every job with a
         # lookahead shorter than the interval are handled up to a tick gap after their fire
@@ -388,7 +430,14 @@ class Scheduler:
         self._stopping = threading.Event()
         self._signals = SignalRelay(self._signalled, "jobqueue-sched-signals")
         self._executor: ThreadPoolExecutor | None = None
-        self._start = random.randrange(1 << 30)
+        self.ownership = Ownership(
+            jq,
+            self.store,
+            int(partition_lease * 1000),
+            info=self._registry_info(),
+        )
+        if scheduler_id is not None:
+            self.ownership.id = scheduler_id
         # Scheduler partitions skipped after a failure: keys -> (until, consecutive failures).
         self._cooldown: dict[SchedKeys, tuple[float, int]] = {}
         self.declared = list(jq.declared_schedules if declared is None else declared)
@@ -428,9 +477,50 @@ class Scheduler:
 
     # -- one tick --------------------------------------------------------------------------
 
+    @property
+    def id(self) -> str:
+        return self.ownership.id
+
+    def _registry_info(self) -> dict[str, Any]:
+        """What the registry shows of this scheduler besides its partitions."""
+        return {
+            "lookahead_ms": self.effective_lookahead_ms,
+            "base_lookahead_ms": self.lookahead_ms,
+            "max_lookahead_ms": self.max_lookahead_ms,
+            "interval_ms": int(self.interval * 1000),
+            "rate": None if self.create_rate is None else round(self.create_rate),
+        }
+
+    def lookahead_for(self, jobs_ahead: int) -> int:
+        """The lookahead (ms) that lets this scheduler create ``jobs_ahead`` runs (the jobs
+        of its partitions firing within --max-lookahead) before they fire: the time that
+        takes at its creation rate, with a margin, never below --lookahead nor above
+        --max-lookahead. A top-of-hour herd of 5,000,000 at 46,000 runs/s needs ~109 s:
+        its creation then starts ~163 s before the hour instead of 60 s."""
+        rate = self.create_rate or self.assumed_rate
+        needed = int(jobs_ahead / rate * LOOKAHEAD_MARGIN * 1000)
+        return min(self.max_lookahead_ms, max(self.lookahead_ms, needed))
+
+    def _plan_lookahead(self, keys: Sequence[SchedKeys], now: int | None) -> None:
+        """Set this tick's lookahead from the jobs of ``keys`` firing within --max-lookahead
+        (one ZCOUNT per partition, pipelined per master)."""
+        if self.max_lookahead_ms <= self.lookahead_ms or not keys:
+            self.effective_lookahead_ms = self.lookahead_ms
+            return
+        horizon = (self.ownership.now_ms if now is None else now) + self.max_lookahead_ms
+        ahead = 0
+        for sk in keys:
+            try:
+                ahead += int(self.jq.redis.zcount(sk.next, "(-inf", horizon))
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+                continue  # its master down: counted when it is back
+        self.effective_lookahead_ms = self.lookahead_for(ahead)
+        self.ownership.info = self._registry_info()
+
     def tick(self, now: int | None = None) -> TickReport:
-        """Fire everything due in every partition (batch after batch), then release buffered
-        runs whose predecessor finished.
+        """Rebalance the scheduler partitions among the live schedulers (``membership``), then
+        fire everything due in each partition this one owns (batch after batch), and release
+        buffered runs whose predecessor finished.
 
         The writes of batch i (creates, then its advance) go out on a writer thread while this
         thread reads and plans batch i + 1, so the client's planning and the server's script
@@ -439,14 +529,13 @@ class Scheduler:
         follows its creates, and batch i + 1's writes wait for batch i's.
         """
         report = TickReport()
-        keys = self.store.all_keys()
-        # Each instance starts at its own partition: several schedulers then mostly work on
-        # different partitions at once instead of all racing through partition 0 first.
-        start = self._start % len(keys)
+        keys = self.ownership.rebalance(now)
+        report.partitions = len(keys)
+        self._plan_lookahead(keys, now)
         failure: Exception | None = None
         worked = 0
         clock = time.monotonic()
-        for sk in keys[start:] + keys[:start]:
+        for sk in keys:
             cooling = self._cooldown.get(sk)
             if cooling is not None and cooling[0] > clock:
                 report.failed_partitions += 1
@@ -489,12 +578,27 @@ class Scheduler:
         # Release first: a fire that comes after the buffered run's predecessor finished
         # must not be skipped as "one already waiting".
         report.released += self.release_held(sk, now)
+        started, before = time.monotonic(), report.runs_requested
+        self._drain(sk, now, report)
+        runs = report.runs_requested - before
+        if runs >= RATE_SAMPLE_RUNS:
+            sample = runs / max(time.monotonic() - started, 1e-6)
+            rate = self.create_rate
+            self.create_rate = sample if rate is None else 0.5 * rate + 0.5 * sample
+            self.ownership.info = self._registry_info()
+
+    def _drain(self, sk: SchedKeys, now: int | None, report: TickReport) -> None:
         held = 0
         inflight: tuple[Batch, Future[None]] | None = None
         after: tuple[int, str] | None = None
         try:
             for _ in range(10_000):  # bounded: a partition is drained in batches
+                self.ownership.keep_alive(now)  # a herd takes many batches: keep the lease
+                token = self.ownership.token(sk)
+                if token is None:  # lost to another scheduler meanwhile: it goes on
+                    break
                 batch = self._plan(sk, now, after)
+                batch.token = token
                 if inflight is not None:
                     # No "nothing advanced: stop" here: the cursor moves past jobs that cannot
                     # move yet (an overlap job not due until its fire time, a definition that
@@ -525,6 +629,13 @@ class Scheduler:
         return self._executor
 
     def _write(self, batch: Batch, now: int | None) -> None:
+        if not self.ownership.still_held(batch.keys, now):
+            # Another scheduler may own the partition by now: write nothing. The jobs keep
+            # their next fire, so whoever owns the partition fires them.
+            log.warning("lease of %s no longer held: batch dropped", batch.keys.prefix)
+            batch.groups.clear()
+            batch.report.dropped_batches += 1
+            return
         batch.report.runs_created = self._send_creates(batch)
         self.advance(batch)
 
@@ -536,15 +647,27 @@ class Scheduler:
         return batch
 
     def close(self) -> None:
-        """Stop the writer thread (``run`` does this when it returns)."""
+        """Stop the writer thread and give the partitions up (``run`` does this when it
+        returns), so that the other schedulers take them over at once."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        try:
+            self.ownership.leave()
+        except (JobQueueError, redis.exceptions.RedisError, redis.exceptions.RedisClusterException
+                ) as exc:  # fmt: skip
+            log.warning("could not give the scheduler partitions up (%s): they are taken over "
+                        "when their leases expire", exc)  # fmt: skip
 
     def fire(self, sk: SchedKeys, now: int | None = None) -> Batch:
-        """Step one: read the due jobs, decide, create their runs (idempotent). The advance is
-        left to :meth:`advance`; stopping here is what a crash between the two looks like."""
+        """Step one: own the partition (an empty batch when another scheduler does), read the
+        due jobs, decide, create their runs (idempotent). The advance is left to
+        :meth:`advance`; stopping here is what a crash between the two looks like."""
+        token = self.ownership.hold(sk, now)
+        if token is None:
+            return Batch(sk, 0)
         batch = self._plan(sk, now)
+        batch.token = token
         batch.report.runs_created = self._send_creates(batch)
         return batch
 
@@ -559,7 +682,9 @@ class Scheduler:
         list appends. Runs go out grouped (sched_create.lua), advances too (advance.lua).
         """
         due = SCHED_DUE.parse(
-            self.jq.scripts.run(SCHED_DUE.call(sk, self.lookahead_ms, self.batch, now, after))
+            self.jq.scripts.run(
+                SCHED_DUE.call(sk, self.effective_lookahead_ms, self.batch, now, after)
+            )
         )
         now_ms = due.now_ms
         batch = Batch(sk, now_ms)
@@ -581,7 +706,12 @@ class Scheduler:
                     log.warning("recurring jobs %s have a next fire but no definition", jobs)
                 continue
             plan = plan_fires(
-                info.tmpl, next_ms, now_ms, self.lookahead_ms, self.grace_ms, self.max_fires
+                info.tmpl,
+                next_ms,
+                now_ms,
+                self.effective_lookahead_ms,
+                self.grace_ms,
+                self.max_fires,
             )
             if plan is None:
                 continue
@@ -624,8 +754,8 @@ class Scheduler:
             text = _text(raw)
             try:
                 tmpl = Definition.from_json("", text)
-                count = self.jq.register_queue(tmpl.queue)
-                keys = [PartitionKeys(tmpl.queue, p) for p in range(count)]
+                self.jq.register_queue(tmpl.queue)
+                keys = self.jq.all_partition_keys(tmpl.queue)
                 out.append(_DefInfo(tmpl, tmpl.payload(limit), keys))
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("unusable recurring job definition %.200s: %s", text, exc)
@@ -775,9 +905,17 @@ class Scheduler:
             for header, jobs in batch.groups.items()
             for i in range(0, len(jobs), ADVANCE_CHUNK)
         ]
-        flags = ADVANCE.parse(self.jq.scripts.run(ADVANCE.call(batch.keys, chunks, batch.now_ms)))
-        batch.report.advanced = sum(flags)
+        call = ADVANCE.call(batch.keys, chunks, batch.now_ms, batch.token)
+        flags = ADVANCE.parse(self.jq.scripts.run(call))
+        batch.report.advanced = flags.count(Moved.ADVANCED)
+        batch.report.fenced = flags.count(Moved.FENCED)
         batch.report.conflicts = len(flags) - batch.report.advanced
+        if batch.report.fenced:
+            log.warning(
+                "advance of %d jobs in %s refused: another scheduler owns the partition now",
+                batch.report.fenced,
+                batch.keys.prefix,
+            )
 
     def _run_keys(self, job: str, queue: str) -> PartitionKeys | None:
         """The partition of ``queue`` that holds the job's runs (None: an unusable queue name,
@@ -787,7 +925,7 @@ class Scheduler:
         except (ValueError, JobQueueError) as exc:
             log.error("recurring job %s: unusable queue %r: %s", job, queue, exc)
             return None
-        return PartitionKeys(queue, partition_of(job, count))
+        return self.jq.partition_keys(queue, partition_of(job, count))
 
     def _previous_states(self, jobs: list[tuple[str, str, int | None]]) -> list[str | None]:
         """The state of each job's previous run, given (job, queue of that run, its fire)
@@ -834,7 +972,7 @@ class Scheduler:
             except (ValueError, JobQueueError) as exc:
                 log.error("recurring job %s: unusable held entry %r: %s", job, text, exc)
                 continue
-            pk = PartitionKeys(queue, partition_of(job, count))
+            pk = self.jq.partition_keys(queue, partition_of(job, count))
             pred_id = "" if pred < 0 else fire_run_id(job, pred)
             held = (fire_run_id(job, fire), pred_id, due)
             if pred_id and pred_queue != queue:

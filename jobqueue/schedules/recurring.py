@@ -7,7 +7,12 @@ Storage (scheduler partition k of K, hash tag ``{sched#k}``, k = fnv1a_32(job_id
     jq:{sched#k}:next   zset   job_id -> next fire instant (ms); absent while paused or ended
     jq:{sched#k}:state  hash   job_id -> 'fired missed skipped dropped last through [last_queue]'
     jq:{sched#k}:held   hash   job_id -> 'fire pred_fire due queue [pred_queue]' (buffer-one)
-    jq:sched:config     hash   partitions -> K (global, plain commands only)
+    jq:sched:config     hash   partitions -> K, and the placement: 'K' (the tags {sched#k})
+                               or 'K spread' (global, plain commands only); moving -> the
+                               target of a `schedules repartition` in progress
+    jq:schedulers       hash   scheduler id -> its registry entry (``scheduler.membership``)
+    jq:{sched#k}:owner  hash   the lease of the scheduler that owns partition k (owner,
+                               token, until)
     jq:sched:declared   set    job ids synced from code declarations (global, plain commands)
 
 ``last`` is the latest fire instant that got a run (-1: none yet), ``through`` the instant up
@@ -75,10 +80,12 @@ from jobqueue.store.io import (
     server_time_steps,
 )
 from jobqueue.store.keys import (
+    MAX_PARTITIONS,
     SchedKeys,
     bad_count,
     fire_run_id,
-    parse_partition_count,
+    parse_placement,
+    placement_record,
     validate_partition_count,
     validate_queue_name,
     validate_run_id,
@@ -97,6 +104,10 @@ SCHED_CONFIG_KEY = "jq:sched:config"
 DECLARED_KEY = "jq:sched:declared"
 ORIGIN_CODE = "code"
 ENV_SCHED_PARTITIONS = "JOBQUEUE_SCHED_PARTITIONS"
+# jq:sched:config's field naming the target of a `schedules repartition` in progress.
+MOVING_FIELD = "moving"
+# Scheduler partitions per cluster master when nothing configures K (see default_partitions).
+PER_MASTER = 4
 DEFAULT_MISFIRE = "fire-once"
 DEFAULT_TZ = "UTC"
 MAX_BACKFILL = 10_000
@@ -179,6 +190,11 @@ def refuse_future_end(job_id: str, end_ms: int, now_ms: int) -> None:
 
 def sched_partition_of(job_id: str, partitions: int) -> int:
     return 0 if partitions <= 1 else fnv1a_32(job_id) % partitions
+
+
+def sched_keys(partition: int, count: int, spread: bool) -> SchedKeys:
+    """Scheduler partition ``partition`` of ``count``, with its placement."""
+    return SchedKeys(partition, count if spread and count > 1 else 0)
 
 
 @lru_cache(maxsize=65536)
@@ -676,9 +692,11 @@ class RecurringSteps:
     driven by the sync client (:class:`Recurring`) and by the asyncio one alike. It keeps one
     thing between operations: K, the scheduler partition count, once known."""
 
-    def __init__(self, partitions: int | None = None) -> None:
+    def __init__(self, partitions: int | None = None, client: Any = None) -> None:
         self._wanted = partitions
         self._partitions: int | None = None
+        self._spread = False
+        self._client = client  # only asked for the cluster's masters (default_partitions)
 
     # -- partitions ------------------------------------------------------------------------
 
@@ -687,14 +705,29 @@ class RecurringSteps:
         is refused. Every write records it first, and the scheduler daemon at start."""
         if self._partitions is None:
             wanted = self.configured()
+            first = placement_record(wanted or self.default_partitions(), True)
             written, stored = yield commands(
-                cmd("hsetnx", SCHED_CONFIG_KEY, "partitions", wanted or 1),
+                cmd("hsetnx", SCHED_CONFIG_KEY, "partitions", first),
                 cmd("hget", SCHED_CONFIG_KEY, "partitions"),
             )
             if isinstance(written, Exception) and not is_wrong_type(written):
                 raise written  # refused by the server (OOM, READONLY): not the data's fault
-            self._partitions = self._adopt(stored, wanted)
+            self._partitions, self._spread = self._adopt(stored, wanted)
         return self._partitions
+
+    def default_partitions(self) -> int:
+        """K when nothing configures it: 1 on a single server (its one thread runs every
+        script anyway; a second scheduler stands by), PER_MASTER x the masters on a cluster,
+        so that the partitions, placed evenly, put the same share of the jobs on each master
+        and up to that many schedulers can share the work."""
+        primaries = getattr(self.topology_client(), "get_primaries", None)  # cached slot map
+        if primaries is None:
+            return 1
+        return min(MAX_PARTITIONS, PER_MASTER * max(1, len(primaries())))
+
+    def topology_client(self) -> Any:
+        """The client whose topology (a cluster's masters) decides the default K."""
+        return self._client
 
     def read_partitions_steps(self) -> Steps[int]:
         """K as recorded, else as configured: nothing recorded means no definition was ever
@@ -706,8 +739,30 @@ class RecurringSteps:
         (stored,) = yield commands(cmd("hget", SCHED_CONFIG_KEY, "partitions"))
         if stored is None:
             return wanted or 1  # not kept: the first write records it, and may find another
-        self._partitions = self._adopt(stored, wanted)
+        self._partitions, self._spread = self._adopt(stored, wanted)
         return self._partitions
+
+    def forget(self) -> None:
+        """Read K and its placement again at the next use (after `schedules repartition`)."""
+        self._partitions, self._spread = None, False
+
+    def refresh_steps(self) -> Steps[None]:
+        """Before a write: K and its placement as Redis records them now (another process
+        may have changed them with `jobqueue schedules repartition` since this one read
+        them), and refused while such a change is in progress."""
+        (reply,) = yield commands(cmd("hmget", SCHED_CONFIG_KEY, "partitions", MOVING_FIELD))
+        if is_wrong_type(reply):
+            raise CorruptData(f"{SCHED_CONFIG_KEY} is not a hash: recurring jobs cannot be read")
+        if isinstance(reply, Exception):
+            raise reply
+        stored, moving = reply
+        if moving is not None:
+            raise OperationRefused(
+                f"the scheduler partitions are being changed to {_str(moving)!r} (jobqueue "
+                "schedules repartition): try again once it has finished"
+            )
+        if stored is not None:
+            self._partitions, self._spread = self._adopt(stored, self.configured())
 
     def configured(self) -> int | None:
         """K as this process is configured (argument, else $JOBQUEUE_SCHED_PARTITIONS)."""
@@ -721,30 +776,34 @@ class RecurringSteps:
             validate_partition_count(wanted, "scheduler")
         return wanted
 
-    def _adopt(self, stored: Any, wanted: int | None) -> int:
-        """The recorded K (an HGET reply), checked against the configured one."""
+    def _adopt(self, stored: Any, wanted: int | None) -> tuple[int, bool]:
+        """The recorded K and placement (an HGET reply), checked against the configured K."""
         if is_wrong_type(stored):
             raise CorruptData(f"{SCHED_CONFIG_KEY} is not a hash: recurring jobs cannot be read")
         if isinstance(stored, Exception):
             raise stored
-        count = parse_partition_count(stored)
-        if count is None:
+        placed = parse_placement(stored)
+        if placed is None:
             raise CorruptData(
                 f"{SCHED_CONFIG_KEY} field 'partitions': {bad_count(stored)}; set it right "
                 "before using recurring jobs"
             )
+        count, spread = placed
         if wanted is not None and wanted != count:
             raise ConfigError(
                 f"recurring jobs use {count} scheduler partitions in Redis but {wanted} "
-                "are configured here; changing it needs a migration"
+                f"are configured here; changing it needs a migration: `jobqueue schedules "
+                f"repartition {wanted}` (see its --help)"
             )
-        return count
+        return count, spread
 
     def keys_steps(self, job_id: str) -> Steps[SchedKeys]:
-        return SchedKeys(sched_partition_of(job_id, (yield from self.read_partitions_steps())))
+        count = yield from self.read_partitions_steps()
+        return sched_keys(sched_partition_of(job_id, count), count, self._spread)
 
     def all_keys_steps(self) -> Steps[list[SchedKeys]]:
-        return [SchedKeys(k) for k in range((yield from self.read_partitions_steps()))]
+        count = yield from self.read_partitions_steps()
+        return [sched_keys(k, count, self._spread) for k in range(count)]
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -859,6 +918,7 @@ class RecurringSteps:
     def put_steps(self, job_id: str, build: Any, now: int | None) -> Steps[ScheduleInfo]:
         """Read, let ``build(old_info, now)`` decide (definition, next), write with CAS; retry
         when a scheduler or another client changed the job in between."""
+        yield from self.refresh_steps()
         for _ in range(_CAS_ATTEMPTS):
             text, next_ms, state_text = yield from self.read_steps(job_id)
             sk = yield from self.keys_steps(job_id)
@@ -937,6 +997,7 @@ class RecurringSteps:
         if (yield from self.read_steps(job_id))[0] is None:
             return False  # nothing there: nothing recorded either
         yield from self.record_partitions_steps()  # a write: K is recorded first
+        yield from self.refresh_steps()
         sk = yield from self.keys_steps(job_id)
         for _ in range(_CAS_ATTEMPTS):
             # Compared with the stored text as it is, not parsed: a definition that is not
@@ -989,6 +1050,9 @@ class Recurring(RecurringSteps):
     def __init__(self, conn: SyncConnection, partitions: int | None = None) -> None:
         super().__init__(partitions)
         self.conn = conn
+
+    def topology_client(self) -> Any:
+        return self.conn.redis  # connected at first use, not when the client is made
 
     def run(self, steps: Steps[T]) -> T:
         return run_steps(steps, self.conn.redis, self.conn.scripts)

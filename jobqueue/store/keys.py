@@ -1,6 +1,6 @@
 """Key names: one Redis Cluster hash tag per queue partition, so every script touches one slot.
 
-Layout (``{q#p}`` is the hash tag of partition p of queue q):
+Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below):
 
     jq:{q#p}:run:<run_id>   hash   the run record (fields at their default are not stored)
     jq:{q#p}:hist:<run_id>  list   notable events the record cannot show (capped; the
@@ -15,19 +15,35 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q):
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
-    jq:queues               hash   queue name -> partition count (global, plain commands only)
+    jq:queues               hash   queue name -> partition count, and its placement: '16'
+                                   (the tags {q#p}) or '16 spread' (global, plain commands)
     jq:queues:moving        hash   queue -> target count while a repartition is in progress
     jq:workers              hash   worker id -> registry entry (global)
 
 Recurring jobs have their own partitions (``jq:{sched#k}:...``, ``SchedKeys``; see
 ``jobqueue/schedules/recurring.py``), and their runs have the run ids of ``fire_run_id``.
+
+Placement. A tag's slot is CRC16(tag) % 16384, so the plain tags ``{q#p}`` land where the hash
+puts them: 16 partitions over 3 masters could land 7/5/4. A queue recorded as ``spread`` (every
+queue created since placement existed) has the tags ``{q#p~xyz}`` for p >= 1 instead: the
+3-character suffix is chosen so that partition p of P lands on slot
+``(CRC16(q#0) + p * 16384 // P) % 16384``, evenly spaced from where ``{q#0}`` lands, so
+P = 4 x masters puts 4 on each master of a cluster whose masters serve equal contiguous slot
+ranges (redis-cli's layout).
+The suffix comes from a table built once (CRC16 is linear: CRC16(tag + suffix) =
+CRC16(tag + 3 zero bytes) XOR CRC16(suffix), so one suffix per 14-bit value serves every tag).
+A queue recorded with a count only keeps the tags earlier versions wrote; ``jobqueue
+repartition`` moves its runs to the spread tags. One partition needs no spreading: P = 1
+always uses ``{q#0}``. Scheduler partitions are placed the same way (``recurring.py``).
 """
 
 from __future__ import annotations
 
 import re
+import string
+from binascii import crc_hqx
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cache, cached_property, lru_cache
 
 from jobqueue.errors import ConfigError, InvalidRunId
 from jobqueue.policy.cron import format_fire_instant
@@ -41,6 +57,9 @@ WORKERS_KEY = "jq:workers"
 # repartition` has always allowed. A stored count above it is foreign data: reported, never
 # iterated (a count of 99999999 made every listing loop for minutes).
 MAX_PARTITIONS = 16384
+SLOTS = 16384
+# The placement a queue (or the scheduler store) records after its count: '<count> spread'.
+SPREAD = "spread"
 
 # Matched whole (fullmatch): with match() and '$', "q\n" passed ('$' matches before a final
 # newline) and wrote keys no command could address.
@@ -72,9 +91,86 @@ def parse_partition_count(stored: object) -> int | None:
     return None
 
 
+def parse_placement(stored: object) -> tuple[int, bool] | None:
+    """A recorded partition count with its placement: (count, spread), or None when it is not
+    one jobqueue could have written ('<count>' or '<count> spread')."""
+    if isinstance(stored, str):
+        text, _, placement = stored.partition(" ")
+        count = parse_partition_count(text)
+        if count is not None and placement in ("", SPREAD):
+            return count, placement == SPREAD
+    return None
+
+
+def placement_record(count: int, spread: bool) -> str:
+    """What ``parse_placement`` reads back; one partition has nothing to spread."""
+    return f"{count} {SPREAD}" if spread and count > 1 else str(count)
+
+
 def bad_count(stored: object) -> str:
     """What is wrong with a stored partition count ``parse_partition_count`` refused."""
     return f"partition count {stored!r} is not an integer from 1 to {MAX_PARTITIONS}"
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+_SUFFIX_ALPHABET = string.digits + string.ascii_letters
+
+
+def crc16(data: bytes) -> int:
+    """Redis Cluster's CRC16 (XMODEM)."""
+    return crc_hqx(data, 0)
+
+
+def key_slot(key: str) -> int:
+    """The Redis Cluster slot of a key: CRC16 of its hash tag (or of the whole key)."""
+    data = key.encode()
+    start = data.find(b"{")
+    if start > -1:
+        end = data.find(b"}", start + 1)
+        if end > start + 1:
+            data = data[start + 1 : end]
+    return crc16(data) % SLOTS
+
+
+@cache
+def _suffixes() -> tuple[str, ...]:
+    """For each slot value v (14 bits), a 3-character suffix s with CRC16(s) % 16384 == v.
+    By linearity CRC16(abc) = CRC16(a\\0\\0) ^ CRC16(b\\0) ^ CRC16(c); the 238,328 strings
+    of the alphabet cover all 16,384 values (about 20 ms, once)."""
+    one = [(c, crc16(c.encode())) for c in _SUFFIX_ALPHABET]
+    two = [(c, crc16(c.encode() + b"\0")) for c in _SUFFIX_ALPHABET]
+    three = [(c, crc16(c.encode() + b"\0\0")) for c in _SUFFIX_ALPHABET]
+    table: list[str | None] = [None] * SLOTS
+    for a, x in three:
+        for b, y in two:
+            xy = x ^ y
+            for c, z in one:
+                v = (xy ^ z) % SLOTS
+                if table[v] is None:
+                    table[v] = a + b + c
+    assert all(table), "the suffix alphabet must cover every slot"
+    return tuple(s for s in table if s is not None)
+
+
+def spread_slot(name: str, index: int, count: int) -> int:
+    """Where partition ``index`` of ``count`` is placed: evenly spaced over the slots from
+    where partition 0's plain tag ``name#0`` lands (so different queues start at different
+    slots, and partition 0 keeps its tag in every layout)."""
+    return (crc16(f"{name}#0".encode()) + index * SLOTS // count) % SLOTS
+
+
+@cache
+def spread_tag(name: str, index: int, count: int) -> str:
+    """The hash tag of partition ``index`` of ``count`` under the spread placement:
+    ``name#index~xyz``, whose slot is ``spread_slot`` (``name#0`` for partition 0, and for
+    every partition of a single one: already there)."""
+    head = f"{name}#{index}"
+    if count <= 1 or index == 0:
+        return head
+    head += "~"
+    offset = crc16(head.encode() + b"\0\0\0")
+    return head + _suffixes()[(spread_slot(name, index, count) ^ offset) % SLOTS]
 
 
 def validate_run_id(run_id: str) -> str:
@@ -132,10 +228,20 @@ def partition_of(run_id: str, partitions: int) -> int:
 @dataclass(frozen=True)
 class PartitionKeys:
     """The keys of one queue partition; every name carries the same hash tag. The names are
-    built once per instance (clients keep one instance per partition)."""
+    built once per instance (clients keep one instance per partition).
+
+    ``spread``: the queue's partition count when it is recorded with the spread placement (its
+    tag is then ``spread_tag``), 0 for the tags ``{q#p}`` (see the module's Placement)."""
 
     queue: str
     partition: int
+    spread: int = 0
+
+    # Equal when the keys are: partition 0 of 2 and of 4 spread share their tag, and a
+    # repartition must see that such a run stays where it is (a copy onto itself followed by
+    # the source's deletion would delete it).
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PartitionKeys) and self.prefix == other.prefix
 
     def __hash__(self) -> int:
         # Hashed per run on the worker's paths (dict keys): computed once per instance.
@@ -143,11 +249,21 @@ class PartitionKeys:
 
     @cached_property
     def _hash(self) -> int:
-        return hash((self.queue, self.partition))
+        return hash(self.prefix)
+
+    @cached_property
+    def tag(self) -> str:
+        if self.spread > 1:
+            return spread_tag(self.queue, self.partition, self.spread)
+        return f"{self.queue}#{self.partition}"
 
     @cached_property
     def prefix(self) -> str:
-        return f"jq:{{{self.queue}#{self.partition}}}:"
+        return f"jq:{{{self.tag}}}:"
+
+    @cached_property
+    def slot(self) -> int:
+        return key_slot(self.prefix)
 
     @cached_property
     def due(self) -> str:
@@ -195,19 +311,38 @@ class PartitionKeys:
         return self.prefix + "fenced:" + name
 
 
-def partition_keys(queue: str, partitions: int, run_id: str) -> PartitionKeys:
-    return PartitionKeys(queue, partition_of(run_id, partitions))
+def partition_keys(
+    queue: str, partitions: int, run_id: str, spread: bool = False
+) -> PartitionKeys:
+    return queue_partition(queue, partition_of(run_id, partitions), partitions, spread)
+
+
+def queue_partition(queue: str, partition: int, count: int, spread: bool) -> PartitionKeys:
+    """Partition ``partition`` of a queue of ``count`` partitions, with its placement."""
+    return PartitionKeys(queue, partition, count if spread and count > 1 else 0)
+
+
+def queue_partitions(queue: str, count: int, spread: bool) -> list[PartitionKeys]:
+    return [queue_partition(queue, p, count, spread) for p in range(count)]
 
 
 @dataclass(frozen=True)
 class SchedKeys:
-    """The keys of one scheduler partition; every name carries the same hash tag."""
+    """The keys of one scheduler partition; every name carries the same hash tag. ``spread``:
+    the partition count K when the store is recorded with the spread placement (see above),
+    0 for the tags ``{sched#k}``."""
 
     partition: int
+    spread: int = 0
 
     @property
     def prefix(self) -> str:
-        return f"jq:{{sched#{self.partition}}}:"
+        return f"jq:{{{spread_tag('sched', self.partition, self.spread)}}}:"
+
+    @property
+    def owner(self) -> str:
+        """The lease by which one scheduler owns the partition (sched_lease.lua)."""
+        return self.prefix + "owner"
 
     @property
     def defs(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, NamedTuple
 
 from jobqueue.store.contract import Contract, ContractError, NowArg, Wire, now_arg, text
@@ -100,8 +101,10 @@ def _advance(
     sk: SchedKeys,
     groups: Sequence[tuple[AdvanceHeader, Sequence[str]]],
     now: NowArg = None,
+    token: int = 0,
 ) -> Wire:
-    """``groups``: (header, job ids) pairs; each pair is one group of advance.lua."""
+    """``groups``: (header, job ids) pairs; each pair is one group of advance.lua, applied
+    only under the caller's current lease ``token`` on the partition (sched_lease.lua)."""
     tail: list[str | int] = []
     for header, jobs in groups:
         if len(header) != ADVANCE_HEADER_FIELDS:
@@ -110,21 +113,29 @@ def _advance(
         tail.append(len(jobs))
         tail += header
         tail += jobs
-    return Wire(sk, {"now": now_arg(now)}, tail)
+    return Wire(sk, {"now": now_arg(now), "token": token}, tail)
 
 
-def _parse_flags(reply: Sequence[Any]) -> list[bool]:
-    """{now, flag per job}: True when that job's change was accepted."""
-    return [int(x) == 1 for x in reply[1:]]
+class Moved(IntEnum):
+    """advance.lua's answer for one job (true only when it moved)."""
+
+    REFUSED = 0  # another scheduler moved it first, paused, removed, redefined, not later
+    ADVANCED = 1
+    FENCED = 2  # the caller's lease token is not the partition's current one: nothing moved
+
+
+def _parse_moves(reply: Sequence[Any]) -> list[Moved]:
+    """{now, answer per job}."""
+    return [Moved(int(x)) for x in reply[1:]]
 
 
 ADVANCE = Contract(
     "advance",
-    keys=("next", "state", "held"),
-    args=("now",),
+    keys=("next", "state", "held", "owner"),
+    args=("now", "token"),
     tail="groups",
     build=_advance,
-    parse=_parse_flags,
+    parse=_parse_moves,
 )
 
 # -- sched_define ------------------------------------------------------------------------------
@@ -275,4 +286,60 @@ SCHED_UNHOLD = Contract(
     parse=_parse_removed,
 )
 
-CONTRACTS = (SCHED_DUE, ADVANCE, SCHED_DEFINE, SCHED_CREATE, SCHED_RELEASE, SCHED_UNHOLD)
+# -- sched_lease -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A scheduler partition's lease as sched_lease.lua answers: whether the caller holds it,
+    and the token, owner and end of the current lease."""
+
+    now_ms: int
+    held: bool
+    token: int
+    owner: str
+    until_ms: int
+
+
+def _sched_lease(
+    sk: SchedKeys,
+    scheduler: str,
+    action: str,
+    lease_ms: int,
+    token: int | None = None,
+    now: NowArg = None,
+) -> Wire:
+    """``action``: 'acquire', 'renew', 'release' or 'read' (see sched_lease.lua)."""
+    return Wire(
+        sk,
+        {
+            "now": now_arg(now),
+            "scheduler": scheduler,
+            "action": action,
+            "lease_ms": lease_ms,
+            "token": "" if token is None else token,
+        },
+    )
+
+
+def _parse_lease(reply: Sequence[Any]) -> Lease:
+    return Lease(int(reply[0]), int(reply[1]) == 1, int(reply[2]), text(reply[3]), int(reply[4]))
+
+
+SCHED_LEASE = Contract(
+    "sched_lease",
+    keys=("owner",),
+    args=("now", "scheduler", "action", "lease_ms", "token"),
+    build=_sched_lease,
+    parse=_parse_lease,
+)
+
+CONTRACTS = (
+    SCHED_DUE,
+    ADVANCE,
+    SCHED_DEFINE,
+    SCHED_CREATE,
+    SCHED_RELEASE,
+    SCHED_UNHOLD,
+    SCHED_LEASE,
+)

@@ -47,6 +47,7 @@ SCRIPT_NAMES = (
     "sched_release",
     "sched_unhold",
     "repair",
+    "sched_lease",
 )
 PRELUDE = "_prelude"
 

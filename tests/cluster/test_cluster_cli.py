@@ -74,3 +74,24 @@ def test_cli_show_finds_a_run_without_being_told_its_queue(populated: dict[str, 
 def test_cli_dead_list_reads_the_dead_index(populated: dict[str, Any]) -> None:
     dead = cli_json(populated["url"], "dead", "list")
     assert [row["run_id"] for row in dead] == [populated["dead"]]
+
+
+def test_cli_queues_shows_each_masters_share_of_an_evenly_placed_queue(cluster_url: str) -> None:
+    """A new queue of 12 partitions on 3 masters: 4 on each (its tags are spread; the plain
+    tags {reports#p} would land 7/3/2), shown per master under the partition table; --json
+    rows name the slot and master of each."""
+    jq = JobQueue.from_url(cluster_url, partitions={"reports": 12})
+    jq.declare_task("t", queue="reports")
+    jq.enqueue_many(Request("t", (i,), run_id=f"e-{i}") for i in range(120))
+    jq.close()
+    rows = cli_json(cluster_url, "queues", "--queue", "reports")
+    per_master: dict[str, int] = {}
+    for row in rows:
+        per_master[row["node"]] = per_master.get(row["node"], 0) + 1
+    assert sorted(per_master.values()) == [4, 4, 4]
+    result = CliRunner().invoke(main, ["--redis-url", cluster_url, "queues", "--queue", "reports"])
+    assert result.exit_code == 0, result.output
+    table = result.stdout.split("\n\n")[-1].splitlines()
+    assert table[0].split() == ["MASTER", "PARTITIONS", "DUE", "NOW", "LATER", "RUNNING", "SHARE"]
+    assert sorted(line.split()[1] for line in table[1:]) == ["4", "4", "4"]
+    assert all(line.split()[-1] == "1.00" for line in table[1:])

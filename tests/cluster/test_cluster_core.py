@@ -24,7 +24,7 @@ from jobqueue.cli.core import main as cli_main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.connection import async_client, sync_client
-from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys, partition_of
+from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, partition_of
 from jobqueue.store.scripts import SCRIPT_NAMES, ScriptRunner
 from jobqueue.worker.daemon import Worker
 
@@ -105,7 +105,7 @@ def test_enqueue_many_lands_each_run_in_its_partition_in_one_call(
     partitions = Counter(partition_of(r, 16) for r in ids)
     assert len(partitions) == 16
     for p in range(16):
-        assert cluster_client.zcard(PartitionKeys("default", p).due) == partitions[p]
+        assert cluster_client.zcard(cjq.partition_keys("default", p).due) == partitions[p]
     assert [cjq.get_run(r).args for r in ids[:5]] == [[0], [1], [2], [3], [4]]
     again = cjq.enqueue_many(Request("t", run_id=r) for r in ids)
     assert not any(h.created for h in again)

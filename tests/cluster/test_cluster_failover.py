@@ -23,7 +23,7 @@ from cluster_launcher import Cluster, in_slots
 from redis.crc import key_slot
 
 from jobqueue import JobQueue, Request
-from jobqueue.store.keys import PartitionKeys, partition_of
+from jobqueue.store.keys import partition_of, queue_partition
 from jobqueue.store.scripts import ScriptRunner, scripts
 from jobqueue.worker.daemon import Worker
 
@@ -118,7 +118,7 @@ def test_a_killed_master_fails_over_and_the_worker_loses_no_run(
     # Re-executions come only from the dead master's unreplicated claims and completions.
     victim_partitions = {
         p for p in range(16)
-        if in_slots(key_slot(PartitionKeys("default", p).due.encode()), victim_slots)
+        if in_slots(key_slot(queue_partition("default", p, 16, True).due.encode()), victim_slots)
     }
     assert {partition_of(r, 16) for r in again} <= victim_partitions
     assert len(again) <= worker.concurrency * 2

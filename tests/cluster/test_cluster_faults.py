@@ -25,7 +25,7 @@ from jobqueue.client import queries as inspect
 from jobqueue.errors import ConnectionFailed, Fatal, JobQueueError
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.connection import sync_client
-from jobqueue.store.keys import PartitionKeys, partition_of
+from jobqueue.store.keys import PartitionKeys, partition_of, queue_partition
 from jobqueue.store.runs import (
     CLAIM,
     COMPLETE,
@@ -184,7 +184,7 @@ def test_one_master_down_does_not_stop_the_workers_on_the_others(
         for node in survivors:
             with node.client() as c:
                 for p in range(16):
-                    pk = PartitionKeys("default", p)
+                    pk = queue_partition("default", p, 16, True)
                     if cluster.serves(node.port, key_slot(pk.due.encode())):
                         finished_after[node.port] = finished_after.get(node.port, 0) + int(
                             c.zcount(pk.done, killed_ms, killed_ms + 3_000)
@@ -328,7 +328,7 @@ def test_a_slot_migration_under_workers_a_scheduler_and_producers_loses_no_run(
             assert fired, f"tick-{j} never fired"
             assert all(b - a == 1000 for a, b in itertools.pairwise(fired)), (j, fired)
         orphans = sum(
-            int(jq.redis.zcard(PartitionKeys("default", p).orphans)) for p in range(4)
+            int(jq.redis.zcard(jq.partition_keys("default", p).orphans)) for p in range(4)
         )
         assert orphans == 0
         assert len(enqueued) > 1500
@@ -373,7 +373,7 @@ def test_one_master_down_does_not_stop_the_scheduler_firing_on_the_others(
         for node in survivors:
             with node.client() as c:
                 for p in range(16):
-                    pk = PartitionKeys("default", p)
+                    pk = queue_partition("default", p, 16, True)
                     if cluster.serves(node.port, key_slot(pk.due.encode())):
                         fired_after[node.port] = fired_after.get(node.port, 0) + int(
                             c.zcount(pk.due, killed_ms + 1000, "+inf")

@@ -7,11 +7,13 @@ from collections import Counter
 
 import pytest
 from cluster_launcher import Cluster
+from redis.crc import key_slot
 
 from jobqueue import JobQueue
+from jobqueue.client import queries as inspect
 from jobqueue.policy.cron import parse_fire_instant
 from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS
+from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS, SCHED_CONFIG_KEY
 
 S = 1000
 
@@ -66,3 +68,46 @@ def test_two_schedulers_fire_each_recurring_job_once_per_fire_time(
     for s in schedulers:
         s.jq.close()
     admin.close()
+
+
+def test_k_defaults_to_4_per_master_spread_evenly_and_two_schedulers_share_it(
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing configures K: the first write records 4 x the 3 masters, spread 4 over each
+    third of the slots (the masters' equal ranges as the cluster is created; another test may
+    have moved a slot since); two schedulers then own 6 each and every job fires once."""
+    monkeypatch.delenv(ENV_SCHED_PARTITIONS, raising=False)
+    admin = JobQueue.from_url(cluster_url)
+    admin.declare_task("t")
+    for i in range(60):
+        admin.schedule(f"job-{i}", "t", every=60, misfire="fire-all", now=0)
+    assert admin.redis.hget(SCHED_CONFIG_KEY, "partitions") == "12 spread"
+    keys = admin.recurring.all_keys()
+    thirds = Counter(key_slot(sk.next.encode()) * 3 // 16384 for sk in keys)
+    assert thirds == Counter({0: 4, 1: 4, 2: 4})
+    schedulers = [
+        Scheduler(JobQueue.from_url(cluster_url), lookahead=0, install_signal_handlers=False,
+                  scheduler_id=name)
+        for name in ("a", "b")
+    ]  # fmt: skip
+    for t in (1, 2, 3):
+        for s in schedulers:
+            s.tick(now=t * S)
+    assert sorted(len(s.ownership.owned()) for s in schedulers) == [6, 6]
+    for s in schedulers:
+        s.tick(now=60 * S)
+    assert scheduled_runs_on(admin) == Counter({(f"job-{i}", 60): 1 for i in range(60)})
+    for s in schedulers:
+        s.close()
+        s.jq.close()
+    admin.close()
+
+
+def scheduled_runs_on(jq: JobQueue) -> Counter[tuple[str, int]]:
+    """(job id, fire second) -> run records, through the client (every partition of every
+    queue)."""
+    out: Counter[tuple[str, int]] = Counter()
+    for run in inspect.runs(jq, state="pending", limit=10_000):
+        job, _, when = run.run_id.rpartition("@")
+        out[(job, parse_fire_instant(when) // S)] += 1
+    return out
