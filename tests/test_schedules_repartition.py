@@ -14,8 +14,8 @@ from click.testing import CliRunner, Result
 from jobqueue.cli.core import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import OperationRefused
-from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.scheduler import repartition as srp
+from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.schedules.recurring import (
     ENV_SCHED_PARTITIONS,
     MOVING_FIELD,
