@@ -58,6 +58,10 @@ ACL_COMMANDS = [
     "time", "hget", "hgetall", "hmget", "hset", "hsetnx", "hdel", "hvals", "hscan", "exists",
     "del", "pexpire", "lrange", "lpush", "blpop", "zrange", "zrangebyscore", "zrevrange",
     "zcount", "zcard", "zscore",
+    # declared schedules (sync --prune), repartition (ZSCAN pages, one-slot MULTI), durable
+    # writes (WAIT; WAITAOF exists from Redis 7.2 and is added there), schedules
+    # repartition (HLEN)
+    "sadd", "smembers", "srem", "zscan", "hlen", "multi", "exec", "wait",
     # called inside the Lua scripts
     "hincrby", "zadd", "zrem", "zremrangebyscore", "zremrangebyrank", "zrank", "zmscore",
     "rpush", "ltrim", "llen", "persist", "pttl", "get", "set", "type",
