@@ -342,8 +342,10 @@ class _Sources:
         return (sha, len(call.keys), *call.keys, *call.args)
 
     def learn(self, exc: BaseException) -> bool:
-        """True if exc says the server needs the plain form (then used from now on)."""
-        if self.plain or not _shebang_refused(exc):
+        """True if exc says the server needs the plain form (then used from now on). True
+        again when another thread learnt it first: this call, sent in the old form, did
+        not run either."""
+        if not _shebang_refused(exc):
             return False
         self.plain = True
         return True
