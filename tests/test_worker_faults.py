@@ -114,10 +114,10 @@ def test_an_async_timeout_keeps_the_slot_until_a_coroutine_that_ignores_cancel_e
 def test_a_result_arriving_after_its_timeout_does_not_win_over_the_timeouts_fail(
     fast_jq: JobQueue, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The late result comes back while the timeout's fail is still on its way to Redis:
-    the run stays failed (completes are sent before fails, so a late result committed in
-    the same batch used to win)."""
-    started, late, returned = threading.Event(), threading.Event(), threading.Event()
+    """The timeout's fail and the late result reach the committer while it is busy with an
+    earlier commit, so they would be committed in one batch: the run stays failed
+    (completes are sent before fails, so a late result used to be committed as done)."""
+    started, late, released = threading.Event(), threading.Event(), threading.Event()
     worker = make_worker(fast_jq, clock=clock)
 
     @fast_jq.task(timeout=0.2, max_attempts=1)
@@ -126,25 +126,32 @@ def test_a_result_arriving_after_its_timeout_does_not_win_over_the_timeouts_fail
         late.wait(5)  # ignores ctx.cancelled
         return "late"
 
+    @fast_jq.task
+    def quick() -> str:
+        return "first"
+
     real_run_each = fast_jq.scripts.run_each
 
     def run_each(calls: Any) -> list[Any]:
-        if any(c.script == "fail" for c in calls) and not returned.is_set():
-            # Hold the timeout's fail back until the code has returned with its result.
-            late.set()
-            wait_for(lambda: busy_slots(worker) == 0, what="the late result")
-            returned.set()
+        if any(c.script == "complete" and "blocker" in c.args for c in calls):
+            released.wait(5)  # the committer is busy meanwhile
         return real_run_each(calls)
 
     monkeypatch.setattr(fast_jq.scripts, "run_each", run_each)
     with running(worker):
         handle = fast_jq.enqueue(slow)
         assert started.wait(5)
-        clock.advance(0.25)  # past its timeout
+        fast_jq.enqueue(quick, run_id="blocker")
+        wait_for(lambda: phase_of(worker, "blocker") is RunPhase.COMMITTING, what="blocker")
+        clock.advance(0.25)  # past slow's timeout: its fail is queued behind the blocker
+        wait_for(lambda: phase_of(worker, handle.run_id) is RunPhase.TIMED_OUT, what="timeout")
+        late.set()  # and its code returns with a result
+        wait_for(lambda: busy_slots(worker) == 0, what="the late result")
+        released.set()
         run = finished(fast_jq, handle.run_id)
-        assert returned.is_set()
-        wait_for(lambda: worker.in_flight() == [], what="the run to be forgotten")
+        wait_for(lambda: worker.in_flight() == [], what="the runs to be forgotten")
     assert (run.state, run.result, run.error) == ("dead", None, "timed out after 0.2s")
+    assert fast_jq.get_run("blocker").result == "first"
 
 
 class _Rows(dict[str, Any]):
