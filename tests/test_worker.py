@@ -35,6 +35,15 @@ from jobqueue.store import ops
 from jobqueue.store.keys import WORKERS_KEY
 from jobqueue.worker import RunPhase
 
+def test_the_worker_is_imported_from_the_package_or_its_own_module() -> None:
+    import jobqueue
+    import jobqueue.worker
+
+    assert jobqueue.Worker is jobqueue.worker.Worker
+    assert jobqueue.WorkerStats is jobqueue.worker.WorkerStats
+    assert (jobqueue.worker.EXIT_UNHEALTHY, jobqueue.worker.MAX_REJECTED_KEPT) == (4, 1000)
+
+
 # -- results -------------------------------------------------------------------------------
 
 
