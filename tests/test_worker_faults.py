@@ -21,6 +21,7 @@ import redis
 from helpers import (
     FAST,
     Exited,
+    advance_until,
     busy_slots,
     finished,
     held,
@@ -278,18 +279,21 @@ def test_a_stop_signal_landing_while_the_main_thread_holds_the_worker_lock_does_
 
 
 def test_a_worker_that_cannot_register_its_queues_still_stops_when_told(
-    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+    fast_jq: JobQueue, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A server refusing writes at startup (OOM, a replica): the retry loop gives up on stop."""
+    tries: list[str] = []
 
     def refused(queue: str) -> None:
+        tries.append(queue)
         raise ConnectionFailed("cannot register queue: OOM command not allowed")
 
     monkeypatch.setattr(fast_jq, "register_queue", refused)
-    worker = make_worker(fast_jq)
+    worker = make_worker(fast_jq, clock=clock)
     exited = Exited(worker)
     try:
-        time.sleep(0.3)  # a few retries
+        advance_until(clock, lambda: len(tries) >= 3, step=0.1, what="a few retries")
+        assert worker.state == "starting"
         worker.stop()
         assert exited.join(5) == 0
     finally:
