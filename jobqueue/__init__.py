@@ -25,15 +25,17 @@ from jobqueue.tasks import Task
 if TYPE_CHECKING:
     from jobqueue.worker import Worker, WorkerStats
 
-# Imported at first use: an app that only enqueues never loads the worker.
-_LAZY = {"Worker": "jobqueue.worker", "WorkerStats": "jobqueue.worker"}
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    # Imported at first use: an app that only enqueues never loads the worker.
+    if name == "Worker":
+        from jobqueue.worker import Worker
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        return Worker
+    if name == "WorkerStats":
+        from jobqueue.worker import WorkerStats
+
+        return WorkerStats
     raise AttributeError(f"module 'jobqueue' has no attribute {name!r}")
 
 
