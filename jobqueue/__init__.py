@@ -2,6 +2,8 @@
 
 __version__ = "0.2.0"
 
+from typing import TYPE_CHECKING, Any
+
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue, RunHandle
 from jobqueue.errors import (
@@ -20,6 +22,23 @@ from jobqueue.models import Run
 from jobqueue.settings import Settings
 from jobqueue.tasks import Task
 
+if TYPE_CHECKING:
+    from jobqueue.worker import Worker, WorkerStats
+
+
+def __getattr__(name: str) -> Any:
+    # Imported at first use: an app that only enqueues never loads the worker.
+    if name == "Worker":
+        from jobqueue.worker import Worker
+
+        return Worker
+    if name == "WorkerStats":
+        from jobqueue.worker import WorkerStats
+
+        return WorkerStats
+    raise AttributeError(f"module 'jobqueue' has no attribute {name!r}")
+
+
 __all__ = [
     "ConfigError",
     "ConnectionFailed",
@@ -37,5 +56,7 @@ __all__ = [
     "Settings",
     "Task",
     "UnknownTask",
+    "Worker",
+    "WorkerStats",
     "__version__",
 ]

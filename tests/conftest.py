@@ -12,8 +12,10 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+from helpers import FAST, fake_clock
 
 from jobqueue.client.sync import JobQueue
+from jobqueue.runtime.clock import FakeClock
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import ScriptRunner
@@ -76,3 +78,16 @@ def pk() -> PartitionKeys:
 @pytest.fixture
 def jq(redis_client: Any) -> JobQueue:
     return JobQueue(redis_client)
+
+
+@pytest.fixture
+def fast_jq(redis_client: Any) -> JobQueue:
+    """A JobQueue with short retry backoff, on the parametrized backend."""
+    return JobQueue(redis_client, settings=FAST)
+
+
+@pytest.fixture
+def clock(fast_jq: JobQueue) -> FakeClock:
+    """A fake clock a day ahead of fast_jq's server: give it to a Worker (clock=) and move it
+    with advance(); the server judges leases and due times by it too."""
+    return fake_clock(fast_jq)

@@ -1,14 +1,32 @@
-"""What many tests do first: create runs and claim them, through the real scripts and with an
-explicit clock (``now`` in ms; None: the server's). ``runner`` is a ScriptRunner (a test's
-``runner`` fixture, or ``jq.scripts``)."""
+"""Shared test helpers.
+
+Scripts: what many tests do first, create runs and claim them, through the real scripts and
+with an explicit clock (``now`` in ms; None: the server's). ``runner`` is a ScriptRunner (a
+test's ``runner`` fixture, or ``jq.scripts``).
+
+Workers: for the tests that run a Worker in-process: ``Worker.run()`` in a thread (no signal
+handlers), stopped with ``worker.stop()``, watched only through its public surface (``stats``,
+``in_flight()``, ``state``, ``unhealthy``). Tests about time (leases, heartbeats, timeouts,
+self-fencing) give the worker a FakeClock (the ``clock`` fixture) and move it themselves."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from jobqueue.client.sync import JobQueue
+from jobqueue.models import Run
+from jobqueue.runtime.clock import FakeClock
+from jobqueue.settings import Settings
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, CREATE_RUN, ClaimedRun, ClaimResult, RunSpec
 from jobqueue.store.scripts import ScriptRunner
+from jobqueue.worker import RunPhase, RunView, Worker
+
+# -- scripts ----------------------------------------------------------------------------------
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE_MS = 30_000
@@ -71,3 +89,130 @@ def claim_one(
     """Claim the one run due (the test keeps exactly one due)."""
     (run,) = claim(runner, pk, now, 1, owner, lease_ms, retention_ms).runs
     return run
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+# Short retry back-off, so that retried runs come back at once.
+FAST = Settings(backoff_base_s=0.05, backoff_cap_s=0.2)
+# A fake clock starts this far ahead of the server's: every run enqueued meanwhile is due.
+FAKE_CLOCK_AHEAD_MS = 86_400_000
+
+
+def fake_clock(jq: JobQueue) -> FakeClock:
+    return FakeClock(now_ms=jq.server_time_ms() + FAKE_CLOCK_AHEAD_MS)
+
+
+def make_worker(jq: JobQueue, **kw: Any) -> Worker:
+    kw.setdefault("concurrency", 4)
+    kw.setdefault("lease", 5.0)
+    kw.setdefault("grace", 5.0)
+    return Worker(jq, install_signal_handlers=False, **kw)
+
+
+def _join(worker: Worker, thread: threading.Thread, timeout: float) -> None:
+    """Join the worker's thread; on a fake clock, move it on meanwhile (the drain waits out
+    its grace period on the worker's clock)."""
+    clock = worker.clock
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.02)
+        if isinstance(clock, FakeClock):
+            clock.advance(0.1)
+
+
+@contextmanager
+def running(worker: Worker, join_timeout: float = 10.0) -> Iterator[Worker]:
+    thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        _join(worker, thread, join_timeout)
+        assert not thread.is_alive(), "worker did not stop"
+
+
+class Exited:
+    """Worker.run() in a thread, its return value kept: for the tests where the worker must
+    stop by itself."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.code: int | None = None
+        self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.code = self.worker.run()
+
+    def join(self, timeout: float) -> int | None:
+        _join(self.worker, self.thread, timeout)
+        return None if self.thread.is_alive() else self.code
+
+    def close(self) -> None:
+        # stop() from a thread of its own: a test that failed may have left the worker
+        # blocked for ever, and the test must still end.
+        threading.Thread(target=self.worker.stop, daemon=True).start()
+        _join(self.worker, self.thread, 10)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.01)
+
+
+def advance_until(
+    clock: FakeClock,
+    predicate: Callable[[], Any],
+    step: float = 0.05,
+    timeout: float = 10.0,
+    what: str = "",
+) -> Any:
+    """Move the fake clock on by ``step`` at a time until ``predicate()`` holds."""
+
+    def moved() -> Any:
+        value = predicate()
+        if not value:
+            clock.advance(step)
+        return value
+
+    return wait_for(moved, timeout, what)
+
+
+def finished(jq: JobQueue, run_id: str, timeout: float = 10.0) -> Run:
+    def check() -> Run | None:
+        run = jq.get_run(run_id)
+        return run if run.finished else None
+
+    run: Run = wait_for(check, timeout, f"run {run_id} to finish")
+    return run
+
+
+def state_is(jq: JobQueue, run_id: str, state: str, timeout: float = 10.0) -> Run:
+    run: Run = wait_for(
+        lambda: (r := jq.get_run(run_id)).state == state and r, timeout, f"{run_id} {state}"
+    )
+    return run
+
+
+def busy_slots(worker: Worker) -> int:
+    """Slots taken: runs whose code has not returned yet."""
+    return sum(r.phase.holds_slot for r in worker.in_flight())
+
+
+def held(worker: Worker, run_id: str) -> RunView | None:
+    """The worker's view of its (newest) attempt of ``run_id``, if it holds one."""
+    views = [r for r in worker.in_flight() if r.run_id == run_id]
+    return max(views, key=lambda r: r.fence) if views else None
+
+
+def phase_of(worker: Worker, run_id: str) -> RunPhase | None:
+    view = held(worker, run_id)
+    return None if view is None else view.phase

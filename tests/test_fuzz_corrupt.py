@@ -3,7 +3,7 @@ worker or the CLI. A run that cannot be run safely is dead-lettered with a reaso
 are only informational (lease_until, due, timeout...) do not stop the run; and the worker keeps
 serving the other runs of the same batch.
 
-The worker is a real ``jobqueue.worker.Worker`` in-process (tests/test_worker.py's helpers);
+The worker is a real ``jobqueue.worker.Worker`` in-process (tests/helpers.py);
 the CLI runs through click's CliRunner with a JobQueue over the parametrized backend."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers import FAST, make_worker, running, wait_for
 from starlette.testclient import TestClient
-from test_worker import FAST, make_worker, running, wait_for
 
 from jobqueue import JobQueue
 from jobqueue.cli.core import State, main

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from helpers import finished, make_worker, running
 from keyspace import keyspace
 from starlette.testclient import TestClient
-from test_worker import finished, make_worker, running
 
 from jobqueue.cli.core import State, main
 from jobqueue.client.aio import AsyncJobQueue

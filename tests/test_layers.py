@@ -23,10 +23,10 @@ LAYERS: list[tuple[str, ...]] = [
     # what a task, the context it runs with and a recurring job are
     ("jobqueue.schedules", "jobqueue.tasks", "jobqueue.context"),
     # the clients and the public facades over them
-    ("jobqueue.client", "jobqueue.__init__", "jobqueue.aio", "jobqueue.queries",
-     "jobqueue.inspect"),
-    # the daemons and what they run with
-    ("jobqueue.worker", "jobqueue.scheduler", "jobqueue.runtime"),
+    ("jobqueue.client", "jobqueue.aio", "jobqueue.queries", "jobqueue.inspect"),
+    # the daemons and what they run with, and the package's facade (it names the Worker too,
+    # imported at first use)
+    ("jobqueue.worker", "jobqueue.scheduler", "jobqueue.runtime", "jobqueue.__init__"),
     # the interfaces
     ("jobqueue.cli", "jobqueue.dashboard", "jobqueue.demo"),
 ]

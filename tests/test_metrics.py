@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers import fake_clock, make_worker, running, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobqueue.cli.core import main
@@ -29,7 +29,6 @@ from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.settings import Settings
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM
-from jobqueue.worker.daemon import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = Settings(backoff_base_s=0.02, backoff_cap_s=0.05)
@@ -50,15 +49,6 @@ def scrape(port: int | None) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def wait_for(predicate: Any, timeout: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-    return result
 
 
 @pytest.fixture
@@ -100,23 +90,25 @@ def test_worker_counts_claims_completions_failures_retries_deaths_and_fenced_com
         ctx.cancelled.wait(5)  # returns once the refused heartbeat has told us
         return "discarded"
 
-    worker = Worker(fast_jq, concurrency=4, lease=0.3, grace=2, install_signal_handlers=False,
-                    metrics=metrics)
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    clock = fake_clock(fast_jq)
+    worker = make_worker(fast_jq, lease=0.3, grace=2, metrics=metrics, clock=clock)
+    with running(worker):
         ids = [fast_jq.enqueue(add, i, 1).run_id for i in range(3)]
-        ids.append(fast_jq.enqueue(flaky_once, "k").run_id)
+        flaky = fast_jq.enqueue(flaky_once, "k").run_id
+        ids.append(flaky)
         ids.append(fast_jq.enqueue(hopeless).run_id)
         victim = fast_jq.enqueue(cancelled_midway).run_id
         assert started.wait(5)
         fast_jq.cancel(victim, reason="operator")
-        wait_for(lambda: all(fast_jq.get_run(r).finished for r in ids), what="runs to finish")
+        clock.advance(0.1)  # the next heartbeat (a third of the lease on) is refused
         wait_for(lambda: worker.stats.rejected_commits, what="the refused commit")
-    finally:
-        worker.stop()
-        thread.join(10)
-    assert not thread.is_alive()
+        wait_for(
+            lambda: ((r := fast_jq.get_run(flaky)).attempt == 1 and r.state == "pending")
+            or r.finished,
+            what="the first attempt's retry",
+        )
+        clock.advance(0.05)  # the retry is due (backoff at most 50 ms)
+        wait_for(lambda: all(fast_jq.get_run(r).finished for r in ids), what="runs to finish")
 
     metrics.refresh_depth(fast_jq, ["default"])
     got = scrape(metrics.port)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_worker import make_worker, running, wait_for
+from helpers import make_worker, running, wait_for
 
 from jobqueue.cli.core import State, main
 from jobqueue.client import repartition as rp

@@ -14,9 +14,9 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from helpers import FAST, make_worker, running, wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_worker import FAST, make_worker, running, wait_for
 
 from jobqueue import JobQueue
 from jobqueue.models import Run

@@ -1,6 +1,8 @@
 """The worker in-process: ``Worker.run()`` in a thread (no signal handlers), stopped with
-``worker.stop()``. Every test runs on both backends (fakeredis blocks and wakes on BLPOP with
-a timeout, checked when this file was written), unless its docstring says why not."""
+``worker.stop()`` (tests/helpers.py). Every test runs on both backends (fakeredis blocks and
+wakes on BLPOP with a timeout, checked when this file was written), unless its docstring says
+why not. Tests about leases, heartbeats and timeouts run the worker on a fake clock (the
+``clock`` fixture), which the server judges leases and due times by too."""
 
 from __future__ import annotations
 
@@ -10,75 +12,37 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from helpers import (
+    FAST,
+    busy_slots,
+    finished,
+    held,
+    make_worker,
+    phase_of,
+    running,
+    state_is,
+    wait_for,
+)
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
-from jobqueue.errors import Fatal
-from jobqueue.models import Run
-from jobqueue.settings import Settings
+from jobqueue.errors import ConnectionFailed, Fatal
+from jobqueue.runtime.clock import FakeClock
 from jobqueue.store.keys import WORKERS_KEY
 from jobqueue.store.runs import CLAIM, FENCED_WRITE
-from jobqueue.worker import daemon as worker_module
-from jobqueue.worker.daemon import Worker
-
-FAST = Settings(backoff_base_s=0.05, backoff_cap_s=0.2)
+from jobqueue.worker import RunPhase
 
 
-@pytest.fixture
-def fast_jq(redis_client: Any) -> JobQueue:
-    """A JobQueue with short retry backoff, on the parametrized backend."""
-    return JobQueue(redis_client, settings=FAST)
+def test_the_worker_is_imported_from_the_package_or_its_own_module() -> None:
+    import jobqueue
+    import jobqueue.worker
 
-
-@contextmanager
-def running(worker: Worker, join_timeout: float = 10.0) -> Iterator[Worker]:
-    thread = threading.Thread(target=worker.run, name="test-worker", daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(join_timeout)
-        assert not thread.is_alive(), "worker did not stop"
-
-
-def make_worker(jq: JobQueue, **kw: Any) -> Worker:
-    kw.setdefault("concurrency", 4)
-    kw.setdefault("lease", 5.0)
-    kw.setdefault("grace", 5.0)
-    return Worker(jq, install_signal_handlers=False, **kw)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.01)
-
-
-def finished(jq: JobQueue, run_id: str, timeout: float = 10.0) -> Run:
-    def check() -> Run | None:
-        run = jq.get_run(run_id)
-        return run if run.finished else None
-
-    run: Run = wait_for(check, timeout, f"run {run_id} to finish")
-    return run
-
-
-def state_is(jq: JobQueue, run_id: str, state: str, timeout: float = 10.0) -> Run:
-    run: Run = wait_for(
-        lambda: (r := jq.get_run(run_id)).state == state and r, timeout, f"{run_id} {state}"
-    )
-    return run
+    assert jobqueue.Worker is jobqueue.worker.Worker
+    assert jobqueue.WorkerStats is jobqueue.worker.WorkerStats
+    assert (jobqueue.worker.EXIT_UNHEALTHY, jobqueue.worker.MAX_REJECTED_KEPT) == (4, 1000)
 
 
 # -- results -------------------------------------------------------------------------------
@@ -122,6 +86,33 @@ def test_task_gets_a_context_describing_its_run(fast_jq: JobQueue) -> None:
         handle = fast_jq.enqueue(inspect_ctx, run_id="ctx-run-1")
         run = finished(fast_jq, handle.run_id)
     assert seen == {"run_id": "ctx-run-1", "fence": run.fence, "attempt": 1, "queue": "default"}
+
+
+def test_a_worker_shows_its_state_and_the_runs_it_holds_with_their_phases(
+    fast_jq: JobQueue,
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @fast_jq.task
+    def held_up() -> str:
+        started.set()
+        release.wait(5)
+        return "ok"
+
+    worker = make_worker(fast_jq)
+    assert (worker.state, worker.in_flight(), worker.unhealthy) == ("new", [], None)
+    with running(worker):
+        wait_for(lambda: worker.state == "running", what="the worker to start")
+        handle = fast_jq.enqueue(held_up)
+        assert started.wait(5)
+        (view,) = worker.in_flight()
+        run = fast_jq.get_run(handle.run_id)
+        assert (view.run_id, view.fence, view.attempt) == (handle.run_id, run.fence, 1)
+        assert view.phase is RunPhase.RUNNING and view.phase.holds_slot
+        release.set()
+        finished(fast_jq, handle.run_id)
+        wait_for(lambda: worker.in_flight() == [], what="the run to be forgotten")
+    assert (worker.state, worker.unhealthy) == ("stopped", None)
 
 
 # -- failures ------------------------------------------------------------------------------
@@ -220,7 +211,7 @@ def test_result_that_is_not_json_goes_dead_with_the_reason(fast_jq: JobQueue) ->
 
 
 def test_timeout_fails_and_retries_the_run_and_discards_the_stuck_threads_late_result(
-    fast_jq: JobQueue,
+    fast_jq: JobQueue, clock: FakeClock
 ) -> None:
     release_stuck = threading.Event()
 
@@ -234,15 +225,26 @@ def test_timeout_fails_and_retries_the_run_and_discards_the_stuck_threads_late_r
             return "late"
         return "second"
 
-    worker = make_worker(fast_jq)
+    worker = make_worker(fast_jq, clock=clock)
     with running(worker):
         handle = fast_jq.enqueue(slow)
+        wait_for(lambda: fences, what="the first attempt")
+        clock.advance(0.1)
+        assert phase_of(worker, handle.run_id) is RunPhase.RUNNING  # within its timeout
+        clock.advance(0.15)  # past the timeout: failed, to be retried 25-50 ms later
+        state_is(fast_jq, handle.run_id, "pending")
+        clock.advance(0.05)  # due again; the clock then stands still while attempt 2 runs
         run = finished(fast_jq, handle.run_id)
         assert (run.state, run.result, run.attempt) == ("done", "second", 2)
-        assert worker._busy_slots == 1  # the stuck code still holds its slot
+        assert busy_slots(worker) == 1  # the stuck code still holds its slot
+        wait_for(
+            lambda: [(r.fence, r.phase) for r in worker.in_flight()]
+            == [(fences[0], RunPhase.OVERRUN)],
+            what="only the stuck attempt to be held",
+        )
         release_stuck.set()
-        wait_for(lambda: worker._busy_slots == 0, what="the stuck code's slot to free")
-        assert not worker._in_flight
+        wait_for(lambda: busy_slots(worker) == 0, what="the stuck code's slot to free")
+        assert worker.in_flight() == []
     # The late result was never sent: the timeout's fail stands for attempt 1.
     assert worker.stats.rejected_commits == []
     assert worker.stats.timeouts == 1
@@ -255,7 +257,7 @@ def test_timeout_fails_and_retries_the_run_and_discards_the_stuck_threads_late_r
 
 
 def test_refused_heartbeat_sets_ctx_cancelled_and_the_late_commit_is_refused(
-    fast_jq: JobQueue,
+    fast_jq: JobQueue, clock: FakeClock
 ) -> None:
     started = threading.Event()
     observed: dict[str, Any] = {}
@@ -268,11 +270,12 @@ def test_refused_heartbeat_sets_ctx_cancelled_and_the_late_commit_is_refused(
         observed["reason"] = ctx.cancel_reason
         return "should be discarded"
 
-    worker = make_worker(fast_jq, lease=0.3)
+    worker = make_worker(fast_jq, lease=0.3, clock=clock)
     with running(worker):
         handle = fast_jq.enqueue(long_running)
         assert started.wait(5)
         fast_jq.cancel(handle.run_id, reason="operator said stop")
+        clock.advance(0.1)  # the next heartbeat, a third of the lease on, is refused
         wait_for(lambda: worker.stats.rejected_commits, what="the refused commit")
     assert observed["cancelled"] is True
     assert "cancelled" in observed["reason"]
@@ -311,19 +314,34 @@ def test_fenced_write_refuses_a_write_older_than_the_resources_last(fast_jq: Job
     assert redis.hget(fresh_keys.fence_resource("fresh"), "value") == f"from fence {fresh.fence}"
 
 
-def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue) -> None:
+def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue, clock: FakeClock) -> None:
     fences: list[int] = []
 
     @fast_jq.task
     def sleeper(ctx: RunContext) -> str:
+        begun = clock.monotonic()
         fences.append(ctx.fence)
-        time.sleep(2.5)
+        clock.sleep(begun + 2.5 - clock.monotonic())
         return "slept"
 
-    # Two workers: the second would reclaim the run if the first stopped heartbeating. The lease
-    # is short next to the run, yet long enough that a loaded CI host cannot stall 2/3 of it.
-    with running(make_worker(fast_jq, lease=1.0)), running(make_worker(fast_jq, lease=1.0)):
-        handle = fast_jq.enqueue(sleeper)
+    lease = 1.0
+    worker = make_worker(fast_jq, lease=lease, clock=clock)
+    keys = fast_jq.keys_for("default", "sleeper")
+    with running(worker):
+        handle = fast_jq.enqueue(sleeper, run_id="sleeper")
+        wait_for(lambda: fences, what="the run to start")
+        while fences and not fast_jq.get_run(handle.run_id).finished:
+            # A third of the lease on, a heartbeat renews it without the clock moving further.
+            clock.advance(lease / 3)
+            renewed = wait_for(
+                lambda: (v := held(worker, "sleeper")) is None
+                or v.lease_expires >= clock.monotonic() + lease - 0.01,
+                what="a heartbeat",
+            )
+            assert renewed
+            # Another worker claiming now finds the run still leased.
+            claim = CLAIM.call(keys, 1, "other", 30_000, 60_000, now=clock.now_ms())
+            assert CLAIM.parse(fast_jq.scripts.run(claim)).runs == []
         run = finished(fast_jq, handle.run_id)
     # Claimed once (no second claim ever happened) and its lease never expired.
     assert (run.state, run.result, run.attempt, run.fence) == ("done", "slept", 1, fences[0])
@@ -335,7 +353,7 @@ def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue) -> None:
 
 
 def test_run_enqueued_while_idle_is_started_by_its_wake_token_not_the_idle_timeout(
-    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+    fast_jq: JobQueue,
 ) -> None:
     @fast_jq.task
     def noop() -> None:
@@ -343,8 +361,7 @@ def test_run_enqueued_while_idle_is_started_by_its_wake_token_not_the_idle_timeo
 
     # An idle wait (8 s: below the client's 10 s socket timeout, whose expiry would also end
     # the wait) twice the test's patience: only the enqueue's wake token can start these runs.
-    monkeypatch.setattr(worker_module, "MAX_IDLE_WAIT_S", 8.0)
-    with running(make_worker(fast_jq)):
+    with running(make_worker(fast_jq, idle_wait=8.0)):
         for _ in range(5):
             time.sleep(0.3)  # the worker is asleep on the wake list
             assert finished(fast_jq, fast_jq.enqueue(noop).run_id, timeout=4).state == "done"
@@ -405,11 +422,11 @@ def test_graceful_stop_releases_runs_past_the_grace_without_counting_an_attempt(
 
 
 def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_the_run(
-    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+    fast_jq: JobQueue, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stall (heartbeats paused past the lease) lets this very worker reclaim the run; the
-    stale attempt must still be told, so it is cancelled, not orphaned: its own lease ran out
-    with no heartbeat reaching Redis (self-fencing, before any refusal could arrive)."""
+    """A stall (heartbeats not reaching Redis past the lease) lets this very worker reclaim the
+    run; the stale attempt must still be told, so it is cancelled, not orphaned: its own lease
+    ran out with no heartbeat reaching Redis (self-fencing, before any refusal could arrive)."""
     first_ctx: list[RunContext] = []
     second_started = threading.Event()
 
@@ -423,22 +440,26 @@ def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_t
         second_started.set()
         return "second"
 
-    worker = make_worker(fast_jq, lease=0.3)
     paused = threading.Event()
-    real_heartbeat = worker._heartbeat
+    real_run_each = fast_jq.scripts.run_each
 
-    def heartbeat() -> None:
+    def run_each(calls: Any) -> list[Any]:
         if not paused.is_set():
-            real_heartbeat()
+            return real_run_each(calls)
+        replies = iter(real_run_each([c for c in calls if c.script != "heartbeat"]))
+        stalled = ConnectionFailed("stalled")
+        return [stalled if c.script == "heartbeat" else next(replies) for c in calls]
 
-    monkeypatch.setattr(worker, "_heartbeat", heartbeat)
+    monkeypatch.setattr(fast_jq.scripts, "run_each", run_each)
+    worker = make_worker(fast_jq, lease=0.3, clock=clock)
     with running(worker):
         handle = fast_jq.enqueue(patient)
         wait_for(lambda: first_ctx, what="the first attempt")
         paused.set()  # a stall: the lease runs out and the claim loop takes the run again
+        clock.advance(0.35)
+        assert first_ctx[0].cancelled.wait(5), "the stale attempt was never told"
         run = finished(fast_jq, handle.run_id)
         paused.clear()
-        assert first_ctx[0].cancelled.wait(5), "the stale attempt was never told"
         wait_for(lambda: worker.stats.rejected_commits, what="the stale commit")
     assert (run.state, run.result, run.attempt) == ("done", "second", 2)
     assert run.fence > first_ctx[0].fence
@@ -453,18 +474,17 @@ def test_an_unexpected_error_in_a_claim_does_not_end_the_claim_loop(
     def echo(x: int) -> int:
         return x
 
-    worker = make_worker(fast_jq)
-    real_claim = worker._claim
-    failures: list[int] = []
+    real_run = fast_jq.scripts.run
+    failures: list[str] = []
 
-    def flaky(free: int) -> tuple[int, float]:
-        if not failures:
-            failures.append(free)
+    def flaky(call: Any) -> Any:
+        if call.script == "claim" and not failures:
+            failures.append(call.script)
             raise RuntimeError("a bug, not a Redis error")
-        return real_claim(free)
+        return real_run(call)
 
-    monkeypatch.setattr(worker, "_claim", flaky)
-    with running(worker):
+    monkeypatch.setattr(fast_jq.scripts, "run", flaky)
+    with running(make_worker(fast_jq)):
         run = finished(fast_jq, fast_jq.enqueue(echo, 7).run_id)
     assert failures and (run.state, run.result) == ("done", 7)
 

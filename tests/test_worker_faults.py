@@ -1,15 +1,13 @@
 """The worker when things go wrong: task code that misbehaves (SystemExit in a coroutine, a
 result that cannot be encoded, code that never returns), a payload that cannot be decoded,
-signals at awkward moments, and Redis refusing or hanging. The worker runs in-process as in
-test_worker (``Worker.run()`` in a thread, stopped with ``stop()``); every test runs on both
-backends unless its docstring says why not."""
+signals at awkward moments, and Redis refusing or hanging. The worker runs in-process
+(tests/helpers.py); every test runs on both backends unless its docstring says why not."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import queue as queue_mod
 import signal
 import subprocess
 import sys
@@ -20,44 +18,25 @@ from typing import Any
 
 import pytest
 import redis
-from test_worker import FAST, finished, make_worker, running, wait_for
+from helpers import (
+    FAST,
+    Exited,
+    advance_until,
+    busy_slots,
+    finished,
+    held,
+    make_worker,
+    phase_of,
+    running,
+    wait_for,
+)
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed
+from jobqueue.runtime.clock import FakeClock
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
-from jobqueue.worker import daemon as worker_module
-from jobqueue.worker import supervisor
-from jobqueue.worker.daemon import EXIT_UNHEALTHY, MAX_REJECTED_KEPT, Worker, WorkerStats
-
-
-@pytest.fixture
-def fast_jq(redis_client: Any) -> JobQueue:
-    return JobQueue(redis_client, settings=FAST)
-
-
-class Exited:
-    """Worker.run() in a thread, its return value kept: for the tests where the worker must
-    stop by itself."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.code: int | None = None
-        self.thread = threading.Thread(target=self._run, name="test-worker", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.code = self.worker.run()
-
-    def join(self, timeout: float) -> int | None:
-        self.thread.join(timeout)
-        return None if self.thread.is_alive() else self.code
-
-    def close(self) -> None:
-        # stop() from a thread of its own: a test that failed may have left the worker's
-        # lock held for ever, and the test must still end.
-        threading.Thread(target=self.worker.stop, daemon=True).start()
-        self.thread.join(10)
-
+from jobqueue.store.scripts import translate_error
+from jobqueue.worker import EXIT_UNHEALTHY, MAX_REJECTED_KEPT, RunPhase, WorkerStats, supervisor
 
 # -- task code that misbehaves -------------------------------------------------------------
 
@@ -79,7 +58,7 @@ def test_an_async_task_raising_systemexit_or_keyboardinterrupt_fails_only_its_ow
     with running(worker):
         bad = finished(fast_jq, fast_jq.enqueue(bails_out).run_id)
         good = finished(fast_jq, fast_jq.enqueue(double, 21).run_id)
-        wait_for(lambda: worker._busy_slots == 0, what="every slot to free")
+        wait_for(lambda: busy_slots(worker) == 0, what="every slot to free")
     assert (bad.state, bad.attempt) == ("dead", 1)
     assert bad.error is not None and bad.error.startswith(exc_type.__name__)
     assert (good.state, good.result) == ("done", 42)
@@ -89,130 +68,128 @@ def test_a_worker_whose_event_loop_thread_died_stops_and_exits_non_zero(
     fast_jq: JobQueue,
 ) -> None:
     @fast_jq.task
-    async def noop() -> None:
-        return None
+    async def kill_the_loop() -> None:
+        asyncio.get_running_loop().call_soon(sys.exit, 9)  # what kills a loop thread
 
     worker = make_worker(fast_jq, grace=0.5)
     exited = Exited(worker)
     try:
-        wait_for(lambda: worker._loop is not None and worker._loop.is_running(), what="loop")
-        assert worker._loop is not None
-        worker._loop.call_soon_threadsafe(sys.exit, 9)  # what kills a loop thread
+        fast_jq.enqueue(kill_the_loop)
         assert exited.join(10) == EXIT_UNHEALTHY
+        assert worker.unhealthy == "the asyncio event loop thread died"
     finally:
         exited.close()
 
 
 def test_an_async_timeout_keeps_the_slot_until_a_coroutine_that_ignores_cancel_ends(
-    fast_jq: JobQueue,
+    fast_jq: JobQueue, clock: FakeClock
 ) -> None:
     """The slot is the coroutine's: freed when it really ends, and the attempt is failed
     once (by the timeout), not again when the coroutine finally gives up."""
     release = threading.Event()
+    started = threading.Event()
 
     @fast_jq.task(timeout=0.2, max_attempts=1)
     async def stubborn() -> str:
+        started.set()
         while not release.is_set():
             with contextlib.suppress(asyncio.CancelledError):  # swallowed: it keeps going
                 await asyncio.sleep(0.02)
         return "late"
 
-    worker = make_worker(fast_jq, concurrency=1)
+    worker = make_worker(fast_jq, concurrency=1, clock=clock)
     with running(worker):
-        run = finished(fast_jq, fast_jq.enqueue(stubborn).run_id)
-        assert worker._busy_slots == 1  # the coroutine still runs: its slot is taken
+        handle = fast_jq.enqueue(stubborn)
+        assert started.wait(5)
+        clock.advance(0.25)  # past its timeout
+        run = finished(fast_jq, handle.run_id)
+        assert busy_slots(worker) == 1  # the coroutine still runs: its slot is taken
+        assert phase_of(worker, handle.run_id) is RunPhase.OVERRUN
         release.set()
-        wait_for(lambda: worker._busy_slots == 0, what="the slot to free")
-        assert not worker._in_flight
+        wait_for(lambda: busy_slots(worker) == 0, what="the slot to free")
+        assert worker.in_flight() == []
     assert (run.state, run.error) == ("dead", "timed out after 0.2s")
     assert worker.stats.fenced_out == 0 and worker.stats.rejected_commits == []
 
 
-class _SlowFirstGet:
-    """The committer's queue, holding its first item back a while: whatever arrives meanwhile
-    is committed in the same batch."""
-
-    def __init__(self, inner: queue_mod.SimpleQueue[Any], hold: threading.Event) -> None:
-        self._inner = inner
-        self._hold = hold
-        self._first = True
-
-    def put(self, item: Any) -> None:
-        self._inner.put(item)
-
-    def get_nowait(self) -> Any:
-        return self._inner.get_nowait()
-
-    def get(self, timeout: float | None = None) -> Any:
-        item = self._inner.get(timeout=timeout)
-        if self._first and item is not None:
-            self._first = False
-            self._hold.wait(5)
-            time.sleep(0.05)  # the late result is queued right after the hold is released
-        return item
-
-
 def test_a_result_arriving_after_its_timeout_does_not_win_over_the_timeouts_fail(
-    fast_jq: JobQueue,
+    fast_jq: JobQueue, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The timeout's fail and the late result in one commit batch: the run stays failed
+    """The timeout's fail and the late result reach the committer while it is busy with an
+    earlier commit, so they would be committed in one batch: the run stays failed
     (completes are sent before fails, so a late result used to be committed as done)."""
-    returning = threading.Event()
+    started, late, released = threading.Event(), threading.Event(), threading.Event()
+    worker = make_worker(fast_jq, clock=clock)
 
     @fast_jq.task(timeout=0.2, max_attempts=1)
     def slow() -> str:
-        time.sleep(0.5)  # ignores ctx.cancelled
-        returning.set()
+        started.set()
+        late.wait(5)  # ignores ctx.cancelled
         return "late"
 
-    worker = make_worker(fast_jq)
-    worker._finished = _SlowFirstGet(worker._finished, returning)  # type: ignore[assignment]
+    @fast_jq.task
+    def quick() -> str:
+        return "first"
+
+    real_run_each = fast_jq.scripts.run_each
+
+    def run_each(calls: Any) -> list[Any]:
+        if any(c.script == "complete" and "blocker" in c.args for c in calls):
+            released.wait(5)  # the committer is busy meanwhile
+        return real_run_each(calls)
+
+    monkeypatch.setattr(fast_jq.scripts, "run_each", run_each)
     with running(worker):
-        run = finished(fast_jq, fast_jq.enqueue(slow).run_id)
-        wait_for(lambda: worker._busy_slots == 0, what="the slot to free")
+        handle = fast_jq.enqueue(slow)
+        assert started.wait(5)
+        fast_jq.enqueue(quick, run_id="blocker")
+        wait_for(lambda: phase_of(worker, "blocker") is RunPhase.COMMITTING, what="blocker")
+        clock.advance(0.25)  # past slow's timeout: its fail is queued behind the blocker
+        wait_for(lambda: phase_of(worker, handle.run_id) is RunPhase.TIMED_OUT, what="timeout")
+        late.set()  # and its code returns with a result
+        wait_for(lambda: busy_slots(worker) == 0, what="the late result")
+        released.set()
+        run = finished(fast_jq, handle.run_id)
+        wait_for(lambda: worker.in_flight() == [], what="the runs to be forgotten")
     assert (run.state, run.result, run.error) == ("dead", None, "timed out after 0.2s")
+    assert fast_jq.get_run("blocker").result == "first"
 
 
 class _Rows(dict[str, Any]):
     """A dict whose items cannot be read (a lazy mapping over a closed cursor): json.dumps
-    raises RuntimeError."""
+    raises what reading them raises."""
+
+    def __init__(self, error: type[Exception], **items: Any) -> None:
+        super().__init__(**items)
+        self.error = error
 
     def items(self) -> Any:
-        raise RuntimeError("backing cursor closed")
+        raise self.error("backing cursor closed")
 
 
 @pytest.mark.parametrize("error", [RuntimeError, MemoryError])
 def test_a_result_whose_encoding_raises_fails_its_run_and_frees_its_slot(
-    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch, error: type[Exception]
+    fast_jq: JobQueue, error: type[Exception]
 ) -> None:
-    real_encode = worker_module.encode_result
-
-    def encode(value: Any, limit: int) -> str:
-        if value == "explode":
-            raise error("cannot encode")
-        return real_encode(value, limit)
-
-    monkeypatch.setattr(worker_module, "encode_result", encode)
-
     @fast_jq.task(max_attempts=3)
     def odd() -> Any:
-        return "explode"
+        return _Rows(error, a=1)
 
     @fast_jq.task(max_attempts=3)
     def odd_mapping() -> Any:
-        return _Rows(a=1)
+        return _Rows(RuntimeError, a=1)
 
     worker = make_worker(fast_jq)
     with running(worker):
         runs = [finished(fast_jq, fast_jq.enqueue(t).run_id) for t in (odd, odd_mapping)]
-        wait_for(lambda: worker._busy_slots == 0 and not worker._in_flight, what="no leak")
+        wait_for(lambda: worker.in_flight() == [], what="no leak")
     for run in runs:
         assert (run.state, run.attempt) == ("dead", 1)  # never retried: it would fail again
         assert run.error is not None and "could not be encoded" in run.error
 
 
 def test_timed_out_code_holding_most_slots_makes_the_worker_stop_and_exit_non_zero(
-    fast_jq: JobQueue,
+    fast_jq: JobQueue, clock: FakeClock
 ) -> None:
     release = threading.Event()
 
@@ -220,13 +197,18 @@ def test_timed_out_code_holding_most_slots_makes_the_worker_stop_and_exit_non_ze
     def stuck() -> None:
         release.wait(10)  # never checks ctx.cancelled
 
-    worker = make_worker(fast_jq, concurrency=2, grace=0.2, stuck_limit=0.3)
+    worker = make_worker(fast_jq, concurrency=2, grace=0.2, stuck_limit=0.3, clock=clock)
     exited = Exited(worker)
     try:
         for _ in range(2):
             fast_jq.enqueue(stuck)
+        wait_for(lambda: busy_slots(worker) == 2, what="both runs to start")
+        clock.advance(0.15)  # both time out: timed-out code holds every slot...
+        wait_for(lambda: worker.stats.timeouts == 2, what="the timeouts")
+        assert worker.unhealthy is None
+        clock.advance(0.35)  # ...for longer than the stuck limit
         assert exited.join(10) == EXIT_UNHEALTHY
-        assert worker._unhealthy is not None and "timed-out task code" in worker._unhealthy
+        assert worker.unhealthy is not None and "timed-out task code" in worker.unhealthy
     finally:
         release.set()
         exited.close()
@@ -250,7 +232,7 @@ def test_a_payload_nested_too_deeply_fails_alone_and_the_rest_of_its_claim_batch
     worker = make_worker(fast_jq)
     with running(worker):
         runs = [finished(fast_jq, h.run_id) for h in handles]
-        wait_for(lambda: worker._busy_slots == 0 and not worker._in_flight, what="no leak")
+        wait_for(lambda: worker.in_flight() == [], what="no leak")
     assert (runs[0].state, runs[0].attempt) == ("dead", 1)
     assert runs[0].error is not None and "nested too deeply" in runs[0].error
     assert [(r.state, r.result) for r in runs[1:]] == [("done", i) for i in (1, 2, 3)]
@@ -260,20 +242,34 @@ def test_a_payload_nested_too_deeply_fails_alone_and_the_rest_of_its_claim_batch
 
 
 def test_a_stop_signal_landing_while_the_main_thread_holds_the_worker_lock_does_not_deadlock(
-    fast_jq: JobQueue,
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A signal handler runs in the main thread between two bytecodes, possibly while that
-    thread holds the worker's (non-reentrant) lock: the handler must not take it."""
-    worker = make_worker(fast_jq)
+    thread holds one of the worker's (non-reentrant) locks: the handler must take none. Here
+    it runs while every lock the worker made (its own, its events') is held."""
+    locks: list[Any] = []
+    real_lock = threading.Lock
+
+    def recorded_lock() -> Any:
+        lock = real_lock()
+        locks.append(lock)
+        return lock
+
+    with monkeypatch.context() as m:
+        m.setattr(threading, "Lock", recorded_lock)
+        worker = make_worker(fast_jq)
+    assert locks
     exited = Exited(worker)
     try:
-        wait_for(lambda: worker._partitions, what="the worker to start")
+        wait_for(lambda: worker.state == "running", what="the worker to start")
 
-        def handler_under_the_lock() -> None:
-            with worker._lock:
-                worker._on_signal(signal.SIGTERM, None)
+        def handler_under_the_locks() -> None:
+            with contextlib.ExitStack() as stack:
+                for lock in locks:
+                    stack.enter_context(lock)
+                worker.on_signal(signal.SIGTERM, None)
 
-        t = threading.Thread(target=handler_under_the_lock, daemon=True)
+        t = threading.Thread(target=handler_under_the_locks, daemon=True)
         t.start()
         t.join(5)
         assert not t.is_alive(), "the signal handler deadlocked on the worker's lock"
@@ -283,18 +279,21 @@ def test_a_stop_signal_landing_while_the_main_thread_holds_the_worker_lock_does_
 
 
 def test_a_worker_that_cannot_register_its_queues_still_stops_when_told(
-    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+    fast_jq: JobQueue, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A server refusing writes at startup (OOM, a replica): the retry loop gives up on stop."""
+    tries: list[str] = []
 
     def refused(queue: str) -> None:
+        tries.append(queue)
         raise ConnectionFailed("cannot register queue: OOM command not allowed")
 
     monkeypatch.setattr(fast_jq, "register_queue", refused)
-    worker = make_worker(fast_jq)
+    worker = make_worker(fast_jq, clock=clock)
     exited = Exited(worker)
     try:
-        time.sleep(0.3)  # a few retries
+        advance_until(clock, lambda: len(tries) >= 3, step=0.1, what="a few retries")
+        assert worker.state == "starting"
         worker.stop()
         assert exited.join(5) == 0
     finally:
@@ -302,21 +301,33 @@ def test_a_worker_that_cannot_register_its_queues_still_stops_when_told(
 
 
 def test_the_first_heartbeat_comes_within_a_third_of_a_short_task_lease(
-    fast_jq: JobQueue,
+    fast_jq: JobQueue, clock: FakeClock
 ) -> None:
     """A run whose task lease is shorter than the worker's own: the heartbeat planned for
     the worker's lease would come after the short lease expired."""
+    started = threading.Event()
 
-    # The task's lease is short next to the run (and to the worker's 30 s), yet long enough
-    # that a loaded CI host cannot stall the heartbeats for two thirds of it.
     @fast_jq.task(lease=1.5, max_attempts=1)
     def a_while() -> str:
-        time.sleep(2.5)
+        begun = clock.monotonic()
+        started.set()
+        clock.sleep(begun + 2.5 - clock.monotonic())
         return "ok"
 
-    worker = make_worker(fast_jq, lease=30.0)
+    worker = make_worker(fast_jq, lease=30.0, clock=clock)
     with running(worker):
-        run = finished(fast_jq, fast_jq.enqueue(a_while).run_id)
+        handle = fast_jq.enqueue(a_while)
+        assert started.wait(5)
+        for _ in range(5):
+            # A third of the task's lease on, a heartbeat renews it (not 10 s on, a third
+            # of the worker's).
+            clock.advance(0.5)
+            wait_for(
+                lambda: (v := held(worker, handle.run_id)) is None
+                or v.lease_expires >= clock.monotonic() + 1.0,
+                what="a heartbeat",
+            )
+        run = finished(fast_jq, handle.run_id)
     assert (run.state, run.result, run.attempt) == ("done", "ok", 1)
     assert worker.stats.fenced_out == 0
 
@@ -338,25 +349,25 @@ def test_a_commit_refused_for_now_by_redis_is_retried_not_abandoned(
 ) -> None:
     """OOM (and READONLY, BUSY, ...) at commit time: the calls that were refused are sent
     again until Redis takes them; the others are not sent twice. The refusals are injected
-    as error replies of the pipeline (the real-server OOM case is in the next test)."""
+    as error replies of the runner's pipeline (the real-server OOM case is in the next test)."""
     refusals = [2]
-    real_pipelined = fast_jq.scripts._pipelined
+    real_replies = fast_jq.scripts.run_many_replies
 
-    def pipelined(calls: Any) -> list[Any]:
+    def run_many_replies(calls: Any) -> list[Any]:
         if refusals[0] <= 0 or not any(c.script == "complete" for c in calls):
-            return real_pipelined(calls)
+            return real_replies(calls)
         refusals[0] -= 1
         # The completes are refused (not run); the other calls of the pipeline run.
         others = [c for c in calls if c.script != "complete"]
-        ran = iter(real_pipelined(others) if others else [])
+        ran = iter(real_replies(others) if others else [])
         oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory")
-        return [oom if c.script == "complete" else next(ran) for c in calls]
+        return [translate_error(c, oom) if c.script == "complete" else next(ran) for c in calls]
 
     @fast_jq.task(max_attempts=1)
     def fine() -> str:
         return "ok"
 
-    monkeypatch.setattr(fast_jq.scripts, "_pipelined", pipelined)
+    monkeypatch.setattr(fast_jq.scripts, "run_many_replies", run_many_replies)
     worker = make_worker(fast_jq)
     with running(worker):
         refusals[0] = 2
@@ -427,7 +438,7 @@ def _fake_spawn(
             os.kill(os.getpid(), signal.SIGTERM)  # lands mid-spawn
         child = subprocess.Popen(
             [sys.executable, "-c", code],
-            preexec_fn=supervisor._child_setup,
+            preexec_fn=supervisor.child_setup,
             stdout=subprocess.PIPE if after_ready else None,
         )
         spawned.append(child)
@@ -441,18 +452,19 @@ def _fake_spawn(
 
 
 def test_a_supervisor_signalled_while_spawning_a_child_drains_that_child_too_and_exits_0(
-    monkeypatch: pytest.MonkeyPatch, restored_signals: None
+    restored_signals: None,
 ) -> None:
     """No Redis: the children stand in for workers. Each dies of the forwarded SIGTERM (it has
     no handler yet): a clean exit once the supervisor is stopping. Another thread is alive,
     as in most processes: the kernel may hand it the signal the main thread blocks, and Python
     then runs the handler in the main thread in the middle of the spawn."""
     spawned: list[subprocess.Popen[bytes]] = []
-    monkeypatch.setattr(supervisor, "_spawn", _fake_spawn(_NAPPING_CHILD, spawned, 2))
+    spawn = _fake_spawn(_NAPPING_CHILD, spawned, 2)
     other = threading.Event()
     threading.Thread(target=other.wait, args=(30,), daemon=True).start()
     try:
-        assert supervisor.supervise(2, ["jobqueue", "worker"], "", grace=1.0) == 0
+        code = supervisor.supervise(2, ["jobqueue", "worker"], "", grace=1.0, spawn_child=spawn)
+        assert code == 0
         assert [c.returncode for c in spawned] == [-signal.SIGTERM, -signal.SIGTERM]
     finally:
         other.set()
@@ -463,14 +475,14 @@ def test_a_supervisor_signalled_while_spawning_a_child_drains_that_child_too_and
 
 
 def test_a_supervisor_kills_a_child_that_has_not_drained_by_its_deadline(
-    monkeypatch: pytest.MonkeyPatch, restored_signals: None
+    restored_signals: None,
 ) -> None:
     """No Redis. The deadline is the children's grace plus a margin (shortened here)."""
     spawned: list[subprocess.Popen[bytes]] = []
-    monkeypatch.setattr(supervisor, "_spawn", _fake_spawn(_DEAF_CHILD, spawned, 1, True))
-    monkeypatch.setattr(supervisor, "_KILL_MARGIN_S", 0.5)
+    spawn = _fake_spawn(_DEAF_CHILD, spawned, 1, True)
     try:
-        assert supervisor.supervise(1, ["jobqueue", "worker", "--grace", "0.5"], "") == 1
+        argv = ["jobqueue", "worker", "--grace", "0.5"]
+        assert supervisor.supervise(1, argv, "", spawn_child=spawn, kill_margin=0.5) == 1
         assert [c.returncode for c in spawned] == [-signal.SIGKILL]
     finally:
         for c in spawned:
@@ -482,14 +494,11 @@ def test_a_supervisor_kills_a_child_that_has_not_drained_by_its_deadline(
 # -- a hung Redis at shutdown --------------------------------------------------------------
 
 
-def test_a_stop_while_redis_hangs_ends_within_the_grace_and_a_small_margin(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_stop_while_redis_hangs_ends_within_the_grace_and_a_small_margin() -> None:
     """Real server only, a private one: it is SIGSTOPped (connections accepted, nothing
     answered: a stalled VM, a partition that drops packets). Every shutdown call would wait
     its socket timeout, some several times (redis-py's retries): the shutdown has one deadline
-    instead, grace + SHUTDOWN_MARGIN_S (shortened here) from the stop."""
-    monkeypatch.setattr(worker_module, "SHUTDOWN_MARGIN_S", 1.0)
+    instead, grace + its shutdown margin (shortened here) from the stop."""
     server = EmbeddedServer(find_server_binary()).start()
     assert server.process is not None
     try:
@@ -501,7 +510,7 @@ def test_a_stop_while_redis_hangs_ends_within_the_grace_and_a_small_margin(
             started.set()
             time.sleep(30)  # outlives the grace: to be released at the end of the drain
 
-        worker = make_worker(jq, grace=0.5)
+        worker = make_worker(jq, grace=0.5, shutdown_margin=1.0)
         exited = Exited(worker)
         jq.enqueue(nap)
         assert started.wait(10)

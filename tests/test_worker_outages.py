@@ -1,7 +1,8 @@
 """The worker when Redis answers some calls and not others (a master down, memory full): it
 stops a run whose lease ran out without a heartbeat reaching Redis (self-fencing), and it
 claims nothing while Redis refuses its commits. The worker runs in a thread over a client
-that fails chosen script calls; real server only (the client is a redis.Redis subclass)."""
+that fails chosen script calls (tests/helpers.py); real server only (the client is a
+redis.Redis subclass)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import fake_clock, make_worker, phase_of, running, wait_for
 
 from jobqueue import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.scripts import scripts
-from jobqueue.worker.daemon import Worker
+from jobqueue.worker import RunPhase
 
 Failure = Callable[[str], Exception | None]  # script name -> the error to answer, or None
 
@@ -30,7 +32,7 @@ class FailingClient(redis.Redis):
     fail: Failure = staticmethod(lambda name: None)
     sent: list[tuple[float, str, bool]]
 
-    def _script_of(self, sha: Any) -> str:
+    def script_of(self, sha: Any) -> str:
         text = sha.decode() if isinstance(sha, bytes) else str(sha)
         for name, script in scripts().items():
             if text in (script.sha, script.plain_sha):
@@ -38,7 +40,7 @@ class FailingClient(redis.Redis):
         return "?"
 
     def evalsha(self, sha: Any, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
-        name = self._script_of(sha)
+        name = self.script_of(sha)
         error = self.fail(name)
         self.sent.append((time.monotonic(), name, error is not None))
         if error is not None:
@@ -51,7 +53,7 @@ class FailingClient(redis.Redis):
 
         def failing_execute(raise_on_error: bool = True) -> Any:
             names = [
-                client._script_of(c[0][1]) for c in pipe.command_stack if c[0][0] == "EVALSHA"
+                client.script_of(c[0][1]) for c in pipe.command_stack if c[0][0] == "EVALSHA"
             ]
             errors = [client.fail(n) for n in names]
             replies = execute(raise_on_error=False)
@@ -74,45 +76,37 @@ def client(real_server: EmbeddedServer) -> Iterator[FailingClient]:
     c.close()
 
 
-def running(worker: Worker) -> threading.Thread:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_a_run_whose_heartbeats_cannot_reach_redis_is_stopped_when_its_lease_runs_out(
     client: FailingClient,
 ) -> None:
     """Its master unreachable for heartbeats, the worker cannot know whether another worker
     took the run: once the lease it was given has run out, the task is told to stop
-    (ctx.cancelled), not when Redis answers again."""
+    (ctx.cancelled), not when Redis answers again. On a fake clock."""
     jq = JobQueue(client)
+    clock = fake_clock(jq)
     told: dict[str, Any] = {}
     started = threading.Event()
 
     @jq.task
     def patient(ctx: RunContext) -> None:
         started.set()
-        told["at"] = time.monotonic() if ctx.cancelled.wait(10) else None
+        told["at"] = clock.monotonic() if ctx.cancelled.wait(10) else None
         told["reason"] = ctx.cancel_reason
 
     client.fail = lambda name: (
         redis.exceptions.ConnectionError("master down") if name == "heartbeat" else None
     )
-    worker = Worker(jq, concurrency=1, lease=1.0, grace=1, install_signal_handlers=False)
-    jq.enqueue(patient)
-    thread = running(worker)
-    try:
+    worker = make_worker(jq, concurrency=1, lease=1.0, grace=1, clock=clock)
+    handle = jq.enqueue(patient)
+    with running(worker):
         assert started.wait(10)
-        claimed_at = time.monotonic()
-        deadline = time.monotonic() + 10
-        while "reason" not in told and time.monotonic() < deadline:
-            time.sleep(0.05)
-    finally:
-        worker.stop()
-        thread.join(10)
+        claimed_at = clock.monotonic()
+        clock.advance(0.9)
+        assert phase_of(worker, handle.run_id) is RunPhase.RUNNING  # its lease still holds
+        clock.advance(0.2)
+        wait_for(lambda: "reason" in told, what="the run to be told")
     assert told["reason"] == "lease expired: no heartbeat reached Redis"
-    assert told["at"] is not None and told["at"] - claimed_at < 3.0  # the 1 s lease, not 10 s
+    assert told["at"] is not None and 1.0 <= told["at"] - claimed_at < 3.0  # the 1 s lease
 
 
 def test_no_claim_is_sent_while_redis_refuses_the_workers_commits(
@@ -136,15 +130,10 @@ def test_no_claim_is_sent_while_redis_refuses_the_workers_commits(
         else None
     )
     handles = [jq.enqueue(quick, i) for i in range(40)]
-    worker = Worker(jq, concurrency=4, install_signal_handlers=False)
-    thread = running(worker)
-    try:
+    with running(make_worker(jq, concurrency=4, lease=None, grace=30.0)):
         time.sleep(1.0)
         refusing.clear()
         runs = [h.wait(timeout=30) for h in handles]
-    finally:
-        worker.stop()
-        thread.join(10)
     assert [r.result for r in runs] == list(range(40))
     commits = [(t, refused) for t, name, refused in client.sent if name == "complete"]
     first_refused = min(t for t, refused in commits if refused)

@@ -6,5 +6,6 @@ from jobqueue.worker.daemon import (
     Worker,
     WorkerStats,
 )
+from jobqueue.worker.runs import RunPhase, RunView
 
-__all__ = ["EXIT_UNHEALTHY", "MAX_REJECTED_KEPT", "Worker", "WorkerStats"]
+__all__ = ["EXIT_UNHEALTHY", "MAX_REJECTED_KEPT", "RunPhase", "RunView", "Worker", "WorkerStats"]

@@ -16,11 +16,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
+
+from jobqueue.policy.backoff import Backoff
 
 log = logging.getLogger("jobqueue.supervisor")
 
 SUPERVISED_ENV = "JOBQUEUE_SUPERVISED"
+_RESTART_BACKOFF_S = 0.5
 _RESTART_BACKOFF_MAX_S = 10.0
 _PR_SET_PDEATHSIG = 1
 
@@ -28,13 +32,13 @@ _PR_SET_PDEATHSIG = 1
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 # A child that has not drained this long after the grace period is killed (its worker's own
 # watchdog exits it at grace + 9 s; this is for one that hangs even so).
-_KILL_MARGIN_S = 15.0
+KILL_MARGIN_S = 15.0
 # What in-flight runs get to finish on SIGTERM unless --grace says otherwise (the Worker's
 # default too; defined here, where the supervisor reads its children's --grace).
 DEFAULT_GRACE_S = 30.0
 
 
-def _child_setup() -> None:
+def child_setup() -> None:
     """In the child, before exec: own process group; SIGTERM when the supervisor dies; the
     signals the supervisor blocked while spawning it unblocked again (a mask is inherited)."""
     os.setpgid(0, 0)
@@ -43,12 +47,13 @@ def _child_setup() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
 
 
-def _spawn(argv: list[str], url: str) -> subprocess.Popen[bytes]:
+def spawn_child(argv: list[str], url: str) -> subprocess.Popen[bytes]:
+    """A worker child running this command line (``--processes`` left to the parent)."""
     env = {**os.environ, SUPERVISED_ENV: "1"}
     if url:
         env["JOBQUEUE_REDIS_URL"] = url  # children share the parent's (possibly embedded) server
     return subprocess.Popen(
-        [sys.executable, "-m", "jobqueue.cli", *argv[1:]], env=env, preexec_fn=_child_setup
+        [sys.executable, "-m", "jobqueue.cli", *argv[1:]], env=env, preexec_fn=child_setup
     )
 
 
@@ -74,9 +79,18 @@ def _clean(code: int, stopping: bool) -> bool:
     return code == 0 or (stopping and code in (-signal.SIGTERM, -signal.SIGINT))
 
 
-def supervise(processes: int, argv: list[str], url: str, grace: float | None = None) -> int:
+def supervise(
+    processes: int,
+    argv: list[str],
+    url: str,
+    grace: float | None = None,
+    *,
+    spawn_child: Callable[[list[str], str], subprocess.Popen[bytes]] = spawn_child,
+    kill_margin: float = KILL_MARGIN_S,
+) -> int:
     """Run ``processes`` workers until SIGTERM/SIGINT; returns 0 when every child drained
-    cleanly, else 1."""
+    cleanly, else 1. A child that has not drained ``grace`` + ``kill_margin`` seconds after
+    the signal is killed; ``spawn_child`` starts each child (tests give their own)."""
     children: list[subprocess.Popen[bytes]] = []
     stopping = False
     signals: list[int] = []
@@ -98,7 +112,7 @@ def supervise(processes: int, argv: list[str], url: str, grace: float | None = N
         try:
             if stopping:
                 return None
-            child = _spawn(argv, url)
+            child = spawn_child(argv, url)
             children.append(child)
             if stopping:
                 # The mask is per thread: a signal the kernel gave another thread still runs
@@ -113,29 +127,31 @@ def supervise(processes: int, argv: list[str], url: str, grace: float | None = N
     for _ in range(processes):
         spawn()
     log.info("supervising %d worker processes: %s", processes, [c.pid for c in children])
-    backoff = 0.5
+    # Children dying one after another are restarted ever more slowly; while they live, the
+    # pause shrinks back.
+    backoff = Backoff(_RESTART_BACKOFF_S, _RESTART_BACKOFF_MAX_S, jitter=False)
     while not stopping:
         for child in list(children):
             code = child.poll()
             if code is None:
-                backoff = max(0.5, backoff * 0.9)
+                backoff.relax(0.9)
                 continue
+            pause = backoff.next()
             log.warning(
-                "worker pid %d exited with %s; restarting in %.1fs", child.pid, code, backoff
+                "worker pid %d exited with %s; restarting in %.1fs", child.pid, code, pause
             )
-            deadline = time.monotonic() + backoff
+            deadline = time.monotonic() + pause
             while not stopping and time.monotonic() < deadline:
                 time.sleep(0.05)
             if stopping:
                 break  # a signal came during the backoff: do not start a child it missed
-            backoff = min(backoff * 2, _RESTART_BACKOFF_MAX_S)
             children.remove(child)  # the dead child: forward() need not signal it again
             new = spawn()
             if new is not None:
                 log.info("started worker pid %d", new.pid)
         time.sleep(0.2)
     log.info("signal %s: waiting for %d workers to drain", signals[0], len(children))
-    codes = _wait_all(children, grace_s + _KILL_MARGIN_S)
+    codes = _wait_all(children, grace_s + kill_margin)
     failed = {pid: code for pid, code in codes.items() if not _clean(code, True)}
     if failed:
         log.warning("workers exited uncleanly: %s", failed)

@@ -4,33 +4,10 @@ partition is flooded."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from helpers import make_worker, running, wait_for
 
 from jobqueue import JobQueue, Request
 from jobqueue.store.keys import partition_of
-from jobqueue.worker.daemon import Worker
-
-
-@contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
-    thread = threading.Thread(target=worker.run, name="cluster-worker", daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=20)
-        assert not thread.is_alive(), "the worker did not stop"
-
-
-def wait_for(condition: object, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def done_count(jq: JobQueue, run_ids: list[str]) -> int:
@@ -60,8 +37,8 @@ def test_a_worker_drains_a_16_partition_queue_spread_over_three_masters(
     run_ids = [f"n-{i}" for i in range(300)]
     jq.enqueue_many(Request(double, (i,), run_id=r) for i, r in enumerate(run_ids))
     assert len({partition_of(r, 16) for r in run_ids}) == 16
-    worker = Worker(jq, concurrency=8, install_signal_handlers=False, grace=5)
-    with running(worker):
+    worker = make_worker(jq, concurrency=8, lease=None)
+    with running(worker, join_timeout=20):
         wait_for(lambda: len(seen) >= 300, 30, "300 runs to execute")
         wait_for(lambda: worker.stats.completed >= 300, 10, "300 commits")
     assert sorted(seen) == list(range(300))  # each once
@@ -83,8 +60,8 @@ def test_round_robin_claims_reach_every_partition_while_one_is_flooded(cluster_u
     lonely = [ids_in_partition(p, 1)[0] for p in range(1, 16)]
     jq.enqueue_many(Request(note, (r,), run_id=r) for r in flood)  # flood first: oldest
     jq.enqueue_many(Request(note, (r,), run_id=r) for r in lonely)
-    worker = Worker(jq, concurrency=1, install_signal_handlers=False, grace=5)
-    with running(worker):
+    worker = make_worker(jq, concurrency=1, lease=None)
+    with running(worker, join_timeout=20):
         wait_for(lambda: set(lonely) <= set(order), 30, "every partition's run")
     # One claim per free slot, starting one partition further each time: within two turns
     # of the 16 partitions, every lonely run has been served despite 200 older runs in p0.

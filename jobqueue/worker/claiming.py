@@ -1,0 +1,246 @@
+"""The claim loop: claims up to the free slots, round-robin over partitions, queues in priority
+order; when nothing is due it blocks on the wake lists (a token comes with every enqueue,
+retry and release) until the next due time or lease expiry the claim script reported. A
+partition whose claim fails (its master down, a slot migrating) cools down while the others
+go on; while Redis refuses commits, nothing is claimed."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from jobqueue.client.sync import JobQueue
+from jobqueue.errors import JobQueueError
+from jobqueue.policy.backoff import Backoff
+from jobqueue.runtime.clock import Clock
+from jobqueue.runtime.metrics import Metrics
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CLAIM, ClaimedRun
+from jobqueue.store.scripts import Call
+from jobqueue.worker.runs import RunTable
+
+log = logging.getLogger("jobqueue.worker")
+
+MAX_CLAIM_BATCH = 500
+# Below the client's socket timeout, so a blocking wait never looks like a dead server.
+MAX_IDLE_WAIT_S = 2.0
+# A partition whose claim failed is skipped this long, doubling up to the cap, while the
+# others go on.
+PARTITION_COOLDOWN_S = 0.5
+PARTITION_COOLDOWN_CAP_S = 10.0
+# A claim loop iteration that failed as a whole is tried again after this, doubling.
+RETRY_S = 0.1
+RETRY_CAP_S = 5.0
+# While Redis refuses commits, the claim loop looks again this often.
+REFUSED_POLL_S = 0.2
+# Waiting on the wake lists failed (Redis down): wait this long instead.
+WAKE_FAILED_S = 0.5
+
+
+class _Cooling:
+    """A partition in cool-down after failed claims."""
+
+    __slots__ = ("backoff", "until")
+
+    def __init__(self) -> None:
+        self.backoff = Backoff(PARTITION_COOLDOWN_S, PARTITION_COOLDOWN_CAP_S, jitter=False)
+        self.until = 0.0
+
+
+class Claimer:
+    def __init__(
+        self,
+        jq: JobQueue,
+        worker_id: str,
+        queues: list[str],
+        table: RunTable,
+        start: Callable[[ClaimedRun, PartitionKeys, int, float], None],
+        metrics: Metrics,
+        clock: Clock,
+        *,
+        lease_ms: int,
+        stopping: threading.Event,
+        commits_refused: threading.Event,
+        idle_wait: float = MAX_IDLE_WAIT_S,
+    ) -> None:
+        """``start(run, keys, now_ms, sent)`` starts a claimed run (the executor)."""
+        self._jq = jq
+        self._id = worker_id
+        self._queues = queues
+        self._table = table
+        self._start = start
+        self._metrics = metrics
+        self._clock = clock
+        self._lease_ms = lease_ms
+        self._stopping = stopping
+        self._commits_refused = commits_refused
+        self._idle_wait = idle_wait
+        self._partitions: list[PartitionKeys] = []
+        self._rr = 0
+        self._batch_floor = max(1, min(table.concurrency // 4, 64))
+        self._cooling: dict[PartitionKeys, _Cooling] = {}
+
+    @property
+    def own_wake_key(self) -> str:
+        """A list only this worker waits on: stop() pushes to it to end an idle wait."""
+        return f"jq:worker-wake:{self._id}"
+
+    def set_partitions(self, partitions: list[PartitionKeys]) -> None:
+        self._partitions = partitions
+
+    def wake(self) -> None:
+        """End an idle wait now (a Redis call: call it from a thread that may hang)."""
+        with contextlib.suppress(redis.exceptions.RedisError, JobQueueError):
+            pipe = self._jq.redis.pipeline(transaction=False)
+            pipe.lpush(self.own_wake_key, "stop")
+            pipe.pexpire(self.own_wake_key, 60_000)
+            pipe.execute()
+
+    def run(self) -> None:
+        """Claim until stopping."""
+        stopping, table, clock = self._stopping, self._table, self._clock
+        backoff = Backoff(RETRY_S, RETRY_CAP_S)
+        while not stopping.is_set():
+            if self._commits_refused.is_set():
+                clock.wait(stopping, REFUSED_POLL_S)  # cleared once a commit lands
+                continue
+            free = table.free_slots()
+            if free <= 0:
+                table.wait_for_room(stopping)
+                continue
+            if free < self._batch_floor and free < table.concurrency:
+                # Busy: let a few more slots free up (a few ms at most) so that one claim
+                # fetches a batch instead of one round trip per finished run.
+                table.wait_for_change(0.002)
+                free = table.free_slots()
+                if free <= 0:
+                    # Outcomes awaiting commit filled the room meanwhile: wait for a slot.
+                    # Never claim 0 and then sleep on the wake lists as if nothing were due.
+                    continue
+            try:
+                claimed, wait_s = self.claim(free)
+                backoff.reset()
+            except (JobQueueError, redis.exceptions.RedisError) as exc:
+                pause = backoff.next()
+                log.warning("claim failed (%s); retrying in %.1fs", exc, pause)
+                clock.wait(stopping, pause)
+                continue
+            except Exception:
+                # A surprise must not end the claim loop (the worker would idle forever, its
+                # process alive); runs this call leased come back when their leases expire.
+                pause = backoff.next()
+                log.exception("claim loop iteration failed; retrying in %.1fs", pause)
+                clock.wait(stopping, pause)
+                continue
+            if claimed == 0:
+                self._sleep_until_woken(wait_s)
+
+    def claim(self, free: int) -> tuple[int, float]:
+        """Claim across this worker's partitions, queues in priority order; round-robin among
+        partitions of equal priority so none starves. Returns (claimed, seconds to sleep):
+        claimed is 0 only when every partition was asked, or is cooling down, and had nothing
+        (free > 0). A partition whose claim fails is cooled down and the others go on; only
+        when every one failed is the error raised (the caller backs off)."""
+        assert free > 0, "a claim for no slot would read as 'nothing due'"
+        claimed = 0
+        wait_ms: int | None = None
+        order = self._partitions[self._rr :] + self._partitions[: self._rr]
+        self._rr = (self._rr + 1) % max(len(self._partitions), 1)
+        order.sort(key=lambda k: self._queues.index(k.queue))  # stable: keeps the rotation
+        failure: Exception | None = None
+        answered = 0
+        clock = self._clock
+        now = clock.monotonic()
+        dead_retention_ms = self._jq.settings.dead_retention_ms
+        for keys in order:
+            want = min(free - claimed, MAX_CLAIM_BATCH)
+            if want <= 0:
+                break
+            cooling = self._cooling.get(keys)
+            if cooling is not None and cooling.until > now:
+                gap = int((cooling.until - now) * 1000)
+                wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+                continue
+            call = CLAIM.call(
+                keys, want, self._id, self._lease_ms, dead_retention_ms, now=clock.now_ms()
+            )
+            sent = clock.monotonic()
+            try:
+                result = CLAIM.parse(self._send(call))
+            except (JobQueueError, redis.exceptions.RedisError) as exc:
+                failure = exc
+                self._cool_down(keys, exc)
+                continue
+            answered += 1
+            if cooling is not None:
+                del self._cooling[keys]
+                log.info("claims in %s work again", keys.prefix)
+            self._metrics.claimed(keys.queue, result.runs, result.now_ms)
+            for run in result.runs:
+                try:
+                    self._start(run, keys, result.now_ms, sent)
+                except Exception:
+                    # One bad run must not keep the rest of the batch from starting (it is
+                    # not in flight: its lease expires and it is claimed again).
+                    log.exception("starting run_id=%s failed", run.run_id)
+            claimed += len(result.runs)
+            if result.next_wake_ms is not None:
+                gap = max(result.next_wake_ms - result.now_ms, 0)
+                wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+        if failure is not None and answered == 0:
+            raise failure  # no partition answered: the caller's back-off applies
+        idle = self._idle_wait
+        wait_s = idle if wait_ms is None else min(wait_ms / 1000, idle)
+        return claimed, wait_s
+
+    def _send(self, call: Call) -> Any:
+        settings = self._jq.settings
+        if not settings.durable:
+            return self._jq.scripts.run(call)
+        (reply,), durable = self._jq.scripts.run_durable(
+            [call], settings.durable_replicas, settings.durable_fsync,
+            settings.durable_timeout_ms,
+        )
+        if not durable:
+            # Run anyway: the runs are leased to this worker on the master. If it fails over
+            # before the replicas catch up, they are claimed again (with greater fences) and
+            # run twice; this worker's commits are then refused. At least once, as always.
+            log.warning(
+                "a claim was not acknowledged by %d replica(s) within %gs; running its runs "
+                "anyway (a failover now would run them again)",
+                settings.durable_replicas,
+                settings.durable_timeout_s,
+            )
+        return reply
+
+    def _cool_down(self, keys: PartitionKeys, exc: Exception) -> None:
+        cooling = self._cooling.setdefault(keys, _Cooling())
+        pause = cooling.backoff.next()
+        cooling.until = self._clock.monotonic() + pause
+        log.warning(
+            "claim in %s failed (%s); skipping it for %.1fs, the other partitions go on",
+            keys.prefix,
+            exc,
+            pause,
+        )
+
+    def _sleep_until_woken(self, wait_s: float) -> None:
+        """Block on the wake lists (a token arrives with every enqueue) at most wait_s."""
+        wake_keys = sorted({k.wake for k in self._partitions})
+        timeout = max(wait_s, 0.01)
+        try:
+            if isinstance(self._jq.redis, redis.cluster.RedisCluster):
+                # One slot per blocking call in a cluster: wait on one list, in turn.
+                key = wake_keys[self._rr % len(wake_keys)]
+                self._jq.redis.blpop([key], timeout=min(timeout, 0.5))
+            else:
+                self._jq.redis.blpop([*wake_keys, self.own_wake_key], timeout=timeout)
+        # RedisClusterException (not a RedisError): a slot without a known master mid-failover.
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+            log.warning("waiting for work failed (%s)", exc)
+            self._clock.wait(self._stopping, WAKE_FAILED_S)

@@ -1,0 +1,279 @@
+"""Committing outcomes: one batched ``complete`` call per partition plus the ``fail`` calls, in
+one round trip (one per master on a cluster), each checked against its run's fence in Redis.
+Commits Redis did not take (a master down, a refusal) wait and are sent again with back-off,
+alone, while every other commit goes on: one master down holds back its own runs only."""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_mod
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jobqueue.client.sync import JobQueue
+from jobqueue.errors import ConnectionFailed, ServerRefused
+from jobqueue.policy.backoff import Backoff
+from jobqueue.runtime.clock import Clock
+from jobqueue.runtime.logs import run_fields
+from jobqueue.runtime.metrics import Metrics
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import COMPLETE, FAIL, Outcome
+from jobqueue.store.scripts import Call
+from jobqueue.worker.registry import WorkerTasks
+from jobqueue.worker.runs import Finished, RunTable, WorkerStats
+
+log = logging.getLogger("jobqueue.worker")
+
+MAX_COMMIT_BATCH = 500
+# Commits sent again: first after about this long, doubling up to the cap.
+RESEND_S = 0.1
+RESEND_CAP_S = 5.0
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """Outcomes of one commit call that Redis did not take yet, waiting to be sent again."""
+
+    items: list[Finished]
+    resent: bool = False  # sent before and the connection was lost: it may have run
+    backoff: Backoff | None = None
+    not_before: float = 0.0
+    reason: Exception | None = None
+
+    def again(self, reason: Exception, now: float) -> _Deferred:
+        if self.backoff is None:
+            self.backoff = Backoff(RESEND_S, RESEND_CAP_S)
+        self.not_before = now + self.backoff.next()
+        self.reason = reason
+        return self
+
+
+# The committer woke up to send deferred commits again, with nothing new to commit.
+_NOTHING: Any = object()
+
+
+class Committer:
+    def __init__(
+        self,
+        jq: JobQueue,
+        tasks: WorkerTasks,
+        table: RunTable,
+        stats: WorkerStats,
+        metrics: Metrics,
+        clock: Clock,
+        stopped: threading.Event,
+        shutdown_left: Callable[[], float],
+    ) -> None:
+        self._jq = jq
+        self._tasks = tasks
+        self._table = table
+        self._stats = stats
+        self._metrics = metrics
+        self._clock = clock
+        self._stopped = stopped
+        self._shutdown_left = shutdown_left
+        self._queue: queue_mod.SimpleQueue[Finished | None] = queue_mod.SimpleQueue()
+        # Redis refuses commits for now (OOM, READONLY): no new claims until one goes through,
+        # or the worker would lease runs whose outcomes it cannot write.
+        self.refused = threading.Event()
+
+    def put(self, item: Finished) -> None:
+        self._queue.put(item)
+
+    def close(self) -> None:
+        """Commit what is queued, then end (the thread: see run)."""
+        self._queue.put(None)
+
+    def run(self) -> None:
+        """Commit what finished, batch after batch, until closed (and, stopping, until what
+        waits to be sent again is sent or the shutdown deadline passes)."""
+        later: list[_Deferred] = []
+        get, get_nowait = self._queue.get, self._queue.get_nowait
+        while True:
+            wait = None
+            if later:
+                wait = max(min(d.not_before for d in later) - self._clock.monotonic(), 0.0)
+            try:
+                item = get(timeout=wait)
+            except queue_mod.Empty:
+                item = None if self._stopped.is_set() and not later else _NOTHING
+            if item is None:
+                return
+            batch = [] if item is _NOTHING else [item]
+            while len(batch) < MAX_COMMIT_BATCH:
+                try:
+                    nxt = get_nowait()
+                except queue_mod.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            now = self._clock.monotonic()
+            due = [d for d in later if d.not_before <= now]
+            later = [d for d in later if d.not_before > now]
+            answered: list[Finished] = []
+            try:
+                later += self._commit(batch, due, answered)
+            except Exception:
+                # Not a connection problem (those wait in `later`): the outcome is unknown.
+                # Stop heartbeating these runs and free their slots; their leases expire and
+                # they are claimed again, so nothing is lost and nothing stays leased forever.
+                done = {id(i) for i in answered}
+                items = batch + [i for d in due for i in d.items]
+                lost = [i for i in items if id(i) not in done]
+                log.exception("commit of %d runs failed; their leases will expire", len(lost))
+                self._abandon(lost)
+                answered = items
+            try:
+                self._table.answered(answered)
+            except Exception:  # this thread commits every run: it must not die of a bug
+                log.exception("forgetting %d committed runs failed", len(answered))
+            if self._stopped.is_set() and later and self._shutdown_left() <= 0:
+                return  # their leases expire and the runs are claimed again
+
+    def _abandon(self, items: list[Finished]) -> None:
+        for item in items:
+            self._stats.rejected(item.entry.run.run_id, item.entry.run.fence, "error")
+
+    def _fail_call(self, item: Finished) -> Call:
+        run, keys, settings = item.entry.run, item.entry.keys, self._jq.settings
+        delay = self._tasks.retry_delay_ms(run.task, run.attempt) if item.retry else None
+        # An exception's text may hold lone surrogates (undecodable bytes): not UTF-8, so it
+        # could not be sent, and the whole commit batch would fail with it.
+        error = item.error.encode("utf-8", "replace").decode("utf-8")
+        return FAIL.call(
+            keys,
+            run.run_id,
+            run.fence,
+            error,
+            delay,
+            settings.dead_retention_ms,
+            now=self._clock.now_ms(),
+        )
+
+    def _commit(
+        self, batch: list[Finished], retries: list[_Deferred], answered: list[Finished]
+    ) -> list[_Deferred]:
+        """One complete call per partition for the successes (one script call for many runs
+        is most of a no-op run's cost), one fail call per failure, all in one round trip (one
+        per master on a cluster). Returns the commits Redis did not take, to send again
+        later: refused for now (OOM, READONLY, TRYLATER: they did not run) or lost with their
+        connection (they may have run: see _settle); their runs stay heartbeated meanwhile.
+        Appends the items it answered to ``answered`` (the caller forgets them)."""
+        groups: list[_Deferred] = []
+        done: dict[PartitionKeys, list[Finished]] = {}
+        for item in batch:
+            if item.ok:
+                done.setdefault(item.entry.keys, []).append(item)
+            else:
+                groups.append(_Deferred([item]))
+        groups = [_Deferred(items) for items in done.values()] + groups + retries
+        if not groups:
+            return []
+        retention = self._jq.settings.done_retention_ms
+        now_ms = self._clock.now_ms()
+        calls = [
+            COMPLETE.call(
+                g.items[0].entry.keys,
+                [(i.entry.run.run_id, i.entry.run.fence, i.result_json) for i in g.items],
+                retention,
+                now=now_ms,
+            )
+            if g.items[0].ok
+            else self._fail_call(g.items[0])
+            for g in groups
+        ]
+        replies = self._jq.scripts.run_each(calls)
+        later: list[_Deferred] = []
+        refused = None
+        now = self._clock.monotonic()
+        for group, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, ConnectionFailed):  # ServerRefused included
+                if isinstance(reply, ServerRefused):
+                    refused = reply
+                else:
+                    group.resent = True  # it may have run: see _settle
+                later.append(group.again(reply, now))
+                continue
+            if isinstance(reply, Exception):
+                log.error(
+                    "commit of %d runs failed (%s); their leases will expire",
+                    len(group.items),
+                    reply,
+                )
+                self._abandon(group.items)
+                answered += group.items
+                continue
+            outcomes = (
+                COMPLETE.parse(reply) if group.items[0].ok else [FAIL.parse(reply)]
+            )
+            for item, outcome in zip(group.items, outcomes, strict=True):
+                self._settle(item, outcome, group.resent)
+                answered.append(item)
+        if refused is not None:
+            self.refused.set()  # no new claims until commits land again
+        elif answered:
+            self.refused.clear()
+        if later:
+            log.warning(
+                "%d commits not taken (%s); sending them again in %.1fs at the latest, the "
+                "others go on",
+                sum(len(g.items) for g in later),
+                later[0].reason,
+                max(g.not_before for g in later) - now,
+            )
+        return later
+
+    def _settle(self, item: Finished, outcome: Outcome, resent: bool = False) -> None:
+        """Record the outcome of one commit.
+
+        A commit sent again after a lost connection may be refused by its own first copy,
+        which landed: refused as finished (or, for a retry, not running) with the run still
+        at this attempt's fence. That is this commit's success, not a fenced-out one."""
+        run = item.entry.run
+        if (
+            resent
+            and not outcome.accepted
+            and outcome.current_fence == run.fence
+            and outcome.status in ("finished", "not-running")
+        ):
+            outcome = Outcome(True, "done" if item.ok else "landed")
+        self._metrics.committed(item.entry.keys.queue, item.ok, outcome.accepted, outcome.status)
+        if outcome.accepted:
+            if item.ok:
+                self._stats.completed += 1
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "done run_id=%s fence=%d attempt=%d",
+                        run.run_id,
+                        run.fence,
+                        run.attempt,
+                        extra=run_fields(run),
+                    )
+            else:
+                self._stats.failed += 1
+                log.info(
+                    "failed run_id=%s fence=%d attempt=%d -> %s: %s",
+                    run.run_id,
+                    run.fence,
+                    run.attempt,
+                    outcome.status,
+                    item.error.splitlines()[-1][:300] if item.error else "",
+                    extra=run_fields(run),
+                )
+        else:
+            self._stats.fenced_out += 1
+            self._stats.rejected(run.run_id, run.fence, outcome.status)
+            log.warning(
+                "fenced out: commit of run_id=%s fence=%d attempt=%d refused (%s, "
+                "current fence %s); result discarded",
+                run.run_id,
+                run.fence,
+                run.attempt,
+                outcome.status,
+                outcome.current_fence,
+                extra=run_fields(run),
+            )

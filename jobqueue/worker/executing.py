@@ -1,0 +1,375 @@
+"""Running claimed runs: sync tasks on a pool of daemon threads, ``async def`` tasks on one
+event loop thread; turning what the code returned or raised into the outcome to commit; and
+the task timeouts (a sync task cannot be killed: timed-out code keeps its slot until it
+returns, and a worker whose slots it mostly holds gives up)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import queue as queue_mod
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from jobqueue.client.sync import JobQueue
+from jobqueue.context import RunContext, Writer, bind, unbind
+from jobqueue.errors import Fatal, PayloadError, UnknownTask
+from jobqueue.payload import decode_payload, encode_result
+from jobqueue.runtime.clock import Clock
+from jobqueue.runtime.logs import run_fields
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import FENCED_WRITE, ClaimedRun
+from jobqueue.tasks import Task
+from jobqueue.worker.registry import WorkerTasks
+from jobqueue.worker.runs import LEASE_LOST, Finished, InFlight, RunTable, WorkerStats
+
+log = logging.getLogger("jobqueue.worker")
+
+
+class _StartFailed(Exception):
+    """A run that could not be started (unknown task, bad payload): failed, never retried."""
+
+
+class _TaskExit(Exception):
+    """An async task's SystemExit/KeyboardInterrupt, carried out of the event loop as an
+    ordinary failure (raised inside the loop it would stop the loop thread itself)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+class DaemonPool:
+    """A fixed pool of daemon threads running sync tasks.
+
+    Not ``ThreadPoolExecutor``: the interpreter joins its threads at exit, so one task stuck
+    past the grace period would keep a drained worker process from exiting (its run already
+    released). A stuck daemon thread dies with the process. And no Future per job: a job
+    carries a token and the pool calls ``done(token, value, error)`` when it ends (a Future,
+    with its Condition and callback list, was a third of a no-op run's cost).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        name: str,
+        done: Callable[[Any, Any, BaseException | None], None],
+    ) -> None:
+        self._done = done
+        self._jobs: queue_mod.SimpleQueue[tuple[Any, Callable[..., Any], tuple[Any, ...]] | None]
+        self._jobs = queue_mod.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, token: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self._jobs.put((token, fn, args))
+
+    def _work(self) -> None:
+        get, done = self._jobs.get, self._done
+        while True:
+            job = get()
+            if job is None:
+                return
+            token, fn, args = job
+            try:
+                value = fn(*args)
+            except BaseException as exc:
+                error: BaseException | None = exc
+                value = None
+            else:
+                error = None
+            try:
+                done(token, value, error)
+            except BaseException:  # the pool thread must survive a failing callback
+                log.exception("finishing a run failed")
+
+    def shutdown(self) -> None:
+        """Idle threads exit; busy ones finish their task (or die with the process)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+
+
+class Executor:
+    """Starts claimed runs and hands each outcome to ``commit`` (the committer's queue)."""
+
+    def __init__(
+        self,
+        jq: JobQueue,
+        tasks: WorkerTasks,
+        table: RunTable,
+        stats: WorkerStats,
+        clock: Clock,
+        commit: Callable[[Finished], None],
+        die: Callable[[str], None],
+        stopping: threading.Event,
+        *,
+        concurrency: int,
+        stuck_limit: float,
+    ) -> None:
+        self._jq = jq
+        self._tasks = tasks
+        self._table = table
+        self._stats = stats
+        self._clock = clock
+        self._commit = commit
+        self._die = die
+        self._stopping = stopping
+        self._concurrency = concurrency
+        self._stuck_limit = stuck_limit
+        self._stuck_since: float | None = None
+        self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writers: dict[PartitionKeys, Writer] = {}
+
+    # -- the event loop ------------------------------------------------------------------
+
+    def start_loop(self, stopped: threading.Event) -> None:
+        """Start the event loop thread if any task is ``async def``."""
+        if not self._tasks.any_async:
+            return
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(
+            target=self._run_loop, args=(self._loop, stopped), name="jq-async", daemon=True
+        ).start()
+
+    def _run_loop(self, loop: asyncio.AbstractEventLoop, stopped: threading.Event) -> None:
+        try:
+            loop.run_forever()
+        except BaseException as exc:
+            log.critical("the asyncio event loop thread died: %r", exc, exc_info=True)
+        if not stopped.is_set():
+            # Every async run would hang: not a worker that should look alive.
+            self._die("the asyncio event loop thread died")
+
+    def shutdown(self) -> None:
+        self._pool.shutdown()
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # a loop already closed
+                self._loop.call_soon_threadsafe(self._loop.stop)
+
+    # -- starting ------------------------------------------------------------------------
+
+    def start(self, run: ClaimedRun, keys: PartitionKeys, now_ms: int, sent: float) -> None:
+        """``sent``: when the claim was sent (clock.monotonic()), from which its lease counts."""
+        ctx = RunContext(
+            run_id=run.run_id,
+            fence=run.fence,
+            attempt=run.attempt,
+            max_attempts=run.max_attempts,
+            task=run.task,
+            queue=keys.queue,
+            job_id=run.job_id,
+            scheduled_for_ms=run.scheduled_for_ms,
+            _writer=self._writers.get(keys)
+            or self._writers.setdefault(keys, self._writer_for(keys)),
+        )
+        timeout_s = run.timeout_ms / 1000 if run.timeout_ms > 0 else None
+        lease_ms = max(run.lease_until_ms - now_ms, 1)
+        entry = InFlight(
+            run,
+            keys,
+            ctx,
+            self._clock.monotonic(),
+            timeout_s,
+            lease_ms,
+            granted=sent,
+            lease_deadline=sent + lease_ms / 1000,
+        )
+        self._table.add(entry)
+        self._stats.claimed += 1
+        if log.isEnabledFor(logging.DEBUG):  # run_fields costs a dict per run: only if shown
+            log.debug(
+                "claimed run_id=%s fence=%d attempt=%d",
+                run.run_id,
+                run.fence,
+                run.attempt,
+                extra=run_fields(run),
+            )
+
+        try:
+            self._launch(entry)
+        except Exception as exc:
+            # Never retried: another attempt would meet the same name or bytes.
+            if isinstance(exc, UnknownTask | PayloadError):
+                error = str(exc)
+            elif isinstance(exc, RecursionError):
+                error = "stored arguments are nested too deeply to decode"
+            else:
+                log.exception("starting run_id=%s failed", run.run_id)
+                error = f"Fatal: could not start the run: {type(exc).__name__}: {exc}"
+            self._on_outcome(entry, None, _StartFailed(error))
+
+    def _launch(self, entry: InFlight) -> None:
+        run, ctx = entry.run, entry.ctx
+        task = self._tasks.code_for(run.task)
+        args, kwargs = decode_payload(run.payload)
+        entry.is_async = task.is_async
+        if task.is_async:
+            loop = self._loop
+            assert loop is not None
+            loop.call_soon_threadsafe(self._spawn_async, entry, task, args, kwargs)
+        else:
+            self._pool.submit(entry, _run_sync, (task, ctx, args, kwargs))
+
+    def _spawn_async(
+        self, entry: InFlight, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
+    ) -> None:
+        """On the loop: start the run's asyncio Task. Its own done-callback reports the
+        outcome, so the slot frees only when the coroutine has really ended (a coroutine
+        that swallows CancelledError still holds it)."""
+        try:
+            coro = _run_async(task, entry.ctx, args, kwargs)
+            t = asyncio.get_running_loop().create_task(coro)
+        except Exception as exc:
+            self._on_outcome(entry, None, exc)
+            return
+        entry.task = t
+        t.add_done_callback(functools.partial(self._on_task_done, entry))
+        if entry.cancel_requested:
+            t.cancel()
+
+    def _on_task_done(self, entry: InFlight, t: asyncio.Task[Any]) -> None:
+        if t.cancelled():
+            self._on_outcome(entry, None, asyncio.CancelledError())
+            return
+        error = t.exception()
+        self._on_outcome(entry, None if error is not None else t.result(), error)
+
+    # -- outcomes ------------------------------------------------------------------------
+
+    def _on_outcome(self, entry: InFlight, value: Any, error: BaseException | None) -> None:
+        """The run's code has returned (or could not start): free its slot and hand its
+        outcome to the committer, unless the run timed out (the timeout's fail stands: a
+        late success must not win over it) or was handed back at shutdown."""
+        try:
+            item = self._outcome(entry, value, error)
+        except BaseException as exc:
+            # The run must not stay in flight (heartbeated for ever, its slot taken).
+            log.exception("finishing run_id=%s failed; failing it", entry.run.run_id)
+            text = f"Fatal: finishing the run failed: {type(exc).__name__}: {exc}"
+            item = Finished(entry, ok=False, error=text[:8000], retry=False)
+        if self._table.returned(entry):
+            self._commit(item)
+
+    def _outcome(self, entry: InFlight, value: Any, error: BaseException | None) -> Finished:
+        if isinstance(error, _TaskExit):
+            error = error.original
+        if isinstance(error, _StartFailed):
+            return Finished(entry, ok=False, error=str(error), retry=False)
+        if isinstance(error, concurrent.futures.CancelledError | asyncio.CancelledError):
+            reason = entry.ctx.cancel_reason or "cancelled"
+            return Finished(entry, ok=False, error=reason, retry=entry.phase is not LEASE_LOST)
+        if isinstance(error, Fatal):
+            return Finished(entry, ok=False, error=f"Fatal: {error}", retry=False)
+        if error is not None:
+            text = "".join(traceback.format_exception_only(type(error), error)).strip()
+            return Finished(entry, ok=False, error=text[:8000], retry=True)
+        try:
+            result = encode_result(value, self._jq.settings.max_payload_bytes)
+        except PayloadError as exc:
+            return Finished(entry, ok=False, error=str(exc), retry=False)
+        except Exception as exc:  # MemoryError, a custom Mapping's RuntimeError, ...
+            text = f"the task result could not be encoded: {type(exc).__name__}: {exc}"
+            return Finished(entry, ok=False, error=text[:8000], retry=False)
+        return Finished(entry, ok=True, result_json=result)
+
+    # -- stopping runs -------------------------------------------------------------------
+
+    def cancel_async(self, entry: InFlight) -> None:
+        """Cancel an async run's task (a sync run only sees ctx.cancelled)."""
+        if entry.is_async and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(_cancel_task, entry)
+
+    def enforce_timeouts(self, now: float) -> None:
+        """Fail the runs whose code ran over its timeout (a retry per policy); their slots
+        stay taken until the code returns."""
+        expired, stuck = self._table.timed_out(now)
+        self._check_stuck(now, stuck)
+        for e in expired:
+            self._stats.timeouts += 1
+            e.ctx.cancel(f"timed out after {e.timeout_s:g}s")
+            log.warning(
+                "timeout: run_id=%s fence=%d attempt=%d ran over %gs; failing it",
+                e.run.run_id,
+                e.run.fence,
+                e.run.attempt,
+                e.timeout_s,
+                extra=run_fields(e.run),
+            )
+            self._commit(Finished(e, ok=False, error=f"timed out after {e.timeout_s:g}s"))
+            self.cancel_async(e)
+
+    def _check_stuck(self, now: float, stuck: int) -> None:
+        """Timed-out code that never returns keeps its slot (a thread cannot be killed). When
+        such code holds most slots for stuck_limit, this worker is of no use: it gives up so
+        that a clean process replaces it."""
+        if stuck * 2 <= self._concurrency:
+            self._stuck_since = None
+            return
+        if self._stuck_since is None:
+            self._stuck_since = now
+        elif now - self._stuck_since >= self._stuck_limit and not self._stopping.is_set():
+            self._die(
+                f"{stuck} of {self._concurrency} slots held by timed-out task code that never "
+                f"returned, for over {self._stuck_limit:g}s"
+            )
+
+    # -- fenced writes -------------------------------------------------------------------
+
+    def _writer_for(self, keys: PartitionKeys) -> Writer:
+        jq, clock = self._jq, self._clock
+
+        def write(resource: str, value: str, fence: int, run_id: str, ttl: float | None) -> bool:
+            ttl_ms = 0 if ttl is None else max(1, round(ttl * 1000))
+            call = FENCED_WRITE.call(
+                keys, resource, fence, value, run_id, ttl_ms, now=clock.now_ms()
+            )
+            ok, _ = FENCED_WRITE.parse(jq.scripts.run(call))
+            return ok
+
+        return write
+
+
+def _cancel_task(entry: InFlight) -> None:
+    # On the loop. Its task may not exist yet: _spawn_async then cancels it at birth.
+    entry.cancel_requested = True
+    if entry.task is not None:
+        entry.task.cancel()
+
+
+def _call_args(task: Task[Any, Any], ctx: RunContext, kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {**kwargs, "ctx": ctx} if task.wants_ctx else kwargs
+
+
+def _run_sync(
+    task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]
+) -> Any:
+    token = bind(ctx)
+    try:
+        return task(*args, **_call_args(task, ctx, kwargs))
+    finally:
+        unbind(token)
+
+
+async def _run_async(
+    task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]
+) -> Any:
+    token = bind(ctx)
+    try:
+        return await task(*args, **_call_args(task, ctx, kwargs))
+    except (SystemExit, KeyboardInterrupt) as exc:
+        # Raised out of a Task these stop the event loop itself (its thread dies, and with
+        # it every async run): here they fail this run, like any other exception.
+        raise _TaskExit(exc) from exc
+    finally:
+        unbind(token)

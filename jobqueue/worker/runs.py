@@ -1,0 +1,342 @@
+"""The runs a worker holds, from claim until their code has returned and their commit has been
+answered: each run's phase (one explicit state, moved only along the transitions listed here),
+and the table of them, with the slot and commit counts, that every thread of the worker asks.
+
+A slot is taken while a run's code runs (a pool thread, a task on the event loop) and frees
+when the code returns, so claiming overlaps committing. Outcomes not committed yet are bounded
+too (backpressure when Redis is slow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobqueue.context import RunContext
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import ClaimedRun
+
+# rejected_commits keeps the most recent refusals only (a long-lived worker's list would
+# otherwise grow with every fenced-out commit).
+MAX_REJECTED_KEPT = 1000
+
+
+class RunPhase(enum.Enum):
+    """Where a claimed run is. Its code runs in the first four phases (it holds a slot)."""
+
+    RUNNING = "running"  # lease held: heartbeated; its timeout and lease deadline watched
+    LEASE_LOST = "lease-lost"  # heartbeat refused, or lease ran out unrenewed: told to stop
+    TIMED_OUT = "timed-out"  # ran over its timeout: its fail is queued; the code keeps its slot
+    OVERRUN = "overrun"  # timed out and its fail answered; the code has still not returned
+    RELEASED = "released"  # handed back at shutdown: whatever the code returns is discarded
+    COMMITTING = "committing"  # returned: its outcome waits for the committer; still heartbeated
+    COMMITTING_UNLEASED = "committing-unleased"  # the same without heartbeats (lease lost, or
+    # the fail of its timeout on its way): the fence decides
+    DONE = "done"  # returned and answered: out of the table
+
+    @property
+    def holds_slot(self) -> bool:
+        return self in _CODE_RUNS
+
+
+RUNNING = RunPhase.RUNNING
+LEASE_LOST = RunPhase.LEASE_LOST
+TIMED_OUT = RunPhase.TIMED_OUT
+OVERRUN = RunPhase.OVERRUN
+RELEASED = RunPhase.RELEASED
+COMMITTING = RunPhase.COMMITTING
+COMMITTING_UNLEASED = RunPhase.COMMITTING_UNLEASED
+DONE = RunPhase.DONE
+
+_CODE_RUNS = frozenset({RUNNING, LEASE_LOST, TIMED_OUT, OVERRUN, RELEASED})
+
+# Every move a run may make; anything else is a bug and raises PhaseError.
+TRANSITIONS: dict[RunPhase, tuple[RunPhase, ...]] = {
+    RUNNING: (COMMITTING, LEASE_LOST, TIMED_OUT, RELEASED),
+    LEASE_LOST: (COMMITTING_UNLEASED, TIMED_OUT, RELEASED),
+    TIMED_OUT: (OVERRUN, COMMITTING_UNLEASED),  # the fail answered / the code returned
+    OVERRUN: (DONE,),  # the code returned: its late outcome is dropped
+    RELEASED: (DONE,),  # likewise
+    COMMITTING: (DONE, COMMITTING_UNLEASED),
+    COMMITTING_UNLEASED: (DONE,),
+    DONE: (),
+}
+
+# What a heartbeat round renews.
+HEARTBEATED = (RUNNING, COMMITTING)
+# What a timeout may still stop, and what shutdown hands back: code running, no outcome yet.
+UNFINISHED = (RUNNING, LEASE_LOST)
+
+
+class PhaseError(RuntimeError):
+    """A run asked to move where its phase does not lead (a bug in the worker)."""
+
+
+@dataclass(slots=True)
+class InFlight:
+    """One claimed run. Its phase changes under the table's lock only."""
+
+    run: ClaimedRun
+    keys: PartitionKeys
+    ctx: RunContext
+    started: float  # clock.monotonic(), for the timeout only
+    timeout_s: float | None
+    lease_ms: int
+    # clock.monotonic() at which Redis last granted the lease (the claim or heartbeat was
+    # sent), and at which that lease runs out: past it without a renewal, another worker may
+    # hold the run (self-fencing).
+    granted: float = 0.0
+    lease_deadline: float = 0.0
+    phase: RunPhase = RUNNING
+    is_async: bool = False
+    task: asyncio.Task[Any] | None = None  # an async run's task, on the worker's loop
+    cancel_requested: bool = False  # cancel the async task as soon as it exists
+
+    def move(self, to: RunPhase) -> None:
+        if to not in TRANSITIONS[self.phase]:
+            raise PhaseError(
+                f"run {self.run.run_id} fence {self.run.fence}: {self.phase.value} -> {to.value}"
+            )
+        self.phase = to
+
+
+@dataclass(slots=True)
+class Finished:
+    """What the committer must write for one run."""
+
+    entry: InFlight
+    ok: bool
+    result_json: str = "null"
+    error: str = ""
+    retry: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A run as ``Worker.in_flight()`` shows it."""
+
+    run_id: str
+    fence: int
+    attempt: int
+    phase: RunPhase
+    # The worker clock's monotonic() at which the lease last granted (claim or heartbeat)
+    # runs out.
+    lease_expires: float
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    fenced_out: int = 0
+    released: int = 0
+    timeouts: int = 0
+    # The most recent refused commits (run id, fence, status), at most MAX_REJECTED_KEPT;
+    # fenced_out counts them all.
+    rejected_commits: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def rejected(self, run_id: str, fence: int, status: str) -> None:
+        self.rejected_commits.append((run_id, fence, status))
+        if len(self.rejected_commits) > 2 * MAX_REJECTED_KEPT:  # amortised: trim in bulk
+            del self.rejected_commits[:-MAX_REJECTED_KEPT]
+
+
+class RunTable:
+    """Every run the worker holds, keyed by (run id, fence): after a stall this worker may hold
+    a stale attempt of a run and, having reclaimed it, the current one; both need heartbeats
+    (the stale one to learn it was fenced out and stop) and both hold a slot.
+
+    One lock for all of it; ``changed`` is notified whenever a slot frees or a commit is
+    answered (and on stop), for the claim loop and the drain to wait on."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)
+        self._runs: dict[tuple[str, int], InFlight] = {}
+        self._busy = 0
+        self._pending = 0
+        # Room for one batch being committed while the next one runs: claiming then overlaps
+        # committing on the server too.
+        self._max_pending = 2 * concurrency
+
+    # -- reading -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._runs)
+
+    def views(self) -> list[RunView]:
+        with self._lock:
+            return [
+                RunView(e.run.run_id, e.run.fence, e.run.attempt, e.phase, e.lease_deadline)
+                for e in self._runs.values()
+            ]
+
+    def in_phase(self, phases: Iterable[RunPhase]) -> list[InFlight]:
+        wanted = tuple(phases)
+        with self._lock:
+            return [e for e in self._runs.values() if e.phase in wanted]
+
+    def renewal_due(self, since: float) -> float | None:
+        """When the first lease granted at ``since`` or later needs renewing: a third of it
+        after it was granted (so two heartbeats may be lost before it expires)."""
+        with self._lock:
+            return min(
+                (
+                    e.granted + e.lease_ms / 3000
+                    for e in self._runs.values()
+                    if e.granted >= since and e.phase in HEARTBEATED
+                ),
+                default=None,
+            )
+
+    def shortest_lease_ms(self) -> int | None:
+        with self._lock:
+            return min((e.lease_ms for e in self._runs.values()), default=None)
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _full(self) -> bool:
+        return self._busy >= self.concurrency or self._pending >= self._max_pending
+
+    def free_slots(self) -> int:
+        with self._lock:
+            if self._pending >= self._max_pending:
+                return 0
+            return self.concurrency - self._busy
+
+    def wait_for_room(self, stop: threading.Event) -> None:
+        with self._lock:
+            while self._full() and not stop.is_set():
+                self.changed.wait(1.0)
+
+    def wait_for_change(self, seconds: float) -> None:
+        with self._lock:
+            self.changed.wait(seconds)
+
+    def wake(self) -> None:
+        with self._lock:
+            self.changed.notify_all()
+
+    def wait_until(
+        self, done: Callable[[], bool], deadline: float, now: Callable[[], float]
+    ) -> None:
+        """Wait until ``done()`` (called under the lock) or ``now()`` passes ``deadline``."""
+        with self._lock:
+            while not done() and now() < deadline:
+                self.changed.wait(min(0.1, max(deadline - now(), 0.001)))
+
+    def idle(self) -> bool:
+        # under the lock (see wait_until)
+        return self._busy == 0
+
+    def committed(self) -> bool:
+        # under the lock (see wait_until)
+        return self._pending == 0
+
+    # -- moves ---------------------------------------------------------------------------
+
+    def add(self, entry: InFlight) -> None:
+        with self._lock:
+            self._runs[(entry.run.run_id, entry.run.fence)] = entry
+            self._busy += 1
+
+    def returned(self, entry: InFlight) -> bool:
+        """The run's code has returned: its slot frees. True when its outcome is to be
+        committed; False when it is discarded (timed out: the timeout's fail stands;
+        handed back at shutdown)."""
+        with self._lock:
+            phase = entry.phase
+            if not phase.holds_slot:
+                raise PhaseError(f"run {entry.run.run_id} returned twice ({phase.value})")
+            self._busy -= 1
+            self.changed.notify_all()
+            if phase is RUNNING:
+                entry.move(COMMITTING)
+            elif phase is LEASE_LOST:
+                entry.move(COMMITTING_UNLEASED)
+            elif phase is TIMED_OUT:
+                entry.move(COMMITTING_UNLEASED)  # its fail has not been answered yet
+                return False
+            else:  # OVERRUN, RELEASED
+                entry.move(DONE)
+                del self._runs[(entry.run.run_id, entry.run.fence)]
+                return False
+            self._pending += 1
+            return True
+
+    def timed_out(self, now: float) -> tuple[list[InFlight], int]:
+        """Runs whose code has run over its timeout, now TIMED_OUT (their fails are counted
+        as pending commits: the caller queues them); and how many slots timed-out code
+        holds."""
+        with self._lock:
+            expired = [
+                e
+                for e in self._runs.values()
+                if e.timeout_s is not None
+                and e.phase in UNFINISHED
+                and now - e.started > e.timeout_s
+            ]
+            for e in expired:
+                # Under the lock: an outcome arriving from now on is dropped (returned()).
+                e.move(TIMED_OUT)
+            self._pending += len(expired)
+            stuck = sum(1 for e in self._runs.values() if e.phase in (TIMED_OUT, OVERRUN))
+        return expired, stuck
+
+    def lease_ran_out(self, now: float) -> list[InFlight]:
+        """RUNNING runs whose lease deadline has passed, now LEASE_LOST. Runs whose code has
+        returned are left to their commit, which the fence judges."""
+        with self._lock:
+            passed = [
+                e for e in self._runs.values() if e.phase is RUNNING and e.lease_deadline < now
+            ]
+            for e in passed:
+                e.move(LEASE_LOST)
+        return passed
+
+    def lost(self, entry: InFlight, reason: str) -> bool:
+        """A heartbeat of the run was refused for ``reason``. True when that is news: the run
+        now stops being heartbeated and its code must be told."""
+        with self._lock:
+            if entry.phase is RUNNING:
+                entry.move(LEASE_LOST)
+                return True
+            if entry.phase is COMMITTING and reason not in ("finished", "not-running"):
+                # ("finished", "not-running": our own commit landed between this heartbeat's
+                # read of the table and its reply: nothing was lost.)
+                entry.move(COMMITTING_UNLEASED)
+                return True
+            return False
+
+    def answered(self, items: Iterable[Finished]) -> None:
+        """Commits answered (accepted, refused or given up on): one lock and one wake-up for
+        the whole batch. A timed-out run's entry stays until its code returns."""
+        with self._lock:
+            count = 0
+            for item in items:
+                count += 1
+                entry = item.entry
+                if entry.phase is TIMED_OUT:
+                    entry.move(OVERRUN)
+                    continue
+                entry.move(DONE)
+                del self._runs[(entry.run.run_id, entry.run.fence)]
+            self._pending -= count
+            self.changed.notify_all()
+
+    def release_unfinished(self) -> list[InFlight]:
+        """Runs whose code still runs with no outcome yet, now RELEASED (to hand back). A run
+        whose outcome waits for the committer is not handed back: its commit would then be
+        refused."""
+        with self._lock:
+            leftover = [e for e in self._runs.values() if e.phase in UNFINISHED]
+            for e in leftover:
+                e.move(RELEASED)
+        return leftover
