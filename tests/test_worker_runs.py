@@ -7,10 +7,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from jobqueue.store.runs import ClaimedRun
 
 from jobqueue.context import RunContext
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import ClaimedRun
 from jobqueue.worker.runs import (
     HEARTBEATED,
     TRANSITIONS,
