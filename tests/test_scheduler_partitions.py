@@ -235,8 +235,9 @@ def invoke(jq: JobQueue, *args: str) -> Result:
 
 
 def two_schedulers_ticking(redis_client: Any) -> list[Scheduler]:
-    """Two schedulers on the server's clock, ticked until they share the partitions."""
-    schedulers = [scheduler(redis_client, "a"), scheduler(redis_client, "b")]
+    """Two schedulers on the server's clock, ticked until they share the partitions; their
+    leases long enough that a slow machine between two steps of a test cannot end them."""
+    schedulers = [scheduler(redis_client, name, partition_lease=300) for name in "ab"]
     for _ in range(3):
         for s in schedulers:
             s.tick()
