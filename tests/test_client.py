@@ -349,6 +349,29 @@ def test_requeue_a_cancelled_run(jq: JobQueue) -> None:
     assert [r.run_id for r in claim_all(jq, "c").runs] == ["c"]
 
 
+def test_requeue_of_a_done_run_is_refused_without_force(jq: JobQueue) -> None:
+    add = register(jq)
+    jq.enqueue(add, 1, run_id="d")
+    complete_now(jq, "d")
+    with pytest.raises(OperationRefused, match="force=True"):
+        jq.requeue("d")
+    assert jq.get_run("d").state == "done"
+
+
+def test_requeue_of_a_done_run_with_force_shows_only_the_new_life(jq: JobQueue) -> None:
+    add = register(jq)
+    jq.enqueue(add, 1, run_id="d")
+    complete_now(jq, "d")
+    assert jq.requeue("d", force=True) == "done"
+    run = jq.get_run("d")
+    assert (run.state, run.result, run.error, run.owner, run.started_ms) == (
+        "pending", None, None, None, None
+    )
+    events = [text for _, text in run.timeline()]
+    assert any(e.startswith("done fence=") for e in events)
+    assert events[-1] == "requeued (was done)"
+
+
 def test_requeue_of_a_pending_run_is_refused(jq: JobQueue) -> None:
     add = register(jq)
     jq.enqueue(add, 1, run_id="p")
@@ -490,6 +513,12 @@ def claim_all(jq: JobQueue, run_id: str) -> ClaimResult:
     pk = jq.keys_for("default", run_id)
     call = CLAIM.call(pk, 100, "test-worker", 30_000, 60_000)
     return CLAIM.parse(jq.scripts.run(call))
+
+
+def complete_now(jq: JobQueue, run_id: str) -> None:
+    (c,) = claim_all(jq, run_id).runs
+    pk = jq.keys_for("default", run_id)
+    jq.scripts.run(COMPLETE.call(pk, [(run_id, c.fence, "3")], 60_000))
 
 
 def claimed_now(jq: JobQueue, run_id: str) -> int:

@@ -50,7 +50,7 @@ from jobqueue.cli.common import (  # noqa: E402
 )
 from jobqueue.cli.dashboard import dashboard  # noqa: E402
 from jobqueue.cli.format import when  # noqa: E402
-from jobqueue.cli.ops import COMMANDS, progress  # noqa: E402
+from jobqueue.cli.ops import COMMANDS, confirm, progress  # noqa: E402
 from jobqueue.cli.repartition import repair, repartition  # noqa: E402
 from jobqueue.cli.schedules import schedule, schedules  # noqa: E402
 from jobqueue.cli.top import top  # noqa: E402
@@ -472,15 +472,24 @@ def cancel(state: State, run_id: str, queue: str | None, reason: str, yes: bool)
 @main.command()
 @click.argument("run_id")
 @click.option("--queue")
-@yes_option
+@click.option("--force", is_flag=True, help="Requeue a done run too (it runs again).")
+@click.option("--yes", is_flag=True, help="Do not ask before requeueing a done run (as --force).")
 @pass_state
-def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
-    """Put a dead, cancelled or done run back to pending, attempts reset.
+def requeue(state: State, run_id: str, queue: str | None, force: bool, yes: bool) -> None:
+    """Put a dead or cancelled run back to pending, attempts reset. A done run runs again:
+    asked first (no answer refuses), unless --force or --yes.
 
     Idempotent: an already pending run exits 0; a running one is refused (exit 1)."""
     jq = state.jq()
+    force = force or yes
+    if not force:
+        run = jq.find_run(run_id, queue)
+        if run is not None and run.state == "done":
+            # No answer (a script) refuses: a done run runs again only when asked for.
+            confirm(f"{run_id} is done: requeue it to run again?", False, "--force")
+            force = True
     try:
-        previous = jq.requeue(run_id, queue=queue)
+        previous = jq.requeue(run_id, queue=queue, force=force)
     except OperationRefused:
         run = jq.find_run(run_id, queue)
         if run is None or run.state != "pending":

@@ -156,8 +156,8 @@ class AsyncJobQueue(ClientCore):
     async def purge_dead(self, run_ids: Iterable[str], queue: str | None = None) -> int:
         return await self.run_steps(self._purge_dead(run_ids, queue))
 
-    async def requeue(self, run_id: str, queue: str | None = None) -> str:
-        return await self.run_steps(self._requeue(run_id, queue))
+    async def requeue(self, run_id: str, queue: str | None = None, *, force: bool = False) -> str:
+        return await self.run_steps(self._requeue(run_id, queue, force))
 
     async def requeue_located(
         self, runs: list[tuple[str, PartitionKeys]]

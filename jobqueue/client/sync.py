@@ -218,9 +218,11 @@ class JobQueue(ClientCore):
         left alone. Returns how many were purged."""
         return self.run_steps(self._purge_dead(run_ids, queue))
 
-    def requeue(self, run_id: str, queue: str | None = None) -> str:
-        """Put a dead, cancelled or done run back to pending with its attempts reset."""
-        return self.run_steps(self._requeue(run_id, queue))
+    def requeue(self, run_id: str, queue: str | None = None, *, force: bool = False) -> str:
+        """Put a dead or cancelled run (a done one with ``force=True``: it runs again) back to
+        pending with its attempts reset; returns the state it was in. The record shows the
+        new life only; its history keeps how the earlier attempts ended."""
+        return self.run_steps(self._requeue(run_id, queue, force))
 
     def requeue_located(self, runs: list[tuple[str, PartitionKeys]]) -> list[tuple[bool, str]]:
         """Requeue runs already located (``run_states``) in one round trip: for each,
