@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.base import QueueTable, Request, TaskRef
+from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.errors import RunTimeout
 from jobqueue.models import Run
@@ -69,8 +69,9 @@ class AsyncJobQueue(ClientCore):
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
         url: str | None = None,
+        tasks: ClientBase | None = None,
     ) -> None:
-        super().__init__(settings=settings, partitions=partitions)
+        super().__init__(settings=settings, partitions=partitions, tasks=tasks)
         self.redis = client
         self.url = url
         self.scripts = AsyncScriptRunner(client)
@@ -83,10 +84,18 @@ class AsyncJobQueue(ClientCore):
         *,
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
+        tasks: ClientBase | None = None,
     ) -> AsyncJobQueue:
-        """Like ``JobQueue.from_url``; the connection opens at first use."""
+        """Like ``JobQueue.from_url``; the connection opens at first use. ``tasks=jq``: the
+        app's JobQueue, whose registered tasks this client enqueues (by function or name)."""
         resolved = resolve_url(url)
-        return cls(async_client(resolved), settings=settings, partitions=partitions, url=resolved)
+        return cls(
+            async_client(resolved),
+            settings=settings,
+            partitions=partitions,
+            url=resolved,
+            tasks=tasks,
+        )
 
     async def close(self) -> None:
         await self.redis.aclose()

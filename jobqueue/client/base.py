@@ -103,12 +103,17 @@ class ClientBase:
         *,
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
+        tasks: ClientBase | None = None,
     ) -> None:
+        """``tasks``: another client (the app's JobQueue) whose registered tasks this one
+        shares, so that an AsyncJobQueue enqueues the app's tasks by function or name."""
         self.settings = settings or Settings()
-        self.registry = Registry()
+        self.registry = Registry() if tasks is None else tasks.registry
         # The recurring jobs this app declares in code, in declaration order (written by the
         # scheduler at start).
-        self.declared_schedules: list[Definition] = []
+        self.declared_schedules: list[Definition] = (
+            [] if tasks is None else tasks.declared_schedules
+        )
         self._keys: dict[tuple[str, int], PartitionKeys] = {}
         self._valid_queues: set[str] = set()
         self._partitions: dict[str, int] = {}

@@ -76,9 +76,13 @@ class ClientCore(ClientBase):
     recurring: RecurringSteps
 
     def __init__(
-        self, *, settings: Any = None, partitions: dict[str, int] | None = None
+        self,
+        *,
+        settings: Any = None,
+        partitions: dict[str, int] | None = None,
+        tasks: ClientBase | None = None,
     ) -> None:
-        super().__init__(settings=settings, partitions=partitions)
+        super().__init__(settings=settings, partitions=partitions, tasks=tasks)
         self._registered_queues: set[str] = set()
 
     # -- queues ----------------------------------------------------------------------------

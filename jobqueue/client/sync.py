@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.base import QueueTable, Request, TaskRef
+from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.errors import ConfigError, RunTimeout
 from jobqueue.models import Run
@@ -77,11 +77,12 @@ class JobQueue(ClientCore):
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
         url: str | None = None,
+        tasks: ClientBase | None = None,
     ) -> None:
         """With a client, use it; else connect lazily, at first use, to ``url`` (else
         $JOBQUEUE_REDIS_URL, else an embedded server). Lazy, so that an app module can create
         its JobQueue at import time and a worker or CLI can still point it elsewhere."""
-        super().__init__(settings=settings, partitions=partitions)
+        super().__init__(settings=settings, partitions=partitions, tasks=tasks)
         if url is not None:
             configured_url(url)  # an empty URL is refused now, not at first use
         self._client = client
@@ -97,10 +98,12 @@ class JobQueue(ClientCore):
         *,
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
+        tasks: ClientBase | None = None,
     ) -> JobQueue:
         """A JobQueue for ``url`` (redis://, rediss://, unix://, redis+cluster://); with no
-        URL, $JOBQUEUE_REDIS_URL, else a private embedded server. Connects at first use."""
-        return cls(settings=settings, partitions=partitions, url=url)
+        URL, $JOBQUEUE_REDIS_URL, else a private embedded server. Connects at first use.
+        ``tasks``: a client whose registered tasks this one shares."""
+        return cls(settings=settings, partitions=partitions, url=url, tasks=tasks)
 
     def use_url(self, url: str) -> None:
         """Point a not-yet-connected JobQueue elsewhere (the CLI's --redis-url)."""
