@@ -108,7 +108,7 @@ class ClientBase:
         """``tasks``: another client (the app's JobQueue) whose registered tasks this one
         shares, so that an AsyncJobQueue enqueues the app's tasks by function or name."""
         self.settings = settings or Settings()
-        self.registry = Registry() if tasks is None else tasks.registry
+        self.registry: Registry = Registry() if tasks is None else tasks.registry
         # The recurring jobs this app declares in code, in declaration order (written by the
         # scheduler at start).
         self.declared_schedules: list[Definition] = (
