@@ -311,7 +311,10 @@ def enqueue(
     if from_file is not None:
         _enqueue_file(jq, task, from_file, delay, at, queue, as_json)
     else:
-        handle = jq.enqueue(task, *args, run_id=run_id, delay=delay, at=at, queue=queue, **kwargs)
+        options = jq.resolve_task(task).with_options(
+            run_id=run_id, delay=delay, at=at, queue=queue
+        )
+        handle = jq.enqueue(options, *args, **kwargs)
         echo_handle(handle, as_json)
     if unchecked:  # after the outcome, so that a refusal stays the one line on stderr
         click.echo(

@@ -6,14 +6,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
 from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.errors import ConfigError, RunTimeout
 from jobqueue.models import Run
-from jobqueue.policy.timeutil import Delay, Instant
+from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
     DEFAULT_MISFIRE,
     DEFAULT_OVERLAP,
@@ -27,12 +27,16 @@ from jobqueue.store.embedded import configured_url, resolve_url
 from jobqueue.store.io import Steps, run_steps, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import ScriptRunner
+from jobqueue.tasks import Task
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class RunHandle:
-    """What enqueue returns: the run id, whether this call created the run, and a way to wait."""
+class RunHandle(Generic[R]):
+    """What enqueue returns: the run id, whether this call created the run, and a way to wait
+    (``R``: what the task returns)."""
 
     def __init__(self, jq: JobQueue, run_id: str, queue: str, created: bool) -> None:
         self.jq, self.run_id, self.queue, self.created = jq, run_id, queue, created
@@ -40,18 +44,19 @@ class RunHandle:
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r}, queue={self.queue!r}, created={self.created})"
 
-    def refresh(self) -> Run:
-        return self.jq.get_run(self.run_id, queue=self.queue)
+    def refresh(self) -> Run[R]:
+        run: Run[R] = self.jq.get_run(self.run_id, queue=self.queue)
+        return run
 
     @property
     def state(self) -> str:
         return self.refresh().state
 
     @property
-    def result(self) -> Any:
+    def result(self) -> R:
         return self.refresh().result
 
-    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run:
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run[R]:
         """Block until the run finishes (done, dead or cancelled) and return it."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.005
@@ -169,27 +174,30 @@ class JobQueue(ClientCore):
 
     # -- enqueue ---------------------------------------------------------------------------
 
+    @overload
     def enqueue(
-        self,
-        task: TaskRef,
-        *args: Any,
-        run_id: str | None = None,
-        delay: Delay | None = None,
-        at: Instant | None = None,
-        queue: str | None = None,
-        **kwargs: Any,
-    ) -> RunHandle:
-        """Create one run; with a run id that already exists, nothing is written and the
-        handle says ``created=False``."""
-        steps = self._enqueue(task, args, kwargs, run_id, delay, at, queue)
+        self, task: Task[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> RunHandle[R]: ...
+
+    @overload
+    def enqueue(
+        self, task: str, /, *args: Any, **kwargs: Any
+    ) -> RunHandle[Any]: ...
+
+    def enqueue(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> RunHandle[Any]:
+        """Create one run of ``task`` with these arguments; with a run id that already
+        exists, nothing is written and the handle says ``created=False``. Run options (run
+        id, delay, at, queue) come with the task: ``jq.enqueue(task.with_options(...), ...)``."""
+        found, kwargs, opts = self.split_run_options(task, kwargs)
+        steps = self._enqueue(found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue)
         return self._handle(self.run_steps(steps))
 
-    def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle]:
+    def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle[Any]]:
         """Validate all, then create all in one pipelined round trip (one script call per
         partition and chunk)."""
         return [self._handle(c) for c in self.run_steps(self._enqueue_many(requests))]
 
-    def _handle(self, created: Created) -> RunHandle:
+    def _handle(self, created: Created) -> RunHandle[Any]:
         return RunHandle(self, created.run_id, created.queue, created.created)
 
     # -- look-ups --------------------------------------------------------------------------
@@ -289,12 +297,12 @@ class JobQueue(ClientCore):
     def resume_schedule(self, job_id: str, now: int | None = None) -> ScheduleInfo:
         return self.run_steps(self.recurring.resume_steps(job_id, now))
 
-    def trigger(self, job_id: str, now: int | None = None) -> RunHandle:
+    def trigger(self, job_id: str, now: int | None = None) -> RunHandle[Any]:
         return self._handle(self.run_steps(self._trigger(job_id, now)))
 
     def backfill(
         self, job_id: str, start: Instant, end: Instant, now: int | None = None
-    ) -> list[RunHandle]:
+    ) -> list[RunHandle[Any]]:
         return [self._handle(c) for c in self.run_steps(self._backfill(job_id, start, end, now))]
 
     def get_schedule(self, job_id: str) -> ScheduleInfo | None:
