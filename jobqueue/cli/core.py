@@ -30,6 +30,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import shlex  # noqa: E402
 from datetime import datetime  # noqa: E402
 from typing import IO  # noqa: E402
 
@@ -210,6 +211,18 @@ _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
 )
 @_metrics_port
 @_metrics_host
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Run what is due, then exit 0 once nothing is due and no run is held (tests, CI, "
+    "cron-style batches).",
+)
+@click.option(
+    "--reload",
+    is_flag=True,
+    help="Development: restart the worker when a file under the current directory changes "
+    "(needs the reload extra: watchfiles).",
+)
 @pass_state
 def worker(
     state: State,
@@ -221,10 +234,17 @@ def worker(
     processes: int,
     metrics_port: int | None,
     metrics_host: str,
+    burst: bool,
+    reload: bool,
 ) -> None:
     """Run a worker: claim runs, execute them, heartbeat leases, commit with fences."""
     from jobqueue.worker.daemon import Worker
 
+    if burst and processes > 1:
+        raise ConfigError("--burst drains in one process: use it with --processes 1")
+    if reload:
+        _reload_worker(burst, processes)
+        return
     if metrics_port is not None and processes > 1:
         # Every child would bind the same port: refused before any child is started.
         raise ConfigError("--metrics-port serves one process: use it with --processes 1")
@@ -244,10 +264,27 @@ def worker(
     served = list(queues) or [jq.settings.default_queue]
     m = metrics_mod.for_daemon("worker", metrics_port, metrics_host, jq, lambda: served)
     code = Worker(
-        jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m
+        jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m,
+        burst=burst,
     ).run()
     m.close()
     sys.exit(code)
+
+
+def _reload_worker(burst: bool, processes: int) -> None:
+    """Run this same command without --reload in a child process, restarted whenever a file
+    under the current directory changes (watchfiles' default filter: no caches, no .git)."""
+    try:
+        import watchfiles
+    except ImportError:
+        raise ConfigError(
+            "--reload needs watchfiles: pip install 'jobqueue[reload]'"
+        ) from None
+    if burst:
+        raise ConfigError("--reload restarts a worker that runs until stopped: not with --burst")
+    command = [sys.executable, "-m", "jobqueue.cli", *(a for a in sys.argv[1:] if a != "--reload")]
+    click.echo(f"reloading on changes under {os.getcwd()}", err=True)
+    watchfiles.run_process(os.getcwd(), target=shlex.join(command), target_type="command")
 
 
 @main.command()
