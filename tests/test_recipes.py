@@ -48,7 +48,10 @@ def load(
         sys.modules.pop(name, None)
 
 
-def test_fastapi_route_enqueues_once_per_request_and_the_worker_runs_it(load: Callable[[str], ModuleType]) -> None:
+Loader = Callable[[str], ModuleType]
+
+
+def test_fastapi_route_enqueues_once_per_request_and_the_worker_runs_it(load: Loader) -> None:
     from fastapi.testclient import TestClient
 
     web = load("fastapi")
@@ -75,7 +78,7 @@ def django_db() -> None:
         django.setup()
 
 
-def test_django_enqueues_when_the_transaction_commits(load: Callable[[str], ModuleType], django_db: None) -> None:
+def test_django_enqueues_when_the_transaction_commits(load: Loader, django_db: None) -> None:
     from django.db import transaction
 
     app = load("django")
@@ -86,7 +89,7 @@ def test_django_enqueues_when_the_transaction_commits(load: Callable[[str], Modu
 
 
 def test_django_enqueues_nothing_when_the_transaction_rolls_back(
-    load: Callable[[str], ModuleType], django_db: None
+    load: Loader, django_db: None
 ) -> None:
     from django.db import transaction
 
