@@ -302,7 +302,9 @@ def _retry(jq: JobQueue, form: Form) -> str:
     done, refused = 0, []
     for run_id in ids:
         try:
-            jq.requeue(run_id, queue=_queue(form))
+            # A done run's button says "run again": pressing it (a CSRF-checked POST) is the
+            # explicit ask that the API's force=True stands for.
+            jq.requeue(run_id, queue=_queue(form), force=True)
             done += 1
         except JobQueueError as exc:
             refused.append(str(exc))
