@@ -64,6 +64,26 @@ def test_fastapi_route_enqueues_once_per_request_and_the_worker_runs_it(load: Lo
     assert web.jq.get_run(first.json()["run_id"]).result == "invoiced 42: 990"
 
 
+def test_the_dashboard_mounted_under_a_prefix_links_and_redirects_under_it(
+    load: Loader,
+) -> None:
+    from fastapi.testclient import TestClient
+
+    web = load("fastapi-dashboard")
+    web.jq.declare_task("report")
+    web.jq.enqueue("report", run_id="r1")
+    with TestClient(web.app, follow_redirects=False) as client:
+        assert client.get("/jobs/").headers["location"] == "/jobs/queues"
+        page = client.get("/jobs/runs")
+        found = client.get("/jobs/runs", params={"q": "r1"})
+    assert page.status_code == 200
+    assert 'href="/jobs/run?id=r1&amp;queue=default"' in page.text
+    assert 'href="/jobs/static/style.css"' in page.text
+    assert '<a href="/jobs/runs" class="here">' in page.text
+    assert 'href="/runs' not in page.text
+    assert found.headers["location"] == "/jobs/run?id=r1&queue=default"
+
+
 @pytest.fixture
 def django_db() -> None:
     import django
