@@ -147,3 +147,10 @@ def test_calling_an_async_task_gives_its_coroutine(jq: JobQueue) -> None:
         return 2 * x
 
     assert asyncio.run(double(21)) == 42
+
+
+def test_a_task_known_by_name_takes_options_through_resolve_task(jq: JobQueue) -> None:
+    jq.declare_task("report")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="n1", queue="q"), 1, queue="x")
+    run = jq.get_run("n1")
+    assert (run.queue, run.args, run.kwargs) == ("q", [1], {"queue": "x"})
