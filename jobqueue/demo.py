@@ -10,11 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.store.connection import redact
 from jobqueue.store.embedded import resolve_url
+from jobqueue.tasks import Handle
 
 jq = JobQueue.from_url()
 
@@ -60,17 +62,17 @@ def main() -> int:
         ]
     )
     try:
-        first = jq.enqueue(add, 2, 3, run_id="demo-add")
-        again = jq.enqueue(add, 2, 3, run_id="demo-add")
+        first = add.with_options(run_id="demo-add").enqueue(2, 3)
+        again = add.with_options(run_id="demo-add").enqueue(2, 3)
         print(f"enqueue add(2, 3) run_id=demo-add -> created={first.created}")
         print(f"enqueue add(2, 3) run_id=demo-add -> created={again.created} (idempotent)")
-        handles = [
+        handles: list[Handle[Any]] = [
             first,
             jq.enqueue(greet, "world"),
             jq.enqueue(flaky),
-            jq.enqueue(add, 40, 2, delay=0.5),
+            add.with_options(delay=0.5).enqueue(40, 2),
         ]
-        doomed = jq.enqueue(add, 0, 0, delay=3600)
+        doomed = add.with_options(delay=3600).enqueue(0, 0)
         print(f"cancel a run due in an hour -> was {jq.cancel(doomed.run_id)}")
         started = time.monotonic()
         runs = [h.wait(timeout=30) for h in handles] + [doomed.refresh()]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, cast
+
+from typing_extensions import TypeVar
 
 from jobqueue.anomalies import Anomaly, is_time
 from jobqueue.payload import decode_payload, decode_result
@@ -36,8 +38,12 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+# What the run's task returns (``Run[int]``); a bare ``Run`` is ``Run[Any]``.
+R_co = TypeVar("R_co", covariant=True, default=Any)
+
+
 @dataclass(frozen=True)
-class Run:
+class Run(Generic[R_co]):
     run_id: str
     queue: str
     partition: int
@@ -67,8 +73,9 @@ class Run:
         return self.state in FINISHED_STATES
 
     @property
-    def result(self) -> Any:
-        return decode_result(self.result_json)
+    def result(self) -> R_co:
+        """The task's return value once done (None before: check ``state``)."""
+        return cast("R_co", decode_result(self.result_json))
 
     @property
     def args(self) -> list[Any]:

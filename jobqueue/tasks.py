@@ -6,18 +6,25 @@ imported from a string found in Redis (invariant 6 in docs/design.md).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from jobqueue.errors import ConfigError, UnknownTask
-from jobqueue.policy.timeutil import seconds_to_ms
+from jobqueue.models import Run
+from jobqueue.policy.timeutil import Delay, Instant, seconds_to_ms
 from jobqueue.store.keys import validate_queue_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+# The options of one run. Given with ``task.with_options(...)``, never among the task's own
+# keyword arguments (a task may have a parameter called ``queue``).
+RUN_OPTIONS = ("run_id", "delay", "at", "queue")
 
 _TASK_NAME_MAX = 200
 
@@ -41,14 +48,66 @@ class TaskOptions:
             raise ConfigError(f"max_attempts must be an integer >= 1, not {self.max_attempts!r}")
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """Where and when one run goes, apart from the task's arguments (see ``Task.with_options``).
+    None: the task's queue, due now, a random run id."""
+
+    run_id: str | None = None
+    delay: Delay | None = None
+    at: Instant | None = None
+    queue: str | None = None
+
+    def merged(self, **changes: Any) -> RunOptions:
+        """These options with ``changes`` (None changes nothing)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+class Handle(Protocol[R_co]):
+    """What ``Task.enqueue`` returns (a ``RunHandle`` of the JobQueue the task belongs to)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def created(self) -> bool: ...
+
+    def refresh(self) -> Run[R_co]: ...
+
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run[R_co]: ...
+
+
 @dataclass
 class Task(Generic[P, R]):
-    """A registered function. Calling it calls the function; ``enqueue`` runs it elsewhere."""
+    """A registered function. Calling it calls the function; ``enqueue`` runs it elsewhere.
+
+    ``P`` and ``R`` are the function's parameters and result (an ``async def``'s awaited
+    result), so that type checkers check ``enqueue``'s arguments and type its handle."""
 
     name: str
     options: TaskOptions
-    func: Callable[P, R] | None = None
+    func: Callable[P, Any] | None = None
     enqueuer: Any = field(default=None, repr=False)
+    # Set by with_options: this run's options; its keyword arguments are then all the task's.
+    run_options: RunOptions | None = field(default=None, repr=False)
+
+    def with_options(
+        self,
+        *,
+        run_id: str | None = None,
+        delay: Delay | None = None,
+        at: Instant | None = None,
+        queue: str | None = None,
+    ) -> Task[P, R]:
+        """This task with run options, for ``enqueue`` (here or ``jq.enqueue``):
+        ``send_invoice.with_options(queue="urgent", delay=60).enqueue(42, amount=990)``.
+        Checked when the run is enqueued."""
+        base = self.run_options or RunOptions()
+        merged = base.merged(run_id=run_id, delay=delay, at=at, queue=queue)
+        return dataclasses.replace(self, run_options=merged)
 
     @functools.cached_property
     def is_async(self) -> bool:
@@ -60,16 +119,42 @@ class Task(Generic[P, R]):
         """Whether the function declares a ``ctx`` parameter (looked up once, not per run)."""
         return self.func is not None and "ctx" in inspect.signature(self.func).parameters
 
+    @functools.cached_property
+    def keyword_names(self) -> frozenset[str] | None:
+        """The names the function takes by keyword, or None when it takes any (``**kwargs``)
+        or its code is not here."""
+        if self.func is None:
+            return None
+        params = inspect.signature(self.func).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return frozenset(p.name for p in params if p.kind is not p.POSITIONAL_ONLY)
+
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         if self.func is None:
             raise UnknownTask(f"task {self.name!r} is declared here but its code is not")
-        return self.func(*args, **kwargs)
+        result: R = self.func(*args, **kwargs)
+        return result
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Any:
-        """Shorthand for ``jq.enqueue(task, ...)`` on the JobQueue it was registered with."""
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
+        """Shorthand for ``jq.enqueue(task, ...)`` on the JobQueue it was registered with
+        (on an AsyncJobQueue's task, await it)."""
         if self.enqueuer is None:
             raise ConfigError(f"task {self.name!r} is not attached to a JobQueue")
-        return self.enqueuer.enqueue(self, *args, **kwargs)
+        handle: Handle[R] = self.enqueuer.enqueue(self, *args, **kwargs)
+        return handle
+
+
+class AsyncTask(Task[P, R]):
+    """A task whose function is ``async def``: calling it gives the coroutine."""
+
+    def __call__(  # type: ignore[override]  # the coroutine of R, as the function gives
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, R]:
+        if self.func is None:
+            raise UnknownTask(f"task {self.name!r} is declared here but its code is not")
+        coroutine: Coroutine[Any, Any, R] = self.func(*args, **kwargs)
+        return coroutine
 
 
 def validate_task_name(name: str) -> str:

@@ -1,4 +1,5 @@
--- requeue.lua: put a finished run (dead, cancelled or done) back to pending, attempts reset.
+-- requeue.lua: put a finished run (dead, cancelled, or done when forced) back to pending,
+-- attempts reset.
 --
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  dead      zset    jq:{q#p}:dead     run_id -> time it died
@@ -7,20 +8,25 @@
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
+-- ARGV[4]  force              '1': a done run too (it runs again); '0': done runs are refused
 -- Returns  {1, previous_state} when requeued; {0, 'unknown'} when there is no such run (or
---          its key is not a run record); {0, state} when it is still pending or running
---          (nothing to requeue). Refused whole (an error reply, nothing changed) when a key
---          is not on this node or an index key holds another type.
+--          its key is not a run record); {0, state} when it is still pending or running, or
+--          done without force (nothing requeued). Refused whole (an error reply, nothing
+--          changed) when a key is not on this node or an index key holds another type.
 --
--- The fence is kept (it only ever grows), so nothing stale can commit into the new life.
+-- The fence is kept (it only ever grows), so nothing stale can commit into the new life. The
+-- record keeps no field of the life that ended (result, error, owner, start, finish): the
+-- history keeps how it ended, so that every earlier attempt stays in the run's story.
 
 local now = clock(ARGV[1])
-local prefix, run_id = ARGV[2], ARGV[3]
+local prefix, run_id, force = ARGV[2], ARGV[3], ARGV[4] == '1'
 local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
-  local p = {run = load_run(key, 'state')}
-  if p.run and p.run.state and p.run.state ~= 'pending' and p.run.state ~= 'running' then
+  local p = {run = load_run(key, 'state', 'attempt', 'owner', 'started', 'finished', 'fence',
+                            'result')}
+  local state = p.run and p.run.state
+  if state and state ~= 'pending' and state ~= 'running' and (state ~= 'done' or force) then
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
@@ -33,12 +39,25 @@ if not ok then return plan end
 local run = plan.run
 if not run or not run.state then return {0, 'unknown'} end
 if run.state == 'pending' or run.state == 'running' then return {0, run.state} end
+if run.state == 'done' and not force then return {0, 'done'} end
 
 redis.call('HSET', key, 'state', 'pending', 'attempt', 0, 'due', now)
-redis.call('HDEL', key, 'finished', 'result', 'owner', 'lease_until')
+redis.call('HDEL', key, 'finished', 'result', 'error', 'owner', 'started', 'lease_until')
 redis.call('PERSIST', key)
 if plan.hist then
   redis.call('PERSIST', prefix .. 'hist:' .. run_id)
+  -- What the record showed of the life that ended (its latest claim, a success) goes to the
+  -- history, as the timeline showed it; a cancel already wrote the fence its claim had.
+  if run.owner and run.started and (tonumber(run.attempt) or 0) >= 1 then
+    local fence = ''
+    if run.state ~= 'cancelled' then fence = ' fence=' .. (run.fence or '0') end
+    history(prefix, run_id, run.started .. ' claimed' .. fence .. ' attempt=' .. run.attempt ..
+            ' owner=' .. run.owner)
+  end
+  if run.state == 'done' and run.finished then
+    history(prefix, run_id, run.finished .. ' done fence=' .. (run.fence or '0') .. ': ' ..
+            string.sub(run.result or '', 1, 200))
+  end
   history(prefix, run_id, now .. ' requeued (was ' .. run.state .. ')')
 end
 redis.call('ZADD', KEYS[1], now, run_id)

@@ -12,7 +12,7 @@ import redis.asyncio
 
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
-from jobqueue.errors import OperationRefused, PayloadError, RunNotFound
+from jobqueue.errors import OperationRefused, PayloadError, RunNotFound, UnknownTask
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys
 
@@ -111,3 +111,35 @@ def test_async_client_recovers_from_an_empty_script_cache(async_client: Any) -> 
         return (await jq.enqueue("report", run_id="after")).created
 
     assert run(go()) is True
+
+
+def test_async_client_given_the_apps_jobqueue_enqueues_its_tasks_by_function_and_name(
+    async_client: Any, redis_client: Any
+) -> None:
+    app = JobQueue(redis_client)
+
+    @app.task(queue="billing")
+    def send_invoice(customer_id: int, *, amount: int) -> str:
+        return "sent"
+
+    async def go() -> list[Any]:
+        ajq = AsyncJobQueue(async_client, tasks=app)
+        by_function = await ajq.enqueue(send_invoice, 42, amount=990)
+        by_name = await ajq.enqueue("send_invoice", 7, amount=10)
+        return [await ajq.get_run(h.run_id) for h in (by_function, by_name)]
+
+    runs = run(go())
+    assert [(r.task, r.queue, r.args, r.kwargs) for r in runs] == [
+        ("send_invoice", "billing", [42], {"amount": 990}),
+        ("send_invoice", "billing", [7], {"amount": 10}),
+    ]
+
+
+def test_async_client_without_the_apps_tasks_refuses_a_task_name_it_does_not_know(
+    async_client: Any,
+) -> None:
+    async def go() -> None:
+        await AsyncJobQueue(async_client).enqueue("send_invoice", 42)
+
+    with pytest.raises(UnknownTask, match="send_invoice"):
+        run(go())

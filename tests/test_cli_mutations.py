@@ -71,6 +71,36 @@ def test_requeue_says_what_it_did_and_a_second_requeue_exits_0(jq: JobQueue) -> 
     assert (again.exit_code, again.stdout.strip()) == (0, "d1 is already pending (nothing to do)")
 
 
+def test_requeue_of_a_done_run_without_an_answer_is_refused_and_names_force(
+    jq: JobQueue,
+) -> None:
+    make(jq, d1="done")
+    result = invoke(jq, "requeue", "d1")
+    assert result.exit_code == 1 and "--force" in result.stderr
+    assert jq.get_run("d1").state == "done"
+
+
+def test_requeue_of_a_done_run_asks_and_a_no_changes_nothing(jq: JobQueue) -> None:
+    make(jq, d1="done")
+    result = invoke(jq, "requeue", "d1", input="n\n")
+    assert result.exit_code == 1 and "run again?" in result.stdout
+    assert jq.get_run("d1").state == "done"
+
+
+def test_requeue_of_a_done_run_asks_and_a_yes_requeues_it(jq: JobQueue) -> None:
+    make(jq, d1="done")
+    result = invoke(jq, "requeue", "d1", input="y\n")
+    assert result.exit_code == 0 and "requeued d1 (was done)" in result.stdout
+    assert jq.get_run("d1").state == "pending"
+
+
+def test_requeue_force_of_a_done_run_requeues_it_without_asking(jq: JobQueue) -> None:
+    make(jq, d1="done", d2="done")
+    for run_id, flag in (("d1", "--force"), ("d2", "--yes")):
+        result = invoke(jq, "requeue", run_id, flag)
+        assert (result.exit_code, result.stdout.strip()) == (0, f"requeued {run_id} (was done)")
+
+
 def test_requeue_of_a_running_run_is_refused_with_exit_1(jq: JobQueue) -> None:
     make(jq, r1="running")
     result = invoke(jq, "requeue", "r1")

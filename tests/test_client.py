@@ -234,8 +234,8 @@ def test_enqueue_of_an_unregistered_function_raises_unknown_task(jq: JobQueue) -
 @pytest.mark.parametrize(
     ("args", "kwargs"),
     [((object(),), {}), ((float("nan"),), {}), ((), {"x": float("inf")}), (({1, 2},), {}),
-     ((b"bytes",), {})],
-    ids=["object", "nan", "inf-kwarg", "set", "bytes"],
+     ((bytearray(b"bytes"),), {})],
+    ids=["object", "nan", "inf-kwarg", "set", "bytearray"],
 )
 def test_unserialisable_argument_raises_payload_error_and_writes_no_run(
     jq: JobQueue, redis_client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -347,6 +347,29 @@ def test_requeue_a_cancelled_run(jq: JobQueue) -> None:
     run = jq.get_run("c")
     assert (run.state, run.attempt, run.finished_ms) == ("pending", 0, None)
     assert [r.run_id for r in claim_all(jq, "c").runs] == ["c"]
+
+
+def test_requeue_of_a_done_run_is_refused_without_force(jq: JobQueue) -> None:
+    add = register(jq)
+    jq.enqueue(add, 1, run_id="d")
+    complete_now(jq, "d")
+    with pytest.raises(OperationRefused, match="force=True"):
+        jq.requeue("d")
+    assert jq.get_run("d").state == "done"
+
+
+def test_requeue_of_a_done_run_with_force_shows_only_the_new_life(jq: JobQueue) -> None:
+    add = register(jq)
+    jq.enqueue(add, 1, run_id="d")
+    complete_now(jq, "d")
+    assert jq.requeue("d", force=True) == "done"
+    run = jq.get_run("d")
+    assert (run.state, run.result, run.error, run.owner, run.started_ms) == (
+        "pending", None, None, None, None
+    )
+    events = [text for _, text in run.timeline()]
+    assert any(e.startswith("done fence=") for e in events)
+    assert events[-1] == "requeued (was done)"
 
 
 def test_requeue_of_a_pending_run_is_refused(jq: JobQueue) -> None:
@@ -490,6 +513,12 @@ def claim_all(jq: JobQueue, run_id: str) -> ClaimResult:
     pk = jq.keys_for("default", run_id)
     call = CLAIM.call(pk, 100, "test-worker", 30_000, 60_000)
     return CLAIM.parse(jq.scripts.run(call))
+
+
+def complete_now(jq: JobQueue, run_id: str) -> None:
+    (c,) = claim_all(jq, run_id).runs
+    pk = jq.keys_for("default", run_id)
+    jq.scripts.run(COMPLETE.call(pk, [(run_id, c.fence, "3")], 60_000))
 
 
 def claimed_now(jq: JobQueue, run_id: str) -> int:

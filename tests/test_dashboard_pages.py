@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.store.keys import WORKERS_KEY
-from jobqueue.store.runs import CLAIM, FAIL
+from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 EVIL = '<script>alert("pwned")</script>'
@@ -239,6 +239,17 @@ def test_bulk_retry_takes_every_selected_run(jq: JobQueue, client: TestClient) -
     body = f"csrf_token={token.group(1)}&run_id=a&run_id=c"
     assert client.post("/actions/retry", content=body, headers=FORM).status_code == 303
     assert [jq.get_run(r).state for r in "abc"] == ["pending", "dead", "pending"]
+
+
+def test_run_again_on_a_done_runs_page_requeues_it(jq: JobQueue, client: TestClient) -> None:
+    jq.enqueue("report", run_id="d1")
+    fence = claim(jq, "d1")
+    keys = jq.keys_for("default", "d1")
+    jq.scripts.run(COMPLETE.call(keys, [("d1", fence, "null")], 60_000))
+    page = "/run?id=d1&queue=default"
+    assert "run again" in client.get(page).text
+    post(client, "retry", page, run_id="d1", queue="default")
+    assert jq.get_run("d1").state == "pending"
 
 
 def test_a_refused_action_is_reported_not_raised(jq: JobQueue, client: TestClient) -> None:

@@ -88,9 +88,11 @@ def refuse(constant: str) -> Any:
 
 
 def as_stored(value: Any) -> Any:
-    """What a task gets back for ``value``: tuples become lists, nothing else changes (a dict
-    key that is not a string is refused, never rewritten)."""
-    if isinstance(value, list | tuple):
+    """What a task gets back for ``value``: the same, tuples included (a dict key that is not
+    a string is refused, never rewritten)."""
+    if isinstance(value, tuple):
+        return tuple(as_stored(v) for v in value)
+    if isinstance(value, list):
         return [as_stored(v) for v in value]
     if isinstance(value, dict):
         assert all(isinstance(k, str) for k in value)

@@ -279,7 +279,7 @@ def test_a_run_whose_task_returns_a_non_string_key_goes_dead_naming_the_key(
 def test_string_keys_nested_anywhere_are_stored_exactly(seeded: JobQueue) -> None:
     args = [{"a": [{"b": {"c": (1, 2)}}]}, [[{}]]]
     run = seeded.get_run(seeded.enqueue("t", *args, k={"x": {"y": None}}).run_id)
-    assert run.args == [{"a": [{"b": {"c": [1, 2]}}]}, [[{}]]]
+    assert run.args == [{"a": [{"b": {"c": (1, 2)}}]}, [[{}]]]
     assert run.kwargs == {"k": {"x": {"y": None}}}
 
 

@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("jobqueue.client", "jobqueue.aio", "jobqueue.queries", "jobqueue.inspect"),
     # the daemons and what they run with, and the package's facade (it names the Worker too,
     # imported at first use)
-    ("jobqueue.worker", "jobqueue.scheduler", "jobqueue.runtime", "jobqueue.__init__"),
+    ("jobqueue.worker", "jobqueue.scheduler", "jobqueue.runtime", "jobqueue.__init__",
+     "jobqueue.testing"),
     # the interfaces
     ("jobqueue.cli", "jobqueue.dashboard", "jobqueue.demo"),
 ]

@@ -302,7 +302,7 @@ class RunStateMachine(RuleBasedStateMachine):
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def requeue(self, run_id: str) -> None:
-        changed, state = REQUEUE.parse(self.run(REQUEUE.call(PK, run_id, now=self.now)))
+        changed, state = REQUEUE.parse(self.run(REQUEUE.call(PK, run_id, True, now=self.now)))
         run = self.runs.get(run_id)
         if run is None:
             assert (changed, state) == (False, "unknown")

@@ -58,8 +58,10 @@ def release(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, no
     return RELEASE.parse(runner.run(RELEASE.call(pk, run_id, fence, now=now)))
 
 
-def requeue(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int) -> tuple[bool, str]:
-    return REQUEUE.parse(runner.run(REQUEUE.call(pk, run_id, now=now)))
+def requeue(
+    runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int, force: bool = True
+) -> tuple[bool, str]:
+    return REQUEUE.parse(runner.run(REQUEUE.call(pk, run_id, force, now=now)))
 
 
 def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int
@@ -307,7 +309,7 @@ def test_requeue_finished_run_resets_attempts_and_makes_it_due_now(
     assert requeue(runner, pk, "a", now=5_000) == (True, state)
     run = redis_client.hgetall(pk.run("a"))
     assert (run["state"], run["attempt"], run["due"]) == ("pending", "0", "5000")
-    for gone in ("finished", "result", "owner", "lease_until"):
+    for gone in ("finished", "result", "error", "owner", "started", "lease_until"):
         assert gone not in run
     assert redis_client.zscore(pk.due, "a") == 5_000
     again = claim_one(runner, pk, now=5_000)
@@ -379,6 +381,55 @@ def test_requeue_pushes_a_wake_token_and_writes_history(
     requeue(runner, pk, "a", now=77)
     assert redis_client.lrange(pk.wake, 0, -1) == ["1"]
     assert redis_client.lrange(pk.history("a"), -1, -1) == ["77 requeued (was cancelled)"]
+
+
+def test_requeue_of_a_done_run_without_force_is_refused_and_changes_nothing(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    make_state(runner, pk, "done")
+    before = redis_client.hgetall(pk.run("a"))
+    assert requeue(runner, pk, "a", now=1_000, force=False) == (False, "done")
+    assert redis_client.hgetall(pk.run("a")) == before
+    assert redis_client.zscore(pk.done, "a") is not None
+
+
+@pytest.mark.parametrize("state", ["dead", "cancelled"])
+def test_requeue_of_a_dead_or_cancelled_run_needs_no_force(
+    runner: ScriptRunner, pk: PartitionKeys, state: str
+) -> None:
+    make_state(runner, pk, state)
+    assert requeue(runner, pk, "a", now=1_000, force=False) == (True, state)
+
+
+def test_requeue_of_a_done_run_keeps_its_claim_and_success_in_the_history(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=10, owner="w1")
+    complete(runner, pk, "a", c.fence, now=20)
+    requeue(runner, pk, "a", now=30)
+    assert redis_client.lrange(pk.history("a"), 0, -1) == [
+        f"10 claimed fence={c.fence} attempt=1 owner=w1",
+        f"20 done fence={c.fence}: \"ok\"",
+        "30 requeued (was done)",
+    ]
+
+
+def test_a_requeued_dead_run_shows_the_new_attempt_only_and_keeps_the_old_in_history(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", max_attempts=1)
+    c = claim_one(runner, pk, now=10, owner="w1")
+    runner.run(FAIL.call(pk, "a", c.fence, "boom", None, DEAD_RETENTION, now=20))
+    requeue(runner, pk, "a", now=30)
+    again = claim_one(runner, pk, now=40, owner="w2")
+    complete(runner, pk, "a", again.fence, now=50)
+    run = redis_client.hgetall(pk.run("a"))
+    assert (run["state"], run["owner"], run["started"]) == ("done", "w2", "40")
+    assert "error" not in run
+    history = redis_client.lrange(pk.history("a"), 0, -1)
+    assert f"10 claimed fence={c.fence} attempt=1 owner=w1" in history
+    assert any(line.startswith("20 dead") and "boom" in line for line in history)
 
 
 def test_cancel_issues_a_fence_from_the_partitions_counter(

@@ -53,7 +53,7 @@ def run_on_worker(redis_client: Any, field: str, values: dict[str, str]) -> dict
         return [args, kwargs]
 
     for name, value in values.items():
-        jq.enqueue(echo, 1, run_id=name)
+        echo.with_options(run_id=name).enqueue(1)
         redis_client.hset(jq.keys_for("default", name).run(name), field, value)
     canary = jq.enqueue(echo, "canary").run_id
     with running(make_worker(jq)):

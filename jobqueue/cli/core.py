@@ -30,6 +30,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import shlex  # noqa: E402
 from datetime import datetime  # noqa: E402
 from typing import IO  # noqa: E402
 
@@ -50,7 +51,7 @@ from jobqueue.cli.common import (  # noqa: E402
 )
 from jobqueue.cli.dashboard import dashboard  # noqa: E402
 from jobqueue.cli.format import when  # noqa: E402
-from jobqueue.cli.ops import COMMANDS, progress  # noqa: E402
+from jobqueue.cli.ops import COMMANDS, confirm, progress  # noqa: E402
 from jobqueue.cli.repartition import repair, repartition  # noqa: E402
 from jobqueue.cli.schedules import schedule, schedules  # noqa: E402
 from jobqueue.cli.top import top  # noqa: E402
@@ -210,6 +211,18 @@ _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
 )
 @_metrics_port
 @_metrics_host
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Run what is due, then exit 0 once nothing is due and no run is held (tests, CI, "
+    "cron-style batches).",
+)
+@click.option(
+    "--reload",
+    is_flag=True,
+    help="Development: restart the worker when a file under the current directory changes "
+    "(needs the reload extra: watchfiles).",
+)
 @pass_state
 def worker(
     state: State,
@@ -221,10 +234,17 @@ def worker(
     processes: int,
     metrics_port: int | None,
     metrics_host: str,
+    burst: bool,
+    reload: bool,
 ) -> None:
     """Run a worker: claim runs, execute them, heartbeat leases, commit with fences."""
     from jobqueue.worker.daemon import Worker
 
+    if burst and processes > 1:
+        raise ConfigError("--burst drains in one process: use it with --processes 1")
+    if reload:
+        _reload_worker(burst, processes)
+        return
     if metrics_port is not None and processes > 1:
         # Every child would bind the same port: refused before any child is started.
         raise ConfigError("--metrics-port serves one process: use it with --processes 1")
@@ -244,10 +264,27 @@ def worker(
     served = list(queues) or [jq.settings.default_queue]
     m = metrics_mod.for_daemon("worker", metrics_port, metrics_host, jq, lambda: served)
     code = Worker(
-        jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m
+        jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m,
+        burst=burst,
     ).run()
     m.close()
     sys.exit(code)
+
+
+def _reload_worker(burst: bool, processes: int) -> None:
+    """Run this same command without --reload in a child process, restarted whenever a file
+    under the current directory changes (watchfiles' default filter: no caches, no .git)."""
+    try:
+        import watchfiles
+    except ImportError:
+        raise ConfigError(
+            "--reload needs watchfiles: pip install 'jobqueue[reload]'"
+        ) from None
+    if burst:
+        raise ConfigError("--reload restarts a worker that runs until stopped: not with --burst")
+    command = [sys.executable, "-m", "jobqueue.cli", *(a for a in sys.argv[1:] if a != "--reload")]
+    click.echo(f"reloading on changes under {os.getcwd()}", err=True)
+    watchfiles.run_process(os.getcwd(), target=shlex.join(command), target_type="command")
 
 
 @main.command()
@@ -311,7 +348,10 @@ def enqueue(
     if from_file is not None:
         _enqueue_file(jq, task, from_file, delay, at, queue, as_json)
     else:
-        handle = jq.enqueue(task, *args, run_id=run_id, delay=delay, at=at, queue=queue, **kwargs)
+        options = jq.resolve_task(task).with_options(
+            run_id=run_id, delay=delay, at=at, queue=queue
+        )
+        handle = jq.enqueue(options, *args, **kwargs)
         echo_handle(handle, as_json)
     if unchecked:  # after the outcome, so that a refusal stays the one line on stderr
         click.echo(
@@ -472,15 +512,24 @@ def cancel(state: State, run_id: str, queue: str | None, reason: str, yes: bool)
 @main.command()
 @click.argument("run_id")
 @click.option("--queue")
-@yes_option
+@click.option("--force", is_flag=True, help="Requeue a done run too (it runs again).")
+@click.option("--yes", is_flag=True, help="Do not ask before requeueing a done run (as --force).")
 @pass_state
-def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
-    """Put a dead, cancelled or done run back to pending, attempts reset.
+def requeue(state: State, run_id: str, queue: str | None, force: bool, yes: bool) -> None:
+    """Put a dead or cancelled run back to pending, attempts reset. A done run runs again:
+    asked first (no answer refuses), unless --force or --yes.
 
     Idempotent: an already pending run exits 0; a running one is refused (exit 1)."""
     jq = state.jq()
+    force = force or yes
+    if not force:
+        run = jq.find_run(run_id, queue)
+        if run is not None and run.state == "done":
+            # No answer (a script) refuses: a done run runs again only when asked for.
+            confirm(f"{run_id} is done: requeue it to run again?", False, "--force")
+            force = True
     try:
-        previous = jq.requeue(run_id, queue=queue)
+        previous = jq.requeue(run_id, queue=queue, force=force)
     except OperationRefused:
         run = jq.find_run(run_id, queue)
         if run is None or run.state != "pending":

@@ -82,7 +82,7 @@ def progress(length: int, label: str) -> Iterator[Callable[[int], None]]:
         yield bar.update
 
 
-def confirm(what: str, yes: bool) -> None:
+def confirm(what: str, yes: bool, skip: str = "--yes") -> None:
     """Ask before a destructive or bulk change unless --yes. 'No', or no answer at all (end of
     input, which click turns into Abort), is a refusal: one ``error:`` line, exit 1, nothing
     changed."""
@@ -93,7 +93,7 @@ def confirm(what: str, yes: bool) -> None:
     except click.Abort:
         answered = False
     if not answered:
-        raise OperationRefused("not confirmed: nothing changed (--yes skips the question)")
+        raise OperationRefused(f"not confirmed: nothing changed ({skip} skips the question)")
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

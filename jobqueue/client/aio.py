@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.base import QueueTable, Request, TaskRef
+from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.errors import RunTimeout
 from jobqueue.models import Run
-from jobqueue.policy.timeutil import Delay, Instant
+from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
     DEFAULT_MISFIRE,
     DEFAULT_OVERLAP,
@@ -32,21 +32,27 @@ from jobqueue.store.embedded import resolve_url
 from jobqueue.store.io import Steps, run_steps_async, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import AsyncScriptRunner
+from jobqueue.tasks import Task
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class AsyncRunHandle:
+class AsyncRunHandle(Generic[R]):
+    """What ``await ajq.enqueue(...)`` returns (``R``: what the task returns)."""
+
     def __init__(self, jq: AsyncJobQueue, run_id: str, queue: str, created: bool) -> None:
         self.jq, self.run_id, self.queue, self.created = jq, run_id, queue, created
 
     def __repr__(self) -> str:
         return f"AsyncRunHandle({self.run_id!r}, queue={self.queue!r}, created={self.created})"
 
-    async def refresh(self) -> Run:
-        return await self.jq.get_run(self.run_id, queue=self.queue)
+    async def refresh(self) -> Run[R]:
+        run: Run[R] = await self.jq.get_run(self.run_id, queue=self.queue)
+        return run
 
-    async def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run:
+    async def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run[R]:
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.005
         while True:
@@ -69,8 +75,9 @@ class AsyncJobQueue(ClientCore):
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
         url: str | None = None,
+        tasks: ClientBase | None = None,
     ) -> None:
-        super().__init__(settings=settings, partitions=partitions)
+        super().__init__(settings=settings, partitions=partitions, tasks=tasks)
         self.redis = client
         self.url = url
         self.scripts = AsyncScriptRunner(client)
@@ -83,10 +90,18 @@ class AsyncJobQueue(ClientCore):
         *,
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
+        tasks: ClientBase | None = None,
     ) -> AsyncJobQueue:
-        """Like ``JobQueue.from_url``; the connection opens at first use."""
+        """Like ``JobQueue.from_url``; the connection opens at first use. ``tasks=jq``: the
+        app's JobQueue, whose registered tasks this client enqueues (by function or name)."""
         resolved = resolve_url(url)
-        return cls(async_client(resolved), settings=settings, partitions=partitions, url=resolved)
+        return cls(
+            async_client(resolved),
+            settings=settings,
+            partitions=partitions,
+            url=resolved,
+            tasks=tasks,
+        )
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -98,7 +113,7 @@ class AsyncJobQueue(ClientCore):
         """Drive I/O-free steps (``jobqueue.store.io``) on this client's connection."""
         return await run_steps_async(steps, self.redis, self.scripts)
 
-    def _handle(self, created: Created) -> AsyncRunHandle:
+    def _handle(self, created: Created) -> AsyncRunHandle[Any]:
         return AsyncRunHandle(self, created.run_id, created.queue, created.created)
 
     # -- queues ----------------------------------------------------------------------------
@@ -116,20 +131,25 @@ class AsyncJobQueue(ClientCore):
 
     # -- enqueue ---------------------------------------------------------------------------
 
+    @overload
     async def enqueue(
-        self,
-        task: TaskRef,
-        *args: Any,
-        run_id: str | None = None,
-        delay: Delay | None = None,
-        at: Instant | None = None,
-        queue: str | None = None,
-        **kwargs: Any,
-    ) -> AsyncRunHandle:
-        steps = self._enqueue(task, args, kwargs, run_id, delay, at, queue)
+        self, task: Task[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> AsyncRunHandle[R]: ...
+
+    @overload
+    async def enqueue(
+        self, task: str, /, *args: Any, **kwargs: Any
+    ) -> AsyncRunHandle[Any]: ...
+
+    async def enqueue(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> AsyncRunHandle[Any]:
+        """Create one run of ``task`` with these arguments; with a run id that already
+        exists, nothing is written and the handle says ``created=False``. Run options (run
+        id, delay, at, queue) come with the task: ``jq.enqueue(task.with_options(...), ...)``."""
+        found, kwargs, opts = self.split_run_options(task, kwargs)
+        steps = self._enqueue(found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue)
         return self._handle(await self.run_steps(steps))
 
-    async def enqueue_many(self, requests: Iterable[Request]) -> list[AsyncRunHandle]:
+    async def enqueue_many(self, requests: Iterable[Request]) -> list[AsyncRunHandle[Any]]:
         return [self._handle(c) for c in await self.run_steps(self._enqueue_many(requests))]
 
     # -- look-ups --------------------------------------------------------------------------
@@ -156,8 +176,8 @@ class AsyncJobQueue(ClientCore):
     async def purge_dead(self, run_ids: Iterable[str], queue: str | None = None) -> int:
         return await self.run_steps(self._purge_dead(run_ids, queue))
 
-    async def requeue(self, run_id: str, queue: str | None = None) -> str:
-        return await self.run_steps(self._requeue(run_id, queue))
+    async def requeue(self, run_id: str, queue: str | None = None, *, force: bool = False) -> str:
+        return await self.run_steps(self._requeue(run_id, queue, force))
 
     async def requeue_located(
         self, runs: list[tuple[str, PartitionKeys]]
@@ -217,12 +237,12 @@ class AsyncJobQueue(ClientCore):
     async def resume_schedule(self, job_id: str, now: int | None = None) -> ScheduleInfo:
         return await self.run_steps(self.recurring.resume_steps(job_id, now))
 
-    async def trigger(self, job_id: str, now: int | None = None) -> AsyncRunHandle:
+    async def trigger(self, job_id: str, now: int | None = None) -> AsyncRunHandle[Any]:
         return self._handle(await self.run_steps(self._trigger(job_id, now)))
 
     async def backfill(
         self, job_id: str, start: Instant, end: Instant, now: int | None = None
-    ) -> list[AsyncRunHandle]:
+    ) -> list[AsyncRunHandle[Any]]:
         created = await self.run_steps(self._backfill(job_id, start, end, now))
         return [self._handle(c) for c in created]
 

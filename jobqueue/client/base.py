@@ -3,12 +3,15 @@ into RunSpecs grouped by partition. No I/O here."""
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar, overload
+from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, overload
 
 from jobqueue.anomalies import Anomaly, checked, is_wrong_type
+from jobqueue.context import RunContext
 from jobqueue.errors import (
     ConfigError,
     CorruptData,
@@ -41,9 +44,29 @@ from jobqueue.store.keys import (
 )
 from jobqueue.store.runs import CREATE_RUN, RunSpec
 from jobqueue.store.scripts import Call
-from jobqueue.tasks import Registry, Task, make_options
+from jobqueue.tasks import RUN_OPTIONS, AsyncTask, Registry, RunOptions, Task, make_options
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class TaskDecorator(Protocol):
+    """What ``@jq.task(...)`` with options gives: a decorator typed like the bare one."""
+
+    @overload
+    def __call__(
+        self, func: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]], /
+    ) -> AsyncTask[P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[Concatenate[RunContext, P], R], /) -> Task[P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, R], /) -> Task[P, R]: ...
+
 
 TaskRef = Task[Any, Any] | Callable[..., Any] | str
 
@@ -103,12 +126,17 @@ class ClientBase:
         *,
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
+        tasks: ClientBase | None = None,
     ) -> None:
+        """``tasks``: another client (the app's JobQueue) whose registered tasks this one
+        shares, so that an AsyncJobQueue enqueues the app's tasks by function or name."""
         self.settings = settings or Settings()
-        self.registry = Registry()
+        self.registry: Registry = Registry() if tasks is None else tasks.registry
         # The recurring jobs this app declares in code, in declaration order (written by the
         # scheduler at start).
-        self.declared_schedules: list[Definition] = []
+        self.declared_schedules: list[Definition] = (
+            [] if tasks is None else tasks.declared_schedules
+        )
         self._keys: dict[tuple[str, int], PartitionKeys] = {}
         self._valid_queues: set[str] = set()
         self._partitions: dict[str, int] = {}
@@ -120,8 +148,20 @@ class ClientBase:
 
     # -- tasks -----------------------------------------------------------------------------
 
+    # A first parameter typed RunContext is the worker's ``ctx``, not an argument to enqueue.
     @overload
-    def task(self, func: F, /) -> Task[Any, Any]: ...
+    def task(
+        self, func: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]], /
+    ) -> AsyncTask[P, R]: ...
+
+    @overload
+    def task(self, func: Callable[Concatenate[RunContext, P], R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(self, func: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
+
+    @overload
+    def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
 
     @overload
     def task(
@@ -141,7 +181,7 @@ class ClientBase:
         jitter: float | None = None,
         overlap: str | None = None,
         schedules: Sequence[dict[str, Any]] | None = None,
-    ) -> Callable[[F], Task[Any, Any]]: ...
+    ) -> TaskDecorator: ...
 
     def task(  # type: ignore[misc]  # mypy cannot match a positional-only optional
         self,
@@ -245,7 +285,8 @@ class ClientBase:
             backoff_base=backoff,
             backoff_cap=backoff_cap,
         )
-        task: Task[Any, Any] = Task(name=name, options=options, func=func, enqueuer=self)
+        kind = AsyncTask if func is not None and inspect.iscoroutinefunction(func) else Task
+        task: Task[Any, Any] = kind(name=name, options=options, func=func, enqueuer=self)
         if add:
             self.registry.add(task)
         return task
@@ -259,6 +300,41 @@ class ClientBase:
         if isinstance(name, str) and name in self.registry and self.registry.get(name).func is ref:
             return self.registry.get(name)
         raise UnknownTask(f"{ref!r} is not a registered task: decorate it with @jq.task")
+
+    def split_run_options(
+        self, ref: TaskRef, kwargs: dict[str, Any], stacklevel: int = 3
+    ) -> tuple[Task[Any, Any], dict[str, Any], RunOptions]:
+        """The task, its keyword arguments and the run's options. Run options come from
+        ``task.with_options(...)``; then every keyword argument is the task's. Without it, the
+        old form (``jq.enqueue(task, 1, run_id=...)``) still works, deprecated, for a name
+        the task's function does not take; one it takes is its argument, and a function that
+        takes ``**kwargs`` makes the call ambiguous (refused)."""
+        task = ref if isinstance(ref, Task) else self.resolve_task(ref)
+        if task.run_options is not None:
+            return task, kwargs, task.run_options
+        legacy = [name for name in RUN_OPTIONS if name in kwargs]
+        if not legacy:  # the usual call: nothing to look at
+            return task, kwargs, RunOptions()
+        takes = task.keyword_names
+        if takes is None and task.func is not None:
+            name = legacy[0]
+            raise ConfigError(
+                f"{name}= is ambiguous for task {task.name!r}, whose function takes **kwargs: "
+                f"for the run's {name} use {task.name}.with_options({name}=...).enqueue(...); "
+                f"for an argument called {name}, {task.name}.with_options().enqueue({name}=...)"
+            )
+        moved = {n: kwargs[n] for n in legacy if takes is None or n not in takes}
+        if not moved:
+            return task, kwargs, RunOptions()
+        shown = ", ".join(f"{n}=" for n in moved)
+        warnings.warn(
+            f"run options among a task's arguments ({shown}) are deprecated: use "
+            f"{task.name}.with_options({shown.replace('=', '=...')}).enqueue(...)",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+        rest = {k: v for k, v in kwargs.items() if k not in moved}
+        return task, rest, RunOptions(**moved)
 
     # -- partitions ------------------------------------------------------------------------
 
@@ -287,9 +363,14 @@ class ClientBase:
     # -- planning --------------------------------------------------------------------------
 
     def prepare(self, req: Request) -> tuple[str, RunSpec]:
-        """Validate one request completely before anything is written: (queue, run)."""
+        """Validate one request completely before anything is written: (queue, run). The
+        Request's options win over those of a task given ``with_options``."""
+        task = req.task if isinstance(req.task, Task) else self.resolve_task(req.task)
+        opts = (task.run_options or RunOptions()).merged(
+            run_id=req.run_id, delay=req.delay, at=req.at, queue=req.queue
+        )
         return self.prepare_args(
-            req.task, req.args, req.kwargs, req.run_id, req.delay, req.at, req.queue
+            task, req.args, req.kwargs, opts.run_id, opts.delay, opts.at, opts.queue
         )
 
     def prepare_args(

@@ -76,9 +76,13 @@ class ClientCore(ClientBase):
     recurring: RecurringSteps
 
     def __init__(
-        self, *, settings: Any = None, partitions: dict[str, int] | None = None
+        self,
+        *,
+        settings: Any = None,
+        partitions: dict[str, int] | None = None,
+        tasks: ClientBase | None = None,
     ) -> None:
-        super().__init__(settings=settings, partitions=partitions)
+        super().__init__(settings=settings, partitions=partitions, tasks=tasks)
         self._registered_queues: set[str] = set()
 
     # -- queues ----------------------------------------------------------------------------
@@ -262,10 +266,15 @@ class ClientCore(ClientBase):
         replies = (yield Scripts(calls)) if calls else []
         return sum(PURGE.parse(reply)[0] for reply in replies)
 
-    def _requeue(self, run_id: str, queue: str | None) -> Steps[str]:
+    def _requeue(self, run_id: str, queue: str | None, force: bool = False) -> Steps[str]:
         keys = yield from self._located(run_id, queue)
-        (reply,) = yield Scripts([REQUEUE.call(keys, run_id)])
+        (reply,) = yield Scripts([REQUEUE.call(keys, run_id, force)])
         changed, state = REQUEUE.parse(reply)
+        if not changed and state == "done":
+            # A done run requeued runs a second time: never by accident (a repeated command).
+            raise OperationRefused(
+                f"run {run_id} is done; requeueing it runs it again: pass force=True (--force)"
+            )
         if not changed:
             raise OperationRefused(f"run {run_id} is {state}; only finished runs requeue")
         return state

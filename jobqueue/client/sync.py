@@ -6,14 +6,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.base import QueueTable, Request, TaskRef
+from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.errors import ConfigError, RunTimeout
 from jobqueue.models import Run
-from jobqueue.policy.timeutil import Delay, Instant
+from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
     DEFAULT_MISFIRE,
     DEFAULT_OVERLAP,
@@ -27,12 +27,16 @@ from jobqueue.store.embedded import configured_url, resolve_url
 from jobqueue.store.io import Steps, run_steps, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import ScriptRunner
+from jobqueue.tasks import Task
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class RunHandle:
-    """What enqueue returns: the run id, whether this call created the run, and a way to wait."""
+class RunHandle(Generic[R]):
+    """What enqueue returns: the run id, whether this call created the run, and a way to wait
+    (``R``: what the task returns)."""
 
     def __init__(self, jq: JobQueue, run_id: str, queue: str, created: bool) -> None:
         self.jq, self.run_id, self.queue, self.created = jq, run_id, queue, created
@@ -40,18 +44,19 @@ class RunHandle:
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r}, queue={self.queue!r}, created={self.created})"
 
-    def refresh(self) -> Run:
-        return self.jq.get_run(self.run_id, queue=self.queue)
+    def refresh(self) -> Run[R]:
+        run: Run[R] = self.jq.get_run(self.run_id, queue=self.queue)
+        return run
 
     @property
     def state(self) -> str:
         return self.refresh().state
 
     @property
-    def result(self) -> Any:
+    def result(self) -> R:
         return self.refresh().result
 
-    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run:
+    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run[R]:
         """Block until the run finishes (done, dead or cancelled) and return it."""
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.005
@@ -77,11 +82,12 @@ class JobQueue(ClientCore):
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
         url: str | None = None,
+        tasks: ClientBase | None = None,
     ) -> None:
         """With a client, use it; else connect lazily, at first use, to ``url`` (else
         $JOBQUEUE_REDIS_URL, else an embedded server). Lazy, so that an app module can create
         its JobQueue at import time and a worker or CLI can still point it elsewhere."""
-        super().__init__(settings=settings, partitions=partitions)
+        super().__init__(settings=settings, partitions=partitions, tasks=tasks)
         if url is not None:
             configured_url(url)  # an empty URL is refused now, not at first use
         self._client = client
@@ -97,10 +103,12 @@ class JobQueue(ClientCore):
         *,
         settings: Settings | None = None,
         partitions: dict[str, int] | None = None,
+        tasks: ClientBase | None = None,
     ) -> JobQueue:
         """A JobQueue for ``url`` (redis://, rediss://, unix://, redis+cluster://); with no
-        URL, $JOBQUEUE_REDIS_URL, else a private embedded server. Connects at first use."""
-        return cls(settings=settings, partitions=partitions, url=url)
+        URL, $JOBQUEUE_REDIS_URL, else a private embedded server. Connects at first use.
+        ``tasks``: a client whose registered tasks this one shares."""
+        return cls(settings=settings, partitions=partitions, url=url, tasks=tasks)
 
     def use_url(self, url: str) -> None:
         """Point a not-yet-connected JobQueue elsewhere (the CLI's --redis-url)."""
@@ -166,27 +174,30 @@ class JobQueue(ClientCore):
 
     # -- enqueue ---------------------------------------------------------------------------
 
+    @overload
     def enqueue(
-        self,
-        task: TaskRef,
-        *args: Any,
-        run_id: str | None = None,
-        delay: Delay | None = None,
-        at: Instant | None = None,
-        queue: str | None = None,
-        **kwargs: Any,
-    ) -> RunHandle:
-        """Create one run; with a run id that already exists, nothing is written and the
-        handle says ``created=False``."""
-        steps = self._enqueue(task, args, kwargs, run_id, delay, at, queue)
+        self, task: Task[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> RunHandle[R]: ...
+
+    @overload
+    def enqueue(
+        self, task: str, /, *args: Any, **kwargs: Any
+    ) -> RunHandle[Any]: ...
+
+    def enqueue(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> RunHandle[Any]:
+        """Create one run of ``task`` with these arguments; with a run id that already
+        exists, nothing is written and the handle says ``created=False``. Run options (run
+        id, delay, at, queue) come with the task: ``jq.enqueue(task.with_options(...), ...)``."""
+        found, kwargs, opts = self.split_run_options(task, kwargs)
+        steps = self._enqueue(found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue)
         return self._handle(self.run_steps(steps))
 
-    def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle]:
+    def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle[Any]]:
         """Validate all, then create all in one pipelined round trip (one script call per
         partition and chunk)."""
         return [self._handle(c) for c in self.run_steps(self._enqueue_many(requests))]
 
-    def _handle(self, created: Created) -> RunHandle:
+    def _handle(self, created: Created) -> RunHandle[Any]:
         return RunHandle(self, created.run_id, created.queue, created.created)
 
     # -- look-ups --------------------------------------------------------------------------
@@ -218,9 +229,11 @@ class JobQueue(ClientCore):
         left alone. Returns how many were purged."""
         return self.run_steps(self._purge_dead(run_ids, queue))
 
-    def requeue(self, run_id: str, queue: str | None = None) -> str:
-        """Put a dead, cancelled or done run back to pending with its attempts reset."""
-        return self.run_steps(self._requeue(run_id, queue))
+    def requeue(self, run_id: str, queue: str | None = None, *, force: bool = False) -> str:
+        """Put a dead or cancelled run (a done one with ``force=True``: it runs again) back to
+        pending with its attempts reset; returns the state it was in. The record shows the
+        new life only; its history keeps how the earlier attempts ended."""
+        return self.run_steps(self._requeue(run_id, queue, force))
 
     def requeue_located(self, runs: list[tuple[str, PartitionKeys]]) -> list[tuple[bool, str]]:
         """Requeue runs already located (``run_states``) in one round trip: for each,
@@ -284,12 +297,12 @@ class JobQueue(ClientCore):
     def resume_schedule(self, job_id: str, now: int | None = None) -> ScheduleInfo:
         return self.run_steps(self.recurring.resume_steps(job_id, now))
 
-    def trigger(self, job_id: str, now: int | None = None) -> RunHandle:
+    def trigger(self, job_id: str, now: int | None = None) -> RunHandle[Any]:
         return self._handle(self.run_steps(self._trigger(job_id, now)))
 
     def backfill(
         self, job_id: str, start: Instant, end: Instant, now: int | None = None
-    ) -> list[RunHandle]:
+    ) -> list[RunHandle[Any]]:
         return [self._handle(c) for c in self.run_steps(self._backfill(job_id, start, end, now))]
 
     def get_schedule(self, job_id: str) -> ScheduleInfo | None:

@@ -95,6 +95,13 @@ def _settings(request: Request) -> Settings:
     return settings
 
 
+def _root(request: Request) -> str:
+    """The path the dashboard is mounted under ('' at the top; '/jobs' when an app mounts it
+    there): every link, form and redirect starts with it."""
+    root: str = request.scope.get("root_path", "")
+    return root.rstrip("/")
+
+
 def render(request: Request, name: str, **context: Any) -> Response:
     s = _settings(request)
     session = request.cookies.get(SESSION_COOKIE)
@@ -114,6 +121,7 @@ def render(request: Request, name: str, **context: Any) -> Response:
         rel=lambda ms: relative(ms, now),
         states=STATES,
         anomalies=anomalies,
+        root=_root(request),
         **context,
     )
     response = HTMLResponse(body)
@@ -227,7 +235,7 @@ def runs_page(request: Request) -> Response:
             exact = None
         if exact is not None:
             target = f"/run?id={quote(exact.run_id, safe='')}&queue={quote(exact.queue)}"
-            return RedirectResponse(target, status_code=303)
+            return RedirectResponse(_root(request) + target, status_code=303)
     found = queries.runs(jq, state=state, queue=queue, job=job, limit=limit)
     anomalies = queries.all_anomalies(found)
     shown = [r for r in found if search in r.run_id] if search else found
@@ -302,7 +310,9 @@ def _retry(jq: JobQueue, form: Form) -> str:
     done, refused = 0, []
     for run_id in ids:
         try:
-            jq.requeue(run_id, queue=_queue(form))
+            # A done run's button says "run again": pressing it (a CSRF-checked POST) is the
+            # explicit ask that the API's force=True stands for.
+            jq.requeue(run_id, queue=_queue(form), force=True)
             done += 1
         except JobQueueError as exc:
             refused.append(str(exc))
@@ -391,12 +401,12 @@ async def action(request: Request) -> Response:
         ids = [v for k, v in form if k == "run_id" and v]
         kept = [(k, v) for k, v in form if k in ("run_id", "queue", "next")]
         return render(request, "confirm.html", action=name, ids=ids, fields=kept,
-                      back=_back(form, "/dead"))  # fmt: skip
+                      back=_back(form, _root(request) + "/dead"))  # fmt: skip
     try:
         message = await run_in_threadpool(handler, s.jq, form)
     except (JobQueueError, ValueError) as exc:
         message = f"{name} refused: {exc}"
-    response = RedirectResponse(_back(form, "/"), status_code=303)
+    response = RedirectResponse(_back(form, _root(request) + "/"), status_code=303)
     response.set_cookie(FLASH_COOKIE, quote(message[:500]), httponly=True, samesite="strict")
     return response
 
@@ -469,7 +479,10 @@ def create_app(
         middleware.append(Middleware(AuthGate, credentials=credentials, secret=secret))
     app = Starlette(
         routes=[
-            Route("/", lambda request: RedirectResponse("/queues", status_code=303)),
+            Route(
+                "/",
+                lambda request: RedirectResponse(_root(request) + "/queues", status_code=303),
+            ),
             Route("/queues", queues_page),
             Route("/leases", leases_page),
             Route("/runs", runs_page),

@@ -333,14 +333,16 @@ CANCEL = Contract(
 )
 
 
-def _requeue(pk: PartitionKeys, run_id: str, now: NowArg = None) -> Wire:
-    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "run_id": run_id})
+def _requeue(pk: PartitionKeys, run_id: str, force: bool = False, now: NowArg = None) -> Wire:
+    return Wire(
+        pk, {"now": now_arg(now), "prefix": pk.prefix, "run_id": run_id, "force": int(force)}
+    )
 
 
 REQUEUE = Contract(
     "requeue",
     keys=("due", "dead", "done", "wake"),
-    args=("now", "prefix", "run_id"),
+    args=("now", "prefix", "run_id", "force"),
     build=_requeue,
     parse=_state_change,
 )

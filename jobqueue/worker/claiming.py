@@ -42,6 +42,10 @@ REFUSED_POLL_S = 0.2
 WAKE_FAILED_S = 0.5
 
 
+# Burst mode: how long to wait for a held run to finish before claiming again.
+BURST_POLL_S = 0.05
+
+
 class _Cooling:
     """A partition in cool-down after failed claims."""
 
@@ -67,8 +71,10 @@ class Claimer:
         stopping: threading.Event,
         commits_refused: threading.Event,
         idle_wait: float = MAX_IDLE_WAIT_S,
+        drained: Callable[[], None] | None = None,
     ) -> None:
-        """``start(run, keys, now_ms, sent)`` starts a claimed run (the executor)."""
+        """``start(run, keys, now_ms, sent)`` starts a claimed run (the executor).
+        ``drained``: burst mode, called once nothing is due and nothing is held."""
         self._jq = jq
         self._id = worker_id
         self._queues = queues
@@ -80,6 +86,7 @@ class Claimer:
         self._stopping = stopping
         self._commits_refused = commits_refused
         self._idle_wait = idle_wait
+        self._drained = drained
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
         self._batch_floor = max(1, min(table.concurrency // 4, 64))
@@ -137,7 +144,12 @@ class Claimer:
                 log.exception("claim loop iteration failed; retrying in %.1fs", pause)
                 clock.wait(stopping, pause)
                 continue
-            if claimed == 0:
+            if claimed == 0 and self._drained is not None:
+                if len(table) == 0:
+                    self._drained()  # nothing due, nothing held: what may come is later
+                else:
+                    table.wait_for_change(BURST_POLL_S)  # a held run may retry at once
+            elif claimed == 0:
                 self._sleep_until_woken(wait_s)
 
     def claim(self, free: int) -> tuple[int, float]:

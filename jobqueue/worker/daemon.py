@@ -134,7 +134,10 @@ class Worker:
         clock: Clock = REAL_CLOCK,
         idle_wait: float = MAX_IDLE_WAIT_S,
         shutdown_margin: float = SHUTDOWN_MARGIN_S,
+        burst: bool = False,
     ) -> None:
+        """``burst``: run what is due, then stop (``run()`` returns 0) once nothing is due
+        and no run is held (``jobqueue worker --burst``, tests)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.jq = jq
@@ -184,6 +187,7 @@ class Worker:
             jq, self.id, self.queues, self._table, self._executor.start, metrics, clock,
             lease_ms=self.lease_ms, stopping=self._stopping,
             commits_refused=self._committer.refused, idle_wait=idle_wait,
+            drained=self._burst_done if burst else None,
         )
 
     # -- what can be watched -------------------------------------------------------------
@@ -269,6 +273,10 @@ class Worker:
             log.error("worker %s exits with %d: %s", self.id, EXIT_UNHEALTHY, self._unhealthy)
             return EXIT_UNHEALTHY
         return 0
+
+    def _burst_done(self) -> None:
+        log.info("worker %s: nothing due and nothing held (burst): stopping", self.id)
+        self.stop()
 
     def stop(self) -> None:
         """Graceful: stop claiming, let in-flight runs finish within the grace period."""

@@ -1,0 +1,56 @@
+"""Calls that type checkers must accept, and (each marked ``# bad``) refuse: read by
+tests/test_typing.py, never imported."""
+
+from __future__ import annotations
+
+from jobqueue import JobQueue, RunContext
+from jobqueue.aio import AsyncJobQueue
+from jobqueue.client.sync import RunHandle
+from jobqueue.models import Run
+
+jq = JobQueue()
+
+
+@jq.task(max_attempts=5)
+def send_invoice(customer_id: int, *, amount: int) -> str:
+    return "sent"
+
+
+@jq.task
+async def greet(name: str) -> int:
+    return len(name)
+
+
+@jq.task
+def with_ctx(ctx: RunContext, region: str) -> None: ...
+
+
+handle: RunHandle[str] = jq.enqueue(send_invoice, 42, amount=990)
+run: Run[str] = handle.wait(timeout=30)
+text: str = run.result
+by_task: str = send_invoice.enqueue(42, amount=990).wait().result
+counted: int = jq.enqueue(greet, "x").wait().result
+bound = send_invoice.with_options(queue="urgent", delay=60, run_id="inv-1")
+bound.enqueue(42, amount=990)
+jq.enqueue(bound, 42, amount=990)
+jq.enqueue(with_ctx, region="eu")
+jq.enqueue("send_invoice", 42, amount=990)  # by name: not checked
+direct: str = send_invoice(1, amount=2)
+
+
+async def from_asyncio(ajq: AsyncJobQueue) -> None:
+    h = await ajq.enqueue(send_invoice, 42, amount=990)
+    done: Run[str] = await h.wait()
+    await ajq.enqueue(send_invoice.with_options(queue="q"), 1, amount=2)
+    await ajq.enqueue(send_invoice, "42", amount=990)  # bad
+    del done
+
+
+jq.enqueue(send_invoice, "not-an-int", amount="x")  # bad
+jq.enqueue(send_invoice, 42)  # bad
+jq.enqueue(send_invoice, 42, amount=990, queue="sms")  # bad
+send_invoice.enqueue("not-an-int", amount=1)  # bad
+send_invoice.with_options(queue="q").enqueue(42, amount="x")  # bad
+send_invoice.with_options(priority=3)  # bad
+wrong: int = jq.enqueue(send_invoice, 42, amount=990).wait().result  # bad
+jq.enqueue(greet, 1)  # bad
