@@ -10,6 +10,16 @@ from jobqueue.anomalies import Anomaly, is_time
 from jobqueue.payload import decode_payload, decode_result
 
 _CANCELLED_FENCE = re.compile(r" cancelled \(was running, fence=(\d+)\)")
+_ATTEMPT = re.compile(r" attempt=(\d+)")
+# fail.lua keeps a failed attempt's traceback in its history entry, after this mark
+TRACEBACK_MARK = "\n\x1e"
+
+
+def split_entry(line: str) -> tuple[str, str | None]:
+    """A history entry's event line and the traceback stored with it (None: none kept, as
+    in entries written before tracebacks were)."""
+    event, mark, tb = line.partition(TRACEBACK_MARK)
+    return (event, tb) if mark else (line, None)
 
 FINISHED_STATES = frozenset({"done", "dead", "cancelled"})
 STATES = ("pending", "running", "done", "dead", "cancelled")
@@ -137,7 +147,8 @@ class Run:
         if self.created_ms is not None:
             # not the due time: retries and releases move it
             events.append((self.created_ms, "created"))
-        for line in self.history:
+        for entry in self.history:
+            line = split_entry(entry)[0]
             stamp, _, text = line.partition(" ")
             # isdigit() alone takes "²", which int() refuses: such a line is shown whole.
             numeric = stamp.isascii() and stamp.isdigit()
@@ -155,6 +166,31 @@ class Run:
             events.append((self.finished_ms, f"done fence={self.fence}"))
         events.sort(key=lambda e: -1 if e[0] is None else e[0])
         return events
+
+    @property
+    def tracebacks(self) -> list[dict[str, Any]]:
+        """The tracebacks of failed attempts still in the history, oldest first: at_ms,
+        attempt (None when the entry does not say) and traceback."""
+        found: list[dict[str, Any]] = []
+        for entry in self.history:
+            line, tb = split_entry(entry)
+            if tb is None:
+                continue
+            attempt = _ATTEMPT.search(line)
+            found.append(
+                {
+                    "at_ms": _int(line.partition(" ")[0]),
+                    "attempt": int(attempt.group(1)) if attempt else None,
+                    "traceback": tb,
+                }
+            )
+        return found
+
+    @property
+    def traceback(self) -> str | None:
+        """The latest failed attempt's traceback, or None when none was kept."""
+        found = self.tracebacks
+        return found[-1]["traceback"] if found else None
 
     def _cancelled_claim_fence(self) -> int:
         for line in reversed(self.history):
@@ -176,5 +212,6 @@ class Run:
             out["payload"] = self.payload
         out["result"] = self.result
         out["timeline"] = [{"at_ms": ms, "event": text} for ms, text in self.timeline()]
+        out["tracebacks"] = self.tracebacks
         out["anomalies"] = [a.to_dict() for a in self.anomalies]
         return out

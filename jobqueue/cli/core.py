@@ -445,6 +445,11 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         # the scripts write instants as epoch ms; show them like the rest
         text = _EPOCH_MS.sub(lambda m: m.group(1) + ms_to_text(int(m.group(2))), text)
         click.echo(f"  {ms_to_text(ms) if ms is not None else '?'}  {text}")
+    for kept in run.tracebacks:
+        attempt = kept["attempt"] if kept["attempt"] is not None else "?"
+        click.echo(f"traceback of attempt {attempt}:")
+        for line in kept["traceback"].splitlines():
+            click.echo(f"  {line}")
 
 
 @main.command()

@@ -257,7 +257,11 @@ def _fail(
     retry_delay_ms: int | None,
     dead_retention_ms: int,
     now: NowArg = None,
+    *,
+    traceback: str = "",
 ) -> Wire:
+    """One failed attempt; ``traceback`` (already bounded by the caller) is kept with the
+    attempt's history entry."""
     return Wire(
         pk,
         {
@@ -268,6 +272,7 @@ def _fail(
             "error": error,
             "retry_delay_ms": "" if retry_delay_ms is None else retry_delay_ms,
             "dead_retention_ms": dead_retention_ms,
+            "traceback": traceback,
         },
     )
 
@@ -275,7 +280,16 @@ def _fail(
 FAIL = Contract(
     "fail",
     keys=("due", "leases", "dead", "stats", "wake"),
-    args=("now", "prefix", "run_id", "fence", "error", "retry_delay_ms", "dead_retention_ms"),
+    args=(
+        "now",
+        "prefix",
+        "run_id",
+        "fence",
+        "error",
+        "retry_delay_ms",
+        "dead_retention_ms",
+        "traceback",
+    ),
     build=_fail,
     parse=_outcome,
 )

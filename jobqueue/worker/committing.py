@@ -152,6 +152,7 @@ class Committer:
             delay,
             settings.dead_retention_ms,
             now=self._clock.now_ms(),
+            traceback=item.traceback,
         )
 
     def _commit(

@@ -22,6 +22,7 @@ from jobqueue.errors import Fatal, PayloadError, UnknownTask
 from jobqueue.payload import decode_payload, encode_result
 from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import run_fields
+from jobqueue.runtime.tracebacks import format_traceback
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import FENCED_WRITE, ClaimedRun
 from jobqueue.tasks import Task
@@ -269,10 +270,12 @@ class Executor:
             reason = entry.ctx.cancel_reason or "cancelled"
             return Finished(entry, ok=False, error=reason, retry=entry.phase is not LEASE_LOST)
         if isinstance(error, Fatal):
-            return Finished(entry, ok=False, error=f"Fatal: {error}", retry=False)
+            tb = self._traceback(error)
+            return Finished(entry, ok=False, error=f"Fatal: {error}", retry=False, traceback=tb)
         if error is not None:
             text = "".join(traceback.format_exception_only(type(error), error)).strip()
-            return Finished(entry, ok=False, error=text[:8000], retry=True)
+            tb = self._traceback(error)
+            return Finished(entry, ok=False, error=text[:8000], retry=True, traceback=tb)
         try:
             result = encode_result(value, self._jq.settings.max_payload_bytes)
         except PayloadError as exc:
@@ -281,6 +284,12 @@ class Executor:
             text = f"the task result could not be encoded: {type(exc).__name__}: {exc}"
             return Finished(entry, ok=False, error=text[:8000], retry=False)
         return Finished(entry, ok=True, result_json=result)
+
+    def _traceback(self, error: BaseException) -> str:
+        settings = self._jq.settings
+        return format_traceback(
+            error, settings.traceback_max_frames, settings.traceback_max_bytes
+        )
 
     # -- stopping runs -------------------------------------------------------------------
 

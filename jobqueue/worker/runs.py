@@ -113,6 +113,8 @@ class Finished:
     result_json: str = "null"
     error: str = ""
     retry: bool = True
+    # the failed attempt's bounded traceback ('' for none), kept with its history entry
+    traceback: str = ""
 
 
 @dataclass(frozen=True, slots=True)
