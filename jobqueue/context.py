@@ -65,6 +65,8 @@ class RunContext:
     scheduled_for_ms: int | None
     cancelled: CancelFlag = field(default_factory=CancelFlag)
     cancel_reason: str | None = None
+    # str -> str given at enqueue (jobqueue.hooks), the same for every attempt
+    meta: dict[str, str] = field(default_factory=dict)
     _writer: Writer | None = field(default=None, repr=False)
 
     @property

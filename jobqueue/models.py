@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,20 @@ _CANCELLED_FENCE = re.compile(r" cancelled \(was running, fence=(\d+)\)")
 _ATTEMPT = re.compile(r" attempt=(\d+)")
 # fail.lua keeps a failed attempt's traceback in its history entry, after this mark
 TRACEBACK_MARK = "\n\x1e"
+
+
+def decode_meta(text: str | None) -> dict[str, str] | None:
+    """A run's stored meta (jobqueue.hooks), {} when absent; None when it is not a JSON object
+    of str to str (foreign data)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        return None
+    return value
 
 
 def split_entry(line: str) -> tuple[str, str | None]:
@@ -68,6 +83,8 @@ class Run:
     result_json: str | None
     error: str | None
     history: list[str] = field(default_factory=list)
+    # str -> str from enqueue (jobqueue.hooks)
+    meta: dict[str, str] = field(default_factory=dict)
     # Garbage found in the record (a field that is not what jobqueue writes, a key of another
     # type): the run is still shown, with these beside it.
     anomalies: tuple[Anomaly, ...] = ()
@@ -115,6 +132,9 @@ class Run:
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not an integer"))
             elif number is not None and name in TIME_FIELDS and not is_time(number):
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not a time in ms"))
+        meta = decode_meta(fields.get("meta"))
+        if meta is None:
+            found.append(Anomaly(key, f"field 'meta' is {fields.get('meta')!r}, not a map"))
         return cls(
             run_id=run_id,
             queue=fields.get("queue") or queue,
@@ -136,6 +156,7 @@ class Run:
             result_json=fields.get("result"),
             error=fields.get("error"),
             history=history,
+            meta=meta or {},
             anomalies=tuple(found),
         )
 

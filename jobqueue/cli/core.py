@@ -434,6 +434,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("payload", run.payload),
         ("result", run.result_json or "-"),
         ("error", run.error or "-"),
+        *((f"meta {k}", v) for k, v in sorted(run.meta.items())),
         *(("anomaly", str(a)) for a in run.anomalies),
     ]
     warn_anomalies(run.anomalies)

@@ -31,6 +31,7 @@ class RunSpec:
     timeout_ms: int = 0
     job_id: str = ""
     scheduled_for_ms: int | None = None
+    meta: str = ""  # JSON object of str -> str from the enqueue hooks (jobqueue.hooks), or ''
 
 
 def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Wire:
@@ -58,6 +59,7 @@ def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> 
                 s.delay_ms,
                 s.job_id,
                 "" if s.scheduled_for_ms is None else s.scheduled_for_ms,
+                s.meta,
             ]
         i = j
     return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix}, tail)
@@ -94,6 +96,7 @@ class ClaimedRun(NamedTuple):
     job_id: str
     scheduled_for_ms: int | None
     due_ms: int
+    meta: str = ""  # JSON object, or '' (see RunSpec.meta)
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class ClaimResult:
     runs: list[ClaimedRun]
 
 
-CLAIM_STRIDE = 11  # reply fields per claimed run
+CLAIM_STRIDE = 12  # reply fields per claimed run
 
 
 def _claim(
@@ -133,7 +136,7 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
         reply = [*reply[:3], *(text(x) if isinstance(x, bytes) else x for x in reply[3:])]
     runs = []
     for i in range(3, 3 + count * CLAIM_STRIDE, CLAIM_STRIDE):
-        rid, fence, attempt, most, task, payload, until, timeout, job, sched, due = reply[
+        rid, fence, attempt, most, task, payload, until, timeout, job, sched, due, meta = reply[
             i : i + CLAIM_STRIDE
         ]
         runs.append(
@@ -151,6 +154,7 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
                 # isdigit() alone took "²", which int() refuses: strictly ASCII digits.
                 stored_int(sched),
                 int(due),
+                meta,
             )
         )
     return ClaimResult(now, None if next_wake < 0 else next_wake, runs)

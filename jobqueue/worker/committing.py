@@ -14,6 +14,7 @@ from typing import Any
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, ServerRefused
+from jobqueue.hooks import Hooks
 from jobqueue.policy.backoff import Backoff
 from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import run_fields
@@ -22,7 +23,7 @@ from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import COMPLETE, FAIL, Outcome
 from jobqueue.store.scripts import Call
 from jobqueue.worker.registry import WorkerTasks
-from jobqueue.worker.runs import Finished, RunTable, WorkerStats
+from jobqueue.worker.runs import Finished, RunTable, WorkerStats, run_event
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -65,8 +66,10 @@ class Committer:
         clock: Clock,
         stopped: threading.Event,
         shutdown_left: Callable[[], float],
+        hooks: Hooks | None = None,
     ) -> None:
         self._jq = jq
+        self._hooks = hooks or Hooks()
         self._tasks = tasks
         self._table = table
         self._stats = stats
@@ -265,6 +268,13 @@ class Committer:
                     item.error.splitlines()[-1][:300] if item.error else "",
                     extra=run_fields(run),
                 )
+                if self._hooks and outcome.status in ("retry", "dead"):
+                    self._hooks.event(
+                        run_event(
+                            item.entry, outcome.status, error=item.error,
+                            traceback=item.traceback, retry_at_ms=outcome.retry_at_ms,
+                        )
+                    )
         else:
             self._stats.fenced_out += 1
             self._stats.rejected(run.run_id, run.fence, outcome.status)
@@ -278,3 +288,7 @@ class Committer:
                 outcome.current_fence,
                 extra=run_fields(run),
             )
+            if self._hooks and not item.entry.lost_reported:
+                item.entry.lost_reported = True
+                what = "cancelled" if outcome.status == "cancelled" else "lease-lost"
+                self._hooks.event(run_event(item.entry, what, reason=outcome.status))

@@ -19,6 +19,8 @@ from typing import Any
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext, Writer, bind, unbind
 from jobqueue.errors import Fatal, PayloadError, UnknownTask
+from jobqueue.hooks import Hooks
+from jobqueue.models import decode_meta
 from jobqueue.payload import decode_payload, encode_result
 from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import run_fields
@@ -115,8 +117,10 @@ class Executor:
         *,
         concurrency: int,
         stuck_limit: float,
+        hooks: Hooks | None = None,
     ) -> None:
         self._jq = jq
+        self._hooks = hooks or Hooks()
         self._tasks = tasks
         self._table = table
         self._stats = stats
@@ -170,6 +174,7 @@ class Executor:
             queue=keys.queue,
             job_id=run.job_id,
             scheduled_for_ms=run.scheduled_for_ms,
+            meta=(decode_meta(run.meta) or {}) if run.meta else {},
             _writer=self._writers.get(keys)
             or self._writers.setdefault(keys, self._writer_for(keys)),
         )
@@ -219,7 +224,7 @@ class Executor:
             assert loop is not None
             loop.call_soon_threadsafe(self._spawn_async, entry, task, args, kwargs)
         else:
-            self._pool.submit(entry, _run_sync, (task, ctx, args, kwargs))
+            self._pool.submit(entry, _run_sync, (task, ctx, args, kwargs, self._hooks))
 
     def _spawn_async(
         self, entry: InFlight, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
@@ -228,7 +233,7 @@ class Executor:
         outcome, so the slot frees only when the coroutine has really ended (a coroutine
         that swallows CancelledError still holds it)."""
         try:
-            coro = _run_async(task, entry.ctx, args, kwargs)
+            coro = _run_async(task, entry.ctx, args, kwargs, self._hooks)
             t = asyncio.get_running_loop().create_task(coro)
         except Exception as exc:
             self._on_outcome(entry, None, exc)
@@ -361,21 +366,48 @@ def _call_args(task: Task[Any, Any], ctx: RunContext, kwargs: dict[str, Any]) ->
 
 
 def _run_sync(
-    task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]
+    task: Task[Any, Any],
+    ctx: RunContext,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    hooks: Hooks,
 ) -> Any:
     token = bind(ctx)
     try:
-        return task(*args, **_call_args(task, ctx, kwargs))
+        if not hooks:
+            return task(*args, **_call_args(task, ctx, kwargs))
+        hooks.before_run(ctx)
+        try:
+            value = task(*args, **_call_args(task, ctx, kwargs))
+        except BaseException as exc:
+            hooks.after_run(ctx, exc)
+            raise
+        hooks.after_run(ctx, None)
+        return value
     finally:
         unbind(token)
 
 
 async def _run_async(
-    task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]
+    task: Task[Any, Any],
+    ctx: RunContext,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    hooks: Hooks,
 ) -> Any:
     token = bind(ctx)
     try:
-        return await task(*args, **_call_args(task, ctx, kwargs))
+        if hooks:
+            hooks.before_run(ctx)
+        try:
+            value = await task(*args, **_call_args(task, ctx, kwargs))
+        except BaseException as exc:
+            if hooks:
+                hooks.after_run(ctx, exc)
+            raise
+        if hooks:
+            hooks.after_run(ctx, None)
+        return value
     except (SystemExit, KeyboardInterrupt) as exc:
         # Raised out of a Task these stop the event loop itself (its thread dies, and with
         # it every async run): here they fail this run, like any other exception.
