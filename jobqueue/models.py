@@ -16,6 +16,14 @@ _ATTEMPT = re.compile(r" attempt=(\d+)")
 TRACEBACK_MARK = "\n\x1e"
 
 
+def _progress(value: str | None) -> float | None:
+    try:
+        number = float(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and 0 <= number <= 100 else None
+
+
 def decode_meta(text: str | None) -> dict[str, str] | None:
     """A run's stored meta (jobqueue.hooks), {} when absent; None when it is not a JSON object
     of str to str (foreign data)."""
@@ -50,8 +58,12 @@ INT_FIELDS = (
     "started",
     "finished",
     "scheduled_for",
+    "progress_at",
+    "progress_attempt",
 )
-TIME_FIELDS = frozenset({"lease_until", "due", "created", "started", "finished", "scheduled_for"})
+TIME_FIELDS = frozenset(
+    {"lease_until", "due", "created", "started", "finished", "scheduled_for", "progress_at"}
+)
 
 
 def _int(value: str | None) -> int | None:
@@ -85,6 +97,11 @@ class Run:
     history: list[str] = field(default_factory=list)
     # str -> str from enqueue (jobqueue.hooks)
     meta: dict[str, str] = field(default_factory=dict)
+    # The last ctx.progress() of a holder of the run: 0..100, its message, when, which attempt
+    progress: float | None = None
+    progress_message: str | None = None
+    progress_at_ms: int | None = None
+    progress_attempt: int | None = None
     # Garbage found in the record (a field that is not what jobqueue writes, a key of another
     # type): the run is still shown, with these beside it.
     anomalies: tuple[Anomaly, ...] = ()
@@ -132,6 +149,11 @@ class Run:
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not an integer"))
             elif number is not None and name in TIME_FIELDS and not is_time(number):
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not a time in ms"))
+        progress = _progress(fields.get("progress"))
+        if fields.get("progress") not in (None, "") and progress is None:
+            found.append(
+                Anomaly(key, f"field 'progress' is {fields.get('progress')!r}, not 0 to 100")
+            )
         meta = decode_meta(fields.get("meta"))
         if meta is None:
             found.append(Anomaly(key, f"field 'meta' is {fields.get('meta')!r}, not a map"))
@@ -157,6 +179,10 @@ class Run:
             error=fields.get("error"),
             history=history,
             meta=meta or {},
+            progress=progress,
+            progress_message=fields.get("progress_message") or None,
+            progress_at_ms=_int(fields.get("progress_at")),
+            progress_attempt=_int(fields.get("progress_attempt")),
             anomalies=tuple(found),
         )
 

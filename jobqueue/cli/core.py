@@ -64,6 +64,7 @@ from jobqueue.errors import (  # noqa: E402
     PayloadError,
     UnknownTask,
 )
+from jobqueue.models import Run  # noqa: E402
 from jobqueue.policy.misfire import DEFAULT_GRACE_MS  # noqa: E402
 from jobqueue.runtime import logs  # noqa: E402
 from jobqueue.runtime import metrics as metrics_mod  # noqa: E402
@@ -434,6 +435,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("payload", run.payload),
         ("result", run.result_json or "-"),
         ("error", run.error or "-"),
+        *(() if run.progress is None else [("progress", progress_text(run, now))]),
         *((f"meta {k}", v) for k, v in sorted(run.meta.items())),
         *(("anomaly", str(a)) for a in run.anomalies),
     ]
@@ -451,6 +453,11 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         click.echo(f"traceback of attempt {attempt}:")
         for line in kept["traceback"].splitlines():
             click.echo(f"  {line}")
+
+
+def progress_text(run: Run, now: int) -> str:
+    text = f"{run.progress:g}% (attempt {run.progress_attempt}, {when(run.progress_at_ms, now)})"
+    return f"{text}: {run.progress_message}" if run.progress_message else text
 
 
 @main.command()

@@ -400,4 +400,29 @@ FENCED_WRITE = Contract(
     parse=_parse_fenced_write,
 )
 
-CONTRACTS = (CREATE_RUN, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE)
+# -- progress ----------------------------------------------------------------------------------
+
+
+def _progress(
+    pk: PartitionKeys, run_id: str, fence: int, progress: float, message: str, now: NowArg = None
+) -> Wire:
+    return Wire(
+        {"run": pk.run(run_id)},
+        # repr: the shortest text that reads back as the same float
+        {"now": now_arg(now), "fence": fence, "progress": repr(float(progress)),
+         "message": message},
+    )
+
+
+PROGRESS = Contract(
+    "progress",
+    keys=("run",),
+    args=("now", "fence", "progress", "message"),
+    build=_progress,
+    parse=_outcome,
+)
+
+CONTRACTS = (
+    CREATE_RUN, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE,
+    PROGRESS,
+)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobqueue.client.sync import JobQueue
-from jobqueue.context import RunContext, Writer, bind, unbind
+from jobqueue.context import Reporter, RunContext, Writer, bind, unbind
 from jobqueue.errors import Fatal, PayloadError, UnknownTask
 from jobqueue.hooks import Hooks
 from jobqueue.models import decode_meta
@@ -26,7 +26,7 @@ from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import run_fields
 from jobqueue.runtime.tracebacks import format_traceback
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import FENCED_WRITE, ClaimedRun
+from jobqueue.store.runs import FENCED_WRITE, PROGRESS, ClaimedRun
 from jobqueue.tasks import Task
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import LEASE_LOST, Finished, InFlight, RunTable, WorkerStats
@@ -134,6 +134,7 @@ class Executor:
         self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writers: dict[PartitionKeys, Writer] = {}
+        self._reporters: dict[PartitionKeys, Reporter] = {}
 
     # -- the event loop ------------------------------------------------------------------
 
@@ -177,6 +178,8 @@ class Executor:
             meta=(decode_meta(run.meta) or {}) if run.meta else {},
             _writer=self._writers.get(keys)
             or self._writers.setdefault(keys, self._writer_for(keys)),
+            _reporter=self._reporters.get(keys)
+            or self._reporters.setdefault(keys, self._reporter_for(keys)),
         )
         timeout_s = run.timeout_ms / 1000 if run.timeout_ms > 0 else None
         lease_ms = max(run.lease_until_ms - now_ms, 1)
@@ -352,6 +355,17 @@ class Executor:
             return ok
 
         return write
+
+    def _reporter_for(self, keys: PartitionKeys) -> Reporter:
+        jq, clock = self._jq, self._clock
+
+        def report(run_id: str, fence: int, progress: float, message: str) -> bool:
+            # lone surrogates (undecodable bytes) are not UTF-8: the call could not be sent
+            message = message.encode("utf-8", "replace").decode("utf-8")
+            call = PROGRESS.call(keys, run_id, fence, progress, message, now=clock.now_ms())
+            return PROGRESS.parse(jq.scripts.run(call)).accepted
+
+        return report
 
 
 def _cancel_task(entry: InFlight) -> None:
