@@ -244,9 +244,15 @@ def worker(
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     served = list(queues) or [jq.settings.default_queue]
     m = metrics_mod.for_daemon("worker", metrics_port, metrics_host, jq, lambda: served)
-    code = Worker(
-        jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m
-    ).run()
+    # JSON logs: what tasks print becomes log lines, so the stream stays JSON (docs/operations)
+    restore = logs.capture_task_output() if logs.json_configured() else None
+    try:
+        code = Worker(
+            jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m
+        ).run()
+    finally:
+        if restore is not None:
+            restore()
     m.close()
     sys.exit(code)
 

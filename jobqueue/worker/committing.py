@@ -55,6 +55,27 @@ class _Deferred:
 _NOTHING: Any = object()
 
 
+def _log_finished(item: Finished, status: str) -> None:
+    """The one INFO line of a run whose outcome was accepted: 'done', or 'failed' with the
+    outcome ('retry', 'dead'; 'landed' when a resent fail found its first copy had landed)."""
+    run, queue = item.entry.run, item.entry.keys.queue
+    ms = round(item.duration_s * 1000, 3)
+    fields = {**run_fields(run), "task": run.task, "queue": queue, "duration_ms": ms}
+    if item.ok:
+        log.info(
+            "done run_id=%s fence=%d attempt=%d task=%s queue=%s in %.3fs",
+            run.run_id, run.fence, run.attempt, run.task, queue, item.duration_s,
+            extra={**fields, "outcome": "done"},
+        )
+        return
+    log.info(
+        "failed run_id=%s fence=%d attempt=%d task=%s queue=%s in %.3fs -> %s: %s",
+        run.run_id, run.fence, run.attempt, run.task, queue, item.duration_s, status,
+        item.error.splitlines()[-1][:300] if item.error else "",
+        extra={**fields, "outcome": status},
+    )
+
+
 class Committer:
     def __init__(
         self,
@@ -249,25 +270,10 @@ class Committer:
         if outcome.accepted:
             if item.ok:
                 self._stats.completed += 1
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug(
-                        "done run_id=%s fence=%d attempt=%d",
-                        run.run_id,
-                        run.fence,
-                        run.attempt,
-                        extra=run_fields(run),
-                    )
             else:
                 self._stats.failed += 1
-                log.info(
-                    "failed run_id=%s fence=%d attempt=%d -> %s: %s",
-                    run.run_id,
-                    run.fence,
-                    run.attempt,
-                    outcome.status,
-                    item.error.splitlines()[-1][:300] if item.error else "",
-                    extra=run_fields(run),
-                )
+            if log.isEnabledFor(logging.INFO):
+                _log_finished(item, outcome.status)
                 if self._hooks and outcome.status in ("retry", "dead"):
                     self._hooks.event(
                         run_event(

@@ -266,6 +266,7 @@ class Executor:
             log.exception("finishing run_id=%s failed; failing it", entry.run.run_id)
             text = f"Fatal: finishing the run failed: {type(exc).__name__}: {exc}"
             item = Finished(entry, ok=False, error=text[:8000], retry=False)
+        item.duration_s = self._clock.monotonic() - entry.started
         if self._table.returned(entry):
             self._commit(item)
 
@@ -323,7 +324,9 @@ class Executor:
                 e.timeout_s,
                 extra=run_fields(e.run),
             )
-            self._commit(Finished(e, ok=False, error=f"timed out after {e.timeout_s:g}s"))
+            timed_out = Finished(e, ok=False, error=f"timed out after {e.timeout_s:g}s")
+            timed_out.duration_s = now - e.started
+            self._commit(timed_out)
             self.cancel_async(e)
 
     def _check_stuck(self, now: float, stuck: int) -> None:

@@ -126,6 +126,8 @@ class Finished:
     retry: bool = True
     # the failed attempt's bounded traceback ('' for none), kept with its history entry
     traceback: str = ""
+    # seconds from the start to the end of the run's code (or to its timeout)
+    duration_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
