@@ -93,6 +93,12 @@ _metrics_port = click.option(
 _metrics_host = click.option(
     "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
 )
+_queue_gauges = click.option(
+    "--queue-gauges",
+    is_flag=True,
+    help="Also export the queue gauges (runs due, running, dead; lease expiries) on "
+    "--metrics-port. They are the queues' whoever reads them: give it to one daemon only.",
+)
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
@@ -211,6 +217,7 @@ _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
 )
 @_metrics_port
 @_metrics_host
+@_queue_gauges
 @pass_state
 def worker(
     state: State,
@@ -222,6 +229,7 @@ def worker(
     processes: int,
     metrics_port: int | None,
     metrics_host: str,
+    queue_gauges: bool,
 ) -> None:
     """Run a worker: claim runs, execute them, heartbeat leases, commit with fences."""
     from jobqueue.worker.daemon import Worker
@@ -229,6 +237,8 @@ def worker(
     if metrics_port is not None and processes > 1:
         # Every child would bind the same port: refused before any child is started.
         raise ConfigError("--metrics-port serves one process: use it with --processes 1")
+    if queue_gauges and metrics_port is None:
+        raise ConfigError("--queue-gauges exports on --metrics-port: give both")
     # Until the worker installs its draining handler it holds no run: a SIGTERM while the app
     # imports or Redis connects is a clean exit, not a death by signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
@@ -243,7 +253,9 @@ def worker(
         sys.exit(supervise(processes, sys.argv, jq.url or "", grace=grace))
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     served = list(queues) or [jq.settings.default_queue]
-    m = metrics_mod.for_daemon("worker", metrics_port, metrics_host, jq, lambda: served)
+    m = metrics_mod.for_daemon(
+        "worker", metrics_port, metrics_host, jq, lambda: served, queue_gauges
+    )
     # JSON logs: what tasks print becomes log lines, so the stream stays JSON (docs/operations)
     restore = logs.capture_task_output() if logs.json_configured() else None
     try:
@@ -570,6 +582,7 @@ def requeue(state: State, run_id: str, queue: str | None, yes: bool) -> None:
 )
 @_metrics_port
 @_metrics_host
+@_queue_gauges
 @pass_state
 def scheduler(
     state: State,
@@ -585,6 +598,7 @@ def scheduler(
     prune: bool,
     metrics_port: int | None,
     metrics_host: str,
+    queue_gauges: bool,
 ) -> None:
     """Run a scheduler: turn recurring jobs into runs. Run several: they share the scheduler
     partitions (each owns some, under a lease; the others take over those of one that
@@ -602,7 +616,9 @@ def scheduler(
     jq = state.jq(load_app(app_spec) if app_spec else None)
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     store = Recurring(jq, partitions) if partitions else None
-    m = metrics_mod.for_daemon("scheduler", metrics_port, metrics_host, jq, lambda: jq.queues())
+    m = metrics_mod.for_daemon(
+        "scheduler", metrics_port, metrics_host, jq, lambda: jq.queues(), queue_gauges
+    )
     daemon = Scheduler(
         jq,
         lookahead=lookahead,

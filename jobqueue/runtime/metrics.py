@@ -15,8 +15,12 @@ What is counted where:
 * lease expiries: ``claim.lua`` does not say which claimed runs were reclaimed from an expired
   lease; it counts them in each partition's ``stats`` hash, which the queue-depth refresh
   exports (``jobqueue_queue_lease_expiries``, all workers together);
+* runs per task and outcome, and their duration (the code's start to its end): the commit
+  replies, with what the executor measured;
 * queue depth (due now / running / dead, per queue): :func:`jobqueue.queries.stats`, refreshed
-  every few seconds by a daemon thread (never on the scrape path, which must stay fast);
+  every few seconds by a daemon thread (never on the scrape path, which must stay fast), only
+  in the daemon started with ``--queue-gauges``: the values are the queue's, whoever reads
+  them, so one exporter is enough (several would be summed into a multiple of the truth);
 * scheduler fires / misses / drops / skips / conflicts: each tick's report.
 """
 
@@ -42,6 +46,9 @@ MAX_LOGGED_ANOMALIES = 1000
 # a stopped fleet shows up in the upper buckets.
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 HEARTBEAT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# Task durations from 1 ms to 1 h.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
+                    900, 3600)
 
 
 class TickLike(Protocol):
@@ -64,6 +71,10 @@ class Metrics:
     def committed(self, queue: str, ok: bool, accepted: bool, status: str) -> None:
         """One commit reply: ``ok`` is what the worker sent (complete vs fail), ``status``
         what the script answered ('done', 'retry', 'dead' or the refusal reason)."""
+
+    def finished(self, queue: str, task: str, outcome: str, seconds: float) -> None:
+        """A run's outcome as its commit was answered: 'done', 'retry', 'dead' when
+        accepted, 'rejected' when refused; ``seconds`` its code ran."""
 
     def lease_lost(self, queue: str, reason: str) -> None:
         """A heartbeat of this worker was refused."""
@@ -123,6 +134,19 @@ class PrometheusMetrics(Metrics):
             "jobqueue_leases_lost",
             "Heartbeats of this worker refused (lease taken over, cancelled, ...).",
             [*q, "reason"],
+            registry=r,
+        )
+        self.task_runs = Counter(
+            "jobqueue_task_runs",
+            "Runs finished by this worker, per task and outcome (done, retry, dead, rejected).",
+            [*q, "task", "outcome"],
+            registry=r,
+        )
+        self.task_duration = Histogram(
+            "jobqueue_task_duration_seconds",
+            "How long each run's code ran, per task and outcome.",
+            [*q, "task", "outcome"],
+            buckets=DURATION_BUCKETS,
             registry=r,
         )
         self.heartbeat_seconds = Histogram(
@@ -188,6 +212,10 @@ class PrometheusMetrics(Metrics):
                 self.runs_retried.labels(queue).inc()
             elif status == "dead":
                 self.runs_dead.labels(queue).inc()
+
+    def finished(self, queue: str, task: str, outcome: str, seconds: float) -> None:
+        self.task_runs.labels(queue, task, outcome).inc()
+        self.task_duration.labels(queue, task, outcome).observe(seconds)
 
     def lease_lost(self, queue: str, reason: str) -> None:
         self.leases_lost.labels(queue, reason).inc()
@@ -290,11 +318,15 @@ def for_daemon(
     host: str,
     jq: JobQueue,
     queues: Callable[[], Iterable[str]],
+    queue_gauges: bool = False,
 ) -> Metrics:
     """What the CLI hands a daemon: :data:`NO_METRICS` without a port, else a served
-    registry whose queue-depth gauges follow ``queues()``."""
+    registry; with ``queue_gauges`` its queue-depth gauges follow ``queues()``."""
     if port is None:
+        if queue_gauges:
+            raise ConfigError("--queue-gauges exports on --metrics-port: give both")
         return NO_METRICS
     metrics = serve(daemon, port, host)
-    metrics.watch_queues(jq, queues)
+    if queue_gauges:
+        metrics.watch_queues(jq, queues)
     return metrics

@@ -55,6 +55,14 @@ class _Deferred:
 _NOTHING: Any = object()
 
 
+def _outcome_label(ok: bool, outcome: Outcome) -> str:
+    if not outcome.accepted:
+        return "rejected"
+    if ok:
+        return "done"
+    return outcome.status if outcome.status in ("retry", "dead") else "failed"
+
+
 def _log_finished(item: Finished, status: str) -> None:
     """The one INFO line of a run whose outcome was accepted: 'done', or 'failed' with the
     outcome ('retry', 'dead'; 'landed' when a resent fail found its first copy had landed)."""
@@ -267,6 +275,12 @@ class Committer:
         ):
             outcome = Outcome(True, "done" if item.ok else "landed")
         self._metrics.committed(item.entry.keys.queue, item.ok, outcome.accepted, outcome.status)
+        self._metrics.finished(
+            item.entry.keys.queue,
+            run.task,
+            _outcome_label(item.ok, outcome),
+            item.duration_s,
+        )
         if outcome.accepted:
             if item.ok:
                 self._stats.completed += 1
