@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/worker.py [--url URL] [--n N] [--quick] [--repeat R] [--flush]
                                      [--concurrency C] [--latency-runs M]
+                                     [--hooks-only] [--base-src DIR]
 
 Phases, each on a freshly flushed server:
 
@@ -13,6 +14,14 @@ Phases, each on a freshly flushed server:
 * idle start latency: with one idle worker, M runs are enqueued one at a time, 20 ms apart;
   each run's latency is its ``started`` minus its ``due`` (server ms), i.e. from due time to
   the claim that started it. p50 / p99 / max are printed.
+
+* hook chain overhead (jobqueue.hooks): the one-process drain again with the worker's app
+  using no middleware, one empty Middleware (the chain's own cost) and the OpenTelemetry
+  middleware (spans made on an SDK provider without exporter), each as a ratio to the drain
+  without middleware measured in the same sitting. With ``--base-src DIR`` (a source tree of
+  jobqueue from before the hooks, e.g. ``git archive <commit> | tar -x -C DIR``) the worker
+  also drains once from that code: the cost of the hook support itself when no middleware is
+  registered. ``--hooks-only`` runs this phase alone.
 
 The drain figures are shown with their ratio to redis-benchmark's pipelined EVALSHA of a
 one-run write script (-c 1 -P 16) measured in the same run: the machine is shared and noisy,
@@ -131,12 +140,18 @@ def tree_cpu(root: int) -> float:
     return total
 
 
-def bench_drain(server: BenchServer, n: int, concurrency: int, processes: int) -> Sample:
+def bench_drain(
+    server: BenchServer,
+    n: int,
+    concurrency: int,
+    processes: int,
+    env: dict[str, str] | None = None,
+) -> Sample:
     server.flush()
     jq = JobQueue.from_url(server.url)
     task = jq.declare_task("noop")
     client = server.client
-    workers = Workers(server.url, concurrency, processes)
+    workers = Workers(server.url, concurrency, processes, env)
     try:
         due = server_ms(client) + LEAD_MS
         at = due / 1000.0
@@ -192,6 +207,34 @@ def bench_latency(server: BenchServer, m: int, concurrency: int) -> list[int]:
         jq.close()
 
 
+HOOK_CASES = (("no middleware", "none"), ("one empty Middleware", "empty"),
+              ("OpenTelemetry middleware", "otel"))
+
+
+def bench_hooks(
+    server: BenchServer, n: int, concurrency: int, repeat: int, base_src: str | None
+) -> list[tuple[str, float]]:
+    """Runs/s of the one-process drain per middleware case (best of ``repeat``, the cases
+    interleaved round by round so that the machine's drift hits them alike)."""
+    cases = [(label, {"BENCH_HOOKS": kind}) for label, kind in HOOK_CASES]
+    if base_src is not None:
+        path = f"{BENCH_DIR}{os.pathsep}{base_src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        cases.append(("no middleware, code before hooks", {"PYTHONPATH": path}))
+    best: dict[str, float] = {}
+    for _ in range(repeat):
+        for label, env in cases:
+            sample = bench_drain(server, n, concurrency, 1, env)
+            best[label] = max(best.get(label, 0.0), n / sample.seconds)
+    return [(label, best[label]) for label, _ in cases]
+
+
+def hooks_table(rates: list[tuple[str, float]]) -> list[str]:
+    base = rates[0][1]
+    lines = [f"{'hook chain overhead (1 worker process)':<40} {'runs/s':>10} {'ratio':>7}"]
+    lines += [f"{label:<40} {fmt_int(rate):>10} {rate / base:>7.3f}" for label, rate in rates]
+    return lines
+
+
 def percentile(sorted_values: Sequence[int], p: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -212,8 +255,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_common_args(parser, default_n=DEFAULT_N, quick_n=QUICK_N)
     parser.add_argument("--concurrency", type=int, default=64, help="worker slots (default 64)")
     parser.add_argument("--latency-runs", type=int, default=LATENCY_RUNS)
+    parser.add_argument("--hooks-only", action="store_true", help="the hook phase alone")
+    parser.add_argument("--base-src", help="jobqueue source from before the hooks (see above)")
     args = parser.parse_args(argv)
     n = runs_from_args(args)
+    if args.hooks_only:
+        try:
+            with bench_server(args.url, allow_flush=args.flush) as server:
+                rates = bench_hooks(server, n, args.concurrency, args.repeat, args.base_src)
+        except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
+            return fail(str(exc))
+        for line in hooks_table(rates):
+            say(line)
+        say(f"({fmt_int(n)} runs per drain, best of {args.repeat}, cases interleaved)")
+        return 0
     requests = QUICK_BASELINE_REQUESTS if args.quick else BASELINE_REQUESTS
     try:
         with bench_server(args.url, allow_flush=args.flush) as server:
@@ -238,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 label = "drain, 1 worker process" if processes == 1 else "drain, --processes 2"
                 measurements.append(Measurement(label, n, sample, TARGET_DRAIN, pipelined))
             latencies = bench_latency(server, args.latency_runs, args.concurrency)
+            rates = bench_hooks(server, n, args.concurrency, args.repeat, args.base_src)
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
         return fail(str(exc))
     say()
@@ -249,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"idle start latency over {len(latencies)} runs: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
         f"max {max(latencies)} ms (target p99 < {TARGET_P99_MS:g} ms: {verdict})"
     )
+    say()
+    for line in hooks_table(rates):
+        say(line)
     say()
     say(FOOTNOTE)
     missed = [m.name for m in measurements if m.verdict == "MISS"]
