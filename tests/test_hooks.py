@@ -285,3 +285,18 @@ def test_a_run_gone_from_redis_is_one_lease_lost_event(fast_jq: JobQueue) -> Non
         fast_jq.redis.delete(fast_jq.keys_for("default", handle.run_id).run(handle.run_id))
         wait_for(lambda: worker.stats.rejected_commits, what="the refused commit")
     assert [(e.outcome, e.reason) for e in recorder.events] == [("lease-lost", "unknown")]
+
+
+def test_events_reach_the_hooks_whatever_the_log_level(
+    fast_jq: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = Recorder()
+    caplog.set_level(logging.WARNING, logger="jobqueue.worker")  # no INFO line per run
+
+    @fast_jq.task(max_attempts=1)
+    def bad() -> None:
+        raise ValueError("boom")
+
+    with running(make_worker(fast_jq, middleware=[recorder])):
+        finished(fast_jq, fast_jq.enqueue(bad).run_id)
+    assert [e.outcome for e in recorder.events] == ["dead"]

@@ -288,13 +288,13 @@ class Committer:
                 self._stats.failed += 1
             if log.isEnabledFor(logging.INFO):
                 _log_finished(item, outcome.status)
-                if self._hooks and outcome.status in ("retry", "dead"):
-                    self._hooks.event(
-                        run_event(
-                            item.entry, outcome.status, error=item.error,
-                            traceback=item.traceback, retry_at_ms=outcome.retry_at_ms,
-                        )
+            if self._hooks and outcome.status in ("retry", "dead"):
+                self._hooks.event(
+                    run_event(
+                        item.entry, outcome.status, error=item.error,
+                        traceback=item.traceback, retry_at_ms=outcome.retry_at_ms,
                     )
+                )
         else:
             self._stats.fenced_out += 1
             self._stats.rejected(run.run_id, run.fence, outcome.status)
