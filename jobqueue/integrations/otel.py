@@ -10,7 +10,7 @@ runs (the same app object, usually):
 * ``before_run`` starts a CONSUMER span ``run <task>`` whose parent is that enqueue span (read
   back from ``ctx.meta``), current while the task's code runs, so the task's own spans nest
   under it; ``after_run`` ends it, with the exception recorded and an error status when the
-  code raised.
+  code raised (a cancel's CancelledError: the error status only).
 
 Attributes: ``jobqueue.run_id``, ``jobqueue.task``, ``jobqueue.queue``, and on the run span
 ``jobqueue.attempt`` and ``jobqueue.fence``. The enqueue span covers the hook, not the Redis
@@ -78,7 +78,8 @@ class OpenTelemetryMiddleware(Middleware):
         _current.set(None)
         span, token = held
         if error is not None:
-            span.record_exception(error)
+            if isinstance(error, Exception):  # not a cancel's CancelledError
+                span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         span.end()
         context.detach(token)
