@@ -300,3 +300,10 @@ def test_events_reach_the_hooks_whatever_the_log_level(
     with running(make_worker(fast_jq, middleware=[recorder])):
         finished(fast_jq, fast_jq.enqueue(bad).run_id)
     assert [e.outcome for e in recorder.events] == ["dead"]
+
+
+def test_meta_with_text_that_is_not_unicode_is_refused(jq: JobQueue) -> None:
+    jq.declare_task("report")
+    with pytest.raises(MetaError, match="lone surrogate"):
+        jq.enqueue_many([Request("report", run_id="a", meta={"k": "\udcff"})])
+    assert jq.find_run("a") is None

@@ -148,3 +148,8 @@ def test_a_json_worker_process_logs_what_tasks_print_as_json_lines(
     (done,) = [x for x in lines if x["msg"].startswith("done ")]
     assert (done["outcome"], done["task"], done["queue"]) == ("done", "chatty", "default")
 
+
+
+def test_task_output_is_a_writable_text_stream_that_is_not_a_terminal() -> None:
+    out = TaskOutput(io.StringIO(), "stdout", logging.INFO)
+    assert (out.writable(), out.isatty(), out.encoding) == (True, False, "utf-8")

@@ -211,3 +211,9 @@ def test_the_run_page_shows_the_traceback_escaped(jq: JobQueue) -> None:
     page = TestClient(create_app(jq)).get("/run?id=r1").text
     assert '<details class="traceback"><summary>traceback</summary><pre>Traceback' in page
     assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+
+
+def test_a_bound_smaller_than_the_cut_mark_keeps_only_the_newest_bytes() -> None:
+    text = format_traceback(raised(depth=1, message="tail"), max_frames=10, max_bytes=10)
+    assert text == "Error: tail"[-10:]
+
