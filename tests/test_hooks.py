@@ -12,12 +12,14 @@ import fakeredis
 import pytest
 from click.testing import CliRunner
 from helpers import finished, make_worker, running, wait_for
+from starlette.testclient import TestClient
 
 from jobqueue.cli.core import main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext, current_run
+from jobqueue.dashboard.app import create_app
 from jobqueue.errors import Fatal
 from jobqueue.hooks import (
     META_MAX_BYTES,
@@ -307,3 +309,10 @@ def test_meta_with_text_that_is_not_unicode_is_refused(jq: JobQueue) -> None:
     with pytest.raises(MetaError, match="lone surrogate"):
         jq.enqueue_many([Request("report", run_id="a", meta={"k": "\udcff"})])
     assert jq.find_run("a") is None
+
+
+def test_the_run_page_shows_the_meta_escaped(jq: JobQueue) -> None:
+    jq.declare_task("report")
+    jq.enqueue_many([Request("report", run_id="a", meta={"tenant": "<i>acme</i>"})])
+    page = TestClient(create_app(jq)).get("/run?id=a").text
+    assert "<tr><th>meta tenant</th><td>&lt;i&gt;acme&lt;/i&gt;</td></tr>" in page
