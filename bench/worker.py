@@ -213,25 +213,36 @@ HOOK_CASES = (("no middleware", "none"), ("one empty Middleware", "empty"),
 
 def bench_hooks(
     server: BenchServer, n: int, concurrency: int, repeat: int, base_src: str | None
-) -> list[tuple[str, float]]:
-    """Runs/s of the one-process drain per middleware case (best of ``repeat``, the cases
-    interleaved round by round so that the machine's drift hits them alike)."""
+) -> list[tuple[str, float, float]]:
+    """Per middleware case, the one-process drain's runs/s and the worker's CPU us per run,
+    each the best of ``repeat`` (the cases interleaved round by round so that the machine's
+    drift hits them alike). CPU per run is the steadier figure on a shared machine: wall
+    time also counts waits on a server and cores that other work slows."""
     cases = [(label, {"BENCH_HOOKS": kind}) for label, kind in HOOK_CASES]
     if base_src is not None:
         path = f"{BENCH_DIR}{os.pathsep}{base_src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
         cases.append(("no middleware, code before hooks", {"PYTHONPATH": path}))
-    best: dict[str, float] = {}
+    rate: dict[str, float] = {}
+    cpu: dict[str, float] = {}
     for _ in range(repeat):
         for label, env in cases:
             sample = bench_drain(server, n, concurrency, 1, env)
-            best[label] = max(best.get(label, 0.0), n / sample.seconds)
-    return [(label, best[label]) for label, _ in cases]
+            rate[label] = max(rate.get(label, 0.0), n / sample.seconds)
+            cpu[label] = min(cpu.get(label, float("inf")), sample.client_cpu / n * 1e6)
+    return [(label, rate[label], cpu[label]) for label, _ in cases]
 
 
-def hooks_table(rates: list[tuple[str, float]]) -> list[str]:
-    base = rates[0][1]
-    lines = [f"{'hook chain overhead (1 worker process)':<40} {'runs/s':>10} {'ratio':>7}"]
-    lines += [f"{label:<40} {fmt_int(rate):>10} {rate / base:>7.3f}" for label, rate in rates]
+def hooks_table(rows: list[tuple[str, float, float]]) -> list[str]:
+    _, base_rate, base_cpu = rows[0]
+    lines = [
+        f"{'hook chain overhead (1 worker process)':<36} {'runs/s':>8} {'ratio':>6} "
+        f"{'cpu us/run':>10} {'ratio':>6}"
+    ]
+    lines += [
+        f"{label:<36} {fmt_int(rate):>8} {rate / base_rate:>6.3f} {cpu:>10.1f} "
+        f"{cpu / base_cpu:>6.3f}"
+        for label, rate, cpu in rows
+    ]
     return lines
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextvars
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import MappingProxyType
 
 from jobqueue.errors import JobQueueError
 
@@ -18,6 +19,8 @@ Writer = Callable[[str, str, int, str, "float | None"], bool]
 # The worker's progress call: (run_id, fence, progress, message) -> written.
 Reporter = Callable[[str, int, float, str], bool]
 PROGRESS_MESSAGE_MAX_CHARS = 500
+# The meta of a run enqueued without any: one shared read-only map, not a dict per run.
+NO_META: Mapping[str, str] = MappingProxyType({})
 
 
 class CancelFlag:
@@ -69,7 +72,7 @@ class RunContext:
     cancelled: CancelFlag = field(default_factory=CancelFlag)
     cancel_reason: str | None = None
     # str -> str given at enqueue (jobqueue.hooks), the same for every attempt
-    meta: dict[str, str] = field(default_factory=dict)
+    meta: Mapping[str, str] = field(default_factory=lambda: NO_META)
     _writer: Writer | None = field(default=None, repr=False)
     _reporter: Reporter | None = field(default=None, repr=False)
 

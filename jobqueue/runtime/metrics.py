@@ -68,13 +68,14 @@ class Metrics:
     def claimed(self, queue: str, runs: Iterable[ClaimedRun], now_ms: int) -> None:
         """Runs one claim call returned, claimed at server time ``now_ms``."""
 
-    def committed(self, queue: str, ok: bool, accepted: bool, status: str) -> None:
+    def committed(
+        self, queue: str, ok: bool, accepted: bool, status: str, task: str = "",
+        seconds: float = 0.0,
+    ) -> None:
         """One commit reply: ``ok`` is what the worker sent (complete vs fail), ``status``
-        what the script answered ('done', 'retry', 'dead' or the refusal reason)."""
-
-    def finished(self, queue: str, task: str, outcome: str, seconds: float) -> None:
-        """A run's outcome as its commit was answered: 'done', 'retry', 'dead' when
-        accepted, 'rejected' when refused; ``seconds`` its code ran."""
+        what the script answered ('done', 'retry', 'dead' or the refusal reason); ``task``
+        the run's task and ``seconds`` how long its code ran (one call per run: this is the
+        worker's hot path)."""
 
     def lease_lost(self, queue: str, reason: str) -> None:
         """A heartbeat of this worker was refused."""
@@ -201,19 +202,23 @@ class PrometheusMetrics(Metrics):
         if n:
             self.runs_claimed.labels(queue).inc(n)
 
-    def committed(self, queue: str, ok: bool, accepted: bool, status: str) -> None:
+    def committed(
+        self, queue: str, ok: bool, accepted: bool, status: str, task: str = "",
+        seconds: float = 0.0,
+    ) -> None:
         if not accepted:
             self.commits_rejected.labels(queue, status).inc()
+            outcome = "rejected"
         elif ok:
             self.runs_completed.labels(queue).inc()
+            outcome = "done"
         else:
             self.runs_failed.labels(queue).inc()
             if status == "retry":
                 self.runs_retried.labels(queue).inc()
             elif status == "dead":
                 self.runs_dead.labels(queue).inc()
-
-    def finished(self, queue: str, task: str, outcome: str, seconds: float) -> None:
+            outcome = status if status in ("retry", "dead") else "failed"
         self.task_runs.labels(queue, task, outcome).inc()
         self.task_duration.labels(queue, task, outcome).observe(seconds)
 

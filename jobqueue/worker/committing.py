@@ -55,14 +55,6 @@ class _Deferred:
 _NOTHING: Any = object()
 
 
-def _outcome_label(ok: bool, outcome: Outcome) -> str:
-    if not outcome.accepted:
-        return "rejected"
-    if ok:
-        return "done"
-    return outcome.status if outcome.status in ("retry", "dead") else "failed"
-
-
 def _log_finished(item: Finished, status: str) -> None:
     """The one INFO line of a run whose outcome was accepted: 'done', or 'failed' with the
     outcome ('retry', 'dead'; 'landed' when a resent fail found its first copy had landed)."""
@@ -98,7 +90,8 @@ class Committer:
         hooks: Hooks | None = None,
     ) -> None:
         self._jq = jq
-        self._hooks = hooks or Hooks()
+        # None without middleware: one identity test per run on this hot path
+        self._hooks = hooks if hooks else None
         self._tasks = tasks
         self._table = table
         self._stats = stats
@@ -274,11 +267,8 @@ class Committer:
             and outcome.status in ("finished", "not-running")
         ):
             outcome = Outcome(True, "done" if item.ok else "landed")
-        self._metrics.committed(item.entry.keys.queue, item.ok, outcome.accepted, outcome.status)
-        self._metrics.finished(
-            item.entry.keys.queue,
-            run.task,
-            _outcome_label(item.ok, outcome),
+        self._metrics.committed(
+            item.entry.keys.queue, item.ok, outcome.accepted, outcome.status, run.task,
             item.duration_s,
         )
         if outcome.accepted:
@@ -288,7 +278,7 @@ class Committer:
                 self._stats.failed += 1
             if log.isEnabledFor(logging.INFO):
                 _log_finished(item, outcome.status)
-            if self._hooks and outcome.status in ("retry", "dead"):
+            if self._hooks is not None and outcome.status in ("retry", "dead"):
                 self._hooks.event(
                     run_event(
                         item.entry, outcome.status, error=item.error,
@@ -308,7 +298,7 @@ class Committer:
                 outcome.current_fence,
                 extra=run_fields(run),
             )
-            if self._hooks and not item.entry.lost_reported:
+            if self._hooks is not None and not item.entry.lost_reported:
                 item.entry.lost_reported = True
                 what = "cancelled" if outcome.status == "cancelled" else "lease-lost"
                 self._hooks.event(run_event(item.entry, what, reason=outcome.status))

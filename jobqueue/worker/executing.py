@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobqueue.client.sync import JobQueue
-from jobqueue.context import Reporter, RunContext, Writer, bind, unbind
+from jobqueue.context import NO_META, Reporter, RunContext, Writer, bind, unbind
 from jobqueue.errors import Fatal, PayloadError, UnknownTask
 from jobqueue.hooks import Hooks
 from jobqueue.models import decode_meta
@@ -120,7 +120,8 @@ class Executor:
         hooks: Hooks | None = None,
     ) -> None:
         self._jq = jq
-        self._hooks = hooks or Hooks()
+        # None without middleware: one identity test per run on the hot path
+        self._hooks = hooks if hooks else None
         self._tasks = tasks
         self._table = table
         self._stats = stats
@@ -133,8 +134,8 @@ class Executor:
         self._stuck_since: float | None = None
         self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._writers: dict[PartitionKeys, Writer] = {}
-        self._reporters: dict[PartitionKeys, Reporter] = {}
+        # per partition: ctx.fenced_write's and ctx.progress's calls
+        self._writers: dict[PartitionKeys, tuple[Writer, Reporter]] = {}
 
     # -- the event loop ------------------------------------------------------------------
 
@@ -166,6 +167,9 @@ class Executor:
 
     def start(self, run: ClaimedRun, keys: PartitionKeys, now_ms: int, sent: float) -> None:
         """``sent``: when the claim was sent (clock.monotonic()), from which its lease counts."""
+        writers = self._writers.get(keys) or self._writers.setdefault(
+            keys, (self._writer_for(keys), self._reporter_for(keys))
+        )
         ctx = RunContext(
             run_id=run.run_id,
             fence=run.fence,
@@ -175,11 +179,9 @@ class Executor:
             queue=keys.queue,
             job_id=run.job_id,
             scheduled_for_ms=run.scheduled_for_ms,
-            meta=(decode_meta(run.meta) or {}) if run.meta else {},
-            _writer=self._writers.get(keys)
-            or self._writers.setdefault(keys, self._writer_for(keys)),
-            _reporter=self._reporters.get(keys)
-            or self._reporters.setdefault(keys, self._reporter_for(keys)),
+            meta=(decode_meta(run.meta) or NO_META) if run.meta else NO_META,
+            _writer=writers[0],
+            _reporter=writers[1],
         )
         timeout_s = run.timeout_ms / 1000 if run.timeout_ms > 0 else None
         lease_ms = max(run.lease_until_ms - now_ms, 1)
@@ -387,11 +389,11 @@ def _run_sync(
     ctx: RunContext,
     args: list[Any],
     kwargs: dict[str, Any],
-    hooks: Hooks,
+    hooks: Hooks | None,
 ) -> Any:
     token = bind(ctx)
     try:
-        if not hooks:
+        if hooks is None:
             return task(*args, **_call_args(task, ctx, kwargs))
         hooks.before_run(ctx)
         try:
@@ -410,19 +412,19 @@ async def _run_async(
     ctx: RunContext,
     args: list[Any],
     kwargs: dict[str, Any],
-    hooks: Hooks,
+    hooks: Hooks | None,
 ) -> Any:
     token = bind(ctx)
     try:
-        if hooks:
+        if hooks is not None:
             hooks.before_run(ctx)
         try:
             value = await task(*args, **_call_args(task, ctx, kwargs))
         except BaseException as exc:
-            if hooks:
+            if hooks is not None:
                 hooks.after_run(ctx, exc)
             raise
-        if hooks:
+        if hooks is not None:
             hooks.after_run(ctx, None)
         return value
     except (SystemExit, KeyboardInterrupt) as exc:
