@@ -21,7 +21,11 @@ Phases, each on a freshly flushed server:
   without middleware measured in the same sitting. With ``--base-src DIR`` (a source tree of
   jobqueue from before the hooks, e.g. ``git archive <commit> | tar -x -C DIR``) the worker
   also drains once from that code: the cost of the hook support itself when no middleware is
-  registered. ``--hooks-only`` runs this phase alone.
+  registered. The drains' CPU per run is too noisy on a shared machine to resolve a few
+  percent, so the chain's own cost is also timed in-process: the worker's task call with no
+  middleware and with one empty Middleware, against the same call without the chain's test
+  (ns per run, and as a share of the drain's worker CPU per run). ``--hooks-only`` runs this
+  phase alone.
 
 The drain figures are shown with their ratio to redis-benchmark's pipelined EVALSHA of a
 one-run write script (-c 1 -P 16) measured in the same run: the machine is shared and noisy,
@@ -232,6 +236,38 @@ def bench_hooks(
     return [(label, rate[label], cpu[label]) for label, _ in cases]
 
 
+def chain_ns(calls: int = 300_000, rounds: int = 5) -> tuple[float, float]:
+    """ns per run that the hook chain adds to the worker's task call (jobqueue.worker.
+    executing._run_sync), without middleware and with one empty Middleware; the fastest of
+    ``rounds``, against the same call without the chain."""
+    import timeit
+
+    from jobqueue.context import RunContext, bind, unbind
+    from jobqueue.hooks import Hooks, Middleware
+    from jobqueue.worker import executing
+
+    jq = JobQueue()
+    task = jq.task(lambda: None, name="noop")
+    ctx = RunContext("r", 1, 1, 3, "noop", "default", "", None)
+    run_sync, call_args = executing._run_sync, executing._call_args
+    chain = Hooks([Middleware()])
+
+    def without_chain() -> Any:  # _run_sync as it was before the hooks
+        token = bind(ctx)
+        try:
+            return task(**call_args(task, ctx, {}))
+        finally:
+            unbind(token)
+
+    def best(fn: Any) -> float:
+        return min(timeit.repeat(fn, number=calls, repeat=rounds)) / calls * 1e9
+
+    plain = best(without_chain)
+    none = best(lambda: run_sync(task, ctx, [], {}, None))
+    empty = best(lambda: run_sync(task, ctx, [], {}, chain))
+    return none - plain, empty - plain
+
+
 def hooks_table(rows: list[tuple[str, float, float]]) -> list[str]:
     _, base_rate, base_cpu = rows[0]
     lines = [
@@ -244,6 +280,16 @@ def hooks_table(rows: list[tuple[str, float, float]]) -> list[str]:
         for label, rate, cpu in rows
     ]
     return lines
+
+
+def say_chain(cpu_us_per_run: float) -> None:
+    none, empty = chain_ns()
+    share = 100 / (cpu_us_per_run * 1000)
+    say(
+        f"the chain's own cost per run, timed in-process: without middleware {none:+.0f} ns "
+        f"({none * share:.2f}% of {cpu_us_per_run:.1f} us worker CPU per run), one empty "
+        f"Middleware {empty:+.0f} ns ({empty * share:.2f}%)"
+    )
 
 
 def percentile(sorted_values: Sequence[int], p: float) -> float:
@@ -279,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in hooks_table(rates):
             say(line)
         say(f"({fmt_int(n)} runs per drain, best of {args.repeat}, cases interleaved)")
+        say_chain(rates[0][2])
         return 0
     requests = QUICK_BASELINE_REQUESTS if args.quick else BASELINE_REQUESTS
     try:
@@ -319,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say()
     for line in hooks_table(rates):
         say(line)
+    say_chain(rates[0][2])
     say()
     say(FOOTNOTE)
     missed = [m.name for m in measurements if m.verdict == "MISS"]
