@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/worker.py [--url URL] [--n N] [--quick] [--repeat R] [--flush]
                                      [--concurrency C] [--latency-runs M]
+                                     [--hooks-only] [--base-src DIR]
 
 Phases, each on a freshly flushed server:
 
@@ -13,6 +14,18 @@ Phases, each on a freshly flushed server:
 * idle start latency: with one idle worker, M runs are enqueued one at a time, 20 ms apart;
   each run's latency is its ``started`` minus its ``due`` (server ms), i.e. from due time to
   the claim that started it. p50 / p99 / max are printed.
+
+* hook chain overhead (jobqueue.hooks): the one-process drain again with the worker's app
+  using no middleware, one empty Middleware (the chain's own cost) and the OpenTelemetry
+  middleware (spans made on an SDK provider without exporter), each as a ratio to the drain
+  without middleware measured in the same sitting. With ``--base-src DIR`` (a source tree of
+  jobqueue from before the hooks, e.g. ``git archive <commit> | tar -x -C DIR``) the worker
+  also drains once from that code: the cost of the hook support itself when no middleware is
+  registered. The drains' CPU per run is too noisy on a shared machine to resolve a few
+  percent, so the chain's own cost is also timed in-process: the worker's task call with no
+  middleware and with one empty Middleware, against the same call without the chain's test
+  (ns per run, and as a share of the drain's worker CPU per run). ``--hooks-only`` runs this
+  phase alone.
 
 The drain figures are shown with their ratio to redis-benchmark's pipelined EVALSHA of a
 one-run write script (-c 1 -P 16) measured in the same run: the machine is shared and noisy,
@@ -131,12 +144,18 @@ def tree_cpu(root: int) -> float:
     return total
 
 
-def bench_drain(server: BenchServer, n: int, concurrency: int, processes: int) -> Sample:
+def bench_drain(
+    server: BenchServer,
+    n: int,
+    concurrency: int,
+    processes: int,
+    env: dict[str, str] | None = None,
+) -> Sample:
     server.flush()
     jq = JobQueue.from_url(server.url)
     task = jq.declare_task("noop")
     client = server.client
-    workers = Workers(server.url, concurrency, processes)
+    workers = Workers(server.url, concurrency, processes, env)
     try:
         due = server_ms(client) + LEAD_MS
         at = due / 1000.0
@@ -192,6 +211,87 @@ def bench_latency(server: BenchServer, m: int, concurrency: int) -> list[int]:
         jq.close()
 
 
+HOOK_CASES = (("no middleware", "none"), ("one empty Middleware", "empty"),
+              ("OpenTelemetry middleware", "otel"))
+
+
+def bench_hooks(
+    server: BenchServer, n: int, concurrency: int, repeat: int, base_src: str | None
+) -> list[tuple[str, float, float]]:
+    """Per middleware case, the one-process drain's runs/s and the worker's CPU us per run,
+    each the best of ``repeat`` (the cases interleaved round by round so that the machine's
+    drift hits them alike). CPU per run is the steadier figure on a shared machine: wall
+    time also counts waits on a server and cores that other work slows."""
+    cases = [(label, {"BENCH_HOOKS": kind}) for label, kind in HOOK_CASES]
+    if base_src is not None:
+        path = f"{BENCH_DIR}{os.pathsep}{base_src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        cases.append(("no middleware, code before hooks", {"PYTHONPATH": path}))
+    rate: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for _ in range(repeat):
+        for label, env in cases:
+            sample = bench_drain(server, n, concurrency, 1, env)
+            rate[label] = max(rate.get(label, 0.0), n / sample.seconds)
+            cpu[label] = min(cpu.get(label, float("inf")), sample.client_cpu / n * 1e6)
+    return [(label, rate[label], cpu[label]) for label, _ in cases]
+
+
+def chain_ns(calls: int = 300_000, rounds: int = 5) -> tuple[float, float]:
+    """ns per run that the hook chain adds to the worker's task call (jobqueue.worker.
+    executing._run_sync), without middleware and with one empty Middleware; the fastest of
+    ``rounds``, against the same call without the chain."""
+    import timeit
+
+    from jobqueue.context import RunContext, bind, unbind
+    from jobqueue.hooks import Hooks, Middleware
+    from jobqueue.worker import executing
+
+    jq = JobQueue()
+    task = jq.task(lambda: None, name="noop")
+    ctx = RunContext("r", 1, 1, 3, "noop", "default", "", None)
+    run_sync, call_args = executing._run_sync, executing._call_args
+    chain = Hooks([Middleware()])
+
+    def without_chain() -> Any:  # _run_sync as it was before the hooks
+        token = bind(ctx)
+        try:
+            return task(**call_args(task, ctx, {}))
+        finally:
+            unbind(token)
+
+    def best(fn: Any) -> float:
+        return min(timeit.repeat(fn, number=calls, repeat=rounds)) / calls * 1e9
+
+    plain = best(without_chain)
+    none = best(lambda: run_sync(task, ctx, [], {}, None))
+    empty = best(lambda: run_sync(task, ctx, [], {}, chain))
+    return none - plain, empty - plain
+
+
+def hooks_table(rows: list[tuple[str, float, float]]) -> list[str]:
+    _, base_rate, base_cpu = rows[0]
+    lines = [
+        f"{'hook chain overhead (1 worker process)':<36} {'runs/s':>8} {'ratio':>6} "
+        f"{'cpu us/run':>10} {'ratio':>6}"
+    ]
+    lines += [
+        f"{label:<36} {fmt_int(rate):>8} {rate / base_rate:>6.3f} {cpu:>10.1f} "
+        f"{cpu / base_cpu:>6.3f}"
+        for label, rate, cpu in rows
+    ]
+    return lines
+
+
+def say_chain(cpu_us_per_run: float) -> None:
+    none, empty = chain_ns()
+    share = 100 / (cpu_us_per_run * 1000)
+    say(
+        f"the chain's own cost per run, timed in-process: without middleware {none:+.0f} ns "
+        f"({none * share:.2f}% of {cpu_us_per_run:.1f} us worker CPU per run), one empty "
+        f"Middleware {empty:+.0f} ns ({empty * share:.2f}%)"
+    )
+
+
 def percentile(sorted_values: Sequence[int], p: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -212,8 +312,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_common_args(parser, default_n=DEFAULT_N, quick_n=QUICK_N)
     parser.add_argument("--concurrency", type=int, default=64, help="worker slots (default 64)")
     parser.add_argument("--latency-runs", type=int, default=LATENCY_RUNS)
+    parser.add_argument("--hooks-only", action="store_true", help="the hook phase alone")
+    parser.add_argument("--base-src", help="jobqueue source from before the hooks (see above)")
     args = parser.parse_args(argv)
     n = runs_from_args(args)
+    if args.hooks_only:
+        try:
+            with bench_server(args.url, allow_flush=args.flush) as server:
+                rates = bench_hooks(server, n, args.concurrency, args.repeat, args.base_src)
+        except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
+            return fail(str(exc))
+        for line in hooks_table(rates):
+            say(line)
+        say(f"({fmt_int(n)} runs per drain, best of {args.repeat}, cases interleaved)")
+        say_chain(rates[0][2])
+        return 0
     requests = QUICK_BASELINE_REQUESTS if args.quick else BASELINE_REQUESTS
     try:
         with bench_server(args.url, allow_flush=args.flush) as server:
@@ -238,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 label = "drain, 1 worker process" if processes == 1 else "drain, --processes 2"
                 measurements.append(Measurement(label, n, sample, TARGET_DRAIN, pipelined))
             latencies = bench_latency(server, args.latency_runs, args.concurrency)
+            rates = bench_hooks(server, n, args.concurrency, args.repeat, args.base_src)
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
         return fail(str(exc))
     say()
@@ -249,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"idle start latency over {len(latencies)} runs: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
         f"max {max(latencies)} ms (target p99 < {TARGET_P99_MS:g} ms: {verdict})"
     )
+    say()
+    for line in hooks_table(rates):
+        say(line)
+    say_chain(rates[0][2])
     say()
     say(FOOTNOTE)
     missed = [m.name for m in measurements if m.verdict == "MISS"]

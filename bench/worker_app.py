@@ -4,6 +4,10 @@
 * ``incr`` / ``aincr``: one ``INCR`` on the task's own Redis connection (sync, and ``async def``
   on redis.asyncio), the I/O a real task does; the server is $BENCH_TASK_URL;
 * ``cpu``: about a millisecond of pure-Python work, holding the GIL.
+
+$BENCH_HOOKS picks the middleware (jobqueue.hooks) the worker runs with: ``none`` (the
+default), ``empty`` (one Middleware overriding nothing: the chain's own cost) or ``otel``
+(OpenTelemetryMiddleware on an SDK TracerProvider without exporter: spans made, not sent).
 """
 
 from __future__ import annotations
@@ -18,6 +22,24 @@ from jobqueue import JobQueue
 
 COUNTER = "bench:count"
 jq = JobQueue()
+
+
+def _use_hooks(kind: str) -> None:
+    if kind == "empty":
+        from jobqueue.hooks import Middleware
+
+        jq.use(Middleware())
+    elif kind == "otel":
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from jobqueue.integrations.otel import OpenTelemetryMiddleware
+
+        jq.use(OpenTelemetryMiddleware(TracerProvider()))
+    elif kind != "none":
+        raise SystemExit(f"BENCH_HOOKS={kind!r}: none, empty or otel")
+
+
+_use_hooks(os.environ.get("BENCH_HOOKS", "none"))
 _sync: redis.Redis | None = None
 _async: Any = None  # redis.asyncio.Redis, made on the worker's event loop at first use
 

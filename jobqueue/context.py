@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextvars
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import MappingProxyType
 
 from jobqueue.errors import JobQueueError
 
@@ -15,6 +16,11 @@ _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("jobqueue_
 
 # The worker's fenced-write call: (resource, value, fence, run_id, ttl seconds or None) -> written.
 Writer = Callable[[str, str, int, str, "float | None"], bool]
+# The worker's progress call: (run_id, fence, progress, message) -> written.
+Reporter = Callable[[str, int, float, str], bool]
+PROGRESS_MESSAGE_MAX_CHARS = 500
+# The meta of a run enqueued without any: one shared read-only map, not a dict per run.
+NO_META: Mapping[str, str] = MappingProxyType({})
 
 
 class CancelFlag:
@@ -65,7 +71,10 @@ class RunContext:
     scheduled_for_ms: int | None
     cancelled: CancelFlag = field(default_factory=CancelFlag)
     cancel_reason: str | None = None
+    # str -> str given at enqueue (jobqueue.hooks), the same for every attempt
+    meta: Mapping[str, str] = field(default_factory=lambda: NO_META)
     _writer: Writer | None = field(default=None, repr=False)
+    _reporter: Reporter | None = field(default=None, repr=False)
 
     @property
     def scheduled_for(self) -> datetime | None:
@@ -93,6 +102,27 @@ class RunContext:
         if ttl is not None and not (ttl > 0 and math.isfinite(ttl)):
             raise ValueError(f"fenced_write ttl must be positive seconds, got {ttl!r}")
         return self._writer(resource, value, self.fence, self.run_id, ttl)
+
+
+    def progress(self, value: float, message: str | None = None) -> bool:
+        """Record how far this run is (``value`` from 0 to 100) and optionally what it is
+        doing, on the run record (``show``, ``runs --json``, the dashboard). Fenced like
+        fenced_write: False, and nothing written, once this attempt no longer holds the run.
+        One Redis call each: report at a human pace, not per item."""
+        if self._reporter is None:
+            raise JobQueueError("progress is only available inside a worker")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"progress must be a number from 0 to 100, got {value!r}")
+        if not (0 <= value <= 100):  # NaN fails this too
+            raise ValueError(f"progress must be from 0 to 100, got {value!r}")
+        if message is not None and not isinstance(message, str):
+            raise TypeError(f"progress message must be a str, got {type(message).__name__}")
+        if message is not None and len(message) > PROGRESS_MESSAGE_MAX_CHARS:
+            raise ValueError(
+                f"progress message has {len(message)} characters; at most "
+                f"{PROGRESS_MESSAGE_MAX_CHARS}"
+            )
+        return self._reporter(self.run_id, self.fence, float(value), message or "")
 
 
 def current_run() -> RunContext:

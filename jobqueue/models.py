@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Generic, cast
@@ -12,6 +13,38 @@ from jobqueue.anomalies import Anomaly, is_time
 from jobqueue.payload import decode_payload, decode_result
 
 _CANCELLED_FENCE = re.compile(r" cancelled \(was running, fence=(\d+)\)")
+_ATTEMPT = re.compile(r" attempt=(\d+)")
+# fail.lua keeps a failed attempt's traceback in its history entry, after this mark
+TRACEBACK_MARK = "\n\x1e"
+
+
+def _progress(value: str | None) -> float | None:
+    try:
+        number = float(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and 0 <= number <= 100 else None
+
+
+def decode_meta(text: str | None) -> dict[str, str] | None:
+    """A run's stored meta (jobqueue.hooks), {} when absent; None when it is not a JSON object
+    of str to str (foreign data)."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        return None
+    return value
+
+
+def split_entry(line: str) -> tuple[str, str | None]:
+    """A history entry's event line and the traceback stored with it (None: none kept, as
+    in entries written before tracebacks were)."""
+    event, mark, tb = line.partition(TRACEBACK_MARK)
+    return (event, tb) if mark else (line, None)
 
 FINISHED_STATES = frozenset({"done", "dead", "cancelled"})
 STATES = ("pending", "running", "done", "dead", "cancelled")
@@ -27,8 +60,12 @@ INT_FIELDS = (
     "started",
     "finished",
     "scheduled_for",
+    "progress_at",
+    "progress_attempt",
 )
-TIME_FIELDS = frozenset({"lease_until", "due", "created", "started", "finished", "scheduled_for"})
+TIME_FIELDS = frozenset(
+    {"lease_until", "due", "created", "started", "finished", "scheduled_for", "progress_at"}
+)
 
 
 def _int(value: str | None) -> int | None:
@@ -64,6 +101,13 @@ class Run(Generic[R_co]):
     result_json: str | None
     error: str | None
     history: list[str] = field(default_factory=list)
+    # str -> str from enqueue (jobqueue.hooks)
+    meta: dict[str, str] = field(default_factory=dict)
+    # The last ctx.progress() of a holder of the run: 0..100, its message, when, which attempt
+    progress: float | None = None
+    progress_message: str | None = None
+    progress_at_ms: int | None = None
+    progress_attempt: int | None = None
     # Garbage found in the record (a field that is not what jobqueue writes, a key of another
     # type): the run is still shown, with these beside it.
     anomalies: tuple[Anomaly, ...] = ()
@@ -112,6 +156,14 @@ class Run(Generic[R_co]):
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not an integer"))
             elif number is not None and name in TIME_FIELDS and not is_time(number):
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not a time in ms"))
+        progress = _progress(fields.get("progress"))
+        if fields.get("progress") not in (None, "") and progress is None:
+            found.append(
+                Anomaly(key, f"field 'progress' is {fields.get('progress')!r}, not 0 to 100")
+            )
+        meta = decode_meta(fields.get("meta"))
+        if meta is None:
+            found.append(Anomaly(key, f"field 'meta' is {fields.get('meta')!r}, not a map"))
         return cls(
             run_id=run_id,
             queue=fields.get("queue") or queue,
@@ -133,6 +185,11 @@ class Run(Generic[R_co]):
             result_json=fields.get("result"),
             error=fields.get("error"),
             history=history,
+            meta=meta or {},
+            progress=progress,
+            progress_message=fields.get("progress_message") or None,
+            progress_at_ms=_int(fields.get("progress_at")),
+            progress_attempt=_int(fields.get("progress_attempt")),
             anomalies=tuple(found),
         )
 
@@ -144,7 +201,8 @@ class Run(Generic[R_co]):
         if self.created_ms is not None:
             # not the due time: retries and releases move it
             events.append((self.created_ms, "created"))
-        for line in self.history:
+        for entry in self.history:
+            line = split_entry(entry)[0]
             stamp, _, text = line.partition(" ")
             # isdigit() alone takes "²", which int() refuses: such a line is shown whole.
             numeric = stamp.isascii() and stamp.isdigit()
@@ -162,6 +220,31 @@ class Run(Generic[R_co]):
             events.append((self.finished_ms, f"done fence={self.fence}"))
         events.sort(key=lambda e: -1 if e[0] is None else e[0])
         return events
+
+    @property
+    def tracebacks(self) -> list[dict[str, Any]]:
+        """The tracebacks of failed attempts still in the history, oldest first: at_ms,
+        attempt (None when the entry does not say) and traceback."""
+        found: list[dict[str, Any]] = []
+        for entry in self.history:
+            line, tb = split_entry(entry)
+            if tb is None:
+                continue
+            attempt = _ATTEMPT.search(line)
+            found.append(
+                {
+                    "at_ms": _int(line.partition(" ")[0]),
+                    "attempt": int(attempt.group(1)) if attempt else None,
+                    "traceback": tb,
+                }
+            )
+        return found
+
+    @property
+    def traceback(self) -> str | None:
+        """The latest failed attempt's traceback, or None when none was kept."""
+        found = self.tracebacks
+        return found[-1]["traceback"] if found else None
 
     def _cancelled_claim_fence(self) -> int:
         for line in reversed(self.history):
@@ -183,5 +266,6 @@ class Run(Generic[R_co]):
             out["payload"] = self.payload
         out["result"] = self.result
         out["timeline"] = [{"at_ms": ms, "event": text} for ms, text in self.timeline()]
+        out["tracebacks"] = self.tracebacks
         out["anomalies"] = [a.to_dict() for a in self.anomalies]
         return out

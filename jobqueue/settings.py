@@ -28,6 +28,11 @@ class Settings:
     durable_replicas: int = 0
     durable_fsync: bool = False
     durable_timeout_s: float = 1.0
+    # A failed attempt's traceback, kept with its history entry (docs/observability.md): at
+    # most this many frames per exception of the chain and this many UTF-8 bytes, the newest
+    # kept. max_bytes 0 keeps none.
+    traceback_max_frames: int = 50
+    traceback_max_bytes: int = 16 * 1024
 
     def __post_init__(self) -> None:
         if self.max_payload_bytes <= 0:
@@ -42,6 +47,10 @@ class Settings:
             raise ConfigError("durable_replicas must be 0 (off) or more")
         if not _positive(self.durable_timeout_s):
             raise ConfigError("durable_timeout_s must be positive")
+        if self.traceback_max_frames < 1:
+            raise ConfigError("traceback_max_frames must be at least 1")
+        if not 0 <= self.traceback_max_bytes <= 65536:
+            raise ConfigError("traceback_max_bytes must be between 0 (none kept) and 65536")
 
     @property
     def durable(self) -> bool:

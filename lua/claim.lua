@@ -13,9 +13,9 @@
 -- ARGV[4]  owner              worker id
 -- ARGV[5]  lease_ms           default lease (used when the run has no lease of its own)
 -- ARGV[6]  dead_retention_ms  how long dead records live (the dead index is trimmed to it)
--- Returns  {now, next_wake, count, then 11 fields per claimed run:
+-- Returns  {now, next_wake, count, then 12 fields per claimed run:
 --           run_id, fence, attempt, max_attempts, task, payload, lease_until, timeout_ms,
---           job_id, scheduled_for, due}
+--           job_id, scheduled_for, due, meta}
 --          next_wake = earliest due time or lease expiry still pending in this partition
 --          (ms), or -1 when there is none: the worker sleeps on the wake list until then.
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
@@ -43,7 +43,8 @@ local default_lease, dead_retention = tonumber(ARGV[5]), tonumber(ARGV[6])
 local ORPHANS_PER_CALL = 10
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
-                'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until'}
+                'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until',
+                'meta'}
 local STATES = {pending = true, running = true, done = true, dead = true, cancelled = true}
 
 local function record(run_id)
@@ -56,7 +57,7 @@ local function record(run_id)
           attempt = v[4] or nil, max_attempts = v[5] or nil, fence = v[6] or nil,
           lease_ms = v[7] or nil, timeout_ms = v[8] or nil, job = v[9] or nil,
           scheduled_for = v[10] or nil, due = v[11] or nil, owner = v[12] or nil,
-          hist = v[13] or nil, lease_until = v[14] or nil}
+          hist = v[13] or nil, lease_until = v[14] or nil, meta = v[15] or nil}
 end
 
 -- Fields at their default are absent (create_run stores only what differs), so only a
@@ -203,7 +204,7 @@ for _, run in ipairs(plan.take) do
   out[n + 4] = tonumber(run.max_attempts) or 1; out[n + 5] = run.task
   out[n + 6] = run.payload; out[n + 7] = until_; out[n + 8] = whole_or(run.timeout_ms, 0, 0)
   out[n + 9] = run.job or ''; out[n + 10] = run.scheduled_for or ''
-  out[n + 11] = whole_or(run.due, 0, 0)
+  out[n + 11] = whole_or(run.due, 0, 0); out[n + 12] = run.meta or ''
 end
 save_fences(plan.fences)
 -- Leases are added before any is removed: the leases key is never emptied and then written

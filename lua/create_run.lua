@@ -5,10 +5,11 @@
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
--- ARGV[3..] groups            5 header fields shared by the group's runs, then 6 per run:
+-- ARGV[3..] groups            5 header fields shared by the group's runs, then 7 per run:
 --                             count, task, max_attempts, lease_ms, timeout_ms;
 --                             then per run: run_id, payload (JSON), due_at (absolute ms or
---                             ''), delay_ms, job_id, scheduled_for (ms or '')
+--                             ''), delay_ms, job_id, scheduled_for (ms or ''), meta (JSON
+--                             object from the enqueue hooks, or '')
 --                             (a batch is nearly always one group: a task's fields travel
 --                             once, not per run)
 -- Returns  {now, r1, r2, ...}: per run 1 = created, 0 = already exists (nothing written).
@@ -20,12 +21,12 @@
 --
 -- The record holds only what differs from the defaults (write_pending): no queue (the key
 -- says it), no attempt or fence (0 until the first claim), no lease_ms, timeout_ms or job when
--- 0 or empty, and no history entry (creation is the record's created and due fields; the
+-- 0 or empty, no meta when '', and no history entry (creation is the record's created and due fields; the
 -- history starts at the first event that the record cannot show).
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
-local HEADER, STRIDE = 5, 6
+local HEADER, STRIDE = 5, 7
 
 local ok, plan = reading(function()
   local p = {exists = {}}
@@ -66,6 +67,7 @@ while i <= #ARGV do
       local due = tonumber(ARGV[j + 2]) or (now + (tonumber(ARGV[j + 3]) or 0))
       write_pending(key, now, due, task, ARGV[j + 1], attempts, lease, timeout, ARGV[j + 4],
                     ARGV[j + 5])
+      if ARGV[j + 6] ~= '' then redis.call('HSET', key, 'meta', ARGV[j + 6]) end
       created = created + 1
       due_pairs[2 * created - 1] = due
       due_pairs[2 * created] = run_id

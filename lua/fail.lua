@@ -12,6 +12,8 @@
 -- ARGV[5]  error              error text
 -- ARGV[6]  retry_delay_ms     the caller's backoff for this attempt, or '' for no retry
 -- ARGV[7]  dead_retention_ms  how long dead records live
+-- ARGV[8]  traceback          the attempt's traceback ('' for none), kept with its history
+--                             entry after a newline and RS ('\n\030'), cut at 64 KiB
 -- Returns  {1, 'retry', due} when the run goes back to pending at due;
 --          {1, 'dead'} when attempts are exhausted (or no retry was asked) and it is buried;
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua). Refused
@@ -21,6 +23,10 @@
 local now = clock(ARGV[1])
 local prefix, run_id, fence, err = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local delay, dead_retention = tonumber(ARGV[6]), tonumber(ARGV[7])
+local tb = ARGV[8] or ''
+-- the history entry's tail: the worker bounds it (Settings.traceback_max_*); this caps a
+-- foreign caller's
+if tb ~= '' then tb = '\n\030' .. string.sub(tb, -65536) end
 local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
@@ -54,7 +60,7 @@ if delay and attempt < max_attempts then
   redis.call('HDEL', key, 'lease_until')
   if plan.hist then
     history(prefix, run_id, now .. ' failed' .. ended .. ' retry at ' .. due .. ': ' ..
-            string.sub(err, 1, 200))
+            string.sub(err, 1, 200) .. tb)
   end
   redis.call('ZADD', KEYS[1], due, run_id)
   redis.call('ZREM', KEYS[2], run_id)
@@ -64,8 +70,8 @@ if delay and attempt < max_attempts then
   return {1, 'retry', due}
 end
 
-bury(KEYS[3], prefix, run_id, now, err, ended .. ': ' .. string.sub(err, 1, 200), dead_retention,
-     plan.hist)
+bury(KEYS[3], prefix, run_id, now, err, ended .. ': ' .. string.sub(err, 1, 200) .. tb,
+     dead_retention, plan.hist)
 trim_index(KEYS[3], now, dead_retention)
 redis.call('ZREM', KEYS[2], run_id)
 bump(plan.stats, 'failed', 1)

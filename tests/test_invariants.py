@@ -44,6 +44,7 @@ from jobqueue.store.runs import (
     FAIL,
     FENCED_WRITE,
     HEARTBEAT,
+    PROGRESS,
     RELEASE,
     REQUEUE,
     ClaimedRun,
@@ -520,6 +521,7 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
         HEARTBEAT.parse(runner.run(HEARTBEAT.call(p, [(c.run_id, c.fence) for c in got], LEASE)))
         for i, c in enumerate(got):
             runner.run(FENCED_WRITE.call(p, f"res-{c.run_id}", c.fence, "v", c.run_id))
+            runner.run(PROGRESS.call(p, c.run_id, c.fence, 50, "half"))
             if i % 4 == 0:
                 runner.run(COMPLETE.call(p, [(c.run_id, c.fence, "1")], RETENTION))
             elif i % 4 == 1:

@@ -26,6 +26,7 @@ from jobqueue.store.runs import (
     FAIL,
     FENCED_WRITE,
     HEARTBEAT,
+    PROGRESS,
     RELEASE,
     REQUEUE,
     Beats,
@@ -66,6 +67,7 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "release": lambda: RELEASE.call(PK, "r", 1),
     "requeue": lambda: REQUEUE.call(PK, "r"),
     "fenced_write": lambda: FENCED_WRITE.call(PK, "res", 1, "v", "r"),
+    "progress": lambda: PROGRESS.call(PK, "r", 1, 50, "half"),
     "purge": lambda: PURGE.call(PK, ["r"]),
     "repair": lambda: REPAIR.call(PK, ["r"]),
     "sched_due": lambda: SCHED_DUE.call(SK, 1, 1),
@@ -386,6 +388,15 @@ def parses_fenced_write(runner: ScriptRunner, redis_client: Any) -> None:
     assert FENCED_WRITE.parse(runner.run(stale)) == FencedWrite(False, a.fence)
 
 
+def parses_progress(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a")
+    (a,) = claim(runner)
+    call = PROGRESS.call(P, "a", a.fence, 50, "half", now=NOW)
+    assert PROGRESS.parse(runner.run(call)) == Outcome(True, "written")
+    stale = PROGRESS.call(P, "a", a.fence - 1, 60, "", now=NOW)
+    assert PROGRESS.parse(runner.run(stale)) == Outcome(False, "fenced", current_fence=a.fence)
+
+
 def parses_purge(runner: ScriptRunner, redis_client: Any) -> None:
     create(runner, "dead", "alive")
     dead = next(r for r in claim(runner) if r.run_id == "dead")
@@ -478,6 +489,7 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "cancel": parses_cancel,
     "requeue": parses_requeue,
     "fenced_write": parses_fenced_write,
+    "progress": parses_progress,
     "purge": parses_purge,
     "repair": parses_repair,
     "sched_due": parses_sched_due,

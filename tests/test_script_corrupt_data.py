@@ -53,6 +53,7 @@ from jobqueue.store.runs import (
     FAIL,
     FENCED_WRITE,
     HEARTBEAT,
+    PROGRESS,
     RELEASE,
     REQUEUE,
     RunSpec,
@@ -252,6 +253,14 @@ def fenced_write(runner: ScriptRunner) -> Call:
     return FENCED_WRITE.call(PK, "report", fences["a"], "v2", "a", ttl_ms=60_000, now=NOW)
 
 
+def progress(runner: ScriptRunner) -> Call:
+    """A running run reports its progress (it reported before)."""
+    fence = running_with_history(runner, "a", NOW - 3_000)
+    call = PROGRESS.call(PK, "a", fence, 10, "started", now=NOW - 2_000)
+    assert PROGRESS.parse(runner.run(call)).accepted
+    return PROGRESS.call(PK, "a", fence, 50, "half", now=NOW)
+
+
 def purge(runner: ScriptRunner) -> Call:
     """Two dead runs (one with a history) and a pending one (refused)."""
     dead_with_history(runner, "a", NOW - 3_000)
@@ -390,6 +399,7 @@ SCENARIOS = {
         Scenario("release", "release", release, RELEASE.parse),
         Scenario("requeue", "requeue", requeue_a_dead_run, REQUEUE.parse),
         Scenario("fenced_write", "fenced_write", fenced_write, FENCED_WRITE.parse),
+        Scenario("progress", "progress", progress, PROGRESS.parse),
         Scenario("purge", "purge", purge, PURGE.parse),
         Scenario("repair", "repair", repair, REPAIR.parse),
         Scenario("sched_due", "sched_due", sched_due, SCHED_DUE.parse, prefix=""),

@@ -65,6 +65,7 @@ from jobqueue.errors import (  # noqa: E402
     PayloadError,
     UnknownTask,
 )
+from jobqueue.models import Run  # noqa: E402
 from jobqueue.policy.misfire import DEFAULT_GRACE_MS  # noqa: E402
 from jobqueue.runtime import logs  # noqa: E402
 from jobqueue.runtime import metrics as metrics_mod  # noqa: E402
@@ -92,6 +93,12 @@ _metrics_port = click.option(
 )
 _metrics_host = click.option(
     "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
+_queue_gauges = click.option(
+    "--queue-gauges",
+    is_flag=True,
+    help="Also export the queue gauges (runs due, running, dead; lease expiries) on "
+    "--metrics-port. They are the queues' whoever reads them: give it to one daemon only.",
 )
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -223,6 +230,7 @@ _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
     help="Development: restart the worker when a file under the current directory changes "
     "(needs the reload extra: watchfiles).",
 )
+@_queue_gauges
 @pass_state
 def worker(
     state: State,
@@ -236,6 +244,7 @@ def worker(
     metrics_host: str,
     burst: bool,
     reload: bool,
+    queue_gauges: bool,
 ) -> None:
     """Run a worker: claim runs, execute them, heartbeat leases, commit with fences."""
     from jobqueue.worker.daemon import Worker
@@ -248,6 +257,8 @@ def worker(
     if metrics_port is not None and processes > 1:
         # Every child would bind the same port: refused before any child is started.
         raise ConfigError("--metrics-port serves one process: use it with --processes 1")
+    if queue_gauges and metrics_port is None:
+        raise ConfigError("--queue-gauges exports on --metrics-port: give both")
     # Until the worker installs its draining handler it holds no run: a SIGTERM while the app
     # imports or Redis connects is a clean exit, not a death by signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
@@ -262,11 +273,19 @@ def worker(
         sys.exit(supervise(processes, sys.argv, jq.url or "", grace=grace))
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     served = list(queues) or [jq.settings.default_queue]
-    m = metrics_mod.for_daemon("worker", metrics_port, metrics_host, jq, lambda: served)
-    code = Worker(
-        jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m,
-        burst=burst,
-    ).run()
+    m = metrics_mod.for_daemon(
+        "worker", metrics_port, metrics_host, jq, lambda: served, queue_gauges
+    )
+    # JSON logs: what tasks print becomes log lines, so the stream stays JSON (docs/operations)
+    restore = logs.capture_task_output() if logs.json_configured() else None
+    try:
+        code = Worker(
+            jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m,
+            burst=burst,
+        ).run()
+    finally:
+        if restore is not None:
+            restore()
     m.close()
     sys.exit(code)
 
@@ -474,6 +493,8 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("payload", run.payload),
         ("result", run.result_json or "-"),
         ("error", run.error or "-"),
+        *(() if run.progress is None else [("progress", progress_text(run, now))]),
+        *((f"meta {k}", v) for k, v in sorted(run.meta.items())),
         *(("anomaly", str(a)) for a in run.anomalies),
     ]
     warn_anomalies(run.anomalies)
@@ -485,6 +506,16 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         # the scripts write instants as epoch ms; show them like the rest
         text = _EPOCH_MS.sub(lambda m: m.group(1) + ms_to_text(int(m.group(2))), text)
         click.echo(f"  {ms_to_text(ms) if ms is not None else '?'}  {text}")
+    for kept in run.tracebacks:
+        attempt = kept["attempt"] if kept["attempt"] is not None else "?"
+        click.echo(f"traceback of attempt {attempt}:")
+        for line in kept["traceback"].splitlines():
+            click.echo(f"  {line}")
+
+
+def progress_text(run: Run, now: int) -> str:
+    text = f"{run.progress:g}% (attempt {run.progress_attempt}, {when(run.progress_at_ms, now)})"
+    return f"{text}: {run.progress_message}" if run.progress_message else text
 
 
 @main.command()
@@ -600,6 +631,7 @@ def requeue(state: State, run_id: str, queue: str | None, force: bool, yes: bool
 )
 @_metrics_port
 @_metrics_host
+@_queue_gauges
 @pass_state
 def scheduler(
     state: State,
@@ -615,6 +647,7 @@ def scheduler(
     prune: bool,
     metrics_port: int | None,
     metrics_host: str,
+    queue_gauges: bool,
 ) -> None:
     """Run a scheduler: turn recurring jobs into runs. Run several: they share the scheduler
     partitions (each owns some, under a lease; the others take over those of one that
@@ -632,7 +665,9 @@ def scheduler(
     jq = state.jq(load_app(app_spec) if app_spec else None)
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     store = Recurring(jq, partitions) if partitions else None
-    m = metrics_mod.for_daemon("scheduler", metrics_port, metrics_host, jq, lambda: jq.queues())
+    m = metrics_mod.for_daemon(
+        "scheduler", metrics_port, metrics_host, jq, lambda: jq.queues(), queue_gauges
+    )
     daemon = Scheduler(
         jq,
         lookahead=lookahead,

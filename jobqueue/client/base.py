@@ -20,6 +20,7 @@ from jobqueue.errors import (
     RunNotFound,
     UnknownTask,
 )
+from jobqueue.hooks import EnqueueRequest, Hooks, Middleware, encode_meta
 from jobqueue.models import Run
 from jobqueue.payload import encode_payload
 from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
@@ -111,6 +112,8 @@ class Request:
     delay: Delay | None = None
     at: Instant | None = None
     queue: str | None = None
+    # str -> str carried with the run (stored, ctx.meta); the enqueue hooks may add to it
+    meta: dict[str, str] = field(default_factory=dict)
 
 
 class Planned(NamedTuple):
@@ -132,6 +135,8 @@ class ClientBase:
         shares, so that an AsyncJobQueue enqueues the app's tasks by function or name."""
         self.settings = settings or Settings()
         self.registry: Registry = Registry() if tasks is None else tasks.registry
+        # Middleware (jobqueue.hooks): enqueue hooks here, run hooks in workers on this queue.
+        self.hooks: Hooks = Hooks() if tasks is None else tasks.hooks
         # The recurring jobs this app declares in code, in declaration order (written by the
         # scheduler at start).
         self.declared_schedules: list[Definition] = (
@@ -145,6 +150,10 @@ class ClientBase:
         for queue, count in (partitions or {}).items():
             validate_partition_count(count, f"queue {queue!r}")
             self._partitions[validate_queue_name(queue)] = count
+
+    def use(self, middleware: Middleware) -> None:
+        """Register middleware (see jobqueue.hooks), after those already registered."""
+        self.hooks = self.hooks.plus((middleware,))
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -370,7 +379,7 @@ class ClientBase:
             run_id=req.run_id, delay=req.delay, at=req.at, queue=req.queue
         )
         return self.prepare_args(
-            task, req.args, req.kwargs, opts.run_id, opts.delay, opts.at, opts.queue
+            task, req.args, req.kwargs, opts.run_id, opts.delay, opts.at, opts.queue, req.meta
         )
 
     def prepare_args(
@@ -382,6 +391,7 @@ class ClientBase:
         delay: Delay | None,
         at: Instant | None,
         queue: str | None,
+        meta: dict[str, str] | None = None,
     ) -> tuple[str, RunSpec]:
         """``prepare`` without building a Request first (enqueue's path: a run per call)."""
         task = ref if isinstance(ref, Task) else self.resolve_task(ref)
@@ -407,6 +417,12 @@ class ClientBase:
             options.lease_ms,
             options.timeout_ms,
         )
+        if self.hooks:
+            request = EnqueueRequest(spec.task, name, spec.run_id, args, kwargs, dict(meta or {}))
+            self.hooks.before_enqueue(request)
+            spec.meta = encode_meta(request.meta)
+        elif meta:
+            spec.meta = encode_meta(meta)
         return name, spec
 
     def place(self, prepared: list[tuple[str, RunSpec]]) -> list[Planned]:

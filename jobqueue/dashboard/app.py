@@ -42,7 +42,7 @@ from jobqueue.errors import (
     OperationRefused,
     UnknownQueue,
 )
-from jobqueue.models import STATES
+from jobqueue.models import STATES, split_entry
 from jobqueue.policy.timeutil import abs_time, duration, relative
 
 HERE = Path(__file__).parent
@@ -257,11 +257,12 @@ def run_page(request: Request) -> Response:
     if run is None:
         return render(request, "missing.html", what=f"run {run_id!r}")
     history = []
-    for line in run.history:
+    for entry in run.history:
+        line, tb = split_entry(entry)
         stamp, _, text = line.partition(" ")
         # isdigit() alone takes "²", which int() refuses: a foreign line is shown whole.
         ok = stamp.isascii() and stamp.isdigit()
-        history.append((int(stamp) if ok else None, text if ok else line))
+        history.append((int(stamp) if ok else None, text if ok else line, tb))
     return render(request, "run.html", run=run, history=history, anomalies=list(run.anomalies))
 
 

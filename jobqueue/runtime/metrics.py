@@ -15,8 +15,12 @@ What is counted where:
 * lease expiries: ``claim.lua`` does not say which claimed runs were reclaimed from an expired
   lease; it counts them in each partition's ``stats`` hash, which the queue-depth refresh
   exports (``jobqueue_queue_lease_expiries``, all workers together);
+* runs per task and outcome, and their duration (the code's start to its end): the commit
+  replies, with what the executor measured;
 * queue depth (due now / running / dead, per queue): :func:`jobqueue.queries.stats`, refreshed
-  every few seconds by a daemon thread (never on the scrape path, which must stay fast);
+  every few seconds by a daemon thread (never on the scrape path, which must stay fast), only
+  in the daemon started with ``--queue-gauges``: the values are the queue's, whoever reads
+  them, so one exporter is enough (several would be summed into a multiple of the truth);
 * scheduler fires / misses / drops / skips / conflicts: each tick's report.
 """
 
@@ -42,6 +46,9 @@ MAX_LOGGED_ANOMALIES = 1000
 # a stopped fleet shows up in the upper buckets.
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 HEARTBEAT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# Task durations from 1 ms to 1 h.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
+                    900, 3600)
 
 
 class TickLike(Protocol):
@@ -61,9 +68,14 @@ class Metrics:
     def claimed(self, queue: str, runs: Iterable[ClaimedRun], now_ms: int) -> None:
         """Runs one claim call returned, claimed at server time ``now_ms``."""
 
-    def committed(self, queue: str, ok: bool, accepted: bool, status: str) -> None:
+    def committed(
+        self, queue: str, ok: bool, accepted: bool, status: str, task: str = "",
+        seconds: float = 0.0,
+    ) -> None:
         """One commit reply: ``ok`` is what the worker sent (complete vs fail), ``status``
-        what the script answered ('done', 'retry', 'dead' or the refusal reason)."""
+        what the script answered ('done', 'retry', 'dead' or the refusal reason); ``task``
+        the run's task and ``seconds`` how long its code ran (one call per run: this is the
+        worker's hot path)."""
 
     def lease_lost(self, queue: str, reason: str) -> None:
         """A heartbeat of this worker was refused."""
@@ -125,6 +137,19 @@ class PrometheusMetrics(Metrics):
             [*q, "reason"],
             registry=r,
         )
+        self.task_runs = Counter(
+            "jobqueue_task_runs",
+            "Runs finished by this worker, per task and outcome (done, retry, dead, rejected).",
+            [*q, "task", "outcome"],
+            registry=r,
+        )
+        self.task_duration = Histogram(
+            "jobqueue_task_duration_seconds",
+            "How long each run's code ran, per task and outcome.",
+            [*q, "task", "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
         self.heartbeat_seconds = Histogram(
             "jobqueue_heartbeat_seconds",
             "Round trip of one pipelined heartbeat of every lease held.",
@@ -177,17 +202,25 @@ class PrometheusMetrics(Metrics):
         if n:
             self.runs_claimed.labels(queue).inc(n)
 
-    def committed(self, queue: str, ok: bool, accepted: bool, status: str) -> None:
+    def committed(
+        self, queue: str, ok: bool, accepted: bool, status: str, task: str = "",
+        seconds: float = 0.0,
+    ) -> None:
         if not accepted:
             self.commits_rejected.labels(queue, status).inc()
+            outcome = "rejected"
         elif ok:
             self.runs_completed.labels(queue).inc()
+            outcome = "done"
         else:
             self.runs_failed.labels(queue).inc()
             if status == "retry":
                 self.runs_retried.labels(queue).inc()
             elif status == "dead":
                 self.runs_dead.labels(queue).inc()
+            outcome = status if status in ("retry", "dead") else "failed"
+        self.task_runs.labels(queue, task, outcome).inc()
+        self.task_duration.labels(queue, task, outcome).observe(seconds)
 
     def lease_lost(self, queue: str, reason: str) -> None:
         self.leases_lost.labels(queue, reason).inc()
@@ -290,11 +323,15 @@ def for_daemon(
     host: str,
     jq: JobQueue,
     queues: Callable[[], Iterable[str]],
+    queue_gauges: bool = False,
 ) -> Metrics:
     """What the CLI hands a daemon: :data:`NO_METRICS` without a port, else a served
-    registry whose queue-depth gauges follow ``queues()``."""
+    registry; with ``queue_gauges`` its queue-depth gauges follow ``queues()``."""
     if port is None:
+        if queue_gauges:
+            raise ConfigError("--queue-gauges exports on --metrics-port: give both")
         return NO_METRICS
     metrics = serve(daemon, port, host)
-    metrics.watch_queues(jq, queues)
+    if queue_gauges:
+        metrics.watch_queues(jq, queues)
     return metrics

@@ -31,6 +31,7 @@ class RunSpec:
     timeout_ms: int = 0
     job_id: str = ""
     scheduled_for_ms: int | None = None
+    meta: str = ""  # JSON object of str -> str from the enqueue hooks (jobqueue.hooks), or ''
 
 
 def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Wire:
@@ -58,6 +59,7 @@ def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> 
                 s.delay_ms,
                 s.job_id,
                 "" if s.scheduled_for_ms is None else s.scheduled_for_ms,
+                s.meta,
             ]
         i = j
     return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix}, tail)
@@ -94,6 +96,7 @@ class ClaimedRun(NamedTuple):
     job_id: str
     scheduled_for_ms: int | None
     due_ms: int
+    meta: str = ""  # JSON object, or '' (see RunSpec.meta)
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class ClaimResult:
     runs: list[ClaimedRun]
 
 
-CLAIM_STRIDE = 11  # reply fields per claimed run
+CLAIM_STRIDE = 12  # reply fields per claimed run
 
 
 def _claim(
@@ -133,7 +136,7 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
         reply = [*reply[:3], *(text(x) if isinstance(x, bytes) else x for x in reply[3:])]
     runs = []
     for i in range(3, 3 + count * CLAIM_STRIDE, CLAIM_STRIDE):
-        rid, fence, attempt, most, task, payload, until, timeout, job, sched, due = reply[
+        rid, fence, attempt, most, task, payload, until, timeout, job, sched, due, meta = reply[
             i : i + CLAIM_STRIDE
         ]
         runs.append(
@@ -151,6 +154,7 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
                 # isdigit() alone took "²", which int() refuses: strictly ASCII digits.
                 stored_int(sched),
                 int(due),
+                meta,
             )
         )
     return ClaimResult(now, None if next_wake < 0 else next_wake, runs)
@@ -257,7 +261,11 @@ def _fail(
     retry_delay_ms: int | None,
     dead_retention_ms: int,
     now: NowArg = None,
+    *,
+    traceback: str = "",
 ) -> Wire:
+    """One failed attempt; ``traceback`` (already bounded by the caller) is kept with the
+    attempt's history entry."""
     return Wire(
         pk,
         {
@@ -268,6 +276,7 @@ def _fail(
             "error": error,
             "retry_delay_ms": "" if retry_delay_ms is None else retry_delay_ms,
             "dead_retention_ms": dead_retention_ms,
+            "traceback": traceback,
         },
     )
 
@@ -275,7 +284,16 @@ def _fail(
 FAIL = Contract(
     "fail",
     keys=("due", "leases", "dead", "stats", "wake"),
-    args=("now", "prefix", "run_id", "fence", "error", "retry_delay_ms", "dead_retention_ms"),
+    args=(
+        "now",
+        "prefix",
+        "run_id",
+        "fence",
+        "error",
+        "retry_delay_ms",
+        "dead_retention_ms",
+        "traceback",
+    ),
     build=_fail,
     parse=_outcome,
 )
@@ -384,4 +402,29 @@ FENCED_WRITE = Contract(
     parse=_parse_fenced_write,
 )
 
-CONTRACTS = (CREATE_RUN, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE)
+# -- progress ----------------------------------------------------------------------------------
+
+
+def _progress(
+    pk: PartitionKeys, run_id: str, fence: int, progress: float, message: str, now: NowArg = None
+) -> Wire:
+    return Wire(
+        {"run": pk.run(run_id)},
+        # repr: the shortest text that reads back as the same float
+        {"now": now_arg(now), "fence": fence, "progress": repr(float(progress)),
+         "message": message},
+    )
+
+
+PROGRESS = Contract(
+    "progress",
+    keys=("run",),
+    args=("now", "fence", "progress", "message"),
+    build=_progress,
+    parse=_outcome,
+)
+
+CONTRACTS = (
+    CREATE_RUN, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE,
+    PROGRESS,
+)

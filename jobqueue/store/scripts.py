@@ -39,6 +39,7 @@ SCRIPT_NAMES = (
     "release",
     "requeue",
     "fenced_write",
+    "progress",
     "purge",
     "sched_due",
     "advance",

@@ -14,6 +14,7 @@ from typing import Any
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, ServerRefused
+from jobqueue.hooks import Hooks
 from jobqueue.policy.backoff import Backoff
 from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import run_fields
@@ -22,7 +23,7 @@ from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import COMPLETE, FAIL, Outcome
 from jobqueue.store.scripts import Call
 from jobqueue.worker.registry import WorkerTasks
-from jobqueue.worker.runs import Finished, RunTable, WorkerStats
+from jobqueue.worker.runs import Finished, RunTable, WorkerStats, run_event
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -54,6 +55,27 @@ class _Deferred:
 _NOTHING: Any = object()
 
 
+def _log_finished(item: Finished, status: str) -> None:
+    """The one INFO line of a run whose outcome was accepted: 'done', or 'failed' with the
+    outcome ('retry', 'dead'; 'landed' when a resent fail found its first copy had landed)."""
+    run, queue = item.entry.run, item.entry.keys.queue
+    ms = round(item.duration_s * 1000, 3)
+    fields = {**run_fields(run), "task": run.task, "queue": queue, "duration_ms": ms}
+    if item.ok:
+        log.info(
+            "done run_id=%s fence=%d attempt=%d task=%s queue=%s in %.3fs",
+            run.run_id, run.fence, run.attempt, run.task, queue, item.duration_s,
+            extra={**fields, "outcome": "done"},
+        )
+        return
+    log.info(
+        "failed run_id=%s fence=%d attempt=%d task=%s queue=%s in %.3fs -> %s: %s",
+        run.run_id, run.fence, run.attempt, run.task, queue, item.duration_s, status,
+        item.error.splitlines()[-1][:300] if item.error else "",
+        extra={**fields, "outcome": status},
+    )
+
+
 class Committer:
     def __init__(
         self,
@@ -65,8 +87,11 @@ class Committer:
         clock: Clock,
         stopped: threading.Event,
         shutdown_left: Callable[[], float],
+        hooks: Hooks | None = None,
     ) -> None:
         self._jq = jq
+        # None without middleware: one identity test per run on this hot path
+        self._hooks = hooks if hooks else None
         self._tasks = tasks
         self._table = table
         self._stats = stats
@@ -152,6 +177,7 @@ class Committer:
             delay,
             settings.dead_retention_ms,
             now=self._clock.now_ms(),
+            traceback=item.traceback,
         )
 
     def _commit(
@@ -241,28 +267,23 @@ class Committer:
             and outcome.status in ("finished", "not-running")
         ):
             outcome = Outcome(True, "done" if item.ok else "landed")
-        self._metrics.committed(item.entry.keys.queue, item.ok, outcome.accepted, outcome.status)
+        self._metrics.committed(
+            item.entry.keys.queue, item.ok, outcome.accepted, outcome.status, run.task,
+            item.duration_s,
+        )
         if outcome.accepted:
             if item.ok:
                 self._stats.completed += 1
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug(
-                        "done run_id=%s fence=%d attempt=%d",
-                        run.run_id,
-                        run.fence,
-                        run.attempt,
-                        extra=run_fields(run),
-                    )
             else:
                 self._stats.failed += 1
-                log.info(
-                    "failed run_id=%s fence=%d attempt=%d -> %s: %s",
-                    run.run_id,
-                    run.fence,
-                    run.attempt,
-                    outcome.status,
-                    item.error.splitlines()[-1][:300] if item.error else "",
-                    extra=run_fields(run),
+            if log.isEnabledFor(logging.INFO):
+                _log_finished(item, outcome.status)
+            if self._hooks is not None and outcome.status in ("retry", "dead"):
+                self._hooks.event(
+                    run_event(
+                        item.entry, outcome.status, error=item.error,
+                        traceback=item.traceback, retry_at_ms=outcome.retry_at_ms,
+                    )
                 )
         else:
             self._stats.fenced_out += 1
@@ -277,3 +298,7 @@ class Committer:
                 outcome.current_fence,
                 extra=run_fields(run),
             )
+            if self._hooks is not None and not item.entry.lost_reported:
+                item.entry.lost_reported = True
+                what = "cancelled" if outcome.status == "cancelled" else "lease-lost"
+                self._hooks.event(run_event(item.entry, what, reason=outcome.status))

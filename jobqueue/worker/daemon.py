@@ -29,6 +29,7 @@ import redis
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, JobQueueError, ServerRefused
+from jobqueue.hooks import Middleware
 from jobqueue.policy.backoff import Backoff
 from jobqueue.runtime.clock import REAL_CLOCK, Clock
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
@@ -135,6 +136,7 @@ class Worker:
         idle_wait: float = MAX_IDLE_WAIT_S,
         shutdown_margin: float = SHUTDOWN_MARGIN_S,
         burst: bool = False,
+        middleware: Iterable[Middleware] = (),
     ) -> None:
         """``burst``: run what is due, then stop (``run()`` returns 0) once nothing is due
         and no run is held (``jobqueue worker --burst``, tests)."""
@@ -167,13 +169,15 @@ class Worker:
 
         self._table = RunTable(concurrency)
         tasks = WorkerTasks(jq)
+        # the queue's middleware, then this worker's own (jobqueue.hooks)
+        self.hooks = jq.hooks.plus(middleware)
         self._committer = Committer(
             jq, tasks, self._table, self.stats, metrics, clock, self._stopped,
-            self._shutdown_left,
+            self._shutdown_left, self.hooks,
         )
         self._executor = Executor(
             jq, tasks, self._table, self.stats, clock, self._committer.put, self._die,
-            self._stopping, concurrency=concurrency, stuck_limit=stuck_limit,
+            self._stopping, concurrency=concurrency, stuck_limit=stuck_limit, hooks=self.hooks,
         )
         self._presence = Presence(
             jq, self.id, self.queues, concurrency, self.lease_ms, self._table, self._stopping
@@ -182,6 +186,7 @@ class Worker:
             jq, self._table, self.stats, metrics, clock, self._presence,
             lease_ms=self.lease_ms, stopped=self._stopped,
             on_tick=self._executor.enforce_timeouts, stop_code=self._executor.cancel_async,
+            hooks=self.hooks,
         )
         self._claimer = Claimer(
             jq, self.id, self.queues, self._table, self._executor.start, metrics, clock,

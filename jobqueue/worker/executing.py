@@ -17,13 +17,16 @@ from collections.abc import Callable
 from typing import Any
 
 from jobqueue.client.sync import JobQueue
-from jobqueue.context import RunContext, Writer, bind, unbind
+from jobqueue.context import NO_META, Reporter, RunContext, Writer, bind, unbind
 from jobqueue.errors import Fatal, PayloadError, UnknownTask
+from jobqueue.hooks import Hooks
+from jobqueue.models import decode_meta
 from jobqueue.payload import decode_payload, encode_result
 from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import run_fields
+from jobqueue.runtime.tracebacks import format_traceback
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import FENCED_WRITE, ClaimedRun
+from jobqueue.store.runs import FENCED_WRITE, PROGRESS, ClaimedRun
 from jobqueue.tasks import Task
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import LEASE_LOST, Finished, InFlight, RunTable, WorkerStats
@@ -114,8 +117,11 @@ class Executor:
         *,
         concurrency: int,
         stuck_limit: float,
+        hooks: Hooks | None = None,
     ) -> None:
         self._jq = jq
+        # None without middleware: one identity test per run on the hot path
+        self._hooks = hooks if hooks else None
         self._tasks = tasks
         self._table = table
         self._stats = stats
@@ -128,7 +134,8 @@ class Executor:
         self._stuck_since: float | None = None
         self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._writers: dict[PartitionKeys, Writer] = {}
+        # per partition: ctx.fenced_write's and ctx.progress's calls
+        self._writers: dict[PartitionKeys, tuple[Writer, Reporter]] = {}
 
     # -- the event loop ------------------------------------------------------------------
 
@@ -160,6 +167,9 @@ class Executor:
 
     def start(self, run: ClaimedRun, keys: PartitionKeys, now_ms: int, sent: float) -> None:
         """``sent``: when the claim was sent (clock.monotonic()), from which its lease counts."""
+        writers = self._writers.get(keys) or self._writers.setdefault(
+            keys, (self._writer_for(keys), self._reporter_for(keys))
+        )
         ctx = RunContext(
             run_id=run.run_id,
             fence=run.fence,
@@ -169,8 +179,9 @@ class Executor:
             queue=keys.queue,
             job_id=run.job_id,
             scheduled_for_ms=run.scheduled_for_ms,
-            _writer=self._writers.get(keys)
-            or self._writers.setdefault(keys, self._writer_for(keys)),
+            meta=(decode_meta(run.meta) or NO_META) if run.meta else NO_META,
+            _writer=writers[0],
+            _reporter=writers[1],
         )
         timeout_s = run.timeout_ms / 1000 if run.timeout_ms > 0 else None
         lease_ms = max(run.lease_until_ms - now_ms, 1)
@@ -218,7 +229,7 @@ class Executor:
             assert loop is not None
             loop.call_soon_threadsafe(self._spawn_async, entry, task, args, kwargs)
         else:
-            self._pool.submit(entry, _run_sync, (task, ctx, args, kwargs))
+            self._pool.submit(entry, _run_sync, (task, ctx, args, kwargs, self._hooks))
 
     def _spawn_async(
         self, entry: InFlight, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
@@ -227,7 +238,7 @@ class Executor:
         outcome, so the slot frees only when the coroutine has really ended (a coroutine
         that swallows CancelledError still holds it)."""
         try:
-            coro = _run_async(task, entry.ctx, args, kwargs)
+            coro = _run_async(task, entry.ctx, args, kwargs, self._hooks)
             t = asyncio.get_running_loop().create_task(coro)
         except Exception as exc:
             self._on_outcome(entry, None, exc)
@@ -257,6 +268,7 @@ class Executor:
             log.exception("finishing run_id=%s failed; failing it", entry.run.run_id)
             text = f"Fatal: finishing the run failed: {type(exc).__name__}: {exc}"
             item = Finished(entry, ok=False, error=text[:8000], retry=False)
+        item.duration_s = self._clock.monotonic() - entry.started
         if self._table.returned(entry):
             self._commit(item)
 
@@ -269,10 +281,12 @@ class Executor:
             reason = entry.ctx.cancel_reason or "cancelled"
             return Finished(entry, ok=False, error=reason, retry=entry.phase is not LEASE_LOST)
         if isinstance(error, Fatal):
-            return Finished(entry, ok=False, error=f"Fatal: {error}", retry=False)
+            tb = self._traceback(error)
+            return Finished(entry, ok=False, error=f"Fatal: {error}", retry=False, traceback=tb)
         if error is not None:
             text = "".join(traceback.format_exception_only(type(error), error)).strip()
-            return Finished(entry, ok=False, error=text[:8000], retry=True)
+            tb = self._traceback(error)
+            return Finished(entry, ok=False, error=text[:8000], retry=True, traceback=tb)
         try:
             result = encode_result(value, self._jq.settings.max_payload_bytes)
         except PayloadError as exc:
@@ -281,6 +295,12 @@ class Executor:
             text = f"the task result could not be encoded: {type(exc).__name__}: {exc}"
             return Finished(entry, ok=False, error=text[:8000], retry=False)
         return Finished(entry, ok=True, result_json=result)
+
+    def _traceback(self, error: BaseException) -> str:
+        settings = self._jq.settings
+        return format_traceback(
+            error, settings.traceback_max_frames, settings.traceback_max_bytes
+        )
 
     # -- stopping runs -------------------------------------------------------------------
 
@@ -306,7 +326,9 @@ class Executor:
                 e.timeout_s,
                 extra=run_fields(e.run),
             )
-            self._commit(Finished(e, ok=False, error=f"timed out after {e.timeout_s:g}s"))
+            timed_out = Finished(e, ok=False, error=f"timed out after {e.timeout_s:g}s")
+            timed_out.duration_s = now - e.started
+            self._commit(timed_out)
             self.cancel_async(e)
 
     def _check_stuck(self, now: float, stuck: int) -> None:
@@ -339,6 +361,17 @@ class Executor:
 
         return write
 
+    def _reporter_for(self, keys: PartitionKeys) -> Reporter:
+        jq, clock = self._jq, self._clock
+
+        def report(run_id: str, fence: int, progress: float, message: str) -> bool:
+            # lone surrogates (undecodable bytes) are not UTF-8: the call could not be sent
+            message = message.encode("utf-8", "replace").decode("utf-8")
+            call = PROGRESS.call(keys, run_id, fence, progress, message, now=clock.now_ms())
+            return PROGRESS.parse(jq.scripts.run(call)).accepted
+
+        return report
+
 
 def _cancel_task(entry: InFlight) -> None:
     # On the loop. Its task may not exist yet: _spawn_async then cancels it at birth.
@@ -352,21 +385,48 @@ def _call_args(task: Task[Any, Any], ctx: RunContext, kwargs: dict[str, Any]) ->
 
 
 def _run_sync(
-    task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]
+    task: Task[Any, Any],
+    ctx: RunContext,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    hooks: Hooks | None,
 ) -> Any:
     token = bind(ctx)
     try:
-        return task(*args, **_call_args(task, ctx, kwargs))
+        if hooks is None:
+            return task(*args, **_call_args(task, ctx, kwargs))
+        hooks.before_run(ctx)
+        try:
+            value = task(*args, **_call_args(task, ctx, kwargs))
+        except BaseException as exc:
+            hooks.after_run(ctx, exc)
+            raise
+        hooks.after_run(ctx, None)
+        return value
     finally:
         unbind(token)
 
 
 async def _run_async(
-    task: Task[Any, Any], ctx: RunContext, args: list[Any], kwargs: dict[str, Any]
+    task: Task[Any, Any],
+    ctx: RunContext,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    hooks: Hooks | None,
 ) -> Any:
     token = bind(ctx)
     try:
-        return await task(*args, **_call_args(task, ctx, kwargs))
+        if hooks is not None:
+            hooks.before_run(ctx)
+        try:
+            value = await task(*args, **_call_args(task, ctx, kwargs))
+        except BaseException as exc:
+            if hooks is not None:
+                hooks.after_run(ctx, exc)
+            raise
+        if hooks is not None:
+            hooks.after_run(ctx, None)
+        return value
     except (SystemExit, KeyboardInterrupt) as exc:
         # Raised out of a Task these stop the event loop itself (its thread dies, and with
         # it every async run): here they fail this run, like any other exception.

@@ -21,12 +21,13 @@ import redis
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import JobQueueError
+from jobqueue.hooks import Hooks
 from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import run_fields
 from jobqueue.runtime.metrics import Metrics
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
 from jobqueue.store.runs import HEARTBEAT, RELEASE
-from jobqueue.worker.runs import HEARTBEATED, InFlight, RunTable, WorkerStats
+from jobqueue.worker.runs import HEARTBEATED, InFlight, RunTable, WorkerStats, run_event
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -98,6 +99,7 @@ class LeaseKeeper:
         stopped: threading.Event,
         on_tick: Callable[[float], None],
         stop_code: Callable[[InFlight], None],
+        hooks: Hooks | None = None,
     ) -> None:
         """``on_tick(now)`` runs at every tick (the timeouts); ``stop_code(entry)`` cancels
         a run's async task (a sync run only sees ctx.cancelled)."""
@@ -111,6 +113,7 @@ class LeaseKeeper:
         self._stopped = stopped
         self._on_tick = on_tick
         self._stop_code = stop_code
+        self._hooks = hooks or Hooks()
         self._round_sent = 0.0  # when the last heartbeat round was sent (clock.monotonic())
 
     def beat_interval(self) -> float:
@@ -209,6 +212,7 @@ class LeaseKeeper:
         )
         entry.ctx.cancel(f"lease lost: {reason}")
         self._stop_code(entry)
+        self._report_lost(entry, reason)
 
     def enforce_deadlines(self, now: float) -> None:
         """Self-fencing: a run whose lease ran out without a heartbeat reaching Redis (its
@@ -227,6 +231,13 @@ class LeaseKeeper:
             )
             e.ctx.cancel("lease expired: no heartbeat reached Redis")
             self._stop_code(e)
+            self._report_lost(e, "expired")
+
+    def _report_lost(self, entry: InFlight, reason: str) -> None:
+        if self._hooks and not entry.lost_reported:
+            entry.lost_reported = True
+            what = "cancelled" if reason == "cancelled" else "lease-lost"
+            self._hooks.event(run_event(entry, what, reason=reason))
 
     def release_calls(self, entries: list[InFlight]) -> list[Any]:
         """The release calls handing ``entries`` back (see report_released)."""

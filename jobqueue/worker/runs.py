@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobqueue.context import RunContext
+from jobqueue.hooks import RunEvent
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import ClaimedRun
 
@@ -95,6 +96,7 @@ class InFlight:
     is_async: bool = False
     task: asyncio.Task[Any] | None = None  # an async run's task, on the worker's loop
     cancel_requested: bool = False  # cancel the async task as soon as it exists
+    lost_reported: bool = False  # on_cancelled / on_lease_lost told already (by the heartbeat)
 
     def move(self, to: RunPhase) -> None:
         if to not in TRANSITIONS[self.phase]:
@@ -102,6 +104,15 @@ class InFlight:
                 f"run {self.run.run_id} fence {self.run.fence}: {self.phase.value} -> {to.value}"
             )
         self.phase = to
+
+
+def run_event(entry: InFlight, outcome: str, **fields: Any) -> RunEvent:
+    """The middleware's view of an event of this run (see jobqueue.hooks.RunEvent)."""
+    run, ctx = entry.run, entry.ctx
+    return RunEvent(
+        run.run_id, run.task, ctx.queue, run.fence, run.attempt, run.max_attempts, outcome,
+        ctx.meta, **fields,
+    )
 
 
 @dataclass(slots=True)
@@ -113,6 +124,10 @@ class Finished:
     result_json: str = "null"
     error: str = ""
     retry: bool = True
+    # the failed attempt's bounded traceback ('' for none), kept with its history entry
+    traceback: str = ""
+    # seconds from the start to the end of the run's code (or to its timeout)
+    duration_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

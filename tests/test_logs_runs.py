@@ -1,0 +1,157 @@
+"""The worker's line per finished run (INFO: task, queue, run id, fence, attempt, duration,
+outcome), and task output under JSON logs: what a task prints becomes a log line, so the
+stream stays one JSON object per line."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import finished, make_worker, running
+
+from jobqueue.client.sync import JobQueue
+from jobqueue.context import RunContext, bind, unbind
+from jobqueue.runtime.logs import JsonFormatter, TaskOutput, capture_task_output
+from jobqueue.store.embedded import EmbeddedServer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def finished_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records
+            if r.name == "jobqueue.worker" and r.getMessage().startswith(("done ", "failed "))]
+
+
+def test_each_finished_run_is_one_info_line_with_task_queue_duration_and_outcome(
+    fast_jq: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    @fast_jq.task(queue="mail")
+    def ok() -> int:
+        return 1
+
+    @fast_jq.task(max_attempts=2, backoff=0.01, backoff_cap=0.01)
+    def bad() -> None:
+        raise ValueError("boom")
+
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"), running(
+        make_worker(fast_jq, queues=["default", "mail"])
+    ):
+        good = finished(fast_jq, fast_jq.enqueue(ok).run_id)
+        dead = finished(fast_jq, fast_jq.enqueue(bad).run_id)
+    # this test's runs only: a worker thread another test left behind may log meanwhile
+    lines = [r for r in finished_lines(caplog)
+             if getattr(r, "run_id", None) in (good.run_id, dead.run_id)]
+    assert [(r.levelname, r.run_id, r.outcome) for r in lines] == [  # type: ignore[attr-defined]
+        ("INFO", good.run_id, "done"), ("INFO", dead.run_id, "retry"),
+        ("INFO", dead.run_id, "dead")]
+    done = lines[0]
+    assert (done.task, done.queue, done.fence, done.attempt) == (  # type: ignore[attr-defined]
+        "ok", "mail", good.fence, 1)
+    assert done.duration_ms >= 0  # type: ignore[attr-defined]
+    assert done.getMessage().startswith(
+        f"done run_id={good.run_id} fence={good.fence} attempt=1 task=ok queue=mail in ")
+    assert "-> dead: ValueError: boom" in lines[2].getMessage()
+
+
+def test_the_json_line_of_a_finished_run_has_its_fields() -> None:
+    rec = logging.LogRecord("jobqueue.worker", logging.INFO, __file__, 1, "done", None, None)
+    rec.__dict__.update(run_id="r", fence=3, attempt=1, task="t", queue="q", outcome="done",
+                        duration_ms=12.5)
+    data = json.loads(JsonFormatter().format(rec))
+    assert {k: data[k] for k in ("task", "queue", "outcome", "duration_ms")} == {
+        "task": "t", "queue": "q", "outcome": "done", "duration_ms": 12.5}
+
+
+# -- task output -----------------------------------------------------------------------------
+
+
+def test_task_output_logs_each_line_with_the_run_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    out = TaskOutput(io.StringIO(), "stdout", logging.INFO)
+    ctx = RunContext("r1", 7, 2, 3, "t", "q", "", None)
+    token = bind(ctx)
+    try:
+        with caplog.at_level(logging.INFO, logger="jobqueue.task"):
+            out.write("first line\nsecond ")
+            out.write("line\nunfinished")
+            out.flush()
+    finally:
+        unbind(token)
+    got = [(r.getMessage(), r.stream, r.run_id, r.fence, r.task)  # type: ignore[attr-defined]
+           for r in caplog.records]
+    assert got == [("first line", "stdout", "r1", 7, "t"), ("second line", "stdout", "r1", 7, "t"),
+                   ("unfinished", "stdout", "r1", 7, "t")]
+
+
+def test_task_output_outside_a_run_is_logged_without_run_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    out = TaskOutput(io.StringIO(), "stderr", logging.WARNING)
+    with caplog.at_level(logging.INFO, logger="jobqueue.task"):
+        out.write("hello\n")
+    (rec,) = caplog.records
+    assert (rec.levelname, rec.getMessage(), hasattr(rec, "run_id")) == ("WARNING", "hello", False)
+
+
+def test_capture_task_output_replaces_and_restores_stdout_and_stderr() -> None:
+    before = sys.stdout, sys.stderr
+    restore = capture_task_output()
+    try:
+        assert isinstance(sys.stdout, TaskOutput) and isinstance(sys.stderr, TaskOutput)
+    finally:
+        restore()
+    assert (sys.stdout, sys.stderr) == before
+
+
+def test_a_json_worker_process_logs_what_tasks_print_as_json_lines(
+    real_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    redis.Redis.from_url(real_server.url).flushall()
+    (tmp_path / "printing_app.py").write_text(textwrap.dedent("""
+        import sys
+        from jobqueue import JobQueue
+
+        jq = JobQueue.from_url()
+
+        @jq.task
+        def chatty(n: int) -> int:
+            print("working on", n)
+            print("a warning", file=sys.stderr)
+            return n
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    cmd = [sys.executable, "-m", "jobqueue.cli", "--redis-url", real_server.url,
+           "--log-format", "json", "worker", "--app", "printing_app:jq", "--grace", "1"]
+    jq = JobQueue.from_url(real_server.url)
+    jq.declare_task("chatty")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        handle = jq.enqueue("chatty", 5)
+        assert handle.wait(timeout=10).state == "done"
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and out == ""
+    lines = [json.loads(line) for line in err.splitlines()]  # every line is one JSON object
+    printed = {(x["msg"], x["stream"], x["level"], x["run_id"], x["task"])
+               for x in lines if x["logger"] == "jobqueue.task"}
+    assert printed == {("working on 5", "stdout", "INFO", handle.run_id, "chatty"),
+                       ("a warning", "stderr", "WARNING", handle.run_id, "chatty")}
+    (done,) = [x for x in lines if x["msg"].startswith("done ")]
+    assert (done["outcome"], done["task"], done["queue"]) == ("done", "chatty", "default")
+
+
+
+def test_task_output_is_a_writable_text_stream_that_is_not_a_terminal() -> None:
+    out = TaskOutput(io.StringIO(), "stdout", logging.INFO)
+    assert (out.writable(), out.isatty(), out.encoding) == (True, False, "utf-8")
