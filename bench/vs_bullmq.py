@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c, r = args.concurrency, args.repeat
     try:
         ensure_bullmq()
-        with bench_server(args.url, allow_flush=args.flush) as server:
+        with bench_server(args.url, allow_flush=args.flush, tcp=args.tcp) as server:
             baselines = run_baselines(server, 20_000 if args.quick else 100_000)
             say("jobqueue vs BullMQ, one sitting, same server")
             for line in describe_environment(server).lines():

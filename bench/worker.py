@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = runs_from_args(args)
     requests = QUICK_BASELINE_REQUESTS if args.quick else BASELINE_REQUESTS
     try:
-        with bench_server(args.url, allow_flush=args.flush) as server:
+        with bench_server(args.url, allow_flush=args.flush, tcp=args.tcp) as server:
             baselines = run_baselines(server, requests)
             env = describe_environment(server)
             say("jobqueue worker benchmark")
