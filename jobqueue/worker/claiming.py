@@ -27,6 +27,8 @@ from jobqueue.worker.runs import RunTable
 log = logging.getLogger("jobqueue.worker")
 
 MAX_CLAIM_BATCH = 500
+# How long a busy claim loop waits for a batch's worth of free slots before claiming fewer.
+BATCH_LINGER_S = 0.002
 # Below the client's socket timeout, so a blocking wait never looks like a dead server.
 MAX_IDLE_WAIT_S = 2.0
 # A partition whose claim failed is skipped this long, doubling up to the cap, while the
@@ -67,8 +69,11 @@ class Claimer:
         stopping: threading.Event,
         commits_refused: threading.Event,
         idle_wait: float = MAX_IDLE_WAIT_S,
+        launch: Callable[[], None] = lambda: None,
     ) -> None:
-        """``start(run, keys, now_ms, sent)`` starts a claimed run (the executor)."""
+        """``start(run, keys, now_ms, sent)`` starts a claimed run (the executor);
+        ``launch()``, called after each claim's runs are started, sends them on their way
+        together (the executor hands async runs to its event loop in one go)."""
         self._jq = jq
         self._id = worker_id
         self._queues = queues
@@ -80,6 +85,7 @@ class Claimer:
         self._stopping = stopping
         self._commits_refused = commits_refused
         self._idle_wait = idle_wait
+        self._launch = launch
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
         self._batch_floor = max(1, min(table.concurrency // 4, 64))
@@ -109,19 +115,13 @@ class Claimer:
             if self._commits_refused.is_set():
                 clock.wait(stopping, REFUSED_POLL_S)  # cleared once a commit lands
                 continue
-            free = table.free_slots()
-            if free <= 0:
-                table.wait_for_room(stopping)
+            # Busy: let a few more slots free up (a few ms at most) so that one claim fetches
+            # a batch instead of one round trip per finished run.
+            free = table.wait_for_room(stopping, self._batch_floor, BATCH_LINGER_S)
+            if free <= 0 or self._commits_refused.is_set():
+                # Stopping, commits refused meanwhile, or outcomes awaiting commit filled the
+                # room. Never claim 0 and then sleep on the wake lists as if nothing were due.
                 continue
-            if free < self._batch_floor and free < table.concurrency:
-                # Busy: let a few more slots free up (a few ms at most) so that one claim
-                # fetches a batch instead of one round trip per finished run.
-                table.wait_for_change(0.002)
-                free = table.free_slots()
-                if free <= 0:
-                    # Outcomes awaiting commit filled the room meanwhile: wait for a slot.
-                    # Never claim 0 and then sleep on the wake lists as if nothing were due.
-                    continue
             try:
                 claimed, wait_s = self.claim(free)
                 backoff.reset()
@@ -181,13 +181,16 @@ class Claimer:
                 del self._cooling[keys]
                 log.info("claims in %s work again", keys.prefix)
             self._metrics.claimed(keys.queue, result.runs, result.now_ms)
-            for run in result.runs:
-                try:
-                    self._start(run, keys, result.now_ms, sent)
-                except Exception:
-                    # One bad run must not keep the rest of the batch from starting (it is
-                    # not in flight: its lease expires and it is claimed again).
-                    log.exception("starting run_id=%s failed", run.run_id)
+            try:
+                for run in result.runs:
+                    try:
+                        self._start(run, keys, result.now_ms, sent)
+                    except Exception:
+                        # One bad run must not keep the rest of the batch from starting (it
+                        # is not in flight: its lease expires and it is claimed again).
+                        log.exception("starting run_id=%s failed", run.run_id)
+            finally:
+                self._launch()
             claimed += len(result.runs)
             if result.next_wake_ms is not None:
                 gap = max(result.next_wake_ms - result.now_ms, 0)

@@ -184,6 +184,7 @@ class Worker:
             jq, self.id, self.queues, self._table, self._executor.start, metrics, clock,
             lease_ms=self.lease_ms, stopping=self._stopping,
             commits_refused=self._committer.refused, idle_wait=idle_wait,
+            launch=self._executor.launch_started,
         )
 
     # -- what can be watched -------------------------------------------------------------
