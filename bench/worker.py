@@ -131,6 +131,29 @@ def tree_cpu(root: int) -> float:
     return total
 
 
+def switches_of(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of a process's live threads: with
+    cpu_of, what says how many thread hand-offs a run costs."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        for line in text.splitlines():
+            if "ctxt_switches:" in line:
+                total += int(line.split()[1])
+    return total
+
+
+def tree_switches(root: int) -> int:
+    """switches_of a process and its live children."""
+    total = switches_of(root)
+    for child in Path(f"/proc/{root}/task/{root}/children").read_text().split():
+        total += switches_of(int(child))
+    return total
+
+
 def bench_drain(server: BenchServer, n: int, concurrency: int, processes: int) -> Sample:
     server.flush()
     jq = JobQueue.from_url(server.url)
