@@ -6,12 +6,14 @@ why not. Tests about leases, heartbeats and timeouts run the worker on a fake cl
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -31,8 +33,9 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import ConnectionFailed, Fatal
 from jobqueue.runtime.clock import FakeClock
-from jobqueue.store.keys import WORKERS_KEY
-from jobqueue.store.runs import CLAIM, FENCED_WRITE
+from jobqueue.runtime.metrics import Metrics
+from jobqueue.store.keys import WORKERS_KEY, partition_of
+from jobqueue.store.runs import CLAIM, FENCED_WRITE, ClaimedRun
 from jobqueue.worker import RunPhase
 
 
@@ -238,8 +241,9 @@ def test_timeout_fails_and_retries_the_run_and_discards_the_stuck_threads_late_r
         assert (run.state, run.result, run.attempt) == ("done", "second", 2)
         assert busy_slots(worker) == 1  # the stuck code still holds its slot
         wait_for(
-            lambda: [(r.fence, r.phase) for r in worker.in_flight()]
-            == [(fences[0], RunPhase.OVERRUN)],
+            lambda: (
+                [(r.fence, r.phase) for r in worker.in_flight()] == [(fences[0], RunPhase.OVERRUN)]
+            ),
             what="only the stuck attempt to be held",
         )
         release_stuck.set()
@@ -334,8 +338,10 @@ def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue, clock: Fa
             # A third of the lease on, a heartbeat renews it without the clock moving further.
             clock.advance(lease / 3)
             renewed = wait_for(
-                lambda: (v := held(worker, "sleeper")) is None
-                or v.lease_expires >= clock.monotonic() + lease - 0.01,
+                lambda: (
+                    (v := held(worker, "sleeper")) is None
+                    or v.lease_expires >= clock.monotonic() + lease - 0.01
+                ),
                 what="a heartbeat",
             )
             assert renewed
@@ -365,6 +371,71 @@ def test_run_enqueued_while_idle_is_started_by_its_wake_token_not_the_idle_timeo
         for _ in range(5):
             time.sleep(0.3)  # the worker is asleep on the wake list
             assert finished(fast_jq, fast_jq.enqueue(noop).run_id, timeout=4).state == "done"
+
+
+class _ClaimCalls(Metrics):
+    """Counts the claim calls Redis answered (the claim loop calls ``claimed`` once each)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def claimed(self, queue: str, runs: Iterable[ClaimedRun], now_ms: int) -> None:
+        self.calls += 1
+
+
+def _in_other_partitions(jq: JobQueue, prefix: str, count: int) -> list[str]:
+    """``count`` run ids, each in a partition of "default" none of the others is in."""
+    ids: list[str] = []
+    seen: set[int] = set()
+    for i in itertools.count():
+        p = partition_of(f"{prefix}{i}", jq.partitions_of("default"))
+        if p not in seen:
+            seen.add(p)
+            ids.append(f"{prefix}{i}")
+            if len(ids) == count:
+                return ids
+    raise AssertionError("unreachable")
+
+
+def test_an_idle_worker_woken_by_an_enqueue_claims_from_that_partition_alone(
+    redis_client: Any,
+) -> None:
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    calls = _ClaimCalls()
+    # The idle wait (8 s) is longer than the test: only wake tokens end a wait.
+    with running(make_worker(jq, idle_wait=8.0, metrics=calls)):
+        wait_for(lambda: calls.calls >= 16, what="the first claim of every partition")
+        for run_id in _in_other_partitions(jq, "woken-", 3):
+            time.sleep(0.3)  # the worker is asleep on the wake lists
+            before = calls.calls
+            assert finished(jq, jq.enqueue(noop, run_id=run_id).run_id, timeout=4).state == "done"
+            time.sleep(0.3)  # and asleep again
+            assert calls.calls - before <= 2  # its partition, not all 16
+
+
+def test_a_run_due_in_another_partition_starts_on_time_while_the_worker_claims_woken_ones(
+    redis_client: Any,
+) -> None:
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    later_id, now_id = _in_other_partitions(jq, "due-", 2)
+    with running(make_worker(jq, idle_wait=8.0)):
+        time.sleep(0.3)
+        later = jq.enqueue(noop, run_id=later_id, delay=1.5)
+        time.sleep(0.3)
+        jq.enqueue(noop, run_id=now_id)  # woken by this one's partition, then waits again
+        # Before the 8 s idle wait ends: the wait after the woken partition's claim still
+        # runs to the due time the other partition reported.
+        assert finished(jq, later.run_id, timeout=5).state == "done"
 
 
 def test_worker_registers_itself_and_removes_itself_on_stop(fast_jq: JobQueue) -> None:

@@ -1,8 +1,11 @@
 """The claim loop: claims up to the free slots, round-robin over partitions, queues in priority
 order; when nothing is due it blocks on the wake lists (a token comes with every enqueue,
-retry and release) until the next due time or lease expiry the claim script reported. A
-partition whose claim fails (its master down, a slot migrating) cools down while the others
-go on; while Redis refuses commits, nothing is claimed."""
+retry and release) until the next due time or lease expiry the claim scripts reported. Woken
+by one partition's token, it claims from that partition alone (not from every partition: an
+idle worker serving P partitions would send P claims per enqueue) until the partition has no
+more, then waits again; a wait that ends with no token, and a busy worker, ask every
+partition. A partition whose claim fails (its master down, a slot migrating) cools down while
+the others go on; while Redis refuses commits, nothing is claimed."""
 
 from __future__ import annotations
 
@@ -90,6 +93,10 @@ class Claimer:
         self._rr = 0
         self._batch_floor = max(1, min(table.concurrency // 4, 64))
         self._cooling: dict[PartitionKeys, _Cooling] = {}
+        # When each partition next has a run due or a lease expiring (clock.monotonic()), as
+        # its last claim reported: what a wait must not sleep past while other partitions
+        # are claimed alone.
+        self._due: dict[PartitionKeys, float] = {}
 
     @property
     def own_wake_key(self) -> str:
@@ -111,6 +118,7 @@ class Claimer:
         """Claim until stopping."""
         stopping, table, clock = self._stopping, self._table, self._clock
         backoff = Backoff(RETRY_S, RETRY_CAP_S)
+        woken_by: str | None = None  # the wake list whose token ended the last wait
         while not stopping.is_set():
             if self._commits_refused.is_set():
                 clock.wait(stopping, REFUSED_POLL_S)  # cleared once a commit lands
@@ -123,7 +131,8 @@ class Claimer:
                 # room. Never claim 0 and then sleep on the wake lists as if nothing were due.
                 continue
             try:
-                claimed, wait_s = self.claim(free)
+                focus, woken_by = woken_by, None
+                claimed, wait_s = self.claim(free, focus)
                 backoff.reset()
             except (JobQueueError, redis.exceptions.RedisError) as exc:
                 pause = backoff.next()
@@ -138,20 +147,29 @@ class Claimer:
                 clock.wait(stopping, pause)
                 continue
             if claimed == 0:
-                self._sleep_until_woken(wait_s)
+                woken_by = self._sleep_until_woken(wait_s)
+            elif focus is not None and claimed < min(free, MAX_CLAIM_BATCH):
+                # The woken partition gave all it had: wait again (a token of another
+                # partition ends the wait at once) rather than ask every partition.
+                woken_by = self._sleep_until_woken(wait_s)
 
-    def claim(self, free: int) -> tuple[int, float]:
+    def claim(self, free: int, focus: str | None = None) -> tuple[int, float]:
         """Claim across this worker's partitions, queues in priority order; round-robin among
-        partitions of equal priority so none starves. Returns (claimed, seconds to sleep):
-        claimed is 0 only when every partition was asked, or is cooling down, and had nothing
-        (free > 0). A partition whose claim fails is cooled down and the others go on; only
-        when every one failed is the error raised (the caller backs off)."""
+        partitions of equal priority so none starves; only from the partitions whose wake
+        list is ``focus`` if given. Returns (claimed, seconds to sleep): claimed is 0 only
+        when every partition asked was cooling down or had nothing (free > 0); the seconds
+        run to the next due time any partition reported, asked now or before. A partition
+        whose claim fails is cooled down and the others go on; only when every one failed is
+        the error raised (the caller backs off)."""
         assert free > 0, "a claim for no slot would read as 'nothing due'"
         claimed = 0
         wait_ms: int | None = None
-        order = self._partitions[self._rr :] + self._partitions[: self._rr]
-        self._rr = (self._rr + 1) % max(len(self._partitions), 1)
-        order.sort(key=lambda k: self._queues.index(k.queue))  # stable: keeps the rotation
+        if focus is None:
+            order = self._partitions[self._rr :] + self._partitions[: self._rr]
+            self._rr = (self._rr + 1) % max(len(self._partitions), 1)
+            order.sort(key=lambda k: self._queues.index(k.queue))  # stable: keeps the rotation
+        else:
+            order = [k for k in self._partitions if k.wake == focus]
         failure: Exception | None = None
         answered = 0
         clock = self._clock
@@ -195,8 +213,18 @@ class Claimer:
             if result.next_wake_ms is not None:
                 gap = max(result.next_wake_ms - result.now_ms, 0)
                 wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+                self._due[keys] = sent + gap / 1000
+            else:
+                self._due.pop(keys, None)
         if failure is not None and answered == 0:
             raise failure  # no partition answered: the caller's back-off applies
+        if focus is not None:
+            # The partitions not asked now: what they reported before still falls due.
+            asked = set(order)
+            for keys, due in self._due.items():
+                if keys not in asked:
+                    gap = max(int((due - now) * 1000), 0)
+                    wait_ms = gap if wait_ms is None else min(wait_ms, gap)
         idle = self._idle_wait
         wait_s = idle if wait_ms is None else min(wait_ms / 1000, idle)
         return claimed, wait_s
@@ -232,18 +260,28 @@ class Claimer:
             pause,
         )
 
-    def _sleep_until_woken(self, wait_s: float) -> None:
-        """Block on the wake lists (a token arrives with every enqueue) at most wait_s."""
-        wake_keys = sorted({k.wake for k in self._partitions})
+    def _sleep_until_woken(self, wait_s: float) -> str | None:
+        """Block on the wake lists (a token arrives with every enqueue) at most wait_s.
+        Returns the partition wake list a token was taken from, or None (no token: every
+        partition is to be asked)."""
+        # In the queues' priority order: BLPOP takes its token from the first list holding
+        # one, so a higher-priority queue's partition is claimed first.
+        wake_keys = list(dict.fromkeys(k.wake for k in self._partitions))
         timeout = max(wait_s, 0.01)
         try:
             if isinstance(self._jq.redis, redis.cluster.RedisCluster):
                 # One slot per blocking call in a cluster: wait on one list, in turn.
                 key = wake_keys[self._rr % len(wake_keys)]
-                self._jq.redis.blpop([key], timeout=min(timeout, 0.5))
+                self._rr = (self._rr + 1) % max(len(self._partitions), 1)
+                got = self._jq.redis.blpop([key], timeout=min(timeout, 0.5))
             else:
-                self._jq.redis.blpop([*wake_keys, self.own_wake_key], timeout=timeout)
+                got = self._jq.redis.blpop([*wake_keys, self.own_wake_key], timeout=timeout)
         # RedisClusterException (not a RedisError): a slot without a known master mid-failover.
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
             log.warning("waiting for work failed (%s)", exc)
             self._clock.wait(self._stopping, WAKE_FAILED_S)
+            return None
+        if not got:
+            return None
+        woken = got[0].decode() if isinstance(got[0], bytes) else str(got[0])
+        return woken if woken in wake_keys else None
