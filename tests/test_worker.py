@@ -418,6 +418,28 @@ def test_an_idle_worker_woken_by_an_enqueue_claims_from_that_partition_alone(
             assert calls.calls - before <= 2  # its partition, not all 16
 
 
+def test_a_worker_woken_again_and_again_by_one_partition_still_asks_every_partition(
+    redis_client: Any,
+) -> None:
+    """A run whose lease another worker let expire brings no token: only asking every
+    partition finds it, at least once per idle wait however often one partition wakes it."""
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    calls = _ClaimCalls()
+    with running(make_worker(jq, idle_wait=0.5, metrics=calls)):
+        time.sleep(0.3)
+        before = calls.calls
+        for i in range(12):  # a token every 0.2 s: no wait runs to its end
+            jq.enqueue(noop, run_id=f"trickle-{i}")
+            time.sleep(0.2)
+        # 12 woken claims or so, and a sweep of the 16 partitions every 0.5 s at least
+        assert calls.calls - before >= 12 + 2 * 16
+
+
 def test_a_run_due_in_another_partition_starts_on_time_while_the_worker_claims_woken_ones(
     redis_client: Any,
 ) -> None:

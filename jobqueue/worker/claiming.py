@@ -4,8 +4,9 @@ retry and release) until the next due time or lease expiry the claim scripts rep
 by one partition's token, it claims from that partition alone (not from every partition: an
 idle worker serving P partitions would send P claims per enqueue) until the partition has no
 more, then waits again; a wait that ends with no token, and a busy worker, ask every
-partition. A partition whose claim fails (its master down, a slot migrating) cools down while
-the others go on; while Redis refuses commits, nothing is claimed."""
+partition, and so does every claim an idle wait after the last such sweep. A partition whose
+claim fails (its master down, a slot migrating) cools down while the others go on; while
+Redis refuses commits, nothing is claimed."""
 
 from __future__ import annotations
 
@@ -97,6 +98,10 @@ class Claimer:
         # its last claim reported: what a wait must not sleep past while other partitions
         # are claimed alone.
         self._due: dict[PartitionKeys, float] = {}
+        # When every partition was last asked: a worker woken again and again by one
+        # partition still asks the others every idle wait (a run whose lease another worker
+        # let expire after this one last asked brings no token).
+        self._swept_at = 0.0
 
     @property
     def own_wake_key(self) -> str:
@@ -132,6 +137,8 @@ class Claimer:
                 continue
             try:
                 focus, woken_by = woken_by, None
+                if focus is not None and clock.monotonic() - self._swept_at >= self._idle_wait:
+                    focus = None
                 claimed, wait_s = self.claim(free, focus)
                 backoff.reset()
             except (JobQueueError, redis.exceptions.RedisError) as exc:
@@ -165,6 +172,7 @@ class Claimer:
         claimed = 0
         wait_ms: int | None = None
         if focus is None:
+            self._swept_at = self._clock.monotonic()
             order = self._partitions[self._rr :] + self._partitions[: self._rr]
             self._rr = (self._rr + 1) % max(len(self._partitions), 1)
             order.sort(key=lambda k: self._queues.index(k.queue))  # stable: keeps the rotation
