@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,8 @@ RETRY_S = 0.1
 RETRY_CAP_S = 5.0
 # While Redis refuses commits, the claim loop looks again this often.
 REFUSED_POLL_S = 0.2
+# On a cluster, each blocking wait is on one wake list, this long at most.
+CLUSTER_WAKE_S = 0.5
 # Waiting on the wake lists failed (Redis down): wait this long instead.
 WAKE_FAILED_S = 0.5
 
@@ -278,10 +281,7 @@ class Claimer:
         timeout = max(wait_s, 0.01)
         try:
             if isinstance(self._jq.redis, redis.cluster.RedisCluster):
-                # One slot per blocking call in a cluster: wait on one list, in turn.
-                key = wake_keys[self._rr % len(wake_keys)]
-                self._rr = (self._rr + 1) % max(len(self._partitions), 1)
-                got = self._jq.redis.blpop([key], timeout=min(timeout, 0.5))
+                got = self._wait_on_cluster(wake_keys, timeout)
             else:
                 got = self._jq.redis.blpop([*wake_keys, self.own_wake_key], timeout=timeout)
         # RedisClusterException (not a RedisError): a slot without a known master mid-failover.
@@ -293,3 +293,26 @@ class Claimer:
             return None
         woken = got[0].decode() if isinstance(got[0], bytes) else str(got[0])
         return woken if woken in wake_keys else None
+
+    def _wait_on_cluster(self, wake_keys: list[str], timeout: float) -> Any:
+        """One slot per blocking call in a cluster: wait on one list at a time, in turn,
+        CLUSTER_WAKE_S each; after each, one pipelined look at every list's length (a round
+        trip per master, not a claim per partition) finds a token pushed to another. Real
+        time, like the blocking calls. Returns (list, token) like BLPOP, or None."""
+        client = self._jq.redis
+        end = time.monotonic() + timeout
+        while True:
+            key = wake_keys[self._rr % len(wake_keys)]
+            self._rr = (self._rr + 1) % max(len(self._partitions), 1)
+            left = end - time.monotonic()
+            got = client.blpop([key], timeout=max(min(left, CLUSTER_WAKE_S), 0.01))
+            if got:
+                return got
+            if self._stopping.is_set() or end - time.monotonic() <= 0:
+                return None
+            pipe = client.pipeline()
+            for k in wake_keys:
+                pipe.llen(k)
+            for k, length in zip(wake_keys, pipe.execute(), strict=True):
+                if length:
+                    return (k, None)  # its token stays: a later wait takes it
