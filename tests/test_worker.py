@@ -29,14 +29,17 @@ from helpers import (
     wait_for,
 )
 
+from jobqueue import Request
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import ConnectionFailed, Fatal
-from jobqueue.runtime.clock import FakeClock
-from jobqueue.runtime.metrics import Metrics
+from jobqueue.runtime.clock import REAL_CLOCK, FakeClock
+from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.store.keys import WORKERS_KEY, partition_of
 from jobqueue.store.runs import CLAIM, FENCED_WRITE, ClaimedRun
 from jobqueue.worker import RunPhase
+from jobqueue.worker.claiming import Claimer
+from jobqueue.worker.runs import RunTable
 
 
 def test_the_worker_is_imported_from_the_package_or_its_own_module() -> None:
@@ -458,6 +461,59 @@ def test_a_run_due_in_another_partition_starts_on_time_while_the_worker_claims_w
         # Before the 8 s idle wait ends: the wait after the woken partition's claim still
         # runs to the due time the other partition reported.
         assert finished(jq, later.run_id, timeout=5).state == "done"
+
+
+def test_a_worker_asks_its_partitions_in_one_pipelined_round_not_one_claim_each(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    rounds: list[int] = []
+    real_run_each = jq.scripts.run_each
+
+    def run_each(calls: Any) -> list[Any]:
+        rounds.append(sum(c.script == "claim" for c in calls))
+        return real_run_each(calls)
+
+    monkeypatch.setattr(jq.scripts, "run_each", run_each)
+    with running(make_worker(jq, concurrency=32, idle_wait=8.0)):
+        wait_for(lambda: 16 in rounds, what="one round trip with a claim of every partition")
+
+
+def test_a_partition_with_a_backlog_gets_the_room_the_others_one_run_claims_leave(
+    redis_client: Any,
+) -> None:
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    backlog = [r for r in (f"b-{i}" for i in range(4000)) if partition_of(r, 16) == 5][:120]
+    jq.enqueue_many(Request(noop, run_id=r) for r in backlog)
+    started: list[str] = []
+    claimer = Claimer(
+        jq,
+        "w-backlog",
+        ["default"],
+        RunTable(64),
+        lambda run, keys, now_ms, sent: started.append(run.run_id),
+        NO_METRICS,
+        REAL_CLOCK,
+        lease_ms=60_000,
+        stopping=threading.Event(),
+        commits_refused=threading.Event(),
+    )
+    claimer.set_partitions(jq.all_partition_keys("default"))
+    # Nothing known yet: the 64 slots are shared by the 16 partitions, 4 each.
+    assert claimer.claim(64)[0] == 4
+    # It gave all it was asked for: one run for each of the 15 others, the rest for it.
+    assert claimer.claim(64)[0] == 64 - 15
+    assert set(started) <= set(backlog)
 
 
 def test_worker_registers_itself_and_removes_itself_on_stop(fast_jq: JobQueue) -> None:

@@ -1,5 +1,6 @@
 """The claim loop: claims up to the free slots, round-robin over partitions, queues in priority
-order; when nothing is due it blocks on the wake lists (a token comes with every enqueue,
+order, a queue's partitions in one pipelined round trip per master (not one claim after the
+other), the slots shared out by what each partition gave last time; when nothing is due it blocks on the wake lists (a token comes with every enqueue,
 retry and release) until the next due time or lease expiry the claim scripts reported. Woken
 by one partition's token, it claims from that partition alone (not from every partition: an
 idle worker serving P partitions would send P claims per enqueue) until the partition has no
@@ -105,6 +106,9 @@ class Claimer:
         # partition still asks the others every idle wait (a run whose lease another worker
         # let expire after this one last asked brings no token).
         self._swept_at = 0.0
+        # Partitions whose last claim got as many runs as it asked for: they may hold more,
+        # so a round gives them the free slots the others' one-run claims leave.
+        self._hot: set[PartitionKeys] = set()
 
     @property
     def own_wake_key(self) -> str:
@@ -186,47 +190,64 @@ class Claimer:
         clock = self._clock
         now = clock.monotonic()
         dead_retention_ms = self._jq.settings.dead_retention_ms
+        asking: list[PartitionKeys] = []
         for keys in order:
-            want = min(free - claimed, MAX_CLAIM_BATCH)
-            if want <= 0:
-                break
             cooling = self._cooling.get(keys)
             if cooling is not None and cooling.until > now:
                 gap = int((cooling.until - now) * 1000)
                 wait_ms = gap if wait_ms is None else min(wait_ms, gap)
-                continue
-            call = CLAIM.call(
-                keys, want, self._id, self._lease_ms, dead_retention_ms, now=clock.now_ms()
-            )
-            sent = clock.monotonic()
-            try:
-                result = CLAIM.parse(self._send(call))
-            except (JobQueueError, redis.exceptions.RedisError) as exc:
-                failure = exc
-                self._cool_down(keys, exc)
-                continue
-            answered += 1
-            if cooling is not None:
-                del self._cooling[keys]
-                log.info("claims in %s work again", keys.prefix)
-            self._metrics.claimed(keys.queue, result.runs, result.now_ms)
-            try:
-                for run in result.runs:
-                    try:
-                        self._start(run, keys, result.now_ms, sent)
-                    except Exception:
-                        # One bad run must not keep the rest of the batch from starting (it
-                        # is not in flight: its lease expires and it is claimed again).
-                        log.exception("starting run_id=%s failed", run.run_id)
-            finally:
-                self._launch()
-            claimed += len(result.runs)
-            if result.next_wake_ms is not None:
-                gap = max(result.next_wake_ms - result.now_ms, 0)
-                wait_ms = gap if wait_ms is None else min(wait_ms, gap)
-                self._due[keys] = sent + gap / 1000
             else:
-                self._due.pop(keys, None)
+                asking.append(keys)
+        # Rounds of claims, each in one round trip per master (not one per partition), a
+        # queue's partitions before the next queue's; a round asks no more partitions than
+        # there are free slots, so more rounds follow while slots remain.
+        while asking and claimed < free:
+            queue = asking[0].queue
+            same = [k for k in asking if k.queue == queue]
+            batch, wants = self._plan(same, free - claimed)
+            asking = [k for k in asking if k not in batch]
+            calls = [
+                CLAIM.call(keys, want, self._id, self._lease_ms, dead_retention_ms,
+                           now=clock.now_ms())
+                for keys, want in zip(batch, wants, strict=True)
+            ]
+            sent = clock.monotonic()
+            for keys, want, reply in zip(batch, wants, self._send_all(calls), strict=True):
+                try:
+                    if isinstance(reply, Exception):
+                        raise reply
+                    result = CLAIM.parse(reply)
+                except (JobQueueError, redis.exceptions.RedisError) as exc:
+                    failure = exc
+                    self._hot.discard(keys)
+                    self._cool_down(keys, exc)
+                    continue
+                answered += 1
+                if keys in self._cooling:
+                    del self._cooling[keys]
+                    log.info("claims in %s work again", keys.prefix)
+                self._metrics.claimed(keys.queue, result.runs, result.now_ms)
+                try:
+                    for run in result.runs:
+                        try:
+                            self._start(run, keys, result.now_ms, sent)
+                        except Exception:
+                            # One bad run must not keep the rest of the batch from starting
+                            # (it is not in flight: its lease expires, it is claimed again).
+                            log.exception("starting run_id=%s failed", run.run_id)
+                finally:
+                    self._launch()
+                claimed += len(result.runs)
+                if len(result.runs) >= want:
+                    self._hot.add(keys)  # it may hold more
+                else:
+                    self._hot.discard(keys)
+                if result.next_wake_ms is not None:
+                    gap = max(result.next_wake_ms - result.now_ms, 0)
+                    wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+                    self._due[keys] = sent + gap / 1000
+                else:
+                    self._due.pop(keys, None)
         if failure is not None and answered == 0:
             raise failure  # no partition answered: the caller's back-off applies
         if focus is not None:
@@ -239,6 +260,34 @@ class Claimer:
         idle = self._idle_wait
         wait_s = idle if wait_ms is None else min(wait_ms / 1000, idle)
         return claimed, wait_s
+
+    def _plan(self, same: list[PartitionKeys], room: int) -> tuple[list[PartitionKeys], list[int]]:
+        """Which partitions of one queue a round asks, and for how many runs each: ``room``
+        in all at most. As many as the room allows, in rotation order (so that none
+        starves), one run each; the rest of the room goes to those whose last claim got all
+        it asked for (they may hold more), or to all of them when none did."""
+        batch = same[:room]
+        wants = [1] * len(batch)
+        hot = [i for i, k in enumerate(batch) if k in self._hot] or list(range(len(batch)))
+        extra = room - len(batch)
+        for n, i in enumerate(hot):
+            wants[i] = min(MAX_CLAIM_BATCH, 1 + extra // len(hot) + (n < extra % len(hot)))
+        return batch, wants
+
+    def _send_all(self, calls: list[Call]) -> list[Any]:
+        """Each call's reply or the error it met, as a value."""
+        if len(calls) == 1 or self._jq.settings.durable:
+            replies: list[Any] = []
+            for call in calls:
+                try:
+                    replies.append(self._send(call))
+                except (JobQueueError, redis.exceptions.RedisError) as exc:
+                    replies.append(exc)
+            return replies
+        try:
+            return self._jq.scripts.run_each(calls)
+        except (JobQueueError, redis.exceptions.RedisError) as exc:
+            return [exc] * len(calls)
 
     def _send(self, call: Call) -> Any:
         settings = self._jq.settings
