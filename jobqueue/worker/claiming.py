@@ -1,13 +1,14 @@
 """The claim loop: claims up to the free slots, round-robin over partitions, queues in priority
 order, a queue's partitions in one pipelined round trip per master (not one claim after the
-other), the slots shared out by what each partition gave last time; when nothing is due it blocks on the wake lists (a token comes with every enqueue,
-retry and release) until the next due time or lease expiry the claim scripts reported. Woken
-by one partition's token, it claims from that partition alone (not from every partition: an
-idle worker serving P partitions would send P claims per enqueue) until the partition has no
-more, then waits again; a wait that ends with no token, and a busy worker, ask every
-partition, and so does every claim an idle wait after the last such sweep. A partition whose
-claim fails (its master down, a slot migrating) cools down while the others go on; while
-Redis refuses commits, nothing is claimed."""
+other), the slots shared out by what each partition gave last time. When nothing is due it
+blocks on the wake lists (a token comes with every enqueue, retry and release) until the next
+due time or lease expiry the claim scripts reported. Woken by one partition's token, it claims
+from that partition alone (not from every partition: an idle worker serving P partitions
+would send P claims per enqueue) until the partition has no more, then waits again; a wait
+that ends with no token, and a busy worker, ask every partition, and so does every claim an
+idle wait after the last such sweep. A partition whose claim fails (its master down, a slot
+migrating) cools down while the others go on; while Redis refuses commits, nothing is
+claimed."""
 
 from __future__ import annotations
 
