@@ -511,8 +511,9 @@ def test_a_partition_with_a_backlog_gets_the_room_the_others_one_run_claims_leav
     claimer.set_partitions(jq.all_partition_keys("default"))
     # Nothing known yet: the 64 slots are shared by the 16 partitions, 4 each.
     assert claimer.claim(64)[0] == 4
-    # It gave all it was asked for: one run for each of the 15 others, the rest for it.
-    assert claimer.claim(64)[0] == 64 - 15
+    # It gave all it was asked for: the others before it in the rotation are asked for one
+    # run each, and it for the rest of the room.
+    assert claimer.claim(64)[0] >= 64 - 15
     assert set(started) <= set(backlog)
 
 

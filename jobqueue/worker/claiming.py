@@ -264,15 +264,25 @@ class Claimer:
 
     def _plan(self, same: list[PartitionKeys], room: int) -> tuple[list[PartitionKeys], list[int]]:
         """Which partitions of one queue a round asks, and for how many runs each: ``room``
-        in all at most. As many as the room allows, in rotation order (so that none
-        starves), one run each; the rest of the room goes to those whose last claim got all
-        it asked for (they may hold more), or to all of them when none did."""
-        batch = same[:room]
-        wants = [1] * len(batch)
-        hot = [i for i, k in enumerate(batch) if k in self._hot] or list(range(len(batch)))
-        extra = room - len(batch)
-        for n, i in enumerate(hot):
-            wants[i] = min(MAX_CLAIM_BATCH, 1 + extra // len(hot) + (n < extra % len(hot)))
+        in all at most, in rotation order (so that none starves). When some partition's last
+        claim got all it asked for (it may hold more), the others before it in the rotation
+        are asked for one run each and it for the rest, as one claim after the other would
+        have had it; when none did, the room is shared by as many as it allows."""
+        if not any(k in self._hot for k in same):
+            batch = same[:room]
+            extra = room - len(batch)
+            return batch, [
+                min(MAX_CLAIM_BATCH, 1 + extra // len(batch) + (i < extra % len(batch)))
+                for i in range(len(batch))
+            ]
+        batch, wants = [], []
+        for keys in same:
+            if room <= 0:
+                break
+            want = min(room, MAX_CLAIM_BATCH) if keys in self._hot else 1
+            batch.append(keys)
+            wants.append(want)
+            room -= want
         return batch, wants
 
     def _send_all(self, calls: list[Call]) -> list[Any]:
