@@ -3,7 +3,7 @@
 What lives here:
 
 * the command line every benchmark shares (``--url``, ``--n``, ``--quick``,
-  ``--repeat``, ``--flush``);
+  ``--repeat``, ``--tcp``, ``--flush``);
 * ``bench_server``: a private embedded server, or a given URL that must be empty (the
   benchmarks FLUSHALL between phases, so a server holding data is refused unless --flush);
 * ``describe_environment``: Python, redis-py, hiredis and server versions, printed with the
@@ -24,6 +24,7 @@ import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -91,6 +92,12 @@ def add_common_args(parser: argparse.ArgumentParser, *, default_n: int, quick_n:
         help="measure each phase this many times and keep the fastest (default 1)",
     )
     parser.add_argument(
+        "--tcp",
+        action="store_true",
+        help="the private embedded server listens on 127.0.0.1 (TCP loopback, as most users "
+        "run) instead of a unix socket",
+    )
+    parser.add_argument(
         "--flush",
         action="store_true",
         help="allow a --url server that already holds keys (it is FLUSHALLed: all data lost)",
@@ -123,6 +130,13 @@ class BenchServer:
         self.client.flushall()
 
 
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 def keyspace_size(client: Any) -> int:
     """Keys in all databases (DBSIZE sees only the selected one; FLUSHALL clears them all)."""
     info = client.info("keyspace")
@@ -130,13 +144,24 @@ def keyspace_size(client: Any) -> int:
 
 
 @contextmanager
-def bench_server(url: str | None, *, allow_flush: bool) -> Iterator[BenchServer]:
-    """A private embedded server (no URL), or the given one if it is empty or --flush allows
-    wiping it. The server is left flushed, and an embedded one stopped, on the way out."""
+def bench_server(
+    url: str | None, *, allow_flush: bool, tcp: bool = False
+) -> Iterator[BenchServer]:
+    """A private embedded server (no URL; on TCP loopback with ``tcp``), or the given one if
+    it is empty or --flush allows wiping it. The server is left flushed, and an embedded one
+    stopped, on the way out."""
     if url and "+cluster" in url.split("://", 1)[0]:
         raise BenchError("the benchmarks measure one server; cluster URLs are not supported")
-    embedded = None if url else EmbeddedServer().start()
-    resolved = url or (embedded.url if embedded else "")
+    if url and tcp:
+        raise BenchError("--tcp starts a private server: give either --tcp or --url")
+    embedded = None
+    resolved = url or ""
+    if not url:
+        port = free_tcp_port() if tcp else 0
+        # Later options win: the socket stays (setup), the port is opened on loopback only.
+        extra = ("--port", str(port), "--bind", "127.0.0.1") if tcp else ()
+        embedded = EmbeddedServer(extra_args=extra).start()
+        resolved = f"redis://127.0.0.1:{port}/0" if tcp else embedded.url
     client: Any = None
     server: BenchServer | None = None
     try:

@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warmup, repeat = warmup_size(n), args.repeat
     requests = QUICK_BASELINE_REQUESTS if args.quick else BASELINE_REQUESTS
     try:
-        with bench_server(args.url, allow_flush=args.flush) as server:
+        with bench_server(args.url, allow_flush=args.flush, tcp=args.tcp) as server:
             baselines = run_baselines(server, requests)
             report_header(server, n, warmup, repeat, baselines)
             python_rate = python_evalsha_rate(server, n, warmup)

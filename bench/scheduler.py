@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = [int(c) for c in args.schedulers.split(",") if c]
     rounds: list[Round] = []
     try:
-        with bench_server(args.url, allow_flush=args.flush) as server:
+        with bench_server(args.url, allow_flush=args.flush, tcp=args.tcp) as server:
             for line in describe_environment(server).lines():
                 say(line)
             client = server.client

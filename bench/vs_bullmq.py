@@ -1,7 +1,8 @@
 """jobqueue next to BullMQ (Node) on the same server, in one sitting: enqueue, bulk create, and
 the drain rate of a worker process whose task does real I/O.
 
-    .venv/bin/python bench/vs_bullmq.py [--url URL] [--n N] [--quick] [--repeat R] [--flush]
+    .venv/bin/python bench/vs_bullmq.py [--url URL | --tcp] [--n N] [--quick] [--repeat R]
+                                        [--flush]
 
 Needs Node.js and npm: BullMQ is installed into bench/bullmq/node_modules on first use
 (``npm install``; never into the package). Phases, each on a freshly flushed server, each
@@ -15,7 +16,9 @@ system measured the same way (median of --repeat runs):
   index / the completed set, whose scores are finish times). Tasks: ``incr`` does one INCR on
   the task's own Redis connection (sync, and ``aincr`` as ``async def`` for jobqueue), the
   I/O a real task does; ``noop`` does nothing; ``cpu`` (jobqueue only) burns about 1 ms.
-  The worker's CPU per run (user + system, from /proc) says what a run costs the worker.
+  The worker's CPU per run (user + system, from /proc) says what a run costs the worker, and
+  its context switches per run (its threads', from /proc) how many thread hand-offs and
+  waits it takes.
 
 This machine may be shared and noisy: compare the ratios within one run, not figures across
 runs. redis-benchmark's EVALSHA rates on the same server are printed as the yardstick.
@@ -50,7 +53,7 @@ from _common import (
     runs_from_args,
     say,
 )
-from worker import LEAD_MS, Workers, server_ms, tree_cpu
+from worker import LEAD_MS, Workers, server_ms, tree_cpu, tree_switches
 
 from jobqueue import JobQueue, Request
 from jobqueue.errors import JobQueueError
@@ -70,6 +73,7 @@ PK = PartitionKeys("default", 0)
 class Drain:
     rate: float  # runs/s
     cpu_us: float  # worker CPU per run, microseconds
+    switches: float  # the worker's context switches per run (thread hand-offs, I/O waits)
 
 
 # -- BullMQ -----------------------------------------------------------------------------------
@@ -125,12 +129,13 @@ def bull_drain(server: BenchServer, n: int, task: str, concurrency: int) -> Drai
             err = proc.stderr.read() if proc.stderr else ""
             raise BenchError(f"the BullMQ worker exited: {err.strip()[-500:]}")
         t0 = int(json.loads(line)["t0"])
-        cpu_before = tree_cpu(proc.pid)
+        cpu_before, switches_before = tree_cpu(proc.pid), tree_switches(proc.pid)
         wait_done(lambda: int(server.client.zcard(BULL_COMPLETED)), n, "BullMQ")
         cpu = tree_cpu(proc.pid) - cpu_before
+        switches = tree_switches(proc.pid) - switches_before
         ((_, last),) = server.client.zrange(BULL_COMPLETED, -1, -1, withscores=True)
         check_counter(server, n, task)
-        return Drain(n / ((int(last) - t0) / 1000.0), cpu / n * 1e6)
+        return Drain(n / ((int(last) - t0) / 1000.0), cpu / n * 1e6, switches / n)
     finally:
         proc.terminate()
         try:
@@ -176,12 +181,14 @@ def jq_drain(
         workers.wait_registered(client)
         if server_ms(client) >= due:
             raise BenchError("setup took longer than the lead time; try a smaller --n")
-        cpu_before = tree_cpu(workers.popen.pid)
+        pid = workers.popen.pid
+        cpu_before, switches_before = tree_cpu(pid), tree_switches(pid)
         wait_done(lambda: int(client.zcard(PK.done)), n, "jobqueue")
-        cpu = tree_cpu(workers.popen.pid) - cpu_before
+        cpu = tree_cpu(pid) - cpu_before
+        switches = tree_switches(pid) - switches_before
         ((_, last),) = client.zrange(PK.done, -1, -1, withscores=True)
         check_counter(server, n, task_name)
-        return Drain(n / ((int(last) - due) / 1000.0), cpu / n * 1e6)
+        return Drain(n / ((int(last) - due) / 1000.0), cpu / n * 1e6, switches / n)
     finally:
         workers.stop()
         jq.close()
@@ -230,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     c, r = args.concurrency, args.repeat
     try:
         ensure_bullmq()
-        with bench_server(args.url, allow_flush=args.flush) as server:
+        with bench_server(args.url, allow_flush=args.flush, tcp=args.tcp) as server:
             baselines = run_baselines(server, 20_000 if args.quick else 100_000)
             say("jobqueue vs BullMQ, one sitting, same server")
             for line in describe_environment(server).lines():
@@ -277,11 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for task, label in (("incr", "sync"), ("aincr", "async")):
                 d = ours[(task, 1)]
                 row(f"drain, 1 INCR per task ({label}), 1 process", d.rate, bull[("incr", c)].rate)
-            row(
-                "  (BullMQ at concurrency 10)",
-                ours[("incr", 1)].rate,
-                bull[("incr", 10)].rate,
-            )
+                row("  (BullMQ at concurrency 10)", d.rate, bull[("incr", 10)].rate)
             row("drain, no-op task, 1 process", ours[("noop", 1)].rate, bull[("noop", c)].rate)
             row("drain, ~1 ms CPU task, 1 process", ours[("cpu", 1)].rate, None)
             two = ours[("incr", 2)]
@@ -303,6 +306,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ours[(task, 1)].cpu_us,
                     bull[("incr" if task != "noop" else "noop", c)].cpu_us,
                     " us",
+                )
+            for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async")):
+                theirs = bull[("incr", c)].switches
+                rows.append(
+                    [
+                        f"worker context switches per run, {label}",
+                        f"{ours[(task, 1)].switches:.2f}",
+                        f"{theirs:.2f}",
+                        ratio(ours[(task, 1)].switches, theirs),
+                    ]
                 )
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
         return fail(str(exc))

@@ -144,6 +144,29 @@ def tree_cpu(root: int) -> float:
     return total
 
 
+def switches_of(pid: int) -> int:
+    """Context switches (voluntary + involuntary) of a process's live threads: with
+    cpu_of, what says how many thread hand-offs a run costs."""
+    total = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        for line in text.splitlines():
+            if "ctxt_switches:" in line:
+                total += int(line.split()[1])
+    return total
+
+
+def tree_switches(root: int) -> int:
+    """switches_of a process and its live children."""
+    total = switches_of(root)
+    for child in Path(f"/proc/{root}/task/{root}/children").read_text().split():
+        total += switches_of(int(child))
+    return total
+
+
 def bench_drain(
     server: BenchServer,
     n: int,
@@ -329,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     requests = QUICK_BASELINE_REQUESTS if args.quick else BASELINE_REQUESTS
     try:
-        with bench_server(args.url, allow_flush=args.flush) as server:
+        with bench_server(args.url, allow_flush=args.flush, tcp=args.tcp) as server:
             baselines = run_baselines(server, requests)
             env = describe_environment(server)
             say("jobqueue worker benchmark")

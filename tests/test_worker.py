@@ -6,12 +6,14 @@ why not. Tests about leases, heartbeats and timeouts run the worker on a fake cl
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -27,13 +29,17 @@ from helpers import (
     wait_for,
 )
 
+from jobqueue import Request
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import ConnectionFailed, Fatal
-from jobqueue.runtime.clock import FakeClock
-from jobqueue.store.keys import WORKERS_KEY
-from jobqueue.store.runs import CLAIM, FENCED_WRITE
+from jobqueue.runtime.clock import REAL_CLOCK, FakeClock
+from jobqueue.runtime.metrics import NO_METRICS, Metrics
+from jobqueue.store.keys import WORKERS_KEY, partition_of
+from jobqueue.store.runs import CLAIM, FENCED_WRITE, ClaimedRun
 from jobqueue.worker import RunPhase
+from jobqueue.worker.claiming import Claimer
+from jobqueue.worker.runs import RunTable
 
 
 def test_the_worker_is_imported_from_the_package_or_its_own_module() -> None:
@@ -238,8 +244,9 @@ def test_timeout_fails_and_retries_the_run_and_discards_the_stuck_threads_late_r
         assert (run.state, run.result, run.attempt) == ("done", "second", 2)
         assert busy_slots(worker) == 1  # the stuck code still holds its slot
         wait_for(
-            lambda: [(r.fence, r.phase) for r in worker.in_flight()]
-            == [(fences[0], RunPhase.OVERRUN)],
+            lambda: (
+                [(r.fence, r.phase) for r in worker.in_flight()] == [(fences[0], RunPhase.OVERRUN)]
+            ),
             what="only the stuck attempt to be held",
         )
         release_stuck.set()
@@ -334,8 +341,10 @@ def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue, clock: Fa
             # A third of the lease on, a heartbeat renews it without the clock moving further.
             clock.advance(lease / 3)
             renewed = wait_for(
-                lambda: (v := held(worker, "sleeper")) is None
-                or v.lease_expires >= clock.monotonic() + lease - 0.01,
+                lambda: (
+                    (v := held(worker, "sleeper")) is None
+                    or v.lease_expires >= clock.monotonic() + lease - 0.01
+                ),
                 what="a heartbeat",
             )
             assert renewed
@@ -365,6 +374,147 @@ def test_run_enqueued_while_idle_is_started_by_its_wake_token_not_the_idle_timeo
         for _ in range(5):
             time.sleep(0.3)  # the worker is asleep on the wake list
             assert finished(fast_jq, fast_jq.enqueue(noop).run_id, timeout=4).state == "done"
+
+
+class _ClaimCalls(Metrics):
+    """Counts the claim calls Redis answered (the claim loop calls ``claimed`` once each)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def claimed(self, queue: str, runs: Iterable[ClaimedRun], now_ms: int) -> None:
+        self.calls += 1
+
+
+def _in_other_partitions(jq: JobQueue, prefix: str, count: int) -> list[str]:
+    """``count`` run ids, each in a partition of "default" none of the others is in."""
+    ids: list[str] = []
+    seen: set[int] = set()
+    for i in itertools.count():
+        p = partition_of(f"{prefix}{i}", jq.partitions_of("default"))
+        if p not in seen:
+            seen.add(p)
+            ids.append(f"{prefix}{i}")
+            if len(ids) == count:
+                return ids
+    raise AssertionError("unreachable")
+
+
+def test_an_idle_worker_woken_by_an_enqueue_claims_from_that_partition_alone(
+    redis_client: Any,
+) -> None:
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    calls = _ClaimCalls()
+    # The idle wait (8 s) is longer than the test: only wake tokens end a wait.
+    with running(make_worker(jq, idle_wait=8.0, metrics=calls)):
+        wait_for(lambda: calls.calls >= 16, what="the first claim of every partition")
+        for run_id in _in_other_partitions(jq, "woken-", 3):
+            time.sleep(0.3)  # the worker is asleep on the wake lists
+            before = calls.calls
+            assert finished(jq, jq.enqueue(noop, run_id=run_id).run_id, timeout=4).state == "done"
+            time.sleep(0.3)  # and asleep again
+            assert calls.calls - before <= 2  # its partition, not all 16
+
+
+def test_a_worker_woken_again_and_again_by_one_partition_still_asks_every_partition(
+    redis_client: Any,
+) -> None:
+    """A run whose lease another worker let expire brings no token: only asking every
+    partition finds it, at least once per idle wait however often one partition wakes it."""
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    calls = _ClaimCalls()
+    with running(make_worker(jq, idle_wait=0.5, metrics=calls)):
+        time.sleep(0.3)
+        before = calls.calls
+        for i in range(12):  # a token every 0.2 s: no wait runs to its end
+            jq.enqueue(noop, run_id=f"trickle-{i}")
+            time.sleep(0.2)
+        # 12 woken claims or so, and a sweep of the 16 partitions every 0.5 s at least
+        assert calls.calls - before >= 12 + 2 * 16
+
+
+def test_a_run_due_in_another_partition_starts_on_time_while_the_worker_claims_woken_ones(
+    redis_client: Any,
+) -> None:
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    later_id, now_id = _in_other_partitions(jq, "due-", 2)
+    with running(make_worker(jq, idle_wait=8.0)):
+        time.sleep(0.3)
+        later = jq.enqueue(noop, run_id=later_id, delay=1.5)
+        time.sleep(0.3)
+        jq.enqueue(noop, run_id=now_id)  # woken by this one's partition, then waits again
+        # Before the 8 s idle wait ends: the wait after the woken partition's claim still
+        # runs to the due time the other partition reported.
+        assert finished(jq, later.run_id, timeout=5).state == "done"
+
+
+def test_a_worker_asks_its_partitions_in_one_pipelined_round_not_one_claim_each(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    rounds: list[int] = []
+    real_run_each = jq.scripts.run_each
+
+    def run_each(calls: Any) -> list[Any]:
+        rounds.append(sum(c.script == "claim" for c in calls))
+        return real_run_each(calls)
+
+    monkeypatch.setattr(jq.scripts, "run_each", run_each)
+    with running(make_worker(jq, concurrency=32, idle_wait=8.0)):
+        wait_for(lambda: 16 in rounds, what="one round trip with a claim of every partition")
+
+
+def test_a_partition_with_a_backlog_gets_the_room_the_others_one_run_claims_leave(
+    redis_client: Any,
+) -> None:
+    jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    backlog = [r for r in (f"b-{i}" for i in range(4000)) if partition_of(r, 16) == 5][:120]
+    jq.enqueue_many(Request(noop, run_id=r) for r in backlog)
+    started: list[str] = []
+    claimer = Claimer(
+        jq,
+        "w-backlog",
+        ["default"],
+        RunTable(64),
+        lambda run, keys, now_ms, sent: started.append(run.run_id),
+        NO_METRICS,
+        REAL_CLOCK,
+        lease_ms=60_000,
+        stopping=threading.Event(),
+        commits_refused=threading.Event(),
+    )
+    claimer.set_partitions(jq.all_partition_keys("default"))
+    # Nothing known yet: the 64 slots are shared by the 16 partitions, 4 each.
+    assert claimer.claim(64)[0] == 4
+    # It gave all it was asked for: the others before it in the rotation are asked for one
+    # run each, and it for the rest of the room.
+    assert claimer.claim(64)[0] >= 64 - 15
+    assert set(started) <= set(backlog)
 
 
 def test_worker_registers_itself_and_removes_itself_on_stop(fast_jq: JobQueue) -> None:

@@ -1,14 +1,21 @@
 """The claim loop: claims up to the free slots, round-robin over partitions, queues in priority
-order; when nothing is due it blocks on the wake lists (a token comes with every enqueue,
-retry and release) until the next due time or lease expiry the claim script reported. A
-partition whose claim fails (its master down, a slot migrating) cools down while the others
-go on; while Redis refuses commits, nothing is claimed."""
+order, a queue's partitions in one pipelined round trip per master (not one claim after the
+other), the slots shared out by what each partition gave last time. When nothing is due it
+blocks on the wake lists (a token comes with every enqueue, retry and release) until the next
+due time or lease expiry the claim scripts reported. Woken by one partition's token, it claims
+from that partition alone (not from every partition: an idle worker serving P partitions
+would send P claims per enqueue) until the partition has no more, then waits again; a wait
+that ends with no token, and a busy worker, ask every partition, and so does every claim an
+idle wait after the last such sweep. A partition whose claim fails (its master down, a slot
+migrating) cools down while the others go on; while Redis refuses commits, nothing is
+claimed."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +34,8 @@ from jobqueue.worker.runs import RunTable
 log = logging.getLogger("jobqueue.worker")
 
 MAX_CLAIM_BATCH = 500
+# How long a busy claim loop waits for a batch's worth of free slots before claiming fewer.
+BATCH_LINGER_S = 0.002
 # Below the client's socket timeout, so a blocking wait never looks like a dead server.
 MAX_IDLE_WAIT_S = 2.0
 # A partition whose claim failed is skipped this long, doubling up to the cap, while the
@@ -38,6 +47,8 @@ RETRY_S = 0.1
 RETRY_CAP_S = 5.0
 # While Redis refuses commits, the claim loop looks again this often.
 REFUSED_POLL_S = 0.2
+# On a cluster, each blocking wait is on one wake list, this long at most.
+CLUSTER_WAKE_S = 0.5
 # Waiting on the wake lists failed (Redis down): wait this long instead.
 WAKE_FAILED_S = 0.5
 
@@ -72,8 +83,11 @@ class Claimer:
         commits_refused: threading.Event,
         idle_wait: float = MAX_IDLE_WAIT_S,
         drained: Callable[[], None] | None = None,
+        launch: Callable[[], None] = lambda: None,
     ) -> None:
-        """``start(run, keys, now_ms, sent)`` starts a claimed run (the executor).
+        """``start(run, keys, now_ms, sent)`` starts a claimed run (the executor);
+        ``launch()``, called after each claim's runs are started, sends them on their way
+        together (the executor hands async runs to its event loop in one go).
         ``drained``: burst mode, called once nothing is due and nothing is held."""
         self._jq = jq
         self._id = worker_id
@@ -87,10 +101,22 @@ class Claimer:
         self._commits_refused = commits_refused
         self._idle_wait = idle_wait
         self._drained = drained
+        self._launch = launch
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
         self._batch_floor = max(1, min(table.concurrency // 4, 64))
         self._cooling: dict[PartitionKeys, _Cooling] = {}
+        # When each partition next has a run due or a lease expiring (clock.monotonic()), as
+        # its last claim reported: what a wait must not sleep past while other partitions
+        # are claimed alone.
+        self._due: dict[PartitionKeys, float] = {}
+        # When every partition was last asked: a worker woken again and again by one
+        # partition still asks the others every idle wait (a run whose lease another worker
+        # let expire after this one last asked brings no token).
+        self._swept_at = 0.0
+        # Partitions whose last claim got as many runs as it asked for: they may hold more,
+        # so a round gives them the free slots the others' one-run claims leave.
+        self._hot: set[PartitionKeys] = set()
 
     @property
     def own_wake_key(self) -> str:
@@ -112,25 +138,23 @@ class Claimer:
         """Claim until stopping."""
         stopping, table, clock = self._stopping, self._table, self._clock
         backoff = Backoff(RETRY_S, RETRY_CAP_S)
+        woken_by: str | None = None  # the wake list whose token ended the last wait
         while not stopping.is_set():
             if self._commits_refused.is_set():
                 clock.wait(stopping, REFUSED_POLL_S)  # cleared once a commit lands
                 continue
-            free = table.free_slots()
-            if free <= 0:
-                table.wait_for_room(stopping)
+            # Busy: let a few more slots free up (a few ms at most) so that one claim fetches
+            # a batch instead of one round trip per finished run.
+            free = table.wait_for_room(stopping, self._batch_floor, BATCH_LINGER_S)
+            if free <= 0 or self._commits_refused.is_set():
+                # Stopping, commits refused meanwhile, or outcomes awaiting commit filled the
+                # room. Never claim 0 and then sleep on the wake lists as if nothing were due.
                 continue
-            if free < self._batch_floor and free < table.concurrency:
-                # Busy: let a few more slots free up (a few ms at most) so that one claim
-                # fetches a batch instead of one round trip per finished run.
-                table.wait_for_change(0.002)
-                free = table.free_slots()
-                if free <= 0:
-                    # Outcomes awaiting commit filled the room meanwhile: wait for a slot.
-                    # Never claim 0 and then sleep on the wake lists as if nothing were due.
-                    continue
             try:
-                claimed, wait_s = self.claim(free)
+                focus, woken_by = woken_by, None
+                if focus is not None and clock.monotonic() - self._swept_at >= self._idle_wait:
+                    focus = None
+                claimed, wait_s = self.claim(free, focus)
                 backoff.reset()
             except (JobQueueError, redis.exceptions.RedisError) as exc:
                 pause = backoff.next()
@@ -145,70 +169,150 @@ class Claimer:
                 clock.wait(stopping, pause)
                 continue
             if claimed == 0 and self._drained is not None:
+                # Burst mode never waits on the wake lists, so every claim here was a sweep
+                # of all partitions (no focus).
                 if len(table) == 0:
                     self._drained()  # nothing due, nothing held: what may come is later
                 else:
                     table.wait_for_change(BURST_POLL_S)  # a held run may retry at once
             elif claimed == 0:
-                self._sleep_until_woken(wait_s)
+                woken_by = self._sleep_until_woken(wait_s)
+            elif focus is not None and claimed < min(free, MAX_CLAIM_BATCH):
+                # The woken partition gave all it had: wait again (a token of another
+                # partition ends the wait at once) rather than ask every partition.
+                woken_by = self._sleep_until_woken(wait_s)
 
-    def claim(self, free: int) -> tuple[int, float]:
+    def claim(self, free: int, focus: str | None = None) -> tuple[int, float]:
         """Claim across this worker's partitions, queues in priority order; round-robin among
-        partitions of equal priority so none starves. Returns (claimed, seconds to sleep):
-        claimed is 0 only when every partition was asked, or is cooling down, and had nothing
-        (free > 0). A partition whose claim fails is cooled down and the others go on; only
-        when every one failed is the error raised (the caller backs off)."""
+        partitions of equal priority so none starves; only from the partitions whose wake
+        list is ``focus`` if given. Returns (claimed, seconds to sleep): claimed is 0 only
+        when every partition asked was cooling down or had nothing (free > 0); the seconds
+        run to the next due time any partition reported, asked now or before. A partition
+        whose claim fails is cooled down and the others go on; only when every one failed is
+        the error raised (the caller backs off)."""
         assert free > 0, "a claim for no slot would read as 'nothing due'"
         claimed = 0
         wait_ms: int | None = None
-        order = self._partitions[self._rr :] + self._partitions[: self._rr]
-        self._rr = (self._rr + 1) % max(len(self._partitions), 1)
-        order.sort(key=lambda k: self._queues.index(k.queue))  # stable: keeps the rotation
+        if focus is None:
+            self._swept_at = self._clock.monotonic()
+            order = self._partitions[self._rr :] + self._partitions[: self._rr]
+            self._rr = (self._rr + 1) % max(len(self._partitions), 1)
+            order.sort(key=lambda k: self._queues.index(k.queue))  # stable: keeps the rotation
+        else:
+            order = [k for k in self._partitions if k.wake == focus]
         failure: Exception | None = None
         answered = 0
         clock = self._clock
         now = clock.monotonic()
         dead_retention_ms = self._jq.settings.dead_retention_ms
+        asking: list[PartitionKeys] = []
         for keys in order:
-            want = min(free - claimed, MAX_CLAIM_BATCH)
-            if want <= 0:
-                break
             cooling = self._cooling.get(keys)
             if cooling is not None and cooling.until > now:
                 gap = int((cooling.until - now) * 1000)
                 wait_ms = gap if wait_ms is None else min(wait_ms, gap)
-                continue
-            call = CLAIM.call(
-                keys, want, self._id, self._lease_ms, dead_retention_ms, now=clock.now_ms()
-            )
+            else:
+                asking.append(keys)
+        # Rounds of claims, each in one round trip per master (not one per partition), a
+        # queue's partitions before the next queue's; a round asks no more partitions than
+        # there are free slots, so more rounds follow while slots remain.
+        while asking and claimed < free:
+            queue = asking[0].queue
+            same = [k for k in asking if k.queue == queue]
+            batch, wants = self._plan(same, free - claimed)
+            asking = [k for k in asking if k not in batch]
+            calls = [
+                CLAIM.call(keys, want, self._id, self._lease_ms, dead_retention_ms,
+                           now=clock.now_ms())
+                for keys, want in zip(batch, wants, strict=True)
+            ]
             sent = clock.monotonic()
-            try:
-                result = CLAIM.parse(self._send(call))
-            except (JobQueueError, redis.exceptions.RedisError) as exc:
-                failure = exc
-                self._cool_down(keys, exc)
-                continue
-            answered += 1
-            if cooling is not None:
-                del self._cooling[keys]
-                log.info("claims in %s work again", keys.prefix)
-            self._metrics.claimed(keys.queue, result.runs, result.now_ms)
-            for run in result.runs:
+            for keys, want, reply in zip(batch, wants, self._send_all(calls), strict=True):
                 try:
-                    self._start(run, keys, result.now_ms, sent)
-                except Exception:
-                    # One bad run must not keep the rest of the batch from starting (it is
-                    # not in flight: its lease expires and it is claimed again).
-                    log.exception("starting run_id=%s failed", run.run_id)
-            claimed += len(result.runs)
-            if result.next_wake_ms is not None:
-                gap = max(result.next_wake_ms - result.now_ms, 0)
-                wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+                    if isinstance(reply, Exception):
+                        raise reply
+                    result = CLAIM.parse(reply)
+                except (JobQueueError, redis.exceptions.RedisError) as exc:
+                    failure = exc
+                    self._hot.discard(keys)
+                    self._cool_down(keys, exc)
+                    continue
+                answered += 1
+                if keys in self._cooling:
+                    del self._cooling[keys]
+                    log.info("claims in %s work again", keys.prefix)
+                self._metrics.claimed(keys.queue, result.runs, result.now_ms)
+                try:
+                    for run in result.runs:
+                        try:
+                            self._start(run, keys, result.now_ms, sent)
+                        except Exception:
+                            # One bad run must not keep the rest of the batch from starting
+                            # (it is not in flight: its lease expires, it is claimed again).
+                            log.exception("starting run_id=%s failed", run.run_id)
+                finally:
+                    self._launch()
+                claimed += len(result.runs)
+                if len(result.runs) >= want:
+                    self._hot.add(keys)  # it may hold more
+                else:
+                    self._hot.discard(keys)
+                if result.next_wake_ms is not None:
+                    gap = max(result.next_wake_ms - result.now_ms, 0)
+                    wait_ms = gap if wait_ms is None else min(wait_ms, gap)
+                    self._due[keys] = sent + gap / 1000
+                else:
+                    self._due.pop(keys, None)
         if failure is not None and answered == 0:
             raise failure  # no partition answered: the caller's back-off applies
+        if focus is not None:
+            # The partitions not asked now: what they reported before still falls due.
+            asked = set(order)
+            for keys, due in self._due.items():
+                if keys not in asked:
+                    gap = max(int((due - now) * 1000), 0)
+                    wait_ms = gap if wait_ms is None else min(wait_ms, gap)
         idle = self._idle_wait
         wait_s = idle if wait_ms is None else min(wait_ms / 1000, idle)
         return claimed, wait_s
+
+    def _plan(self, same: list[PartitionKeys], room: int) -> tuple[list[PartitionKeys], list[int]]:
+        """Which partitions of one queue a round asks, and for how many runs each: ``room``
+        in all at most, in rotation order (so that none starves). When some partition's last
+        claim got all it asked for (it may hold more), the others before it in the rotation
+        are asked for one run each and it for the rest, as one claim after the other would
+        have had it; when none did, the room is shared by as many as it allows."""
+        if not any(k in self._hot for k in same):
+            batch = same[:room]
+            extra = room - len(batch)
+            return batch, [
+                min(MAX_CLAIM_BATCH, 1 + extra // len(batch) + (i < extra % len(batch)))
+                for i in range(len(batch))
+            ]
+        batch, wants = [], []
+        for keys in same:
+            if room <= 0:
+                break
+            want = min(room, MAX_CLAIM_BATCH) if keys in self._hot else 1
+            batch.append(keys)
+            wants.append(want)
+            room -= want
+        return batch, wants
+
+    def _send_all(self, calls: list[Call]) -> list[Any]:
+        """Each call's reply or the error it met, as a value."""
+        if len(calls) == 1 or self._jq.settings.durable:
+            replies: list[Any] = []
+            for call in calls:
+                try:
+                    replies.append(self._send(call))
+                except (JobQueueError, redis.exceptions.RedisError) as exc:
+                    replies.append(exc)
+            return replies
+        try:
+            return self._jq.scripts.run_each(calls)
+        except (JobQueueError, redis.exceptions.RedisError) as exc:
+            return [exc] * len(calls)
 
     def _send(self, call: Call) -> Any:
         settings = self._jq.settings
@@ -241,18 +345,48 @@ class Claimer:
             pause,
         )
 
-    def _sleep_until_woken(self, wait_s: float) -> None:
-        """Block on the wake lists (a token arrives with every enqueue) at most wait_s."""
-        wake_keys = sorted({k.wake for k in self._partitions})
+    def _sleep_until_woken(self, wait_s: float) -> str | None:
+        """Block on the wake lists (a token arrives with every enqueue) at most wait_s.
+        Returns the partition wake list a token was taken from, or None (no token: every
+        partition is to be asked)."""
+        # In the queues' priority order: BLPOP takes its token from the first list holding
+        # one, so a higher-priority queue's partition is claimed first.
+        wake_keys = list(dict.fromkeys(k.wake for k in self._partitions))
         timeout = max(wait_s, 0.01)
         try:
             if isinstance(self._jq.redis, redis.cluster.RedisCluster):
-                # One slot per blocking call in a cluster: wait on one list, in turn.
-                key = wake_keys[self._rr % len(wake_keys)]
-                self._jq.redis.blpop([key], timeout=min(timeout, 0.5))
+                got = self._wait_on_cluster(wake_keys, timeout)
             else:
-                self._jq.redis.blpop([*wake_keys, self.own_wake_key], timeout=timeout)
+                got = self._jq.redis.blpop([*wake_keys, self.own_wake_key], timeout=timeout)
         # RedisClusterException (not a RedisError): a slot without a known master mid-failover.
         except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
             log.warning("waiting for work failed (%s)", exc)
             self._clock.wait(self._stopping, WAKE_FAILED_S)
+            return None
+        if not got:
+            return None
+        woken = got[0].decode() if isinstance(got[0], bytes) else str(got[0])
+        return woken if woken in wake_keys else None
+
+    def _wait_on_cluster(self, wake_keys: list[str], timeout: float) -> Any:
+        """One slot per blocking call in a cluster: wait on one list at a time, in turn,
+        CLUSTER_WAKE_S each; after each, one pipelined look at every list's length (a round
+        trip per master, not a claim per partition) finds a token pushed to another. Real
+        time, like the blocking calls. Returns (list, token) like BLPOP, or None."""
+        client = self._jq.redis
+        end = time.monotonic() + timeout
+        while True:
+            key = wake_keys[self._rr % len(wake_keys)]
+            self._rr = (self._rr + 1) % max(len(self._partitions), 1)
+            left = end - time.monotonic()
+            got = client.blpop([key], timeout=max(min(left, CLUSTER_WAKE_S), 0.01))
+            if got:
+                return got
+            if self._stopping.is_set() or end - time.monotonic() <= 0:
+                return None
+            pipe = client.pipeline()
+            for k in wake_keys:
+                pipe.llen(k)
+            for k, length in zip(wake_keys, pipe.execute(), strict=True):
+                if length:
+                    return (k, None)  # its token stays: a later wait takes it

@@ -193,6 +193,7 @@ class Worker:
             lease_ms=self.lease_ms, stopping=self._stopping,
             commits_refused=self._committer.refused, idle_wait=idle_wait,
             drained=self._burst_done if burst else None,
+            launch=self._executor.launch_started,
         )
 
     # -- what can be watched -------------------------------------------------------------

@@ -136,6 +136,8 @@ class Executor:
         self._loop: asyncio.AbstractEventLoop | None = None
         # per partition: ctx.fenced_write's and ctx.progress's calls
         self._writers: dict[PartitionKeys, tuple[Writer, Reporter]] = {}
+        # Async runs started since the last launch_started(): handed to the loop together.
+        self._to_spawn: list[tuple[InFlight, Task[Any, Any], list[Any], dict[str, Any]]] = []
 
     # -- the event loop ------------------------------------------------------------------
 
@@ -225,11 +227,30 @@ class Executor:
         args, kwargs = decode_payload(run.payload)
         entry.is_async = task.is_async
         if task.is_async:
-            loop = self._loop
-            assert loop is not None
-            loop.call_soon_threadsafe(self._spawn_async, entry, task, args, kwargs)
+            assert self._loop is not None
+            self._to_spawn.append((entry, task, args, kwargs))
         else:
             self._pool.submit(entry, _run_sync, (task, ctx, args, kwargs, self._hooks))
+
+    def launch_started(self) -> None:
+        """Hand the async runs started since the last call to the event loop, in one wake-up
+        of its thread (one per claim, not one per run: each is a write to the loop's
+        self-pipe and a thread hand-off)."""
+        batch, self._to_spawn = self._to_spawn, []
+        if not batch or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._spawn_many, batch)
+        except RuntimeError as exc:  # the loop is closed: these runs can never start
+            for entry, _, _, _ in batch:
+                error = f"Fatal: could not start the run: {type(exc).__name__}: {exc}"
+                self._on_outcome(entry, None, _StartFailed(error))
+
+    def _spawn_many(
+        self, batch: list[tuple[InFlight, Task[Any, Any], list[Any], dict[str, Any]]]
+    ) -> None:
+        for entry, task, args, kwargs in batch:
+            self._spawn_async(entry, task, args, kwargs)
 
     def _spawn_async(
         self, entry: InFlight, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]

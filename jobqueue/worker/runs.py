@@ -166,8 +166,11 @@ class RunTable:
     a stale attempt of a run and, having reclaimed it, the current one; both need heartbeats
     (the stale one to learn it was fenced out and stop) and both hold a slot.
 
-    One lock for all of it; ``changed`` is notified whenever a slot frees or a commit is
-    answered (and on stop), for the claim loop and the drain to wait on."""
+    One lock for all of it; ``changed`` is notified when slots free up to what the claim loop
+    waits for (see wait_for_room), when the last run returns, when commits are answered and on
+    stop, for the claim loop and the drain to wait on. Not on every slot freed: with short
+    tasks that woke the claim thread once per run only for it to wait again, a thread
+    hand-off (and a GIL transfer) per run for nothing."""
 
     def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
@@ -179,6 +182,8 @@ class RunTable:
         # Room for one batch being committed while the next one runs: claiming then overlaps
         # committing on the server too.
         self._max_pending = 2 * concurrency
+        # Free slots the claim loop waits for: returned() notifies once there are this many.
+        self._room_wanted = 1
 
     # -- reading -------------------------------------------------------------------------
 
@@ -222,16 +227,34 @@ class RunTable:
 
     def free_slots(self) -> int:
         with self._lock:
-            if self._pending >= self._max_pending:
-                return 0
-            return self.concurrency - self._busy
+            return self._free()
 
-    def wait_for_room(self, stop: threading.Event) -> None:
+    def wait_for_room(self, stop: threading.Event, batch: int = 1, linger: float = 0.0) -> int:
+        """Wait until a slot is free (or ``stop``); then, while fewer than ``batch`` are free
+        and some runs are still running, up to ``linger`` seconds more for ``batch`` to be
+        free, so that one claim fetches a batch instead of one round trip per finished run.
+        Returns the free slots (0 when stopping, or outcomes awaiting commit filled the room)."""
+        batch = max(1, min(batch, self.concurrency))
         with self._lock:
             while self._full() and not stop.is_set():
                 self.changed.wait(1.0)
+            if linger > 0 and not stop.is_set() and 0 < self._free() < batch:
+                self._room_wanted = batch
+                try:
+                    self.changed.wait(linger)
+                finally:
+                    self._room_wanted = 1
+            return 0 if stop.is_set() else self._free()
+
+    def _free(self) -> int:
+        # under the lock
+        if self._pending >= self._max_pending:
+            return 0
+        return self.concurrency - self._busy
 
     def wait_for_change(self, seconds: float) -> None:
+        """Up to ``seconds`` for a notification of ``changed`` (burst mode's wait while a
+        held run finishes)."""
         with self._lock:
             self.changed.wait(seconds)
 
@@ -271,7 +294,8 @@ class RunTable:
             if not phase.holds_slot:
                 raise PhaseError(f"run {entry.run.run_id} returned twice ({phase.value})")
             self._busy -= 1
-            self.changed.notify_all()
+            if self._busy == 0 or self.concurrency - self._busy >= self._room_wanted:
+                self.changed.notify_all()
             if phase is RUNNING:
                 entry.move(COMMITTING)
             elif phase is LEASE_LOST:

@@ -4,10 +4,15 @@ partition is flooded."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+
 from helpers import make_worker, running, wait_for
 
 from jobqueue import JobQueue, Request
+from jobqueue.runtime.metrics import Metrics
 from jobqueue.store.keys import partition_of
+from jobqueue.store.runs import ClaimedRun
 
 
 def done_count(jq: JobQueue, run_ids: list[str]) -> int:
@@ -67,4 +72,40 @@ def test_round_robin_claims_reach_every_partition_while_one_is_flooded(cluster_u
     # of the 16 partitions, every lonely run has been served despite 200 older runs in p0.
     last_lonely = max(order.index(r) for r in lonely)
     assert last_lonely < 2 * 16, (last_lonely, order[:40])
+    jq.close()
+
+
+class _ClaimCalls(Metrics):
+    """Counts the claim calls Redis answered (the claim loop calls ``claimed`` once each)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def claimed(self, queue: str, runs: Iterable[ClaimedRun], now_ms: int) -> None:
+        self.calls += 1
+
+
+def test_an_idle_worker_on_a_cluster_looks_at_the_wake_lists_not_claims_every_partition(
+    cluster_url: str,
+) -> None:
+    """Its blocking wait is on one list at a time; the others' lengths are looked at in one
+    pipelined round trip per master between waits: no claim until a token shows up."""
+    jq = JobQueue.from_url(cluster_url, partitions={"default": 16})
+
+    @jq.task
+    def noop() -> None:
+        return None
+
+    calls = _ClaimCalls()
+    # The idle wait (8 s) is longer than the test: only tokens end a wait.
+    with running(make_worker(jq, idle_wait=8.0, metrics=calls)):
+        wait_for(lambda: calls.calls >= 16, what="the first claim of every partition")
+        time.sleep(0.3)
+        idle_from = calls.calls
+        time.sleep(2.0)  # several 0.5 s blocking waits, on several lists
+        assert calls.calls == idle_from
+        for partition in (3, 11):  # lists the worker is not blocked on, mostly
+            (run_id,) = ids_in_partition(partition, 1)
+            handle = jq.enqueue(noop, run_id=run_id)
+            wait_for(lambda h=handle: jq.get_run(h.run_id).state == "done", timeout=5)
     jq.close()
