@@ -7,6 +7,7 @@
 -- KEYS[5]  fences    string  jq:{q#p}:fences   the last fence issued in the partition
 -- KEYS[6]  orphans   zset    jq:{q#p}:orphans  run_id -> when its index entry was found
 --                                              without a record (see below)
+-- KEYS[7]  paused    string  jq:{q#p}:paused   present while the queue is paused (pause.lua)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  limit              the most runs to claim
@@ -18,6 +19,8 @@
 --           job_id, scheduled_for, due}
 --          next_wake = earliest due time or lease expiry still pending in this partition
 --          (ms), or -1 when there is none: the worker sleeps on the wake list until then.
+--          A paused partition replies {now, -1, 0} and changes nothing: no run is claimed, no
+--          expired lease taken back (that waits for the resume).
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
 --          (TRYLATER: a slot migration) or an index key holds another type.
 --
@@ -73,6 +76,7 @@ end
 -- -- phase 1: read everything, decide everything -------------------------------------------
 
 local ok, plan = reading(function()
+  if read('GET', KEYS[7]) ~= false then return {paused = true} end
   local p = {take = {}, bury = {}, foreign = {}, lost = {}, orphan = {}, stray = {},
              stray_due = {}, restore = {}, forget = {}, expired = 0}
   -- One entry past the limit of each index: after this call's removals, the first entry left
@@ -176,6 +180,7 @@ local ok, plan = reading(function()
   return p
 end)
 if not ok then return plan end
+if plan.paused then return {now, -1, 0} end
 
 -- -- phase 2: write ---------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobqueue.store.admin import PURGE, REPAIR, Purged, Repaired
+from jobqueue.store.admin import PAUSE, PURGE, REPAIR, Purged, Repaired
 from jobqueue.store.catalog import CONTRACTS
 from jobqueue.store.contract import Contract, ContractError, Header, Wire, headers, parse_header
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
@@ -68,6 +68,7 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "fenced_write": lambda: FENCED_WRITE.call(PK, "res", 1, "v", "r"),
     "purge": lambda: PURGE.call(PK, ["r"]),
     "repair": lambda: REPAIR.call(PK, ["r"]),
+    "pause": lambda: PAUSE.call(PK, True),
     "sched_due": lambda: SCHED_DUE.call(SK, 1, 1),
     "advance": lambda: ADVANCE.call(SK, [((1, 2, 1, 0, 0, 0, "", 1, ""), ["j"])], token=7),
     "sched_define": lambda: SCHED_DEFINE.call(
@@ -468,6 +469,11 @@ def parses_sched_unhold(runner: ScriptRunner, redis_client: Any) -> None:
     assert SCHED_UNHOLD.parse(runner.run(call)) == 1
 
 
+def parses_pause(runner: ScriptRunner, redis_client: Any) -> None:
+    assert PAUSE.parse(runner.run(PAUSE.call(P, True, now=NOW))) is True
+    assert PAUSE.parse(runner.run(PAUSE.call(P, True, now=NOW))) is False
+
+
 REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "create_run": parses_create_run,
     "claim": parses_claim,
@@ -480,6 +486,7 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "fenced_write": parses_fenced_write,
     "purge": parses_purge,
     "repair": parses_repair,
+    "pause": parses_pause,
     "sched_due": parses_sched_due,
     "advance": parses_advance,
     "sched_define": parses_sched_define,

@@ -1,5 +1,6 @@
 """The contracts of the operator's scripts on a queue partition: purging dead runs for good
-(``jobqueue dead purge``) and putting runs back in their index (``jobqueue repair``)."""
+(``jobqueue dead purge``), putting runs back in their index (``jobqueue repair``) and pausing
+or resuming claims (``jobqueue queue pause``)."""
 
 from __future__ import annotations
 
@@ -63,4 +64,24 @@ REPAIR = Contract(
     parse=_parse_repair,
 )
 
-CONTRACTS = (PURGE, REPAIR)
+def _pause(pk: PartitionKeys, paused: bool, now: NowArg = None) -> Wire:
+    return Wire(
+        pk,
+        {"now": now_arg(now), "prefix": pk.prefix, "action": "pause" if paused else "resume"},
+    )
+
+
+def _parse_pause(reply: Any) -> bool:
+    """True when the call changed the partition, False when it already was so."""
+    return int(reply) == 1
+
+
+PAUSE = Contract(
+    "pause",
+    keys=("paused", "wake"),
+    args=("now", "prefix", "action"),
+    build=_pause,
+    parse=_parse_pause,
+)
+
+CONTRACTS = (PURGE, REPAIR, PAUSE)

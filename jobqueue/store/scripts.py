@@ -48,6 +48,7 @@ SCRIPT_NAMES = (
     "sched_unhold",
     "repair",
     "sched_lease",
+    "pause",
 )
 PRELUDE = "_prelude"
 
