@@ -111,3 +111,16 @@ def test_async_client_recovers_from_an_empty_script_cache(async_client: Any) -> 
         return (await jq.enqueue("report", run_id="after")).created
 
     assert run(go()) is True
+
+
+def test_async_pause_and_resume_a_queue(async_client: Any) -> None:
+    async def go() -> list[bool]:
+        jq = make(async_client)
+        return [
+            await jq.pause_queue("mail"),
+            await jq.queue_paused("mail"),
+            await jq.resume_queue("mail"),
+            await jq.queue_paused("mail"),
+        ]
+
+    assert run(go()) == [True, True, True, False]

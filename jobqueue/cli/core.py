@@ -418,9 +418,10 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         click.echo(json.dumps(run.to_dict(), default=str))
         return
     now = jq.server_time_ms()
+    paused = " - paused: not claimed until resumed" if jq.queue_paused(run.queue) else ""
     rows = [
         ("run", run.run_id),
-        ("queue", f"{run.queue} (partition {run.partition})"),
+        ("queue", f"{run.queue} (partition {run.partition}){paused}"),
         ("state", run.state),
         ("task", run.task),
         ("attempt", f"{run.attempt}/{run.max_attempts}"),

@@ -1,5 +1,5 @@
-"""The operator's commands: leases, runs, queues (alias stats), workers, dead runs, capacity,
-check.
+"""The operator's commands: leases, runs, queues (alias stats), queue pause/resume, workers,
+dead runs, capacity, check.
 
 Every listing has ``--json``; human output is an aligned table with relative and absolute
 times. Data comes from ``jobqueue.queries`` (the same functions any dashboard would use).
@@ -210,7 +210,8 @@ def runs(
 @pass_state
 def queues(state: Any, queue: str | None, as_json: bool) -> None:
     """Per queue and partition: due now, later, running, expired leases, dead, done in the
-    last minute and hour, and how late the oldest due run is. (Alias: stats.)
+    last minute and hour, how late the oldest due run is, and whether it is paused. (Alias:
+    stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
     found = queries.stats(state.jq(), queue)
@@ -228,6 +229,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "-"
             if s.oldest_due_age_ms is None
             else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
+            _paused_cell(s),
         ]
         for s in found
     ]
@@ -246,12 +248,52 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "DONE/1M",
             "DONE/1H",
             "OLDEST DUE (UTC)",
+            "PAUSED",
         ],
         "no queues yet",
         found,
     )
     if not as_json and any(s.node for s in found):
         _master_table(state.jq(), found)
+
+
+def _paused_cell(s: queries.PartitionStats) -> str:
+    if not s.paused:
+        return "-"
+    return "yes" if s.paused_since_ms is None else f"since {abs_time(s.paused_since_ms)}"
+
+
+@click.group()
+def queue() -> None:
+    """Pause or resume a queue's claims."""
+
+
+@queue.command("pause")
+@click.argument("name")
+@pass_state
+def queue_pause(state: Any, name: str) -> None:
+    """Stop workers claiming from queue NAME, on every partition, until `queue resume`.
+
+    Enqueues go on (runs wait, pending), and so do the runs already running: heartbeats and
+    commits are accepted. A lease that expires meanwhile is taken back after the resume.
+    Idempotent: a paused queue exits 0."""
+    if state.jq().pause_queue(name):
+        click.echo(f"paused queue {name}: workers claim none of its runs until resumed")
+    else:
+        click.echo(f"queue {name} is already paused (nothing to do)")
+
+
+@queue.command("resume")
+@click.argument("name")
+@pass_state
+def queue_resume(state: Any, name: str) -> None:
+    """Let workers claim from queue NAME again; idle workers are woken at once.
+
+    Idempotent: a queue that is not paused exits 0."""
+    if state.jq().resume_queue(name):
+        click.echo(f"resumed queue {name}")
+    else:
+        click.echo(f"queue {name} is not paused (nothing to do)")
 
 
 def _master_table(jq: Any, found: Sequence[queries.PartitionStats]) -> None:
@@ -584,4 +626,4 @@ def check(state: Any, lease: float | None, create_rate: float | None, as_json: b
         sys.exit(EXIT_REFUSED)  # 1: something is not as the guarantees need
 
 
-COMMANDS = [leases, runs, queues, stats, workers, dead, capacity, check]
+COMMANDS = [leases, runs, queues, stats, queue, workers, dead, capacity, check]

@@ -72,7 +72,7 @@ def render(
         lines += table_lines(
             [
                 [
-                    r.queue,
+                    r.queue + (" (paused)" if r.paused_partitions else ""),
                     r.partitions,
                     r.due_now,
                     r.scheduled_later,

@@ -114,6 +114,18 @@ class AsyncJobQueue(ClientCore):
         """``jq:queues`` as read, with the entries no command can use as anomalies."""
         return await self.run_steps(self._queue_table())
 
+    async def pause_queue(self, queue: str) -> bool:
+        """See :meth:`JobQueue.pause_queue`."""
+        return await self.run_steps(self._pause(queue, True))
+
+    async def resume_queue(self, queue: str) -> bool:
+        """See :meth:`JobQueue.resume_queue`."""
+        return await self.run_steps(self._pause(queue, False))
+
+    async def queue_paused(self, queue: str) -> bool:
+        """See :meth:`JobQueue.queue_paused`."""
+        return await self.run_steps(self._queue_paused(queue))
+
     # -- enqueue ---------------------------------------------------------------------------
 
     async def enqueue(

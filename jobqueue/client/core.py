@@ -36,7 +36,7 @@ from jobqueue.schedules.recurring import (
     make_definition,
     trigger_spec,
 )
-from jobqueue.store.admin import PURGE
+from jobqueue.store.admin import PAUSE, PURGE
 from jobqueue.store.io import (
     DurableScripts,
     Scripts,
@@ -109,6 +109,24 @@ class ClientCore(ClientBase):
 
     def _queues(self) -> Steps[dict[str, int]]:
         return (yield from self._queue_table()).counts
+
+    def _pause(self, queue: str, paused: bool) -> Steps[bool]:
+        """Pause or resume every partition of a queue (recorded first, like an enqueue, so a
+        queue can be paused before its first run); True when a partition changed."""
+        yield from self._register_queue(queue)
+        calls = [PAUSE.call(keys, paused) for keys in self.all_partition_keys(queue)]
+        replies = yield Scripts(calls)
+        return any([PAUSE.parse(reply) for reply in replies])
+
+    def _queue_paused(self, queue: str) -> Steps[bool]:
+        """Whether any partition of a queue recorded in Redis is paused (an unknown queue,
+        or a paused key of another type, is not: claims refuse the latter whole)."""
+        table = yield from self._queue_table()
+        parts = table.partitions(queue) if queue in table.counts else []
+        if not parts:
+            return False
+        replies = yield commands(*(cmd("get", keys.paused) for keys in parts))
+        return any(isinstance(r, (str, bytes)) for r in replies)
 
     # -- creating runs ---------------------------------------------------------------------
 

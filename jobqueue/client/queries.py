@@ -83,6 +83,8 @@ class PartitionStats:
     anomalies: tuple[Anomaly, ...] = ()
     slot: int | None = None  # the Redis Cluster slot of its keys (its hash tag's)
     node: str | None = None  # on a cluster: the master serving that slot (host:port)
+    paused: bool = False  # claims take nothing here (pause_queue) until resumed
+    paused_since_ms: int | None = None  # when it was paused (None: not paused, or unreadable)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -279,6 +281,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.zcount(k.done, now - 3_600_000, "+inf")
         pipe.zrange(k.due, 0, 0, withscores=True)
         pipe.hgetall(k.stats)
+        pipe.get(k.paused)
 
     out = []
     locate = getattr(jq.redis, "get_node_from_key", None)
@@ -299,6 +302,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 mine.append(Anomaly(k.stats, f"field {name!r} is {value!r}, not a counter"))
             else:
                 counters[name] = number
+        paused = checked(r[9], k.paused, "string", mine, None)
         out.append(
             PartitionStats(
                 queue=k.queue,
@@ -316,6 +320,8 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 anomalies=tuple(unique(mine)),
                 slot=k.slot,
                 node=_node_name(locate, k.due),
+                paused=paused is not None,
+                paused_since_ms=None if paused is None else stored_int(paused),
             )
         )
     return Listing(out, found)
@@ -535,6 +541,7 @@ class QueueTotals:
     done_last_hour: int
     oldest_due_age_ms: int | None  # the latest any due run of the queue is
     anomalies: tuple[Anomaly, ...] = ()  # its partitions'
+    paused_partitions: int = 0  # all of them after pause_queue, none after resume_queue
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -561,6 +568,7 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
                 done_last_hour=sum(s.done_last_hour for s in rows),
                 oldest_due_age_ms=max(ages) if ages else None,
                 anomalies=tuple(unique(a for s in rows for a in s.anomalies)),
+                paused_partitions=sum(s.paused for s in rows),
             )
         )
     return out

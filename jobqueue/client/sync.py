@@ -164,6 +164,21 @@ class JobQueue(ClientCore):
         """``jq:queues`` as read, with the entries no command can use as anomalies."""
         return self.run_steps(self._queue_table())
 
+    def pause_queue(self, queue: str) -> bool:
+        """Stop claims from ``queue`` on every partition: workers take none of its runs (not
+        even those whose lease expires) until :meth:`resume_queue`; enqueues, heartbeats and
+        commits go on. True when this call paused it, False when it already was paused."""
+        return self.run_steps(self._pause(queue, True))
+
+    def resume_queue(self, queue: str) -> bool:
+        """Let workers claim from ``queue`` again; idle workers are woken at once. True when
+        this call resumed it, False when it was not paused."""
+        return self.run_steps(self._pause(queue, False))
+
+    def queue_paused(self, queue: str) -> bool:
+        """Whether ``queue`` is paused (any of its partitions)."""
+        return self.run_steps(self._queue_paused(queue))
+
     # -- enqueue ---------------------------------------------------------------------------
 
     def enqueue(

@@ -15,8 +15,9 @@ What is counted where:
 * lease expiries: ``claim.lua`` does not say which claimed runs were reclaimed from an expired
   lease; it counts them in each partition's ``stats`` hash, which the queue-depth refresh
   exports (``jobqueue_queue_lease_expiries``, all workers together);
-* queue depth (due now / running / dead, per queue): :func:`jobqueue.queries.stats`, refreshed
-  every few seconds by a daemon thread (never on the scrape path, which must stay fast);
+* queue depth (due now / running / dead, per queue) and whether a queue is paused:
+  :func:`jobqueue.queries.stats`, refreshed every few seconds by a daemon thread (never on
+  the scrape path, which must stay fast);
 * scheduler fires / misses / drops / skips / conflicts: each tick's report.
 """
 
@@ -150,6 +151,12 @@ class PrometheusMetrics(Metrics):
             q,
             registry=r,
         )
+        self.queue_paused = Gauge(
+            "jobqueue_queue_paused",
+            "Partitions of the queue that are paused (jobqueue queue pause): 0 while it runs.",
+            q,
+            registry=r,
+        )
         self.sched = {
             name: Counter(f"jobqueue_scheduler_{name}", text, registry=r)
             for name, text in (
@@ -236,6 +243,7 @@ class PrometheusMetrics(Metrics):
             for state, value in (("due", due), ("running", running), ("dead", dead)):
                 self.queue_runs.labels(queue, state).set(value)
             self.queue_lease_expiries.labels(queue).set(expired)
+            self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
 
     def _anomaly(self, text: str) -> None:
         """Log a finding once: the refresh runs every few seconds, the log is read by people."""
