@@ -1,10 +1,11 @@
 """Model-based test of the run state machine: hypothesis drives the real Lua scripts (through
 ``ScriptRunner`` and ``jobqueue.store.runs``, with an explicit clock) with random interleavings of
 create (batched, duplicate run ids included), claim (batched, with a lease), heartbeat,
-complete, fail (retry with backoff, or dead), cancel, release, requeue, the expiry of a
-finished record (and the creation of its run id again) and clock advances (past lease expiry
-included), and compares every reply with a small pure-Python reference
-model. After every step it checks the invariants:
+complete, fail (retry with backoff, or dead), cancel, release, requeue, pausing and resuming
+the partition (a paused claim takes nothing and changes nothing), the expiry of a finished
+record (and the creation of its run id again) and clock advances (past lease expiry included),
+and compares every reply with a small pure-Python reference model. After every step it checks
+the invariants:
 
 - a run's fence never decreases, and every claim or cancel issues a fence greater than any
   issued before in the partition (one counter per partition) and at least the clock in
@@ -41,6 +42,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from jobqueue.store.admin import PAUSE
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
@@ -137,6 +139,7 @@ class RunStateMachine(RuleBasedStateMachine):
         self.seen_fence: dict[str, int] = {}
         self.last_fence = 0  # the partition's fence counter
         self.records: dict[str, int] = {}  # records created per run id
+        self.paused = False
 
     def teardown(self) -> None:
         self.client.close()
@@ -197,6 +200,9 @@ class RunStateMachine(RuleBasedStateMachine):
             self.run(CLAIM.call(PK, limit, owner, lease, RETENTION_MS, now=self.now))
         )
         assert result.now_ms == self.now
+        if self.paused:  # nothing taken, nothing changed (redis_matches_the_model checks)
+            assert (result.runs, result.next_wake_ms) == ([], None)
+            return
         expected: list[str] = []
         # Each index is read one entry past the limit, in sorted-set order. An entry is
         # handled until one is not yet due or the limit is reached; that entry's score is the
@@ -234,6 +240,12 @@ class RunStateMachine(RuleBasedStateMachine):
         wakes = [t for t in (next_lease, next_due) if t is not None]
         wakes += [self.now + lease] if result.runs else []
         assert result.next_wake_ms == (min(wakes) if wakes else None)
+
+    @rule(paused=st.booleans())
+    def pause(self, paused: bool) -> None:
+        changed = PAUSE.parse(self.run(PAUSE.call(PK, paused, now=self.now)))
+        assert changed == (paused != self.paused)
+        self.paused = paused
 
     @precondition(lambda self: self.holdings)
     @rule(data=st.data(), lease=st.integers(100, 3000))
@@ -369,6 +381,7 @@ class RunStateMachine(RuleBasedStateMachine):
     @invariant()
     def no_key_is_leaked(self) -> None:
         allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans}
+        allowed |= {PK.paused} if self.paused else set()
         for run_id in self.runs:
             allowed |= {PK.run(run_id), PK.history(run_id)}
         keys = set(self.client.scan_iter(match="*", count=1000))
@@ -413,6 +426,12 @@ MUTANTS = {
         "claim",
         "local f = math.max(last, tonumber(run_fence) or 0) + 1",
         "local f = (tonumber(run_fence) or 0) + 1",
+    ),
+    # claim.lua ignoring a pause
+    "claim-ignores-the-pause": (
+        "claim",
+        "  if read('GET', KEYS[7]) ~= false then return {paused = true} end",
+        "",
     ),
     # claim.lua without the clock floor: fences fall behind the clock
     "claim-without-the-clock-floor": (
