@@ -68,3 +68,37 @@ def test_round_robin_claims_reach_every_partition_while_one_is_flooded(cluster_u
     last_lonely = max(order.index(r) for r in lonely)
     assert last_lonely < 2 * 16, (last_lonely, order[:40])
     jq.close()
+
+
+def test_a_paused_queue_spread_over_three_masters_hands_out_nothing_until_resumed(
+    cluster_url: str,
+) -> None:
+    """The pause lives in each partition's slot (one key per partition, on its master), so it
+    holds on every master; a second queue keeps running meanwhile."""
+    jq = JobQueue.from_url(cluster_url, partitions={"held": 16, "open": 1})
+    seen: list[str] = []
+
+    @jq.task(queue="held")
+    def held(name: str) -> None:
+        seen.append(name)
+
+    @jq.task(queue="open")
+    def passing() -> str:
+        return "ok"
+
+    assert jq.pause_queue("held")
+    run_ids = [f"h-{i}" for i in range(64)]
+    jq.enqueue_many(Request(held, (r,), run_id=r) for r in run_ids)
+    assert len({partition_of(r, 16) for r in run_ids}) == 16
+    worker = make_worker(jq, queues=["held", "open"], concurrency=4, lease=None)
+    with running(worker, join_timeout=20):
+        # Each claim pass asks the 16 paused partitions first: once "open"'s run is done,
+        # every one of them was asked (the worker sleeps between passes).
+        jq.enqueue(passing, run_id="passing")
+        wait_for(lambda: jq.get_run("passing").state == "done", 30, "the open queue's run")
+        wait_for(lambda: worker.stats.completed >= 1, 10, "its commit")
+        assert seen == []
+        assert jq.resume_queue("held")
+        wait_for(lambda: len(seen) >= 64, 30, "the held runs after the resume")
+    assert sorted(seen) == sorted(run_ids)
+    jq.close()
