@@ -8,6 +8,8 @@
 -- KEYS[6]  orphans   zset    jq:{q#p}:orphans  run_id -> when its index entry was found
 --                                              without a record (see below)
 -- KEYS[7]  paused    string  jq:{q#p}:paused   present while the queue is paused (pause.lua)
+-- KEYS[8]  limits    hash    jq:{q#p}:limits   the partition's flow limits (set_limit.lua):
+--                                              concurrency = the most runs running at once
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  limit              the most runs to claim
@@ -21,6 +23,11 @@
 --          (ms), or -1 when there is none: the worker sleeps on the wake list until then.
 --          A paused partition replies {now, -1, 0} and changes nothing: no run is claimed, no
 --          expired lease taken back (that waits for the resume).
+--          A concurrency limit C counts the live leases (expiry after now): the call takes at
+--          most C minus those, expired leases taken back included. With no room it changes
+--          nothing and replies {now, next_wake, 0}, next_wake being the earliest live lease
+--          expiry (a slot is free by then at the latest; a commit frees one sooner).
+--          A limit field that is not a whole number counts as no limit.
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
 --          (TRYLATER: a slot migration) or an index key holds another type.
 --
@@ -77,6 +84,19 @@ end
 
 local ok, plan = reading(function()
   if read('GET', KEYS[7]) ~= false then return {paused = true} end
+  local cap = read('HGET', KEYS[8], 'concurrency')
+  if whole(cap, 0) then
+    -- Live leases hold a slot each; expired ones free theirs (taken back below, they count
+    -- as new claims against the room).
+    local live = read('ZCOUNT', KEYS[2], '(' .. int(now), '+inf')
+    local room = tonumber(cap) - live
+    if room <= 0 then
+      local first = read('ZRANGE', KEYS[2], '(' .. int(now), '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+                         'WITHSCORES')
+      return {full = true, next_wake = whole_or(first[2], 0, -1)} -- no score 'inf' in a reply
+    end
+    if room < limit then limit = room end
+  end
   local p = {take = {}, bury = {}, foreign = {}, lost = {}, orphan = {}, stray = {},
              stray_due = {}, restore = {}, forget = {}, expired = 0}
   -- One entry past the limit of each index: after this call's removals, the first entry left
@@ -181,6 +201,7 @@ local ok, plan = reading(function()
 end)
 if not ok then return plan end
 if plan.paused then return {now, -1, 0} end
+if plan.full then return {now, plan.next_wake, 0} end
 
 -- -- phase 2: write ---------------------------------------------------------------------------
 

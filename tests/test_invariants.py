@@ -33,7 +33,7 @@ from script_calls import Advance, advance_groups
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
 from jobqueue.payload import decode_payload
-from jobqueue.store.admin import PAUSE, PURGE, REPAIR
+from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, SchedKeys
 from jobqueue.store.runs import (
@@ -536,6 +536,9 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
         runner.run(REPAIR.call(p, [c.run_id for c in got]))
         runner.run(PAUSE.call(p, True))
         runner.run(PAUSE.call(p, False))
+        runner.run(SET_LIMIT.call(p, "concurrency", 2))
+        runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
+        runner.run(SET_LIMIT.call(p, "concurrency", None))
     jq.cancel("elsewhere")
     jq.requeue("elsewhere")
     buffered_job(jq)  # before sched_lifecycle: its bare definitions are not runnable

@@ -42,7 +42,7 @@ from script_calls import Advance, advance_groups, outcome
 from jobqueue import JobQueue
 from jobqueue.errors import ConnectionFailed, ScriptError
 from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.store.admin import PAUSE, PURGE, REPAIR
+from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.contract import headers
 from jobqueue.store.keys import PartitionKeys, SchedKeys
 from jobqueue.store.runs import (
@@ -384,6 +384,36 @@ def resume(runner: ScriptRunner) -> Call:
     return PAUSE.call(PK, False, now=NOW)
 
 
+def claim_under_a_limit(runner: ScriptRunner) -> Call:
+    """The busy partition of claim_a_busy_partition under a concurrency limit of 2, one slot
+    held by a live lease: the call takes one run."""
+    call = claim_a_busy_partition(runner)
+    enqueue(runner, spec("live"), now=NOW - 8)
+    runner.run(CLAIM.call(PK, 1, "w1", LEASE, RETENTION, now=NOW - 8))  # takes 'expired' back
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "concurrency", 3, now=NOW - 1)))
+    return call
+
+
+def claim_a_full_partition(runner: ScriptRunner) -> Call:
+    """The busy partition under a concurrency limit its live leases already fill."""
+    call = claim_a_busy_partition(runner)
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "concurrency", 0, now=NOW - 1)))
+    return call
+
+
+def set_limit_raise(runner: ScriptRunner) -> Call:
+    """A limit is raised on a busy partition (idle workers are woken)."""
+    claim_a_busy_partition(runner)
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "concurrency", 1, now=NOW - 1)))
+    return SET_LIMIT.call(PK, "concurrency", 5, now=NOW)
+
+
+def set_limit_remove(runner: ScriptRunner) -> Call:
+    claim_a_busy_partition(runner)
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "concurrency", 1, now=NOW - 1)))
+    return SET_LIMIT.call(PK, "concurrency", None, now=NOW)
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A state, and the call under test in it. ``build`` sets up the state and returns the
@@ -416,6 +446,10 @@ SCENARIOS = {
         Scenario("claim-paused", "claim", claim_a_paused_partition, CLAIM.parse,
                  writes=False),
         Scenario("pause", "pause", pause, PAUSE.parse),
+        Scenario("claim-limited", "claim", claim_under_a_limit, CLAIM.parse),
+        Scenario("claim-full", "claim", claim_a_full_partition, CLAIM.parse, writes=False),
+        Scenario("set_limit-raise", "set_limit", set_limit_raise, SET_LIMIT.parse),
+        Scenario("set_limit-remove", "set_limit", set_limit_remove, SET_LIMIT.parse),
         Scenario("resume", "pause", resume, PAUSE.parse),
         Scenario("sched_due", "sched_due", sched_due, SCHED_DUE.parse, prefix=""),
         Scenario("advance", "advance", advance, ADVANCE.parse, prefix=""),

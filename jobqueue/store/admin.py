@@ -1,6 +1,7 @@
 """The contracts of the operator's scripts on a queue partition: purging dead runs for good
-(``jobqueue dead purge``), putting runs back in their index (``jobqueue repair``) and pausing
-or resuming claims (``jobqueue queue pause``)."""
+(``jobqueue dead purge``), putting runs back in their index (``jobqueue repair``), pausing
+or resuming claims (``jobqueue queue pause``) and setting flow limits (``jobqueue queue
+limit``)."""
 
 from __future__ import annotations
 
@@ -84,4 +85,27 @@ PAUSE = Contract(
     parse=_parse_pause,
 )
 
-CONTRACTS = (PURGE, REPAIR, PAUSE)
+LIMIT_NAMES = ("concurrency",)
+
+
+def _set_limit(pk: PartitionKeys, name: str, value: int | None, now: NowArg = None) -> Wire:
+    return Wire(
+        pk,
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "name": name,
+            "value": "" if value is None else value,
+        },
+    )
+
+
+SET_LIMIT = Contract(
+    "set_limit",
+    keys=("limits", "wake"),
+    args=("now", "prefix", "name", "value"),
+    build=_set_limit,
+    parse=_parse_pause,  # the same reply: 1 changed, 0 already so
+)
+
+CONTRACTS = (PURGE, REPAIR, PAUSE, SET_LIMIT)

@@ -158,7 +158,7 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
 
 CLAIM = Contract(
     "claim",
-    keys=("due", "leases", "dead", "stats", "fences", "orphans", "paused"),
+    keys=("due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits"),
     args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
     build=_claim,
     parse=_parse_claim,

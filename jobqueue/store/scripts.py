@@ -49,6 +49,7 @@ SCRIPT_NAMES = (
     "repair",
     "sched_lease",
     "pause",
+    "set_limit",
 )
 PRELUDE = "_prelude"
 
