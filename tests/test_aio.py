@@ -124,3 +124,15 @@ def test_async_pause_and_resume_a_queue(async_client: Any) -> None:
         ]
 
     assert run(go()) == [True, True, True, False]
+
+
+def test_async_set_queue_concurrency(async_client: Any) -> None:
+    async def go() -> list[bool]:
+        jq = make(async_client)
+        return [
+            await jq.set_queue_concurrency("mail", 2),
+            await jq.set_queue_concurrency("mail", 2),
+            await jq.set_queue_concurrency("mail", None),
+        ]
+
+    assert run(go()) == [True, False, True]

@@ -210,8 +210,8 @@ def runs(
 @pass_state
 def queues(state: Any, queue: str | None, as_json: bool) -> None:
     """Per queue and partition: due now, later, running, expired leases, dead, done in the
-    last minute and hour, how late the oldest due run is, and whether it is paused. (Alias:
-    stats.)
+    last minute and hour, how late the oldest due run is, whether it is paused, and its
+    concurrency limit. (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
     found = queries.stats(state.jq(), queue)
@@ -230,6 +230,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             if s.oldest_due_age_ms is None
             else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
             _paused_cell(s),
+            "-" if s.concurrency_limit is None else s.concurrency_limit,
         ]
         for s in found
     ]
@@ -249,6 +250,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "DONE/1H",
             "OLDEST DUE (UTC)",
             "PAUSED",
+            "LIMIT",
         ],
         "no queues yet",
         found,
@@ -265,7 +267,7 @@ def _paused_cell(s: queries.PartitionStats) -> str:
 
 @click.group()
 def queue() -> None:
-    """Pause or resume a queue's claims."""
+    """Pause or resume a queue's claims; limit how many of its runs run at once."""
 
 
 @queue.command("pause")
@@ -294,6 +296,30 @@ def queue_resume(state: Any, name: str) -> None:
         click.echo(f"resumed queue {name}")
     else:
         click.echo(f"queue {name} is not paused (nothing to do)")
+
+
+@queue.command("concurrency")
+@click.argument("name")
+@click.argument("limit")
+@pass_state
+def queue_concurrency(state: Any, name: str, limit: str) -> None:
+    """At most LIMIT runs of queue NAME running at once, per partition (exact for a queue of
+    one partition, the default); LIMIT `none` removes the limit.
+
+    Enforced by the claim script across all workers: a run holds its slot from its claim until
+    its commit, its cancel or its lease's expiry (a killed worker's slot frees when its lease
+    expires). Idempotent: setting the limit it has exits 0."""
+    if limit.lower() == "none":
+        value = None
+    elif limit.isascii() and limit.isdigit():
+        value = int(limit)
+    else:
+        raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
+    what = "no concurrency limit" if value is None else f"concurrency limit {value}"
+    if state.jq().set_queue_concurrency(name, value):
+        click.echo(f"queue {name}: {what}")
+    else:
+        click.echo(f"queue {name} already has {what} (nothing to do)")
 
 
 def _master_table(jq: Any, found: Sequence[queries.PartitionStats]) -> None:

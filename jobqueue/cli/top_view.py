@@ -72,7 +72,9 @@ def render(
         lines += table_lines(
             [
                 [
-                    r.queue + (" (paused)" if r.paused_partitions else ""),
+                    r.queue
+                    + (" (paused)" if r.paused_partitions else "")
+                    + ("" if r.concurrency_limit is None else f" (max {r.concurrency_limit})"),
                     r.partitions,
                     r.due_now,
                     r.scheduled_later,

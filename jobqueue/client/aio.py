@@ -122,6 +122,10 @@ class AsyncJobQueue(ClientCore):
         """See :meth:`JobQueue.resume_queue`."""
         return await self.run_steps(self._pause(queue, False))
 
+    async def set_queue_concurrency(self, queue: str, limit: int | None) -> bool:
+        """See :meth:`JobQueue.set_queue_concurrency`."""
+        return await self.run_steps(self._set_concurrency(queue, limit))
+
     async def queue_paused(self, queue: str) -> bool:
         """See :meth:`JobQueue.queue_paused`."""
         return await self.run_steps(self._queue_paused(queue))

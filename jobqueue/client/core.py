@@ -26,7 +26,7 @@ from jobqueue.client.base import (
     queue_table,
     read_run,
 )
-from jobqueue.errors import ConnectionFailed, NotDurable, OperationRefused
+from jobqueue.errors import ConfigError, ConnectionFailed, NotDurable, OperationRefused
 from jobqueue.models import Run
 from jobqueue.policy.timeutil import Delay, Instant
 from jobqueue.schedules.recurring import (
@@ -36,7 +36,7 @@ from jobqueue.schedules.recurring import (
     make_definition,
     trigger_spec,
 )
-from jobqueue.store.admin import PAUSE, PURGE
+from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT
 from jobqueue.store.io import (
     DurableScripts,
     Scripts,
@@ -51,6 +51,8 @@ from jobqueue.store.runs import CANCEL, CREATE_RUN, REQUEUE, RunSpec
 from jobqueue.store.scripts import Call
 
 log = logging.getLogger("jobqueue.client")
+
+MAX_LIMIT = 1_000_000  # a concurrency limit above any worker fleet is a typo
 
 
 class Created(NamedTuple):
@@ -117,6 +119,20 @@ class ClientCore(ClientBase):
         calls = [PAUSE.call(keys, paused) for keys in self.all_partition_keys(queue)]
         replies = yield Scripts(calls)
         return any([PAUSE.parse(reply) for reply in replies])
+
+    def _set_concurrency(self, queue: str, limit: int | None) -> Steps[bool]:
+        """Set (or with None remove) the concurrency limit of every partition of a queue;
+        True when a partition changed."""
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT
+        ):
+            raise ConfigError(f"concurrency limit must be an integer from 0 to {MAX_LIMIT}")
+        yield from self._register_queue(queue)
+        calls = [
+            SET_LIMIT.call(keys, "concurrency", limit) for keys in self.all_partition_keys(queue)
+        ]
+        replies = yield Scripts(calls)
+        return any([SET_LIMIT.parse(reply) for reply in replies])
 
     def _queue_paused(self, queue: str) -> Steps[bool]:
         """Whether any partition of a queue recorded in Redis is paused (an unknown queue,

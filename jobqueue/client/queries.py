@@ -85,6 +85,7 @@ class PartitionStats:
     node: str | None = None  # on a cluster: the master serving that slot (host:port)
     paused: bool = False  # claims take nothing here (pause_queue) until resumed
     paused_since_ms: int | None = None  # when it was paused (None: not paused, or unreadable)
+    concurrency_limit: int | None = None  # the most runs running at once here (None: none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -282,6 +283,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.zrange(k.due, 0, 0, withscores=True)
         pipe.hgetall(k.stats)
         pipe.get(k.paused)
+        pipe.hget(k.limits, "concurrency")
 
     out = []
     locate = getattr(jq.redis, "get_node_from_key", None)
@@ -303,6 +305,9 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
             else:
                 counters[name] = number
         paused = checked(r[9], k.paused, "string", mine, None)
+        limit = checked(r[10], k.limits, "hash", mine, None)
+        if limit is not None and stored_int(limit) is None:
+            mine.append(Anomaly(k.limits, f"field 'concurrency' is {limit!r}, not a limit"))
         out.append(
             PartitionStats(
                 queue=k.queue,
@@ -322,6 +327,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 node=_node_name(locate, k.due),
                 paused=paused is not None,
                 paused_since_ms=None if paused is None else stored_int(paused),
+                concurrency_limit=stored_int(limit),
             )
         )
     return Listing(out, found)
@@ -542,6 +548,8 @@ class QueueTotals:
     oldest_due_age_ms: int | None  # the latest any due run of the queue is
     anomalies: tuple[Anomaly, ...] = ()  # its partitions'
     paused_partitions: int = 0  # all of them after pause_queue, none after resume_queue
+    # Per partition, as set_queue_concurrency sets it (the largest if partitions differ).
+    concurrency_limit: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -555,6 +563,7 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
     out = []
     for queue, rows in sorted(grouped.items()):
         ages = [s.oldest_due_age_ms for s in rows if s.oldest_due_age_ms is not None]
+        limits = [s.concurrency_limit for s in rows if s.concurrency_limit is not None]
         out.append(
             QueueTotals(
                 queue=queue,
@@ -569,6 +578,7 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
                 oldest_due_age_ms=max(ages) if ages else None,
                 anomalies=tuple(unique(a for s in rows for a in s.anomalies)),
                 paused_partitions=sum(s.paused for s in rows),
+                concurrency_limit=max(limits, default=None),
             )
         )
     return out

@@ -442,6 +442,27 @@ def _carry_pause(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
     pipe.execute()
 
 
+def _carry_limits(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
+    """A queue's concurrency limit holds on every new partition (the largest found, should
+    partitions differ), before the limits of vanishing partitions go."""
+    new = targets(sources[0].queue, count)
+    everything = list(dict.fromkeys([*sources, *new]))
+    pipe = r.pipeline(transaction=False)
+    for k in everything:
+        pipe.hget(k.limits, "concurrency")
+    found = [stored_int(v) for v in pipe.execute(raise_on_error=False)]
+    limits = [v for v in found if v is not None]
+    if not limits:
+        return
+    pipe = r.pipeline(transaction=False)
+    for k in new:
+        pipe.hset(k.limits, "concurrency", max(limits))
+    for k in everything:
+        if k not in new:
+            pipe.delete(k.limits)
+    pipe.execute()
+
+
 def repartition(
     jq: JobQueue,
     queue: str,
@@ -480,6 +501,7 @@ def repartition(
             report.folded.append((source.partition, fold_target(source.partition, count)))
     _carry_fences(r, partitions, count)
     _carry_pause(r, partitions, count)
+    _carry_limits(r, partitions, count)
     _refuse_if_busy(jq, queue, partitions)  # a worker started during the move
     r.hset(QUEUES_KEY, queue, placement_record(count, True))
     r.hdel(MOVING_KEY, queue)

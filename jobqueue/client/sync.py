@@ -175,6 +175,13 @@ class JobQueue(ClientCore):
         this call resumed it, False when it was not paused."""
         return self.run_steps(self._pause(queue, False))
 
+    def set_queue_concurrency(self, queue: str, limit: int | None) -> bool:
+        """At most ``limit`` runs of ``queue`` running at once in each of its partitions
+        (exact for a queue of one partition, the default), enforced by the claim script: a
+        slot is held from the claim until the commit, the cancel or the lease's expiry.
+        ``None`` removes the limit. True when this call changed it."""
+        return self.run_steps(self._set_concurrency(queue, limit))
+
     def queue_paused(self, queue: str) -> bool:
         """Whether ``queue`` is paused (any of its partitions)."""
         return self.run_steps(self._queue_paused(queue))

@@ -157,6 +157,12 @@ class PrometheusMetrics(Metrics):
             q,
             registry=r,
         )
+        self.queue_concurrency_limit = Gauge(
+            "jobqueue_queue_concurrency_limit",
+            "The most runs of the queue running at once per partition; -1: no limit.",
+            q,
+            registry=r,
+        )
         self.sched = {
             name: Counter(f"jobqueue_scheduler_{name}", text, registry=r)
             for name, text in (
@@ -244,6 +250,8 @@ class PrometheusMetrics(Metrics):
                 self.queue_runs.labels(queue, state).set(value)
             self.queue_lease_expiries.labels(queue).set(expired)
             self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
+            limits = [p.concurrency_limit for p in parts if p.concurrency_limit is not None]
+            self.queue_concurrency_limit.labels(queue).set(max(limits, default=-1))
 
     def _anomaly(self, text: str) -> None:
         """Log a finding once: the refresh runs every few seconds, the log is read by people."""

@@ -1,0 +1,127 @@
+"""Concurrency limits of a queue (issue 21): the client API (the asyncio one in test_aio.py),
+a worker that never runs more than the limit, `jobqueue queue concurrency`, and the limit as
+`queues`, `top`, the dashboard and the metrics show it. Both backends. The SIGKILL test is in
+test_worker_processes.py, the script-level rules in test_script_limits.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+from click.testing import CliRunner, Result
+from helpers import make_worker, running, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from jobqueue import Request
+from jobqueue.cli.core import State, main
+from jobqueue.cli.top_view import render
+from jobqueue.client import queries
+from jobqueue.client.sync import JobQueue
+from jobqueue.dashboard.app import create_app
+from jobqueue.errors import ConfigError
+from jobqueue.runtime.metrics import serve
+
+
+def invoke(jq: JobQueue, *args: str) -> Result:
+    return CliRunner().invoke(main, list(args), obj=State(None, jq))
+
+
+def test_set_queue_concurrency_sets_every_partition(jq: JobQueue) -> None:
+    jq = JobQueue(jq.redis, partitions={"mail": 4})
+    assert jq.set_queue_concurrency("mail", 3) is True
+    assert [r.concurrency_limit for r in queries.stats(jq, "mail")] == [3] * 4
+
+
+def test_set_queue_concurrency_says_whether_it_changed_the_limit(jq: JobQueue) -> None:
+    changes = [jq.set_queue_concurrency("mail", n) for n in (3, 3, 5, None, None)]
+    assert changes == [True, False, True, True, False]
+    assert [r.concurrency_limit for r in queries.stats(jq, "mail")] == [None]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3", 10**7])
+def test_a_limit_that_is_not_a_count_is_refused_and_nothing_is_written(
+    jq: JobQueue, bad: object
+) -> None:
+    with pytest.raises(ConfigError):
+        jq.set_queue_concurrency("mail", bad)  # type: ignore[arg-type]
+    assert jq.queues() == {}
+
+
+def test_a_worker_never_runs_more_than_the_limit(fast_jq: JobQueue) -> None:
+    lock = threading.Lock()
+    running_now, most = [0], [0]
+    done: list[int] = []
+
+    @fast_jq.task
+    def busy(i: int) -> None:
+        with lock:
+            running_now[0] += 1
+            most[0] = max(most[0], running_now[0])
+        time.sleep(0.02)
+        with lock:
+            running_now[0] -= 1
+            done.append(i)
+
+    fast_jq.set_queue_concurrency("default", 2)
+    fast_jq.enqueue_many(Request(busy, (i,)) for i in range(20))
+    with running(make_worker(fast_jq, concurrency=8)):
+        wait_for(lambda: len(done) == 20, 30, "20 runs")
+    assert most[0] == 2
+
+
+def test_cli_queue_concurrency_sets_and_removes_the_limit(jq: JobQueue) -> None:
+    first = invoke(jq, "queue", "concurrency", "mail", "3")
+    again = invoke(jq, "queue", "concurrency", "mail", "3")
+    assert (first.exit_code, again.exit_code) == (0, 0)
+    assert "concurrency limit 3" in first.output and "nothing to do" in again.output
+    (row,) = json.loads(invoke(jq, "queues", "--json").stdout)
+    assert row["concurrency_limit"] == 3
+    assert "no concurrency limit" in invoke(jq, "queue", "concurrency", "mail", "none").output
+    (row,) = json.loads(invoke(jq, "queues", "--json").stdout)
+    assert row["concurrency_limit"] is None
+
+
+def test_cli_queue_concurrency_refuses_what_is_not_a_count(jq: JobQueue) -> None:
+    result = invoke(jq, "queue", "concurrency", "mail", "-1")
+    assert result.exit_code == 2
+    assert jq.queues() == {}
+
+
+def test_cli_queues_has_a_limit_column(jq: JobQueue) -> None:
+    jq.set_queue_concurrency("mail", 7)
+    lines = invoke(jq, "queues").output.splitlines()
+    assert lines[0].split()[-1] == "LIMIT" and lines[1].split()[-1] == "7"
+
+
+def test_top_shows_the_limit_after_the_queue(jq: JobQueue) -> None:
+    jq.set_queue_concurrency("mail", 7)
+    assert any(line.startswith("mail (max 7)") for line in render(queries.top_snapshot(jq)))
+
+
+def test_dashboard_shows_the_limit(jq: JobQueue) -> None:
+    jq.set_queue_concurrency("mail", 7)
+    page = TestClient(create_app(jq)).get("/queues").text
+    assert "at most 7 at once" in page
+
+
+def test_metrics_export_the_limit(jq: JobQueue) -> None:
+    jq.set_queue_concurrency("mail", 7)
+    jq.register_queue("open")
+    metrics = serve("worker", 0, "127.0.0.1")
+    try:
+        metrics.refresh_depth(jq, ["mail", "open"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as reply:
+            text = reply.read().decode()
+    finally:
+        metrics.close()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("jobqueue_queue_concurrency_limit", (("queue", "mail"),))] == 7
+    assert samples[("jobqueue_queue_concurrency_limit", (("queue", "open"),))] == -1
