@@ -202,6 +202,7 @@ def client_for(url: str) -> JobQueue:
     jq.declare_task("stall")
     jq.declare_task("work", max_attempts=10)
     jq.declare_task("stuck_once")
+    jq.declare_task("capped", max_attempts=20)
     return jq
 
 
@@ -372,6 +373,49 @@ def test_sigkill_chaos_every_run_done_once_and_every_effect_applied_once(
         f"double_executions={sum(1 for c in executions.values() if c > 1)} "
         f"max_attempt={max(v.attempt for v in runs.values())}"
     )
+
+
+def test_a_concurrency_limit_of_3_holds_under_4_workers_and_sigkills(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """4 workers of 4 slots each, a limit of 3 on the queue, 150 runs of 50-200 ms; a random
+    worker is SIGKILLed every 0.7 s and replaced. The runs themselves count how many of them
+    are in progress (tests/apps/chaos_app.py: capped): never more than 3, and 3 is reached;
+    every run ends done, so no slot leaked (a killed worker's slots come back when its leases
+    expire)."""
+    n_runs = 150
+    worker_args = ("--concurrency", "4", "--lease", "2", "--grace", "1")
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    r = jq.redis
+    jq.set_queue_concurrency("default", 3)
+    rng = random.Random(2103)
+    live = [procs.worker(*worker_args) for _ in range(4)]
+    run_ids = [f"capped-{i:04d}" for i in range(n_runs)]
+    jq.enqueue_many(Request("capped", (0.05, 0.2), run_id=run_id) for run_id in run_ids)
+
+    kills = 0
+    deadline = time.monotonic() + 90
+    while done_count(r) < n_runs:
+        assert time.monotonic() < deadline, f"only {done_count(r)} of {n_runs} runs done"
+        time.sleep(0.7)
+        if done_count(r) >= n_runs:
+            break
+        victim = live.pop(rng.randrange(len(live)))
+        victim.popen.send_signal(signal.SIGKILL)
+        victim.popen.wait(5)
+        kills += 1
+        live.append(procs.worker(*worker_args))
+    for proc in live:
+        assert stop_gracefully(proc, r) == 0, proc.text()[-2000:]
+
+    runs = read_runs(r, run_ids)
+    assert {v.state for v in runs.values()} == {"done"}
+    assert int(r.get("capped:most")) == 3
+    reclaimed = sum(v.attempt > 1 for v in runs.values())
+    assert kills >= 5
+    assert reclaimed, "no kill hit a worker holding runs: the test proved nothing"
+    print(f"\ncapped: runs={n_runs} kills={kills} reclaimed={reclaimed}")
 
 
 def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(
