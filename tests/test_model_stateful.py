@@ -2,7 +2,8 @@
 ``ScriptRunner`` and ``jobqueue.store.runs``, with an explicit clock) with random interleavings of
 create (batched, duplicate run ids included), claim (batched, with a lease), heartbeat,
 complete, fail (retry with backoff, or dead), cancel, release, requeue, pausing and resuming
-the partition (a paused claim takes nothing and changes nothing), the expiry of a finished
+the partition (a paused claim takes nothing and changes nothing), concurrency limits (a
+claim takes at most the limit minus the live leases), the expiry of a finished
 record (and the creation of its run id again) and clock advances (past lease expiry included),
 and compares every reply with a small pure-Python reference model. After every step it checks
 the invariants:
@@ -42,7 +43,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jobqueue.store.admin import PAUSE
+from jobqueue.store.admin import PAUSE, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
@@ -140,6 +141,7 @@ class RunStateMachine(RuleBasedStateMachine):
         self.last_fence = 0  # the partition's fence counter
         self.records: dict[str, int] = {}  # records created per run id
         self.paused = False
+        self.cap: int | None = None  # the concurrency limit
 
     def teardown(self) -> None:
         self.client.close()
@@ -203,6 +205,17 @@ class RunStateMachine(RuleBasedStateMachine):
         if self.paused:  # nothing taken, nothing changed (redis_matches_the_model checks)
             assert (result.runs, result.next_wake_ms) == ([], None)
             return
+        if self.cap is not None:
+            # A slot per live lease; expired ones are free (taken back, they count again).
+            live = sorted(
+                m.lease_until or 0
+                for m in self.runs.values()
+                if m.state == "running" and (m.lease_until or 0) > self.now
+            )
+            if len(live) >= self.cap:  # full: nothing taken, wake at the first expiry
+                assert (result.runs, result.next_wake_ms) == ([], live[0] if live else None)
+                return
+            limit = min(limit, self.cap - len(live))
         expected: list[str] = []
         # Each index is read one entry past the limit, in sorted-set order. An entry is
         # handled until one is not yet due or the limit is reached; that entry's score is the
@@ -246,6 +259,12 @@ class RunStateMachine(RuleBasedStateMachine):
         changed = PAUSE.parse(self.run(PAUSE.call(PK, paused, now=self.now)))
         assert changed == (paused != self.paused)
         self.paused = paused
+
+    @rule(cap=st.none() | st.integers(0, 3))
+    def set_concurrency(self, cap: int | None) -> None:
+        call = SET_LIMIT.call(PK, "concurrency", cap, now=self.now)
+        assert SET_LIMIT.parse(self.run(call)) == (cap != self.cap)
+        self.cap = cap
 
     @precondition(lambda self: self.holdings)
     @rule(data=st.data(), lease=st.integers(100, 3000))
@@ -382,6 +401,7 @@ class RunStateMachine(RuleBasedStateMachine):
     def no_key_is_leaked(self) -> None:
         allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans}
         allowed |= {PK.paused} if self.paused else set()
+        allowed |= {PK.limits} if self.cap is not None else set()
         for run_id in self.runs:
             allowed |= {PK.run(run_id), PK.history(run_id)}
         keys = set(self.client.scan_iter(match="*", count=1000))
@@ -431,6 +451,12 @@ MUTANTS = {
     "claim-ignores-the-pause": (
         "claim",
         "  if read('GET', KEYS[7]) ~= false then return {paused = true} end",
+        "",
+    ),
+    # claim.lua taking more runs than the limit leaves room for
+    "claim-ignores-the-limit": (
+        "claim",
+        "    if room < limit then limit = room end",
         "",
     ),
     # claim.lua without the clock floor: fences fall behind the clock
