@@ -1,7 +1,7 @@
 """Worker daemon throughput and idle start latency, with real ``jobqueue worker`` processes.
 
     .venv/bin/python bench/worker.py [--url URL] [--n N] [--quick] [--repeat R] [--flush]
-                                     [--concurrency C] [--latency-runs M]
+                                     [--concurrency C] [--latency-runs M] [--queue-limit L]
 
 Phases, each on a freshly flushed server:
 
@@ -13,6 +13,10 @@ Phases, each on a freshly flushed server:
 * idle start latency: with one idle worker, M runs are enqueued one at a time, 20 ms apart;
   each run's latency is its ``started`` minus its ``due`` (server ms), i.e. from due time to
   the claim that started it. p50 / p99 / max are printed.
+
+``--queue-limit L`` sets a concurrency limit of L on the queue before each phase (``jobqueue
+queue concurrency default L``): with L above ``--concurrency`` x processes it never binds, so
+the figures show what checking a limit costs each claim; without it the queue has no limit.
 
 The drain figures are shown with their ratio to redis-benchmark's pipelined EVALSHA of a
 one-run write script (-c 1 -P 16) measured in the same run: the machine is shared and noisy,
@@ -131,9 +135,13 @@ def tree_cpu(root: int) -> float:
     return total
 
 
-def bench_drain(server: BenchServer, n: int, concurrency: int, processes: int) -> Sample:
+def bench_drain(
+    server: BenchServer, n: int, concurrency: int, processes: int, limit: int | None = None
+) -> Sample:
     server.flush()
     jq = JobQueue.from_url(server.url)
+    if limit is not None:
+        jq.set_queue_concurrency("default", limit)
     task = jq.declare_task("noop")
     client = server.client
     workers = Workers(server.url, concurrency, processes)
@@ -165,9 +173,13 @@ def bench_drain(server: BenchServer, n: int, concurrency: int, processes: int) -
         jq.close()
 
 
-def bench_latency(server: BenchServer, m: int, concurrency: int) -> list[int]:
+def bench_latency(
+    server: BenchServer, m: int, concurrency: int, limit: int | None = None
+) -> list[int]:
     server.flush()
     jq = JobQueue.from_url(server.url)
+    if limit is not None:
+        jq.set_queue_concurrency("default", limit)
     task = jq.declare_task("noop")
     client = server.client
     workers = Workers(server.url, concurrency, 1)
@@ -212,6 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_common_args(parser, default_n=DEFAULT_N, quick_n=QUICK_N)
     parser.add_argument("--concurrency", type=int, default=64, help="worker slots (default 64)")
     parser.add_argument("--latency-runs", type=int, default=LATENCY_RUNS)
+    parser.add_argument(
+        "--queue-limit", type=int, default=None, help="a concurrency limit on the queue"
+    )
     args = parser.parse_args(argv)
     n = runs_from_args(args)
     requests = QUICK_BASELINE_REQUESTS if args.quick else BASELINE_REQUESTS
@@ -223,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in env.lines():
                 say(f"  {line}")
             say(f"  N = {n:,} no-op runs per drain, worker --concurrency {args.concurrency}")
+            limit = args.queue_limit
+            say(f"  queue concurrency limit: {'none' if limit is None else limit}")
             say()
             say(baseline_table(baselines))
             pipelined = baselines.write_pipelined
@@ -230,14 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for processes in (1, 2):
                 sample = min(
                     (
-                        bench_drain(server, n, args.concurrency, processes)
+                        bench_drain(server, n, args.concurrency, processes, limit)
                         for _ in range(args.repeat)
                     ),
                     key=lambda s: s.seconds,
                 )
                 label = "drain, 1 worker process" if processes == 1 else "drain, --processes 2"
                 measurements.append(Measurement(label, n, sample, TARGET_DRAIN, pipelined))
-            latencies = bench_latency(server, args.latency_runs, args.concurrency)
+            latencies = bench_latency(server, args.latency_runs, args.concurrency, limit)
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
         return fail(str(exc))
     say()
