@@ -9,7 +9,10 @@
 --                                              without a record (see below)
 -- KEYS[7]  paused    string  jq:{q#p}:paused   present while the queue is paused (pause.lua)
 -- KEYS[8]  limits    hash    jq:{q#p}:limits   the partition's flow limits (set_limit.lua):
---                                              concurrency = the most runs running at once
+--                                              concurrency = the most runs running at once,
+--                                              rate = 'N W': at most N claims in any W ms
+-- KEYS[9]  claims    zset    jq:{q#p}:claims   fence -> claim time (ms), the claims of the
+--                                              last W ms (kept only under a rate limit)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  limit              the most runs to claim
@@ -27,7 +30,10 @@
 --          most C minus those, expired leases taken back included. With no room it changes
 --          nothing and replies {now, next_wake, 0}, next_wake being the earliest live lease
 --          expiry (a slot is free by then at the latest; a commit frees one sooner).
---          A limit field that is not a whole number counts as no limit.
+--          A rate limit 'N W' counts the claims of the last W ms (claims, expired leases taken
+--          back included): the call takes at most N minus those, and with no room replies
+--          next_wake = when the oldest of them leaves the window, changing nothing.
+--          A limit field that is not a whole number (rate: two) counts as no limit.
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
 --          (TRYLATER: a slot migration) or an index key holds another type.
 --
@@ -84,7 +90,10 @@ end
 
 local ok, plan = reading(function()
   if read('GET', KEYS[7]) ~= false then return {paused = true} end
-  local cap = read('HGET', KEYS[8], 'concurrency')
+  local limits = read('HMGET', KEYS[8], 'concurrency', 'rate')
+  local cap = limits[1]
+  local rate_n, rate_w = string.match(limits[2] or '', '^(%d+) (%d+)$')
+  local rated = whole(rate_n, 0) and whole(rate_w, 1)
   if whole(cap, 0) then
     -- Live leases hold a slot each; expired ones free theirs (taken back below, they count
     -- as new claims against the room).
@@ -97,8 +106,20 @@ local ok, plan = reading(function()
     end
     if room < limit then limit = room end
   end
+  if rated then
+    local since = '(' .. int(now - tonumber(rate_w))
+    local room = tonumber(rate_n) - read('ZCOUNT', KEYS[9], since, '+inf')
+    if room <= 0 then
+      local first = read('ZRANGE', KEYS[9], since, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+                         'WITHSCORES')
+      local oldest = whole_or(first[2], 0, nil)
+      return {full = true, next_wake = oldest and oldest + tonumber(rate_w) or -1}
+    end
+    if room < limit then limit = room end
+  end
   local p = {take = {}, bury = {}, foreign = {}, lost = {}, orphan = {}, stray = {},
-             stray_due = {}, restore = {}, forget = {}, expired = 0}
+             stray_due = {}, restore = {}, forget = {}, expired = 0,
+             rate_w = rated and tonumber(rate_w) or nil}
   -- One entry past the limit of each index: after this call's removals, the first entry left
   -- tells the next wake-up without reading after a write.
   local leases = read('ZRANGE', KEYS[2], 0, limit, 'WITHSCORES')
@@ -232,6 +253,17 @@ for _, run in ipairs(plan.take) do
   out[n + 11] = whole_or(run.due, 0, 0)
 end
 save_fences(plan.fences)
+if plan.rate_w and #plan.take > 0 then
+  -- The rate limit's log: one entry per claim, by its fence (unique in the partition).
+  local entries = {}
+  for i = 1, #out, 11 do
+    entries[#entries + 1] = now
+    entries[#entries + 1] = int(out[i + 1])
+  end
+  bulk('ZADD', KEYS[9], entries, 2000)
+  trim_index(KEYS[9], now, plan.rate_w)
+  redis.call('PEXPIRE', KEYS[9], plan.rate_w)
+end
 -- Leases are added before any is removed: the leases key is never emptied and then written
 -- in one call (on a node migrating the slot, a write to a missing key is refused).
 if #new_leases > 0 then bulk('ZADD', KEYS[2], new_leases, 2000) end

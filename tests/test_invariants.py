@@ -539,6 +539,8 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
         runner.run(SET_LIMIT.call(p, "concurrency", 2))
         runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
         runner.run(SET_LIMIT.call(p, "concurrency", None))
+        runner.run(SET_LIMIT.call(p, "rate", "1 60000"))
+        runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
     jq.cancel("elsewhere")
     jq.requeue("elsewhere")
     buffered_job(jq)  # before sched_lifecycle: its bare definitions are not runnable

@@ -401,6 +401,30 @@ def claim_a_full_partition(runner: ScriptRunner) -> Call:
     return call
 
 
+def claim_under_a_rate(runner: ScriptRunner) -> Call:
+    """The busy partition under a rate limit of 3 claims per 10 s, one claim in the window
+    (and one that left it): the call takes two runs."""
+    call = claim_a_busy_partition(runner)
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "rate", "3 10000", now=NOW - 1)))
+    runner.client.zadd(PK.claims, {"1": NOW - 15_000, "2": NOW - 5_000})
+    return call
+
+
+def claim_a_rate_limited_partition(runner: ScriptRunner) -> Call:
+    """The busy partition whose rate limit's window is full."""
+    call = claim_a_busy_partition(runner)
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "rate", "1 10000", now=NOW - 1)))
+    runner.client.zadd(PK.claims, {"1": NOW - 5_000})
+    return call
+
+
+def set_rate(runner: ScriptRunner) -> Call:
+    """A rate limit is changed on a busy partition (idle workers are woken)."""
+    claim_a_busy_partition(runner)
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "rate", "1 1000", now=NOW - 1)))
+    return SET_LIMIT.call(PK, "rate", "50 1000", now=NOW)
+
+
 def set_limit_raise(runner: ScriptRunner) -> Call:
     """A limit is raised on a busy partition (idle workers are woken)."""
     claim_a_busy_partition(runner)
@@ -448,6 +472,10 @@ SCENARIOS = {
         Scenario("pause", "pause", pause, PAUSE.parse),
         Scenario("claim-limited", "claim", claim_under_a_limit, CLAIM.parse),
         Scenario("claim-full", "claim", claim_a_full_partition, CLAIM.parse, writes=False),
+        Scenario("claim-rated", "claim", claim_under_a_rate, CLAIM.parse),
+        Scenario("claim-rate-full", "claim", claim_a_rate_limited_partition, CLAIM.parse,
+                 writes=False),
+        Scenario("set_limit-rate", "set_limit", set_rate, SET_LIMIT.parse),
         Scenario("set_limit-raise", "set_limit", set_limit_raise, SET_LIMIT.parse),
         Scenario("set_limit-remove", "set_limit", set_limit_remove, SET_LIMIT.parse),
         Scenario("resume", "pause", resume, PAUSE.parse),

@@ -168,3 +168,88 @@ def test_set_limit_refuses_what_is_not_a_limit(
     with pytest.raises(ScriptError, match="jobqueue"):
         runner.run(call)
     assert not redis_client.exists(pk.limits)
+
+
+# -- rate limits ---------------------------------------------------------------------------
+
+
+def rate(runner: ScriptRunner, pk: PartitionKeys, value: str | None) -> bool:
+    return SET_LIMIT.parse(runner.run(SET_LIMIT.call(pk, "rate", value, now=0)))
+
+
+def test_a_rate_limit_takes_at_most_n_claims_in_any_window(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    rate(runner, pk, "2 1000")
+    create(runner, pk, "a", "b", "c", "d", "e")
+    assert ids(claim(runner, pk, now=1_000, limit=1)) == ["a"]
+    assert ids(claim(runner, pk, now=1_500)) == ["b"]
+    assert ids(claim(runner, pk, now=1_999)) == []
+    assert ids(claim(runner, pk, now=2_000)) == ["c"]  # a's claim left the window
+    assert ids(claim(runner, pk, now=2_500)) == ["d"]
+
+
+def test_a_rate_limited_partition_wakes_when_its_oldest_claim_leaves_the_window(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    rate(runner, pk, "1 1000")
+    create(runner, pk, "a", "b")
+    claim(runner, pk, now=1_000)
+    limited = claim(runner, pk, now=1_200)
+    assert (limited.runs, limited.next_wake_ms) == ([], 2_000)
+
+
+def test_a_rate_limited_claim_changes_nothing(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    rate(runner, pk, "1 1000")
+    create(runner, pk, "a", "b")
+    claim(runner, pk, now=1_000)
+    before = {k: redis_client.dump(k) for k in redis_client.scan_iter("*")}
+    claim(runner, pk, now=1_200)
+    assert {k: redis_client.dump(k) for k in redis_client.scan_iter("*")} == before
+
+
+def test_taking_back_an_expired_lease_counts_as_a_claim(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    rate(runner, pk, "2 10000")
+    create(runner, pk, "a", "b")
+    claim(runner, pk, now=1_000, lease=1_000, limit=1)
+    (again,) = claim(runner, pk, now=2_000).runs
+    assert (again.run_id, again.attempt) == ("a", 2)
+    assert claim(runner, pk, now=3_000).runs == []
+
+
+def test_the_claim_log_keeps_only_the_window(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    rate(runner, pk, "5 1000")
+    create(runner, pk, "a", "b", "c")
+    claim(runner, pk, now=1_000, limit=2)
+    claim(runner, pk, now=2_500)
+    assert redis_client.zcard(pk.claims) == 1
+    assert 0 < redis_client.pttl(pk.claims) <= 1_000
+
+
+def test_a_rate_and_a_concurrency_limit_both_hold(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    rate(runner, pk, "3 1000")
+    cap(runner, pk, 1)
+    create(runner, pk, "a", "b", "c")
+    assert ids(claim(runner, pk, now=1_000)) == ["a"]
+
+
+def test_a_rate_is_stored_in_its_plain_form(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    assert [rate(runner, pk, "007 1000"), rate(runner, pk, "7 1000")] == [True, False]
+    assert redis_client.hget(pk.limits, "rate") == "7 1000"
+
+
+@pytest.mark.parametrize("value", ["5", "5 0", "-1 1000", "5 1000 2", "x y"])
+def test_set_limit_refuses_what_is_not_a_rate(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, value: str
+) -> None:
+    with pytest.raises(ScriptError, match="a rate is"):
+        rate(runner, pk, value)
+    assert not redis_client.exists(pk.limits)

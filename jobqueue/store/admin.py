@@ -85,10 +85,17 @@ PAUSE = Contract(
     parse=_parse_pause,
 )
 
-LIMIT_NAMES = ("concurrency",)
+LIMIT_NAMES = ("concurrency", "rate")
 
 
-def _set_limit(pk: PartitionKeys, name: str, value: int | None, now: NowArg = None) -> Wire:
+def rate_value(count: int, window_ms: int) -> str:
+    """A rate limit as set_limit takes it and claim reads it: count claims in window_ms."""
+    return f"{count} {window_ms}"
+
+
+def _set_limit(
+    pk: PartitionKeys, name: str, value: int | str | None, now: NowArg = None
+) -> Wire:
     return Wire(
         pk,
         {

@@ -158,7 +158,9 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
 
 CLAIM = Contract(
     "claim",
-    keys=("due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits"),
+    keys=(
+        "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims"
+    ),
     args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
     build=_claim,
     parse=_parse_claim,
