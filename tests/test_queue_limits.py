@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 from click.testing import CliRunner, Result
-from helpers import make_worker, running, wait_for
+from helpers import advance_until, make_worker, running, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
@@ -23,6 +23,7 @@ from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError
+from jobqueue.runtime.clock import FakeClock
 from jobqueue.runtime.metrics import serve
 
 
@@ -94,7 +95,7 @@ def test_cli_queue_concurrency_refuses_what_is_not_a_count(jq: JobQueue) -> None
 def test_cli_queues_has_a_limit_column(jq: JobQueue) -> None:
     jq.set_queue_concurrency("mail", 7)
     lines = invoke(jq, "queues").output.splitlines()
-    assert lines[0].split()[-1] == "LIMIT" and lines[1].split()[-1] == "7"
+    assert lines[0].split()[-2:] == ["LIMIT", "RATE"] and lines[1].split()[-2:] == ["7", "-"]
 
 
 def test_top_shows_the_limit_after_the_queue(jq: JobQueue) -> None:
@@ -125,3 +126,80 @@ def test_metrics_export_the_limit(jq: JobQueue) -> None:
     }
     assert samples[("jobqueue_queue_concurrency_limit", (("queue", "mail"),))] == 7
     assert samples[("jobqueue_queue_concurrency_limit", (("queue", "open"),))] == -1
+
+
+# -- rate limits ---------------------------------------------------------------------------
+
+
+def test_set_queue_rate_sets_every_partition(jq: JobQueue) -> None:
+    jq = JobQueue(jq.redis, partitions={"mail": 4})
+    assert jq.set_queue_rate("mail", 50, per=2) is True
+    rows = queries.stats(jq, "mail")
+    assert [(r.rate_limit, r.rate_window_ms) for r in rows] == [(50, 2_000)] * 4
+
+
+def test_set_queue_rate_says_whether_it_changed_the_limit(jq: JobQueue) -> None:
+    changes = [jq.set_queue_rate("mail", n) for n in (10, 10, 20, None, None)]
+    assert changes == [True, False, True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("limit", "per"), [(-1, 1.0), (True, 1.0), (10, 0), (10, -1), (10, float("nan")), (10, 1e9)]
+)
+def test_a_rate_that_is_not_one_is_refused_and_nothing_is_written(
+    jq: JobQueue, limit: int, per: float
+) -> None:
+    with pytest.raises(ConfigError):
+        jq.set_queue_rate("mail", limit, per=per)
+    assert jq.queues() == {}
+
+
+def test_a_worker_starts_no_more_runs_than_the_rate_allows(
+    fast_jq: JobQueue, clock: FakeClock
+) -> None:
+    """On a fake clock (the server judges by it too): 2 runs per 10 s, 5 runs due; within the
+    first window only 2 start, and the rest once the clock has moved past it."""
+    started: list[str] = []
+
+    @fast_jq.task
+    def note(name: str) -> None:
+        started.append(name)
+
+    fast_jq.set_queue_rate("default", 2, per=10)
+    fast_jq.enqueue_many(Request(note, (f"r{i}",), run_id=f"r{i}") for i in range(5))
+    with running(make_worker(fast_jq, clock=clock)):
+        wait_for(lambda: len(started) == 2, 10, "the window's two runs")
+        clock.advance(1)
+        time.sleep(0.2)  # the worker claims again, and is refused by the rate
+        assert len(started) == 2
+        advance_until(clock, lambda: len(started) == 5, step=5)
+
+
+def test_cli_queue_rate_sets_and_removes_the_limit(jq: JobQueue) -> None:
+    first = invoke(jq, "queue", "rate", "mail", "50", "--per", "2")
+    assert first.exit_code == 0 and "rate limit 50 per 2s" in first.output
+    again = invoke(jq, "queue", "rate", "mail", "50", "--per", "2")
+    assert "nothing to do" in again.output
+    lines = invoke(jq, "queues").output.splitlines()
+    assert lines[0].split()[-1] == "RATE" and lines[1].split()[-1] == "50/2.0s"
+    assert "no rate limit" in invoke(jq, "queue", "rate", "mail", "none").output
+    (row,) = json.loads(invoke(jq, "queues", "--json").stdout)
+    assert (row["rate_limit"], row["rate_window_ms"]) == (None, None)
+
+
+def test_top_and_dashboard_show_the_rate(jq: JobQueue) -> None:
+    jq.set_queue_rate("mail", 50)
+    assert any(line.startswith("mail (50/1.0s)") for line in render(queries.top_snapshot(jq)))
+    assert "at most 50 per 1.0s" in TestClient(create_app(jq)).get("/queues").text
+
+
+def test_metrics_export_the_rate_per_second(jq: JobQueue) -> None:
+    jq.set_queue_rate("mail", 50, per=2)
+    metrics = serve("worker", 0, "127.0.0.1")
+    try:
+        metrics.refresh_depth(jq, ["mail"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as reply:
+            text = reply.read().decode()
+    finally:
+        metrics.close()
+    assert "jobqueue_queue_rate_limit{queue=\"mail\"} 25.0" in text

@@ -425,6 +425,19 @@ def set_rate(runner: ScriptRunner) -> Call:
     return SET_LIMIT.call(PK, "rate", "50 1000", now=NOW)
 
 
+def complete_under_a_limit(runner: ScriptRunner) -> Call:
+    """complete_a_batch under a concurrency limit: each completion wakes an idle worker."""
+    call = complete_a_batch(runner)
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "concurrency", 2, now=NOW - 1)))
+    return call
+
+
+def fail_for_good_under_a_limit(runner: ScriptRunner) -> Call:
+    call = fail_for_good(runner)
+    assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "concurrency", 2, now=NOW - 1)))
+    return call
+
+
 def set_limit_raise(runner: ScriptRunner) -> Call:
     """A limit is raised on a busy partition (idle workers are woken)."""
     claim_a_busy_partition(runner)
@@ -473,6 +486,8 @@ SCENARIOS = {
         Scenario("claim-limited", "claim", claim_under_a_limit, CLAIM.parse),
         Scenario("claim-full", "claim", claim_a_full_partition, CLAIM.parse, writes=False),
         Scenario("claim-rated", "claim", claim_under_a_rate, CLAIM.parse),
+        Scenario("complete-limited", "complete", complete_under_a_limit, COMPLETE.parse),
+        Scenario("fail-dead-limited", "fail", fail_for_good_under_a_limit, FAIL.parse),
         Scenario("claim-rate-full", "claim", claim_a_rate_limited_partition, CLAIM.parse,
                  writes=False),
         Scenario("set_limit-rate", "set_limit", set_rate, SET_LIMIT.parse),

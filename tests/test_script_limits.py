@@ -253,3 +253,42 @@ def test_set_limit_refuses_what_is_not_a_rate(
     with pytest.raises(ScriptError, match="a rate is"):
         rate(runner, pk, value)
     assert not redis_client.exists(pk.limits)
+
+
+# -- commits wake the workers a limit made wait -----------------------------------------------
+
+
+@pytest.mark.parametrize(("limited", "tokens"), [(True, 1), (False, 0)])
+def test_a_completion_under_a_concurrency_limit_wakes_an_idle_worker(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, limited: bool, tokens: int
+) -> None:
+    if limited:
+        cap(runner, pk, 1)
+    create(runner, pk, "a", "b")
+    (a,) = claim(runner, pk, now=1_000, limit=1).runs
+    redis_client.delete(pk.wake)
+    runner.run(COMPLETE.call(pk, [("a", a.fence, "1")], RETENTION, now=2_000))
+    assert redis_client.llen(pk.wake) == tokens
+
+
+@pytest.mark.parametrize(("limited", "tokens"), [(True, 1), (False, 0)])
+def test_a_burial_under_a_concurrency_limit_wakes_an_idle_worker(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, limited: bool, tokens: int
+) -> None:
+    if limited:
+        cap(runner, pk, 1)
+    create(runner, pk, "a", "b")
+    (a,) = claim(runner, pk, now=1_000, limit=1).runs
+    redis_client.delete(pk.wake)
+    runner.run(FAIL.call(pk, "a", a.fence, "boom", None, RETENTION, now=2_000))
+    assert redis_client.llen(pk.wake) == tokens
+
+
+def test_a_commit_is_never_refused_for_a_limits_key_of_another_type(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    (a,) = claim(runner, pk, now=1_000).runs
+    redis_client.rpush(pk.limits, "x")
+    runner.run(COMPLETE.call(pk, [("a", a.fence, "1")], RETENTION, now=2_000))
+    assert redis_client.hget(pk.run("a"), "state") == "done"

@@ -17,7 +17,7 @@ import click
 
 from jobqueue.anomalies import Anomaly
 from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
-from jobqueue.cli.format import abs_time, duration, when
+from jobqueue.cli.format import abs_time, duration, rate, when
 from jobqueue.cli.format import table as table
 from jobqueue.client import health, queries
 from jobqueue.client.capacity import measure_bytes_per_run
@@ -210,8 +210,8 @@ def runs(
 @pass_state
 def queues(state: Any, queue: str | None, as_json: bool) -> None:
     """Per queue and partition: due now, later, running, expired leases, dead, done in the
-    last minute and hour, how late the oldest due run is, whether it is paused, and its
-    concurrency limit. (Alias: stats.)
+    last minute and hour, how late the oldest due run is, whether it is paused, its
+    concurrency limit and its rate limit. (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
     found = queries.stats(state.jq(), queue)
@@ -231,6 +231,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
             _paused_cell(s),
             "-" if s.concurrency_limit is None else s.concurrency_limit,
+            rate(s.rate_limit, s.rate_window_ms),
         ]
         for s in found
     ]
@@ -251,6 +252,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "OLDEST DUE (UTC)",
             "PAUSED",
             "LIMIT",
+            "RATE",
         ],
         "no queues yet",
         found,
@@ -267,7 +269,8 @@ def _paused_cell(s: queries.PartitionStats) -> str:
 
 @click.group()
 def queue() -> None:
-    """Pause or resume a queue's claims; limit how many of its runs run at once."""
+    """Pause or resume a queue's claims; limit how many of its runs run at once, and how many
+    start per time window."""
 
 
 @queue.command("pause")
@@ -317,6 +320,33 @@ def queue_concurrency(state: Any, name: str, limit: str) -> None:
         raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
     what = "no concurrency limit" if value is None else f"concurrency limit {value}"
     if state.jq().set_queue_concurrency(name, value):
+        click.echo(f"queue {name}: {what}")
+    else:
+        click.echo(f"queue {name} already has {what} (nothing to do)")
+
+
+@queue.command("rate")
+@click.argument("name")
+@click.argument("limit")
+@click.option(
+    "--per", type=FiniteFloat(), default=1.0, show_default=True, help="The window, in seconds."
+)
+@pass_state
+def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
+    """At most LIMIT runs of queue NAME claimed in any --per seconds, per partition (exact for
+    a queue of one partition, the default); LIMIT `none` removes the limit.
+
+    Enforced by the claim script across all workers, on the server's clock: a run over the
+    limit stays pending, and idle workers sleep until the window has room. Idempotent."""
+    if limit.lower() == "none":
+        value = None
+    elif limit.isascii() and limit.isdigit():
+        value = int(limit)
+    else:
+        raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
+    jq = state.jq()
+    what = "no rate limit" if value is None else f"rate limit {value} per {per:g}s"
+    if jq.set_queue_rate(name, value, per):
         click.echo(f"queue {name}: {what}")
     else:
         click.echo(f"queue {name} already has {what} (nothing to do)")

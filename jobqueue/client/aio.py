@@ -126,6 +126,10 @@ class AsyncJobQueue(ClientCore):
         """See :meth:`JobQueue.set_queue_concurrency`."""
         return await self.run_steps(self._set_concurrency(queue, limit))
 
+    async def set_queue_rate(self, queue: str, limit: int | None, per: float = 1.0) -> bool:
+        """See :meth:`JobQueue.set_queue_rate`."""
+        return await self.run_steps(self._set_rate(queue, limit, per))
+
     async def queue_paused(self, queue: str) -> bool:
         """See :meth:`JobQueue.queue_paused`."""
         return await self.run_steps(self._queue_paused(queue))

@@ -36,7 +36,7 @@ from jobqueue.schedules.recurring import (
     make_definition,
     trigger_spec,
 )
-from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT
+from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, rate_value
 from jobqueue.store.io import (
     DurableScripts,
     Scripts,
@@ -53,6 +53,15 @@ from jobqueue.store.scripts import Call
 log = logging.getLogger("jobqueue.client")
 
 MAX_LIMIT = 1_000_000  # a concurrency limit above any worker fleet is a typo
+MAX_RATE_WINDOW_MS = 86_400_000  # the claim log of a rate limit lives one window
+
+
+def to_ms(seconds: float, what: str) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds:
+        raise ConfigError(f"{what} must be a number of seconds")
+    if seconds in (float("inf"), float("-inf")):
+        raise ConfigError(f"{what} must be a finite number of seconds")
+    return round(seconds * 1000)
 
 
 class Created(NamedTuple):
@@ -131,6 +140,22 @@ class ClientCore(ClientBase):
         calls = [
             SET_LIMIT.call(keys, "concurrency", limit) for keys in self.all_partition_keys(queue)
         ]
+        replies = yield Scripts(calls)
+        return any([SET_LIMIT.parse(reply) for reply in replies])
+
+    def _set_rate(self, queue: str, limit: int | None, per: float) -> Steps[bool]:
+        """Set (or with None remove) the rate limit of every partition of a queue: at most
+        ``limit`` claims in any ``per`` seconds; True when a partition changed."""
+        value: str | None = None
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+                raise ConfigError(f"rate limit must be an integer from 0 to {MAX_LIMIT}")
+            window_ms = to_ms(per, "per")
+            if not 1 <= window_ms <= MAX_RATE_WINDOW_MS:
+                raise ConfigError("rate window 'per' must be from 1 ms to 1 day")
+            value = rate_value(limit, window_ms)
+        yield from self._register_queue(queue)
+        calls = [SET_LIMIT.call(keys, "rate", value) for keys in self.all_partition_keys(queue)]
         replies = yield Scripts(calls)
         return any([SET_LIMIT.parse(reply) for reply in replies])
 

@@ -86,6 +86,8 @@ class PartitionStats:
     paused: bool = False  # claims take nothing here (pause_queue) until resumed
     paused_since_ms: int | None = None  # when it was paused (None: not paused, or unreadable)
     concurrency_limit: int | None = None  # the most runs running at once here (None: none)
+    rate_limit: int | None = None  # at most this many claims here in any rate_window_ms
+    rate_window_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -283,7 +285,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.zrange(k.due, 0, 0, withscores=True)
         pipe.hgetall(k.stats)
         pipe.get(k.paused)
-        pipe.hget(k.limits, "concurrency")
+        pipe.hmget(k.limits, "concurrency", "rate")
 
     out = []
     locate = getattr(jq.redis, "get_node_from_key", None)
@@ -305,9 +307,12 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
             else:
                 counters[name] = number
         paused = checked(r[9], k.paused, "string", mine, None)
-        limit = checked(r[10], k.limits, "hash", mine, None)
+        limit, rate = checked(r[10], k.limits, "hash", mine, [None, None])
         if limit is not None and stored_int(limit) is None:
             mine.append(Anomaly(k.limits, f"field 'concurrency' is {limit!r}, not a limit"))
+        rate_n, rate_w = _rate(rate)
+        if rate is not None and rate_n is None:
+            mine.append(Anomaly(k.limits, f"field 'rate' is {rate!r}, not a rate"))
         out.append(
             PartitionStats(
                 queue=k.queue,
@@ -328,9 +333,21 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 paused=paused is not None,
                 paused_since_ms=None if paused is None else stored_int(paused),
                 concurrency_limit=stored_int(limit),
+                rate_limit=rate_n,
+                rate_window_ms=rate_w,
             )
         )
     return Listing(out, found)
+
+
+def _rate(stored: Any) -> tuple[int | None, int | None]:
+    """A stored rate limit 'N W' as (N, W ms), or (None, None)."""
+    if isinstance(stored, str):
+        n, _, w = stored.partition(" ")
+        count, window = stored_int(n), stored_int(w)
+        if count is not None and window is not None and count >= 0 and window >= 1:
+            return count, window
+    return None, None
 
 
 def _node_name(locate: Callable[[str], Any] | None, key: str) -> str | None:
@@ -550,6 +567,8 @@ class QueueTotals:
     paused_partitions: int = 0  # all of them after pause_queue, none after resume_queue
     # Per partition, as set_queue_concurrency sets it (the largest if partitions differ).
     concurrency_limit: int | None = None
+    rate_limit: int | None = None  # per partition, in rate_window_ms (partition 0's)
+    rate_window_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -579,6 +598,8 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
                 anomalies=tuple(unique(a for s in rows for a in s.anomalies)),
                 paused_partitions=sum(s.paused for s in rows),
                 concurrency_limit=max(limits, default=None),
+                rate_limit=rows[0].rate_limit,
+                rate_window_ms=rows[0].rate_window_ms,
             )
         )
     return out

@@ -443,20 +443,27 @@ def _carry_pause(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
 
 
 def _carry_limits(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
-    """A queue's concurrency limit holds on every new partition (the largest found, should
-    partitions differ), before the limits of vanishing partitions go."""
+    """A queue's concurrency and rate limits hold on every new partition (the largest
+    concurrency found, should partitions differ; the first partition's rate), before the
+    limits of vanishing partitions go."""
     new = targets(sources[0].queue, count)
     everything = list(dict.fromkeys([*sources, *new]))
     pipe = r.pipeline(transaction=False)
     for k in everything:
-        pipe.hget(k.limits, "concurrency")
-    found = [stored_int(v) for v in pipe.execute(raise_on_error=False)]
-    limits = [v for v in found if v is not None]
-    if not limits:
+        pipe.hmget(k.limits, "concurrency", "rate")
+    found = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, list)]
+    limits = [n for n in (stored_int(v[0]) for v in found) if n is not None]
+    rates = [v[1] for v in found if isinstance(v[1], str)]
+    if not limits and not rates:
         return
+    carried: dict[str, str | int] = {}
+    if limits:
+        carried["concurrency"] = max(limits)
+    if rates:
+        carried["rate"] = rates[0]
     pipe = r.pipeline(transaction=False)
     for k in new:
-        pipe.hset(k.limits, "concurrency", max(limits))
+        pipe.hset(k.limits, mapping=carried)
     for k in everything:
         if k not in new:
             pipe.delete(k.limits)

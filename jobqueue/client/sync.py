@@ -182,6 +182,14 @@ class JobQueue(ClientCore):
         ``None`` removes the limit. True when this call changed it."""
         return self.run_steps(self._set_concurrency(queue, limit))
 
+    def set_queue_rate(self, queue: str, limit: int | None, per: float = 1.0) -> bool:
+        """At most ``limit`` claims of ``queue`` in any ``per`` seconds, in each of its
+        partitions (exact for a queue of one partition, the default), enforced by the claim
+        script across all workers (the server's clock; an expired lease taken back counts as
+        a claim). A run over the limit stays pending. ``None`` removes the limit. True when
+        this call changed it."""
+        return self.run_steps(self._set_rate(queue, limit, per))
+
     def queue_paused(self, queue: str) -> bool:
         """Whether ``queue`` is paused (any of its partitions)."""
         return self.run_steps(self._queue_paused(queue))

@@ -163,6 +163,12 @@ class PrometheusMetrics(Metrics):
             q,
             registry=r,
         )
+        self.queue_rate_limit = Gauge(
+            "jobqueue_queue_rate_limit",
+            "The queue's rate limit per partition, in claims per second; -1: no limit.",
+            q,
+            registry=r,
+        )
         self.sched = {
             name: Counter(f"jobqueue_scheduler_{name}", text, registry=r)
             for name, text in (
@@ -252,6 +258,13 @@ class PrometheusMetrics(Metrics):
             self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
             limits = [p.concurrency_limit for p in parts if p.concurrency_limit is not None]
             self.queue_concurrency_limit.labels(queue).set(max(limits, default=-1))
+            first = parts[0]
+            per_s = (
+                -1.0
+                if first.rate_limit is None or not first.rate_window_ms
+                else first.rate_limit * 1000 / first.rate_window_ms
+            )
+            self.queue_rate_limit.labels(queue).set(per_s)
 
     def _anomaly(self, text: str) -> None:
         """Log a finding once: the refresh runs every few seconds, the log is read by people."""

@@ -243,7 +243,7 @@ def _parse_complete(reply: Sequence[Any]) -> list[Outcome]:
 
 COMPLETE = Contract(
     "complete",
-    keys=("leases", "done", "stats"),
+    keys=("leases", "done", "stats", "limits", "wake"),
     args=("now", "prefix", "retention_ms"),
     tail="runs",
     build=_complete,
@@ -276,7 +276,7 @@ def _fail(
 
 FAIL = Contract(
     "fail",
-    keys=("due", "leases", "dead", "stats", "wake"),
+    keys=("due", "leases", "dead", "stats", "wake", "limits"),
     args=("now", "prefix", "run_id", "fence", "error", "retry_delay_ms", "dead_retention_ms"),
     build=_fail,
     parse=_outcome,
