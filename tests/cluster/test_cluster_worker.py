@@ -4,6 +4,9 @@ partition is flooded."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 from helpers import make_worker, running, wait_for
 
 from jobqueue import JobQueue, Request
@@ -101,4 +104,37 @@ def test_a_paused_queue_spread_over_three_masters_hands_out_nothing_until_resume
         assert jq.resume_queue("held")
         wait_for(lambda: len(seen) >= 64, 30, "the held runs after the resume")
     assert sorted(seen) == sorted(run_ids)
+    jq.close()
+
+
+def test_limits_hold_in_every_partition_of_a_queue_spread_over_three_masters(
+    cluster_url: str,
+) -> None:
+    """A concurrency limit of 1 on a 4-partition queue over three masters: each partition's
+    claims check the limit in its own slot, so at most one run per partition runs at once
+    (at most 4 in all), whatever the worker's 16 slots."""
+    jq = JobQueue.from_url(cluster_url, partitions={"default": 4})
+    lock = threading.Lock()
+    now: dict[int, int] = {}
+    most: dict[int, int] = {}
+    done: list[str] = []
+
+    @jq.task
+    def busy(name: str) -> None:
+        p = partition_of(name, 4)
+        with lock:
+            now[p] = now.get(p, 0) + 1
+            most[p] = max(most.get(p, 0), now[p])
+        time.sleep(0.01)
+        with lock:
+            now[p] -= 1
+            done.append(name)
+
+    assert jq.set_queue_concurrency("default", 1)
+    run_ids = [f"c-{i}" for i in range(80)]
+    jq.enqueue_many(Request(busy, (r,), run_id=r) for r in run_ids)
+    assert len({partition_of(r, 4) for r in run_ids}) == 4
+    with running(make_worker(jq, concurrency=16, lease=None), join_timeout=20):
+        wait_for(lambda: len(done) >= 80, 60, "80 runs")
+    assert most == {0: 1, 1: 1, 2: 1, 3: 1}
     jq.close()
