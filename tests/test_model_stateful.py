@@ -3,7 +3,8 @@
 create (batched, duplicate run ids included), claim (batched, with a lease), heartbeat,
 complete, fail (retry with backoff, or dead), cancel, release, requeue, pausing and resuming
 the partition (a paused claim takes nothing and changes nothing), concurrency limits (a
-claim takes at most the limit minus the live leases), the expiry of a finished
+claim takes at most the limit minus the live leases) and rate limits (a sliding window of
+claims), the expiry of a finished
 record (and the creation of its run id again) and clock advances (past lease expiry included),
 and compares every reply with a small pure-Python reference model. After every step it checks
 the invariants:
@@ -142,6 +143,8 @@ class RunStateMachine(RuleBasedStateMachine):
         self.records: dict[str, int] = {}  # records created per run id
         self.paused = False
         self.cap: int | None = None  # the concurrency limit
+        self.rate: tuple[int, int] | None = None  # the rate limit: (N, W ms)
+        self.claim_log: list[int] = []  # claim times logged under a rate limit
 
     def teardown(self) -> None:
         self.client.close()
@@ -216,6 +219,15 @@ class RunStateMachine(RuleBasedStateMachine):
                 assert (result.runs, result.next_wake_ms) == ([], live[0] if live else None)
                 return
             limit = min(limit, self.cap - len(live))
+        if self.rate is not None:
+            # A sliding window: the claims logged in (now - W, now].
+            count, window = self.rate
+            logged = sorted(t for t in self.claim_log if t > self.now - window)
+            if len(logged) >= count:  # nothing taken; wake when the oldest leaves the window
+                wake = logged[0] + window if logged else None
+                assert (result.runs, result.next_wake_ms) == ([], wake)
+                return
+            limit = min(limit, count - len(logged))
         expected: list[str] = []
         # Each index is read one entry past the limit, in sorted-set order. An entry is
         # handled until one is not yet due or the limit is reached; that entry's score is the
@@ -243,6 +255,8 @@ class RunStateMachine(RuleBasedStateMachine):
                 break
             expected.append(run_id)
         assert [c.run_id for c in result.runs] == expected
+        if self.rate is not None:
+            self.claim_log += [self.now] * len(result.runs)
         for c in result.runs:
             m = self.runs[c.run_id]
             self.last_fence = m.fence = next_fence(self.last_fence, m.fence, self.now)
@@ -265,6 +279,13 @@ class RunStateMachine(RuleBasedStateMachine):
         call = SET_LIMIT.call(PK, "concurrency", cap, now=self.now)
         assert SET_LIMIT.parse(self.run(call)) == (cap != self.cap)
         self.cap = cap
+
+    @rule(rate=st.none() | st.tuples(st.integers(0, 3), st.sampled_from([500, 1000, 3000])))
+    def set_rate(self, rate: tuple[int, int] | None) -> None:
+        value = None if rate is None else f"{rate[0]} {rate[1]}"
+        call = SET_LIMIT.call(PK, "rate", value, now=self.now)
+        assert SET_LIMIT.parse(self.run(call)) == (rate != self.rate)
+        self.rate = rate
 
     @precondition(lambda self: self.holdings)
     @rule(data=st.data(), lease=st.integers(100, 3000))
@@ -401,7 +422,8 @@ class RunStateMachine(RuleBasedStateMachine):
     def no_key_is_leaked(self) -> None:
         allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans}
         allowed |= {PK.paused} if self.paused else set()
-        allowed |= {PK.limits} if self.cap is not None else set()
+        allowed |= {PK.limits} if self.cap is not None or self.rate is not None else set()
+        allowed |= {PK.claims} if self.claim_log else set()
         for run_id in self.runs:
             allowed |= {PK.run(run_id), PK.history(run_id)}
         keys = set(self.client.scan_iter(match="*", count=1000))
@@ -453,11 +475,17 @@ MUTANTS = {
         "  if read('GET', KEYS[7]) ~= false then return {paused = true} end",
         "",
     ),
-    # claim.lua taking more runs than the limit leaves room for
+    # claim.lua ignoring the concurrency limit
     "claim-ignores-the-limit": (
         "claim",
-        "    if room < limit then limit = room end",
-        "",
+        "  if whole(cap, 0) then",
+        "  if false then",
+    ),
+    # claim.lua taking more runs than the rate's window leaves room for
+    "claim-ignores-the-rate": (
+        "claim",
+        "  local rated = whole(rate_n, 0) and whole(rate_w, 1)",
+        "  local rated = false",
     ),
     # claim.lua without the clock floor: fences fall behind the clock
     "claim-without-the-clock-floor": (
