@@ -35,7 +35,8 @@
 --          next_wake = when the oldest of them leaves the window, changing nothing.
 --          A limit field that is not a whole number (rate: two) counts as no limit.
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
---          (TRYLATER: a slot migration) or an index key holds another type.
+--          (TRYLATER: a slot migration), or an index key, the paused or the limits key (or,
+--          under a rate limit, the claims key) holds another type.
 --
 -- Runs whose lease expired are taken first (their worker died or stalled); each expiry counts
 -- an attempt and a run past max_attempts goes to the dead set instead. Every claim issues a
