@@ -126,13 +126,15 @@ def test_async_pause_and_resume_a_queue(async_client: Any) -> None:
     assert run(go()) == [True, True, True, False]
 
 
-def test_async_set_queue_concurrency(async_client: Any) -> None:
-    async def go() -> list[bool]:
+def test_async_set_queue_concurrency_and_rate(async_client: Any) -> None:
+    async def go() -> list[Any]:
         jq = make(async_client)
         return [
             await jq.set_queue_concurrency("mail", 2),
             await jq.set_queue_concurrency("mail", 2),
+            await jq.set_queue_rate("mail", 5, per=0.5),
+            await jq.queue_limits("mail"),
             await jq.set_queue_concurrency("mail", None),
         ]
 
-    assert run(go()) == [True, False, True]
+    assert run(go()) == [True, False, True, (2, (5, 500)), True]

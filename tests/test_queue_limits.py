@@ -203,3 +203,19 @@ def test_metrics_export_the_rate_per_second(jq: JobQueue) -> None:
     finally:
         metrics.close()
     assert "jobqueue_queue_rate_limit{queue=\"mail\"} 25.0" in text
+
+
+def test_show_says_what_holds_a_run_back(jq: JobQueue) -> None:
+    jq.declare_task("t", queue="mail")
+    jq.enqueue("t", run_id="a")
+    jq.set_queue_concurrency("mail", 3)
+    jq.set_queue_rate("mail", 50, per=2)
+    line = next(x for x in invoke(jq, "show", "a").output.splitlines() if x.startswith("queue"))
+    assert line.endswith("mail (partition 0) - at most 3 running at once - at most 50/2.0s claimed")
+
+
+def test_queue_limits_reads_both_limits(jq: JobQueue) -> None:
+    assert jq.queue_limits("mail") == (None, None)
+    jq.set_queue_concurrency("mail", 3)
+    jq.set_queue_rate("mail", 50, per=2)
+    assert jq.queue_limits("mail") == (3, (50, 2_000))

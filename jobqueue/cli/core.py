@@ -49,6 +49,7 @@ from jobqueue.cli.common import (  # noqa: E402
     yes_option,
 )
 from jobqueue.cli.dashboard import dashboard  # noqa: E402
+from jobqueue.cli.format import rate as rate_text  # noqa: E402
 from jobqueue.cli.format import when  # noqa: E402
 from jobqueue.cli.ops import COMMANDS, progress  # noqa: E402
 from jobqueue.cli.repartition import repair, repartition  # noqa: E402
@@ -418,10 +419,9 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         click.echo(json.dumps(run.to_dict(), default=str))
         return
     now = jq.server_time_ms()
-    paused = " - paused: not claimed until resumed" if jq.queue_paused(run.queue) else ""
     rows = [
         ("run", run.run_id),
-        ("queue", f"{run.queue} (partition {run.partition}){paused}"),
+        ("queue", f"{run.queue} (partition {run.partition}){_flow(jq, run.queue)}"),
         ("state", run.state),
         ("task", run.task),
         ("attempt", f"{run.attempt}/{run.max_attempts}"),
@@ -446,6 +446,19 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         # the scripts write instants as epoch ms; show them like the rest
         text = _EPOCH_MS.sub(lambda m: m.group(1) + ms_to_text(int(m.group(2))), text)
         click.echo(f"  {ms_to_text(ms) if ms is not None else '?'}  {text}")
+
+
+def _flow(jq: JobQueue, queue: str) -> str:
+    """What holds back the runs of a queue: paused, its concurrency and rate limits."""
+    notes = []
+    if jq.queue_paused(queue):
+        notes.append("paused: not claimed until resumed")
+    concurrency, rate = jq.queue_limits(queue)
+    if concurrency is not None:
+        notes.append(f"at most {concurrency} running at once")
+    if rate is not None:
+        notes.append(f"at most {rate_text(*rate)} claimed")
+    return "".join(f" - {n}" for n in notes)
 
 
 @main.command()

@@ -130,6 +130,10 @@ class AsyncJobQueue(ClientCore):
         """See :meth:`JobQueue.set_queue_rate`."""
         return await self.run_steps(self._set_rate(queue, limit, per))
 
+    async def queue_limits(self, queue: str) -> tuple[int | None, tuple[int, int] | None]:
+        """See :meth:`JobQueue.queue_limits`."""
+        return await self.run_steps(self._queue_limits(queue))
+
     async def queue_paused(self, queue: str) -> bool:
         """See :meth:`JobQueue.queue_paused`."""
         return await self.run_steps(self._queue_paused(queue))

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from jobqueue.anomalies import Anomaly, Listing, is_wrong_type
+from jobqueue.anomalies import Anomaly, Listing, is_wrong_type, stored_int
 from jobqueue.client.base import (
     ClientBase,
     Planned,
@@ -36,7 +36,7 @@ from jobqueue.schedules.recurring import (
     make_definition,
     trigger_spec,
 )
-from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, rate_value
+from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, parse_rate, rate_value
 from jobqueue.store.io import (
     DurableScripts,
     Scripts,
@@ -158,6 +158,20 @@ class ClientCore(ClientBase):
         calls = [SET_LIMIT.call(keys, "rate", value) for keys in self.all_partition_keys(queue)]
         replies = yield Scripts(calls)
         return any([SET_LIMIT.parse(reply) for reply in replies])
+
+    def _queue_limits(self, queue: str) -> Steps[tuple[int | None, tuple[int, int] | None]]:
+        """The concurrency limit and the rate limit (count, window ms) of a queue's first
+        partition, as set_queue_concurrency and set_queue_rate set them on every one; None
+        where there is none (or what is stored is not a limit)."""
+        table = yield from self._queue_table()
+        if queue not in table.counts:
+            return None, None
+        first = table.partitions(queue)[0]
+        (reply,) = yield commands(cmd("hmget", first.limits, "concurrency", "rate"))
+        if not isinstance(reply, list):
+            return None, None  # a limits key of another type: an anomaly of the listings
+        concurrency, rate = stored_int(reply[0]), parse_rate(reply[1])
+        return (None if concurrency is None or concurrency < 0 else concurrency), rate
 
     def _queue_paused(self, queue: str) -> Steps[bool]:
         """Whether any partition of a queue recorded in Redis is paused (an unknown queue,

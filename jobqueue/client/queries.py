@@ -29,6 +29,7 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.errors import UnknownQueue
 from jobqueue.models import Run
 from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
+from jobqueue.store.admin import parse_rate
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys, validate_queue_name
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
@@ -310,7 +311,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         limit, rate = checked(r[10], k.limits, "hash", mine, [None, None])
         if limit is not None and stored_int(limit) is None:
             mine.append(Anomaly(k.limits, f"field 'concurrency' is {limit!r}, not a limit"))
-        rate_n, rate_w = _rate(rate)
+        rate_n, rate_w = parse_rate(rate) or (None, None)
         if rate is not None and rate_n is None:
             mine.append(Anomaly(k.limits, f"field 'rate' is {rate!r}, not a rate"))
         out.append(
@@ -338,16 +339,6 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
             )
         )
     return Listing(out, found)
-
-
-def _rate(stored: Any) -> tuple[int | None, int | None]:
-    """A stored rate limit 'N W' as (N, W ms), or (None, None)."""
-    if isinstance(stored, str):
-        n, _, w = stored.partition(" ")
-        count, window = stored_int(n), stored_int(w)
-        if count is not None and window is not None and count >= 0 and window >= 1:
-            return count, window
-    return None, None
 
 
 def _node_name(locate: Callable[[str], Any] | None, key: str) -> str | None:

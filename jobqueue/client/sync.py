@@ -190,6 +190,11 @@ class JobQueue(ClientCore):
         this call changed it."""
         return self.run_steps(self._set_rate(queue, limit, per))
 
+    def queue_limits(self, queue: str) -> tuple[int | None, tuple[int, int] | None]:
+        """``queue``'s concurrency limit and rate limit (count, window in ms), None where
+        it has none."""
+        return self.run_steps(self._queue_limits(queue))
+
     def queue_paused(self, queue: str) -> bool:
         """Whether ``queue`` is paused (any of its partitions)."""
         return self.run_steps(self._queue_paused(queue))

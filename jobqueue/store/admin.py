@@ -93,6 +93,15 @@ def rate_value(count: int, window_ms: int) -> str:
     return f"{count} {window_ms}"
 
 
+def parse_rate(stored: Any) -> tuple[int, int] | None:
+    """A stored rate limit 'N W' as (N, W ms), or None when it is not one."""
+    if isinstance(stored, str):
+        n, _, w = stored.partition(" ")
+        if n.isascii() and n.isdigit() and w.isascii() and w.isdigit() and int(w) >= 1:
+            return int(n), int(w)
+    return None
+
+
 def _set_limit(
     pk: PartitionKeys, name: str, value: int | str | None, now: NowArg = None
 ) -> Wire:
