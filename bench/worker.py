@@ -1,7 +1,7 @@
 """Worker daemon throughput and idle start latency, with real ``jobqueue worker`` processes.
 
     .venv/bin/python bench/worker.py [--url URL] [--n N] [--quick] [--repeat R] [--flush]
-                                     [--concurrency C] [--latency-runs M]
+                                     [--concurrency C] [--latency-runs M] [--queue-limit L]
                                      [--hooks-only] [--base-src DIR]
 
 Phases, each on a freshly flushed server:
@@ -26,6 +26,10 @@ Phases, each on a freshly flushed server:
   middleware and with one empty Middleware, against the same call without the chain's test
   (ns per run, and as a share of the drain's worker CPU per run). ``--hooks-only`` runs this
   phase alone.
+
+``--queue-limit L`` sets a concurrency limit of L on the queue before each phase (``jobqueue
+queue concurrency default L``): with L above ``--concurrency`` x processes it never binds, so
+the figures show what checking a limit costs each claim; without it the queue has no limit.
 
 The drain figures are shown with their ratio to redis-benchmark's pipelined EVALSHA of a
 one-run write script (-c 1 -P 16) measured in the same run: the machine is shared and noisy,
@@ -173,9 +177,12 @@ def bench_drain(
     concurrency: int,
     processes: int,
     env: dict[str, str] | None = None,
+    limit: int | None = None,
 ) -> Sample:
     server.flush()
     jq = JobQueue.from_url(server.url)
+    if limit is not None:
+        jq.set_queue_concurrency("default", limit)
     task = jq.declare_task("noop")
     client = server.client
     workers = Workers(server.url, concurrency, processes, env)
@@ -207,9 +214,13 @@ def bench_drain(
         jq.close()
 
 
-def bench_latency(server: BenchServer, m: int, concurrency: int) -> list[int]:
+def bench_latency(
+    server: BenchServer, m: int, concurrency: int, limit: int | None = None
+) -> list[int]:
     server.flush()
     jq = JobQueue.from_url(server.url)
+    if limit is not None:
+        jq.set_queue_concurrency("default", limit)
     task = jq.declare_task("noop")
     client = server.client
     workers = Workers(server.url, concurrency, 1)
@@ -337,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency-runs", type=int, default=LATENCY_RUNS)
     parser.add_argument("--hooks-only", action="store_true", help="the hook phase alone")
     parser.add_argument("--base-src", help="jobqueue source from before the hooks (see above)")
+    parser.add_argument(
+        "--queue-limit", type=int, default=None, help="a concurrency limit on the queue"
+    )
     args = parser.parse_args(argv)
     n = runs_from_args(args)
     if args.hooks_only:
@@ -359,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in env.lines():
                 say(f"  {line}")
             say(f"  N = {n:,} no-op runs per drain, worker --concurrency {args.concurrency}")
+            limit = args.queue_limit
+            say(f"  queue concurrency limit: {'none' if limit is None else limit}")
             say()
             say(baseline_table(baselines))
             pipelined = baselines.write_pipelined
@@ -366,14 +382,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for processes in (1, 2):
                 sample = min(
                     (
-                        bench_drain(server, n, args.concurrency, processes)
+                        bench_drain(server, n, args.concurrency, processes, limit)
                         for _ in range(args.repeat)
                     ),
                     key=lambda s: s.seconds,
                 )
                 label = "drain, 1 worker process" if processes == 1 else "drain, --processes 2"
                 measurements.append(Measurement(label, n, sample, TARGET_DRAIN, pipelined))
-            latencies = bench_latency(server, args.latency_runs, args.concurrency)
+            latencies = bench_latency(server, args.latency_runs, args.concurrency, limit)
             rates = bench_hooks(server, n, args.concurrency, args.repeat, args.base_src)
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
         return fail(str(exc))

@@ -7,6 +7,12 @@
 -- KEYS[5]  fences    string  jq:{q#p}:fences   the last fence issued in the partition
 -- KEYS[6]  orphans   zset    jq:{q#p}:orphans  run_id -> when its index entry was found
 --                                              without a record (see below)
+-- KEYS[7]  paused    string  jq:{q#p}:paused   present while the queue is paused (pause.lua)
+-- KEYS[8]  limits    hash    jq:{q#p}:limits   the partition's flow limits (set_limit.lua):
+--                                              concurrency = the most runs running at once,
+--                                              rate = 'N W': at most N claims in any W ms
+-- KEYS[9]  claims    zset    jq:{q#p}:claims   fence -> claim time (ms), the claims of the
+--                                              last W ms (kept only under a rate limit)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  limit              the most runs to claim
@@ -18,8 +24,19 @@
 --           job_id, scheduled_for, due, meta}
 --          next_wake = earliest due time or lease expiry still pending in this partition
 --          (ms), or -1 when there is none: the worker sleeps on the wake list until then.
+--          A paused partition replies {now, -1, 0} and changes nothing: no run is claimed, no
+--          expired lease taken back (that waits for the resume).
+--          A concurrency limit C counts the live leases (expiry after now): the call takes at
+--          most C minus those, expired leases taken back included. With no room it changes
+--          nothing and replies {now, next_wake, 0}, next_wake being the earliest live lease
+--          expiry (a slot is free by then at the latest; a commit frees one sooner).
+--          A rate limit 'N W' counts the claims of the last W ms (claims, expired leases taken
+--          back included): the call takes at most N minus those, and with no room replies
+--          next_wake = when the oldest of them leaves the window, changing nothing.
+--          A limit field that is not a whole number (rate: two) counts as no limit.
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
---          (TRYLATER: a slot migration) or an index key holds another type.
+--          (TRYLATER: a slot migration), or an index key, the paused or the limits key (or,
+--          under a rate limit, the claims key) holds another type.
 --
 -- Runs whose lease expired are taken first (their worker died or stalled); each expiry counts
 -- an attempt and a run past max_attempts goes to the dead set instead. Every claim issues a
@@ -74,8 +91,37 @@ end
 -- -- phase 1: read everything, decide everything -------------------------------------------
 
 local ok, plan = reading(function()
+  if read('GET', KEYS[7]) ~= false then return {paused = true} end
+  local limits = read('HMGET', KEYS[8], 'concurrency', 'rate')
+  local cap = limits[1]
+  local rate_n, rate_w = string.match(limits[2] or '', '^(%d+) (%d+)$')
+  local rated = whole(rate_n, 0) and whole(rate_w, 1)
+  if whole(cap, 0) then
+    -- Live leases hold a slot each; expired ones free theirs (taken back below, they count
+    -- as new claims against the room).
+    local live = read('ZCOUNT', KEYS[2], '(' .. int(now), '+inf')
+    local room = tonumber(cap) - live
+    if room <= 0 then
+      local first = read('ZRANGE', KEYS[2], '(' .. int(now), '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+                         'WITHSCORES')
+      return {full = true, next_wake = whole_or(first[2], 0, -1)} -- no score 'inf' in a reply
+    end
+    if room < limit then limit = room end
+  end
+  if rated then
+    local since = '(' .. int(now - tonumber(rate_w))
+    local room = tonumber(rate_n) - read('ZCOUNT', KEYS[9], since, '+inf')
+    if room <= 0 then
+      local first = read('ZRANGE', KEYS[9], since, '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+                         'WITHSCORES')
+      local oldest = whole_or(first[2], 0, nil)
+      return {full = true, next_wake = oldest and oldest + tonumber(rate_w) or -1}
+    end
+    if room < limit then limit = room end
+  end
   local p = {take = {}, bury = {}, foreign = {}, lost = {}, orphan = {}, stray = {},
-             stray_due = {}, restore = {}, forget = {}, expired = 0}
+             stray_due = {}, restore = {}, forget = {}, expired = 0,
+             rate_w = rated and tonumber(rate_w) or nil}
   -- One entry past the limit of each index: after this call's removals, the first entry left
   -- tells the next wake-up without reading after a write.
   local leases = read('ZRANGE', KEYS[2], 0, limit, 'WITHSCORES')
@@ -177,6 +223,8 @@ local ok, plan = reading(function()
   return p
 end)
 if not ok then return plan end
+if plan.paused then return {now, -1, 0} end
+if plan.full then return {now, plan.next_wake, 0} end
 
 -- -- phase 2: write ---------------------------------------------------------------------------
 
@@ -185,9 +233,11 @@ local new_leases = {} -- score, member pairs: one ZADD for the call
 local died = 0
 local next_lease_added = nil
 
+local taken_fences = {} -- the rate limit's log keeps each claim by its fence
 for _, run in ipairs(plan.take) do
   local key = prefix .. 'run:' .. run.id
   local fence = issue_fence(plan.fences, run.fence)
+  taken_fences[#taken_fences + 1] = fence
   local attempt = (tonumber(run.attempt) or 0) + 1
   local until_ = lease_until(now, run.lease_ms, default_lease)
   if run.expired and run.hist_ok then
@@ -207,6 +257,17 @@ for _, run in ipairs(plan.take) do
   out[n + 11] = whole_or(run.due, 0, 0); out[n + 12] = run.meta or ''
 end
 save_fences(plan.fences)
+if plan.rate_w and #plan.take > 0 then
+  -- The rate limit's log: one entry per claim, by its fence (unique in the partition).
+  local entries = {}
+  for _, fence in ipairs(taken_fences) do
+    entries[#entries + 1] = now
+    entries[#entries + 1] = int(fence)
+  end
+  bulk('ZADD', KEYS[9], entries, 2000)
+  trim_index(KEYS[9], now, plan.rate_w)
+  redis.call('PEXPIRE', KEYS[9], plan.rate_w)
+end
 -- Leases are added before any is removed: the leases key is never emptied and then written
 -- in one call (on a node migrating the slot, a write to a missing key is refused).
 if #new_leases > 0 then bulk('ZADD', KEYS[2], new_leases, 2000) end

@@ -3,6 +3,9 @@
 -- KEYS[1]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[2]  done      zset    jq:{q#p}:done     run_id -> finish time (ms)
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
+-- KEYS[4]  limits    hash    jq:{q#p}:limits   flow limits: under a concurrency limit, each
+--                                              completion frees a slot
+-- KEYS[5]  wake      list    jq:{q#p}:wake     ... and wakes an idle worker to take it
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  retention_ms       how long finished records live
@@ -17,6 +20,10 @@
 -- Batched: a worker commits every run that finished since its last commit in one call per
 -- partition. No history entry: the record's state, owner, fence, attempt, started and
 -- finished fields tell a successful attempt; the history keeps what they cannot.
+--
+-- Under a concurrency limit (claim.lua), a worker whose claim found no room sleeps on the wake
+-- list: each accepted completion pushes a token (a limits key of another type counts as no
+-- limit here: commits never wait on it).
 
 local now = clock(ARGV[1])
 local prefix, retention = ARGV[2], tonumber(ARGV[3])
@@ -26,6 +33,8 @@ local ok, plan = reading(function()
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
   p.stats = counters(KEYS[3], 'completed', 'rejected')
+  local cap = checked(redis.pcall('HGET', KEYS[4], 'concurrency'), KEYS[4], true)
+  if whole(cap, 0) then p.wake = waker(KEYS[5]) end
   for i = 4, #ARGV, 3 do
     local run_id, fence = ARGV[i], tonumber(ARGV[i + 1])
     -- A key of another type answers 'unknown' for its run alone.
@@ -62,6 +71,7 @@ if #ids > 0 then
   bulk('ZADD', KEYS[2], finished, 2000)
   trim_index(KEYS[2], now, retention) -- the done index only lists records that still exist
   bulk('ZREM', KEYS[1], ids, 1000)
+  wake(plan.wake, #ids)
 end
 bump(plan.stats, 'completed', #ids)
 bump(plan.stats, 'rejected', refused)

@@ -5,6 +5,8 @@
 -- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died
 -- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
 -- KEYS[5]  wake      list    jq:{q#p}:wake     a retry wakes an idle worker to re-plan
+-- KEYS[6]  limits    hash    jq:{q#p}:limits   flow limits: under a concurrency limit, a
+--                                              burial frees a slot and wakes a worker too
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -39,6 +41,8 @@ local ok, plan = reading(function()
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
     p.wake = waker(KEYS[5])
+    local cap = checked(redis.pcall('HGET', KEYS[6], 'concurrency'), KEYS[6], true)
+    p.capped = whole(cap, 0)
     p.hist = history_ok(prefix, run_id)
   end
   return p
@@ -76,4 +80,5 @@ trim_index(KEYS[3], now, dead_retention)
 redis.call('ZREM', KEYS[2], run_id)
 bump(plan.stats, 'failed', 1)
 bump(plan.stats, 'dead', 1)
+if plan.capped then wake(plan.wake, 1) end
 return {1, 'dead'}

@@ -143,3 +143,30 @@ def test_async_client_without_the_apps_tasks_refuses_a_task_name_it_does_not_kno
 
     with pytest.raises(UnknownTask, match="send_invoice"):
         run(go())
+
+
+def test_async_pause_and_resume_a_queue(async_client: Any) -> None:
+    async def go() -> list[bool]:
+        jq = make(async_client)
+        return [
+            await jq.pause_queue("mail"),
+            await jq.queue_paused("mail"),
+            await jq.resume_queue("mail"),
+            await jq.queue_paused("mail"),
+        ]
+
+    assert run(go()) == [True, True, True, False]
+
+
+def test_async_set_queue_concurrency_and_rate(async_client: Any) -> None:
+    async def go() -> list[Any]:
+        jq = make(async_client)
+        return [
+            await jq.set_queue_concurrency("mail", 2),
+            await jq.set_queue_concurrency("mail", 2),
+            await jq.set_queue_rate("mail", 5, per=0.5),
+            await jq.queue_limits("mail"),
+            await jq.set_queue_concurrency("mail", None),
+        ]
+
+    assert run(go()) == [True, False, True, (2, (5, 500)), True]

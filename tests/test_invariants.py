@@ -33,7 +33,7 @@ from script_calls import Advance, advance_groups
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
 from jobqueue.payload import decode_payload
-from jobqueue.store.admin import PURGE, REPAIR
+from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, SchedKeys
 from jobqueue.store.runs import (
@@ -536,6 +536,13 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
         dead = [c.run_id for i, c in enumerate(got) if i % 4 == 1]
         runner.run(PURGE.call(p, [*dead, "never-existed"]))
         runner.run(REPAIR.call(p, [c.run_id for c in got]))
+        runner.run(PAUSE.call(p, True))
+        runner.run(PAUSE.call(p, False))
+        runner.run(SET_LIMIT.call(p, "concurrency", 2))
+        runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
+        runner.run(SET_LIMIT.call(p, "concurrency", None))
+        runner.run(SET_LIMIT.call(p, "rate", "1 60000"))
+        runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
     jq.cancel("elsewhere")
     jq.requeue("elsewhere")
     buffered_job(jq)  # before sched_lifecycle: its bare definitions are not runnable

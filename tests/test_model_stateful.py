@@ -1,10 +1,13 @@
 """Model-based test of the run state machine: hypothesis drives the real Lua scripts (through
 ``ScriptRunner`` and ``jobqueue.store.runs``, with an explicit clock) with random interleavings of
 create (batched, duplicate run ids included), claim (batched, with a lease), heartbeat,
-complete, fail (retry with backoff, or dead), cancel, release, requeue, the expiry of a
-finished record (and the creation of its run id again) and clock advances (past lease expiry
-included), and compares every reply with a small pure-Python reference
-model. After every step it checks the invariants:
+complete, fail (retry with backoff, or dead), cancel, release, requeue, pausing and resuming
+the partition (a paused claim takes nothing and changes nothing), concurrency limits (a
+claim takes at most the limit minus the live leases) and rate limits (a sliding window of
+claims), the expiry of a finished
+record (and the creation of its run id again) and clock advances (past lease expiry included),
+and compares every reply with a small pure-Python reference model. After every step it checks
+the invariants:
 
 - a run's fence never decreases, and every claim or cancel issues a fence greater than any
   issued before in the partition (one counter per partition) and at least the clock in
@@ -41,6 +44,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from jobqueue.store.admin import PAUSE, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
@@ -137,6 +141,10 @@ class RunStateMachine(RuleBasedStateMachine):
         self.seen_fence: dict[str, int] = {}
         self.last_fence = 0  # the partition's fence counter
         self.records: dict[str, int] = {}  # records created per run id
+        self.paused = False
+        self.cap: int | None = None  # the concurrency limit
+        self.rate: tuple[int, int] | None = None  # the rate limit: (N, W ms)
+        self.claim_log: list[int] = []  # claim times logged under a rate limit
 
     def teardown(self) -> None:
         self.client.close()
@@ -197,6 +205,29 @@ class RunStateMachine(RuleBasedStateMachine):
             self.run(CLAIM.call(PK, limit, owner, lease, RETENTION_MS, now=self.now))
         )
         assert result.now_ms == self.now
+        if self.paused:  # nothing taken, nothing changed (redis_matches_the_model checks)
+            assert (result.runs, result.next_wake_ms) == ([], None)
+            return
+        if self.cap is not None:
+            # A slot per live lease; expired ones are free (taken back, they count again).
+            live = sorted(
+                m.lease_until or 0
+                for m in self.runs.values()
+                if m.state == "running" and (m.lease_until or 0) > self.now
+            )
+            if len(live) >= self.cap:  # full: nothing taken, wake at the first expiry
+                assert (result.runs, result.next_wake_ms) == ([], live[0] if live else None)
+                return
+            limit = min(limit, self.cap - len(live))
+        if self.rate is not None:
+            # A sliding window: the claims logged in (now - W, now].
+            count, window = self.rate
+            logged = sorted(t for t in self.claim_log if t > self.now - window)
+            if len(logged) >= count:  # nothing taken; wake when the oldest leaves the window
+                wake = logged[0] + window if logged else None
+                assert (result.runs, result.next_wake_ms) == ([], wake)
+                return
+            limit = min(limit, count - len(logged))
         expected: list[str] = []
         # Each index is read one entry past the limit, in sorted-set order. An entry is
         # handled until one is not yet due or the limit is reached; that entry's score is the
@@ -224,6 +255,8 @@ class RunStateMachine(RuleBasedStateMachine):
                 break
             expected.append(run_id)
         assert [c.run_id for c in result.runs] == expected
+        if self.rate is not None:
+            self.claim_log += [self.now] * len(result.runs)
         for c in result.runs:
             m = self.runs[c.run_id]
             self.last_fence = m.fence = next_fence(self.last_fence, m.fence, self.now)
@@ -234,6 +267,25 @@ class RunStateMachine(RuleBasedStateMachine):
         wakes = [t for t in (next_lease, next_due) if t is not None]
         wakes += [self.now + lease] if result.runs else []
         assert result.next_wake_ms == (min(wakes) if wakes else None)
+
+    @rule(paused=st.booleans())
+    def pause(self, paused: bool) -> None:
+        changed = PAUSE.parse(self.run(PAUSE.call(PK, paused, now=self.now)))
+        assert changed == (paused != self.paused)
+        self.paused = paused
+
+    @rule(cap=st.none() | st.integers(0, 3))
+    def set_concurrency(self, cap: int | None) -> None:
+        call = SET_LIMIT.call(PK, "concurrency", cap, now=self.now)
+        assert SET_LIMIT.parse(self.run(call)) == (cap != self.cap)
+        self.cap = cap
+
+    @rule(rate=st.none() | st.tuples(st.integers(0, 3), st.sampled_from([500, 1000, 3000])))
+    def set_rate(self, rate: tuple[int, int] | None) -> None:
+        value = None if rate is None else f"{rate[0]} {rate[1]}"
+        call = SET_LIMIT.call(PK, "rate", value, now=self.now)
+        assert SET_LIMIT.parse(self.run(call)) == (rate != self.rate)
+        self.rate = rate
 
     @precondition(lambda self: self.holdings)
     @rule(data=st.data(), lease=st.integers(100, 3000))
@@ -369,6 +421,9 @@ class RunStateMachine(RuleBasedStateMachine):
     @invariant()
     def no_key_is_leaked(self) -> None:
         allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans}
+        allowed |= {PK.paused} if self.paused else set()
+        allowed |= {PK.limits} if self.cap is not None or self.rate is not None else set()
+        allowed |= {PK.claims} if self.claim_log else set()
         for run_id in self.runs:
             allowed |= {PK.run(run_id), PK.history(run_id)}
         keys = set(self.client.scan_iter(match="*", count=1000))
@@ -413,6 +468,24 @@ MUTANTS = {
         "claim",
         "local f = math.max(last, tonumber(run_fence) or 0) + 1",
         "local f = (tonumber(run_fence) or 0) + 1",
+    ),
+    # claim.lua ignoring a pause
+    "claim-ignores-the-pause": (
+        "claim",
+        "  if read('GET', KEYS[7]) ~= false then return {paused = true} end",
+        "",
+    ),
+    # claim.lua ignoring the concurrency limit
+    "claim-ignores-the-limit": (
+        "claim",
+        "  if whole(cap, 0) then",
+        "  if false then",
+    ),
+    # claim.lua taking more runs than the rate's window leaves room for
+    "claim-ignores-the-rate": (
+        "claim",
+        "  local rated = whole(rate_n, 0) and whole(rate_w, 1)",
+        "  local rated = false",
     ),
     # claim.lua without the clock floor: fences fall behind the clock
     "claim-without-the-clock-floor": (

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from helpers import make_worker, running, wait_for
 
 from jobqueue.cli.core import State, main
+from jobqueue.client import queries
 from jobqueue.client import repartition as rp
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, OperationRefused
@@ -217,6 +218,36 @@ def test_every_new_partition_issues_fences_above_any_issued_before_the_move(
     assert [int(redis_client.get(part(p, new).fences)) for p in range(new)] == [highest] * new
     gone = set(queue_partitions(Q, old, True)) - set(queue_partitions(Q, new, True))
     assert not any(redis_client.exists(k.fences) for k in gone)
+
+
+@pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
+def test_a_paused_queue_stays_paused_on_every_new_partition(
+    redis_client: Any, old: int, new: int
+) -> None:
+    populate(redis_client, old).pause_queue(Q)
+    since = redis_client.get(part(0, old).paused)
+    rp.repartition(JobQueue(redis_client), Q, new)
+    assert [redis_client.get(part(p, new).paused) for p in range(new)] == [since] * new
+    gone = set(queue_partitions(Q, old, True)) - set(queue_partitions(Q, new, True))
+    assert not any(redis_client.exists(k.paused) for k in gone)
+
+
+@pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
+def test_a_concurrency_limit_holds_on_every_new_partition(
+    redis_client: Any, old: int, new: int
+) -> None:
+    populate(redis_client, old).set_queue_concurrency(Q, 3)
+    rp.repartition(JobQueue(redis_client), Q, new)
+    moved = JobQueue(redis_client, partitions={Q: new})
+    assert [r.concurrency_limit for r in queries.stats(moved, Q)] == [3] * new
+    gone = set(queue_partitions(Q, old, True)) - set(queue_partitions(Q, new, True))
+    assert not any(redis_client.exists(k.limits) for k in gone)
+
+
+def test_a_running_queue_stays_running_after_a_repartition(redis_client: Any) -> None:
+    populate(redis_client, 1)
+    rp.repartition(JobQueue(redis_client), Q, 4)
+    assert not JobQueue(redis_client, partitions={Q: 4}).queue_paused(Q)
 
 
 def test_refused_while_runs_are_running_and_nothing_moves(redis_client: Any) -> None:

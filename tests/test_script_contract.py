@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobqueue.store.admin import PURGE, REPAIR, Purged, Repaired
+from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT, Purged, Repaired
 from jobqueue.store.catalog import CONTRACTS
 from jobqueue.store.contract import Contract, ContractError, Header, Wire, headers, parse_header
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
@@ -70,6 +70,8 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "progress": lambda: PROGRESS.call(PK, "r", 1, 50, "half"),
     "purge": lambda: PURGE.call(PK, ["r"]),
     "repair": lambda: REPAIR.call(PK, ["r"]),
+    "pause": lambda: PAUSE.call(PK, True),
+    "set_limit": lambda: SET_LIMIT.call(PK, "concurrency", 3),
     "sched_due": lambda: SCHED_DUE.call(SK, 1, 1),
     "advance": lambda: ADVANCE.call(SK, [((1, 2, 1, 0, 0, 0, "", 1, ""), ["j"])], token=7),
     "sched_define": lambda: SCHED_DEFINE.call(
@@ -479,6 +481,16 @@ def parses_sched_unhold(runner: ScriptRunner, redis_client: Any) -> None:
     assert SCHED_UNHOLD.parse(runner.run(call)) == 1
 
 
+def parses_pause(runner: ScriptRunner, redis_client: Any) -> None:
+    assert PAUSE.parse(runner.run(PAUSE.call(P, True, now=NOW))) is True
+    assert PAUSE.parse(runner.run(PAUSE.call(P, True, now=NOW))) is False
+
+
+def parses_set_limit(runner: ScriptRunner, redis_client: Any) -> None:
+    call = SET_LIMIT.call(P, "concurrency", 3, now=NOW)
+    assert [SET_LIMIT.parse(runner.run(call)), SET_LIMIT.parse(runner.run(call))] == [True, False]
+
+
 REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "create_run": parses_create_run,
     "claim": parses_claim,
@@ -492,6 +504,8 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "progress": parses_progress,
     "purge": parses_purge,
     "repair": parses_repair,
+    "pause": parses_pause,
+    "set_limit": parses_set_limit,
     "sched_due": parses_sched_due,
     "advance": parses_advance,
     "sched_define": parses_sched_define,

@@ -8,6 +8,7 @@ PYTHONPATH. Every process started here is killed at teardown, pass or fail.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -202,6 +203,7 @@ def client_for(url: str) -> JobQueue:
     jq.declare_task("stall")
     jq.declare_task("work", max_attempts=10)
     jq.declare_task("stuck_once")
+    jq.declare_task("capped", max_attempts=20)
     return jq
 
 
@@ -372,6 +374,84 @@ def test_sigkill_chaos_every_run_done_once_and_every_effect_applied_once(
         f"double_executions={sum(1 for c in executions.values() if c > 1)} "
         f"max_attempt={max(v.attempt for v in runs.values())}"
     )
+
+
+def test_a_concurrency_limit_of_3_holds_under_4_workers_and_sigkills(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """4 workers of 4 slots each, a limit of 3 on the queue, 150 runs of 50-200 ms; a random
+    worker is SIGKILLed every 0.7 s and replaced. The runs themselves count how many of them
+    are in progress (tests/apps/chaos_app.py: capped): never more than 3, and 3 is reached;
+    every run ends done, so no slot leaked (a killed worker's slots come back when its leases
+    expire)."""
+    n_runs = 150
+    worker_args = ("--concurrency", "4", "--lease", "2", "--grace", "1")
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    r = jq.redis
+    jq.set_queue_concurrency("default", 3)
+    rng = random.Random(2103)
+    live = [procs.worker(*worker_args) for _ in range(4)]
+    run_ids = [f"capped-{i:04d}" for i in range(n_runs)]
+    jq.enqueue_many(Request("capped", (0.05, 0.2), run_id=run_id) for run_id in run_ids)
+
+    kills = 0
+    deadline = time.monotonic() + 90
+    while done_count(r) < n_runs:
+        assert time.monotonic() < deadline, f"only {done_count(r)} of {n_runs} runs done"
+        time.sleep(0.7)
+        if done_count(r) >= n_runs:
+            break
+        victim = live.pop(rng.randrange(len(live)))
+        victim.popen.send_signal(signal.SIGKILL)
+        victim.popen.wait(5)
+        kills += 1
+        live.append(procs.worker(*worker_args))
+    for proc in live:
+        assert stop_gracefully(proc, r) == 0, proc.text()[-2000:]
+
+    runs = read_runs(r, run_ids)
+    assert {v.state for v in runs.values()} == {"done"}
+    assert int(r.get("capped:most")) == 3
+    reclaimed = sum(v.attempt > 1 for v in runs.values())
+    assert kills >= 5
+    assert reclaimed, "no kill hit a worker holding runs: the test proved nothing"
+    print(f"\ncapped: runs={n_runs} kills={kills} reclaimed={reclaimed}")
+
+
+def test_a_rate_limit_of_50_per_second_holds_over_20_seconds_under_2_workers(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """2 workers of 8 slots, a limit of 50 claims per second on the queue, 1,000 short runs
+    (about 20 s). Each run's `started` is its claim time on the server clock, the one the
+    limit counts by: in no window of 1,000 ms do more than 50 start (exact), and the workers
+    keep up with the limit: 40 per second or more on average (the tolerance: a worker idle
+    while the window is full sleeps until the window's oldest claim leaves it)."""
+    n_runs = 1_000
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    r = jq.redis
+    jq.set_queue_rate("default", 50, per=1)
+    run_ids = [f"rated-{i:04d}" for i in range(n_runs)]
+    jq.enqueue_many(Request("work", (0, 0.005), run_id=run_id) for run_id in run_ids)
+    live = [procs.worker("--concurrency", "8", "--lease", "5") for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while done_count(r) < n_runs:
+        assert time.monotonic() < deadline, f"only {done_count(r)} of {n_runs} runs done"
+        time.sleep(0.5)
+    for proc in live:
+        assert stop_gracefully(proc, r) == 0, proc.text()[-2000:]
+
+    runs = read_runs(r, run_ids)
+    assert {v.attempt for v in runs.values()} == {1}
+    starts = sorted(int(v.fields["started"]) for v in runs.values())
+    busiest = max(
+        bisect.bisect_left(starts, t + 1_000) - i for i, t in enumerate(starts)
+    )  # starts in [t, t + 1000) for each start t
+    assert busiest == 50
+    per_second = (n_runs - 50) * 1000 / (starts[-1] - starts[0])
+    assert 40 <= per_second <= 50.1, per_second
+    print(f"\nrated: busiest 1 s window {busiest}, average {per_second:.1f}/s")
 
 
 def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(

@@ -50,6 +50,7 @@ from jobqueue.cli.common import (  # noqa: E402
     yes_option,
 )
 from jobqueue.cli.dashboard import dashboard  # noqa: E402
+from jobqueue.cli.format import rate as rate_text  # noqa: E402
 from jobqueue.cli.format import when  # noqa: E402
 from jobqueue.cli.ops import COMMANDS, confirm, progress  # noqa: E402
 from jobqueue.cli.repartition import repair, repartition  # noqa: E402
@@ -479,7 +480,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
     now = jq.server_time_ms()
     rows = [
         ("run", run.run_id),
-        ("queue", f"{run.queue} (partition {run.partition})"),
+        ("queue", f"{run.queue} (partition {run.partition}){_flow(jq, run.queue)}"),
         ("state", run.state),
         ("task", run.task),
         ("attempt", f"{run.attempt}/{run.max_attempts}"),
@@ -516,6 +517,19 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
 def progress_text(run: Run, now: int) -> str:
     text = f"{run.progress:g}% (attempt {run.progress_attempt}, {when(run.progress_at_ms, now)})"
     return f"{text}: {run.progress_message}" if run.progress_message else text
+
+
+def _flow(jq: JobQueue, queue: str) -> str:
+    """What holds back the runs of a queue: paused, its concurrency and rate limits."""
+    notes = []
+    if jq.queue_paused(queue):
+        notes.append("paused: not claimed until resumed")
+    concurrency, rate = jq.queue_limits(queue)
+    if concurrency is not None:
+        notes.append(f"at most {concurrency} running at once")
+    if rate is not None:
+        notes.append(f"at most {rate_text(*rate)} claimed")
+    return "".join(f" - {n}" for n in notes)
 
 
 @main.command()

@@ -8,7 +8,14 @@ from typing import Any
 
 from jobqueue.policy.timeutil import abs_time, duration, relative, when
 
-__all__ = ["abs_time", "duration", "relative", "table", "table_lines", "when"]
+__all__ = ["abs_time", "duration", "rate", "relative", "table", "table_lines", "when"]
+
+
+def rate(count: int | None, window_ms: int | None) -> str:
+    """A rate limit as the CLI writes it: '50/1.0s', '600/1m30s'; '-' for none."""
+    if count is None or window_ms is None:
+        return "-"
+    return f"{count}/{duration(window_ms)}"
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:

@@ -1,5 +1,5 @@
-"""The operator's commands: leases, runs, queues (alias stats), workers, dead runs, capacity,
-check.
+"""The operator's commands: leases, runs, queues (alias stats), queue pause/resume, workers,
+dead runs, capacity, check.
 
 Every listing has ``--json``; human output is an aligned table with relative and absolute
 times. Data comes from ``jobqueue.queries`` (the same functions any dashboard would use).
@@ -17,7 +17,7 @@ import click
 
 from jobqueue.anomalies import Anomaly
 from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
-from jobqueue.cli.format import abs_time, duration, when
+from jobqueue.cli.format import abs_time, duration, rate, when
 from jobqueue.cli.format import table as table
 from jobqueue.client import health, queries
 from jobqueue.client.capacity import measure_bytes_per_run
@@ -210,7 +210,8 @@ def runs(
 @pass_state
 def queues(state: Any, queue: str | None, as_json: bool) -> None:
     """Per queue and partition: due now, later, running, expired leases, dead, done in the
-    last minute and hour, and how late the oldest due run is. (Alias: stats.)
+    last minute and hour, how late the oldest due run is, whether it is paused, its
+    concurrency limit and its rate limit. (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
     found = queries.stats(state.jq(), queue)
@@ -228,6 +229,9 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "-"
             if s.oldest_due_age_ms is None
             else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
+            _paused_cell(s),
+            "-" if s.concurrency_limit is None else s.concurrency_limit,
+            rate(s.rate_limit, s.rate_window_ms),
         ]
         for s in found
     ]
@@ -246,12 +250,106 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "DONE/1M",
             "DONE/1H",
             "OLDEST DUE (UTC)",
+            "PAUSED",
+            "LIMIT",
+            "RATE",
         ],
         "no queues yet",
         found,
     )
     if not as_json and any(s.node for s in found):
         _master_table(state.jq(), found)
+
+
+def _paused_cell(s: queries.PartitionStats) -> str:
+    if not s.paused:
+        return "-"
+    return "yes" if s.paused_since_ms is None else f"since {abs_time(s.paused_since_ms)}"
+
+
+@click.group()
+def queue() -> None:
+    """Pause or resume a queue's claims; limit how many of its runs run at once, and how many
+    start per time window."""
+
+
+@queue.command("pause")
+@click.argument("name")
+@pass_state
+def queue_pause(state: Any, name: str) -> None:
+    """Stop workers claiming from queue NAME, on every partition, until `queue resume`.
+
+    Enqueues go on (runs wait, pending), and so do the runs already running: heartbeats and
+    commits are accepted. A lease that expires meanwhile is taken back after the resume.
+    Idempotent: a paused queue exits 0."""
+    if state.jq().pause_queue(name):
+        click.echo(f"paused queue {name}: workers claim none of its runs until resumed")
+    else:
+        click.echo(f"queue {name} is already paused (nothing to do)")
+
+
+@queue.command("resume")
+@click.argument("name")
+@pass_state
+def queue_resume(state: Any, name: str) -> None:
+    """Let workers claim from queue NAME again; idle workers are woken at once.
+
+    Idempotent: a queue that is not paused exits 0."""
+    if state.jq().resume_queue(name):
+        click.echo(f"resumed queue {name}")
+    else:
+        click.echo(f"queue {name} is not paused (nothing to do)")
+
+
+@queue.command("concurrency")
+@click.argument("name")
+@click.argument("limit")
+@pass_state
+def queue_concurrency(state: Any, name: str, limit: str) -> None:
+    """At most LIMIT runs of queue NAME running at once, per partition (exact for a queue of
+    one partition, the default); LIMIT `none` removes the limit.
+
+    Enforced by the claim script across all workers: a run holds its slot from its claim until
+    its commit, its cancel or its lease's expiry (a killed worker's slot frees when its lease
+    expires). Idempotent: setting the limit it has exits 0."""
+    if limit.lower() == "none":
+        value = None
+    elif limit.isascii() and limit.isdigit():
+        value = int(limit)
+    else:
+        raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
+    what = "no concurrency limit" if value is None else f"concurrency limit {value}"
+    if state.jq().set_queue_concurrency(name, value):
+        click.echo(f"queue {name}: {what}")
+    else:
+        click.echo(f"queue {name} already has {what} (nothing to do)")
+
+
+@queue.command("rate")
+@click.argument("name")
+@click.argument("limit")
+@click.option(
+    "--per", type=FiniteFloat(), default=1.0, show_default=True, help="The window, in seconds."
+)
+@pass_state
+def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
+    """At most LIMIT runs of queue NAME claimed in any --per seconds, per partition (exact for
+    a queue of one partition, the default); LIMIT `none` removes the limit.
+
+    Enforced by the claim script across all workers, on the server's clock: a run over the
+    limit stays pending, and idle workers sleep until the window has room. Idempotent."""
+    if limit.lower() == "none":
+        value = None
+    elif limit.isascii() and limit.isdigit():
+        value = int(limit)
+    else:
+        raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
+    jq = state.jq()
+    what = "no rate limit" if value is None else f"rate limit {value} per {per:g}s"
+    if jq.set_queue_rate(name, value, per):
+        click.echo(f"queue {name}: {what}")
+    else:
+        click.echo(f"queue {name} already has {what} (nothing to do)")
 
 
 def _master_table(jq: Any, found: Sequence[queries.PartitionStats]) -> None:
@@ -584,4 +682,4 @@ def check(state: Any, lease: float | None, create_rate: float | None, as_json: b
         sys.exit(EXIT_REFUSED)  # 1: something is not as the guarantees need
 
 
-COMMANDS = [leases, runs, queues, stats, workers, dead, capacity, check]
+COMMANDS = [leases, runs, queues, stats, queue, workers, dead, capacity, check]

@@ -7,7 +7,8 @@ snapshot built by hand and a dashboard could reuse the same summary.
 from __future__ import annotations
 
 from jobqueue.cli.format import abs_time, duration, table_lines, when
-from jobqueue.client.queries import TopSnapshot, queue_totals
+from jobqueue.cli.format import rate as rate_text
+from jobqueue.client.queries import QueueTotals, TopSnapshot, queue_totals
 
 SHOWN_ANOMALIES = 3
 
@@ -22,6 +23,16 @@ def completion_rate(snap: TopSnapshot, previous: TopSnapshot | None) -> float | 
     if now < before:
         return None
     return (now - before) * 1000 / (snap.now_ms - previous.now_ms)
+
+
+def _queue_cell(r: QueueTotals) -> str:
+    """The queue's name with its flow control: paused, concurrency and rate limits."""
+    text = r.queue + (" (paused)" if r.paused_partitions else "")
+    if r.concurrency_limit is not None:
+        text += f" (max {r.concurrency_limit})"
+    if r.rate_limit is not None:
+        text += f" ({rate_text(r.rate_limit, r.rate_window_ms)})"
+    return text
 
 
 def render(
@@ -72,7 +83,7 @@ def render(
         lines += table_lines(
             [
                 [
-                    r.queue,
+                    _queue_cell(r),
                     r.partitions,
                     r.due_now,
                     r.scheduled_later,

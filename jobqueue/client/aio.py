@@ -129,6 +129,30 @@ class AsyncJobQueue(ClientCore):
         """``jq:queues`` as read, with the entries no command can use as anomalies."""
         return await self.run_steps(self._queue_table())
 
+    async def pause_queue(self, queue: str) -> bool:
+        """See :meth:`JobQueue.pause_queue`."""
+        return await self.run_steps(self._pause(queue, True))
+
+    async def resume_queue(self, queue: str) -> bool:
+        """See :meth:`JobQueue.resume_queue`."""
+        return await self.run_steps(self._pause(queue, False))
+
+    async def set_queue_concurrency(self, queue: str, limit: int | None) -> bool:
+        """See :meth:`JobQueue.set_queue_concurrency`."""
+        return await self.run_steps(self._set_concurrency(queue, limit))
+
+    async def set_queue_rate(self, queue: str, limit: int | None, per: float = 1.0) -> bool:
+        """See :meth:`JobQueue.set_queue_rate`."""
+        return await self.run_steps(self._set_rate(queue, limit, per))
+
+    async def queue_limits(self, queue: str) -> tuple[int | None, tuple[int, int] | None]:
+        """See :meth:`JobQueue.queue_limits`."""
+        return await self.run_steps(self._queue_limits(queue))
+
+    async def queue_paused(self, queue: str) -> bool:
+        """See :meth:`JobQueue.queue_paused`."""
+        return await self.run_steps(self._queue_paused(queue))
+
     # -- enqueue ---------------------------------------------------------------------------
 
     @overload

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from jobqueue.anomalies import Anomaly, Listing, is_wrong_type
+from jobqueue.anomalies import Anomaly, Listing, is_wrong_type, stored_int
 from jobqueue.client.base import (
     ClientBase,
     Planned,
@@ -26,7 +26,7 @@ from jobqueue.client.base import (
     queue_table,
     read_run,
 )
-from jobqueue.errors import ConnectionFailed, NotDurable, OperationRefused
+from jobqueue.errors import ConfigError, ConnectionFailed, NotDurable, OperationRefused
 from jobqueue.models import Run
 from jobqueue.policy.timeutil import Delay, Instant
 from jobqueue.schedules.recurring import (
@@ -36,7 +36,7 @@ from jobqueue.schedules.recurring import (
     make_definition,
     trigger_spec,
 )
-from jobqueue.store.admin import PURGE
+from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, parse_rate, rate_value
 from jobqueue.store.io import (
     DurableScripts,
     Scripts,
@@ -51,6 +51,17 @@ from jobqueue.store.runs import CANCEL, CREATE_RUN, REQUEUE, RunSpec
 from jobqueue.store.scripts import Call
 
 log = logging.getLogger("jobqueue.client")
+
+MAX_LIMIT = 1_000_000  # a concurrency limit above any worker fleet is a typo
+MAX_RATE_WINDOW_MS = 86_400_000  # the claim log of a rate limit lives one window
+
+
+def to_ms(seconds: float, what: str) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds:
+        raise ConfigError(f"{what} must be a number of seconds")
+    if seconds in (float("inf"), float("-inf")):
+        raise ConfigError(f"{what} must be a finite number of seconds")
+    return round(seconds * 1000)
 
 
 class Created(NamedTuple):
@@ -113,6 +124,68 @@ class ClientCore(ClientBase):
 
     def _queues(self) -> Steps[dict[str, int]]:
         return (yield from self._queue_table()).counts
+
+    def _pause(self, queue: str, paused: bool) -> Steps[bool]:
+        """Pause or resume every partition of a queue (recorded first, like an enqueue, so a
+        queue can be paused before its first run); True when a partition changed."""
+        yield from self._register_queue(queue)
+        calls = [PAUSE.call(keys, paused) for keys in self.all_partition_keys(queue)]
+        replies = yield Scripts(calls)
+        return any([PAUSE.parse(reply) for reply in replies])
+
+    def _set_concurrency(self, queue: str, limit: int | None) -> Steps[bool]:
+        """Set (or with None remove) the concurrency limit of every partition of a queue;
+        True when a partition changed."""
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT
+        ):
+            raise ConfigError(f"concurrency limit must be an integer from 0 to {MAX_LIMIT}")
+        yield from self._register_queue(queue)
+        calls = [
+            SET_LIMIT.call(keys, "concurrency", limit) for keys in self.all_partition_keys(queue)
+        ]
+        replies = yield Scripts(calls)
+        return any([SET_LIMIT.parse(reply) for reply in replies])
+
+    def _set_rate(self, queue: str, limit: int | None, per: float) -> Steps[bool]:
+        """Set (or with None remove) the rate limit of every partition of a queue: at most
+        ``limit`` claims in any ``per`` seconds; True when a partition changed."""
+        value: str | None = None
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+                raise ConfigError(f"rate limit must be an integer from 0 to {MAX_LIMIT}")
+            window_ms = to_ms(per, "per")
+            if not 1 <= window_ms <= MAX_RATE_WINDOW_MS:
+                raise ConfigError("rate window 'per' must be from 1 ms to 1 day")
+            value = rate_value(limit, window_ms)
+        yield from self._register_queue(queue)
+        calls = [SET_LIMIT.call(keys, "rate", value) for keys in self.all_partition_keys(queue)]
+        replies = yield Scripts(calls)
+        return any([SET_LIMIT.parse(reply) for reply in replies])
+
+    def _queue_limits(self, queue: str) -> Steps[tuple[int | None, tuple[int, int] | None]]:
+        """The concurrency limit and the rate limit (count, window ms) of a queue's first
+        partition, as set_queue_concurrency and set_queue_rate set them on every one; None
+        where there is none (or what is stored is not a limit)."""
+        table = yield from self._queue_table()
+        if queue not in table.counts:
+            return None, None
+        first = table.partitions(queue)[0]
+        (reply,) = yield commands(cmd("hmget", first.limits, "concurrency", "rate"))
+        if not isinstance(reply, list):
+            return None, None  # a limits key of another type: an anomaly of the listings
+        concurrency, rate = stored_int(reply[0]), parse_rate(reply[1])
+        return (None if concurrency is None or concurrency < 0 else concurrency), rate
+
+    def _queue_paused(self, queue: str) -> Steps[bool]:
+        """Whether any partition of a queue recorded in Redis is paused (an unknown queue,
+        or a paused key of another type, is not: claims refuse the latter whole)."""
+        table = yield from self._queue_table()
+        parts = table.partitions(queue) if queue in table.counts else []
+        if not parts:
+            return False
+        replies = yield commands(*(cmd("get", keys.paused) for keys in parts))
+        return any(isinstance(r, (str, bytes)) for r in replies)
 
     # -- creating runs ---------------------------------------------------------------------
 

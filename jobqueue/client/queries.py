@@ -29,6 +29,7 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.errors import UnknownQueue
 from jobqueue.models import Run
 from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
+from jobqueue.store.admin import parse_rate
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys, validate_queue_name
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
@@ -83,6 +84,11 @@ class PartitionStats:
     anomalies: tuple[Anomaly, ...] = ()
     slot: int | None = None  # the Redis Cluster slot of its keys (its hash tag's)
     node: str | None = None  # on a cluster: the master serving that slot (host:port)
+    paused: bool = False  # claims take nothing here (pause_queue) until resumed
+    paused_since_ms: int | None = None  # when it was paused (None: not paused, or unreadable)
+    concurrency_limit: int | None = None  # the most runs running at once here (None: none)
+    rate_limit: int | None = None  # at most this many claims here in any rate_window_ms
+    rate_window_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -279,6 +285,8 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.zcount(k.done, now - 3_600_000, "+inf")
         pipe.zrange(k.due, 0, 0, withscores=True)
         pipe.hgetall(k.stats)
+        pipe.get(k.paused)
+        pipe.hmget(k.limits, "concurrency", "rate")
 
     out = []
     locate = getattr(jq.redis, "get_node_from_key", None)
@@ -299,6 +307,13 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 mine.append(Anomaly(k.stats, f"field {name!r} is {value!r}, not a counter"))
             else:
                 counters[name] = number
+        paused = checked(r[9], k.paused, "string", mine, None)
+        limit, rate = checked(r[10], k.limits, "hash", mine, [None, None])
+        if limit is not None and stored_int(limit) is None:
+            mine.append(Anomaly(k.limits, f"field 'concurrency' is {limit!r}, not a limit"))
+        rate_n, rate_w = parse_rate(rate) or (None, None)
+        if rate is not None and rate_n is None:
+            mine.append(Anomaly(k.limits, f"field 'rate' is {rate!r}, not a rate"))
         out.append(
             PartitionStats(
                 queue=k.queue,
@@ -316,6 +331,11 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 anomalies=tuple(unique(mine)),
                 slot=k.slot,
                 node=_node_name(locate, k.due),
+                paused=paused is not None,
+                paused_since_ms=None if paused is None else stored_int(paused),
+                concurrency_limit=stored_int(limit),
+                rate_limit=rate_n,
+                rate_window_ms=rate_w,
             )
         )
     return Listing(out, found)
@@ -535,6 +555,11 @@ class QueueTotals:
     done_last_hour: int
     oldest_due_age_ms: int | None  # the latest any due run of the queue is
     anomalies: tuple[Anomaly, ...] = ()  # its partitions'
+    paused_partitions: int = 0  # all of them after pause_queue, none after resume_queue
+    # Per partition, as set_queue_concurrency sets it (the largest if partitions differ).
+    concurrency_limit: int | None = None
+    rate_limit: int | None = None  # per partition, in rate_window_ms (partition 0's)
+    rate_window_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -548,6 +573,7 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
     out = []
     for queue, rows in sorted(grouped.items()):
         ages = [s.oldest_due_age_ms for s in rows if s.oldest_due_age_ms is not None]
+        limits = [s.concurrency_limit for s in rows if s.concurrency_limit is not None]
         out.append(
             QueueTotals(
                 queue=queue,
@@ -561,6 +587,10 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
                 done_last_hour=sum(s.done_last_hour for s in rows),
                 oldest_due_age_ms=max(ages) if ages else None,
                 anomalies=tuple(unique(a for s in rows for a in s.anomalies)),
+                paused_partitions=sum(s.paused for s in rows),
+                concurrency_limit=max(limits, default=None),
+                rate_limit=rows[0].rate_limit,
+                rate_window_ms=rows[0].rate_window_ms,
             )
         )
     return out

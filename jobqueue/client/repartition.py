@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from jobqueue.anomalies import is_wrong_type
+from jobqueue.anomalies import is_wrong_type, stored_int
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, CorruptData, OperationRefused
 from jobqueue.store.keys import (
@@ -419,6 +419,57 @@ def _carry_fences(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
     pipe.execute()
 
 
+def _carry_pause(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
+    """A paused queue stays paused: when any partition, old or new, is paused, every new one
+    is (since the earliest pause), before the paused keys of vanishing partitions go (a
+    re-run after a crash finds them again)."""
+    new = targets(sources[0].queue, count)
+    everything = list(dict.fromkeys([*sources, *new]))
+    pipe = r.pipeline(transaction=False)
+    for k in everything:
+        pipe.get(k.paused)
+    # A paused key of another type is foreign data (claims refuse it): not a pause to carry.
+    since = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, (str, bytes))]
+    if not since:
+        return
+    earliest = min(since, key=lambda v: (stored_int(v) is None, stored_int(v) or 0))
+    pipe = r.pipeline(transaction=False)
+    for k in new:
+        pipe.set(k.paused, earliest, nx=True)
+    for k in everything:
+        if k not in new:
+            pipe.delete(k.paused)
+    pipe.execute()
+
+
+def _carry_limits(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
+    """A queue's concurrency and rate limits hold on every new partition (the largest
+    concurrency found, should partitions differ; the first partition's rate), before the
+    limits of vanishing partitions go."""
+    new = targets(sources[0].queue, count)
+    everything = list(dict.fromkeys([*sources, *new]))
+    pipe = r.pipeline(transaction=False)
+    for k in everything:
+        pipe.hmget(k.limits, "concurrency", "rate")
+    found = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, list)]
+    limits = [n for n in (stored_int(v[0]) for v in found) if n is not None]
+    rates = [v[1] for v in found if isinstance(v[1], str)]
+    if not limits and not rates:
+        return
+    carried: dict[str, str | int] = {}
+    if limits:
+        carried["concurrency"] = max(limits)
+    if rates:
+        carried["rate"] = rates[0]
+    pipe = r.pipeline(transaction=False)
+    for k in new:
+        pipe.hset(k.limits, mapping=carried)
+    for k in everything:
+        if k not in new:
+            pipe.delete(k.limits)
+    pipe.execute()
+
+
 def repartition(
     jq: JobQueue,
     queue: str,
@@ -456,6 +507,8 @@ def repartition(
         if source not in new and _fold_stats(r, source, count):
             report.folded.append((source.partition, fold_target(source.partition, count)))
     _carry_fences(r, partitions, count)
+    _carry_pause(r, partitions, count)
+    _carry_limits(r, partitions, count)
     _refuse_if_busy(jq, queue, partitions)  # a worker started during the move
     r.hset(QUEUES_KEY, queue, placement_record(count, True))
     r.hdel(MOVING_KEY, queue)

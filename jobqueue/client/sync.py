@@ -172,6 +172,41 @@ class JobQueue(ClientCore):
         """``jq:queues`` as read, with the entries no command can use as anomalies."""
         return self.run_steps(self._queue_table())
 
+    def pause_queue(self, queue: str) -> bool:
+        """Stop claims from ``queue`` on every partition: workers take none of its runs (not
+        even those whose lease expires) until :meth:`resume_queue`; enqueues, heartbeats and
+        commits go on. True when this call paused it, False when it already was paused."""
+        return self.run_steps(self._pause(queue, True))
+
+    def resume_queue(self, queue: str) -> bool:
+        """Let workers claim from ``queue`` again; idle workers are woken at once. True when
+        this call resumed it, False when it was not paused."""
+        return self.run_steps(self._pause(queue, False))
+
+    def set_queue_concurrency(self, queue: str, limit: int | None) -> bool:
+        """At most ``limit`` runs of ``queue`` running at once in each of its partitions
+        (exact for a queue of one partition, the default), enforced by the claim script: a
+        slot is held from the claim until the commit, the cancel or the lease's expiry.
+        ``None`` removes the limit. True when this call changed it."""
+        return self.run_steps(self._set_concurrency(queue, limit))
+
+    def set_queue_rate(self, queue: str, limit: int | None, per: float = 1.0) -> bool:
+        """At most ``limit`` claims of ``queue`` in any ``per`` seconds, in each of its
+        partitions (exact for a queue of one partition, the default), enforced by the claim
+        script across all workers (the server's clock; an expired lease taken back counts as
+        a claim). A run over the limit stays pending. ``None`` removes the limit. True when
+        this call changed it."""
+        return self.run_steps(self._set_rate(queue, limit, per))
+
+    def queue_limits(self, queue: str) -> tuple[int | None, tuple[int, int] | None]:
+        """``queue``'s concurrency limit and rate limit (count, window in ms), None where
+        it has none."""
+        return self.run_steps(self._queue_limits(queue))
+
+    def queue_paused(self, queue: str) -> bool:
+        """Whether ``queue`` is paused (any of its partitions)."""
+        return self.run_steps(self._queue_paused(queue))
+
     # -- enqueue ---------------------------------------------------------------------------
 
     @overload

@@ -341,6 +341,16 @@ def _resume(jq: JobQueue, form: Form) -> str:
     return f"resumed {jq.resume_schedule(_one(form, 'job_id')).job_id}"
 
 
+def _pause_queue(jq: JobQueue, form: Form) -> str:
+    queue = _one(form, "queue")
+    return f"paused queue {queue}" if jq.pause_queue(queue) else f"queue {queue} was paused"
+
+
+def _resume_queue(jq: JobQueue, form: Form) -> str:
+    queue = _one(form, "queue")
+    return f"resumed queue {queue}" if jq.resume_queue(queue) else f"queue {queue} was running"
+
+
 def _trigger(jq: JobQueue, form: Form) -> str:
     handle = jq.trigger(_one(form, "job_id"))
     return f"created {handle.run_id} in queue {handle.queue}"
@@ -356,6 +366,8 @@ ACTIONS: dict[str, Callable[[JobQueue, Form], str]] = {
     "cancel": _cancel,
     "pause": _pause,
     "resume": _resume,
+    "pause-queue": _pause_queue,
+    "resume-queue": _resume_queue,
     "trigger": _trigger,
 }
 

@@ -17,9 +17,10 @@ What is counted where:
   exports (``jobqueue_queue_lease_expiries``, all workers together);
 * runs per task and outcome, and their duration (the code's start to its end): the commit
   replies, with what the executor measured;
-* queue depth (due now / running / dead, per queue): :func:`jobqueue.queries.stats`, refreshed
-  every few seconds by a daemon thread (never on the scrape path, which must stay fast), only
-  in the daemon started with ``--queue-gauges``: the values are the queue's, whoever reads
+* queue depth (due now / running / dead, per queue), whether a queue is paused and its
+  limits: :func:`jobqueue.queries.stats`, refreshed every few seconds by a daemon thread
+  (never on the scrape path, which must stay fast), only in the daemon started with
+  ``--queue-gauges``: the values are the queue's, whoever reads
   them, so one exporter is enough (several would be summed into a multiple of the truth);
 * scheduler fires / misses / drops / skips / conflicts: each tick's report.
 """
@@ -175,6 +176,24 @@ class PrometheusMetrics(Metrics):
             q,
             registry=r,
         )
+        self.queue_paused = Gauge(
+            "jobqueue_queue_paused",
+            "Partitions of the queue that are paused (jobqueue queue pause): 0 while it runs.",
+            q,
+            registry=r,
+        )
+        self.queue_concurrency_limit = Gauge(
+            "jobqueue_queue_concurrency_limit",
+            "The most runs of the queue running at once per partition; -1: no limit.",
+            q,
+            registry=r,
+        )
+        self.queue_rate_limit = Gauge(
+            "jobqueue_queue_rate_limit",
+            "The queue's rate limit per partition, in claims per second; -1: no limit.",
+            q,
+            registry=r,
+        )
         self.sched = {
             name: Counter(f"jobqueue_scheduler_{name}", text, registry=r)
             for name, text in (
@@ -269,6 +288,16 @@ class PrometheusMetrics(Metrics):
             for state, value in (("due", due), ("running", running), ("dead", dead)):
                 self.queue_runs.labels(queue, state).set(value)
             self.queue_lease_expiries.labels(queue).set(expired)
+            self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
+            limits = [p.concurrency_limit for p in parts if p.concurrency_limit is not None]
+            self.queue_concurrency_limit.labels(queue).set(max(limits, default=-1))
+            first = parts[0]
+            per_s = (
+                -1.0
+                if first.rate_limit is None or not first.rate_window_ms
+                else first.rate_limit * 1000 / first.rate_window_ms
+            )
+            self.queue_rate_limit.labels(queue).set(per_s)
 
     def _anomaly(self, text: str) -> None:
         """Log a finding once: the refresh runs every few seconds, the log is read by people."""

@@ -1,5 +1,7 @@
 """The contracts of the operator's scripts on a queue partition: purging dead runs for good
-(``jobqueue dead purge``) and putting runs back in their index (``jobqueue repair``)."""
+(``jobqueue dead purge``), putting runs back in their index (``jobqueue repair``), pausing
+or resuming claims (``jobqueue queue pause``) and setting flow limits (``jobqueue queue
+limit``)."""
 
 from __future__ import annotations
 
@@ -63,4 +65,63 @@ REPAIR = Contract(
     parse=_parse_repair,
 )
 
-CONTRACTS = (PURGE, REPAIR)
+def _pause(pk: PartitionKeys, paused: bool, now: NowArg = None) -> Wire:
+    return Wire(
+        pk,
+        {"now": now_arg(now), "prefix": pk.prefix, "action": "pause" if paused else "resume"},
+    )
+
+
+def _parse_pause(reply: Any) -> bool:
+    """True when the call changed the partition, False when it already was so."""
+    return int(reply) == 1
+
+
+PAUSE = Contract(
+    "pause",
+    keys=("paused", "wake"),
+    args=("now", "prefix", "action"),
+    build=_pause,
+    parse=_parse_pause,
+)
+
+LIMIT_NAMES = ("concurrency", "rate")
+
+
+def rate_value(count: int, window_ms: int) -> str:
+    """A rate limit as set_limit takes it and claim reads it: count claims in window_ms."""
+    return f"{count} {window_ms}"
+
+
+def parse_rate(stored: Any) -> tuple[int, int] | None:
+    """A stored rate limit 'N W' as (N, W ms), or None when it is not one."""
+    if isinstance(stored, str):
+        n, _, w = stored.partition(" ")
+        if n.isascii() and n.isdigit() and w.isascii() and w.isdigit() and int(w) >= 1:
+            return int(n), int(w)
+    return None
+
+
+def _set_limit(
+    pk: PartitionKeys, name: str, value: int | str | None, now: NowArg = None
+) -> Wire:
+    return Wire(
+        pk,
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "name": name,
+            "value": "" if value is None else value,
+        },
+    )
+
+
+SET_LIMIT = Contract(
+    "set_limit",
+    keys=("limits", "wake"),
+    args=("now", "prefix", "name", "value"),
+    build=_set_limit,
+    parse=_parse_pause,  # the same reply: 1 changed, 0 already so
+)
+
+CONTRACTS = (PURGE, REPAIR, PAUSE, SET_LIMIT)

@@ -12,6 +12,10 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:wake           list   wake tokens for idle workers
     jq:{q#p}:fences         string the last fence issued in the partition
     jq:{q#p}:orphans        zset   run_id -> when its index entry was found without a record
+    jq:{q#p}:paused         string when the queue was paused (ms); absent while it runs
+    jq:{q#p}:limits         hash   flow limits: concurrency (the most runs running at once),
+                                   rate ('N W': at most N claims in any W ms)
+    jq:{q#p}:claims         zset   fence -> claim time: the claims of a rate limit's window
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
@@ -292,6 +296,21 @@ class PartitionKeys:
     @cached_property
     def done(self) -> str:
         return self.prefix + "done"
+
+    @cached_property
+    def limits(self) -> str:
+        """The partition's flow limits (``set_queue_limit``): concurrency, read by claim."""
+        return self.prefix + "limits"
+
+    @cached_property
+    def claims(self) -> str:
+        """The claims of the last window of a rate limit (fence -> claim time), read by claim."""
+        return self.prefix + "claims"
+
+    @cached_property
+    def paused(self) -> str:
+        """Present while the queue is paused (``pause_queue``): claim takes nothing here."""
+        return self.prefix + "paused"
 
     @cached_property
     def wake(self) -> str:

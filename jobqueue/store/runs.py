@@ -162,7 +162,9 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
 
 CLAIM = Contract(
     "claim",
-    keys=("due", "leases", "dead", "stats", "fences", "orphans"),
+    keys=(
+        "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims"
+    ),
     args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
     build=_claim,
     parse=_parse_claim,
@@ -245,7 +247,7 @@ def _parse_complete(reply: Sequence[Any]) -> list[Outcome]:
 
 COMPLETE = Contract(
     "complete",
-    keys=("leases", "done", "stats"),
+    keys=("leases", "done", "stats", "limits", "wake"),
     args=("now", "prefix", "retention_ms"),
     tail="runs",
     build=_complete,
@@ -283,7 +285,7 @@ def _fail(
 
 FAIL = Contract(
     "fail",
-    keys=("due", "leases", "dead", "stats", "wake"),
+    keys=("due", "leases", "dead", "stats", "wake", "limits"),
     args=(
         "now",
         "prefix",

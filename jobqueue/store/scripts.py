@@ -49,6 +49,8 @@ SCRIPT_NAMES = (
     "sched_unhold",
     "repair",
     "sched_lease",
+    "pause",
+    "set_limit",
 )
 PRELUDE = "_prelude"
 

@@ -56,3 +56,28 @@ def stuck_once(ctx: RunContext) -> int:
         time.sleep(120)  # ignores cancellation: only the process exiting ends it
     return os.getpid()
 
+
+
+# Runs of ``capped`` in progress, all workers together: member -> when it stops counting (the
+# server clock). A killed attempt's member stops counting ACTIVE_TTL_MS after it started,
+# before its lease (2 s in the test, from the claim, which came first) expires: only then can
+# the limit hand its slot to another worker.
+_ENTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local n = redis.call('ZCARD', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+ACTIVE, MOST_ACTIVE, ACTIVE_TTL_MS = "capped:active", "capped:most", 1_500
+
+
+@jq.task(max_attempts=20)
+def capped(low: float, high: float, ctx: RunContext) -> int:
+    member = f"{ctx.run_id}:{ctx.fence}"
+    jq.redis.eval(_ENTER, 2, ACTIVE, MOST_ACTIVE, member, ACTIVE_TTL_MS)
+    time.sleep(random.uniform(low, high))
+    jq.redis.zrem(ACTIVE, member)
+    return os.getpid()

@@ -4,6 +4,7 @@ partition is flooded."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 
@@ -108,4 +109,70 @@ def test_an_idle_worker_on_a_cluster_looks_at_the_wake_lists_not_claims_every_pa
             (run_id,) = ids_in_partition(partition, 1)
             handle = jq.enqueue(noop, run_id=run_id)
             wait_for(lambda h=handle: jq.get_run(h.run_id).state == "done", timeout=5)
+
+
+def test_a_paused_queue_spread_over_three_masters_hands_out_nothing_until_resumed(
+    cluster_url: str,
+) -> None:
+    """The pause lives in each partition's slot (one key per partition, on its master), so it
+    holds on every master; a second queue keeps running meanwhile."""
+    jq = JobQueue.from_url(cluster_url, partitions={"held": 16, "open": 1})
+    seen: list[str] = []
+
+    @jq.task(queue="held")
+    def held(name: str) -> None:
+        seen.append(name)
+
+    @jq.task(queue="open")
+    def passing() -> str:
+        return "ok"
+
+    assert jq.pause_queue("held")
+    run_ids = [f"h-{i}" for i in range(64)]
+    jq.enqueue_many(Request(held, (r,), run_id=r) for r in run_ids)
+    assert len({partition_of(r, 16) for r in run_ids}) == 16
+    worker = make_worker(jq, queues=["held", "open"], concurrency=4, lease=None)
+    with running(worker, join_timeout=20):
+        # Each claim pass asks the 16 paused partitions first: once "open"'s run is done,
+        # every one of them was asked (the worker sleeps between passes).
+        jq.enqueue(passing, run_id="passing")
+        wait_for(lambda: jq.get_run("passing").state == "done", 30, "the open queue's run")
+        wait_for(lambda: worker.stats.completed >= 1, 10, "its commit")
+        assert seen == []
+        assert jq.resume_queue("held")
+        wait_for(lambda: len(seen) >= 64, 30, "the held runs after the resume")
+    assert sorted(seen) == sorted(run_ids)
+    jq.close()
+
+
+def test_limits_hold_in_every_partition_of_a_queue_spread_over_three_masters(
+    cluster_url: str,
+) -> None:
+    """A concurrency limit of 1 on a 4-partition queue over three masters: each partition's
+    claims check the limit in its own slot, so at most one run per partition runs at once
+    (at most 4 in all), whatever the worker's 16 slots."""
+    jq = JobQueue.from_url(cluster_url, partitions={"default": 4})
+    lock = threading.Lock()
+    now: dict[int, int] = {}
+    most: dict[int, int] = {}
+    done: list[str] = []
+
+    @jq.task
+    def busy(name: str) -> None:
+        p = partition_of(name, 4)
+        with lock:
+            now[p] = now.get(p, 0) + 1
+            most[p] = max(most.get(p, 0), now[p])
+        time.sleep(0.01)
+        with lock:
+            now[p] -= 1
+            done.append(name)
+
+    assert jq.set_queue_concurrency("default", 1)
+    run_ids = [f"c-{i}" for i in range(80)]
+    jq.enqueue_many(Request(busy, (r,), run_id=r) for r in run_ids)
+    assert len({partition_of(r, 4) for r in run_ids}) == 4
+    with running(make_worker(jq, concurrency=16, lease=None), join_timeout=20):
+        wait_for(lambda: len(done) >= 80, 60, "80 runs")
+    assert most == {0: 1, 1: 1, 2: 1, 3: 1}
     jq.close()

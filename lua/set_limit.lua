@@ -1,0 +1,59 @@
+-- set_limit.lua: set or remove one flow limit of one partition of a queue (set_queue_limit
+-- calls it on every partition).
+--
+-- KEYS[1]  limits    hash    jq:{q#p}:limits   the partition's flow limits
+-- KEYS[2]  wake      list    jq:{q#p}:wake     wake tokens for idle workers
+-- ARGV[1]  now                now ms, or '' for the server clock (read first, as every
+--                             script does; nothing here depends on it)
+-- ARGV[2]  prefix             key prefix jq:{q#p}: (unused: the keys are given)
+-- ARGV[3]  name               the limit: 'concurrency' (the most runs running at once) or
+--                             'rate' (at most N claims in any W ms)
+-- ARGV[4]  value              concurrency: a whole number from 0; rate: 'N W', N from 0
+--                             and W from 1; or '' to remove the limit
+-- Returns  1 when this call changed the limit, 0 when it already was so. Refused whole (an
+--          error reply, nothing changed) when a key is not on this node, the limits key holds
+--          another type, or the name or value is not one of the above.
+--
+-- A concurrency limit raised, or any limit removed or a rate changed, fills the wake list:
+-- idle workers claim at once.
+
+local _ = clock(ARGV[1])
+local name, value = ARGV[3], ARGV[4]
+local limits_key, wake_key = KEYS[1], KEYS[2]
+local NAMES = {concurrency = true, rate = true}
+
+local ok, plan = reading(function()
+  if not NAMES[name] then refuse('ERR jobqueue: no limit named ' .. tostring(name)) end
+  if value ~= '' and name == 'concurrency' and not whole(value, 0) then
+    refuse('ERR jobqueue: a limit is a whole number from 0, not ' .. tostring(value))
+  end
+  local new = nil
+  if value ~= '' and name == 'rate' then
+    local n, w = string.match(value, '^(%d+) (%d+)$')
+    if not (whole(n, 0) and whole(w, 1)) then
+      refuse("ERR jobqueue: a rate is 'N W' (N claims in W ms), not " .. tostring(value))
+    end
+    new = int(tonumber(n)) .. ' ' .. int(tonumber(w))
+  elseif value ~= '' then
+    new = int(tonumber(value))
+  end
+  return {old = read('HGET', limits_key, name), waker = waker(wake_key), new = new}
+end)
+if not ok then return plan end
+
+local new = plan.new
+if plan.old == (new or false) then return 0 end
+-- A limit field that is not a whole number counted as no limit (claim.lua): only raising or
+-- removing a real limit makes room.
+local old = whole(plan.old, 0) and tonumber(plan.old) or nil
+if new == nil then
+  redis.call('HDEL', limits_key, name)
+else
+  redis.call('HSET', limits_key, name, new)
+end
+if name == 'rate' then
+  if plan.old then wake(plan.waker, WAKE_TOKENS) end
+elseif old ~= nil and (new == nil or tonumber(new) > old) then
+  wake(plan.waker, WAKE_TOKENS)
+end
+return 1

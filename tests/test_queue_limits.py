@@ -1,0 +1,221 @@
+"""Concurrency limits of a queue (issue 21): the client API (the asyncio one in test_aio.py),
+a worker that never runs more than the limit, `jobqueue queue concurrency`, and the limit as
+`queues`, `top`, the dashboard and the metrics show it. Both backends. The SIGKILL test is in
+test_worker_processes.py, the script-level rules in test_script_limits.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+from click.testing import CliRunner, Result
+from helpers import advance_until, make_worker, running, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from jobqueue import Request
+from jobqueue.cli.core import State, main
+from jobqueue.cli.top_view import render
+from jobqueue.client import queries
+from jobqueue.client.sync import JobQueue
+from jobqueue.dashboard.app import create_app
+from jobqueue.errors import ConfigError
+from jobqueue.runtime.clock import FakeClock
+from jobqueue.runtime.metrics import serve
+
+
+def invoke(jq: JobQueue, *args: str) -> Result:
+    return CliRunner().invoke(main, list(args), obj=State(None, jq))
+
+
+def test_set_queue_concurrency_sets_every_partition(jq: JobQueue) -> None:
+    jq = JobQueue(jq.redis, partitions={"mail": 4})
+    assert jq.set_queue_concurrency("mail", 3) is True
+    assert [r.concurrency_limit for r in queries.stats(jq, "mail")] == [3] * 4
+
+
+def test_set_queue_concurrency_says_whether_it_changed_the_limit(jq: JobQueue) -> None:
+    changes = [jq.set_queue_concurrency("mail", n) for n in (3, 3, 5, None, None)]
+    assert changes == [True, False, True, True, False]
+    assert [r.concurrency_limit for r in queries.stats(jq, "mail")] == [None]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3", 10**7])
+def test_a_limit_that_is_not_a_count_is_refused_and_nothing_is_written(
+    jq: JobQueue, bad: object
+) -> None:
+    with pytest.raises(ConfigError):
+        jq.set_queue_concurrency("mail", bad)  # type: ignore[arg-type]
+    assert jq.queues() == {}
+
+
+def test_a_worker_never_runs_more_than_the_limit(fast_jq: JobQueue) -> None:
+    lock = threading.Lock()
+    running_now, most = [0], [0]
+    done: list[int] = []
+
+    @fast_jq.task
+    def busy(i: int) -> None:
+        with lock:
+            running_now[0] += 1
+            most[0] = max(most[0], running_now[0])
+        time.sleep(0.02)
+        with lock:
+            running_now[0] -= 1
+            done.append(i)
+
+    fast_jq.set_queue_concurrency("default", 2)
+    fast_jq.enqueue_many(Request(busy, (i,)) for i in range(20))
+    with running(make_worker(fast_jq, concurrency=8)):
+        wait_for(lambda: len(done) == 20, 30, "20 runs")
+    assert most[0] == 2
+
+
+def test_cli_queue_concurrency_sets_and_removes_the_limit(jq: JobQueue) -> None:
+    first = invoke(jq, "queue", "concurrency", "mail", "3")
+    again = invoke(jq, "queue", "concurrency", "mail", "3")
+    assert (first.exit_code, again.exit_code) == (0, 0)
+    assert "concurrency limit 3" in first.output and "nothing to do" in again.output
+    (row,) = json.loads(invoke(jq, "queues", "--json").stdout)
+    assert row["concurrency_limit"] == 3
+    assert "no concurrency limit" in invoke(jq, "queue", "concurrency", "mail", "none").output
+    (row,) = json.loads(invoke(jq, "queues", "--json").stdout)
+    assert row["concurrency_limit"] is None
+
+
+def test_cli_queue_concurrency_refuses_what_is_not_a_count(jq: JobQueue) -> None:
+    result = invoke(jq, "queue", "concurrency", "mail", "-1")
+    assert result.exit_code == 2
+    assert jq.queues() == {}
+
+
+def test_cli_queues_has_a_limit_column(jq: JobQueue) -> None:
+    jq.set_queue_concurrency("mail", 7)
+    lines = invoke(jq, "queues").output.splitlines()
+    assert lines[0].split()[-2:] == ["LIMIT", "RATE"] and lines[1].split()[-2:] == ["7", "-"]
+
+
+def test_top_shows_the_limit_after_the_queue(jq: JobQueue) -> None:
+    jq.set_queue_concurrency("mail", 7)
+    assert any(line.startswith("mail (max 7)") for line in render(queries.top_snapshot(jq)))
+
+
+def test_dashboard_shows_the_limit(jq: JobQueue) -> None:
+    jq.set_queue_concurrency("mail", 7)
+    page = TestClient(create_app(jq)).get("/queues").text
+    assert "at most 7 at once" in page
+
+
+def test_metrics_export_the_limit(jq: JobQueue) -> None:
+    jq.set_queue_concurrency("mail", 7)
+    jq.register_queue("open")
+    metrics = serve("worker", 0, "127.0.0.1")
+    try:
+        metrics.refresh_depth(jq, ["mail", "open"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as reply:
+            text = reply.read().decode()
+    finally:
+        metrics.close()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("jobqueue_queue_concurrency_limit", (("queue", "mail"),))] == 7
+    assert samples[("jobqueue_queue_concurrency_limit", (("queue", "open"),))] == -1
+
+
+# -- rate limits ---------------------------------------------------------------------------
+
+
+def test_set_queue_rate_sets_every_partition(jq: JobQueue) -> None:
+    jq = JobQueue(jq.redis, partitions={"mail": 4})
+    assert jq.set_queue_rate("mail", 50, per=2) is True
+    rows = queries.stats(jq, "mail")
+    assert [(r.rate_limit, r.rate_window_ms) for r in rows] == [(50, 2_000)] * 4
+
+
+def test_set_queue_rate_says_whether_it_changed_the_limit(jq: JobQueue) -> None:
+    changes = [jq.set_queue_rate("mail", n) for n in (10, 10, 20, None, None)]
+    assert changes == [True, False, True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("limit", "per"), [(-1, 1.0), (True, 1.0), (10, 0), (10, -1), (10, float("nan")), (10, 1e9)]
+)
+def test_a_rate_that_is_not_one_is_refused_and_nothing_is_written(
+    jq: JobQueue, limit: int, per: float
+) -> None:
+    with pytest.raises(ConfigError):
+        jq.set_queue_rate("mail", limit, per=per)
+    assert jq.queues() == {}
+
+
+def test_a_worker_starts_no_more_runs_than_the_rate_allows(
+    fast_jq: JobQueue, clock: FakeClock
+) -> None:
+    """On a fake clock (the server judges by it too): 2 runs per 10 s, 5 runs due; within the
+    first window only 2 start, and the rest once the clock has moved past it."""
+    started: list[str] = []
+
+    @fast_jq.task
+    def note(name: str) -> None:
+        started.append(name)
+
+    fast_jq.set_queue_rate("default", 2, per=10)
+    fast_jq.enqueue_many(Request(note, (f"r{i}",), run_id=f"r{i}") for i in range(5))
+    with running(make_worker(fast_jq, clock=clock)):
+        wait_for(lambda: len(started) == 2, 10, "the window's two runs")
+        clock.advance(1)
+        time.sleep(0.2)  # the worker claims again, and is refused by the rate
+        assert len(started) == 2
+        advance_until(clock, lambda: len(started) == 5, step=5)
+
+
+def test_cli_queue_rate_sets_and_removes_the_limit(jq: JobQueue) -> None:
+    first = invoke(jq, "queue", "rate", "mail", "50", "--per", "2")
+    assert first.exit_code == 0 and "rate limit 50 per 2s" in first.output
+    again = invoke(jq, "queue", "rate", "mail", "50", "--per", "2")
+    assert "nothing to do" in again.output
+    lines = invoke(jq, "queues").output.splitlines()
+    assert lines[0].split()[-1] == "RATE" and lines[1].split()[-1] == "50/2.0s"
+    assert "no rate limit" in invoke(jq, "queue", "rate", "mail", "none").output
+    (row,) = json.loads(invoke(jq, "queues", "--json").stdout)
+    assert (row["rate_limit"], row["rate_window_ms"]) == (None, None)
+
+
+def test_top_and_dashboard_show_the_rate(jq: JobQueue) -> None:
+    jq.set_queue_rate("mail", 50)
+    assert any(line.startswith("mail (50/1.0s)") for line in render(queries.top_snapshot(jq)))
+    assert "at most 50 per 1.0s" in TestClient(create_app(jq)).get("/queues").text
+
+
+def test_metrics_export_the_rate_per_second(jq: JobQueue) -> None:
+    jq.set_queue_rate("mail", 50, per=2)
+    metrics = serve("worker", 0, "127.0.0.1")
+    try:
+        metrics.refresh_depth(jq, ["mail"])
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics.port}/metrics") as reply:
+            text = reply.read().decode()
+    finally:
+        metrics.close()
+    assert "jobqueue_queue_rate_limit{queue=\"mail\"} 25.0" in text
+
+
+def test_show_says_what_holds_a_run_back(jq: JobQueue) -> None:
+    jq.declare_task("t", queue="mail")
+    jq.enqueue("t", run_id="a")
+    jq.set_queue_concurrency("mail", 3)
+    jq.set_queue_rate("mail", 50, per=2)
+    line = next(x for x in invoke(jq, "show", "a").output.splitlines() if x.startswith("queue"))
+    assert line.endswith("mail (partition 0) - at most 3 running at once - at most 50/2.0s claimed")
+
+
+def test_queue_limits_reads_both_limits(jq: JobQueue) -> None:
+    assert jq.queue_limits("mail") == (None, None)
+    jq.set_queue_concurrency("mail", 3)
+    jq.set_queue_rate("mail", 50, per=2)
+    assert jq.queue_limits("mail") == (3, (50, 2_000))
