@@ -43,7 +43,7 @@ def test_set_queue_concurrency_says_whether_it_changed_the_limit(jq: JobQueue) -
     assert [r.concurrency_limit for r in queries.stats(jq, "mail")] == [None]
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "3", 10**7])
+@pytest.mark.parametrize("bad", [-1, 0, 1.5, True, "3", 10**7])
 def test_a_limit_that_is_not_a_count_is_refused_and_nothing_is_written(
     jq: JobQueue, bad: object
 ) -> None:
@@ -86,9 +86,28 @@ def test_cli_queue_concurrency_sets_and_removes_the_limit(jq: JobQueue) -> None:
     assert row["concurrency_limit"] is None
 
 
-def test_cli_queue_concurrency_refuses_what_is_not_a_count(jq: JobQueue) -> None:
-    result = invoke(jq, "queue", "concurrency", "mail", "-1")
+@pytest.mark.parametrize("command", ["concurrency", "rate"])
+@pytest.mark.parametrize("limit", ["-1", "-3", "2.5"])
+def test_cli_queue_limit_refuses_what_is_not_a_count_naming_the_rule(
+    jq: JobQueue, command: str, limit: str
+) -> None:
+    result = invoke(jq, "queue", command, "mail", limit)
     assert result.exit_code == 2
+    assert f"'{limit}' is not a whole number or 'none'" in result.output
+    assert jq.queues() == {}
+
+
+@pytest.mark.parametrize("command", ["concurrency", "rate"])
+def test_cli_queue_limit_of_zero_is_refused_pointing_at_pause(jq: JobQueue, command: str) -> None:
+    result = invoke(jq, "queue", command, "mail", "0")
+    assert result.exit_code == 2
+    assert "from 1 to" in result.output and "pause the queue" in result.output
+    assert jq.queues() == {}
+
+
+def test_cli_queue_rate_none_with_a_window_is_refused(jq: JobQueue) -> None:
+    result = invoke(jq, "queue", "rate", "mail", "none", "--per", "5")
+    assert result.exit_code == 2 and "'none' removes the limit" in result.output
     assert jq.queues() == {}
 
 
@@ -144,7 +163,7 @@ def test_set_queue_rate_says_whether_it_changed_the_limit(jq: JobQueue) -> None:
 
 
 @pytest.mark.parametrize(
-    ("limit", "per"), [(-1, 1.0), (True, 1.0), (10, 0), (10, -1), (10, float("nan")), (10, 1e9)]
+    ("limit", "per"), [(-1, 1.0), (0, 1.0), (True, 1.0), (10, 0), (10, -1), (10, float("nan")), (10, 1e9)]
 )
 def test_a_rate_that_is_not_one_is_refused_and_nothing_is_written(
     jq: JobQueue, limit: int, per: float

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from jobqueue.anomalies import Anomaly
 from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
@@ -301,7 +302,11 @@ def queue_resume(state: Any, name: str) -> None:
         click.echo(f"queue {name} is not paused (nothing to do)")
 
 
-@queue.command("concurrency")
+# A negative LIMIT ("-1") is an argument to refuse with the rule, not an unknown option.
+_LIMIT_ARGS = {"ignore_unknown_options": True}
+
+
+@queue.command("concurrency", context_settings=_LIMIT_ARGS)
 @click.argument("name")
 @click.argument("limit")
 @pass_state
@@ -325,11 +330,15 @@ def queue_concurrency(state: Any, name: str, limit: str) -> None:
         click.echo(f"queue {name} already has {what} (nothing to do)")
 
 
-@queue.command("rate")
+@queue.command("rate", context_settings=_LIMIT_ARGS)
 @click.argument("name")
 @click.argument("limit")
 @click.option(
-    "--per", type=FiniteFloat(), default=1.0, show_default=True, help="The window, in seconds."
+    "--per",
+    type=FiniteFloat(0.001, 86400),
+    default=1.0,
+    show_default=True,
+    help="The window, in seconds (1 ms to 1 day).",
 )
 @pass_state
 def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
@@ -344,6 +353,11 @@ def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
         value = int(limit)
     else:
         raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
+    ctx = click.get_current_context()
+    if value is None and ctx.get_parameter_source("per") is not ParameterSource.DEFAULT:
+        raise click.BadParameter(
+            "a window without a limit: 'none' removes the limit", param_hint="--per"
+        )
     jq = state.jq()
     what = "no rate limit" if value is None else f"rate limit {value} per {per:g}s"
     if jq.set_queue_rate(name, value, per):

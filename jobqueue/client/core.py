@@ -137,9 +137,12 @@ class ClientCore(ClientBase):
         """Set (or with None remove) the concurrency limit of every partition of a queue;
         True when a partition changed."""
         if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT
+            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT
         ):
-            raise ConfigError(f"concurrency limit must be an integer from 0 to {MAX_LIMIT}")
+            raise ConfigError(
+                f"concurrency limit must be an integer from 1 to {MAX_LIMIT} (to stop claims, "
+                "pause the queue)"
+            )
         yield from self._register_queue(queue)
         calls = [
             SET_LIMIT.call(keys, "concurrency", limit) for keys in self.all_partition_keys(queue)
@@ -152,8 +155,11 @@ class ClientCore(ClientBase):
         ``limit`` claims in any ``per`` seconds; True when a partition changed."""
         value: str | None = None
         if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
-                raise ConfigError(f"rate limit must be an integer from 0 to {MAX_LIMIT}")
+            if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+                raise ConfigError(
+                    f"rate limit must be an integer from 1 to {MAX_LIMIT} (to stop claims, "
+                    "pause the queue)"
+                )
             window_ms = to_ms(per, "per")
             if not 1 <= window_ms <= MAX_RATE_WINDOW_MS:
                 raise ConfigError("rate window 'per' must be from 1 ms to 1 day")
