@@ -118,8 +118,8 @@ def test_worker_reload_restarts_the_same_command_without_reload_on_changes(
 
     seen: dict[str, Any] = {}
 
-    def run_process(path: str, *, target: str, target_type: str) -> int:
-        seen.update(path=path, target=target, target_type=target_type)
+    def run_process(path: str, *, target: str, target_type: str, watch_filter: Any) -> int:
+        seen.update(path=path, target=target, target_type=target_type, watch_filter=watch_filter)
         return 0
 
     monkeypatch.setattr(watchfiles, "run_process", run_process)
@@ -128,6 +128,25 @@ def test_worker_reload_restarts_the_same_command_without_reload_on_changes(
     assert result.exit_code == 0, result.stderr
     assert seen["target"].endswith("-m jobqueue.cli worker --app m:jq")
     assert seen["target_type"] == "command"
+
+
+def test_worker_reload_restarts_on_python_files_not_on_a_log_written_beside_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import watchfiles
+
+    seen: dict[str, Any] = {}
+
+    def run_process(path: str, *, watch_filter: Any, **_: Any) -> int:
+        seen["watch_filter"] = watch_filter
+        return 0
+
+    monkeypatch.setattr(watchfiles, "run_process", run_process)
+    monkeypatch.setattr(sys, "argv", ["jobqueue", "worker", "--app", "m:jq", "--reload"])
+    assert invoke("worker", "--app", "m:jq", "--reload").exit_code == 0
+    restarts = seen["watch_filter"]
+    assert restarts(watchfiles.Change.modified, "/app/myapp.py")
+    assert not restarts(watchfiles.Change.modified, "/app/worker.log")
 
 
 def test_worker_reload_with_burst_is_refused() -> None:

@@ -292,19 +292,26 @@ def worker(
 
 
 def _reload_worker(burst: bool, processes: int) -> None:
-    """Run this same command without --reload in a child process, restarted whenever a file
-    under the current directory changes (watchfiles' default filter: no caches, no .git)."""
+    """Run this same command without --reload in a child process, restarted whenever a Python
+    file under the current directory changes (watchfiles' PythonFilter: a log file written
+    there must not restart it)."""
     try:
         import watchfiles
     except ImportError:
         raise ConfigError(
-            "--reload needs watchfiles: pip install 'jobqueue[reload]'"
+            "--reload needs watchfiles: pip install watchfiles (or the reload extra: "
+            "pip install '.[reload]' in a clone)"
         ) from None
     if burst:
         raise ConfigError("--reload restarts a worker that runs until stopped: not with --burst")
     command = [sys.executable, "-m", "jobqueue.cli", *(a for a in sys.argv[1:] if a != "--reload")]
     click.echo(f"reloading on changes under {os.getcwd()}", err=True)
-    watchfiles.run_process(os.getcwd(), target=shlex.join(command), target_type="command")
+    watchfiles.run_process(
+        os.getcwd(),
+        target=shlex.join(command),
+        target_type="command",
+        watch_filter=watchfiles.PythonFilter(),
+    )
 
 
 @main.command()
