@@ -163,7 +163,8 @@ def test_set_queue_rate_says_whether_it_changed_the_limit(jq: JobQueue) -> None:
 
 
 @pytest.mark.parametrize(
-    ("limit", "per"), [(-1, 1.0), (0, 1.0), (True, 1.0), (10, 0), (10, -1), (10, float("nan")), (10, 1e9)]
+    ("limit", "per"),
+    [(-1, 1.0), (0, 1.0), (True, 1.0), (10, 0), (10, -1), (10, float("nan")), (10, 1e9)],
 )
 def test_a_rate_that_is_not_one_is_refused_and_nothing_is_written(
     jq: JobQueue, limit: int, per: float
