@@ -117,12 +117,23 @@ class RunContext:
             raise ValueError(f"progress must be from 0 to 100, got {value!r}")
         if message is not None and not isinstance(message, str):
             raise TypeError(f"progress message must be a str, got {type(message).__name__}")
+        if message is not None and not _is_unicode(message):
+            raise ValueError("progress message holds text that is not valid Unicode (a lone "
+                             "surrogate)")  # fmt: skip
         if message is not None and len(message) > PROGRESS_MESSAGE_MAX_CHARS:
             raise ValueError(
                 f"progress message has {len(message)} characters; at most "
                 f"{PROGRESS_MESSAGE_MAX_CHARS}"
             )
         return self._reporter(self.run_id, self.fence, float(value), message or "")
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def current_run() -> RunContext:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobqueue.context import RunContext
-from jobqueue.errors import JobQueueError
+from jobqueue.errors import ConfigError, JobQueueError
 
 log = logging.getLogger("jobqueue.hooks")
 
@@ -108,8 +108,15 @@ class Hooks:
         return bool(self.items)
 
     def plus(self, middleware: Iterable[Middleware]) -> Hooks:
-        """This chain, then ``middleware``."""
-        return Hooks((*self.items, *middleware))
+        """This chain, then ``middleware``; ConfigError for anything but Middleware (a
+        stray object would log an error at every enqueue and run instead)."""
+        added = tuple(middleware)
+        for m in added:
+            if not isinstance(m, Middleware):
+                raise ConfigError(
+                    f"middleware must be a jobqueue.hooks.Middleware, got {type(m).__name__}"
+                )
+        return Hooks((*self.items, *added))
 
     def before_enqueue(self, request: EnqueueRequest) -> None:
         for m in self.items:
@@ -153,6 +160,8 @@ def encode_meta(meta: Mapping[str, str]) -> str:
     """A run's meta as stored: compact JSON, '' when empty. Raises MetaError beyond the
     limits (META_MAX_ITEMS entries, keys of 1..META_MAX_KEY_CHARS characters, META_MAX_BYTES
     in all) or for anything but str keys and values."""
+    if not isinstance(meta, Mapping):
+        raise MetaError(f"meta must be a mapping of str to str, got {type(meta).__name__}")
     if not meta:
         return ""
     if len(meta) > META_MAX_ITEMS:

@@ -20,7 +20,7 @@ from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext, current_run
 from jobqueue.dashboard.app import create_app
-from jobqueue.errors import Fatal
+from jobqueue.errors import ConfigError, Fatal
 from jobqueue.hooks import (
     META_MAX_BYTES,
     META_MAX_ITEMS,
@@ -133,6 +133,24 @@ def test_meta_beyond_its_limits_is_refused_and_nothing_is_written(
     with pytest.raises(MetaError, match=message):
         jq.enqueue("report", run_id="a")
     assert jq.find_run("a") is None
+
+
+@pytest.mark.parametrize("meta", [["a"], "k=v", 7])
+def test_meta_that_is_not_a_mapping_is_refused_and_nothing_is_written(
+    jq: JobQueue, meta: Any
+) -> None:
+    jq.declare_task("report")
+    with pytest.raises(MetaError, match="mapping"):
+        jq.enqueue_many([Request("report", run_id="a", meta=meta)])
+    assert jq.find_run("a") is None
+
+
+@pytest.mark.parametrize("stray", ["not middleware", Tagging, None])
+def test_registering_what_is_not_middleware_is_refused(jq: JobQueue, stray: Any) -> None:
+    with pytest.raises(ConfigError, match="Middleware"):
+        jq.use(stray)
+    with pytest.raises(ConfigError, match="Middleware"):
+        make_worker(jq, middleware=[stray])
 
 
 def test_a_raising_enqueue_hook_is_logged_and_the_run_is_still_created(

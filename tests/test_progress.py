@@ -138,7 +138,7 @@ def test_a_task_whose_lease_is_lost_is_told_its_progress_was_not_written(
     ("value", "message", "error"),
     [(-1, None, ValueError), (100.5, None, ValueError), (math.nan, None, ValueError),
      (True, None, TypeError), ("50", None, TypeError), (50, "x" * 501, ValueError),
-     (50, 7, TypeError)],
+     (50, 7, TypeError), (50, "\ud800", ValueError)],
 )
 def test_progress_refuses_values_outside_0_to_100_and_bad_messages(
     value: Any, message: Any, error: type[Exception]

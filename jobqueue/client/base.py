@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import os
 import warnings
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, overload
 
@@ -20,7 +20,7 @@ from jobqueue.errors import (
     RunNotFound,
     UnknownTask,
 )
-from jobqueue.hooks import EnqueueRequest, Hooks, Middleware, encode_meta
+from jobqueue.hooks import EnqueueRequest, Hooks, MetaError, Middleware, encode_meta
 from jobqueue.models import Run
 from jobqueue.payload import encode_payload
 from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
@@ -417,6 +417,8 @@ class ClientBase:
             options.lease_ms,
             options.timeout_ms,
         )
+        if meta is not None and not isinstance(meta, Mapping):
+            raise MetaError(f"meta must be a mapping of str to str, got {type(meta).__name__}")
         if self.hooks:
             request = EnqueueRequest(spec.task, name, spec.run_id, args, kwargs, dict(meta or {}))
             self.hooks.before_enqueue(request)
