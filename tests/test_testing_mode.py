@@ -60,6 +60,32 @@ def test_run_due_serves_the_queues_it_is_given(jq: JobQueue) -> None:
     assert (elsewhere.refresh().state, here.refresh().state) == ("done", "pending")
 
 
+def test_run_due_serves_by_default_every_queue_the_apps_tasks_name(jq: JobQueue) -> None:
+    @jq.task(queue="sms")
+    def text() -> str:
+        return "sent"
+
+    @jq.task
+    def plain() -> str:
+        return "ok"
+
+    handles = [text.enqueue(), plain.enqueue()]
+    stats = run_due(jq)
+    assert stats.completed == 2
+    assert [h.refresh().state for h in handles] == ["done", "done"]
+
+
+def test_run_due_returns_leaving_a_run_of_a_paused_queue_pending(jq: JobQueue) -> None:
+    @jq.task
+    def t() -> str:
+        return "ok"
+
+    jq.pause_queue("default")
+    handle = t.enqueue()
+    assert run_due(jq).claimed == 0
+    assert handle.refresh().state == "pending"
+
+
 def test_run_due_runs_async_tasks(jq: JobQueue) -> None:
     @jq.task
     async def double(x: int) -> int:

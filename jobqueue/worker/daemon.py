@@ -281,7 +281,11 @@ class Worker:
         return 0
 
     def _burst_done(self) -> None:
-        log.info("worker %s: nothing due and nothing held (burst): stopping", self.id)
+        log.info(
+            "worker %s: nothing claimable and nothing held (burst): stopping (runs held back "
+            "by a paused queue or a limit stay pending)",
+            self.id,
+        )
         self.stop()
 
     def stop(self) -> None:
