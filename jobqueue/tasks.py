@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-from jobqueue.errors import ConfigError, UnknownTask
+from jobqueue.errors import ConfigError, PayloadError, UnknownTask
 from jobqueue.models import Run
 from jobqueue.policy.timeutil import Delay, Instant, seconds_to_ms
 from jobqueue.store.keys import validate_queue_name
@@ -118,6 +118,26 @@ class Task(Generic[P, R]):
     def wants_ctx(self) -> bool:
         """Whether the function declares a ``ctx`` parameter (looked up once, not per run)."""
         return self.func is not None and "ctx" in inspect.signature(self.func).parameters
+
+    @functools.cached_property
+    def call_signature(self) -> inspect.Signature | None:
+        """The arguments an enqueue passes: the function's signature without ``ctx`` (the
+        worker gives it); None when the code is not here."""
+        if self.func is None:
+            return None
+        sig = inspect.signature(self.func)
+        return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "ctx"])
+
+    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """PayloadError when the function could not be called with these arguments (checked
+        at enqueue, so a mistaken call is refused at once instead of failing every attempt)."""
+        sig = self.call_signature
+        if sig is None:
+            return
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise PayloadError(f"arguments do not fit task {self.name}{sig}: {exc}") from None
 
     @functools.cached_property
     def keyword_names(self) -> frozenset[str] | None:

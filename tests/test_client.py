@@ -23,6 +23,7 @@ from jobqueue import (
     Settings,
     UnknownTask,
 )
+from jobqueue.context import RunContext
 from jobqueue.errors import InvalidRunId
 from jobqueue.payload import encode_payload
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
@@ -527,9 +528,37 @@ def claimed_now(jq: JobQueue, run_id: str) -> int:
     return started
 
 
-def test_run_args_kwargs_and_result_decode(jq: JobQueue) -> None:
+@pytest.mark.parametrize(
+    ("args", "kwargs", "why"),
+    [((), {}, "missing a required argument: 'x'"), ((1, 2, 3), {}, "too many positional"),
+     ((1,), {"bogus": 1}, "unexpected keyword argument 'bogus'")],
+)
+def test_arguments_that_do_not_fit_the_tasks_signature_are_refused_and_nothing_is_written(
+    jq: JobQueue, args: tuple[Any, ...], kwargs: dict[str, Any], why: str
+) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, [2, "three"], None, run_id="r", y={"nested": [True, 1.5]}, z="ü")
+    with pytest.raises(PayloadError, match=why):
+        add.with_options(run_id="r").enqueue(*args, **kwargs)
+    assert jq.find_run("r") is None
+
+
+def test_a_tasks_ctx_parameter_is_not_an_argument_to_enqueue(jq: JobQueue) -> None:
+    @jq.task
+    def report(ctx: RunContext, day: str) -> None:
+        return None
+
+    report.with_options(run_id="r").enqueue(day="monday")
+    assert jq.get_run("r").kwargs == {"day": "monday"}
+    with pytest.raises(PayloadError):
+        report.enqueue()
+
+
+def test_run_args_kwargs_and_result_decode(jq: JobQueue) -> None:
+    @jq.task
+    def keep(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    keep.with_options(run_id="r").enqueue(1, [2, "three"], None, y={"nested": [True, 1.5]}, z="ü")
     run = jq.get_run("r")
     assert run.args == [1, [2, "three"], None]
     assert run.kwargs == {"y": {"nested": [True, 1.5]}, "z": "ü"}
