@@ -77,6 +77,7 @@ class Drain:
     switches: float  # the worker's context switches per run (thread hand-offs, I/O waits)
     server_us: float  # redis-server CPU per run, microseconds (INFO cpu)
     busy: float  # cores the whole machine kept busy meanwhile (/proc/stat: every process)
+    preempted: float  # of the switches per run, the involuntary ones (preemptions)
 
 
 class Meter:
@@ -86,15 +87,19 @@ class Meter:
     def __init__(self, client: Any, pid: int) -> None:
         self.client, self.pid = client, pid
         self.cpu, self.switches = tree_cpu(pid), tree_switches(pid)
+        self.preempted = tree_switches(pid, "nonvoluntary_")
         self.server = server_cpu(client)
         self.machine = machine_busy()
         self.t0 = time.monotonic()
 
     def drain(self, n: int, seconds: float) -> Drain:
         cpu, switches = tree_cpu(self.pid) - self.cpu, tree_switches(self.pid) - self.switches
+        preempted = tree_switches(self.pid, "nonvoluntary_") - self.preempted
         server = server_cpu(self.client) - self.server
         busy = (machine_busy() - self.machine) / (time.monotonic() - self.t0)
-        return Drain(n / seconds, cpu / n * 1e6, switches / n, server / n * 1e6, busy)
+        return Drain(
+            n / seconds, cpu / n * 1e6, switches / n, server / n * 1e6, busy, preempted / n
+        )
 
 
 def server_cpu(client: Any) -> float:
@@ -369,6 +374,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{ours[(task, 1)].switches:.2f}",
                         f"{theirs:.2f}",
                         ratio(ours[(task, 1)].switches, theirs),
+                    ]
+                )
+                rows.append(
+                    [
+                        "  of which preemptions (involuntary)",
+                        f"{ours[(task, 1)].preempted:.2f}",
+                        f"{bull[('incr', c)].preempted:.2f}",
+                        "-",
                     ]
                 )
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
