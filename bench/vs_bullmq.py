@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -74,6 +75,42 @@ class Drain:
     rate: float  # runs/s
     cpu_us: float  # worker CPU per run, microseconds
     switches: float  # the worker's context switches per run (thread hand-offs, I/O waits)
+    server_us: float  # redis-server CPU per run, microseconds (INFO cpu)
+    busy: float  # cores the whole machine kept busy meanwhile (/proc/stat: every process)
+    preempted: float  # of the switches per run, the involuntary ones (preemptions)
+
+
+class Meter:
+    """CPU of the worker (its process tree), of the server and of the whole machine, from
+    construction to ``drain``: where the cores went while a drain ran."""
+
+    def __init__(self, client: Any, pid: int) -> None:
+        self.client, self.pid = client, pid
+        self.cpu, self.switches = tree_cpu(pid), tree_switches(pid)
+        self.preempted = tree_switches(pid, "nonvoluntary_")
+        self.server = server_cpu(client)
+        self.machine = machine_busy()
+        self.t0 = time.monotonic()
+
+    def drain(self, n: int, seconds: float) -> Drain:
+        cpu, switches = tree_cpu(self.pid) - self.cpu, tree_switches(self.pid) - self.switches
+        preempted = tree_switches(self.pid, "nonvoluntary_") - self.preempted
+        server = server_cpu(self.client) - self.server
+        busy = (machine_busy() - self.machine) / (time.monotonic() - self.t0)
+        return Drain(
+            n / seconds, cpu / n * 1e6, switches / n, server / n * 1e6, busy, preempted / n
+        )
+
+
+def server_cpu(client: Any) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def machine_busy() -> float:
+    """CPU seconds every process of the machine has used (/proc/stat: all but idle, iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 # -- BullMQ -----------------------------------------------------------------------------------
@@ -129,13 +166,12 @@ def bull_drain(server: BenchServer, n: int, task: str, concurrency: int) -> Drai
             err = proc.stderr.read() if proc.stderr else ""
             raise BenchError(f"the BullMQ worker exited: {err.strip()[-500:]}")
         t0 = int(json.loads(line)["t0"])
-        cpu_before, switches_before = tree_cpu(proc.pid), tree_switches(proc.pid)
+        meter = Meter(server.client, proc.pid)
         wait_done(lambda: int(server.client.zcard(BULL_COMPLETED)), n, "BullMQ")
-        cpu = tree_cpu(proc.pid) - cpu_before
-        switches = tree_switches(proc.pid) - switches_before
         ((_, last),) = server.client.zrange(BULL_COMPLETED, -1, -1, withscores=True)
+        drain = meter.drain(n, (int(last) - t0) / 1000.0)
         check_counter(server, n, task)
-        return Drain(n / ((int(last) - t0) / 1000.0), cpu / n * 1e6, switches / n)
+        return drain
     finally:
         proc.terminate()
         try:
@@ -181,14 +217,14 @@ def jq_drain(
         workers.wait_registered(client)
         if server_ms(client) >= due:
             raise BenchError("setup took longer than the lead time; try a smaller --n")
-        pid = workers.popen.pid
-        cpu_before, switches_before = tree_cpu(pid), tree_switches(pid)
+        while server_ms(client) < due:  # the meters count the drain only
+            time.sleep(0.001)
+        meter = Meter(client, workers.popen.pid)
         wait_done(lambda: int(client.zcard(PK.done)), n, "jobqueue")
-        cpu = tree_cpu(pid) - cpu_before
-        switches = tree_switches(pid) - switches_before
         ((_, last),) = client.zrange(PK.done, -1, -1, withscores=True)
+        drain = meter.drain(n, (int(last) - due) / 1000.0)
         check_counter(server, n, task_name)
-        return Drain(n / ((int(last) - due) / 1000.0), cpu / n * 1e6, switches / n)
+        return drain
     finally:
         workers.stop()
         jq.close()
@@ -308,6 +344,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                     " us",
                 )
             for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async")):
+                row(
+                    f"redis-server CPU per run, {label}",
+                    ours[(task, 1)].server_us,
+                    bull[("incr", c)].server_us,
+                    " us",
+                )
+                rows.append(
+                    [
+                        f"cores busy, whole machine, {label}",
+                        f"{ours[(task, 1)].busy:.2f}",
+                        f"{bull[('incr', c)].busy:.2f}",
+                        "-",
+                    ]
+                )
+            rows.append(
+                [
+                    "cores busy, whole machine, sync, 2 processes",
+                    f"{two.busy:.2f}",
+                    "-",
+                    f"worker CPU {two.cpu_us:,.0f} us/run",
+                ]
+            )
+            for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async")):
                 theirs = bull[("incr", c)].switches
                 rows.append(
                     [
@@ -317,13 +376,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                         ratio(ours[(task, 1)].switches, theirs),
                     ]
                 )
+                rows.append(
+                    [
+                        "  of which preemptions (involuntary)",
+                        f"{ours[(task, 1)].preempted:.2f}",
+                        f"{bull[('incr', c)].preempted:.2f}",
+                        "-",
+                    ]
+                )
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
         return fail(str(exc))
     say(format_table(["workload", "jobqueue", f"BullMQ (c={c})", "ratio"], rows, "lrrr"))
     say()
     say(
         "ratio: jobqueue / BullMQ (for CPU per run, lower is better). Drain: N / (last finish - "
-        "the instant the runs became claimable), finish times from Redis."
+        "the instant the runs became claimable), finish times from Redis. Cores busy: CPU "
+        f"time of every process on the machine ({os.cpu_count()} cores) during the drain, "
+        "per second: a drain near that figure is short of CPU."
     )
     return 0
 

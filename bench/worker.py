@@ -148,26 +148,30 @@ def tree_cpu(root: int) -> float:
     return total
 
 
-def switches_of(pid: int) -> int:
-    """Context switches (voluntary + involuntary) of a process's live threads: with
-    cpu_of, what says how many thread hand-offs a run costs."""
+def switches_of(pid: int, kind: str = "") -> int:
+    """Context switches of a process's live threads, voluntary + involuntary (``kind``
+    "voluntary_" or "nonvoluntary_": one of them): with cpu_of, what says how many thread
+    hand-offs a run costs. Involuntary ones are the scheduler's preemptions (a loaded
+    machine); voluntary ones are waits: thread hand-offs, I/O."""
     total = 0
+    kinds = (kind,) if kind else ("voluntary_", "nonvoluntary_")
+    wanted = tuple(f"{k}ctxt_switches:" for k in kinds)
     for status in Path(f"/proc/{pid}/task").glob("*/status"):
         try:
             text = status.read_text()
         except OSError:  # the thread ended meanwhile
             continue
         for line in text.splitlines():
-            if "ctxt_switches:" in line:
+            if line.startswith(wanted):
                 total += int(line.split()[1])
     return total
 
 
-def tree_switches(root: int) -> int:
+def tree_switches(root: int, kind: str = "") -> int:
     """switches_of a process and its live children."""
-    total = switches_of(root)
+    total = switches_of(root, kind)
     for child in Path(f"/proc/{root}/task/{root}/children").read_text().split():
-        total += switches_of(int(child))
+        total += switches_of(int(child), kind)
     return total
 
 

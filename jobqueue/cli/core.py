@@ -32,7 +32,7 @@ import os  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
 from datetime import datetime  # noqa: E402
-from typing import IO  # noqa: E402
+from typing import IO, Any  # noqa: E402
 
 import click  # noqa: E402
 
@@ -188,6 +188,23 @@ def load_app(spec: str) -> JobQueue:
 _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
 
 
+class ProcessCount(click.IntRange):
+    """A number of worker processes, 1 to 256, or ``auto``: one per CPU this process may
+    run on (a Python process runs one core's worth of Python at a time)."""
+
+    name = "integer or auto"
+
+    def __init__(self) -> None:
+        super().__init__(1, 256)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            from jobqueue.worker.supervisor import cpu_count
+
+            return min(cpu_count(), 256)
+        return super().convert(value, param, ctx)
+
+
 @main.command()
 @click.option("--app", "app_spec", required=True, help="module:attribute of your JobQueue.")
 @click.option("--queue", "queues", multiple=True, help="Queue to serve, in priority order.")
@@ -212,10 +229,11 @@ _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
 )
 @click.option(
     "--processes",
-    default=1,
+    default="1",
     show_default=True,
-    type=click.IntRange(1, 256),
-    help="Worker processes under one supervisor that restarts dead children.",
+    type=ProcessCount(),
+    help="Worker processes under one supervisor that restarts dead children; auto: one per "
+    "CPU this process may run on.",
 )
 @_metrics_port
 @_metrics_host

@@ -12,6 +12,7 @@ import functools
 import logging
 import queue as queue_mod
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -47,8 +48,36 @@ class _TaskExit(Exception):
         self.original = original
 
 
+# The sync pool runs jobs on at least this many threads (fewer if --concurrency is lower;
+# measured: 8 drained one-Redis-call tasks faster than 4, and 1 ms CPU tasks as fast) ...
+MIN_THREADS = 8
+# ... and on one per job waiting when no job was taken for this long while some waited.
+STARVED_S = 0.1
+# Weight of the newest task in the running average of task CPU time, and in the low quantile
+# of their waits when below it / above it.
+_EWMA = 0.05
+_DOWN = 0.5
+_UP = 0.01
+# The process's CPU per job is sampled over at least this many jobs.
+_SAMPLE_RUNS = 20
+
+
 class DaemonPool:
-    """A fixed pool of daemon threads running sync tasks.
+    """A pool of daemon threads running sync tasks: ``size`` at most, and as few as keep the
+    interpreter busy.
+
+    Threads that run Python at once only hand the GIL back and forth: while tasks are short
+    or mostly CPU (one Redis call is both), another thread taking the next job gains nothing
+    and costs context switches. So the pool measures each task's CPU time
+    (``time.thread_time_ns``) and wait (wall less CPU; a low quantile, as the GIL waits
+    inflate the rest), and the process's CPU per job (its own claims and commits hold the
+    GIL too). One task's wait is covered by ``wait / CPU per job`` other jobs, so it runs on
+    ``(wait + task CPU) / CPU per job`` threads, at least MIN_THREADS: a task that waits 9 ms
+    for 1 ms of CPU grows it to 10 threads, a task that computes keeps it at MIN_THREADS. A
+    thread starts only when a job waits and no thread is idle; one leaves when there are more
+    than twice as many as wanted. ``tick`` (the keeper's) starts a thread for each job
+    waiting when none was taken for STARVED_S: long or stuck code holds every thread, and
+    tasks that long lose nothing to hand-offs.
 
     Not ``ThreadPoolExecutor``: the interpreter joins its threads at exit, so one task stuck
     past the grace period would keep a drained worker process from exiting (its run already
@@ -64,25 +93,100 @@ class DaemonPool:
         done: Callable[[Any, Any, BaseException | None], None],
     ) -> None:
         self._done = done
+        self._name = name
+        self._size = size
         self._jobs: queue_mod.SimpleQueue[tuple[Any, Callable[..., Any], tuple[Any, ...]] | None]
         self._jobs = queue_mod.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-            for i in range(size)
-        ]
-        for t in self._threads:
-            t.start()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0  # threads waiting for a job
+        self._queued = 0  # jobs not taken yet
+        # when a thread last took a job; real time, not the worker's clock: real threads wait
+        self._taken_at = time.monotonic()
+        self._closed = False
+        # the tasks' CPU time (a running average) and wait (a low quantile), in ns; none
+        # measured yet
+        self._cpu = 0.0
+        self._wait = -1.0
+        # the process's CPU per job taken, all threads (the worker's own claims and commits
+        # take the GIL too), sampled by tick()
+        self._run_cpu = 0.0
+        self._taken = 0
+        self._sampled: tuple[int, int] = (time.process_time_ns(), 0)
+        with self._lock:
+            self._grow(min(size, MIN_THREADS))
+
+    @property
+    def threads(self) -> int:
+        """Threads started so far."""
+        return self._threads
+
+    def width(self) -> int:
+        """How many threads the tasks measured so far ask for (MIN_THREADS before any is)."""
+        if self._run_cpu <= 0.0:  # not sampled yet
+            return min(self._size, MIN_THREADS)
+        per_run = max(self._cpu, self._run_cpu)
+        wanted = int((self._wait + self._cpu) / per_run + 0.999)
+        return max(min(self._size, MIN_THREADS), min(wanted, self._size))
 
     def submit(self, token: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._queued += 1
+            waiting = self._queued - self._idle
+            if waiting > 0 and self._threads < self._size:
+                self._grow(min(waiting, self.width() - self._threads))
         self._jobs.put((token, fn, args))
 
+    def tick(self) -> None:
+        """Called now and then (the keeper's tick): samples the process's CPU per job; a
+        thread for each job waiting when none was taken for STARVED_S."""
+        cpu_ns, taken = time.process_time_ns(), self._taken
+        cpu0, taken0 = self._sampled
+        if taken - taken0 >= _SAMPLE_RUNS:
+            self._sampled = (cpu_ns, taken)
+            sample = (cpu_ns - cpu0) / (taken - taken0)
+            self._run_cpu = sample if self._run_cpu <= 0.0 else self._run_cpu * 0.7 + sample * 0.3
+        with self._lock:
+            if (
+                self._queued > self._idle
+                and self._threads < self._size
+                and time.monotonic() - self._taken_at >= STARVED_S
+            ):
+                self._taken_at = time.monotonic()
+                self._grow(min(self._queued - self._idle, self._size - self._threads))
+
+    def _grow(self, n: int) -> None:
+        # under self._lock
+        if self._closed:
+            return
+        for _ in range(max(n, 0)):
+            t = threading.Thread(
+                target=self._work, name=f"{self._name}-{self._threads}", daemon=True
+            )
+            self._threads += 1
+            t.start()
+
     def _work(self) -> None:
-        get, done = self._jobs.get, self._done
+        get, done, lock = self._jobs.get, self._done, self._lock
+        wall_ns, cpu_ns, keep = time.perf_counter_ns, time.thread_time_ns, 1.0 - _EWMA
+        monotonic = time.monotonic
         while True:
+            with lock:
+                if self._threads > self.width() * 2:
+                    # the tasks now ask for far fewer threads
+                    self._threads -= 1
+                    return
+                self._idle += 1
             job = get()
-            if job is None:
-                return
+            with lock:
+                self._idle -= 1
+                if job is None:
+                    return
+                self._queued -= 1
+                self._taken += 1
+                self._taken_at = monotonic()
             token, fn, args = job
+            wall0, cpu0 = wall_ns(), cpu_ns()
             try:
                 value = fn(*args)
             except BaseException as exc:
@@ -90,6 +194,19 @@ class DaemonPool:
                 value = None
             else:
                 error = None
+            cpu = max(cpu_ns() - cpu0, 1)
+            waited = max(wall_ns() - wall0 - cpu, 0)
+            # Unlocked: a lost update among racing threads only skips one sample.
+            self._cpu = self._cpu * keep + cpu * _EWMA
+            # The time a task waits is its wall time less its CPU, but that includes its
+            # waits for the GIL, longer the more threads there are: counted, they would grow
+            # the pool without end. A low quantile is the wait of a task that found the GIL
+            # free: followed at once downwards, slowly upwards.
+            w = self._wait
+            if w < 0.0:  # the first task measured
+                self._wait = float(waited)
+            else:
+                self._wait = w + (waited - w) * (_DOWN if waited < w else _UP)
             try:
                 done(token, value, error)
             except BaseException:  # the pool thread must survive a failing callback
@@ -97,7 +214,10 @@ class DaemonPool:
 
     def shutdown(self) -> None:
         """Idle threads exit; busy ones finish their task (or die with the process)."""
-        for _ in self._threads:
+        with self._lock:
+            self._closed = True
+            threads = self._threads
+        for _ in range(threads):
             self._jobs.put(None)
 
 
@@ -334,6 +454,7 @@ class Executor:
     def enforce_timeouts(self, now: float) -> None:
         """Fail the runs whose code ran over its timeout (a retry per policy); their slots
         stay taken until the code returns."""
+        self._pool.tick()
         expired, stuck = self._table.timed_out(now)
         self._check_stuck(now, stuck)
         for e in expired:

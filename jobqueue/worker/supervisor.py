@@ -1,5 +1,5 @@
-"""``jobqueue worker --processes P``: P worker processes under one parent that restarts a
-child that dies and passes SIGTERM/SIGINT on for a graceful drain.
+"""``jobqueue worker --processes P`` (``auto``: one per CPU): P worker processes under one
+parent that restarts a child that dies and passes SIGTERM/SIGINT on for a graceful drain.
 
 Each child runs in its own process group, so a Ctrl-C at a terminal (SIGINT to the whole
 foreground group) reaches the children once, through the supervisor; were they in its group,
@@ -36,6 +36,17 @@ KILL_MARGIN_S = 15.0
 # What in-flight runs get to finish on SIGTERM unless --grace says otherwise (the Worker's
 # default too; defined here, where the supervisor reads its children's --grace).
 DEFAULT_GRACE_S = 30.0
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (``--processes auto``): its affinity mask where the
+    platform has one (a container or taskset limits it), else every CPU of the machine."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if counter is not None:
+        return int(counter() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def child_setup() -> None:
