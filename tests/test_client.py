@@ -698,3 +698,10 @@ def test_get_run_of_a_record_with_a_binary_payload_raises_payload_error(
         return
     with pytest.raises(PayloadError):
         _ = run.args
+
+
+def test_repr_names_a_client_given_directly_and_never_a_password(redis_client: Any) -> None:
+    assert repr(JobQueue(redis_client)) == f"JobQueue(a {type(redis_client).__name__} client)"
+    assert repr(JobQueue.from_url("redis://u:secret@localhost:1/0")) == (
+        "JobQueue(redis://u:***@localhost:1/0)"
+    )

@@ -98,8 +98,9 @@ _metrics_host = click.option(
 _queue_gauges = click.option(
     "--queue-gauges",
     is_flag=True,
-    help="Also export the queue gauges (runs due, running, dead; lease expiries) on "
-    "--metrics-port. They are the queues' whoever reads them: give it to one daemon only.",
+    help="Also export the queue gauges (runs due, running, dead; lease expiries; pauses and "
+    "limits) on --metrics-port. Every daemon would export the same values (they are the "
+    "queues', not the daemon's): give this flag to one daemon only.",
 )
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

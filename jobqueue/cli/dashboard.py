@@ -46,8 +46,8 @@ def is_loopback(host: str) -> bool:
     "--insecure",
     is_flag=True,
     help="Allow a non-loopback --host without --auth or --token. The dashboard can retry, "
-    "purge and cancel runs and pause schedules: without auth, anyone who can reach the port "
-    "can do that.",
+    "purge and cancel runs and pause schedules and queues: without auth, anyone who can "
+    "reach the port can do that.",
 )
 @click.option(
     "--sample-every",

@@ -150,7 +150,12 @@ class JobQueue(ClientCore):
             self._client.close()
 
     def __repr__(self) -> str:
-        return f"JobQueue({redact(self.url) if self.url else 'not connected'})"
+        if self.url:
+            return f"JobQueue({redact(self.url)})"
+        # A client given directly (JobQueue(redis_client)), or one not yet connected.
+        if self._client is not None:
+            return f"JobQueue(a {type(self._client).__name__} client)"
+        return "JobQueue(not connected)"
 
     def run_steps(self, steps: Steps[T]) -> T:
         """Drive I/O-free steps (``jobqueue.store.io``) on this client's connection."""
