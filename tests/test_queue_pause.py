@@ -9,6 +9,7 @@ import json
 import re
 import urllib.request
 
+import pytest
 from click.testing import CliRunner, Result
 from helpers import finished, make_worker, running
 from prometheus_client.parser import text_string_to_metric_families
@@ -149,3 +150,17 @@ def test_metrics_count_the_paused_partitions(jq: JobQueue) -> None:
         for s in family.samples
     }
     assert samples[("jobqueue_queue_paused", (("queue", "mail"),))] == 2
+
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["pause", "defualt"], ["concurrency", "defualt", "3"], ["rate", "defualt", "5"]],
+    ids=["pause", "concurrency", "rate"],
+)
+def test_configuring_a_queue_never_seen_says_so_on_stderr(jq: JobQueue, args: list[str]) -> None:
+    first = CliRunner().invoke(main, ["queue", *args], obj=State(None, jq))
+    assert first.exit_code == 0, first.output
+    assert "queue defualt had no runs nor configuration" in first.stderr
+    again = CliRunner().invoke(main, ["queue", *args], obj=State(None, jq))
+    assert again.exit_code == 0 and "had no runs" not in again.stderr

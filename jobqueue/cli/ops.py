@@ -27,7 +27,7 @@ from jobqueue.policy.capacity import PERSISTENCE, CapacityInputs, estimate
 from jobqueue.policy.health import Limits
 from jobqueue.scheduler.checks import checks as scheduler_checks
 from jobqueue.settings import Settings
-from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.keys import PartitionKeys, validate_queue_name
 
 # Commands receive jobqueue.cli.State (ctx.obj) through click.pass_obj.
 pass_state = click.pass_obj
@@ -283,6 +283,7 @@ def queue_pause(state: Any, name: str) -> None:
     Enqueues go on (runs wait, pending), and so do the runs already running: heartbeats and
     commits are accepted. A lease that expires meanwhile is taken back after the resume.
     Idempotent: a paused queue exits 0."""
+    _note_if_new(state.jq(), name)
     if state.jq().pause_queue(name):
         click.echo(f"paused queue {name}: workers claim none of its runs until resumed")
     else:
@@ -300,6 +301,14 @@ def queue_resume(state: Any, name: str) -> None:
         click.echo(f"resumed queue {name}")
     else:
         click.echo(f"queue {name} is not paused (nothing to do)")
+
+
+def _note_if_new(jq: Any, name: str) -> None:
+    """A queue is configured before its first run (allowed), but a typo would do the same
+    silently: say so on stderr (after the name itself is checked)."""
+    validate_queue_name(name)
+    if name not in jq.queues():
+        click.echo(f"note: queue {name} had no runs nor configuration: recorded now", err=True)
 
 
 # A negative LIMIT ("-1") is an argument to refuse with the rule, not an unknown option.
@@ -324,6 +333,7 @@ def queue_concurrency(state: Any, name: str, limit: str) -> None:
     else:
         raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
     what = "no concurrency limit" if value is None else f"concurrency limit {value}"
+    _note_if_new(state.jq(), name)
     if state.jq().set_queue_concurrency(name, value):
         click.echo(f"queue {name}: {what}")
     else:
@@ -360,6 +370,7 @@ def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
         )
     jq = state.jq()
     what = "no rate limit" if value is None else f"rate limit {value} per {per:g}s"
+    _note_if_new(jq, name)
     if jq.set_queue_rate(name, value, per):
         click.echo(f"queue {name}: {what}")
     else:
