@@ -6,6 +6,9 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:hist:<run_id>  list   notable events the record cannot show (capped; the
                                    record's 'hist' field says it exists)
     jq:{q#p}:due            zset   run_id -> due time (ms): the claimable queue
+    jq:{q#p}:prio           zset   run_id -> (9 - priority) * 2^43 + due time: the runs above
+                                   the default priority, for claim to take first (a hint
+                                   next to the due set, which stays the index of pending runs)
     jq:{q#p}:leases         zset   run_id -> lease expiry (ms): what is running
     jq:{q#p}:dead           zset   run_id -> time it died
     jq:{q#p}:done           zset   run_id -> finish time (done, cancelled); trimmed by retention
@@ -272,6 +275,12 @@ class PartitionKeys:
     @cached_property
     def due(self) -> str:
         return self.prefix + "due"
+
+    @cached_property
+    def prio(self) -> str:
+        """The due runs above the default priority, by level then due time (create_run.lua):
+        claim takes them first; the due set still holds them too."""
+        return self.prefix + "prio"
 
     @cached_property
     def leases(self) -> str:

@@ -13,6 +13,10 @@ from jobqueue.anomalies import stored_int
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg, text
 from jobqueue.store.keys import PartitionKeys
 
+# The priority levels of a run: 0 (the default) to PRIORITY_MAX, higher claimed first among the
+# runs that are due (lua/_prelude.lua has the same bound).
+PRIORITY_MAX = 9
+
 # -- create_run --------------------------------------------------------------------------------
 
 
@@ -32,22 +36,24 @@ class RunSpec:
     job_id: str = ""
     scheduled_for_ms: int | None = None
     meta: str = ""  # JSON object of str -> str from the enqueue hooks (jobqueue.hooks), or ''
+    priority: int = 0  # 0 (default) .. PRIORITY_MAX: higher is claimed first among due runs
 
 
 def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Wire:
-    """Runs in order; consecutive runs sharing task, attempts, lease and timeout form one
-    group whose shared fields are sent once."""
+    """Runs in order; consecutive runs sharing task, attempts, lease, timeout and priority
+    form one group whose shared fields are sent once."""
     tail: list[str | int] = []
     i, n = 0, len(specs)
     while i < n:
         first = specs[i]
-        head = (first.task, first.max_attempts, first.lease_ms, first.timeout_ms)
+        head = (first.task, first.max_attempts, first.lease_ms, first.timeout_ms, first.priority)
         j = i + 1
         while j < n and (
             specs[j].task == head[0]
             and specs[j].max_attempts == head[1]
             and specs[j].lease_ms == head[2]
             and specs[j].timeout_ms == head[3]
+            and specs[j].priority == head[4]
         ):
             j += 1
         tail += [j - i, *head]
@@ -72,7 +78,7 @@ def _parse_create(reply: Sequence[Any]) -> list[bool]:
 
 CREATE_RUN = Contract(
     "create_run",
-    keys=("due", "wake", "stats"),
+    keys=("due", "wake", "stats", "prio"),
     args=("now", "prefix"),
     tail="groups",
     build=_create,
@@ -163,7 +169,8 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
 CLAIM = Contract(
     "claim",
     keys=(
-        "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims"
+        "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims",
+        "prio",
     ),
     args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
     build=_claim,
