@@ -57,6 +57,7 @@ class RunOptions:
     delay: Delay | None = None
     at: Instant | None = None
     queue: str | None = None
+    priority: int | None = None  # 0 (the default) .. 9: higher is claimed first among due runs
 
     def merged(self, **changes: Any) -> RunOptions:
         """These options with ``changes`` (None changes nothing)."""
@@ -101,12 +102,14 @@ class Task(Generic[P, R]):
         delay: Delay | None = None,
         at: Instant | None = None,
         queue: str | None = None,
+        priority: int | None = None,
     ) -> Task[P, R]:
         """This task with run options, for ``enqueue`` (here or ``jq.enqueue``):
         ``send_invoice.with_options(queue="urgent", delay=60).enqueue(42, amount=990)``.
-        Checked when the run is enqueued."""
+        ``priority`` (0, the default, to 9): among the runs due in its queue partition, a
+        higher one is claimed first. Checked when the run is enqueued."""
         base = self.run_options or RunOptions()
-        merged = base.merged(run_id=run_id, delay=delay, at=at, queue=queue)
+        merged = base.merged(run_id=run_id, delay=delay, at=at, queue=queue, priority=priority)
         return dataclasses.replace(self, run_options=merged)
 
     @functools.cached_property

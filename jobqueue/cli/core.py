@@ -66,7 +66,7 @@ from jobqueue.errors import (  # noqa: E402
     PayloadError,
     UnknownTask,
 )
-from jobqueue.models import Run  # noqa: E402
+from jobqueue.models import PRIORITY_MAX, Run  # noqa: E402
 from jobqueue.policy.misfire import DEFAULT_GRACE_MS  # noqa: E402
 from jobqueue.runtime import logs  # noqa: E402
 from jobqueue.runtime import metrics as metrics_mod  # noqa: E402
@@ -316,6 +316,12 @@ def _reload_worker(burst: bool, processes: int) -> None:
 @click.option("--at", "at_text", help="ISO 8601 instant with a zone, e.g. 2026-12-01T09:00Z.")
 @click.option("--queue", help="Queue (default: the task's, else 'default').")
 @click.option("--max-attempts", type=click.IntRange(1), default=None)
+@click.option(
+    "--priority",
+    type=click.IntRange(0, PRIORITY_MAX),
+    default=None,
+    help=f"0 (the default) to {PRIORITY_MAX}: among due runs, higher is claimed first.",
+)
 @click.option("--app", "app_spec", help="module:attribute, to use its task options.")
 @click.option(
     "--from-file",
@@ -338,6 +344,7 @@ def enqueue(
     at_text: str | None,
     queue: str | None,
     max_attempts: int | None,
+    priority: int | None,
     app_spec: str | None,
     from_file: IO[bytes] | None,
     as_json: bool,
@@ -366,10 +373,10 @@ def enqueue(
     if unchecked:
         jq.declare_task(task, queue=queue, max_attempts=max_attempts)
     if from_file is not None:
-        _enqueue_file(jq, task, from_file, delay, at, queue, as_json)
+        _enqueue_file(jq, task, from_file, delay, at, queue, as_json, priority)
     else:
         options = jq.resolve_task(task).with_options(
-            run_id=run_id, delay=delay, at=at, queue=queue
+            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority
         )
         handle = jq.enqueue(options, *args, **kwargs)
         echo_handle(handle, as_json)
@@ -391,6 +398,7 @@ def _file_requests(
     delay: float | None,
     at: datetime | None,
     queue: str | None,
+    priority: int | None = None,
 ) -> list[Request]:
     """Every line parsed and validated (payload size, run id) before anything is written:
     a bad line 40,000 is one error line naming it (exit 2), not 39,999 runs and a
@@ -420,7 +428,9 @@ def _file_requests(
             raise PayloadError(f"{where}: args must be a JSON array, kwargs an object")
         if run_id is not None and not isinstance(run_id, str):
             raise InvalidRunId(f"{where}: run_id must be a string")
-        req = Request(task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue)
+        req = Request(
+            task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue, priority=priority
+        )
         try:
             jq.prepare(req)
         except JobQueueError as exc:
@@ -438,8 +448,9 @@ def _enqueue_file(
     at: datetime | None,
     queue: str | None,
     as_json: bool,
+    priority: int | None = None,
 ) -> None:
-    requests = _file_requests(jq, task, lines, delay, at, queue)
+    requests = _file_requests(jq, task, lines, delay, at, queue, priority)
     created = written = 0
     try:
         with progress(len(requests), f"enqueueing {len(requests):,} runs") as advance:
@@ -483,6 +494,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("queue", f"{run.queue} (partition {run.partition}){_flow(jq, run.queue)}"),
         ("state", run.state),
         ("task", run.task),
+        ("priority", str(run.priority)),
         ("attempt", f"{run.attempt}/{run.max_attempts}"),
         ("fence", str(run.fence)),
         ("owner", run.owner or "-"),

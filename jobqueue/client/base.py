@@ -21,7 +21,7 @@ from jobqueue.errors import (
     UnknownTask,
 )
 from jobqueue.hooks import EnqueueRequest, Hooks, Middleware, encode_meta
-from jobqueue.models import Run
+from jobqueue.models import PRIORITY_MAX, Run
 from jobqueue.payload import encode_payload
 from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
 from jobqueue.schedules.recurring import (
@@ -88,6 +88,19 @@ def check_args_sequence(args: Any, what: str = "args") -> None:
         )
 
 
+def check_priority(priority: object) -> int:
+    """A run's priority: a whole number 0 (the default) .. PRIORITY_MAX."""
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not 0 <= priority <= PRIORITY_MAX
+    ):
+        raise ConfigError(
+            f"priority must be an integer from 0 to {PRIORITY_MAX}, not {priority!r}"
+        )
+    return priority
+
+
 def check_due(at_ms: int | None, delay_ms: int) -> None:
     """Refuse due times past year 9000, for every way of planning a run."""
     if at_ms is not None and at_ms >= MAX_DUE_MS:
@@ -114,6 +127,7 @@ class Request:
     queue: str | None = None
     # str -> str carried with the run (stored, ctx.meta); the enqueue hooks may add to it
     meta: dict[str, str] = field(default_factory=dict)
+    priority: int | None = None  # 0 (the default) .. 9: higher is claimed first when due
 
 
 class Planned(NamedTuple):
@@ -376,10 +390,12 @@ class ClientBase:
         Request's options win over those of a task given ``with_options``."""
         task = req.task if isinstance(req.task, Task) else self.resolve_task(req.task)
         opts = (task.run_options or RunOptions()).merged(
-            run_id=req.run_id, delay=req.delay, at=req.at, queue=req.queue
+            run_id=req.run_id, delay=req.delay, at=req.at, queue=req.queue,
+            priority=req.priority,
         )
         return self.prepare_args(
-            task, req.args, req.kwargs, opts.run_id, opts.delay, opts.at, opts.queue, req.meta
+            task, req.args, req.kwargs, opts.run_id, opts.delay, opts.at, opts.queue, req.meta,
+            priority=opts.priority,
         )
 
     def prepare_args(
@@ -392,6 +408,8 @@ class ClientBase:
         at: Instant | None,
         queue: str | None,
         meta: dict[str, str] | None = None,
+        *,
+        priority: int | None = None,
     ) -> tuple[str, RunSpec]:
         """``prepare`` without building a Request first (enqueue's path: a run per call)."""
         task = ref if isinstance(ref, Task) else self.resolve_task(ref)
@@ -417,6 +435,8 @@ class ClientBase:
             options.lease_ms,
             options.timeout_ms,
         )
+        if priority is not None:
+            spec.priority = check_priority(priority)
         if self.hooks:
             request = EnqueueRequest(spec.task, name, spec.run_id, args, kwargs, dict(meta or {}))
             self.hooks.before_enqueue(request)

@@ -217,8 +217,11 @@ class ClientCore(ClientBase):
         delay: Delay | None,
         at: Instant | None,
         queue: str | None,
+        priority: int | None = None,
     ) -> Steps[Created]:
-        name, spec = self.prepare_args(task, args, kwargs, run_id, delay, at, queue)
+        name, spec = self.prepare_args(
+            task, args, kwargs, run_id, delay, at, queue, priority=priority
+        )
         yield from self._register_queue(name)
         call = CREATE_RUN.call(self.keys_for(name, spec.run_id), (spec,))
         (reply,) = yield from self._run_calls([call], [spec.run_id])

@@ -222,9 +222,12 @@ class JobQueue(ClientCore):
     def enqueue(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> RunHandle[Any]:
         """Create one run of ``task`` with these arguments; with a run id that already
         exists, nothing is written and the handle says ``created=False``. Run options (run
-        id, delay, at, queue) come with the task: ``jq.enqueue(task.with_options(...), ...)``."""
+        id, delay, at, queue, priority) come with the task:
+        ``jq.enqueue(task.with_options(...), ...)``."""
         found, kwargs, opts = self.split_run_options(task, kwargs)
-        steps = self._enqueue(found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue)
+        steps = self._enqueue(
+            found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority
+        )
         return self._handle(self.run_steps(steps))
 
     def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle[Any]]:

@@ -13,10 +13,6 @@ from jobqueue.anomalies import stored_int
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg, text
 from jobqueue.store.keys import PartitionKeys
 
-# The priority levels of a run: 0 (the default) to PRIORITY_MAX, higher claimed first among the
-# runs that are due (lua/_prelude.lua has the same bound).
-PRIORITY_MAX = 9
-
 # -- create_run --------------------------------------------------------------------------------
 
 
@@ -36,7 +32,7 @@ class RunSpec:
     job_id: str = ""
     scheduled_for_ms: int | None = None
     meta: str = ""  # JSON object of str -> str from the enqueue hooks (jobqueue.hooks), or ''
-    priority: int = 0  # 0 (default) .. PRIORITY_MAX: higher is claimed first among due runs
+    priority: int = 0  # 0 (default) .. 9 (models.PRIORITY_MAX): higher is claimed first
 
 
 def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Wire:
@@ -292,7 +288,7 @@ def _fail(
 
 FAIL = Contract(
     "fail",
-    keys=("due", "leases", "dead", "stats", "wake", "limits"),
+    keys=("due", "leases", "dead", "stats", "wake", "limits", "prio"),
     args=(
         "now",
         "prefix",
@@ -316,7 +312,7 @@ def _release(pk: PartitionKeys, run_id: str, fence: int, now: NowArg = None) -> 
 
 RELEASE = Contract(
     "release",
-    keys=("due", "leases", "wake"),
+    keys=("due", "leases", "wake", "prio"),
     args=("now", "prefix", "run_id", "fence"),
     build=_release,
     parse=_outcome,
@@ -368,7 +364,7 @@ def _requeue(pk: PartitionKeys, run_id: str, force: bool = False, now: NowArg = 
 
 REQUEUE = Contract(
     "requeue",
-    keys=("due", "dead", "done", "wake"),
+    keys=("due", "dead", "done", "wake", "prio"),
     args=("now", "prefix", "run_id", "force"),
     build=_requeue,
     parse=_state_change,
