@@ -44,11 +44,13 @@
 -- an attempt and a run past max_attempts goes to the dead set instead. Then the due runs by
 -- priority, highest level first, then by due time (FIFO within a level): the levels above 0
 -- are read from the prio zset, a hint next to the due set, which stays the index of every
--- pending run. A prio entry whose run is no longer in the due set is dropped; one whose due
--- time moved later is moved with it. Strict priority: while due runs of a higher level
--- remain, a lower level waits. Every claim issues a
--- new fence (next_fence: above any issued before in the partition, and at least the server
--- clock in us), so the previous holder's heartbeat and commit are refused from now on.
+-- pending run. A prio entry whose run is no longer in the due set, or whose record says
+-- another level, is dropped; one whose due time moved later is moved with it. Strict
+-- priority: while due runs of a higher level remain, a lower level waits.
+--
+-- Every claim issues a new fence (next_fence: above any issued before in the partition, and
+-- at least the server clock in us), so the previous holder's heartbeat and commit are refused
+-- from now on.
 --
 -- An index entry whose record is missing is moved to the orphans index, never dropped: on a
 -- Redis Cluster node importing a slot, a record may not have arrived yet. Each call looks at
@@ -187,14 +189,15 @@ local ok, plan = reading(function()
       for _, run_id in ipairs(hints) do
         if taking >= limit then break end
         local at = tonumber(read('ZSCORE', KEYS[1], run_id))
-        if not at then
-          p.unhint[#p.unhint + 1] = run_id -- not pending here any more
+        local run = at and record(run_id)
+        if not run or priority_of(run.priority) ~= level then
+          -- Not pending here any more, or a new record of the id at another level.
+          p.unhint[#p.unhint + 1] = run_id
         elseif at > now then
-          p.rehint[#p.rehint + 1] = prio_score(level, at) -- put back later: a retry's backoff
+          p.rehint[#p.rehint + 1] = prio_score(level, at) -- its due time moved later
           p.rehint[#p.rehint + 1] = run_id
         else
-          local run = record(run_id)
-          if run and run.state == 'pending' and not corrupt(run) then
+          if run.state == 'pending' and not corrupt(run) then
             run.id = run_id
             taking = taking + 1
             p.take[#p.take + 1] = run
