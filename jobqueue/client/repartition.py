@@ -9,9 +9,10 @@ The move crosses slots, so it cannot be atomic; it is made safe to interrupt and
   start; the operator stops them too (documented) and restarts every process afterwards.
 * Runs are found through their indexes (``due``, ``dead``, ``done``; ZSCAN in pages, never
   KEYS), partition by partition. A run whose new partition differs is copied first (history
-  list, record hash, index entry with the same score, each key's TTL re-applied from its
-  PTTL), and only when every copy of a page is written are the old keys deleted (record,
-  history, then the index entry last). While the old record exists it is the authority: a
+  list, record hash, index entry with the same score and, for a pending run above the default
+  priority, its prio entry; each key's TTL re-applied from its PTTL), and only when every
+  copy of a page is written are the old keys deleted (record, history, then the index entry
+  last). While the old record exists it is the authority: a
   re-run simply writes the copy again. When it is gone, the old index entry says what is left
   to clean. So a crash anywhere leaves a state that a second run finishes, changing nothing
   else. A target record that exists with different contents is a conflict: both are left as
@@ -42,6 +43,7 @@ from typing import Any, Literal
 from jobqueue.anomalies import is_wrong_type, stored_int
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, CorruptData, OperationRefused
+from jobqueue.models import PRIORITY_MAX
 from jobqueue.store.keys import (
     MAX_PARTITIONS,
     QUEUES_KEY,
@@ -54,6 +56,7 @@ from jobqueue.store.keys import (
     queue_partitions,
     validate_queue_name,
 )
+from jobqueue.store.runs import prio_score
 
 # queue -> target count of a move that has started and not yet finished (global hash).
 MOVING_KEY = "jq:queues:moving"
@@ -295,6 +298,8 @@ def _delete_sources(r: Any, moves: Sequence[tuple[Move, Action]]) -> None:
         pipe.delete(move.source.run(move.run_id))
         pipe.delete(move.source.history(move.run_id))
     for move, _ in moves:
+        if move.index == "due":
+            pipe.zrem(move.source.prio, move.run_id)
         pipe.zrem(getattr(move.source, move.index), move.run_id)
     pipe.execute()
 
@@ -338,6 +343,9 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
             else:
                 write.persist(run_key)
         write.zadd(getattr(m.target, m.index), {m.run_id: m.score})
+        level = stored_int((fields or target).get("priority")) or 0
+        if m.index == "due" and 0 < level <= PRIORITY_MAX:  # its place among due runs too
+            write.zadd(m.target.prio, {m.run_id: prio_score(level, int(m.score))})
         report.count_moved((fields or target).get("state") or _INDEX_STATE[m.index])
         moved += 1
     if settled:

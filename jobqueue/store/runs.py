@@ -13,6 +13,16 @@ from jobqueue.anomalies import stored_int
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg, text
 from jobqueue.store.keys import PartitionKeys
 
+# A run above the default priority is also in its partition's prio zset, scored by level then
+# due time (lua/_prelude.lua prio_score: the same arithmetic).
+PRIORITY_SPAN = 2**43
+
+
+def prio_score(priority: int, due_ms: int) -> int:
+    """A run's score in the prio zset (``priority`` 1..9)."""
+    return (9 - priority) * PRIORITY_SPAN + due_ms
+
+
 # -- create_run --------------------------------------------------------------------------------
 
 
