@@ -109,6 +109,8 @@ class Run(Generic[R_co]):
     meta: dict[str, str] = field(default_factory=dict)
     # 0 (the default) .. 9: among due runs of a partition, higher is claimed first
     priority: int = 0
+    # The deduplication key it was enqueued with (jobqueue.Dedupe), if any
+    dedupe_key: str | None = None
     # The last ctx.progress() of a holder of the run: 0..100, its message, when, which attempt
     progress: float | None = None
     progress_message: str | None = None
@@ -197,6 +199,7 @@ class Run(Generic[R_co]):
             history=history,
             meta=meta or {},
             priority=priority,
+            dedupe_key=fields.get("dedupe") or None,
             progress=progress,
             progress_message=fields.get("progress_message") or None,
             progress_at_ms=_int(fields.get("progress_at")),

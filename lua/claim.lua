@@ -60,6 +60,9 @@
 -- A record that cannot be run (no task, garbage counters, a key of another type) is
 -- dead-lettered with the reason, never handed to a worker.
 --
+-- A run enqueued under a deduplication key without a ttl (dedupe.lua) releases the key at its
+-- first claim: the key (jq:{q#p}:dedupe:<key>) is deleted if it still names the run.
+--
 -- A claim writes no history entry: the record holds the current attempt (owner, fence,
 -- attempt, started). The history keeps what the record cannot: how earlier attempts ended.
 
@@ -70,7 +73,7 @@ local ORPHANS_PER_CALL = 10
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
                 'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until',
-                'meta', 'priority'}
+                'meta', 'priority', 'dedupe'}
 local STATES = {pending = true, running = true, done = true, dead = true, cancelled = true}
 
 local function record(run_id)
@@ -84,7 +87,7 @@ local function record(run_id)
           lease_ms = v[7] or nil, timeout_ms = v[8] or nil, job = v[9] or nil,
           scheduled_for = v[10] or nil, due = v[11] or nil, owner = v[12] or nil,
           hist = v[13] or nil, lease_until = v[14] or nil, meta = v[15] or nil,
-          priority = v[16] or nil}
+          priority = v[16] or nil, dedupe = v[17] or nil}
 end
 
 -- Fields at their default are absent (create_run stores only what differs), so only a
@@ -96,6 +99,17 @@ local function corrupt(run)
   if run.fence and not whole(run.fence, 0) then return 'corrupt record: bad fence' end
   if run.attempt and not whole(run.attempt, 0) then return 'corrupt record: bad attempt' end
   return nil
+end
+
+-- A run enqueued under a deduplication key without a ttl holds the key only until its first
+-- claim (dedupe.lua): the key goes then, if it still names the run and has no expiry.
+local function dedupe_ends(p, run)
+  if not run.dedupe or (tonumber(run.attempt) or 0) > 0 then return end
+  local dkey = prefix .. 'dedupe:' .. run.dedupe
+  local holder, foreign = checked(redis.pcall('GET', dkey), dkey, true)
+  if not foreign and holder == run.id and read('PTTL', dkey) == -1 then
+    p.undedupe[#p.undedupe + 1] = dkey
+  end
 end
 
 -- -- phase 1: read everything, decide everything -------------------------------------------
@@ -130,7 +144,7 @@ local ok, plan = reading(function()
     if room < limit then limit = room end
   end
   local p = {take = {}, bury = {}, foreign = {}, lost = {}, orphan = {}, stray = {},
-             stray_due = {}, restore = {}, forget = {}, expired = 0,
+             stray_due = {}, restore = {}, forget = {}, undedupe = {}, expired = 0,
              rate_w = rated and tonumber(rate_w) or nil}
   -- One entry past the limit of each index: after this call's removals, the first entry left
   -- tells the next wake-up without reading after a write.
@@ -203,6 +217,7 @@ local ok, plan = reading(function()
             p.take[#p.take + 1] = run
             p.handled[#p.handled + 1] = run_id
             hinted[run_id] = true
+            dedupe_ends(p, run)
           end
           p.unhint[#p.unhint + 1] = run_id
         end
@@ -229,6 +244,7 @@ local ok, plan = reading(function()
           taking = taking + 1
           p.take[#p.take + 1] = run
           if run.priority then p.unhint[#p.unhint + 1] = run_id end
+          dedupe_ends(p, run)
         end
       elseif run.state == nil then
         -- No state: no record here (an orphan), or a record without a state (corrupt).
@@ -358,6 +374,7 @@ if #orphans > 0 then bulk('ZADD', KEYS[6], orphans, 2000) end
 -- taken again were re-added above with their new expiry.
 if #plan.handled > 0 then bulk('ZREM', KEYS[1], plan.handled, 1000) end
 if #plan.unhint > 0 then bulk('ZREM', KEYS[10], plan.unhint, 1000) end
+for _, dkey in ipairs(plan.undedupe) do redis.call('DEL', dkey) end
 local gone = {}
 for _, run in ipairs(plan.bury) do if run.expired then gone[#gone + 1] = run.id end end
 for _, run_id in ipairs(plan.foreign) do gone[#gone + 1] = run_id end

@@ -78,6 +78,7 @@ from jobqueue.scheduler.daemon import (  # noqa: E402
 from jobqueue.settings import Settings  # noqa: E402
 from jobqueue.store.connection import redact  # noqa: E402
 from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name  # noqa: E402
+from jobqueue.tasks import Dedupe  # noqa: E402
 from jobqueue.worker.daemon import DEFAULT_CONCURRENCY  # noqa: E402
 from jobqueue.worker.supervisor import DEFAULT_GRACE_S, SUPERVISED_ENV  # noqa: E402
 
@@ -322,6 +323,23 @@ def _reload_worker(burst: bool, processes: int) -> None:
     default=None,
     help=f"0 (the default) to {PRIORITY_MAX}: among due runs, higher is claimed first.",
 )
+@click.option(
+    "--dedupe-key",
+    help="At most one run per key in the queue at a time (see --dedupe-mode, --dedupe-ttl).",
+)
+@click.option(
+    "--dedupe-mode",
+    type=click.Choice(["throttle", "debounce"]),
+    default="throttle",
+    show_default=True,
+    help="throttle: drop this run while the key is held; debounce: give the held run, still "
+    "pending, these arguments and due time.",
+)
+@click.option(
+    "--dedupe-ttl",
+    type=FiniteFloat(0.001),
+    help="Seconds the key is held after its run's enqueue (default: until its first claim).",
+)
 @click.option("--app", "app_spec", help="module:attribute, to use its task options.")
 @click.option(
     "--from-file",
@@ -345,6 +363,9 @@ def enqueue(
     queue: str | None,
     max_attempts: int | None,
     priority: int | None,
+    dedupe_key: str | None,
+    dedupe_mode: str,
+    dedupe_ttl: float | None,
     app_spec: str | None,
     from_file: IO[bytes] | None,
     as_json: bool,
@@ -352,6 +373,11 @@ def enqueue(
     """Enqueue one run of TASK (or one per line of --from-file, with a progress bar)."""
     if from_file is not None and (args_json != "[]" or kwargs_json != "{}" or run_id):
         raise click.UsageError("--from-file takes args, kwargs and run ids from the file")
+    if dedupe_key is None and (dedupe_mode != "throttle" or dedupe_ttl is not None):
+        raise click.UsageError("--dedupe-mode and --dedupe-ttl go with --dedupe-key")
+    if dedupe_key is not None and (from_file is not None or run_id):
+        raise click.UsageError("--dedupe-key is for one run, without --run-id or --from-file")
+    dedupe = None if dedupe_key is None else Dedupe(dedupe_key, dedupe_mode, dedupe_ttl)
     args = json_arg(args_json, "--args", list)
     kwargs = json_arg(kwargs_json, "--kwargs", dict)
     at = None
@@ -376,7 +402,7 @@ def enqueue(
         _enqueue_file(jq, task, from_file, delay, at, queue, as_json, priority)
     else:
         options = jq.resolve_task(task).with_options(
-            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority
+            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority, dedupe=dedupe
         )
         handle = jq.enqueue(options, *args, **kwargs)
         echo_handle(handle, as_json)
@@ -495,6 +521,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("state", run.state),
         ("task", run.task),
         ("priority", str(run.priority)),
+        *(() if run.dedupe_key is None else [("dedupe key", run.dedupe_key)]),
         ("attempt", f"{run.attempt}/{run.max_attempts}"),
         ("fence", str(run.fence)),
         ("owner", run.owner or "-"),

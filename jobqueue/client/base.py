@@ -15,6 +15,7 @@ from jobqueue.context import RunContext
 from jobqueue.errors import (
     ConfigError,
     CorruptData,
+    InvalidRunId,
     OperationRefused,
     PayloadError,
     RunNotFound,
@@ -86,6 +87,14 @@ def check_args_sequence(args: Any, what: str = "args") -> None:
             f"{what} must be a list or tuple of arguments, not {type(args).__name__} "
             f"{args!r:.40}: for one argument pass [value]"
         )
+
+
+def dedupe_run_id(key: str) -> str:
+    """A new run id under a deduplication key (its partition is the key's)."""
+    try:
+        return validate_run_id(f"{key}@{os.urandom(16).hex()}")
+    except InvalidRunId as exc:
+        raise InvalidRunId(f"dedupe key {key[:80]!r}: {exc}") from None
 
 
 def check_priority(priority: object) -> int:
@@ -389,6 +398,8 @@ class ClientBase:
         """Validate one request completely before anything is written: (queue, run). The
         Request's options win over those of a task given ``with_options``."""
         task = req.task if isinstance(req.task, Task) else self.resolve_task(req.task)
+        if task.run_options is not None and task.run_options.dedupe is not None:
+            raise ConfigError("dedupe is for enqueue (one run per call), not enqueue_many")
         opts = (task.run_options or RunOptions()).merged(
             run_id=req.run_id, delay=req.delay, at=req.at, queue=req.queue,
             priority=req.priority,
@@ -410,8 +421,13 @@ class ClientBase:
         meta: dict[str, str] | None = None,
         *,
         priority: int | None = None,
+        dedupe_key: str | None = None,
     ) -> tuple[str, RunSpec]:
-        """``prepare`` without building a Request first (enqueue's path: a run per call)."""
+        """``prepare`` without building a Request first (enqueue's path: a run per call).
+        With ``dedupe_key`` the run id is ``<key>@<random>``: the key decides the partition,
+        as a job id does for its runs, so the key and every run of it share one slot."""
+        if dedupe_key is not None:
+            run_id = dedupe_run_id(dedupe_key)
         task = ref if isinstance(ref, Task) else self.resolve_task(ref)
         if delay is not None and at is not None:
             raise ConfigError("pass delay or at, not both")

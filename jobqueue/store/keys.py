@@ -19,6 +19,7 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:limits         hash   flow limits: concurrency (the most runs running at once),
                                    rate ('N W': at most N claims in any W ms)
     jq:{q#p}:claims         zset   fence -> claim time: the claims of a rate limit's window
+    jq:{q#p}:dedupe:<key>   string the run id holding a deduplication key (dedupe.lua)
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
@@ -337,6 +338,10 @@ class PartitionKeys:
 
     def fence_resource(self, name: str) -> str:
         return self.prefix + "fenced:" + name
+
+    def dedupe(self, key: str) -> str:
+        """The run holding a deduplication key (dedupe.lua)."""
+        return self.prefix + "dedupe:" + key
 
 
 def partition_keys(

@@ -439,7 +439,64 @@ PROGRESS = Contract(
     parse=_outcome,
 )
 
+# -- dedupe ------------------------------------------------------------------------------------
+
+
+class Deduped(NamedTuple):
+    """What an enqueue under a deduplication key did: 'created', 'existed', 'deduplicated'
+    or 'replaced', and the run it is about (the holder's, unless created or existed)."""
+
+    outcome: str
+    run_id: str
+
+
+def _dedupe(
+    pk: PartitionKeys,
+    spec: RunSpec,
+    key: str,
+    mode: str,
+    ttl_ms: int | None,
+    now: NowArg = None,
+) -> Wire:
+    return Wire(
+        {"due": pk.due, "wake": pk.wake, "stats": pk.stats, "prio": pk.prio,
+         "dedupe": pk.dedupe(key)},
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "mode": mode,
+            "ttl_ms": "" if ttl_ms is None else ttl_ms,
+            "key": key,
+            "run_id": spec.run_id,
+            "task": spec.task,
+            "payload": spec.payload,
+            "due_at": "" if spec.due_at_ms is None else spec.due_at_ms,
+            "delay_ms": spec.delay_ms,
+            "max_attempts": spec.max_attempts,
+            "lease_ms": spec.lease_ms,
+            "timeout_ms": spec.timeout_ms,
+            "priority": spec.priority,
+            "meta": spec.meta,
+        },
+    )
+
+
+def _parse_dedupe(reply: Sequence[Any]) -> Deduped:
+    return Deduped(text(reply[1]), text(reply[2]))
+
+
+DEDUPE = Contract(
+    "dedupe",
+    keys=("due", "wake", "stats", "prio", "dedupe"),
+    args=(
+        "now", "prefix", "mode", "ttl_ms", "key", "run_id", "task", "payload", "due_at",
+        "delay_ms", "max_attempts", "lease_ms", "timeout_ms", "priority", "meta",
+    ),
+    build=_dedupe,
+    parse=_parse_dedupe,
+)
+
 CONTRACTS = (
-    CREATE_RUN, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE,
+    CREATE_RUN, DEDUPE, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE,
     PROGRESS,
 )
