@@ -9,8 +9,9 @@ The move crosses slots, so it cannot be atomic; it is made safe to interrupt and
   start; the operator stops them too (documented) and restarts every process afterwards.
 * Runs are found through their indexes (``due``, ``dead``, ``done``; ZSCAN in pages, never
   KEYS), partition by partition. A run whose new partition differs is copied first (history
-  list, record hash, index entry with the same score and, for a pending run above the default
-  priority, its prio entry; each key's TTL re-applied from its PTTL), and only when every
+  list, record hash, index entry with the same score and, for a pending run, its prio entry
+  (above the default priority) and the deduplication key it holds; each key's TTL re-applied
+  from its PTTL), and only when every
   copy of a page is written are the old keys deleted (record, history, then the index entry
   last). While the old record exists it is the authority: a
   re-run simply writes the copy again. When it is gone, the old index entry says what is left
@@ -304,6 +305,32 @@ def _delete_sources(r: Any, moves: Sequence[tuple[Move, Action]]) -> None:
     pipe.execute()
 
 
+def _dedupe_holds(
+    r: Any, moves: Sequence[Move], replies: Sequence[Any]
+) -> dict[str, tuple[str, int]]:
+    """The deduplication keys held by runs that move (run id -> key, its TTL in ms or 0):
+    a run enqueued under a key has the key's partition, so the key moves with it."""
+    named = []
+    for i, m in enumerate(moves):
+        fields = replies[i * 5]
+        key = fields.get("dedupe") if isinstance(fields, dict) else None
+        if m.index == "due" and isinstance(key, str) and key:
+            named.append((m, key))
+    if not named:
+        return {}
+    pipe = r.pipeline(transaction=False)
+    for m, key in named:
+        pipe.get(m.source.dedupe(key))
+        pipe.pttl(m.source.dedupe(key))
+    found = pipe.execute(raise_on_error=False)
+    held = {}
+    for j, (m, key) in enumerate(named):
+        holder, ttl = found[2 * j], found[2 * j + 1]
+        if holder == m.run_id or holder == m.run_id.encode():
+            held[m.run_id] = (key, _ttl(ttl))
+    return held
+
+
 def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
     """Copy, then delete, one page of moves; returns how many runs moved."""
     if not moves:
@@ -316,6 +343,7 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
         pipe.pttl(m.source.history(m.run_id))
         pipe.hgetall(m.target.run(m.run_id))
     replies = pipe.execute()
+    held = _dedupe_holds(r, moves, replies)
     write = r.pipeline(transaction=False)
     settled: list[tuple[Move, Action]] = []
     moved = 0
@@ -343,6 +371,9 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
             else:
                 write.persist(run_key)
         write.zadd(getattr(m.target, m.index), {m.run_id: m.score})
+        if m.run_id in held:  # the deduplication key it holds goes with it
+            key, ttl = held[m.run_id]
+            write.set(m.target.dedupe(key), m.run_id, px=ttl or None)
         level = stored_int((fields or target).get("priority")) or 0
         if m.index == "due" and 0 < level <= PRIORITY_MAX:  # its place among due runs too
             write.zadd(m.target.prio, {m.run_id: prio_score(level, int(m.score))})
@@ -350,6 +381,12 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
         moved += 1
     if settled:
         write.execute()  # every copy of the page is written before any old key goes
+        if held:  # the copies hold the keys now (single-key deletes: one slot each)
+            drop = r.pipeline(transaction=False)
+            for m, _ in settled:
+                if m.run_id in held:
+                    drop.delete(m.source.dedupe(held[m.run_id][0]))
+            drop.execute()
         _delete_sources(r, settled)
     return moved
 
