@@ -11,10 +11,9 @@ The move crosses slots, so it cannot be atomic; it is made safe to interrupt and
   KEYS), partition by partition. A run whose new partition differs is copied first (history
   list, record hash, index entry with the same score and, for a pending run, its prio entry
   (above the default priority) and the deduplication key it holds; each key's TTL re-applied
-  from its PTTL), and only when every
-  copy of a page is written are the old keys deleted (record, history, then the index entry
-  last). While the old record exists it is the authority: a
-  re-run simply writes the copy again. When it is gone, the old index entry says what is left
+  from its PTTL), and only when every copy of a page is written are the old keys deleted
+  (record, history, then the index entry last). While the old record exists it is the
+  authority: a re-run simply writes the copy again. When it is gone, the old index entry says what is left
   to clean. So a crash anywhere leaves a state that a second run finishes, changing nothing
   else. A target record that exists with different contents is a conflict: both are left as
   they are, the count is not recorded, and the operator is told which run ids.
