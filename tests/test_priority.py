@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from jobqueue import Request
 from jobqueue.cli.core import State, main
+from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
@@ -122,3 +123,10 @@ def test_a_priority_field_out_of_range_is_shown_as_the_default_with_an_anomaly(
     run = jq.get_run("r1")
     assert run.priority == 0
     assert any("priority" in str(a) for a in run.anomalies)
+
+
+def test_a_prio_key_of_another_type_is_an_anomaly_of_its_partition(jq: JobQueue) -> None:
+    jq.declare_task("report").enqueue()
+    jq.redis.set(jq.keys_for("default", "any").prio, "garbage")
+    (part,) = queries.stats(jq, "default")
+    assert any(":prio" in str(a) for a in part.anomalies)

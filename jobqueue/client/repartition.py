@@ -7,16 +7,16 @@ The move crosses slots, so it cannot be atomic; it is made safe to interrupt and
   it: a worker holds its partition list for its whole life, and a run claimed mid-move would
   be copied pending and run twice. Producers and schedulers also keep the count they read at
   start; the operator stops them too (documented) and restarts every process afterwards.
-* Runs are found through their indexes (``due``, ``dead``, ``done``; ZSCAN in pages, never
-  KEYS), partition by partition. A run whose new partition differs is copied first (history
-  list, record hash, index entry with the same score and, for a pending run, its prio entry
-  (above the default priority) and the deduplication key it holds; each key's TTL re-applied
-  from its PTTL), and only when every copy of a page is written are the old keys deleted
-  (record, history, then the index entry last). While the old record exists it is the
-  authority: a re-run simply writes the copy again. When it is gone, the old index entry says what is left
-  to clean. So a crash anywhere leaves a state that a second run finishes, changing nothing
-  else. A target record that exists with different contents is a conflict: both are left as
-  they are, the count is not recorded, and the operator is told which run ids.
+* Runs are found through their indexes (``due``, ``dead``, ``done``; ZSCAN in pages, never KEYS),
+  partition by partition. A run whose new partition differs is copied first (history list, record
+  hash, index entry with the same score and, for a pending run, its prio entry (above the default
+  priority) and the deduplication key it holds; each key's TTL re-applied from its PTTL), and only
+  when every copy of a page is written are the old keys deleted (record, history, then the index
+  entry last). While the old record exists it is the authority: a re-run simply writes the copy
+  again. When it is gone, the old index entry says what is left to clean. So a crash anywhere
+  leaves a state that a second run finishes, changing nothing else. A target record that exists
+  with different contents is a conflict: both are left as they are, the count is not recorded, and
+  the operator is told which run ids.
 * Counters (``stats`` hashes) are cumulative per queue; dashboards and Prometheus read their
   sum. Partitions below the new count keep theirs; those of partitions that cease to exist
   are added into partition ``p % P`` (via a staging hash in the target's slot and a one-slot
