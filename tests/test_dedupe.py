@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import fakeredis
@@ -149,3 +150,24 @@ def test_cli_refuses_dedupe_options_that_do_not_go_together(
     result = invoke(jq, "enqueue", "report", *extra)
     assert result.exit_code == 2
     assert jq.queues() == {}
+
+
+def test_eight_threads_racing_on_one_key_create_one_run(jq: JobQueue) -> None:
+    report = jq.declare_task("report").with_options(dedupe=Dedupe("user:42"))
+    barrier = threading.Barrier(8)
+    outcomes: list[tuple[str, str]] = []
+
+    def producer() -> None:
+        barrier.wait()
+        handle = report.enqueue(1)
+        outcomes.append((handle.outcome, handle.run_id))
+
+    threads = [threading.Thread(target=producer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    created = [r for o, r in outcomes if o == "created"]
+    assert len(created) == 1
+    assert sorted(o for o, _ in outcomes) == ["created"] + ["deduplicated"] * 7
+    assert {r for _, r in outcomes} == set(created)
