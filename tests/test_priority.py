@@ -11,7 +11,7 @@ from typing import Any
 import fakeredis
 import pytest
 from click.testing import CliRunner, Result
-from helpers import claim
+from helpers import claim, make_worker, running, wait_for
 from starlette.testclient import TestClient
 
 from jobqueue import Request
@@ -130,3 +130,18 @@ def test_a_prio_key_of_another_type_is_an_anomaly_of_its_partition(jq: JobQueue)
     jq.redis.set(jq.keys_for("default", "any").prio, "garbage")
     (part,) = queries.stats(jq, "default")
     assert any(":prio" in str(a) for a in part.anomalies)
+
+
+def test_a_worker_of_one_slot_runs_due_runs_highest_priority_first(fast_jq: JobQueue) -> None:
+    order: list[str] = []
+
+    @fast_jq.task
+    def step(name: str) -> None:
+        order.append(name)
+
+    for name, priority in (("low-1", 0), ("high-1", 9), ("mid-1", 4), ("low-2", 0), ("high-2", 9)):
+        step.with_options(priority=priority).enqueue(name)
+    with running(make_worker(fast_jq, concurrency=1)):
+        wait_for(lambda: len(order) == 5, 30, "5 runs")
+    # (runs enqueued in one millisecond are due together: in run id order within a level)
+    assert [name.split("-")[0] for name in order] == ["high", "high", "mid", "low", "low"]
