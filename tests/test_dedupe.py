@@ -13,11 +13,13 @@ import fakeredis
 import pytest
 from click.testing import CliRunner, Result
 from helpers import claim
+from starlette.testclient import TestClient
 
 from jobqueue import Dedupe, Request
 from jobqueue.cli.core import State, main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
+from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, InvalidRunId
 from jobqueue.store.keys import partition_of
 from jobqueue.store.scripts import ScriptRunner
@@ -171,3 +173,11 @@ def test_eight_threads_racing_on_one_key_create_one_run(jq: JobQueue) -> None:
     assert len(created) == 1
     assert sorted(o for o, _ in outcomes) == ["created"] + ["deduplicated"] * 7
     assert {r for _, r in outcomes} == set(created)
+
+
+def test_the_dashboard_run_page_and_runs_json_show_the_dedupe_key(jq: JobQueue) -> None:
+    handle = jq.declare_task("report").with_options(dedupe=Dedupe("user:42")).enqueue()
+    page = TestClient(create_app(jq)).get("/run", params={"id": handle.run_id}).text
+    assert "<tr><th>dedupe key</th><td>user:42</td></tr>" in page
+    (listed,) = json.loads(invoke(jq, "runs", "--json").stdout)
+    assert listed["dedupe_key"] == "user:42"
