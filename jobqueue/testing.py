@@ -34,8 +34,8 @@ def run_due(
 ) -> WorkerStats:
     """Run every run of ``queues`` (default: the default queue) that is due now (and any
     that is due by the time the runs held finish); returns the worker's counters (claimed,
-    completed, failed, ...). ``concurrency`` 1: one run at a time, in
-    order of priority, then of due time. A task raising fails its run as in production (retried or dead): the
+    completed, failed, ...). ``concurrency`` 1: one run at a time, in order of priority, then
+    of due time. A task raising fails its run as in production (retried or dead): the
     exception is in the run's ``error``, not raised here."""
     worker = Worker(
         jq,
