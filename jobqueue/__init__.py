@@ -20,7 +20,7 @@ from jobqueue.errors import (
 )
 from jobqueue.models import Run
 from jobqueue.settings import Settings
-from jobqueue.tasks import Task
+from jobqueue.tasks import Dedupe, Task
 
 if TYPE_CHECKING:
     from jobqueue.worker import Worker, WorkerStats
@@ -42,6 +42,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ConfigError",
     "ConnectionFailed",
+    "Dedupe",
     "JobQueue",
     "JobQueueError",
     "NotDurable",

@@ -62,7 +62,11 @@ INT_FIELDS = (
     "scheduled_for",
     "progress_at",
     "progress_attempt",
+    "priority",
 )
+# A run's priority: 0 (the default) .. 9, higher claimed first among due runs (the same bound
+# as lua/_prelude.lua's PRIORITY_MAX).
+PRIORITY_MAX = 9
 TIME_FIELDS = frozenset(
     {"lease_until", "due", "created", "started", "finished", "scheduled_for", "progress_at"}
 )
@@ -103,6 +107,10 @@ class Run(Generic[R_co]):
     history: list[str] = field(default_factory=list)
     # str -> str from enqueue (jobqueue.hooks)
     meta: dict[str, str] = field(default_factory=dict)
+    # 0 (the default) .. 9: among due runs of a partition, higher is claimed first
+    priority: int = 0
+    # The deduplication key it was enqueued with (jobqueue.Dedupe), if any
+    dedupe_key: str | None = None
     # The last ctx.progress() of a holder of the run: 0..100, its message, when, which attempt
     progress: float | None = None
     progress_message: str | None = None
@@ -156,6 +164,10 @@ class Run(Generic[R_co]):
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not an integer"))
             elif number is not None and name in TIME_FIELDS and not is_time(number):
                 found.append(Anomaly(key, f"field {name!r} is {value!r}, not a time in ms"))
+        priority = _int(fields.get("priority")) or 0
+        if not 0 <= priority <= PRIORITY_MAX:  # claim takes it as the default, so do we
+            found.append(Anomaly(key, f"field 'priority' is {priority}, not 0 to 9"))
+            priority = 0
         progress = _progress(fields.get("progress"))
         if fields.get("progress") not in (None, "") and progress is None:
             found.append(
@@ -186,6 +198,8 @@ class Run(Generic[R_co]):
             error=fields.get("error"),
             history=history,
             meta=meta or {},
+            priority=priority,
+            dedupe_key=fields.get("dedupe") or None,
             progress=progress,
             progress_message=fields.get("progress_message") or None,
             progress_at_ms=_int(fields.get("progress_at")),

@@ -29,6 +29,35 @@ RUN_OPTIONS = ("run_id", "delay", "at", "queue")
 _TASK_NAME_MAX = 200
 
 
+DEDUPE_MODES = ("throttle", "debounce")
+
+
+@dataclass(frozen=True)
+class Dedupe:
+    """A run's deduplication key (``task.with_options(dedupe=Dedupe("user:42"))``): while a
+    run enqueued with the same key in the same queue holds it, ``throttle`` drops the new
+    enqueue and ``debounce`` gives the held run, still pending, the new arguments, meta and
+    due time. Without ``ttl`` a run holds its key until its first claim; with ``ttl``
+    (seconds) for that long after its enqueue. The handle's ``outcome`` says which happened,
+    and its ``run_id`` is the run that holds the key."""
+
+    key: str
+    mode: str = "throttle"
+    ttl: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise ConfigError(f"dedupe key must be a non-empty string, not {self.key!r}")
+        if self.mode not in DEDUPE_MODES:
+            raise ConfigError(f"dedupe mode must be 'throttle' or 'debounce', not {self.mode!r}")
+        if self.ttl is not None:
+            seconds_to_ms(self.ttl, "dedupe ttl")
+
+    @property
+    def ttl_ms(self) -> int | None:
+        return None if self.ttl is None else seconds_to_ms(self.ttl, "dedupe ttl")
+
+
 @dataclass(frozen=True)
 class TaskOptions:
     queue: str
@@ -57,6 +86,8 @@ class RunOptions:
     delay: Delay | None = None
     at: Instant | None = None
     queue: str | None = None
+    priority: int | None = None  # 0 (the default) .. 9: higher is claimed first among due runs
+    dedupe: Dedupe | None = None
 
     def merged(self, **changes: Any) -> RunOptions:
         """These options with ``changes`` (None changes nothing)."""
@@ -74,6 +105,9 @@ class Handle(Protocol[R_co]):
 
     @property
     def created(self) -> bool: ...
+
+    @property
+    def outcome(self) -> str: ...
 
     def refresh(self) -> Run[R_co]: ...
 
@@ -101,12 +135,18 @@ class Task(Generic[P, R]):
         delay: Delay | None = None,
         at: Instant | None = None,
         queue: str | None = None,
+        priority: int | None = None,
+        dedupe: Dedupe | None = None,
     ) -> Task[P, R]:
         """This task with run options, for ``enqueue`` (here or ``jq.enqueue``):
         ``send_invoice.with_options(queue="urgent", delay=60).enqueue(42, amount=990)``.
-        Checked when the run is enqueued."""
+        ``priority`` (0, the default, to 9): among the runs due in its queue partition, a
+        higher one is claimed first. ``dedupe`` (a :class:`Dedupe`): at most one run per key
+        at a time (``enqueue`` only). Checked when the run is enqueued."""
         base = self.run_options or RunOptions()
-        merged = base.merged(run_id=run_id, delay=delay, at=at, queue=queue)
+        merged = base.merged(
+            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority, dedupe=dedupe
+        )
         return dataclasses.replace(self, run_options=merged)
 
     @functools.cached_property

@@ -35,9 +35,9 @@ def run_due(
     """Run every run of ``queues`` that is due now (and any that is due by the time the runs
     held finish); returns the worker's counters (claimed, completed, failed, ...). Default
     queues: the default queue and every queue a task registered on ``jq`` names.
-    ``concurrency`` 1: one run at a time, in order of due time. A task raising fails its run
-    as in production (retried or dead): the exception is in the run's ``error``, not raised
-    here."""
+    ``concurrency`` 1: one run at a time, in order of priority, then of due time. A
+    task raising fails its run as in production (retried or dead): the exception is in the
+    run's ``error``, not raised here."""
     if queues is None:
         queues = [jq.settings.default_queue]
         queues += sorted({t.options.queue for t in jq.registry.all()} - set(queues))

@@ -17,7 +17,8 @@
 --   counters, waker, fence_counter), waking idle workers (wake: the one wake policy), issuing
 --   fences (issue_fence, save_fences), a lease's length (lease_until), writing a new pending
 --   record (write_pending), dead-lettering (bury), history, expiry and index trims
---   (history, expire_record, trim_index), a fire's run id (fire_run_id).
+--   (history, expire_record, trim_index), a fire's run id (fire_run_id), a run's priority
+--   and its place in the prio index (priority_of, prio_score).
 -- * Two phases, because Redis does not roll back a script that fails half-way. The script
 --   first reads every key it will touch, its declared keys and the records it names, checking
 --   their types and values (reading()); anything wrong refuses the whole call with an error
@@ -235,6 +236,23 @@ end
 -- else the worker's default.
 local function lease_until(now, run_lease_ms, default_ms)
   return now + whole_or(run_lease_ms, 1, default_ms)
+end
+
+-- Priorities: 0 (the default) to PRIORITY_MAX. A run above 0 is also in the partition's prio
+-- zset (jq:{q#p}:prio), scored by level then due time, so that claim reads the due runs of
+-- each level, highest first, without scanning the due set (PRIORITY_SPAN = 2^43 ms, past the
+-- year 2248, keeps every score an exact integer below 2^53).
+local PRIORITY_MAX, PRIORITY_SPAN = 9, 8796093022208
+
+-- A priority field or argument as a level: anything but a whole 0..PRIORITY_MAX counts as 0.
+local function priority_of(v)
+  if whole(v, 0) and tonumber(v) <= PRIORITY_MAX then return tonumber(v) end
+  return 0
+end
+
+-- A run's score in the prio zset (level >= 1), as text: exact where a float's %g is not.
+local function prio_score(level, due)
+  return int((PRIORITY_MAX - level) * PRIORITY_SPAN + due)
 end
 
 -- A fire's run id, '<job_id>@<fire instant>': the same as jobqueue.store.keys.fire_run_id

@@ -13,6 +13,8 @@
 --                                              rate = 'N W': at most N claims in any W ms
 -- KEYS[9]  claims    zset    jq:{q#p}:claims   fence -> claim time (ms), the claims of the
 --                                              last W ms (kept only under a rate limit)
+-- KEYS[10] prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
+--                                              the runs above the default priority
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  limit              the most runs to claim
@@ -35,13 +37,20 @@
 --          next_wake = when the oldest of them leaves the window, changing nothing.
 --          A limit field that is not a whole number (rate: two) counts as no limit.
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
---          (TRYLATER: a slot migration), or an index key, the paused or the limits key (or,
---          under a rate limit, the claims key) holds another type.
+--          (TRYLATER: a slot migration), or an index key (prio too), the paused or the
+--          limits key (or, under a rate limit, the claims key) holds another type.
 --
 -- Runs whose lease expired are taken first (their worker died or stalled); each expiry counts
--- an attempt and a run past max_attempts goes to the dead set instead. Every claim issues a
--- new fence (next_fence: above any issued before in the partition, and at least the server
--- clock in us), so the previous holder's heartbeat and commit are refused from now on.
+-- an attempt and a run past max_attempts goes to the dead set instead. Then the due runs by
+-- priority, highest level first, then by due time (FIFO within a level): the levels above 0
+-- are read from the prio zset, a hint next to the due set, which stays the index of every
+-- pending run. A prio entry whose run is no longer in the due set, or whose record says
+-- another level, is dropped; one whose due time moved later is moved with it. Strict
+-- priority: while due runs of a higher level remain, a lower level waits.
+--
+-- Every claim issues a new fence (next_fence: above any issued before in the partition, and
+-- at least the server clock in us), so the previous holder's heartbeat and commit are refused
+-- from now on.
 --
 -- An index entry whose record is missing is moved to the orphans index, never dropped: on a
 -- Redis Cluster node importing a slot, a record may not have arrived yet. Each call looks at
@@ -50,6 +59,9 @@
 --
 -- A record that cannot be run (no task, garbage counters, a key of another type) is
 -- dead-lettered with the reason, never handed to a worker.
+--
+-- A run enqueued under a deduplication key without a ttl (dedupe.lua) releases the key at its
+-- first claim: the key (jq:{q#p}:dedupe:<key>) is deleted if it still names the run.
 --
 -- A claim writes no history entry: the record holds the current attempt (owner, fence,
 -- attempt, started). The history keeps what the record cannot: how earlier attempts ended.
@@ -61,7 +73,7 @@ local ORPHANS_PER_CALL = 10
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
                 'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until',
-                'meta'}
+                'meta', 'priority', 'dedupe'}
 local STATES = {pending = true, running = true, done = true, dead = true, cancelled = true}
 
 local function record(run_id)
@@ -74,7 +86,8 @@ local function record(run_id)
           attempt = v[4] or nil, max_attempts = v[5] or nil, fence = v[6] or nil,
           lease_ms = v[7] or nil, timeout_ms = v[8] or nil, job = v[9] or nil,
           scheduled_for = v[10] or nil, due = v[11] or nil, owner = v[12] or nil,
-          hist = v[13] or nil, lease_until = v[14] or nil, meta = v[15] or nil}
+          hist = v[13] or nil, lease_until = v[14] or nil, meta = v[15] or nil,
+          priority = v[16] or nil, dedupe = v[17] or nil}
 end
 
 -- Fields at their default are absent (create_run stores only what differs), so only a
@@ -86,6 +99,17 @@ local function corrupt(run)
   if run.fence and not whole(run.fence, 0) then return 'corrupt record: bad fence' end
   if run.attempt and not whole(run.attempt, 0) then return 'corrupt record: bad attempt' end
   return nil
+end
+
+-- A run enqueued under a deduplication key without a ttl holds the key only until its first
+-- claim (dedupe.lua): the key goes then, if it still names the run and has no expiry.
+local function dedupe_ends(p, run)
+  if not run.dedupe or (tonumber(run.attempt) or 0) > 0 then return end
+  local dkey = prefix .. 'dedupe:' .. run.dedupe
+  local holder, foreign = checked(redis.pcall('GET', dkey), dkey, true)
+  if not foreign and holder == run.id and read('PTTL', dkey) == -1 then
+    p.undedupe[#p.undedupe + 1] = dkey
+  end
 end
 
 -- -- phase 1: read everything, decide everything -------------------------------------------
@@ -120,7 +144,7 @@ local ok, plan = reading(function()
     if room < limit then limit = room end
   end
   local p = {take = {}, bury = {}, foreign = {}, lost = {}, orphan = {}, stray = {},
-             stray_due = {}, restore = {}, forget = {}, expired = 0,
+             stray_due = {}, restore = {}, forget = {}, undedupe = {}, expired = 0,
              rate_w = rated and tonumber(rate_w) or nil}
   -- One entry past the limit of each index: after this call's removals, the first entry left
   -- tells the next wake-up without reading after a write.
@@ -164,49 +188,88 @@ local ok, plan = reading(function()
       end
     end
   end
-  -- 2. Due runs: every entry handled here leaves the due set.
-  p.handled = {}
-  p.next_due = #due == 2 * (limit + 1) and now or nil
-  for i = 1, #due, 2 do
-    local run_id, at = due[i], tonumber(due[i + 1])
-    if at > now or taking >= limit then p.next_due = at; break end
-    p.handled[#p.handled + 1] = run_id
-    local run = record(run_id)
-    if not run then
-      p.foreign[#p.foreign + 1] = run_id
-    elseif run.state == 'pending' then
-      run.id = run_id
-      local bad = corrupt(run)
-      if bad then
-        run.reason, run.hist_ok = bad, history_ok(prefix, run_id)
-        p.bury[#p.bury + 1] = run
-      else
-        taking = taking + 1
-        p.take[#p.take + 1] = run
-      end
-    elseif run.state == nil then
-      -- No state: no record here (an orphan), or a record without a state (corrupt).
-      if read('EXISTS', prefix .. 'run:' .. run_id) == 1 then
-        run.id, run.reason = run_id, 'corrupt record: no state'
-        run.hist_ok = history_ok(prefix, run_id)
-        p.bury[#p.bury + 1] = run
-      else
-        p.orphan[#p.orphan + 1] = run_id
-      end
-    elseif not STATES[run.state] then
-      run.id, run.hist_ok = run_id, history_ok(prefix, run_id)
-      run.reason = 'corrupt record: unknown state ' .. string.sub(run.state, 1, 40)
-      p.bury[#p.bury + 1] = run
-    else
-      -- A record in another state has no business in the due set: its entry goes, and its
-      -- history says so (expiring with the record).
-      if history_ok(prefix, run_id) then
-        p.stray_due[#p.stray_due + 1] = {id = run_id, state = run.state,
-                                         ttl = read('PTTL', prefix .. 'run:' .. run_id)}
+  -- 2. Due runs above the default priority, highest level first (the prio hint). A hinted
+  -- run that is not a sound pending record is left to step 3, which knows what to do with it.
+  p.handled, p.unhint, p.rehint = {}, {}, {}
+  local hinted = {}
+  local hints_held = read('ZCARD', KEYS[10]) -- read whatever happens: step 3 may write it
+  if taking < limit and hints_held > 0 then
+    for level = PRIORITY_MAX, 1, -1 do
+      if taking >= limit then break end
+      local base = (PRIORITY_MAX - level) * PRIORITY_SPAN
+      -- A few more than the room: stale entries (cancelled runs) do not use it up.
+      local hints = read('ZRANGE', KEYS[10], int(base), int(base + now), 'BYSCORE', 'LIMIT', 0,
+                         2 * (limit - taking) + 8)
+      for _, run_id in ipairs(hints) do
+        if taking >= limit then break end
+        local at = tonumber(read('ZSCORE', KEYS[1], run_id))
+        local run = at and record(run_id)
+        if not run or priority_of(run.priority) ~= level then
+          -- Not pending here any more, or a new record of the id at another level.
+          p.unhint[#p.unhint + 1] = run_id
+        elseif at > now then
+          p.rehint[#p.rehint + 1] = prio_score(level, at) -- its due time moved later
+          p.rehint[#p.rehint + 1] = run_id
+        else
+          if run.state == 'pending' and not corrupt(run) then
+            run.id = run_id
+            taking = taking + 1
+            p.take[#p.take + 1] = run
+            p.handled[#p.handled + 1] = run_id
+            hinted[run_id] = true
+            dedupe_ends(p, run)
+          end
+          p.unhint[#p.unhint + 1] = run_id
+        end
       end
     end
   end
-  -- 3. Orphans whose record has appeared go back to their index; old ones are forgotten.
+  -- 3. Due runs: every entry handled here leaves the due set.
+  p.next_due = #due == 2 * (limit + 1) and now or nil
+  for i = 1, #due, 2 do
+    local run_id, at = due[i], tonumber(due[i + 1])
+    if not hinted[run_id] then -- (one taken in step 2 is done with)
+      if at > now or taking >= limit then p.next_due = at; break end
+      p.handled[#p.handled + 1] = run_id
+      local run = record(run_id)
+      if not run then
+        p.foreign[#p.foreign + 1] = run_id
+      elseif run.state == 'pending' then
+        run.id = run_id
+        local bad = corrupt(run)
+        if bad then
+          run.reason, run.hist_ok = bad, history_ok(prefix, run_id)
+          p.bury[#p.bury + 1] = run
+        else
+          taking = taking + 1
+          p.take[#p.take + 1] = run
+          if run.priority then p.unhint[#p.unhint + 1] = run_id end
+          dedupe_ends(p, run)
+        end
+      elseif run.state == nil then
+        -- No state: no record here (an orphan), or a record without a state (corrupt).
+        if read('EXISTS', prefix .. 'run:' .. run_id) == 1 then
+          run.id, run.reason = run_id, 'corrupt record: no state'
+          run.hist_ok = history_ok(prefix, run_id)
+          p.bury[#p.bury + 1] = run
+        else
+          p.orphan[#p.orphan + 1] = run_id
+        end
+      elseif not STATES[run.state] then
+        run.id, run.hist_ok = run_id, history_ok(prefix, run_id)
+        run.reason = 'corrupt record: unknown state ' .. string.sub(run.state, 1, 40)
+        p.bury[#p.bury + 1] = run
+      else
+        -- A record in another state has no business in the due set: its entry goes, and its
+        -- history says so (expiring with the record).
+        if history_ok(prefix, run_id) then
+          p.stray_due[#p.stray_due + 1] = {id = run_id, state = run.state,
+                                           ttl = read('PTTL', prefix .. 'run:' .. run_id)}
+        end
+      end
+    end
+  end
+  -- 4. Orphans whose record has appeared go back to their index; old ones are forgotten.
   for i = 1, #p.orphans, 2 do
     local run_id, since = p.orphans[i], tonumber(p.orphans[i + 1])
     local run = record(run_id)
@@ -271,6 +334,7 @@ end
 -- Leases are added before any is removed: the leases key is never emptied and then written
 -- in one call (on a node migrating the slot, a write to a missing key is refused).
 if #new_leases > 0 then bulk('ZADD', KEYS[2], new_leases, 2000) end
+if #plan.rehint > 0 then bulk('ZADD', KEYS[10], plan.rehint, 2000) end
 
 for _, run in ipairs(plan.bury) do
   if run.expired and run.hist_ok then
@@ -309,6 +373,8 @@ if #orphans > 0 then bulk('ZADD', KEYS[6], orphans, 2000) end
 -- Removals last (a key emptied here is not written again). Leases that expired and were
 -- taken again were re-added above with their new expiry.
 if #plan.handled > 0 then bulk('ZREM', KEYS[1], plan.handled, 1000) end
+if #plan.unhint > 0 then bulk('ZREM', KEYS[10], plan.unhint, 1000) end
+for _, dkey in ipairs(plan.undedupe) do redis.call('DEL', dkey) end
 local gone = {}
 for _, run in ipairs(plan.bury) do if run.expired then gone[#gone + 1] = run.id end end
 for _, run_id in ipairs(plan.foreign) do gone[#gone + 1] = run_id end

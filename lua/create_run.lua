@@ -3,10 +3,13 @@
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
+-- KEYS[4]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
+--                                              the runs above the default priority
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
--- ARGV[3..] groups            5 header fields shared by the group's runs, then 7 per run:
---                             count, task, max_attempts, lease_ms, timeout_ms;
+-- ARGV[3..] groups            6 header fields shared by the group's runs, then 7 per run:
+--                             count, task, max_attempts, lease_ms, timeout_ms, priority
+--                             (0..9, higher claimed first; anything else counts as 0);
 --                             then per run: run_id, payload (JSON), due_at (absolute ms or
 --                             ''), delay_ms, job_id, scheduled_for (ms or ''), meta (JSON
 --                             object from the enqueue hooks, or '')
@@ -17,20 +20,22 @@
 --          an index key holds another type.
 --
 -- A created run is pending, in the due zset at due_at or now + delay_ms, and wake tokens are
--- pushed so that idle workers blocked on the list claim at once.
+-- pushed so that idle workers blocked on the list claim at once. A run above priority 0 is
+-- also in the prio zset at its level and due time: claim takes those first (claim.lua).
 --
 -- The record holds only what differs from the defaults (write_pending): no queue (the key
 -- says it), no attempt or fence (0 until the first claim), no lease_ms, timeout_ms or job when
--- 0 or empty, no meta when '', and no history entry (creation is the record's created and due fields; the
+-- 0 or empty, no meta when '', no priority when 0, and no history entry (creation is the record's created and due fields; the
 -- history starts at the first event that the record cannot show).
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
-local HEADER, STRIDE = 5, 7
+local HEADER, STRIDE = 6, 7
 
 local ok, plan = reading(function()
   local p = {exists = {}}
   expect(KEYS[1], 'zset')
+  expect(KEYS[4], 'zset')
   p.wake = waker(KEYS[2])
   p.stats = counters(KEYS[3], 'created')
   local i, seen = 3, {}
@@ -52,11 +57,13 @@ if not ok then return plan end
 
 local out = {now}
 local due_pairs = {} -- score, member: one ZADD for the call
+local prio_pairs = {}
 local created = 0
 local i = 3
 while i <= #ARGV do
   local count = tonumber(ARGV[i])
   local task, attempts, lease, timeout = ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  local level = priority_of(ARGV[i + 5])
   local j = i + HEADER
   for _ = 1, count do
     if plan.exists[j] then
@@ -68,6 +75,11 @@ while i <= #ARGV do
       write_pending(key, now, due, task, ARGV[j + 1], attempts, lease, timeout, ARGV[j + 4],
                     ARGV[j + 5])
       if ARGV[j + 6] ~= '' then redis.call('HSET', key, 'meta', ARGV[j + 6]) end
+      if level > 0 then
+        redis.call('HSET', key, 'priority', level)
+        prio_pairs[#prio_pairs + 1] = prio_score(level, due)
+        prio_pairs[#prio_pairs + 1] = run_id
+      end
       created = created + 1
       due_pairs[2 * created - 1] = due
       due_pairs[2 * created] = run_id
@@ -80,6 +92,7 @@ end
 
 if created > 0 then
   bulk('ZADD', KEYS[1], due_pairs, 2000)
+  if #prio_pairs > 0 then bulk('ZADD', KEYS[4], prio_pairs, 2000) end
   bump(plan.stats, 'created', created)
   wake(plan.wake, created)
 end

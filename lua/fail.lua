@@ -7,6 +7,8 @@
 -- KEYS[5]  wake      list    jq:{q#p}:wake     a retry wakes an idle worker to re-plan
 -- KEYS[6]  limits    hash    jq:{q#p}:limits   flow limits: under a concurrency limit, a
 --                                              burial frees a slot and wakes a worker too
+-- KEYS[7]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
+--                                              the runs above the default priority
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -16,7 +18,8 @@
 -- ARGV[7]  dead_retention_ms  how long dead records live
 -- ARGV[8]  traceback          the attempt's traceback ('' for none), kept with its history
 --                             entry after a newline and RS ('\n\030'), cut at 64 KiB
--- Returns  {1, 'retry', due} when the run goes back to pending at due;
+-- Returns  {1, 'retry', due} when the run goes back to pending at due (and, above the
+--          default priority, to the prio zset: it keeps its priority);
 --          {1, 'dead'} when attempts are exhausted (or no retry was asked) and it is buried;
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua). Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or an
@@ -33,13 +36,14 @@ local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
   local p = {}
-  p.run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner')
+  p.run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner', 'priority')
   p.why = refusal(p.run, fence)
   p.stats = counters(KEYS[4], 'rejected', 'failed', 'retried', 'dead')
   if not p.why then
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
+    expect(KEYS[7], 'zset')
     p.wake = waker(KEYS[5])
     local cap = checked(redis.pcall('HGET', KEYS[6], 'concurrency'), KEYS[6], true)
     p.capped = whole(cap, 0)
@@ -67,6 +71,8 @@ if delay and attempt < max_attempts then
             string.sub(err, 1, 200) .. tb)
   end
   redis.call('ZADD', KEYS[1], due, run_id)
+  local level = priority_of(run.priority)
+  if level > 0 then redis.call('ZADD', KEYS[7], prio_score(level, due), run_id) end
   redis.call('ZREM', KEYS[2], run_id)
   bump(plan.stats, 'failed', 1)
   bump(plan.stats, 'retried', 1)

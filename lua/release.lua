@@ -4,6 +4,8 @@
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes an idle worker to take it
+-- KEYS[4]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
+--                                              the runs above the default priority
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -13,18 +15,20 @@
 --          an index key holds another type.
 --
 -- The fence is not changed here: the next claim issues a new one, and until then the run is
--- pending, so the releasing worker can no longer heartbeat or commit.
+-- pending, so the releasing worker can no longer heartbeat or commit. A run above the
+-- default priority goes back to the prio zset too: it keeps its priority.
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
-  local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner')}
+  local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner', 'priority')}
   p.why = refusal(p.run, fence)
   if not p.why then
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
+    expect(KEYS[4], 'zset')
     p.wake = waker(KEYS[3])
     p.hist = history_ok(prefix, run_id)
   end
@@ -41,6 +45,8 @@ if plan.hist then
           (plan.run.owner or '?') .. ' (attempt not counted)')
 end
 redis.call('ZADD', KEYS[1], now, run_id)
+local level = priority_of(plan.run.priority)
+if level > 0 then redis.call('ZADD', KEYS[4], prio_score(level, now), run_id) end
 redis.call('ZREM', KEYS[2], run_id)
 wake(plan.wake, 1)
 return {1, 'released'}

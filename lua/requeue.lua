@@ -5,6 +5,8 @@
 -- KEYS[2]  dead      zset    jq:{q#p}:dead     run_id -> time it died
 -- KEYS[3]  done      zset    jq:{q#p}:done     run_id -> finish time
 -- KEYS[4]  wake      list    jq:{q#p}:wake     wakes an idle worker to take it
+-- KEYS[5]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
+--                                              the runs above the default priority
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -16,7 +18,8 @@
 --
 -- The fence is kept (it only ever grows), so nothing stale can commit into the new life. The
 -- record keeps no field of the life that ended (result, error, owner, start, finish): the
--- history keeps how it ended, so that every earlier attempt stays in the run's story.
+-- history keeps how it ended, so that every earlier attempt stays in the run's story. A run
+-- above the default priority goes back to the prio zset too: it keeps its priority.
 
 local now = clock(ARGV[1])
 local prefix, run_id, force = ARGV[2], ARGV[3], ARGV[4] == '1'
@@ -24,12 +27,13 @@ local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
   local p = {run = load_run(key, 'state', 'attempt', 'owner', 'started', 'finished', 'fence',
-                            'result')}
+                            'result', 'priority')}
   local state = p.run and p.run.state
   if state and state ~= 'pending' and state ~= 'running' and (state ~= 'done' or force) then
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
+    expect(KEYS[5], 'zset')
     p.wake = waker(KEYS[4])
     p.hist = history_ok(prefix, run_id)
   end
@@ -61,6 +65,8 @@ if plan.hist then
   history(prefix, run_id, now .. ' requeued (was ' .. run.state .. ')')
 end
 redis.call('ZADD', KEYS[1], now, run_id)
+local level = priority_of(run.priority)
+if level > 0 then redis.call('ZADD', KEYS[5], prio_score(level, now), run_id) end
 redis.call('ZREM', KEYS[2], run_id)
 redis.call('ZREM', KEYS[3], run_id)
 wake(plan.wake, 1)

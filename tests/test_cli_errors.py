@@ -67,7 +67,9 @@ def test_enqueue_then_show_as_json_in_a_real_subprocess(real_server: EmbeddedSer
         [*base, "enqueue", "report", "--args", "[1, 2]", "--run-id", "cli-1", "--json"],
         capture_output=True, text=True, check=True,
     )
-    assert json.loads(created.stdout) == {"run_id": "cli-1", "queue": "default", "created": True}
+    assert json.loads(created.stdout) == {
+        "run_id": "cli-1", "queue": "default", "created": True, "outcome": "created"
+    }
     again = subprocess.run(
         [*base, "enqueue", "report", "--args", "[1, 2]", "--run-id", "cli-1", "--json"],
         capture_output=True, text=True, check=True,

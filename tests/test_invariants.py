@@ -54,6 +54,7 @@ from jobqueue.store.runs import (
 )
 from jobqueue.store.schedules import ADVANCE, SCHED_DEFINE, SCHED_DUE, SCHED_LEASE
 from jobqueue.store.scripts import SCRIPT_NAMES, Call, ScriptRunner
+from jobqueue.tasks import Dedupe
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -516,6 +517,9 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
     """Every script, for runs spread over the partitions of 'default' (and one other queue)."""
     jq.enqueue_many(Request("t", (i,), run_id=r) for i, r in enumerate(run_ids))
     jq.enqueue("t", run_id="elsewhere", queue="other")
+    for key in ("user:1", "user:2", "user:3"):  # dedupe.lua, then a second time: throttled
+        for _ in range(2):
+            jq.enqueue(jq.resolve_task("t").with_options(dedupe=Dedupe(key)), key)
     for p in jq.all_partition_keys("default"):
         got = claim(runner, p, now=None, owner="w1", limit=100).runs
         HEARTBEAT.parse(runner.run(HEARTBEAT.call(p, [(c.run_id, c.fence) for c in got], LEASE)))

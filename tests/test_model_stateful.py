@@ -88,6 +88,7 @@ class ModelRun:
     lease_until: int | None = None
     commits: int = 0  # accepted commits in this life (reset by requeue)
     record: int = 0  # which record of this run id (a new one after the old one expired)
+    priority: int = 0  # 0 (the default) .. 9
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ def refusal(run: ModelRun | None, fence: int) -> str | None:
     if run.state != "running":
         return "not-running"
     return None
+
+
+PRIORITY_SPAN = 2**43  # lua/_prelude.lua: a prio score is (9 - level) * span + due
 
 
 def zorder(entries: dict[str, int]) -> list[str]:
@@ -179,10 +183,12 @@ class RunStateMachine(RuleBasedStateMachine):
         ids=st.lists(st.sampled_from(RUN_IDS), min_size=1, max_size=3),
         delay=st.integers(0, 3000),
         max_attempts=st.integers(1, 3),
+        priority=st.sampled_from([0, 0, 4, 9]),
     )
-    def create(self, ids: list[str], delay: int, max_attempts: int) -> None:
+    def create(self, ids: list[str], delay: int, max_attempts: int, priority: int) -> None:
         specs = [
-            RunSpec(r, "t", PAYLOAD, delay_ms=delay, max_attempts=max_attempts) for r in ids
+            RunSpec(r, "t", PAYLOAD, delay_ms=delay, max_attempts=max_attempts, priority=priority)
+            for r in ids
         ]
         created = CREATE_RUN.parse(self.run(CREATE_RUN.call(PK, specs, now=self.now)))
         expected = []
@@ -196,6 +202,7 @@ class RunStateMachine(RuleBasedStateMachine):
                     max_attempts=max_attempts,
                     due=self.now + delay,
                     record=self.records[run_id],
+                    priority=priority,
                 )
         assert created == expected
 
@@ -245,11 +252,21 @@ class RunStateMachine(RuleBasedStateMachine):
                 m.state, m.lease_until = "dead", None
             else:
                 expected.append(run_id)
-        # 2. Due runs.
+        # 2. Due runs above the default priority: the highest level first, by due time.
         due = {r: m.due for r, m in self.runs.items() if m.state == "pending"}
+        hinted = set()
+        for level in range(9, 0, -1):
+            ready = {r: t for r, t in due.items() if self.runs[r].priority == level}
+            for run_id in zorder(ready):
+                if ready[run_id] <= self.now and len(expected) < limit:
+                    expected.append(run_id)
+                    hinted.add(run_id)
+        # 3. Due runs in due order (the index read before step 2 took any).
         window = zorder(due)[: limit + 1]
         next_due = self.now if len(window) == limit + 1 else None
         for run_id in window:
+            if run_id in hinted:
+                continue
             if due[run_id] > self.now or len(expected) >= limit:
                 next_due = due[run_id]
                 break
@@ -390,6 +407,7 @@ class RunStateMachine(RuleBasedStateMachine):
         leases = dict(r.zrange(PK.leases, 0, -1, withscores=True))
         dead = set(r.zrange(PK.dead, 0, -1))
         done = set(r.zrange(PK.done, 0, -1))
+        prio = dict(r.zrange(PK.prio, 0, -1, withscores=True))
         for run_id, m in self.runs.items():
             h = r.hgetall(PK.run(run_id))
             assert h.get("state") == m.state, (run_id, h, m)
@@ -409,6 +427,10 @@ class RunStateMachine(RuleBasedStateMachine):
             assert [p for p, here in places.items() if here] == [where], (run_id, m, places)
             if m.state == "pending":
                 assert due[run_id] == m.due
+            # A pending run above the default priority is in the prio zset at its level.
+            assert int(h.get("priority", 0)) == m.priority, (run_id, h, m)
+            if m.state == "pending" and m.priority:
+                assert prio.get(run_id) == (9 - m.priority) * PRIORITY_SPAN + m.due, (run_id, m)
             # Leases zset consistent with the hash: member iff running, score == lease_until.
             if m.state == "running":
                 assert leases[run_id] == m.lease_until == int(h["lease_until"]), (run_id, h)
@@ -421,6 +443,7 @@ class RunStateMachine(RuleBasedStateMachine):
     @invariant()
     def no_key_is_leaked(self) -> None:
         allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans}
+        allowed.add(PK.prio)  # a cancelled run's entry stays until a claim drops it
         allowed |= {PK.paused} if self.paused else set()
         allowed |= {PK.limits} if self.cap is not None or self.rate is not None else set()
         allowed |= {PK.claims} if self.claim_log else set()
@@ -486,6 +509,18 @@ MUTANTS = {
         "claim",
         "  local rated = whole(rate_n, 0) and whole(rate_w, 1)",
         "  local rated = false",
+    ),
+    # claim.lua claiming in due order only, priorities ignored
+    "claim-ignores-priorities": (
+        "claim",
+        "  if taking < limit and hints_held > 0 then",
+        "  if false then",
+    ),
+    # fail.lua retrying a run without its place in the prio zset
+    "fail-forgets-the-priority": (
+        "fail",
+        "  if level > 0 then redis.call('ZADD', KEYS[7], prio_score(level, due), run_id) end",
+        "",
     ),
     # claim.lua without the clock floor: fences fall behind the clock
     "claim-without-the-clock-floor": (

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import make_worker, running, wait_for
+from helpers import claim, make_worker, running, wait_for
 
+from jobqueue import Dedupe
 from jobqueue.cli.core import State, main
 from jobqueue.client import queries
 from jobqueue.client import repartition as rp
@@ -26,6 +27,7 @@ from jobqueue.store.keys import (
     queue_partitions,
 )
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
+from jobqueue.store.scripts import ScriptRunner
 
 Q = "mail"
 LEASE_MS = 60_000
@@ -230,6 +232,44 @@ def test_a_paused_queue_stays_paused_on_every_new_partition(
     assert [redis_client.get(part(p, new).paused) for p in range(new)] == [since] * new
     gone = set(queue_partitions(Q, old, True)) - set(queue_partitions(Q, new, True))
     assert not any(redis_client.exists(k.paused) for k in gone)
+
+
+@pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
+def test_pending_runs_keep_their_priority_in_their_new_partition(
+    redis_client: Any, old: int, new: int
+) -> None:
+    jq = JobQueue(redis_client, partitions={Q: old})
+    report = jq.declare_task("report", queue=Q)
+    for i in range(8):
+        report.with_options(run_id=f"low-{i}").enqueue()
+        report.with_options(run_id=f"high-{i}", priority=9).enqueue()
+    rp.repartition(JobQueue(redis_client), Q, new)
+    runner = ScriptRunner(redis_client)
+    for p in range(new):
+        claimed = [r.run_id for r in claim(runner, part(p, new), limit=20).runs]
+        highs = [r for r in claimed if r.startswith("high")]
+        assert claimed[: len(highs)] == highs, claimed
+    gone = set(queue_partitions(Q, old, True)) - set(queue_partitions(Q, new, True))
+    assert not any(redis_client.exists(k.prio) for k in gone)
+
+
+@pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
+def test_a_held_deduplication_key_moves_with_its_run(
+    redis_client: Any, old: int, new: int
+) -> None:
+    jq = JobQueue(redis_client, partitions={Q: old})
+    report = jq.declare_task("report", queue=Q)
+    held = {f"user:{i}": report.with_options(dedupe=Dedupe(f"user:{i}")).enqueue().run_id
+            for i in range(8)}
+    rp.repartition(JobQueue(redis_client), Q, new)
+    moved = JobQueue(redis_client, partitions={Q: new})
+    report = moved.declare_task("report", queue=Q)
+    again = {k: report.with_options(dedupe=Dedupe(k)).enqueue() for k in held}
+    assert {k: (h.outcome, h.run_id) for k, h in again.items()} == {
+        k: ("deduplicated", r) for k, r in held.items()
+    }
+    gone = set(queue_partitions(Q, old, True)) - set(queue_partitions(Q, new, True))
+    assert not any(redis_client.keys(k.prefix + "dedupe:*") for k in gone)
 
 
 @pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])

@@ -23,6 +23,7 @@ from jobqueue.store.runs import (
     CLAIM,
     COMPLETE,
     CREATE_RUN,
+    DEDUPE,
     FAIL,
     FENCED_WRITE,
     HEARTBEAT,
@@ -31,6 +32,7 @@ from jobqueue.store.runs import (
     REQUEUE,
     Beats,
     ClaimedRun,
+    Deduped,
     FencedWrite,
     Outcome,
     RunSpec,
@@ -59,6 +61,7 @@ GROUP = RunGroup("t", "{}", 3, 0, 0, 1)
 # One call of every script, built the way the product builds it (with a non-empty tail).
 BUILDERS: dict[str, Callable[[], Call]] = {
     "create_run": lambda: CREATE_RUN.call(PK, [RunSpec("r", "t", "{}")]),
+    "dedupe": lambda: DEDUPE.call(PK, RunSpec("k@1", "t", "{}"), "k", "throttle", 1_000),
     "claim": lambda: CLAIM.call(PK, 1, "w", 1, 1),
     "heartbeat": lambda: HEARTBEAT.call(PK, [("r", 1)], 1),
     "complete": lambda: COMPLETE.call(PK, [("r", 1, "1")], 1),
@@ -196,7 +199,8 @@ def test_the_builder_passes_the_keys_the_header_names_in_its_order(name: str) ->
     assert call.script == name
     assert len(call.keys) == len(header.keys)
     for key, key_name in zip(call.keys, header.keys, strict=True):
-        suffix = {"defs": "def", "resource": "fenced:res", "run": "run:r"}.get(key_name, key_name)
+        named = {"defs": "def", "resource": "fenced:res", "run": "run:r", "dedupe": "dedupe:k"}
+        suffix = named.get(key_name, key_name)
         assert key.endswith(":" + suffix), (key, key_name)
 
 
@@ -276,9 +280,12 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
     name: str,
 ) -> None:
     """Indexes, counters and wake lists are KEYS (declared, passed by the caller); only the
-    records and histories of the runs a call names are built from the prefix."""
+    records and histories of the runs a call names are built from the prefix, and, in claim,
+    the deduplication key a claimed run's record names (released at the run's first claim,
+    see dedupe.lua): a key per record, like the record itself."""
     built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", code(name))
-    assert set(built) <= {"run:", "hist:"}, built
+    allowed = {"run:", "hist:"} | ({"dedupe:"} if name == "claim" else set())
+    assert set(built) <= allowed, built
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
@@ -315,6 +322,16 @@ def parses_create_run(runner: ScriptRunner, redis_client: Any) -> None:
     reply = runner.run(CREATE_RUN.call(P, [RunSpec("new", "t", "{}"), RunSpec("old", "t", "{}")],
                                        now=NOW))
     assert CREATE_RUN.parse(reply) == [True, False]
+
+
+def parses_dedupe(runner: ScriptRunner, redis_client: Any) -> None:
+    def call(run_id: str, mode: str) -> Deduped:
+        spec = RunSpec(run_id, "t", "{}")
+        return DEDUPE.parse(runner.run(DEDUPE.call(P, spec, "k", mode, None, now=NOW)))
+
+    assert [call("k@1", "throttle"), call("k@2", "throttle"), call("k@3", "debounce")] == [
+        Deduped("created", "k@1"), Deduped("deduplicated", "k@1"), Deduped("replaced", "k@1")
+    ]
 
 
 def parses_claim(runner: ScriptRunner, redis_client: Any) -> None:
@@ -493,6 +510,7 @@ def parses_set_limit(runner: ScriptRunner, redis_client: Any) -> None:
 
 REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "create_run": parses_create_run,
+    "dedupe": parses_dedupe,
     "claim": parses_claim,
     "heartbeat": parses_heartbeat,
     "complete": parses_complete,

@@ -50,6 +50,7 @@ from jobqueue.store.runs import (
     CLAIM,
     COMPLETE,
     CREATE_RUN,
+    DEDUPE,
     FAIL,
     FENCED_WRITE,
     HEARTBEAT,
@@ -188,6 +189,74 @@ def claim_a_busy_partition(runner: ScriptRunner) -> Call:
     runner.client.zrem(PK.due, "returned")
     runner.client.zadd(PK.orphans, {"returned": NOW - 5})
     return CLAIM.call(PK, 2, "w2", LEASE, RETENTION, now=NOW)
+
+
+def create_prioritized_runs(runner: ScriptRunner) -> Call:
+    """Runs above the default priority, one delayed, next to one at the default."""
+    enqueue(runner, spec("old", priority=2), now=NOW - 1_000)
+    return CREATE_RUN.call(PK, [
+        spec("top", priority=9), spec("later", priority=9, delay_ms=1_000), spec("plain"),
+    ], now=NOW)
+
+
+def claim_by_priority(runner: ScriptRunner) -> Call:
+    """Due runs at three levels; a prio entry of a cancelled run, one whose run's due time
+    moved later (a retry's backoff), and one of a new record of the id at another level."""
+    enqueue(runner, spec("top", priority=9), spec("mid", priority=4), spec("plain"),
+            spec("gone", priority=9), now=NOW - 100)
+    assert CANCEL.parse(runner.run(CANCEL.call(PK, "gone", RETENTION, "no", now=NOW - 90))).changed
+    enqueue(runner, spec("moved", priority=4), now=NOW - 80)
+    runner.client.zadd(PK.due, {"moved": NOW + 5_000})
+    enqueue(runner, spec("renewed"), now=NOW - 70)
+    runner.client.zadd(PK.prio, {"renewed": NOW - 70})  # a level-9 entry of an older life
+    return CLAIM.call(PK, 3, "w2", LEASE, RETENTION, now=NOW)
+
+
+def fail_and_retry_prioritized(runner: ScriptRunner) -> Call:
+    fence = running_with_history(runner, "a", NOW - 3_000, priority=5)
+    return FAIL.call(PK, "a", fence, "boom", 1_000, RETENTION, now=NOW)
+
+
+def release_prioritized(runner: ScriptRunner) -> Call:
+    fence = running_with_history(runner, "a", NOW - 3_000, priority=5)
+    return RELEASE.call(PK, "a", fence, now=NOW)
+
+
+def requeue_a_prioritized_run(runner: ScriptRunner) -> Call:
+    enqueue(runner, spec("a", priority=5), now=NOW - 3_000)
+    assert CANCEL.parse(runner.run(CANCEL.call(PK, "a", RETENTION, "no", now=NOW - 10))).changed
+    return REQUEUE.call(PK, "a", now=NOW)
+
+
+def dedupe(runner: ScriptRunner, mode: str, run_id: str, ttl: int | None = None) -> Call:
+    return DEDUPE.call(PK, spec(run_id, priority=3, meta='{"a":"1"}'), "key", mode, ttl,
+                       now=NOW)
+
+
+def dedupe_create(runner: ScriptRunner) -> Call:
+    """A key whose holder has finished (a ttl-less key left by a cancel): a new run."""
+    runner.run(dedupe(runner, "throttle", "key@0"))
+    assert CANCEL.parse(runner.run(CANCEL.call(PK, "key@0", RETENTION, "no", now=NOW))).changed
+    return dedupe(runner, "throttle", "key@1")
+
+
+def dedupe_throttle(runner: ScriptRunner) -> Call:
+    runner.run(dedupe(runner, "throttle", "key@0", ttl=60_000))
+    return dedupe(runner, "throttle", "key@1", ttl=60_000)
+
+
+def dedupe_debounce(runner: ScriptRunner) -> Call:
+    """The pending holder, with a history, takes the new payload, meta and due time."""
+    runner.run(dedupe(runner, "debounce", "key@0"))
+    runner.client.rpush(PK.history("key@0"), f"{NOW - 5} requeued (was cancelled)")
+    runner.client.hset(PK.run("key@0"), "hist", "1")
+    return dedupe(runner, "debounce", "key@1")
+
+
+def claim_a_deduplicated_run(runner: ScriptRunner) -> Call:
+    """The first claim of a run holding a key without a ttl releases the key."""
+    runner.run(dedupe(runner, "throttle", "key@0"))
+    return CLAIM.call(PK, 2, "w2", LEASE, RETENTION, now=NOW + 1)
 
 
 def heartbeat(runner: ScriptRunner) -> Call:
@@ -479,6 +548,16 @@ SCENARIOS = {
     for s in (
         Scenario("create_run", "create_run", create_run, CREATE_RUN.parse),
         Scenario("claim", "claim", claim_a_busy_partition, CLAIM.parse),
+        Scenario("create_run-priority", "create_run", create_prioritized_runs,
+                 CREATE_RUN.parse),
+        Scenario("claim-priority", "claim", claim_by_priority, CLAIM.parse),
+        Scenario("dedupe-create", "dedupe", dedupe_create, DEDUPE.parse),
+        Scenario("dedupe-throttle", "dedupe", dedupe_throttle, DEDUPE.parse),
+        Scenario("dedupe-debounce", "dedupe", dedupe_debounce, DEDUPE.parse),
+        Scenario("claim-dedupe", "claim", claim_a_deduplicated_run, CLAIM.parse),
+        Scenario("fail-retry-priority", "fail", fail_and_retry_prioritized, FAIL.parse),
+        Scenario("release-priority", "release", release_prioritized, RELEASE.parse),
+        Scenario("requeue-priority", "requeue", requeue_a_prioritized_run, REQUEUE.parse),
         Scenario("heartbeat", "heartbeat", heartbeat, HEARTBEAT.parse, names=("vanished",)),
         Scenario("complete", "complete", complete_a_batch, COMPLETE.parse),
         Scenario("fail-retry", "fail", fail_and_retry, FAIL.parse),

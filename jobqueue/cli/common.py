@@ -209,11 +209,26 @@ def json_arg(text: str, what: str, kind: type) -> Any:
 
 
 def echo_handle(handle: Any, as_json: bool, created_note: str = "") -> None:
-    """What enqueue and trigger print: created, or already there (nothing written)."""
+    """What enqueue and trigger print: created, or already there (nothing written), or under
+    a deduplication key deduplicated or replaced (the run holding the key)."""
+    outcome = handle.outcome
     if as_json:
         click.echo(
-            json.dumps({"run_id": handle.run_id, "queue": handle.queue, "created": handle.created})
+            json.dumps(
+                {
+                    "run_id": handle.run_id,
+                    "queue": handle.queue,
+                    "created": handle.created,
+                    "outcome": outcome,
+                }
+            )
         )
+    elif outcome == "deduplicated":
+        click.echo(f"deduplicated: {handle.run_id} in queue {handle.queue} holds the key "
+                   "(nothing written)")
+    elif outcome == "replaced":
+        click.echo(f"replaced the arguments and due time of {handle.run_id} in queue "
+                   f"{handle.queue}")
     elif handle.created:
         click.echo(f"created {handle.run_id} in queue {handle.queue}{created_note}")
     else:

@@ -66,7 +66,7 @@ from jobqueue.errors import (  # noqa: E402
     PayloadError,
     UnknownTask,
 )
-from jobqueue.models import Run  # noqa: E402
+from jobqueue.models import PRIORITY_MAX, Run  # noqa: E402
 from jobqueue.policy.misfire import DEFAULT_GRACE_MS  # noqa: E402
 from jobqueue.runtime import logs  # noqa: E402
 from jobqueue.runtime import metrics as metrics_mod  # noqa: E402
@@ -78,6 +78,7 @@ from jobqueue.scheduler.daemon import (  # noqa: E402
 from jobqueue.settings import Settings  # noqa: E402
 from jobqueue.store.connection import redact  # noqa: E402
 from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name  # noqa: E402
+from jobqueue.tasks import Dedupe  # noqa: E402
 from jobqueue.worker.daemon import DEFAULT_CONCURRENCY  # noqa: E402
 from jobqueue.worker.supervisor import DEFAULT_GRACE_S, SUPERVISED_ENV  # noqa: E402
 
@@ -342,6 +343,29 @@ def _reload_worker(burst: bool, processes: int) -> None:
 @click.option("--at", "at_text", help="ISO 8601 instant with a zone, e.g. 2026-12-01T09:00Z.")
 @click.option("--queue", help="Queue (default: the task's, else 'default').")
 @click.option("--max-attempts", type=click.IntRange(1), default=None)
+@click.option(
+    "--priority",
+    type=click.IntRange(0, PRIORITY_MAX),
+    default=None,
+    help=f"0 (the default) to {PRIORITY_MAX}: among due runs, higher is claimed first.",
+)
+@click.option(
+    "--dedupe-key",
+    help="At most one run per key in the queue at a time (see --dedupe-mode, --dedupe-ttl).",
+)
+@click.option(
+    "--dedupe-mode",
+    type=click.Choice(["throttle", "debounce"]),
+    default="throttle",
+    show_default=True,
+    help="throttle: drop this run while the key is held; debounce: give the held run, still "
+    "pending, these arguments and due time.",
+)
+@click.option(
+    "--dedupe-ttl",
+    type=FiniteFloat(0.001),
+    help="Seconds the key is held after its run's enqueue (default: until its first claim).",
+)
 @click.option("--app", "app_spec", help="module:attribute, to use its task options.")
 @click.option(
     "--from-file",
@@ -364,6 +388,10 @@ def enqueue(
     at_text: str | None,
     queue: str | None,
     max_attempts: int | None,
+    priority: int | None,
+    dedupe_key: str | None,
+    dedupe_mode: str,
+    dedupe_ttl: float | None,
     app_spec: str | None,
     from_file: IO[bytes] | None,
     as_json: bool,
@@ -371,6 +399,11 @@ def enqueue(
     """Enqueue one run of TASK (or one per line of --from-file, with a progress bar)."""
     if from_file is not None and (args_json != "[]" or kwargs_json != "{}" or run_id):
         raise click.UsageError("--from-file takes args, kwargs and run ids from the file")
+    if dedupe_key is None and (dedupe_mode != "throttle" or dedupe_ttl is not None):
+        raise click.UsageError("--dedupe-mode and --dedupe-ttl go with --dedupe-key")
+    if dedupe_key is not None and (from_file is not None or run_id):
+        raise click.UsageError("--dedupe-key is for one run, without --run-id or --from-file")
+    dedupe = None if dedupe_key is None else Dedupe(dedupe_key, dedupe_mode, dedupe_ttl)
     args = json_arg(args_json, "--args", list)
     kwargs = json_arg(kwargs_json, "--kwargs", dict)
     at = None
@@ -392,10 +425,10 @@ def enqueue(
     if unchecked:
         jq.declare_task(task, queue=queue, max_attempts=max_attempts)
     if from_file is not None:
-        _enqueue_file(jq, task, from_file, delay, at, queue, as_json)
+        _enqueue_file(jq, task, from_file, delay, at, queue, as_json, priority)
     else:
         options = jq.resolve_task(task).with_options(
-            run_id=run_id, delay=delay, at=at, queue=queue
+            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority, dedupe=dedupe
         )
         handle = jq.enqueue(options, *args, **kwargs)
         echo_handle(handle, as_json)
@@ -417,6 +450,7 @@ def _file_requests(
     delay: float | None,
     at: datetime | None,
     queue: str | None,
+    priority: int | None = None,
 ) -> list[Request]:
     """Every line parsed and validated (payload size, run id) before anything is written:
     a bad line 40,000 is one error line naming it (exit 2), not 39,999 runs and a
@@ -446,7 +480,9 @@ def _file_requests(
             raise PayloadError(f"{where}: args must be a JSON array, kwargs an object")
         if run_id is not None and not isinstance(run_id, str):
             raise InvalidRunId(f"{where}: run_id must be a string")
-        req = Request(task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue)
+        req = Request(
+            task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue, priority=priority
+        )
         try:
             jq.prepare(req)
         except JobQueueError as exc:
@@ -464,8 +500,9 @@ def _enqueue_file(
     at: datetime | None,
     queue: str | None,
     as_json: bool,
+    priority: int | None = None,
 ) -> None:
-    requests = _file_requests(jq, task, lines, delay, at, queue)
+    requests = _file_requests(jq, task, lines, delay, at, queue, priority)
     created = written = 0
     try:
         with progress(len(requests), f"enqueueing {len(requests):,} runs") as advance:
@@ -509,6 +546,8 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("queue", f"{run.queue} (partition {run.partition}){_flow(jq, run.queue)}"),
         ("state", run.state),
         ("task", run.task),
+        ("priority", str(run.priority)),
+        *(() if run.dedupe_key is None else [("dedupe key", run.dedupe_key)]),
         ("attempt", f"{run.attempt}/{run.max_attempts}"),
         ("fence", str(run.fence)),
         ("owner", run.owner or "-"),

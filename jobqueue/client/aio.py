@@ -42,11 +42,17 @@ R = TypeVar("R")
 class AsyncRunHandle(Generic[R]):
     """What ``await ajq.enqueue(...)`` returns (``R``: what the task returns)."""
 
-    def __init__(self, jq: AsyncJobQueue, run_id: str, queue: str, created: bool) -> None:
+    def __init__(
+        self, jq: AsyncJobQueue, run_id: str, queue: str, created: bool, outcome: str = ""
+    ) -> None:
         self.jq, self.run_id, self.queue, self.created = jq, run_id, queue, created
+        # as RunHandle.outcome
+        self.outcome = outcome or ("created" if created else "existed")
 
     def __repr__(self) -> str:
-        return f"AsyncRunHandle({self.run_id!r}, queue={self.queue!r}, created={self.created})"
+        return (
+            f"AsyncRunHandle({self.run_id!r}, queue={self.queue!r}, outcome={self.outcome!r})"
+        )
 
     async def refresh(self) -> Run[R]:
         run: Run[R] = await self.jq.get_run(self.run_id, queue=self.queue)
@@ -114,7 +120,9 @@ class AsyncJobQueue(ClientCore):
         return await run_steps_async(steps, self.redis, self.scripts)
 
     def _handle(self, created: Created) -> AsyncRunHandle[Any]:
-        return AsyncRunHandle(self, created.run_id, created.queue, created.created)
+        return AsyncRunHandle(
+            self, created.run_id, created.queue, created.created, created.outcome
+        )
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -168,9 +176,13 @@ class AsyncJobQueue(ClientCore):
     async def enqueue(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> AsyncRunHandle[Any]:
         """Create one run of ``task`` with these arguments; with a run id that already
         exists, nothing is written and the handle says ``created=False``. Run options (run
-        id, delay, at, queue) come with the task: ``jq.enqueue(task.with_options(...), ...)``."""
+        id, delay, at, queue, priority) come with the task:
+        ``jq.enqueue(task.with_options(...), ...)``."""
         found, kwargs, opts = self.split_run_options(task, kwargs)
-        steps = self._enqueue(found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue)
+        steps = self._enqueue(
+            found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
+            opts.dedupe,
+        )
         return self._handle(await self.run_steps(steps))
 
     async def enqueue_many(self, requests: Iterable[Request]) -> list[AsyncRunHandle[Any]]:

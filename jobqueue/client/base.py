@@ -15,13 +15,14 @@ from jobqueue.context import RunContext
 from jobqueue.errors import (
     ConfigError,
     CorruptData,
+    InvalidRunId,
     OperationRefused,
     PayloadError,
     RunNotFound,
     UnknownTask,
 )
 from jobqueue.hooks import EnqueueRequest, Hooks, MetaError, Middleware, encode_meta
-from jobqueue.models import Run
+from jobqueue.models import PRIORITY_MAX, Run
 from jobqueue.payload import encode_payload
 from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
 from jobqueue.schedules.recurring import (
@@ -88,6 +89,27 @@ def check_args_sequence(args: Any, what: str = "args") -> None:
         )
 
 
+def dedupe_run_id(key: str) -> str:
+    """A new run id under a deduplication key (its partition is the key's)."""
+    try:
+        return validate_run_id(f"{key}@{os.urandom(16).hex()}")
+    except InvalidRunId as exc:
+        raise InvalidRunId(f"dedupe key {key[:80]!r}: {exc}") from None
+
+
+def check_priority(priority: object) -> int:
+    """A run's priority: a whole number 0 (the default) .. PRIORITY_MAX."""
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not 0 <= priority <= PRIORITY_MAX
+    ):
+        raise ConfigError(
+            f"priority must be an integer from 0 to {PRIORITY_MAX}, not {priority!r}"
+        )
+    return priority
+
+
 def check_due(at_ms: int | None, delay_ms: int) -> None:
     """Refuse due times past year 9000, for every way of planning a run."""
     if at_ms is not None and at_ms >= MAX_DUE_MS:
@@ -114,6 +136,7 @@ class Request:
     queue: str | None = None
     # str -> str carried with the run (stored, ctx.meta); the enqueue hooks may add to it
     meta: dict[str, str] = field(default_factory=dict)
+    priority: int | None = None  # 0 (the default) .. 9: higher is claimed first when due
 
 
 class Planned(NamedTuple):
@@ -375,11 +398,15 @@ class ClientBase:
         """Validate one request completely before anything is written: (queue, run). The
         Request's options win over those of a task given ``with_options``."""
         task = req.task if isinstance(req.task, Task) else self.resolve_task(req.task)
+        if task.run_options is not None and task.run_options.dedupe is not None:
+            raise ConfigError("dedupe is for enqueue (one run per call), not enqueue_many")
         opts = (task.run_options or RunOptions()).merged(
-            run_id=req.run_id, delay=req.delay, at=req.at, queue=req.queue
+            run_id=req.run_id, delay=req.delay, at=req.at, queue=req.queue,
+            priority=req.priority,
         )
         return self.prepare_args(
-            task, req.args, req.kwargs, opts.run_id, opts.delay, opts.at, opts.queue, req.meta
+            task, req.args, req.kwargs, opts.run_id, opts.delay, opts.at, opts.queue, req.meta,
+            priority=opts.priority,
         )
 
     def prepare_args(
@@ -392,8 +419,15 @@ class ClientBase:
         at: Instant | None,
         queue: str | None,
         meta: dict[str, str] | None = None,
+        *,
+        priority: int | None = None,
+        dedupe_key: str | None = None,
     ) -> tuple[str, RunSpec]:
-        """``prepare`` without building a Request first (enqueue's path: a run per call)."""
+        """``prepare`` without building a Request first (enqueue's path: a run per call).
+        With ``dedupe_key`` the run id is ``<key>@<random>``: the key decides the partition,
+        as a job id does for its runs, so the key and every run of it share one slot."""
+        if dedupe_key is not None:
+            run_id = dedupe_run_id(dedupe_key)
         task = ref if isinstance(ref, Task) else self.resolve_task(ref)
         if delay is not None and at is not None:
             raise ConfigError("pass delay or at, not both")
@@ -420,6 +454,8 @@ class ClientBase:
         )
         if meta is not None and not isinstance(meta, Mapping):
             raise MetaError(f"meta must be a mapping of str to str, got {type(meta).__name__}")
+        if priority is not None:
+            spec.priority = check_priority(priority)
         if self.hooks:
             request = EnqueueRequest(spec.task, name, spec.run_id, args, kwargs, dict(meta or {}))
             self.hooks.before_enqueue(request)

@@ -47,8 +47,9 @@ from jobqueue.store.io import (
     server_time_steps,
 )
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, partition_of, validate_queue_name
-from jobqueue.store.runs import CANCEL, CREATE_RUN, REQUEUE, RunSpec
+from jobqueue.store.runs import CANCEL, CREATE_RUN, DEDUPE, REQUEUE, RunSpec
 from jobqueue.store.scripts import Call
+from jobqueue.tasks import Dedupe
 
 log = logging.getLogger("jobqueue.client")
 
@@ -65,11 +66,14 @@ def to_ms(seconds: float, what: str) -> int:
 
 
 class Created(NamedTuple):
-    """What creating one run did: its id, its queue, and whether this call created it."""
+    """What creating one run did: its id, its queue, and whether this call created it;
+    ``outcome`` says more under a deduplication key: 'created', 'existed' (the run id was
+    taken), 'deduplicated' or 'replaced' (``run_id`` is then the run holding the key)."""
 
     run_id: str
     queue: str
     created: bool
+    outcome: str = ""
 
 
 class RunState(NamedTuple):
@@ -223,9 +227,24 @@ class ClientCore(ClientBase):
         delay: Delay | None,
         at: Instant | None,
         queue: str | None,
+        priority: int | None = None,
+        dedupe: Dedupe | None = None,
     ) -> Steps[Created]:
-        name, spec = self.prepare_args(task, args, kwargs, run_id, delay, at, queue)
+        if dedupe is not None and run_id is not None:
+            raise ConfigError(
+                "pass dedupe or run_id, not both: a deduplicated run's id comes from its key"
+            )
+        name, spec = self.prepare_args(
+            task, args, kwargs, run_id, delay, at, queue, priority=priority,
+            dedupe_key=None if dedupe is None else dedupe.key,
+        )
         yield from self._register_queue(name)
+        if dedupe is not None:
+            keys = self.keys_for(name, spec.run_id)
+            call = DEDUPE.call(keys, spec, dedupe.key, dedupe.mode, dedupe.ttl_ms)
+            (reply,) = yield from self._run_calls([call], [spec.run_id])
+            done = DEDUPE.parse(reply)
+            return Created(done.run_id, name, done.outcome == "created", done.outcome)
         call = CREATE_RUN.call(self.keys_for(name, spec.run_id), (spec,))
         (reply,) = yield from self._run_calls([call], [spec.run_id])
         (created,) = CREATE_RUN.parse(reply)

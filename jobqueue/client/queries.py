@@ -287,6 +287,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.hgetall(k.stats)
         pipe.get(k.paused)
         pipe.hmget(k.limits, "concurrency", "rate")
+        pipe.zcard(k.prio)  # read for its type: claim refuses a partition whose prio is foreign
 
     out = []
     locate = getattr(jq.redis, "get_node_from_key", None)
@@ -311,6 +312,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         limit, rate = checked(r[10], k.limits, "hash", mine, [None, None])
         if limit is not None and stored_int(limit) is None:
             mine.append(Anomaly(k.limits, f"field 'concurrency' is {limit!r}, not a limit"))
+        checked(r[11], k.prio, "sorted set", mine, 0)
         rate_n, rate_w = parse_rate(rate) or (None, None)
         if rate is not None and rate_n is None:
             mine.append(Anomaly(k.limits, f"field 'rate' is {rate!r}, not a rate"))

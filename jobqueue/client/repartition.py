@@ -7,15 +7,16 @@ The move crosses slots, so it cannot be atomic; it is made safe to interrupt and
   it: a worker holds its partition list for its whole life, and a run claimed mid-move would
   be copied pending and run twice. Producers and schedulers also keep the count they read at
   start; the operator stops them too (documented) and restarts every process afterwards.
-* Runs are found through their indexes (``due``, ``dead``, ``done``; ZSCAN in pages, never
-  KEYS), partition by partition. A run whose new partition differs is copied first (history
-  list, record hash, index entry with the same score, each key's TTL re-applied from its
-  PTTL), and only when every copy of a page is written are the old keys deleted (record,
-  history, then the index entry last). While the old record exists it is the authority: a
-  re-run simply writes the copy again. When it is gone, the old index entry says what is left
-  to clean. So a crash anywhere leaves a state that a second run finishes, changing nothing
-  else. A target record that exists with different contents is a conflict: both are left as
-  they are, the count is not recorded, and the operator is told which run ids.
+* Runs are found through their indexes (``due``, ``dead``, ``done``; ZSCAN in pages, never KEYS),
+  partition by partition. A run whose new partition differs is copied first (history list, record
+  hash, index entry with the same score and, for a pending run, its prio entry (above the default
+  priority) and the deduplication key it holds; each key's TTL re-applied from its PTTL), and only
+  when every copy of a page is written are the old keys deleted (record, history, then the index
+  entry last). While the old record exists it is the authority: a re-run simply writes the copy
+  again. When it is gone, the old index entry says what is left to clean. So a crash anywhere
+  leaves a state that a second run finishes, changing nothing else. A target record that exists
+  with different contents is a conflict: both are left as they are, the count is not recorded, and
+  the operator is told which run ids.
 * Counters (``stats`` hashes) are cumulative per queue; dashboards and Prometheus read their
   sum. Partitions below the new count keep theirs; those of partitions that cease to exist
   are added into partition ``p % P`` (via a staging hash in the target's slot and a one-slot
@@ -42,6 +43,7 @@ from typing import Any, Literal
 from jobqueue.anomalies import is_wrong_type, stored_int
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, CorruptData, OperationRefused
+from jobqueue.models import PRIORITY_MAX
 from jobqueue.store.keys import (
     MAX_PARTITIONS,
     QUEUES_KEY,
@@ -54,6 +56,7 @@ from jobqueue.store.keys import (
     queue_partitions,
     validate_queue_name,
 )
+from jobqueue.store.runs import prio_score
 
 # queue -> target count of a move that has started and not yet finished (global hash).
 MOVING_KEY = "jq:queues:moving"
@@ -295,8 +298,36 @@ def _delete_sources(r: Any, moves: Sequence[tuple[Move, Action]]) -> None:
         pipe.delete(move.source.run(move.run_id))
         pipe.delete(move.source.history(move.run_id))
     for move, _ in moves:
+        if move.index == "due":
+            pipe.zrem(move.source.prio, move.run_id)
         pipe.zrem(getattr(move.source, move.index), move.run_id)
     pipe.execute()
+
+
+def _dedupe_holds(
+    r: Any, moves: Sequence[Move], replies: Sequence[Any]
+) -> dict[str, tuple[str, int]]:
+    """The deduplication keys held by runs that move (run id -> key, its TTL in ms or 0):
+    a run enqueued under a key has the key's partition, so the key moves with it."""
+    named = []
+    for i, m in enumerate(moves):
+        fields = replies[i * 5]
+        key = fields.get("dedupe") if isinstance(fields, dict) else None
+        if m.index == "due" and isinstance(key, str) and key:
+            named.append((m, key))
+    if not named:
+        return {}
+    pipe = r.pipeline(transaction=False)
+    for m, key in named:
+        pipe.get(m.source.dedupe(key))
+        pipe.pttl(m.source.dedupe(key))
+    found = pipe.execute(raise_on_error=False)
+    held = {}
+    for j, (m, key) in enumerate(named):
+        holder, ttl = found[2 * j], found[2 * j + 1]
+        if holder == m.run_id or holder == m.run_id.encode():
+            held[m.run_id] = (key, _ttl(ttl))
+    return held
 
 
 def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
@@ -311,6 +342,7 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
         pipe.pttl(m.source.history(m.run_id))
         pipe.hgetall(m.target.run(m.run_id))
     replies = pipe.execute()
+    held = _dedupe_holds(r, moves, replies)
     write = r.pipeline(transaction=False)
     settled: list[tuple[Move, Action]] = []
     moved = 0
@@ -338,10 +370,22 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
             else:
                 write.persist(run_key)
         write.zadd(getattr(m.target, m.index), {m.run_id: m.score})
+        if m.run_id in held:  # the deduplication key it holds goes with it
+            key, ttl = held[m.run_id]
+            write.set(m.target.dedupe(key), m.run_id, px=ttl or None)
+        level = stored_int((fields or target).get("priority")) or 0
+        if m.index == "due" and 0 < level <= PRIORITY_MAX:  # its place among due runs too
+            write.zadd(m.target.prio, {m.run_id: prio_score(level, int(m.score))})
         report.count_moved((fields or target).get("state") or _INDEX_STATE[m.index])
         moved += 1
     if settled:
         write.execute()  # every copy of the page is written before any old key goes
+        if held:  # the copies hold the keys now (single-key deletes: one slot each)
+            drop = r.pipeline(transaction=False)
+            for m, _ in settled:
+                if m.run_id in held:
+                    drop.delete(m.source.dedupe(held[m.run_id][0]))
+            drop.execute()
         _delete_sources(r, settled)
     return moved
 

@@ -38,11 +38,16 @@ class RunHandle(Generic[R]):
     """What enqueue returns: the run id, whether this call created the run, and a way to wait
     (``R``: what the task returns)."""
 
-    def __init__(self, jq: JobQueue, run_id: str, queue: str, created: bool) -> None:
+    def __init__(
+        self, jq: JobQueue, run_id: str, queue: str, created: bool, outcome: str = ""
+    ) -> None:
         self.jq, self.run_id, self.queue, self.created = jq, run_id, queue, created
+        # 'created', 'existed' (the run id was taken), or under a deduplication key
+        # 'deduplicated' / 'replaced' (run_id is then the run holding the key)
+        self.outcome = outcome or ("created" if created else "existed")
 
     def __repr__(self) -> str:
-        return f"RunHandle({self.run_id!r}, queue={self.queue!r}, created={self.created})"
+        return f"RunHandle({self.run_id!r}, queue={self.queue!r}, outcome={self.outcome!r})"
 
     def refresh(self) -> Run[R]:
         run: Run[R] = self.jq.get_run(self.run_id, queue=self.queue)
@@ -227,9 +232,13 @@ class JobQueue(ClientCore):
     def enqueue(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> RunHandle[Any]:
         """Create one run of ``task`` with these arguments; with a run id that already
         exists, nothing is written and the handle says ``created=False``. Run options (run
-        id, delay, at, queue) come with the task: ``jq.enqueue(task.with_options(...), ...)``."""
+        id, delay, at, queue, priority) come with the task:
+        ``jq.enqueue(task.with_options(...), ...)``."""
         found, kwargs, opts = self.split_run_options(task, kwargs)
-        steps = self._enqueue(found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue)
+        steps = self._enqueue(
+            found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
+            opts.dedupe,
+        )
         return self._handle(self.run_steps(steps))
 
     def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle[Any]]:
@@ -238,7 +247,7 @@ class JobQueue(ClientCore):
         return [self._handle(c) for c in self.run_steps(self._enqueue_many(requests))]
 
     def _handle(self, created: Created) -> RunHandle[Any]:
-        return RunHandle(self, created.run_id, created.queue, created.created)
+        return RunHandle(self, created.run_id, created.queue, created.created, created.outcome)
 
     # -- look-ups --------------------------------------------------------------------------
 

@@ -6,6 +6,9 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:hist:<run_id>  list   notable events the record cannot show (capped; the
                                    record's 'hist' field says it exists)
     jq:{q#p}:due            zset   run_id -> due time (ms): the claimable queue
+    jq:{q#p}:prio           zset   run_id -> (9 - priority) * 2^43 + due time: the runs above
+                                   the default priority, for claim to take first (a hint
+                                   next to the due set, which stays the index of pending runs)
     jq:{q#p}:leases         zset   run_id -> lease expiry (ms): what is running
     jq:{q#p}:dead           zset   run_id -> time it died
     jq:{q#p}:done           zset   run_id -> finish time (done, cancelled); trimmed by retention
@@ -16,6 +19,7 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:limits         hash   flow limits: concurrency (the most runs running at once),
                                    rate ('N W': at most N claims in any W ms)
     jq:{q#p}:claims         zset   fence -> claim time: the claims of a rate limit's window
+    jq:{q#p}:dedupe:<key>   string the run id holding a deduplication key (dedupe.lua)
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
@@ -274,6 +278,12 @@ class PartitionKeys:
         return self.prefix + "due"
 
     @cached_property
+    def prio(self) -> str:
+        """The due runs above the default priority, by level then due time (create_run.lua):
+        claim takes them first; the due set still holds them too."""
+        return self.prefix + "prio"
+
+    @cached_property
     def leases(self) -> str:
         return self.prefix + "leases"
 
@@ -328,6 +338,10 @@ class PartitionKeys:
 
     def fence_resource(self, name: str) -> str:
         return self.prefix + "fenced:" + name
+
+    def dedupe(self, key: str) -> str:
+        """The run holding a deduplication key (dedupe.lua)."""
+        return self.prefix + "dedupe:" + key
 
 
 def partition_keys(

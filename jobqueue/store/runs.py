@@ -13,6 +13,16 @@ from jobqueue.anomalies import stored_int
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg, text
 from jobqueue.store.keys import PartitionKeys
 
+# A run above the default priority is also in its partition's prio zset, scored by level then
+# due time (lua/_prelude.lua prio_score: the same arithmetic).
+PRIORITY_SPAN = 2**43
+
+
+def prio_score(priority: int, due_ms: int) -> int:
+    """A run's score in the prio zset (``priority`` 1..9)."""
+    return (9 - priority) * PRIORITY_SPAN + due_ms
+
+
 # -- create_run --------------------------------------------------------------------------------
 
 
@@ -32,22 +42,24 @@ class RunSpec:
     job_id: str = ""
     scheduled_for_ms: int | None = None
     meta: str = ""  # JSON object of str -> str from the enqueue hooks (jobqueue.hooks), or ''
+    priority: int = 0  # 0 (default) .. 9 (models.PRIORITY_MAX): higher is claimed first
 
 
 def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Wire:
-    """Runs in order; consecutive runs sharing task, attempts, lease and timeout form one
-    group whose shared fields are sent once."""
+    """Runs in order; consecutive runs sharing task, attempts, lease, timeout and priority
+    form one group whose shared fields are sent once."""
     tail: list[str | int] = []
     i, n = 0, len(specs)
     while i < n:
         first = specs[i]
-        head = (first.task, first.max_attempts, first.lease_ms, first.timeout_ms)
+        head = (first.task, first.max_attempts, first.lease_ms, first.timeout_ms, first.priority)
         j = i + 1
         while j < n and (
             specs[j].task == head[0]
             and specs[j].max_attempts == head[1]
             and specs[j].lease_ms == head[2]
             and specs[j].timeout_ms == head[3]
+            and specs[j].priority == head[4]
         ):
             j += 1
         tail += [j - i, *head]
@@ -72,7 +84,7 @@ def _parse_create(reply: Sequence[Any]) -> list[bool]:
 
 CREATE_RUN = Contract(
     "create_run",
-    keys=("due", "wake", "stats"),
+    keys=("due", "wake", "stats", "prio"),
     args=("now", "prefix"),
     tail="groups",
     build=_create,
@@ -163,7 +175,8 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
 CLAIM = Contract(
     "claim",
     keys=(
-        "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims"
+        "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims",
+        "prio",
     ),
     args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
     build=_claim,
@@ -285,7 +298,7 @@ def _fail(
 
 FAIL = Contract(
     "fail",
-    keys=("due", "leases", "dead", "stats", "wake", "limits"),
+    keys=("due", "leases", "dead", "stats", "wake", "limits", "prio"),
     args=(
         "now",
         "prefix",
@@ -309,7 +322,7 @@ def _release(pk: PartitionKeys, run_id: str, fence: int, now: NowArg = None) -> 
 
 RELEASE = Contract(
     "release",
-    keys=("due", "leases", "wake"),
+    keys=("due", "leases", "wake", "prio"),
     args=("now", "prefix", "run_id", "fence"),
     build=_release,
     parse=_outcome,
@@ -361,7 +374,7 @@ def _requeue(pk: PartitionKeys, run_id: str, force: bool = False, now: NowArg = 
 
 REQUEUE = Contract(
     "requeue",
-    keys=("due", "dead", "done", "wake"),
+    keys=("due", "dead", "done", "wake", "prio"),
     args=("now", "prefix", "run_id", "force"),
     build=_requeue,
     parse=_state_change,
@@ -426,7 +439,64 @@ PROGRESS = Contract(
     parse=_outcome,
 )
 
+# -- dedupe ------------------------------------------------------------------------------------
+
+
+class Deduped(NamedTuple):
+    """What an enqueue under a deduplication key did: 'created', 'existed', 'deduplicated'
+    or 'replaced', and the run it is about (the holder's, unless created or existed)."""
+
+    outcome: str
+    run_id: str
+
+
+def _dedupe(
+    pk: PartitionKeys,
+    spec: RunSpec,
+    key: str,
+    mode: str,
+    ttl_ms: int | None,
+    now: NowArg = None,
+) -> Wire:
+    return Wire(
+        {"due": pk.due, "wake": pk.wake, "stats": pk.stats, "prio": pk.prio,
+         "dedupe": pk.dedupe(key)},
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "mode": mode,
+            "ttl_ms": "" if ttl_ms is None else ttl_ms,
+            "key": key,
+            "run_id": spec.run_id,
+            "task": spec.task,
+            "payload": spec.payload,
+            "due_at": "" if spec.due_at_ms is None else spec.due_at_ms,
+            "delay_ms": spec.delay_ms,
+            "max_attempts": spec.max_attempts,
+            "lease_ms": spec.lease_ms,
+            "timeout_ms": spec.timeout_ms,
+            "priority": spec.priority,
+            "meta": spec.meta,
+        },
+    )
+
+
+def _parse_dedupe(reply: Sequence[Any]) -> Deduped:
+    return Deduped(text(reply[1]), text(reply[2]))
+
+
+DEDUPE = Contract(
+    "dedupe",
+    keys=("due", "wake", "stats", "prio", "dedupe"),
+    args=(
+        "now", "prefix", "mode", "ttl_ms", "key", "run_id", "task", "payload", "due_at",
+        "delay_ms", "max_attempts", "lease_ms", "timeout_ms", "priority", "meta",
+    ),
+    build=_dedupe,
+    parse=_parse_dedupe,
+)
+
 CONTRACTS = (
-    CREATE_RUN, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE,
+    CREATE_RUN, DEDUPE, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE,
     PROGRESS,
 )

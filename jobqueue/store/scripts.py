@@ -51,6 +51,7 @@ SCRIPT_NAMES = (
     "sched_lease",
     "pause",
     "set_limit",
+    "dedupe",
 )
 PRELUDE = "_prelude"
 

@@ -19,12 +19,13 @@ from recorder import record_cluster_commands
 from redis.crc import key_slot
 from test_invariants import RUN_IDS, lifecycle, record_script_calls, slots_of_call
 
-from jobqueue import ConfigError, ConnectionFailed, JobQueue, OperationRefused, Request
+from jobqueue import ConfigError, ConnectionFailed, Dedupe, JobQueue, OperationRefused, Request
 from jobqueue.cli.core import main as cli_main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.connection import async_client, sync_client
 from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, partition_of
+from jobqueue.store.runs import CLAIM
 from jobqueue.store.scripts import SCRIPT_NAMES, ScriptRunner
 from jobqueue.worker.daemon import Worker
 
@@ -109,6 +110,35 @@ def test_enqueue_many_lands_each_run_in_its_partition_in_one_call(
     assert [cjq.get_run(r).args for r in ids[:5]] == [[0], [1], [2], [3], [4]]
     again = cjq.enqueue_many(Request("t", run_id=r) for r in ids)
     assert not any(h.created for h in again)
+
+
+def test_a_deduplication_key_holds_in_its_partition_on_a_cluster(cjq: JobQueue) -> None:
+    """The key decides its runs' partition (run id key@random), so the check and the write
+    are one script in one slot, whichever master serves it."""
+    report = cjq.declare_task("report")
+    keys = [f"user:{i}" for i in range(32)]
+    first = {k: report.with_options(dedupe=Dedupe(k)).enqueue(1) for k in keys}
+    again = {k: report.with_options(dedupe=Dedupe(k, mode="debounce")).enqueue(2) for k in keys}
+    assert {k: h.outcome for k, h in first.items()} == dict.fromkeys(keys, "created")
+    assert {k: (h.outcome, h.run_id) for k, h in again.items()} == {
+        k: ("replaced", first[k].run_id) for k in keys
+    }
+    assert {partition_of(h.run_id, 16) for h in first.values()} == {
+        partition_of(k, 16) for k in keys
+    }
+    assert [cjq.get_run(first[k].run_id).args for k in keys[:3]] == [[2], [2], [2]]
+
+
+def test_priorities_order_a_partitions_claims_on_a_cluster(
+    cjq: JobQueue, cluster_client: Any
+) -> None:
+    report = cjq.declare_task("report")
+    for i, priority in enumerate((0, 5, 9, 0, 5)):
+        report.with_options(run_id=f"batch@{i}", priority=priority).enqueue()
+    keys = cjq.keys_for("default", "batch@0")  # every batch@ run is in the job's partition
+    call = CLAIM.call(keys, 10, "w1", 30_000, 3_600_000)
+    claimed = CLAIM.parse(ScriptRunner(cluster_client).run(call)).runs
+    assert [r.run_id for r in claimed] == ["batch@2", "batch@1", "batch@4", "batch@0", "batch@3"]
 
 
 def test_cancel_and_requeue_on_a_cluster(cjq: JobQueue) -> None:

@@ -51,6 +51,6 @@ jq.enqueue(send_invoice, 42)  # bad
 jq.enqueue(send_invoice, 42, amount=990, queue="sms")  # bad
 send_invoice.enqueue("not-an-int", amount=1)  # bad
 send_invoice.with_options(queue="q").enqueue(42, amount="x")  # bad
-send_invoice.with_options(priority=3)  # bad
+send_invoice.with_options(priorty=3)  # misspelt: # bad
 wrong: int = jq.enqueue(send_invoice, 42, amount=990).wait().result  # bad
 jq.enqueue(greet, 1)  # bad

@@ -1,0 +1,109 @@
+-- dedupe.lua: enqueue one run under a deduplication key: create it, or fold it into the run
+-- that holds the key (throttle: this one is dropped; debounce: the holder, still pending,
+-- takes this one's payload, meta and due time).
+--
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
+-- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
+-- KEYS[4]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
+--                                              the runs above the default priority
+-- KEYS[5]  dedupe    string  jq:{q#p}:dedupe:<key>  the run id holding the key
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3]  mode               'throttle' or 'debounce'
+-- ARGV[4]  ttl_ms             the window in ms from the holder's enqueue, or '' for: while
+--                             the holder waits for its first claim
+-- ARGV[5]  key                the deduplication key (stored on the run as 'dedupe')
+-- ARGV[6]  run_id             the run to create
+-- ARGV[7]  task               its task
+-- ARGV[8]  payload            its payload (JSON)
+-- ARGV[9]  due_at             absolute due time (ms), or ''
+-- ARGV[10] delay_ms           delay from now when due_at is ''
+-- ARGV[11] max_attempts       as create_run
+-- ARGV[12] lease_ms           as create_run (0: the worker's)
+-- ARGV[13] timeout_ms         as create_run (0: none)
+-- ARGV[14] priority           0..9 (anything else counts as 0)
+-- ARGV[15] meta               JSON object from the enqueue hooks, or ''
+-- Returns  {now, outcome, run_id}: 'created' (run_id created, and it now holds the key);
+--          'existed' (run_id exists already: nothing written); 'deduplicated' (throttle: the
+--          holder run_id is kept as it is, nothing written); 'replaced' (debounce: the
+--          pending holder run_id now has this payload, meta and due time; its task, attempts
+--          and priority stay). Refused whole (an error reply, nothing changed) when a key is
+--          not on this node or one of the KEYS holds another type.
+--
+-- The key holds while it exists and names a run: without a ttl, only while that run is
+-- pending (claim deletes the key at the run's first claim); with a ttl, for ttl_ms from the
+-- holder's enqueue (the key expires), whatever the holder's state since, except that
+-- debounce can only replace a pending run: past its first claim, a new run takes the key.
+-- A key naming no run record (expired, purged, a key of another type) holds nothing.
+
+local now = clock(ARGV[1])
+local prefix, mode, ttl, dkey = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local run_id = ARGV[6]
+local key = prefix .. 'run:' .. run_id
+local due = tonumber(ARGV[9]) or (now + (tonumber(ARGV[10]) or 0))
+
+local ok, plan = reading(function()
+  local p = {}
+  expect(KEYS[1], 'zset')
+  expect(KEYS[4], 'zset')
+  p.wake = waker(KEYS[2])
+  p.stats = counters(KEYS[3], 'created', 'deduplicated', 'replaced')
+  p.holder = read('GET', KEYS[5]) or nil
+  if p.holder then
+    p.held = load_run(prefix .. 'run:' .. p.holder, 'state', 'priority')
+    if p.held and p.held.state == 'pending' then
+      p.hist = history_ok(prefix, p.holder)
+    end
+  end
+  p.exists = read('EXISTS', key) == 1
+  return p
+end)
+if not ok then return plan end
+
+local pending = plan.held and plan.held.state == 'pending'
+local alive = plan.held and plan.held.state ~= nil
+if plan.holder and (pending or (ttl and alive and mode == 'throttle')) then
+  if mode == 'throttle' then
+    bump(plan.stats, 'deduplicated', 1)
+    return {now, 'deduplicated', plan.holder}
+  end
+  if pending then
+    local held = prefix .. 'run:' .. plan.holder
+    redis.call('HSET', held, 'payload', ARGV[8], 'due', due)
+    if ARGV[15] ~= '' then
+      redis.call('HSET', held, 'meta', ARGV[15])
+    else
+      redis.call('HDEL', held, 'meta')
+    end
+    redis.call('ZADD', KEYS[1], due, plan.holder)
+    local level = priority_of(plan.held.priority)
+    if level > 0 then redis.call('ZADD', KEYS[4], prio_score(level, due), plan.holder) end
+    if plan.hist then
+      history(prefix, plan.holder, now .. ' replaced by a debounced enqueue, due ' .. int(due))
+    end
+    bump(plan.stats, 'replaced', 1)
+    wake(plan.wake, 1)
+    return {now, 'replaced', plan.holder}
+  end
+end
+
+if plan.exists then return {now, 'existed', run_id} end
+write_pending(key, now, due, ARGV[7], ARGV[8], ARGV[11], ARGV[12], ARGV[13], '', '')
+redis.call('HSET', key, 'dedupe', dkey)
+if ARGV[15] ~= '' then redis.call('HSET', key, 'meta', ARGV[15]) end
+local level = priority_of(ARGV[14])
+if level > 0 then
+  redis.call('HSET', key, 'priority', level)
+  redis.call('ZADD', KEYS[4], prio_score(level, due), run_id)
+end
+redis.call('ZADD', KEYS[1], due, run_id)
+local holds = KEYS[5] -- (named: a SET on KEYS is the fence counter's step elsewhere)
+if ttl and ttl > 0 then
+  redis.call('SET', holds, run_id, 'PX', int(ttl))
+else
+  redis.call('SET', holds, run_id)
+end
+bump(plan.stats, 'created', 1)
+wake(plan.wake, 1)
+return {now, 'created', run_id}
