@@ -329,7 +329,9 @@ if plan.rate_w and #plan.take > 0 then
   end
   bulk('ZADD', KEYS[9], entries, 2000)
   trim_index(KEYS[9], now, plan.rate_w)
-  redis.call('PEXPIRE', KEYS[9], plan.rate_w)
+  -- The key's expiry runs on the server's clock: set only when the window does too (a caller's
+  -- clock, ARGV[1], would let the log vanish before its window ends); the trim bounds it.
+  if ARGV[1] == '' then redis.call('PEXPIRE', KEYS[9], plan.rate_w) end
 end
 -- Leases are added before any is removed: the leases key is never emptied and then written
 -- in one call (on a node migrating the slot, a write to a missing key is refused).
@@ -375,11 +377,17 @@ if #orphans > 0 then bulk('ZADD', KEYS[6], orphans, 2000) end
 if #plan.handled > 0 then bulk('ZREM', KEYS[1], plan.handled, 1000) end
 if #plan.unhint > 0 then bulk('ZREM', KEYS[10], plan.unhint, 1000) end
 for _, dkey in ipairs(plan.undedupe) do redis.call('DEL', dkey) end
+-- A run taken in this call keeps the lease just granted, even when its old entry was a stray
+-- one (a pending run with a lease entry left behind): removing it would leave the run running
+-- with no lease, never taken back and uncounted by a concurrency limit.
+local taken = {}
+for _, run in ipairs(plan.take) do taken[run.id] = true end
 local gone = {}
-for _, run in ipairs(plan.bury) do if run.expired then gone[#gone + 1] = run.id end end
-for _, run_id in ipairs(plan.foreign) do gone[#gone + 1] = run_id end
-for _, run_id in ipairs(plan.lost) do gone[#gone + 1] = run_id end
-for _, run_id in ipairs(plan.stray) do gone[#gone + 1] = run_id end
+local function drop(run_id) if not taken[run_id] then gone[#gone + 1] = run_id end end
+for _, run in ipairs(plan.bury) do if run.expired then drop(run.id) end end
+for _, run_id in ipairs(plan.foreign) do drop(run_id) end
+for _, run_id in ipairs(plan.lost) do drop(run_id) end
+for _, run_id in ipairs(plan.stray) do drop(run_id) end
 if #gone > 0 then bulk('ZREM', KEYS[2], gone, 1000) end
 local settled = {}
 for _, r in ipairs(plan.restore) do settled[#settled + 1] = r[3] end

@@ -188,13 +188,15 @@ def test_a_worker_starts_no_more_runs_than_the_rate_allows(
     fast_jq.set_queue_rate("default", 2, per=10)
     fast_jq.enqueue_many(Request(note, (f"r{i}",), run_id=f"r{i}") for i in range(5))
     # The worker's blocking waits run on real time, capped by idle_wait: short here, so that a
-    # window the fake clock passed is noticed at once even on a loaded machine.
-    with running(make_worker(fast_jq, clock=clock, idle_wait=0.2)):
+    # window the fake clock passed is noticed at once even on a loaded machine; its lease long
+    # enough that moving the clock never expires one (a run taken back would start twice).
+    with running(make_worker(fast_jq, clock=clock, idle_wait=0.2, lease=120.0)):
         wait_for(lambda: len(started) == 2, 10, "the window's two runs")
         clock.advance(1)
         time.sleep(0.2)  # the worker claims again, and is refused by the rate
         assert len(started) == 2
-        advance_until(clock, lambda: len(started) == 5, step=5, timeout=30)
+        advance_until(clock, lambda: len(started) >= 5, step=1, timeout=30)
+    assert sorted(started) == [f"r{i}" for i in range(5)]  # each once
 
 
 def test_cli_queue_rate_sets_and_removes_the_limit(jq: JobQueue) -> None:

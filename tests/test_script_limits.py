@@ -292,3 +292,28 @@ def test_a_commit_is_never_refused_for_a_limits_key_of_another_type(
     redis_client.rpush(pk.limits, "x")
     runner.run(COMPLETE.call(pk, [("a", a.fence, "1")], RETENTION, now=2_000))
     assert redis_client.hget(pk.run("a"), "state") == "done"
+
+
+def test_a_run_taken_with_a_stray_lease_entry_keeps_the_lease_it_was_just_granted(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """A pending, due run that also has a lease entry left behind (a stray): the claim takes
+    it and must not then remove its new lease with the stray entry."""
+    cap(runner, pk, 1)
+    create(runner, pk, "p", "q")
+    redis_client.zadd(pk.leases, {"p": 950})
+    assert ids(claim(runner, pk, now=1_000, limit=1)) == ["p"]
+    assert redis_client.zscore(pk.leases, "p") == 1_000 + LEASE
+    assert ids(claim(runner, pk, now=1_001)) == []  # p holds the one slot
+
+
+def test_a_rate_window_on_the_callers_clock_outlives_the_real_time_it_spans(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """The window is judged on the script's clock (here the caller's): the log must not
+    expire on the server's real clock meanwhile."""
+    rate(runner, pk, "1 100")
+    create(runner, pk, "a", "b")
+    assert ids(claim(runner, pk, now=1_000)) == ["a"]
+    assert redis_client.pttl(pk.claims) == -1  # no real-time expiry
+    assert ids(claim(runner, pk, now=1_050)) == []
