@@ -229,6 +229,14 @@ def test_the_claim_log_keeps_only_the_window(
     claim(runner, pk, now=1_000, limit=2)
     claim(runner, pk, now=2_500)
     assert redis_client.zcard(pk.claims) == 1
+
+
+def test_the_claim_log_on_the_servers_clock_expires_with_its_window(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    rate(runner, pk, "5 1000")
+    create(runner, pk, "a")
+    assert len(CLAIM.parse(runner.run(CLAIM.call(pk, 10, "w1", LEASE, RETENTION))).runs) == 1
     assert 0 < redis_client.pttl(pk.claims) <= 1_000
 
 
