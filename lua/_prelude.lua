@@ -14,7 +14,7 @@
 --   contract in jobqueue/store builds them by name); run records and histories, named by the
 --   call, are reached through the partition's prefix (ARGV[2]).
 -- * The shared steps have one spelling, here: reading and checking (read, expect, load_run,
---   counters, waker, fence_counter), waking idle workers (wake: the one wake policy), issuing
+--   counters, waker, fence_counter; numbers: whole, whole_or, and count for limits; text cut: utf8_head, utf8_tail), waking idle workers (wake: the one wake policy), issuing
 --   fences (issue_fence, save_fences), a lease's length (lease_until), writing a new pending
 --   record (write_pending), dead-lettering (bury), history, expiry and index trims
 --   (history, expire_record, trim_index), a fire's run id (fire_run_id), a run's priority
@@ -59,6 +59,37 @@ local function whole(v, lo)
   if type(v) ~= 'string' and type(v) ~= 'number' then return false end
   local n = tonumber(v)
   return n ~= nil and n == n and n >= lo and n <= 9007199254740992 and n == math.floor(n)
+end
+
+-- A count as jobqueue writes it: decimal digits, no sign, no leading zero, no space, no
+-- exponent (whole() would also read ' 5', '1e3', '0x10', '5.0', which the Python side reads as
+-- no number: both sides must agree on what a limit is).
+local function count(v, lo)
+  return type(v) == 'string' and (v == '0' or string.match(v, '^[1-9]%d*$') ~= nil)
+         and whole(v, lo)
+end
+
+-- The first (head) or last (tail) n bytes of text, cut at a UTF-8 character boundary (a cut
+-- inside a character leaves bytes no client can decode).
+local function utf8_head(text, n)
+  if #text <= n then return text end
+  while n > 0 do
+    local b = string.byte(text, n + 1)
+    if b < 0x80 or b >= 0xC0 then break end -- n + 1 starts a character
+    n = n - 1
+  end
+  return string.sub(text, 1, n)
+end
+
+local function utf8_tail(text, n)
+  if #text <= n then return text end
+  local start = #text - n + 1
+  while start <= #text do
+    local b = string.byte(text, start)
+    if b < 0x80 or b >= 0xC0 then break end
+    start = start + 1
+  end
+  return string.sub(text, start)
 end
 
 -- A record's field as a whole number in [lo, 2^53], or `default` when it holds anything else:

@@ -50,7 +50,7 @@ if plan.hist then
   -- A running run's claim had the fence replaced here: the history keeps it.
   local was = run.state
   if was == 'running' then was = was .. ', fence=' .. (run.fence or '0') end
-  history(prefix, run_id, now .. ' cancelled (was ' .. was .. '): ' .. string.sub(reason, 1, 200))
+  history(prefix, run_id, now .. ' cancelled (was ' .. was .. '): ' .. utf8_head(reason, 200))
 end
 expire_record(prefix, run_id, retention, plan.hist)
 redis.call('ZADD', KEYS[3], now, run_id)

@@ -119,8 +119,8 @@ local ok, plan = reading(function()
   local limits = read('HMGET', KEYS[8], 'concurrency', 'rate')
   local cap = limits[1]
   local rate_n, rate_w = string.match(limits[2] or '', '^(%d+) (%d+)$')
-  local rated = whole(rate_n, 0) and whole(rate_w, 1)
-  if whole(cap, 0) then
+  local rated = count(rate_n, 0) and count(rate_w, 1)
+  if count(cap, 0) then
     -- Live leases hold a slot each; expired ones free theirs (taken back below, they count
     -- as new claims against the room).
     local live = read('ZCOUNT', KEYS[2], '(' .. int(now), '+inf')
@@ -257,7 +257,7 @@ local ok, plan = reading(function()
         end
       elseif not STATES[run.state] then
         run.id, run.hist_ok = run_id, history_ok(prefix, run_id)
-        run.reason = 'corrupt record: unknown state ' .. string.sub(run.state, 1, 40)
+        run.reason = 'corrupt record: unknown state ' .. utf8_head(run.state, 40)
         p.bury[#p.bury + 1] = run
       else
         -- A record in another state has no business in the due set: its entry goes, and its

@@ -29,12 +29,16 @@ local now = clock(ARGV[1])
 local prefix, retention = ARGV[2], tonumber(ARGV[3])
 
 local ok, plan = reading(function()
+  -- A foreign caller's bad number would fail PEXPIRE after the record was written.
+  if not whole(ARGV[3], 0) then
+    refuse('ERR jobqueue: retention_ms is a whole number of ms, not ' .. tostring(ARGV[3]))
+  end
   local p = {runs = {}}
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
   p.stats = counters(KEYS[3], 'completed', 'rejected')
   local cap = checked(redis.pcall('HGET', KEYS[4], 'concurrency'), KEYS[4], true)
-  if whole(cap, 0) then p.wake = waker(KEYS[5]) end
+  if count(cap, 0) then p.wake = waker(KEYS[5]) end
   for i = 4, #ARGV, 3 do
     local run_id, fence = ARGV[i], tonumber(ARGV[i + 1])
     -- A key of another type answers 'unknown' for its run alone.

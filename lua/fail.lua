@@ -31,10 +31,17 @@ local delay, dead_retention = tonumber(ARGV[6]), tonumber(ARGV[7])
 local tb = ARGV[8] or ''
 -- the history entry's tail: the worker bounds it (Settings.traceback_max_*); this caps a
 -- foreign caller's
-if tb ~= '' then tb = '\n\030' .. string.sub(tb, -65536) end
+if tb ~= '' then tb = '\n\030' .. utf8_tail(tb, 65536) end
 local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
+  -- A foreign caller's bad number would fail a write half-way (ZADD due 'nan', PEXPIRE 1.5).
+  if ARGV[6] ~= '' and not whole(ARGV[6], 0) then
+    refuse('ERR jobqueue: retry_delay_ms is a whole number of ms or empty, not ' .. ARGV[6])
+  end
+  if not whole(ARGV[7], 0) then
+    refuse('ERR jobqueue: dead_retention_ms is a whole number of ms, not ' .. tostring(ARGV[7]))
+  end
   local p = {}
   p.run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner', 'priority')
   p.why = refusal(p.run, fence)
@@ -46,7 +53,7 @@ local ok, plan = reading(function()
     expect(KEYS[7], 'zset')
     p.wake = waker(KEYS[5])
     local cap = checked(redis.pcall('HGET', KEYS[6], 'concurrency'), KEYS[6], true)
-    p.capped = whole(cap, 0)
+    p.capped = count(cap, 0)
     p.hist = history_ok(prefix, run_id)
   end
   return p
@@ -68,7 +75,7 @@ if delay and attempt < max_attempts then
   redis.call('HDEL', key, 'lease_until')
   if plan.hist then
     history(prefix, run_id, now .. ' failed' .. ended .. ' retry at ' .. due .. ': ' ..
-            string.sub(err, 1, 200) .. tb)
+            utf8_head(err, 200) .. tb)
   end
   redis.call('ZADD', KEYS[1], due, run_id)
   local level = priority_of(run.priority)
@@ -80,7 +87,7 @@ if delay and attempt < max_attempts then
   return {1, 'retry', due}
 end
 
-bury(KEYS[3], prefix, run_id, now, err, ended .. ': ' .. string.sub(err, 1, 200) .. tb,
+bury(KEYS[3], prefix, run_id, now, err, ended .. ': ' .. utf8_head(err, 200) .. tb,
      dead_retention, plan.hist)
 trim_index(KEYS[3], now, dead_retention)
 redis.call('ZREM', KEYS[2], run_id)

@@ -17,7 +17,8 @@
 --          changed) when a key is not on this node or an index key holds another type.
 --
 -- The fence is kept (it only ever grows), so nothing stale can commit into the new life. The
--- record keeps no field of the life that ended (result, error, owner, start, finish): the
+-- record keeps no field of the life that ended (result, error, owner, start, finish,
+-- progress): the
 -- history keeps how it ended, so that every earlier attempt stays in the run's story. A run
 -- above the default priority goes back to the prio zset too: it keeps its priority.
 
@@ -46,7 +47,8 @@ if run.state == 'pending' or run.state == 'running' then return {0, run.state} e
 if run.state == 'done' and not force then return {0, 'done'} end
 
 redis.call('HSET', key, 'state', 'pending', 'attempt', 0, 'due', now)
-redis.call('HDEL', key, 'finished', 'result', 'error', 'owner', 'started', 'lease_until')
+redis.call('HDEL', key, 'finished', 'result', 'error', 'owner', 'started', 'lease_until',
+           'progress', 'progress_message', 'progress_at', 'progress_attempt')
 redis.call('PERSIST', key)
 if plan.hist then
   redis.call('PERSIST', prefix .. 'hist:' .. run_id)
@@ -60,7 +62,7 @@ if plan.hist then
   end
   if run.state == 'done' and run.finished then
     history(prefix, run_id, run.finished .. ' done fence=' .. (run.fence or '0') .. ': ' ..
-            string.sub(run.result or '', 1, 200))
+            utf8_head(run.result or '', 200))
   end
   history(prefix, run_id, now .. ' requeued (was ' .. run.state .. ')')
 end

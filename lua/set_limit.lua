@@ -33,9 +33,11 @@ local ok, plan = reading(function()
     if not (whole(n, 0) and whole(w, 1)) then
       refuse("ERR jobqueue: a rate is 'N W' (N claims in W ms), not " .. tostring(value))
     end
-    new = int(tonumber(n)) .. ' ' .. int(tonumber(w))
+    -- Stored in the plain form claim.lua and the Python side read (count()): '+ 0' turns a
+    -- '-0' into 0.
+    new = int(tonumber(n) + 0) .. ' ' .. int(tonumber(w))
   elseif value ~= '' then
-    new = int(tonumber(value))
+    new = int(tonumber(value) + 0)
   end
   return {old = read('HGET', limits_key, name), waker = waker(wake_key), new = new}
 end)
@@ -45,7 +47,7 @@ local new = plan.new
 if plan.old == (new or false) then return 0 end
 -- A limit field that is not a whole number counted as no limit (claim.lua): only raising or
 -- removing a real limit makes room.
-local old = whole(plan.old, 0) and tonumber(plan.old) or nil
+local old = count(plan.old, 0) and tonumber(plan.old) or nil
 if new == nil then
   redis.call('HDEL', limits_key, name)
 else

@@ -501,13 +501,13 @@ MUTANTS = {
     # claim.lua ignoring the concurrency limit
     "claim-ignores-the-limit": (
         "claim",
-        "  if whole(cap, 0) then",
+        "  if count(cap, 0) then",
         "  if false then",
     ),
     # claim.lua taking more runs than the rate's window leaves room for
     "claim-ignores-the-rate": (
         "claim",
-        "  local rated = whole(rate_n, 0) and whole(rate_w, 1)",
+        "  local rated = count(rate_n, 0) and count(rate_w, 1)",
         "  local rated = false",
     ),
     # claim.lua claiming in due order only, priorities ignored

@@ -47,6 +47,17 @@ def test_the_holder_writes_progress_message_time_and_attempt(jq: JobQueue) -> No
             stored.progress_attempt) == (42.5, "parsing", NOW, 1)
 
 
+def test_a_requeued_run_shows_no_progress_of_its_ended_life(jq: JobQueue) -> None:
+    run = claimed(jq)
+    report(jq, run, 100, "all rows done")
+    jq.cancel("r1")
+    jq.requeue("r1")
+    stored = jq.get_run("r1")
+    assert (stored.progress, stored.progress_message, stored.progress_attempt) == (
+        None, None, None
+    )
+
+
 def test_a_later_report_without_message_clears_the_message(jq: JobQueue) -> None:
     run = claimed(jq)
     report(jq, run, 10, "starting")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from fence_rule import fence_issued
 
+from jobqueue.errors import ScriptError
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
     CANCEL,
@@ -436,3 +437,49 @@ def test_fail_to_dead_trims_dead_index_entries_older_than_the_dead_retention(
     c = claim_one(runner, pk, now=now)
     assert fail(runner, pk, "a", c.fence, now=now, delay=None).status == "dead"
     assert redis_client.zrange(pk.dead, 0, -1) == ["a"]
+
+
+# -- numbers and text from a foreign caller -----------------------------------------------
+
+
+@pytest.mark.parametrize(("index", "bad"), [(5, "nan"), (5, "inf"), (5, "1.5"), (6, "x")])
+def test_fail_with_a_number_that_is_not_whole_is_refused_whole(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, index: int, bad: str
+) -> None:
+    """ARGV[6] retry delay, ARGV[7] dead retention: a bad one failed ZADD or PEXPIRE after the
+    record was written (pending, out of due, still leased)."""
+    create(runner, pk, "r")
+    run = claim_one(runner, pk, now=1_000)
+    call = FAIL.call(pk, "r", run.fence, "boom", 1_000, DEAD_RETENTION, now=2_000)
+    args = list(call.args)
+    args[index] = bad
+    before = redis_client.hgetall(pk.run("r"))
+    with pytest.raises(ScriptError, match="whole number"):
+        runner.run(call._replace(args=tuple(args)))
+    assert redis_client.hgetall(pk.run("r")) == before
+    assert redis_client.zscore(pk.leases, "r") is not None
+
+
+def test_complete_with_a_retention_that_is_not_whole_is_refused_whole(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "r")
+    run = claim_one(runner, pk, now=1_000)
+    call = COMPLETE.call(pk, [("r", run.fence, '"ok"')], RETENTION, now=2_000)
+    args = list(call.args)
+    args[2] = "1.5"
+    with pytest.raises(ScriptError, match="whole number"):
+        runner.run(call._replace(args=tuple(args)))
+    assert redis_client.hget(pk.run("r"), "state") == "running"
+
+
+def test_a_failure_message_is_cut_at_a_character_boundary(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """The history keeps the first 200 bytes of the error: never half a character."""
+    create(runner, pk, "r")
+    run = claim_one(runner, pk, now=1_000)
+    fail(runner, pk, "r", run.fence, now=2_000, error="a" * 199 + "é" * 5)
+    (entry,) = [e for e in redis_client.lrange(pk.history("r"), 0, -1) if "failed" in e]
+    assert "\ufffd" not in entry  # the client decodes with 'replace'
+    assert entry.endswith(": " + "a" * 199)

@@ -125,10 +125,14 @@ def test_removing_the_limit_hands_out_everything(runner: ScriptRunner, pk: Parti
     assert ids(claim(runner, pk, now=2_000)) == ["b", "c"]
 
 
-def test_a_limit_field_that_is_not_a_number_is_no_limit(
-    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+@pytest.mark.parametrize("stored", ["lots", " 1", "1e0", "0x1", "1.0", "01", "-1"])
+def test_a_limit_field_that_is_not_a_plain_count_is_no_limit(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, stored: str
 ) -> None:
-    redis_client.hset(pk.limits, "concurrency", "lots")
+    """Claims read a limit exactly as the Python side does (queues, show, repartition): plain
+    decimal digits, or no limit at all."""
+    redis_client.hset(pk.limits, "concurrency", stored)
+    redis_client.hset(pk.limits, "rate", f"{stored} 60000")
     create(runner, pk, "a", "b")
     assert ids(claim(runner, pk, now=1_000)) == ["a", "b"]
 
