@@ -40,8 +40,8 @@ def make(client: Any) -> AsyncJobQueue:
 def test_async_enqueue_creates_once_per_run_id(async_client: Any) -> None:
     async def go() -> tuple[bool, bool]:
         jq = make(async_client)
-        first = await jq.enqueue("report", 1, run_id="r-1")
-        second = await jq.enqueue("report", 1, run_id="r-1")
+        first = await jq.enqueue(jq.resolve_task("report").with_options(run_id="r-1"), 1)
+        second = await jq.enqueue(jq.resolve_task("report").with_options(run_id="r-1"), 1)
         return first.created, second.created
 
     assert run(go()) == (True, False)
@@ -50,7 +50,7 @@ def test_async_enqueue_creates_once_per_run_id(async_client: Any) -> None:
 def test_async_get_run_reads_what_enqueue_wrote(async_client: Any) -> None:
     async def go() -> Any:
         jq = make(async_client)
-        await jq.enqueue("report", 7, run_id="r-2", region="eu")
+        await jq.enqueue(jq.resolve_task("report").with_options(run_id="r-2"), 7, region="eu")
         return await jq.get_run("r-2")
 
     stored = run(go())
@@ -71,7 +71,8 @@ def test_async_and_sync_clients_see_the_same_runs(async_client: Any, backend: st
         sync = JobQueue.from_url(request.getfixturevalue("real_server").url)
 
     async def go() -> None:
-        await make(async_client).enqueue("report", run_id="shared")
+        ajq = make(async_client)
+        await ajq.enqueue(ajq.resolve_task("report").with_options(run_id="shared"))
 
     run(go())
     assert sync.get_run("shared").state == "pending"
@@ -80,7 +81,7 @@ def test_async_and_sync_clients_see_the_same_runs(async_client: Any, backend: st
 def test_async_cancel_then_cancel_again_is_refused(async_client: Any) -> None:
     async def go() -> None:
         jq = make(async_client)
-        await jq.enqueue("report", run_id="r-3", delay=60)
+        await jq.enqueue(jq.resolve_task("report").with_options(run_id="r-3", delay=60))
         assert await jq.cancel("r-3") == "pending"
         with pytest.raises(OperationRefused):
             await jq.cancel("r-3")
@@ -97,7 +98,7 @@ def test_async_bad_payload_is_refused_before_anything_is_written(async_client: A
     async def go() -> list[str]:
         jq = make(async_client)
         with pytest.raises(PayloadError):
-            await jq.enqueue("report", object(), run_id="bad")
+            await jq.enqueue(jq.resolve_task("report").with_options(run_id="bad"), object())
         return [k async for k in async_client.scan_iter(PartitionKeys("default", 0).prefix + "*")]
 
     assert run(go()) == []
@@ -106,9 +107,9 @@ def test_async_bad_payload_is_refused_before_anything_is_written(async_client: A
 def test_async_client_recovers_from_an_empty_script_cache(async_client: Any) -> None:
     async def go() -> bool:
         jq = make(async_client)
-        await jq.enqueue("report", run_id="before")
+        await jq.enqueue(jq.resolve_task("report").with_options(run_id="before"))
         await async_client.script_flush()
-        return (await jq.enqueue("report", run_id="after")).created
+        return (await jq.enqueue(jq.resolve_task("report").with_options(run_id="after"))).created
 
     assert run(go()) is True
 

@@ -29,7 +29,7 @@ def make(jq: JobQueue, **states: str) -> None:
     jq.declare_task("report")
     keys = jq.keys_for("default", "x")
     for run_id, state in sorted(states.items(), key=lambda item: item[1] == "pending"):
-        jq.enqueue("report", run_id=run_id)
+        jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
         if state == "pending":
             continue
         (r,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 60_000, 60_000))).runs

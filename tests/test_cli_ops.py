@@ -48,7 +48,7 @@ def claim(jq: JobQueue, owner: str, lease_ms: int = 30_000, now: int | None = No
 
 
 def test_leases_lists_owner_fence_attempt_and_time_left(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     (claimed,) = claim(jq, "host-a:123:abc").runs
     (lease,) = cli_json(url, "leases")
     assert (lease["run_id"], lease["owner"], lease["fence"], lease["attempt"]) == (
@@ -58,9 +58,9 @@ def test_leases_lists_owner_fence_attempt_and_time_left(jq: JobQueue, url: str) 
 
 
 def test_leases_flags_expired_leases(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="r2")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r2"))
     claim(jq, "w-new")
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     # A 1 ms lease that nobody reclaims (no claim runs after it): expired, not yet taken over.
     claim(jq, "w-old", lease_ms=1, now=jq.server_time_ms())
     time.sleep(0.01)
@@ -72,16 +72,16 @@ def test_leases_flags_expired_leases(jq: JobQueue, url: str) -> None:
 
 
 def test_leases_filters_by_worker(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     claim(jq, "w-1")
-    jq.enqueue("report", run_id="r2")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r2"))
     claim(jq, "w-2")
     assert [lease["run_id"] for lease in cli_json(url, "leases", "--worker", "w-2")] == ["r2"]
 
 
 def test_runs_filters_by_state(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="pending-1")
-    jq.enqueue("report", run_id="cancelled-1", delay=60)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="pending-1"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="cancelled-1", delay=60))
     jq.cancel("cancelled-1")
     assert [r["run_id"] for r in cli_json(url, "runs", "--state", "pending")] == ["pending-1"]
     assert [r["run_id"] for r in cli_json(url, "runs", "--state", "cancelled")] == ["cancelled-1"]
@@ -89,16 +89,16 @@ def test_runs_filters_by_state(jq: JobQueue, url: str) -> None:
 
 
 def test_runs_filters_by_job(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="nightly@2026-11-29T00:00:00Z")
-    jq.enqueue("report", run_id="hourly@2026-11-29T10:00:00Z")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="nightly@2026-11-29T00:00:00Z"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="hourly@2026-11-29T10:00:00Z"))
     found = cli_json(url, "runs", "--job", "nightly")
     assert [r["run_id"] for r in found] == ["nightly@2026-11-29T00:00:00Z"]
 
 
 def test_stats_counts_due_later_running_and_dead(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="now-1")
-    jq.enqueue("report", run_id="now-2")
-    jq.enqueue("report", run_id="later", delay=600)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="now-1"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="now-2"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="later", delay=600))
     claim_keys = jq.keys_for("default", "x")
     CLAIM.parse(jq.scripts.run(CLAIM.call(claim_keys, 1, "w", 30_000, 60_000)))
     (row,) = cli_json(url, "stats")
@@ -109,7 +109,7 @@ def test_stats_counts_due_later_running_and_dead(jq: JobQueue, url: str) -> None
 def test_dead_list_retry_and_purge(jq: JobQueue, url: str) -> None:
     keys = jq.keys_for("default", "x")
     for run_id in ("d1", "d2"):
-        jq.enqueue("report", run_id=run_id)
+        jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
     for r in claim(jq, "w").runs:
         jq.scripts.run(FAIL.call(keys, r.run_id, r.fence, "boom", None, 60_000))
     assert {r["run_id"] for r in cli_json(url, "dead", "list")} == {"d1", "d2"}
@@ -123,7 +123,7 @@ def test_dead_list_retry_and_purge(jq: JobQueue, url: str) -> None:
 
 
 def test_purge_asks_before_deleting(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="d1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="d1"))
     keys = jq.keys_for("default", "x")
     (r,) = claim(jq, "w").runs
     jq.scripts.run(FAIL.call(keys, r.run_id, r.fence, "boom", None, 60_000))
@@ -165,7 +165,7 @@ def test_check_warns_about_an_evicting_memory_policy(jq: JobQueue, url: str) -> 
 
 
 def test_leases_json_in_a_real_subprocess(jq: JobQueue, url: str) -> None:
-    jq.enqueue("report", run_id="sub-1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="sub-1"))
     claim(jq, "w-sub")
     out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--redis-url", url, "leases",
                           "--json"], capture_output=True, text=True, check=True).stdout
@@ -175,8 +175,8 @@ def test_leases_json_in_a_real_subprocess(jq: JobQueue, url: str) -> None:
 def test_a_run_id_in_two_queues_is_refused_without_a_queue_and_found_with_one(
     url: str, jq: JobQueue
 ) -> None:
-    jq.enqueue("report", run_id="twin")
-    jq.enqueue("report", run_id="twin", queue="emails")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="twin"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="twin", queue="emails"))
     for args in (["show", "twin"], ["cancel", "twin"]):
         code, _, err = cli(url, *args)
         assert code == 1, err
@@ -187,7 +187,7 @@ def test_a_run_id_in_two_queues_is_refused_without_a_queue_and_found_with_one(
 
 
 def test_show_of_a_key_that_is_not_a_run_record_says_so(url: str, jq: JobQueue) -> None:
-    jq.enqueue("report", run_id="victim")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="victim"))
     key = jq.keys_for("default", "victim").run("victim")
     jq.redis.delete(key)
     jq.redis.set(key, "not a hash")

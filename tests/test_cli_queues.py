@@ -55,20 +55,20 @@ def build_state(jq: JobQueue) -> int:
     jq.declare_task("report")
     t = jq.server_time_ms()
     s = t // 1000  # whole seconds: `at` below converts exactly
-    jq.enqueue("report", run_id="done-30m-ago", at=s - 2400)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="done-30m-ago", at=s - 2400))
     finish(jq, claim(jq, 1, now=t - 30 * MINUTE), now=t - 30 * MINUTE + 5)
-    jq.enqueue("report", run_id="done-recent-1", at=s - 20)
-    jq.enqueue("report", run_id="done-recent-2", at=s - 20)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="done-recent-1", at=s - 20))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="done-recent-2", at=s - 20))
     finish(jq, claim(jq, 2, now=t - 10_000), now=t - 9_000)
-    jq.enqueue("report", run_id="lease-expired", at=s - 20)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="lease-expired", at=s - 20))
     claim(jq, 1, now=t - 10_000, lease_ms=1_000)  # lease ended at t - 9 s: expired, unclaimed
-    jq.enqueue("report", run_id="running", at=s - 20)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="running", at=s - 20))
     claim(jq, 1, now=t - 10_000)
-    jq.enqueue("report", run_id="died", at=s - 20)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="died", at=s - 20))
     finish(jq, claim(jq, 1, now=t - 10_000), now=t - 9_000, dead=True)
-    jq.enqueue("report", run_id="due-2-min-ago", at=s - 120)
-    jq.enqueue("report", run_id="due-now")
-    jq.enqueue("report", run_id="due-later", delay=600)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="due-2-min-ago", at=s - 120))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="due-now"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="due-later", delay=600))
     return (s - 120) * 1000
 
 
@@ -116,7 +116,7 @@ def test_queues_lists_each_partition_of_a_partitioned_queue(redis_client: Any) -
     jq = JobQueue(redis_client, partitions={"mail": 4})
     jq.declare_task("send", queue="mail")
     for i in range(40):
-        jq.enqueue("send", run_id=f"m-{i}")
+        jq.enqueue(jq.resolve_task("send").with_options(run_id=f"m-{i}"))
     rows = as_json(jq, "queues", "--queue", "mail")
     assert [r["partition"] for r in rows] == [0, 1, 2, 3]
     assert sum(r["due_now"] for r in rows) == 40
@@ -167,7 +167,7 @@ def test_reading_commands_never_use_keys(real_server: EmbeddedServer) -> None:
 )
 def test_a_queue_name_no_one_used_is_refused_not_shown_empty(jq: JobQueue, args: list[str]) -> None:
     jq.declare_task("t")
-    jq.enqueue("t", run_id="r")  # records 'default'
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="r"))  # records 'default'
     result = invoke(jq, *args, "--queue", "defualt")
     assert result.exit_code == 1, result.output
     assert result.stderr.strip() == "error: no queue 'defualt' in Redis (known: default)"

@@ -117,7 +117,7 @@ def invoke(jq: JobQueue, *args: str) -> Result:
 
 def hold_lease(jq: JobQueue, run_id: str) -> None:
     jq.declare_task("report")
-    jq.enqueue("report", run_id=run_id)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
     keys = jq.keys_for("default", run_id)
     (r,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w-top", 60_000, 60_000))).runs
     assert r.run_id == run_id
@@ -125,7 +125,7 @@ def hold_lease(jq: JobQueue, run_id: str) -> None:
 
 def test_top_once_prints_one_frame_with_the_live_lease(jq: JobQueue) -> None:
     hold_lease(jq, "top-run-1")
-    jq.enqueue("report", run_id="waiting")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="waiting"))
     result = invoke(jq, "top", "--once")
     assert result.exit_code == 0, result.output
     assert cells(result.stdout.splitlines(), "default")[:5] == ["default", "1", "1", "0", "1"]

@@ -50,7 +50,7 @@ def run_keys(client: Any) -> list[str]:
 def test_enqueue_returns_a_handle_with_run_id_and_created_true(jq: JobQueue,
                                                                redis_client: Any) -> None:
     add = register(jq)
-    handle = jq.enqueue(add, 1, y=2, run_id="r1")
+    handle = jq.enqueue(add.with_options(run_id="r1"), 1, y=2)
     assert (handle.run_id, handle.created, handle.queue) == ("r1", True, "default")
     assert redis_client.hget(PartitionKeys("default", 0).run("r1"), "state") == "pending"
 
@@ -65,8 +65,8 @@ def test_enqueue_without_run_id_generates_a_fresh_one_each_time(jq: JobQueue) ->
 
 def test_enqueue_same_run_id_twice_creates_one_run(jq: JobQueue, redis_client: Any) -> None:
     add = register(jq)
-    first = jq.enqueue(add, 1, run_id="once")
-    second = jq.enqueue(add, 99, run_id="once")
+    first = jq.enqueue(add.with_options(run_id="once"), 1)
+    second = jq.enqueue(add.with_options(run_id="once"), 99)
     assert (first.created, second.created) == (True, False)
     assert second.run_id == "once"
     assert jq.get_run("once").args == [1]
@@ -76,15 +76,13 @@ def test_enqueue_same_run_id_twice_creates_one_run(jq: JobQueue, redis_client: A
 
 def test_enqueue_accepts_a_task_object_a_function_or_a_name(jq: JobQueue) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, run_id="by-task")
-    jq.enqueue(add.func, 1, run_id="by-func")
-    jq.enqueue("add", 1, run_id="by-name")
-    assert {jq.get_run(r).task for r in ("by-task", "by-func", "by-name")} == {"add"}
+    handles = [jq.enqueue(add, 1), jq.enqueue(add.func, 1), jq.enqueue("add", 1)]
+    assert {jq.get_run(h.run_id).task for h in handles} == {"add"}
 
 
 def test_task_enqueue_shorthand_enqueues_on_its_jobqueue(jq: JobQueue) -> None:
     add = register(jq)
-    handle = add.enqueue(3, y=4, run_id="short")
+    handle = add.with_options(run_id="short").enqueue(3, y=4)
     assert handle.created
     run = jq.get_run("short")
     assert (run.args, run.kwargs) == ([3], {"y": 4})
@@ -92,7 +90,7 @@ def test_task_enqueue_shorthand_enqueues_on_its_jobqueue(jq: JobQueue) -> None:
 
 def test_enqueue_stores_the_task_options(jq: JobQueue) -> None:
     register(jq)
-    run = jq.get_run(jq.enqueue("add", 1, run_id="opts").run_id)
+    run = jq.get_run(jq.enqueue(jq.resolve_task("add").with_options(run_id="opts"), 1).run_id)
     assert (run.max_attempts, run.queue, run.attempt, run.fence) == (4, "default", 0, 0)
     (claimed,) = claim_all(jq, "opts").runs
     assert claimed.timeout_ms == 5_000
@@ -104,7 +102,7 @@ def test_enqueue_many_pipelines_and_reports_per_run(
 ) -> None:
     jq = JobQueue(redis_client, partitions={"default": 4})
     add = register(jq)
-    jq.enqueue(add, 0, run_id="job-2@1")
+    jq.enqueue(add.with_options(run_id="job-2@1"), 0)
     ids = [f"job-{i}@1" for i in range(8)]
     assert len({jq.keys_for("default", r) for r in ids}) > 1  # several partitions
 
@@ -148,7 +146,7 @@ def test_enqueue_many_validates_every_request_before_writing_any(
 def test_enqueue_to_an_explicit_queue_uses_that_queues_keys(jq: JobQueue,
                                                              redis_client: Any) -> None:
     add = register(jq)
-    handle = jq.enqueue(add, 1, run_id="q", queue="other")
+    handle = jq.enqueue(add.with_options(run_id="q", queue="other"), 1)
     assert handle.queue == "other"
     assert redis_client.exists(PartitionKeys("other", 0).run("q"))
     assert not redis_client.exists(PartitionKeys("default", 0).run("q"))
@@ -161,29 +159,30 @@ def test_enqueue_to_an_explicit_queue_uses_that_queues_keys(jq: JobQueue,
 
 def test_enqueue_with_delay_is_due_delay_after_creation(jq: JobQueue) -> None:
     add = register(jq)
-    run = jq.get_run(jq.enqueue(add, 1, delay=5, run_id="d").run_id)
+    run = jq.get_run(jq.enqueue(add.with_options(delay=5, run_id="d"), 1).run_id)
     assert run.due_ms is not None and run.created_ms is not None
     assert run.due_ms - run.created_ms == 5_000
 
 
 def test_enqueue_with_timedelta_delay(jq: JobQueue) -> None:
     add = register(jq)
-    run = jq.get_run(jq.enqueue(add, 1, delay=timedelta(minutes=2, milliseconds=7),
-                                run_id="d").run_id)
+    run = jq.get_run(jq.enqueue(
+        add.with_options(delay=timedelta(minutes=2, milliseconds=7), run_id="d"), 1
+    ).run_id)
     assert run.due_ms is not None and run.created_ms is not None
     assert run.due_ms - run.created_ms == 120_007
 
 
 def test_enqueue_without_delay_is_due_at_creation(jq: JobQueue) -> None:
     add = register(jq)
-    run = jq.get_run(jq.enqueue(add, 1, run_id="d").run_id)
+    run = jq.get_run(jq.enqueue(add.with_options(run_id="d"), 1).run_id)
     assert run.due_ms == run.created_ms
 
 
 def test_enqueue_at_an_aware_datetime_is_due_then(jq: JobQueue, redis_client: Any) -> None:
     add = register(jq)
     at = datetime(2031, 3, 4, 5, 6, 7, 890_000, tzinfo=timezone(timedelta(hours=2)))
-    jq.enqueue(add, 1, at=at, run_id="at")
+    jq.enqueue(add.with_options(at=at, run_id="at"), 1)
     expected = int(datetime(2031, 3, 4, 3, 6, 7, 890_000, tzinfo=UTC).timestamp() * 1000)
     assert jq.get_run("at").due_ms == expected
     assert redis_client.zscore(PartitionKeys("default", 0).due, "at") == expected
@@ -192,14 +191,14 @@ def test_enqueue_at_an_aware_datetime_is_due_then(jq: JobQueue, redis_client: An
 def test_enqueue_at_a_naive_datetime_is_refused(jq: JobQueue, redis_client: Any) -> None:
     add = register(jq)
     with pytest.raises(ConfigError):
-        jq.enqueue(add, 1, at=datetime(2031, 1, 1), run_id="naive")
+        jq.enqueue(add.with_options(at=datetime(2031, 1, 1), run_id="naive"), 1)
     assert run_keys(redis_client) == []
 
 
 def test_enqueue_with_delay_and_at_together_is_refused(jq: JobQueue, redis_client: Any) -> None:
     add = register(jq)
     with pytest.raises(ConfigError):
-        jq.enqueue(add, 1, delay=1, at=datetime(2031, 1, 1, tzinfo=UTC), run_id="both")
+        jq.enqueue(add.with_options(delay=1, at=datetime(2031, 1, 1, tzinfo=UTC), run_id="both"), 1)
     assert run_keys(redis_client) == []
 
 
@@ -207,7 +206,7 @@ def test_enqueue_with_delay_and_at_together_is_refused(jq: JobQueue, redis_clien
 def test_enqueue_with_a_bad_delay_is_refused(jq: JobQueue, redis_client: Any, delay: Any) -> None:
     add = register(jq)
     with pytest.raises(ConfigError):
-        jq.enqueue(add, 1, delay=delay, run_id="bad")
+        jq.enqueue(add.with_options(delay=delay, run_id="bad"), 1)
     assert run_keys(redis_client) == []
 
 
@@ -243,7 +242,7 @@ def test_unserialisable_argument_raises_payload_error_and_writes_no_run(
 ) -> None:
     add = register(jq)
     with pytest.raises(PayloadError):
-        jq.enqueue(add, *args, run_id="bad", **kwargs)
+        jq.enqueue(add.with_options(run_id="bad"), *args, **kwargs)
     assert run_keys(redis_client) == []
     with pytest.raises(RunNotFound):
         jq.get_run("bad")
@@ -253,7 +252,7 @@ def test_refused_enqueue_writes_nothing_at_all(jq: JobQueue, redis_client: Any) 
     """Validation comes before any write: not even the queue registry is touched."""
     add = register(jq)
     with pytest.raises(PayloadError):
-        jq.enqueue(add, object(), run_id="bad")
+        jq.enqueue(add.with_options(run_id="bad"), object())
     assert redis_client.keys("*") == []
 
 
@@ -263,7 +262,7 @@ def test_payload_over_the_limit_raises_payload_error_and_writes_nothing(
     jq = JobQueue(redis_client, settings=Settings(max_payload_bytes=100))
     add = register(jq)
     with pytest.raises(PayloadError):
-        jq.enqueue(add, "x" * 100, run_id="big")
+        jq.enqueue(add.with_options(run_id="big"), "x" * 100)
     assert run_keys(redis_client) == []
 
 
@@ -272,12 +271,12 @@ def test_payload_exactly_at_the_limit_is_accepted(redis_client: Any) -> None:
     size = len(encode_payload([text], {}).encode())
     jq = JobQueue(redis_client, settings=Settings(max_payload_bytes=size))
     add = register(jq)
-    assert jq.enqueue(add, text, run_id="fits").created
+    assert jq.enqueue(add.with_options(run_id="fits"), text).created
     assert jq.get_run("fits").args == [text]
     jq_small = JobQueue(redis_client, settings=Settings(max_payload_bytes=size - 1))
     add_small = register(jq_small)
     with pytest.raises(PayloadError):
-        jq_small.enqueue(add_small, text, run_id="too-big")
+        jq_small.enqueue(add_small.with_options(run_id="too-big"), text)
 
 
 # -- look-ups, cancel, requeue ---------------------------------------------------------------
@@ -285,7 +284,7 @@ def test_payload_exactly_at_the_limit_is_accepted(redis_client: Any) -> None:
 
 def test_get_run_of_unknown_id_raises_run_not_found(jq: JobQueue) -> None:
     register(jq)
-    jq.enqueue("add", 1, run_id="exists")
+    jq.enqueue(jq.resolve_task("add").with_options(run_id="exists"), 1)
     with pytest.raises(RunNotFound):
         jq.get_run("missing")
     with pytest.raises(RunNotFound):
@@ -300,7 +299,7 @@ def test_get_run_on_an_empty_server_raises_run_not_found(jq: JobQueue) -> None:
 
 def test_get_run_returns_the_stored_run(jq: JobQueue, redis_client: Any) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, run_id="r")
+    jq.enqueue(add.with_options(run_id="r"), 1)
     run = jq.get_run("r")
     assert (run.run_id, run.state, run.task, run.queue, run.partition) == (
         "r", "pending", "add", "default", 0
@@ -314,7 +313,7 @@ def test_get_run_returns_the_stored_run(jq: JobQueue, redis_client: Any) -> None
 
 def test_cancel_pending_returns_pending_and_a_second_cancel_is_refused(jq: JobQueue) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, run_id="c")
+    jq.enqueue(add.with_options(run_id="c"), 1)
     assert jq.cancel("c", reason="not needed") == "pending"
     run = jq.get_run("c")
     assert (run.state, run.error, run.finished) == ("cancelled", "not needed", True)
@@ -334,15 +333,15 @@ def test_cancelled_record_keeps_its_run_id_for_the_done_retention(
 ) -> None:
     jq = JobQueue(redis_client, settings=Settings(done_retention_s=90))
     add = register(jq)
-    jq.enqueue(add, 1, run_id="c")
+    jq.enqueue(add.with_options(run_id="c"), 1)
     jq.cancel("c")
     assert 80_000 < redis_client.pttl(PartitionKeys("default", 0).run("c")) <= 90_000
-    assert not jq.enqueue(add, 1, run_id="c").created
+    assert not jq.enqueue(add.with_options(run_id="c"), 1).created
 
 
 def test_requeue_a_cancelled_run(jq: JobQueue) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, run_id="c")
+    jq.enqueue(add.with_options(run_id="c"), 1)
     jq.cancel("c")
     assert jq.requeue("c") == "cancelled"
     run = jq.get_run("c")
@@ -352,7 +351,7 @@ def test_requeue_a_cancelled_run(jq: JobQueue) -> None:
 
 def test_requeue_of_a_done_run_is_refused_without_force(jq: JobQueue) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, run_id="d")
+    jq.enqueue(add.with_options(run_id="d"), 1)
     complete_now(jq, "d")
     with pytest.raises(OperationRefused, match="force=True"):
         jq.requeue("d")
@@ -361,7 +360,7 @@ def test_requeue_of_a_done_run_is_refused_without_force(jq: JobQueue) -> None:
 
 def test_requeue_of_a_done_run_with_force_shows_only_the_new_life(jq: JobQueue) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, run_id="d")
+    jq.enqueue(add.with_options(run_id="d"), 1)
     complete_now(jq, "d")
     assert jq.requeue("d", force=True) == "done"
     run = jq.get_run("d")
@@ -375,7 +374,7 @@ def test_requeue_of_a_done_run_with_force_shows_only_the_new_life(jq: JobQueue) 
 
 def test_requeue_of_a_pending_run_is_refused(jq: JobQueue) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, run_id="p")
+    jq.enqueue(add.with_options(run_id="p"), 1)
     with pytest.raises(OperationRefused):
         jq.requeue("p")
 
@@ -389,7 +388,7 @@ def test_requeue_of_a_pending_run_is_refused(jq: JobQueue) -> None:
 def test_invalid_run_ids_are_refused(jq: JobQueue, redis_client: Any, run_id: str) -> None:
     add = register(jq)
     with pytest.raises(InvalidRunId):
-        jq.enqueue(add, 1, run_id=run_id)
+        jq.enqueue(add.with_options(run_id=run_id), 1)
     with pytest.raises(InvalidRunId):
         jq.get_run(run_id)
     assert run_keys(redis_client) == []
@@ -398,7 +397,7 @@ def test_invalid_run_ids_are_refused(jq: JobQueue, redis_client: Any, run_id: st
 def test_a_run_id_of_the_maximum_length_is_accepted(jq: JobQueue) -> None:
     add = register(jq)
     run_id = "y" * 512
-    assert jq.enqueue(add, 1, run_id=run_id).created
+    assert jq.enqueue(add.with_options(run_id=run_id), 1).created
     assert jq.get_run(run_id).run_id == run_id
 
 
@@ -429,8 +428,8 @@ def test_odd_but_legal_run_ids_round_trip(
 ) -> None:
     jq = JobQueue(redis_client, partitions={"default": partitions})
     add = register(jq)
-    assert jq.enqueue(add, run_id, run_id=run_id).created
-    assert not jq.enqueue(add, run_id, run_id=run_id).created
+    assert jq.enqueue(add.with_options(run_id=run_id), run_id).created
+    assert not jq.enqueue(add.with_options(run_id=run_id), run_id).created
     run = jq.get_run(run_id)
     assert (run.run_id, run.state, run.args) == (run_id, "pending", [run_id])
     pk = jq.keys_for("default", run_id)
@@ -447,7 +446,7 @@ def test_braces_in_a_run_id_do_not_change_the_hash_slot(
     jq: JobQueue, redis_client: Any, run_id: str
 ) -> None:
     add = register(jq)
-    jq.enqueue(add, 1, run_id=run_id)
+    jq.enqueue(add.with_options(run_id=run_id), 1)
     pk = PartitionKeys("default", 0)
     slot = key_slot(pk.due.encode())
     assert redis_client.exists(pk.run(run_id))
@@ -472,7 +471,7 @@ def test_queue_partition_count_mismatch_raises_config_error(redis_client: Any) -
     other = JobQueue(redis_client, partitions={"default": 2})
     add = register(other)
     with pytest.raises(ConfigError):
-        other.enqueue(add, 1, run_id="mismatch")
+        other.enqueue(add.with_options(run_id="mismatch"), 1)
     assert not redis_client.keys("*mismatch*")
     assert first.queues() == {"default": 4}
 
@@ -483,7 +482,7 @@ def test_a_client_without_partition_config_adopts_the_recorded_count_on_enqueue(
     first = JobQueue(redis_client, partitions={"default": 4})
     first.enqueue(register(first), 1)
     plain = JobQueue(redis_client)
-    plain.enqueue(register(plain), 1, run_id="adopt")
+    plain.enqueue(register(plain).with_options(run_id="adopt"), 1)
     assert plain.partitions_of("default") == 4
     assert first.get_run("adopt").partition == first.keys_for("default", "adopt").partition
 
@@ -577,7 +576,7 @@ def test_run_args_kwargs_and_result_decode(jq: JobQueue) -> None:
 
 def test_handle_refresh_state_and_result_follow_the_run(jq: JobQueue) -> None:
     add = register(jq)
-    handle = jq.enqueue(add, 1, run_id="h")
+    handle = jq.enqueue(add.with_options(run_id="h"), 1)
     assert handle.state == "pending"
     (c,) = claim_all(jq, "h").runs
     assert handle.state == "running"
@@ -589,7 +588,7 @@ def test_handle_refresh_state_and_result_follow_the_run(jq: JobQueue) -> None:
 
 def test_handle_wait_gives_up_with_run_timeout(jq: JobQueue) -> None:
     add = register(jq)
-    handle = jq.enqueue(add, 1, run_id="slow")
+    handle = jq.enqueue(add.with_options(run_id="slow"), 1)
     with pytest.raises(RunTimeout):
         handle.wait(timeout=0.05, poll=0.01)
 
@@ -673,9 +672,9 @@ def test_a_call_refused_for_its_lua_line_after_another_learnt_the_plain_form_is_
 def test_enqueue_and_enqueue_many_recover_after_script_flush(redis_client: Any) -> None:
     jq = JobQueue(redis_client, partitions={"default": 4})
     add = register(jq)
-    jq.enqueue(add, 1, run_id="warm")
+    jq.enqueue(add.with_options(run_id="warm"), 1)
     redis_client.script_flush()
-    assert jq.enqueue(add, 1, run_id="after-flush").created
+    assert jq.enqueue(add.with_options(run_id="after-flush"), 1).created
     redis_client.script_flush()
     handles = jq.enqueue_many(Request(add, (i,), run_id=f"job-{i}@1") for i in range(6))
     assert all(h.created for h in handles)
@@ -689,7 +688,7 @@ def test_get_run_of_a_record_with_a_binary_payload_raises_payload_error(
     """A record written by something else (here a pickle, protocol 4) is reported as a
     PayloadError, the typed error for stored arguments that are not JSON."""
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="binary")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="binary"), 1)
     redis_client.hset(PartitionKeys("default", 0).run("binary"), "payload",
                       pickle.dumps({"args": [1]}, protocol=4))
     try:

@@ -291,12 +291,12 @@ def test_async_enqueue_is_durable_when_settings_ask(
     settings = Settings(durable_replicas=1, durable_timeout_s=0.05)
     sync = ready(JobQueue.from_url(real_server.url, settings=settings))
     with pytest.raises(NotDurable) as by_sync:
-        sync.enqueue("report", run_id="d1")
+        sync.enqueue(sync.resolve_task("report").with_options(run_id="d1"))
 
     async def go() -> None:
         aio = ready(AsyncJobQueue.from_url(real_server.url, settings=settings))
         try:
-            await aio.enqueue("report", run_id="d1")
+            await aio.enqueue(aio.resolve_task("report").with_options(run_id="d1"))
         finally:
             await aio.close()
 

@@ -14,7 +14,7 @@ DAY = 24 * 60 * MIN  # retention: the done index keeps finished runs this long
 
 def finish(jq: JobQueue, run_id: str, at_ms: int, *, fail: bool = False) -> None:
     """Create and claim one run now; complete (or kill) it at server time ``at_ms``."""
-    jq.enqueue("report", run_id=run_id)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
     keys = jq.keys_for("default", run_id)
     claim = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, MIN)))
     fence = claim.runs[0].fence
@@ -89,8 +89,8 @@ def test_sampler_forgets_points_older_than_its_window() -> None:
 
 def test_sampler_reads_the_cli_stats_from_redis(jq: JobQueue) -> None:
     jq.declare_task("report")
-    jq.enqueue("report", run_id="r1")
-    jq.enqueue("report", run_id="r2")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r2"))
     sampler = Sampler(every_s=10)
     assert sampler.sample(jq) is True
     now = jq.server_time_ms()

@@ -106,7 +106,7 @@ def claimed(jq: JobQueue, queue: str, rid: str) -> tuple[Any, int]:
 
 def test_runs_page_shows_a_run_created_by_the_test(jq: JobQueue, page: Page, base_url: str) -> None:
     rid = run_id("invoice")
-    jq.enqueue("report", 42, run_id=rid)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=rid), 42)
     page.goto(f"{base_url}/runs")
     row = page.locator("#runs tr", has_text=rid)
     assert row.count() == 1
@@ -119,7 +119,7 @@ def test_runs_page_shows_a_run_created_by_the_test(jq: JobQueue, page: Page, bas
 
 def test_retry_button_on_a_dead_run_puts_it_back(jq: JobQueue, page: Page, base_url: str) -> None:
     rid = run_id("doomed")
-    jq.enqueue("report", run_id=rid, queue="e2e-dead")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=rid, queue="e2e-dead"))
     keys, fence = claimed(jq, "e2e-dead", rid)
     jq.scripts.run(FAIL.call(keys, rid, fence, "ValueError: boom", None, 60_000))
     assert jq.get_run(rid).state == "dead"
@@ -142,7 +142,7 @@ def test_purge_asks_for_confirmation_then_deletes_the_dead_run(
     jq: JobQueue, page: Page, base_url: str
 ) -> None:
     rid = run_id("purged")
-    jq.enqueue("report", run_id=rid, queue="e2e-purge")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=rid, queue="e2e-purge"))
     keys, fence = claimed(jq, "e2e-purge", rid)
     jq.scripts.run(FAIL.call(keys, rid, fence, "ValueError: boom", None, 60_000))
     page.goto(f"{base_url}/dead")
@@ -200,7 +200,7 @@ def test_queue_chart_renders(jq: JobQueue, page: Page, base_url: str) -> None:
     now = jq.server_time_ms()
     for minutes_ago in (2, 2, 2, 9, 9, 25, 40, 40, 40, 40):
         rid = run_id("done")
-        jq.enqueue("report", run_id=rid, queue="e2e-chart")
+        jq.enqueue(jq.resolve_task("report").with_options(run_id=rid, queue="e2e-chart"))
         keys, fence = claimed(jq, "e2e-chart", rid)
         finished_at = now - minutes_ago * 60_000
         jq.scripts.run(COMPLETE.call(keys, [(rid, fence, "null")], 86_400_000, finished_at))

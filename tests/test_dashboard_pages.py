@@ -43,7 +43,7 @@ def claim_expiring(jq: JobQueue, run_id: str) -> int:
 
 
 def kill(jq: JobQueue, run_id: str, error: str = "boom") -> None:
-    jq.enqueue("report", run_id=run_id)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
     fence = claim(jq, run_id)
     keys = jq.keys_for("default", run_id)
     jq.scripts.run(FAIL.call(keys, run_id, fence, error, None, 60_000))
@@ -64,8 +64,8 @@ def test_root_goes_to_the_queues_page(client: TestClient) -> None:
 def test_queues_page_shows_totals_and_three_charts_per_queue(
     jq: JobQueue, client: TestClient
 ) -> None:
-    jq.enqueue("report", run_id="r1")
-    jq.enqueue("report", run_id="r2", delay=600)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r2", delay=600))
     page = client.get("/queues").text
     row = re.search(r"<tr>\s*<td><a href=\"/runs\?queue=default\">default</a>.*?</tr>", page, re.S)
     assert row
@@ -86,7 +86,7 @@ def test_run_ids_payloads_and_errors_are_escaped(jq: JobQueue, client: TestClien
 
 
 def test_payload_shown_on_the_detail_page_is_escaped(jq: JobQueue, client: TestClient) -> None:
-    jq.enqueue("report", EVIL, note="</pre><b>x</b>", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"), EVIL, note="</pre><b>x</b>")
     page = client.get("/run", params={"id": "r1"}).text
     assert "<b>x</b>" not in page and EVIL not in page
     assert "&lt;/pre&gt;&lt;b&gt;x&lt;/b&gt;" in page
@@ -94,20 +94,20 @@ def test_payload_shown_on_the_detail_page_is_escaped(jq: JobQueue, client: TestC
 
 def test_runs_page_filters_by_state(jq: JobQueue, client: TestClient) -> None:
     kill(jq, "gone")
-    jq.enqueue("report", run_id="waiting")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="waiting"))
     page = client.get("/runs", params={"state": "dead"}).text
     assert ">gone<" in page and ">waiting<" not in page
 
 
 def test_runs_page_filters_by_job(jq: JobQueue, client: TestClient) -> None:
-    jq.enqueue("report", run_id="nightly@2026-11-29T01:00:00Z")
-    jq.enqueue("report", run_id="other@2026-11-29T01:00:00Z")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="nightly@2026-11-29T01:00:00Z"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="other@2026-11-29T01:00:00Z"))
     page = client.get("/runs", params={"job": "nightly"}).text
     assert "nightly@" in page and "other@" not in page
 
 
 def test_searching_an_exact_run_id_opens_its_page(jq: JobQueue, client: TestClient) -> None:
-    jq.enqueue("report", run_id="invoice/42 #1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="invoice/42 #1"))
     reply = client.get("/runs", params={"q": "invoice/42 #1"})
     assert reply.status_code == 303
     assert reply.headers["location"] == "/run?id=invoice%2F42%20%231&queue=default"
@@ -117,15 +117,15 @@ def test_searching_an_exact_run_id_opens_its_page(jq: JobQueue, client: TestClie
 def test_searching_part_of_a_run_id_lists_the_runs_containing_it(
     jq: JobQueue, client: TestClient
 ) -> None:
-    jq.enqueue("report", run_id="invoice-42")
-    jq.enqueue("report", run_id="receipt-7")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="invoice-42"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="receipt-7"))
     page = client.get("/runs", params={"q": "voice"}).text
     assert "invoice-42" in page and "receipt-7" not in page
 
 
 def test_run_page_shows_the_history_of_attempts(jq: JobQueue, client: TestClient) -> None:
     jq.declare_task("report", max_attempts=2)
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     first = claim_expiring(jq, "r1")
     second = claim(jq, "r1")  # reclaimed: attempt 2
     page = client.get("/run", params={"id": "r1"}).text
@@ -144,9 +144,9 @@ def test_an_unknown_run_says_so(client: TestClient) -> None:
 
 
 def test_leases_page_highlights_expired_leases(jq: JobQueue, client: TestClient) -> None:
-    jq.enqueue("report", run_id="alive")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="alive"))
     claim(jq, "alive")
-    jq.enqueue("report", run_id="stuck")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="stuck"))
     claim_expiring(jq, "stuck")
     page = client.get("/leases").text
     rows = re.findall(r'<tr class="(expired|)">\s*<td><a[^>]*>([^<]+)</a>', page)
@@ -180,7 +180,7 @@ def test_retry_button_puts_a_dead_run_back_to_pending(jq: JobQueue, client: Test
 
 def test_purge_deletes_dead_runs_only(jq: JobQueue, client: TestClient) -> None:
     kill(jq, "dead-1")
-    jq.enqueue("report", run_id="alive")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="alive"))
     post(client, "purge", "/dead", run_id="dead-1", confirm="yes")
     assert jq.find_run("dead-1") is None
     assert "purged 1 of 1 dead run(s)" in client.get("/dead").text
@@ -242,7 +242,7 @@ def test_bulk_retry_takes_every_selected_run(jq: JobQueue, client: TestClient) -
 
 
 def test_run_again_on_a_done_runs_page_requeues_it(jq: JobQueue, client: TestClient) -> None:
-    jq.enqueue("report", run_id="d1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="d1"))
     fence = claim(jq, "d1")
     keys = jq.keys_for("default", "d1")
     jq.scripts.run(COMPLETE.call(keys, [("d1", fence, "null")], 60_000))
@@ -279,15 +279,15 @@ def test_schedule_buttons_pause_resume_and_trigger(jq: JobQueue, client: TestCli
 def test_a_queue_filter_naming_no_queue_is_a_404_that_says_so(
     jq: JobQueue, client: TestClient
 ) -> None:
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     reply = client.get("/runs?queue=defualt")
     assert reply.status_code == 404
     assert "no queue 'defualt'" in reply.text
 
 
 def test_a_run_id_in_two_queues_asks_for_the_queue(jq: JobQueue, client: TestClient) -> None:
-    jq.enqueue("report", run_id="twin")
-    jq.enqueue("report", run_id="twin", queue="emails")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="twin"))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="twin", queue="emails"))
     reply = client.get("/run?id=twin")
     assert reply.status_code == 409 and "name the queue" in reply.text
     assert client.get("/run?id=twin&queue=emails").status_code == 200

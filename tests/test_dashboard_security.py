@@ -27,7 +27,7 @@ FORM = {"content-type": "application/x-www-form-urlencoded"}
 
 def dead_run(jq: JobQueue, run_id: str) -> None:
     jq.declare_task("report", max_attempts=1)
-    jq.enqueue("report", run_id=run_id)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
     keys = jq.keys_for("default", run_id)
     claim = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000)))
     jq.scripts.run(FAIL.call(keys, run_id, claim.runs[0].fence, "boom", None, 60_000))

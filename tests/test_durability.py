@@ -62,7 +62,7 @@ def test_a_durable_enqueue_returns_once_a_replica_has_the_run(
     master, replica = master_and_replica
     jq = durable(master.url)
     jq.declare_task("t")
-    handle = jq.enqueue("t", 1, run_id="kept")
+    handle = jq.enqueue(jq.resolve_task("t").with_options(run_id="kept"), 1)
     assert handle.created
     key = jq.keys_for("default", "kept").run("kept")
     assert redis.Redis.from_url(replica.url).hget(key, "state") == b"pending"
@@ -94,7 +94,7 @@ def test_an_enqueue_no_replica_acknowledges_raises_not_durable_and_can_be_sent_a
     replica.process.send_signal(signal.SIGSTOP)
     try:
         with pytest.raises(NotDurable, match="not acknowledged by 1 replica"):
-            jq.enqueue("t", 1, run_id="maybe-lost")
+            jq.enqueue(jq.resolve_task("t").with_options(run_id="maybe-lost"), 1)
     finally:
         replica.process.send_signal(signal.SIGCONT)
     assert jq.get_run("maybe-lost").state == "pending"  # written on the master all the same
@@ -107,7 +107,9 @@ def test_an_enqueue_no_replica_acknowledges_raises_not_durable_and_can_be_sent_a
     resumed = threading.Timer(0.5, replica.process.send_signal, (signal.SIGCONT,))
     resumed.start()
     started = time.monotonic()
-    again = patient.enqueue("t", 1, run_id="maybe-lost")  # idempotent: nothing written twice
+    again = patient.enqueue(
+        patient.resolve_task("t").with_options(run_id="maybe-lost"), 1
+    )  # idempotent: nothing written twice
     assert time.monotonic() - started >= 0.4, "acknowledged before the replica could have it"
     assert not again.created
     key = jq.keys_for("default", "maybe-lost").run("maybe-lost")

@@ -68,8 +68,8 @@ def refused(result: Result) -> str:
 def seeded(jq: JobQueue) -> JobQueue:
     """Two runs in queue 'default': one pending ('waiting'), one running ('held')."""
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="held")
-    jq.enqueue("t", 2, run_id="waiting")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="held"), 1)
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="waiting"), 2)
     claimed = CLAIM.parse(jq.scripts.run(CLAIM.call(P0, 1, "w-1", 30_000, 60_000)))
     assert [r.run_id for r in claimed.runs] == ["held"]
     return jq

@@ -96,8 +96,8 @@ def check_worker_outcome(redis_client: Any, c: Corruption) -> None:
     def echo(x: Any) -> Any:
         return x
 
-    victim = jq.enqueue(echo, 1, run_id="victim")
-    canary = jq.enqueue(echo, "canary", run_id="canary")
+    victim = jq.enqueue(echo.with_options(run_id="victim"), 1)
+    canary = jq.enqueue(echo.with_options(run_id="canary"), "canary")
     corrupt(redis_client, jq.keys_for("default", "victim").run("victim"), c)
 
     run = serve_until_settled(jq, victim.run_id, canary.run_id)
@@ -132,8 +132,8 @@ def test_a_run_key_of_the_wrong_type_is_dead_lettered_not_a_poison_pill(
     def echo(x: Any) -> Any:
         return x
 
-    jq.enqueue(echo, 1, run_id="victim")
-    jq.enqueue(echo, "canary", run_id="canary")
+    jq.enqueue(echo.with_options(run_id="victim"), 1)
+    jq.enqueue(echo.with_options(run_id="canary"), "canary")
     key = jq.keys_for("default", "victim").run("victim")
     redis_client.delete(key)
     redis_client.set(key, "not a hash")
@@ -148,7 +148,7 @@ def test_a_dead_listed_key_of_the_wrong_type_is_listed_and_purged_by_the_cli(
     jq = JobQueue(redis_client)
     keys = jq.keys_for("default", "victim")
     jq.declare_task("t")
-    jq.enqueue("t", run_id="victim")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="victim"))
     redis_client.delete(keys.run("victim"))
     redis_client.set(keys.run("victim"), "not a hash")
     jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000))  # dead-letters the key
@@ -200,8 +200,8 @@ def test_cli_shows_runs_and_leases_with_corrupt_fields_without_crashing(
 ) -> None:
     jq = JobQueue(redis_client)
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="held")
-    jq.enqueue("t", 2, run_id="waiting")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="held"), 1)
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="waiting"), 2)
     keys = jq.keys_for("default", "held")
     # 'held' is running (in the leases zset), 'waiting' pending (in the due zset).
     call = CLAIM.call(keys, 1, "host:1:abc", 30_000, 60_000)
@@ -226,7 +226,7 @@ def test_a_history_line_whose_stamp_only_looks_numeric_is_shown_whole(redis_clie
     shown as it is, by `show` and by the dashboard's run page."""
     jq = JobQueue(redis_client)
     jq.declare_task("t")
-    jq.enqueue("t", run_id="odd")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="odd"))
     keys = jq.keys_for("default", "odd")
     redis_client.rpush(keys.history("odd"), "\u00b2 written by someone else")
     redis_client.hset(keys.run("odd"), "hist", "1")

@@ -103,7 +103,9 @@ def as_stored(value: Any) -> Any:
 @pytest.fixture
 def fuzz_jq(jq: JobQueue) -> JobQueue:
     jq.declare_task("t")
-    jq.enqueue("t", run_id="seed")  # the queue is registered: later writes are all runs
+    jq.enqueue(
+        jq.resolve_task("t").with_options(run_id="seed")
+    )  # the queue is registered: later writes are all runs
     jq.schedule("seed-job", "t", every=60)
     return jq
 
@@ -116,14 +118,18 @@ def fuzz_jq(jq: JobQueue) -> JobQueue:
 def test_enqueue_with_any_run_id_succeeds_or_raises_invalid_run_id(
     fuzz_jq: JobQueue, redis_client: Any, run_id: str
 ) -> None:
-    result = typed_or_ok(lambda: fuzz_jq.enqueue("t", 1, run_id=run_id), redis_client)
+    result = typed_or_ok(lambda: fuzz_jq.enqueue(
+        fuzz_jq.resolve_task("t").with_options(run_id=run_id), 1
+    ), redis_client)
     if isinstance(result, JobQueueError):
         assert isinstance(result, InvalidRunId), result
         return
     run = fuzz_jq.get_run(run_id)
     assert (run.run_id, run.args) == (run_id, [1])
     # Idempotent: a second enqueue with the same id writes nothing.
-    again = typed_or_ok(lambda: fuzz_jq.enqueue("t", 2, run_id=run_id), redis_client)
+    again = typed_or_ok(lambda: fuzz_jq.enqueue(
+        fuzz_jq.resolve_task("t").with_options(run_id=run_id), 2
+    ), redis_client)
     assert again.created is False
     assert fuzz_jq.get_run(run_id).args == [1]
 
@@ -151,7 +157,9 @@ def test_enqueue_with_any_payload_stores_it_exactly_or_raises_payload_error(
 def test_enqueue_with_any_delay_or_instant_succeeds_or_raises_a_typed_error(
     fuzz_jq: JobQueue, redis_client: Any, delay: Any, at: Any
 ) -> None:
-    result = typed_or_ok(lambda: fuzz_jq.enqueue("t", delay=delay, at=at), redis_client)
+    result = typed_or_ok(lambda: fuzz_jq.enqueue(
+        fuzz_jq.resolve_task("t").with_options(delay=delay, at=at)
+    ), redis_client)
     if not isinstance(result, JobQueueError):
         assert fuzz_jq.get_run(result.run_id).state == "pending"
 
@@ -204,7 +212,9 @@ def test_deeply_nested_payload_is_stored_or_refused_with_payload_error(
     nested: Any = []
     for _ in range(depth):
         nested = [nested]
-    result = typed_or_ok(lambda: fuzz_jq.enqueue("t", nested, run_id=f"deep-{depth}"), redis_client)
+    result = typed_or_ok(lambda: fuzz_jq.enqueue(
+        fuzz_jq.resolve_task("t").with_options(run_id=f"deep-{depth}"), nested
+    ), redis_client)
     if depth > 1000:
         assert isinstance(result, PayloadError)
     else:

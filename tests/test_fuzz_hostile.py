@@ -63,15 +63,15 @@ def seed(client: Any) -> JobQueue:
     jq.declare_task("t")
     keys = P0
     lease = CLAIM.call(keys, 1, "w-seed", 60_000, 600_000)
-    jq.enqueue("t", {"k": [1]}, run_id="seed-running")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="seed-running"), {"k": [1]})
     jq.scripts.run(lease)
-    jq.enqueue("t", run_id="seed-dead")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="seed-dead"))
     (dead,) = CLAIM.parse(jq.scripts.run(lease)).runs
     jq.scripts.run(FAIL.call(keys, "seed-dead", dead.fence, "boom", None, 600_000))
-    jq.enqueue("t", run_id="seed-done")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="seed-done"))
     (done,) = CLAIM.parse(jq.scripts.run(lease)).runs
     jq.scripts.run(COMPLETE.call(keys, [("seed-done", done.fence, '"ok"')], 600_000))
-    jq.enqueue("t", run_id="seed-pending", delay=3600)
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="seed-pending", delay=3600))
     jq.schedule(SEED_JOB, "t", every=60)
     entry = {"id": "w-seed", "host": "h", "pid": 1, "queues": ["default"], "last_seen_ms": 1}
     client.hset(WORKERS_KEY, "w-seed", json.dumps(entry))

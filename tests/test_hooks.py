@@ -88,7 +88,7 @@ def test_before_enqueue_sees_the_run_and_its_meta_is_stored(jq: JobQueue) -> Non
     jq.declare_task("report", queue="reports")
     tagging = Tagging(tenant="acme")
     jq.use(tagging)
-    handle = jq.enqueue("report", 7, run_id="r1", region="eu")
+    handle = jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"), 7, region="eu")
     (seen,) = tagging.seen
     assert (seen.task, seen.queue, seen.run_id, list(seen.args), dict(seen.kwargs)) == (
         "report", "reports", "r1", [7], {"region": "eu"})
@@ -112,7 +112,7 @@ def test_meta_without_hooks_is_stored_too(jq: JobQueue) -> None:
 
 def test_a_run_without_meta_reads_an_empty_map(jq: JobQueue) -> None:
     jq.declare_task("report")
-    assert jq.enqueue("report", run_id="a").refresh().meta == {}
+    assert jq.enqueue(jq.resolve_task("report").with_options(run_id="a")).refresh().meta == {}
 
 
 @pytest.mark.parametrize(
@@ -131,7 +131,7 @@ def test_meta_beyond_its_limits_is_refused_and_nothing_is_written(
     jq.declare_task("report")
     jq.use(Tagging(**meta))
     with pytest.raises(MetaError, match=message):
-        jq.enqueue("report", run_id="a")
+        jq.enqueue(jq.resolve_task("report").with_options(run_id="a"))
     assert jq.find_run("a") is None
 
 
@@ -161,7 +161,7 @@ def test_a_raising_enqueue_hook_is_logged_and_the_run_is_still_created(
     jq.use(Broken())
     jq.use(Tagging(last="3"))
     with caplog.at_level(logging.ERROR, logger="jobqueue.hooks"):
-        handle = jq.enqueue("report", run_id="a")
+        handle = jq.enqueue(jq.resolve_task("report").with_options(run_id="a"))
     assert handle.created
     assert handle.refresh().meta == {"first": "1", "last": "3"}  # not the broken hook's
     assert "Broken.before_enqueue raised" in caplog.text and "enqueue hook bug" in caplog.text
@@ -172,7 +172,7 @@ def test_the_async_client_runs_the_same_enqueue_hooks() -> None:
         jq = AsyncJobQueue(fakeredis.FakeAsyncRedis(decode_responses=True))
         jq.declare_task("report")
         jq.use(Tagging(tenant="acme"))
-        await jq.enqueue("report", run_id="a")
+        await jq.enqueue(jq.resolve_task("report").with_options(run_id="a"))
         return await jq.get_run("a")
 
     assert asyncio.run(go()).meta == {"tenant": "acme"}
@@ -207,7 +207,7 @@ def test_run_hooks_wrap_a_sync_task_in_its_thread_with_its_meta(fast_jq: JobQueu
         return 1
 
     with running(make_worker(fast_jq, middleware=[recorder])):
-        run = finished(fast_jq, fast_jq.enqueue(job, run_id="r1").run_id)
+        run = finished(fast_jq, fast_jq.enqueue(job.with_options(run_id="r1")).run_id)
     assert run.state == "done" and seen == [{"tenant": "acme"}]
     assert recorder.calls == [("before", ("r1", True)), ("after", ("r1", "None"))]
 
@@ -222,7 +222,7 @@ def test_run_hooks_wrap_an_async_task_and_see_its_error(fast_jq: JobQueue) -> No
         raise ValueError("async boom")
 
     with running(make_worker(fast_jq)):
-        finished(fast_jq, fast_jq.enqueue(job, run_id="r1").run_id)
+        finished(fast_jq, fast_jq.enqueue(job.with_options(run_id="r1")).run_id)
     assert recorder.calls == [
         ("before", ("r1", True)),
         ("after", ("r1", "ValueError('async boom')")),
@@ -262,7 +262,7 @@ def test_retry_and_dead_events_carry_the_attempt_error_and_traceback(fast_jq: Jo
         raise ValueError("boom")
 
     with running(make_worker(fast_jq, middleware=[recorder])):
-        finished(fast_jq, fast_jq.enqueue(flaky, run_id="r1").run_id)
+        finished(fast_jq, fast_jq.enqueue(flaky.with_options(run_id="r1")).run_id)
     retry, dead = recorder.events
     assert (retry.outcome, retry.attempt, retry.run_id, retry.task) == ("retry", 1, "r1", "flaky")
     assert retry.retry_at_ms is not None and retry.meta == {"tenant": "acme"}

@@ -41,7 +41,7 @@ def one_line_error(result: Result) -> str:
 def seeded(jq: JobQueue) -> JobQueue:
     """A queue with one run: refusals must leave it exactly as it is."""
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="seed")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="seed"), 1)
     return jq
 
 

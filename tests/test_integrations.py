@@ -60,7 +60,7 @@ def test_a_failed_attempt_is_sent_to_sentry_with_the_run_tags(
         raise ValueError("sentry boom")
 
     with running(make_worker(fast_jq)):
-        run = finished(fast_jq, fast_jq.enqueue(explode, run_id="r1").run_id)
+        run = finished(fast_jq, fast_jq.enqueue(explode.with_options(run_id="r1")).run_id)
     (event,) = captured_events()
     (exc,) = event["exception"]["values"]
     assert (exc["type"], exc["value"]) == ("ValueError", "sentry boom")
@@ -112,7 +112,7 @@ def test_the_run_span_is_the_child_of_the_enqueue_span_through_meta(
 
     with running(make_worker(fast_jq)):
         with tracer.start_as_current_span("web request"):
-            handle = fast_jq.enqueue(job, run_id="r1")
+            handle = fast_jq.enqueue(job.with_options(run_id="r1"))
         finished(fast_jq, handle.run_id)
     by_name = {s.name: s for s in exporter.get_finished_spans()}
     request, enqueue, run = by_name["web request"], by_name["enqueue job"], by_name["run job"]
@@ -152,7 +152,7 @@ def test_without_a_current_span_the_enqueue_span_starts_the_trace(
     jq.declare_task("report")
     jq.use(OpenTelemetryMiddleware(provider))
     assert trace.get_current_span() is trace.INVALID_SPAN
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     (enqueue,) = exporter.get_finished_spans()
     assert enqueue.parent is None
     assert jq.get_run("r1").meta["traceparent"].split("-")[1] == (

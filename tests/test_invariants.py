@@ -132,7 +132,7 @@ def test_inv1_eight_threads_racing_on_one_run_id_create_it_once(
             jq.declare_task("report")
             queues.append(jq)
         handles = race(8, lambda i, run_id=run_id, queues=queues: queues[i].enqueue(
-            "report", i, run_id=run_id))
+            queues[i].resolve_task("report").with_options(run_id=run_id), i))
         assert sum(h.created for h in handles) == 1
         winner = next(i for i, h in enumerate(handles) if h.created)
         pk = PartitionKeys("default", 0)
@@ -405,7 +405,7 @@ def test_inv3_a_run_past_its_attempts_is_dead_lettered_not_dropped(
 
 def test_inv3_an_enqueued_run_whose_worker_dies_runs_again(jq: JobQueue) -> None:
     jq.declare_task("job", lease=5)
-    jq.enqueue("job", 1, run_id="x")
+    jq.enqueue(jq.resolve_task("job").with_options(run_id="x"), 1)
     pk = jq.keys_for("default", "x")
     started = server_ms(jq.redis)
     (c,) = claim(jq.scripts, pk, now=started, owner="dies").runs
@@ -443,7 +443,7 @@ def test_inv4_client_calls_never_pass_a_python_clock(
     calls = record_script_calls(monkeypatch)
     jq = JobQueue(redis_client, partitions={"default": 3})
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="one", delay=10)
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="one", delay=10), 1)
     jq.enqueue_many(Request("t", (i,), run_id=f"j{i}@1") for i in range(6))
     jq.cancel("one")
     jq.requeue("one")
@@ -454,8 +454,8 @@ def test_inv4_client_calls_never_pass_a_python_clock(
 def test_inv4_enqueued_times_come_from_redis_time(jq: JobQueue, redis_client: Any) -> None:
     jq.declare_task("t")
     lo = server_ms(redis_client)
-    jq.enqueue("t", run_id="now")
-    jq.enqueue("t", run_id="later", delay=2.5)
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="now"))
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="later", delay=2.5))
     hi = server_ms(redis_client)
     for run_id, offset in (("now", 0), ("later", 2_500)):
         run = jq.get_run(run_id)
@@ -485,8 +485,8 @@ def test_inv4_a_wrong_python_clock_changes_nothing(
     jq.declare_task("t", lease=10)
     lo = server_ms(real_client)
     assert lo > (y2000 + 365 * 86_400) * 1000  # the server does not share our fake clock
-    jq.enqueue("t", run_id="a", delay=60)
-    jq.enqueue("t", run_id="b")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="a", delay=60))
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="b"))
     pk = jq.keys_for("default", "a")
     result = claim(jq.scripts, pk, now=None, owner="w")
     hi = server_ms(real_client)
@@ -516,7 +516,7 @@ def slots_of_call(call: Call) -> set[int]:
 def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
     """Every script, for runs spread over the partitions of 'default' (and one other queue)."""
     jq.enqueue_many(Request("t", (i,), run_id=r) for i, r in enumerate(run_ids))
-    jq.enqueue("t", run_id="elsewhere", queue="other")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="elsewhere", queue="other"))
     for key in ("user:1", "user:2", "user:3"):  # dedupe.lua, then a second time: throttled
         for _ in range(2):
             jq.enqueue(jq.resolve_task("t").with_options(dedupe=Dedupe(key)), key)
@@ -708,7 +708,7 @@ def test_inv6_a_pickled_payload_is_never_unpickled(
     jq: JobQueue, redis_client: Any, pk: PartitionKeys
 ) -> None:
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="victim")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="victim"), 1)
     pickled = pickle.dumps(Boom(), protocol=0).decode("ascii")
     redis_client.hset(pk.run("victim"), "payload", pickled)
     run = jq.get_run("victim")

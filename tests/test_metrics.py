@@ -133,7 +133,7 @@ def test_start_lateness_is_claim_time_minus_due_time_on_the_server_clock(
 ) -> None:
     jq.declare_task("t")
     pk = jq.keys_for("default", "late")
-    jq.enqueue("t", run_id="late")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="late"))
     due = int(jq.redis.zscore(pk.due, "late"))
     claim = CLAIM.parse(jq.scripts.run(CLAIM.call(pk, 1, "w", 1000, 1000, now=due + 7000)))
     metrics.claimed("default", claim.runs, claim.now_ms)
@@ -149,8 +149,8 @@ def test_queue_depth_and_lease_expiries_come_from_the_queue_stats(
     jq.declare_task("t")
     pk = jq.keys_for("default", "a")
     for run_id in ("a", "b", "c"):
-        jq.enqueue("t", run_id=run_id)
-    jq.enqueue("t", run_id="later", delay=3600)
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=run_id))
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="later", delay=3600))
     now = jq.server_time_ms()
     # Claim one run with a 1 ms lease, then claim again after it expired: one expiry.
     jq.scripts.run(CLAIM.call(pk, 1, "w1", 1, 1000, now=now))

@@ -130,7 +130,7 @@ def test_anything_else_is_not_a_placement(stored: str) -> None:
 def test_a_new_queue_with_several_partitions_is_recorded_spread(redis_client: Any) -> None:
     jq = JobQueue(redis_client, partitions={"mail": 4})
     jq.declare_task("t", queue="mail")
-    handle = jq.enqueue("t", run_id="r-1")
+    handle = jq.enqueue(jq.resolve_task("t").with_options(run_id="r-1"))
     assert redis_client.hget(QUEUES_KEY, "mail") == "4 spread"
     keys = jq.keys_for("mail", "r-1")
     assert keys.spread == 4 and redis_client.exists(keys.run("r-1"))
@@ -142,7 +142,7 @@ def test_a_queue_recorded_by_an_earlier_version_keeps_its_plain_tags(redis_clien
     redis_client.hset(QUEUES_KEY, "mail", "4")
     jq = JobQueue(redis_client)
     jq.declare_task("t", queue="mail")
-    jq.enqueue("t", run_id="r-1")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="r-1"))
     keys = [PartitionKeys("mail", p) for p in range(4)]
     assert sum(redis_client.exists(k.run("r-1")) for k in keys) == 1
     assert redis_client.hget(QUEUES_KEY, "mail") == "4"  # never rewritten behind its back
@@ -157,7 +157,7 @@ def test_repartition_with_the_same_count_moves_a_plain_queue_to_the_spread_tags(
     old.declare_task("t", queue="mail")
     ids = [f"r-{i}" for i in range(40)]
     for run_id in ids:
-        old.enqueue("t", run_id=run_id)
+        old.enqueue(old.resolve_task("t").with_options(run_id=run_id))
     report = rp.repartition(JobQueue(redis_client), "mail", 4)
     assert redis_client.hget(QUEUES_KEY, "mail") == "4 spread"
     # Partition 0 keeps its tag; every run of partitions 1-3 moved.

@@ -25,7 +25,7 @@ NOW = 1_700_000_000_000
 
 def claimed(jq: JobQueue, run_id: str = "r1") -> ClaimedRun:
     jq.declare_task("report")
-    jq.enqueue("report", run_id=run_id)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
     keys = jq.keys_for("default", run_id)
     (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w-1", 30_000, 60_000))).runs
     return run

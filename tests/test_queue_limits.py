@@ -231,7 +231,7 @@ def test_metrics_export_the_rate_per_second(jq: JobQueue) -> None:
 
 def test_show_says_what_holds_a_run_back(jq: JobQueue) -> None:
     jq.declare_task("t", queue="mail")
-    jq.enqueue("t", run_id="a")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="a"))
     jq.set_queue_concurrency("mail", 3)
     jq.set_queue_rate("mail", 50, per=2)
     line = next(x for x in invoke(jq, "show", "a").output.splitlines() if x.startswith("queue"))

@@ -63,10 +63,10 @@ def test_a_worker_claims_nothing_from_a_paused_queue_and_everything_once_resumed
         return 2
 
     fast_jq.pause_queue("held")
-    waiting = fast_jq.enqueue(t, run_id="waiting")
+    waiting = fast_jq.enqueue(t.with_options(run_id="waiting"))
     with running(make_worker(fast_jq, queues=["held", "open"])):
         # Each claim pass asks "held" first: once "open"'s run is done, "held" was asked.
-        finished(fast_jq, fast_jq.enqueue(u, run_id="passing").run_id)
+        finished(fast_jq, fast_jq.enqueue(u.with_options(run_id="passing")).run_id)
         assert fast_jq.get_run(waiting.run_id).state == "pending"
         fast_jq.resume_queue("held")
         assert finished(fast_jq, waiting.run_id).state == "done"
@@ -87,7 +87,7 @@ def test_cli_queue_pause_and_resume(jq: JobQueue) -> None:
 
 def test_cli_queues_shows_when_a_queue_was_paused(jq: JobQueue) -> None:
     jq.declare_task("t", queue="mail")
-    jq.enqueue("t", run_id="a")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="a"))
     jq.pause_queue("mail")
     table = invoke(jq, "queues").output
     assert "PAUSED" in table and re.search(r"mail .* since \d{4}-\d\d-\d\d", table)
@@ -97,7 +97,7 @@ def test_cli_queues_shows_when_a_queue_was_paused(jq: JobQueue) -> None:
 
 def test_cli_show_says_a_run_waits_for_its_paused_queue(jq: JobQueue) -> None:
     jq.declare_task("t", queue="mail")
-    jq.enqueue("t", run_id="a")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="a"))
     jq.pause_queue("mail")
     assert "paused: not claimed until resumed" in invoke(jq, "show", "a").output
     jq.resume_queue("mail")
@@ -106,7 +106,7 @@ def test_cli_show_says_a_run_waits_for_its_paused_queue(jq: JobQueue) -> None:
 
 def test_top_marks_a_paused_queue(jq: JobQueue) -> None:
     jq.declare_task("t", queue="mail")
-    jq.enqueue("t", run_id="a")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="a"))
     jq.pause_queue("mail")
     assert any(line.startswith("mail (paused)") for line in render(queries.top_snapshot(jq)))
 
@@ -116,7 +116,7 @@ def test_top_marks_a_paused_queue(jq: JobQueue) -> None:
 
 def test_dashboard_queue_buttons_pause_and_resume(jq: JobQueue) -> None:
     jq.declare_task("t", queue="mail")
-    jq.enqueue("t", run_id="a")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="a"))
     client = TestClient(create_app(jq), follow_redirects=False)
 
     def post(action: str) -> None:

@@ -71,7 +71,7 @@ def test_the_dashboard_mounted_under_a_prefix_links_and_redirects_under_it(
 
     web = load("fastapi-dashboard")
     web.jq.declare_task("report")
-    web.jq.enqueue("report", run_id="r1")
+    web.jq.enqueue(web.jq.resolve_task("report").with_options(run_id="r1"))
     with TestClient(web.app, follow_redirects=False) as client:
         assert client.get("/jobs/").headers["location"] == "/jobs/queues"
         page = client.get("/jobs/runs")

@@ -61,7 +61,7 @@ def test_repair_puts_a_pending_record_without_a_due_entry_back_at_its_due_time(
     jq: JobQueue, redis_client: Any
 ) -> None:
     jq.declare_task("t")
-    handle = jq.enqueue("t", 1, run_id="lost")
+    handle = jq.enqueue(jq.resolve_task("t").with_options(run_id="lost"), 1)
     pk = jq.keys_for("default", "lost")
     due = redis_client.zscore(pk.due, "lost")
     redis_client.zrem(pk.due, "lost")  # a pending run no claim can see
@@ -95,7 +95,7 @@ def test_repair_sets_an_index_entry_without_a_record_aside_as_an_orphan(
     jq: JobQueue, redis_client: Any
 ) -> None:
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="gone")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="gone"), 1)
     pk = jq.keys_for("default", "gone")
     redis_client.delete(pk.run("gone"))
     report = repair_queue(jq, "default")
@@ -106,7 +106,7 @@ def test_repair_sets_an_index_entry_without_a_record_aside_as_an_orphan(
 
 def test_a_dry_run_reports_and_changes_nothing(jq: JobQueue, redis_client: Any) -> None:
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="lost")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="lost"), 1)
     redis_client.zrem(jq.keys_for("default", "lost").due, "lost")
     before = snapshot(redis_client)
     assert repair_queue(jq, "default", dry_run=True).totals.indexed == 1
@@ -127,7 +127,7 @@ def test_repair_run_twice_changes_nothing_the_second_time(
 
 def test_the_repair_command_reports_per_queue_in_json(jq: JobQueue, redis_client: Any) -> None:
     jq.declare_task("t")
-    jq.enqueue("t", 1, run_id="lost")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="lost"), 1)
     redis_client.zrem(jq.keys_for("default", "lost").due, "lost")
     result = CliRunner().invoke(main, ["repair", "--json"], obj=State(None, jq))
     assert result.exit_code == 0, result.output

@@ -48,8 +48,8 @@ def populate(client: Any, partitions: int) -> JobQueue:
     jq = JobQueue(client, partitions={Q: partitions})
     jq.declare_task("t", queue=Q, max_attempts=1)
     for i in range(6):
-        jq.enqueue("t", i, run_id=f"dead-{i}")
-        jq.enqueue("t", i, run_id=f"done-{i}")
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=f"dead-{i}"), i)
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=f"done-{i}"), i)
     for keys in jq.all_partition_keys(Q):
         claimed = CLAIM.parse(
             jq.scripts.run(CLAIM.call(keys, 100, "w-1", LEASE_MS, RETENTION_MS))
@@ -60,11 +60,12 @@ def populate(client: Any, partitions: int) -> JobQueue:
             else:
                 jq.scripts.run(COMPLETE.call(keys, [(c.run_id, c.fence, "1")], RETENTION_MS))
     for i in range(8):
-        jq.enqueue("t", i, run_id=f"later-{i}", delay=3600)
-        jq.enqueue("t", i, run_id=f"now-{i}")
-        jq.enqueue("t", i, run_id=f"nightly@2026-01-0{i + 1}T00:00Z", delay=7200)
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=f"later-{i}", delay=3600), i)
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=f"now-{i}"), i)
+        nightly = f"nightly@2026-01-0{i + 1}T00:00Z"
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=nightly, delay=7200), i)
     for i in range(4):
-        jq.enqueue("t", i, run_id=f"cancelled-{i}", delay=3600)
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=f"cancelled-{i}", delay=3600), i)
         jq.cancel(f"cancelled-{i}", queue=Q)
     return jq
 

@@ -90,7 +90,7 @@ def test_a_pickle_in_a_result_field_is_shown_as_text_never_unpickled(
     sentinel = tmp_path / "unpickled"
     jq = JobQueue(redis_client)
     jq.declare_task("t")
-    jq.enqueue("t", run_id="r")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="r"))
     text = pickle_texts(sentinel)["protocol-0"]
     redis_client.hset(jq.keys_for("default", "r").run("r"), "result", text)
     assert jq.get_run("r").result == text

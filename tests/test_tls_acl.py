@@ -209,7 +209,7 @@ def test_enqueue_worker_result_and_cli_over_tls_with_a_confined_acl_user(
         run = client.enqueue("add", 2, 3).wait(timeout=20)
         assert (run.state, run.result) == ("done", 5)
 
-        held = client.enqueue("hold", run_id="held")
+        held = client.enqueue(client.resolve_task("hold").with_options(run_id="held"))
         deadline = time.monotonic() + 20
         while client.get_run("held").state != "running":
             assert time.monotonic() < deadline, "the held run never started"
@@ -306,7 +306,9 @@ def test_a_client_certificate_in_the_url_passes_mutual_tls_for_app_worker_and_cl
     try:
         client = JobQueue.from_url(url)
         client.declare_task("add")
-        run = client.enqueue("add", 2, 3, run_id="mtls").wait(timeout=20)
+        run = client.enqueue(
+            client.resolve_task("add").with_options(run_id="mtls"), 2, 3
+        ).wait(timeout=20)
         assert (run.state, run.result) == ("done", 5)
         code, out = cli("--redis-url", url, "show", "mtls", "--json")
         assert code == 0, out

@@ -101,7 +101,7 @@ def test_settings_refuse_traceback_bounds_out_of_range(fields: dict[str, int]) -
 
 def test_fail_keeps_the_traceback_with_the_retry_entry(jq: JobQueue) -> None:
     jq.declare_task("report", max_attempts=2)
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     fail_one(jq, "r1", retry_ms=0, traceback=TB)
     run = jq.get_run("r1")
     assert [(t["attempt"], t["traceback"]) for t in run.tracebacks] == [(1, TB)]
@@ -112,7 +112,7 @@ def test_fail_keeps_the_traceback_with_the_retry_entry(jq: JobQueue) -> None:
 
 def test_fail_keeps_the_traceback_with_the_dead_entry(jq: JobQueue) -> None:
     jq.declare_task("report", max_attempts=1)
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     fail_one(jq, "r1", retry_ms=None, traceback=TB)
     run = jq.get_run("r1")
     assert run.state == "dead"
@@ -121,7 +121,7 @@ def test_fail_keeps_the_traceback_with_the_dead_entry(jq: JobQueue) -> None:
 
 def test_a_fail_without_traceback_adds_none(jq: JobQueue) -> None:
     jq.declare_task("report", max_attempts=1)
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     fail_one(jq, "r1", retry_ms=None, traceback="")
     run = jq.get_run("r1")
     assert (run.tracebacks, run.traceback) == ([], None)
@@ -177,7 +177,7 @@ def url(real_server: EmbeddedServer) -> str:
 def dead_r1(url: str) -> JobQueue:
     jq = JobQueue.from_url(url)
     jq.declare_task("report", max_attempts=1)
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     fail_one(jq, "r1", retry_ms=None, traceback=TB)
     return jq
 
@@ -206,7 +206,7 @@ def test_show_json_dead_list_json_and_runs_json_carry_the_tracebacks(
 
 def test_the_run_page_shows_the_traceback_escaped(jq: JobQueue) -> None:
     jq.declare_task("report", max_attempts=1)
-    jq.enqueue("report", run_id="r1")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     fail_one(jq, "r1", retry_ms=None, traceback=TB + "\n<b>x</b>")
     page = TestClient(create_app(jq)).get("/run?id=r1").text
     assert '<details class="traceback"><summary>traceback</summary><pre>Traceback' in page

@@ -429,7 +429,7 @@ def test_a_due_time_beyond_year_9000_is_refused(
 ) -> None:
     jq.task(name="ping")(lambda: None)
     with pytest.raises(ConfigError, match="beyond year 9000"):
-        jq.enqueue("ping", **when)
+        jq.enqueue(jq.resolve_task("ping").with_options(**when))
     with pytest.raises(ConfigError, match="beyond year 9000"):
         jq.enqueue_many([Request("ping", **when)])
     assert run_keys(redis_client) == []
@@ -438,7 +438,7 @@ def test_a_due_time_beyond_year_9000_is_refused(
 def test_a_due_time_before_year_9000_is_accepted(jq: JobQueue) -> None:
     jq.task(name="ping")(lambda: None)
     late = datetime(8999, 12, 31, 23, 59, 59, tzinfo=UTC)
-    assert jq.enqueue("ping", at=late).created
+    assert jq.enqueue(jq.resolve_task("ping").with_options(at=late)).created
 
 
 @pytest.mark.parametrize("option", [("--delay", "1e20"), ("--at", "9999-12-31T23:59:59Z")])

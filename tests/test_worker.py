@@ -89,7 +89,7 @@ def test_task_gets_a_context_describing_its_run(fast_jq: JobQueue) -> None:
         return "ok"
 
     with running(make_worker(fast_jq)):
-        handle = fast_jq.enqueue(inspect_ctx, run_id="ctx-run-1")
+        handle = fast_jq.enqueue(inspect_ctx.with_options(run_id="ctx-run-1"))
         run = finished(fast_jq, handle.run_id)
     assert seen == {"run_id": "ctx-run-1", "fence": run.fence, "attempt": 1, "queue": "default"}
 
@@ -301,11 +301,11 @@ def test_fenced_write_refuses_a_write_older_than_the_resources_last(fast_jq: Job
 
     keys = fast_jq.keys_for("default", "older")
     with running(make_worker(fast_jq, concurrency=1)):
-        older = fast_jq.enqueue(write, "contested", run_id="older")
+        older = fast_jq.enqueue(write.with_options(run_id="older"), "contested")
         held = state_is(fast_jq, "older", "running")
         # A run claimed later in the same partition (a greater fence) writes first; the busy
         # worker (one slot) leaves it to this claim.
-        fast_jq.enqueue("write", "x", run_id="newer")
+        fast_jq.enqueue(fast_jq.resolve_task("write").with_options(run_id="newer"), "x")
         claim = CLAIM.call(keys, 1, "other", 30_000, 60_000)
         (newer,) = CLAIM.parse(fast_jq.scripts.run(claim)).runs
         assert newer.run_id == "newer" and newer.fence > held.fence
@@ -313,7 +313,9 @@ def test_fenced_write_refuses_a_write_older_than_the_resources_last(fast_jq: Job
         assert FENCED_WRITE.parse(fast_jq.scripts.run(first)) == (True, newer.fence)
         release.set()
         stale = finished(fast_jq, older.run_id)
-        fresh = finished(fast_jq, fast_jq.enqueue(write, "fresh", run_id="fresh").run_id)
+        fresh = finished(fast_jq, fast_jq.enqueue(
+            write.with_options(run_id="fresh"), "fresh"
+        ).run_id)
     assert (stale.result, fresh.result) == (False, True)
     redis = fast_jq.redis
     assert redis.hget(keys.fence_resource("contested"), "value") == "newer"
@@ -335,7 +337,7 @@ def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue, clock: Fa
     worker = make_worker(fast_jq, lease=lease, clock=clock)
     keys = fast_jq.keys_for("default", "sleeper")
     with running(worker):
-        handle = fast_jq.enqueue(sleeper, run_id="sleeper")
+        handle = fast_jq.enqueue(sleeper.with_options(run_id="sleeper"))
         wait_for(lambda: fences, what="the run to start")
         while fences and not fast_jq.get_run(handle.run_id).finished:
             # A third of the lease on, a heartbeat renews it without the clock moving further.
@@ -416,7 +418,9 @@ def test_an_idle_worker_woken_by_an_enqueue_claims_from_that_partition_alone(
         for run_id in _in_other_partitions(jq, "woken-", 3):
             time.sleep(0.3)  # the worker is asleep on the wake lists
             before = calls.calls
-            assert finished(jq, jq.enqueue(noop, run_id=run_id).run_id, timeout=4).state == "done"
+            assert finished(jq, jq.enqueue(
+                noop.with_options(run_id=run_id)
+            ).run_id, timeout=4).state == "done"
             time.sleep(0.3)  # and asleep again
             assert calls.calls - before <= 2  # its partition, not all 16
 
@@ -437,7 +441,7 @@ def test_a_worker_woken_again_and_again_by_one_partition_still_asks_every_partit
         time.sleep(0.3)
         before = calls.calls
         for i in range(12):  # a token every 0.2 s: no wait runs to its end
-            jq.enqueue(noop, run_id=f"trickle-{i}")
+            jq.enqueue(noop.with_options(run_id=f"trickle-{i}"))
             time.sleep(0.2)
         # 12 woken claims or so, and a sweep of the 16 partitions every 0.5 s at least
         assert calls.calls - before >= 12 + 2 * 16
@@ -455,9 +459,11 @@ def test_a_run_due_in_another_partition_starts_on_time_while_the_worker_claims_w
     later_id, now_id = _in_other_partitions(jq, "due-", 2)
     with running(make_worker(jq, idle_wait=8.0)):
         time.sleep(0.3)
-        later = jq.enqueue(noop, run_id=later_id, delay=1.5)
+        later = jq.enqueue(noop.with_options(run_id=later_id, delay=1.5))
         time.sleep(0.3)
-        jq.enqueue(noop, run_id=now_id)  # woken by this one's partition, then waits again
+        jq.enqueue(
+            noop.with_options(run_id=now_id)
+        )  # woken by this one's partition, then waits again
         # Before the 8 s idle wait ends: the wait after the woken partition's claim still
         # runs to the due time the other partition reported.
         assert finished(jq, later.run_id, timeout=5).state == "done"

@@ -142,7 +142,7 @@ def test_a_result_arriving_after_its_timeout_does_not_win_over_the_timeouts_fail
     with running(worker):
         handle = fast_jq.enqueue(slow)
         assert started.wait(5)
-        fast_jq.enqueue(quick, run_id="blocker")
+        fast_jq.enqueue(quick.with_options(run_id="blocker"))
         wait_for(lambda: phase_of(worker, "blocker") is RunPhase.COMMITTING, what="blocker")
         clock.advance(0.25)  # past slow's timeout: its fail is queued behind the blocker
         wait_for(lambda: phase_of(worker, handle.run_id) is RunPhase.TIMED_OUT, what="timeout")

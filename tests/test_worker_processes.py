@@ -461,7 +461,7 @@ def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(
     jq = client_for(server.url)
     args = ("--concurrency", "1", "--lease", "1", "--grace", "1")
     first = procs.worker(*args)
-    jq.enqueue("stall", 1.5, run_id="stalled")
+    jq.enqueue(jq.resolve_task("stall").with_options(run_id="stalled"), 1.5)
 
     def held_by_first() -> bool:
         run = jq.get_run("stalled")
@@ -504,7 +504,7 @@ def test_sigterm_under_load_releases_without_counting_attempts_and_loses_nothing
     jq = client_for(server.url)
     args = ("--concurrency", "8", "--lease", "5", "--grace", "0.3")
     draining = procs.worker(*args)
-    jq.enqueue("stuck_once", run_id="stuck")
+    jq.enqueue(jq.resolve_task("stuck_once").with_options(run_id="stuck"))
     wait_for(lambda: jq.get_run("stuck").state == "running", 15, "the stuck run to start")
     # Runs of 1.0-1.5 s: of the ~7 in flight at the signal, each ends within the 0.3 s grace
     # with a chance of about 1 in 4, so that at least two are released all but always.

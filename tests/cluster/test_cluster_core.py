@@ -77,7 +77,7 @@ def test_asyncio_client_enqueues_across_partitions_and_cancels_on_a_cluster(
         ajq.declare_task("t")
         handles = await ajq.enqueue_many(Request("t", (i,), run_id=f"a-{i}") for i in range(64))
         assert all(h.created for h in handles)
-        assert not (await ajq.enqueue("t", run_id="a-3")).created
+        assert not (await ajq.enqueue(ajq.resolve_task("t").with_options(run_id="a-3"))).created
         assert (await ajq.get_run("a-5")).args == [5]
         assert await ajq.cancel("a-6") == "pending"
         await ajq.close()
@@ -87,8 +87,8 @@ def test_asyncio_client_enqueues_across_partitions_and_cancels_on_a_cluster(
 
 def test_enqueue_get_run_and_idempotent_enqueue_on_a_cluster(cjq: JobQueue) -> None:
     cjq.declare_task("report")
-    first = cjq.enqueue("report", 1, run_id="nightly@2026-11-29")
-    again = cjq.enqueue("report", 2, run_id="nightly@2026-11-29")
+    first = cjq.enqueue(cjq.resolve_task("report").with_options(run_id="nightly@2026-11-29"), 1)
+    again = cjq.enqueue(cjq.resolve_task("report").with_options(run_id="nightly@2026-11-29"), 2)
     assert (first.created, again.created) == (True, False)
     run = cjq.get_run("nightly@2026-11-29")
     assert run.state == "pending" and run.args == [1]
@@ -143,7 +143,7 @@ def test_priorities_order_a_partitions_claims_on_a_cluster(
 
 def test_cancel_and_requeue_on_a_cluster(cjq: JobQueue) -> None:
     cjq.declare_task("t")
-    cjq.enqueue("t", run_id="stop-me")
+    cjq.enqueue(cjq.resolve_task("t").with_options(run_id="stop-me"))
     assert cjq.cancel("stop-me") == "pending"
     assert cjq.get_run("stop-me").state == "cancelled"
     with pytest.raises(OperationRefused):
@@ -193,7 +193,7 @@ def test_global_data_never_needs_a_multi_slot_command(
         done.append(i)
 
     cjq.enqueue_many(Request(t, (i,), run_id=f"r{i}") for i in range(40))
-    cjq.enqueue(t, run_id="other-queue", queue="other")
+    cjq.enqueue(t.with_options(run_id="other-queue", queue="other"))
     cjq.get_run("r1")
     cjq.cancel("r2")
     cjq.find_run("never-enqueued")  # looked for in every queue's candidate partition
@@ -225,11 +225,11 @@ def test_global_data_never_needs_a_multi_slot_command(
 def test_changing_the_partition_count_of_an_existing_queue_is_refused(cluster_url: str) -> None:
     first = JobQueue.from_url(cluster_url, partitions={"default": 16})
     first.declare_task("t")
-    first.enqueue("t", run_id="a")
+    first.enqueue(first.resolve_task("t").with_options(run_id="a"))
     other = JobQueue.from_url(cluster_url, partitions={"default": 8})
     other.declare_task("t")
     with pytest.raises(ConfigError, match="has 16 partitions in Redis but 8 are configured"):
-        other.enqueue("t", run_id="b")
+        other.enqueue(other.resolve_task("t").with_options(run_id="b"))
     assert other.find_run("b") is None
     unconfigured = JobQueue.from_url(cluster_url)  # adopts what Redis records
     assert unconfigured.get_run("a").partition == partition_of("a", 16)
@@ -241,10 +241,10 @@ def test_noscript_after_a_script_flush_on_every_node_is_recovered(
     cjq: JobQueue, cluster: Cluster
 ) -> None:
     cjq.declare_task("t")
-    cjq.enqueue("t", run_id="before")
+    cjq.enqueue(cjq.resolve_task("t").with_options(run_id="before"))
     for node in cluster.nodes:
         with node.client() as c:
             c.script_flush()
-    assert cjq.enqueue("t", run_id="single").created
+    assert cjq.enqueue(cjq.resolve_task("t").with_options(run_id="single")).created
     handles = cjq.enqueue_many(Request("t", run_id=f"batch-{i}") for i in range(50))
     assert all(h.created for h in handles)  # the pipelined path reloads per node too

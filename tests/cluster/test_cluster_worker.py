@@ -107,7 +107,7 @@ def test_an_idle_worker_on_a_cluster_looks_at_the_wake_lists_not_claims_every_pa
         assert calls.calls == idle_from
         for partition in (3, 11):  # lists the worker is not blocked on, mostly
             (run_id,) = ids_in_partition(partition, 1)
-            handle = jq.enqueue(noop, run_id=run_id)
+            handle = jq.enqueue(noop.with_options(run_id=run_id))
             wait_for(lambda h=handle: jq.get_run(h.run_id).state == "done", timeout=5)
 
 
@@ -135,7 +135,7 @@ def test_a_paused_queue_spread_over_three_masters_hands_out_nothing_until_resume
     with running(worker, join_timeout=20):
         # Each claim pass asks the 16 paused partitions first: once "open"'s run is done,
         # every one of them was asked (the worker sleeps between passes).
-        jq.enqueue(passing, run_id="passing")
+        jq.enqueue(passing.with_options(run_id="passing"))
         wait_for(lambda: jq.get_run("passing").state == "done", 30, "the open queue's run")
         wait_for(lambda: worker.stats.completed >= 1, 10, "its commit")
         assert seen == []
