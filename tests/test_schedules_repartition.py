@@ -116,7 +116,10 @@ def test_after_the_move_every_job_fires_once_from_its_new_partition(redis_client
     third = before.next_fire_ms  # the herd's third fire
     report = Scheduler(jq, lookahead=0, install_signal_handlers=False).tick(now=third)
     assert report.partitions == 8
-    assert report.runs_created == JOBS and report.advanced >= JOBS
+    # The herd's 60 runs, and the hourly job's when this third fire is on the hour (the tests'
+    # clock starts at the server's next minute: run at hh:57, it is).
+    hourly = 1 if third % 3_600_000 == 0 else 0
+    assert report.runs_created == JOBS + hourly and report.advanced >= JOBS
     info = jq.get_schedule("job-7")
     assert info is not None and info.state.fired == 3 and info.next_fire_ms == third + 60 * S
 
