@@ -311,6 +311,15 @@ def _note_if_new(jq: Any, name: str) -> None:
         click.echo(f"note: queue {name} had no runs nor configuration: recorded now", err=True)
 
 
+def _limit_value(limit: str) -> int | None:
+    """LIMIT of `queue concurrency` / `queue rate`: a count, or None for 'none'."""
+    if limit.lower() == "none":
+        return None
+    if limit.isascii() and limit.isdigit():
+        return int(limit)
+    raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
+
+
 # A negative LIMIT ("-1") is an argument to refuse with the rule, not an unknown option.
 _LIMIT_ARGS = {"ignore_unknown_options": True}
 
@@ -326,12 +335,7 @@ def queue_concurrency(state: Any, name: str, limit: str) -> None:
     Enforced by the claim script across all workers: a run holds its slot from its claim until
     its commit, its cancel or its lease's expiry (a killed worker's slot frees when its lease
     expires). Idempotent: setting the limit it has exits 0."""
-    if limit.lower() == "none":
-        value = None
-    elif limit.isascii() and limit.isdigit():
-        value = int(limit)
-    else:
-        raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
+    value = _limit_value(limit)
     what = "no concurrency limit" if value is None else f"concurrency limit {value}"
     _note_if_new(state.jq(), name)
     if state.jq().set_queue_concurrency(name, value):
@@ -357,12 +361,7 @@ def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
 
     Enforced by the claim script across all workers, on the server's clock: a run over the
     limit stays pending, and idle workers sleep until the window has room. Idempotent."""
-    if limit.lower() == "none":
-        value = None
-    elif limit.isascii() and limit.isdigit():
-        value = int(limit)
-    else:
-        raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
+    value = _limit_value(limit)
     ctx = click.get_current_context()
     if value is None and ctx.get_parameter_source("per") is not ParameterSource.DEFAULT:
         raise click.BadParameter(

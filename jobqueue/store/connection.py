@@ -101,7 +101,7 @@ def sync_client(url: str) -> Any:
         )
     except TypeError as exc:
         raise _unknown_option(exc, url) or exc from None
-    # RedisCluster connects at once; when no seed node answers it raises
+    # RedisCluster connects at once; when no startup node answers it raises
     # RedisClusterException, which is not a RedisError.
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise ConnectionFailed(f"cannot connect to {redact(url)}: {exc}") from None
