@@ -150,3 +150,36 @@ def test_jobs_waiting_behind_threads_all_held_by_long_tasks_get_threads_of_their
     release.set()
     recorder.wait_for(MIN_THREADS + 2)
     assert (pool.threads, recorder.errors) == (MIN_THREADS + 2, [])
+
+
+def test_a_thread_hands_on_the_outcomes_it_holds_before_it_waits_for_a_job(
+    make_pool: Callable[[int], DaemonPool], recorder: Recorder
+) -> None:
+    pool = make_pool(1)
+    gate = threading.Event()
+    pool.submit("gate", gate.wait, (WAIT_S,))
+    for i in range(5):
+        pool.submit(i, lambda: None, ())  # waiting while the gate runs: their outcomes are held
+    gate.set()
+    recorder.wait_for(6)  # no job follows: the thread handed them on before waiting
+    assert recorder.errors == []
+
+
+def test_outcomes_held_while_the_next_job_runs_long_are_handed_on_by_the_tick(
+    make_pool: Callable[[int], DaemonPool], recorder: Recorder
+) -> None:
+    """A finished run's commit never waits for the code its thread runs next."""
+    pool = make_pool(1)
+    gate, release = threading.Event(), threading.Event()
+    pool.submit("gate", gate.wait, (WAIT_S,))
+    pool.submit("quick", lambda: None, ())
+    pool.submit("long", release.wait, (WAIT_S,))
+    gate.set()
+    deadline = time.monotonic() + WAIT_S
+    while recorder.finished < 2 and time.monotonic() < deadline:
+        pool.tick()  # the keeper's, every 50 ms
+        time.sleep(0.01)
+    finished_while_the_long_job_ran = recorder.finished
+    release.set()
+    recorder.wait_for(3)
+    assert finished_while_the_long_job_ran == 2

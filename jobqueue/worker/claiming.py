@@ -84,10 +84,14 @@ class Claimer:
         idle_wait: float = MAX_IDLE_WAIT_S,
         drained: Callable[[], None] | None = None,
         launch: Callable[[], None] = lambda: None,
+        run_inline: Callable[[], bool] = lambda: True,
     ) -> None:
         """``start(run, keys, now_ms, sent)`` starts a claimed run (the executor);
         ``launch()``, called after each claim's runs are started, sends them on their way
         together (the executor hands async runs to its event loop in one go).
+        ``run_inline()``, called after each claim, runs the short sync runs it started on
+        this thread (the executor); False tells this thread to leave the loop, which
+        ``take_over`` has started on another.
         ``drained``: burst mode, called once nothing is due and nothing is held."""
         self._jq = jq
         self._id = worker_id
@@ -102,6 +106,10 @@ class Claimer:
         self._idle_wait = idle_wait
         self._drained = drained
         self._launch = launch
+        self._run_inline = run_inline
+        # The thread running the claim loop (see take_over), and what ended it if not a stop.
+        self._owner: threading.Thread | None = None
+        self._crashed: BaseException | None = None
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
         self._batch_floor = max(1, min(table.concurrency // 4, 64))
@@ -135,7 +143,33 @@ class Claimer:
             pipe.execute()
 
     def run(self) -> None:
-        """Claim until stopping."""
+        """Claim until stopping, on a thread of its own ("jq-claim": short sync tasks run on
+        it, see jobqueue.worker.inline); returns when the loop has ended, on whichever thread
+        ran it last."""
+        self.take_over()
+        while True:
+            owner = self._owner
+            assert owner is not None
+            owner.join()
+            if self._owner is owner:
+                break
+        if self._crashed is not None:
+            raise self._crashed
+
+    def take_over(self) -> None:
+        """Start the claim loop on a new thread; the one running it (stuck in an inline run)
+        leaves it when that run ends."""
+        thread = threading.Thread(target=self._loop_guarded, name="jq-claim", daemon=True)
+        self._owner = thread
+        thread.start()
+
+    def _loop_guarded(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # raised by run(), on the caller's thread
+            self._crashed = exc
+
+    def _loop(self) -> None:
         stopping, table, clock = self._stopping, self._table, self._clock
         backoff = Backoff(RETRY_S, RETRY_CAP_S)
         woken_by: str | None = None  # the wake list whose token ended the last wait
@@ -157,6 +191,8 @@ class Claimer:
                 claimed, wait_s = self.claim(free, focus)
                 backoff.reset()
             except (JobQueueError, redis.exceptions.RedisError) as exc:
+                if not self._run_inline():  # what the failed call claimed before failing
+                    return
                 pause = backoff.next()
                 log.warning("claim failed (%s); retrying in %.1fs", exc, pause)
                 clock.wait(stopping, pause)
@@ -164,10 +200,14 @@ class Claimer:
             except Exception:
                 # A surprise must not end the claim loop (the worker would idle forever, its
                 # process alive); runs this call leased come back when their leases expire.
+                if not self._run_inline():
+                    return
                 pause = backoff.next()
                 log.exception("claim loop iteration failed; retrying in %.1fs", pause)
                 clock.wait(stopping, pause)
                 continue
+            if not self._run_inline():
+                return  # given up while a run was stuck: another thread claims now
             if claimed == 0 and self._drained is not None:
                 # Burst mode never waits on the wake lists, so every claim here was a sweep
                 # of all partitions (no focus).

@@ -193,8 +193,9 @@ class Worker:
             lease_ms=self.lease_ms, stopping=self._stopping,
             commits_refused=self._committer.refused, idle_wait=idle_wait,
             drained=self._burst_done if burst else None,
-            launch=self._executor.launch_started,
+            launch=self._executor.launch_started, run_inline=self._executor.run_inline,
         )
+        self._executor.watch_inline(self._claimer.take_over)
 
     # -- what can be watched -------------------------------------------------------------
 

@@ -1,7 +1,8 @@
-"""Running claimed runs: sync tasks on a pool of daemon threads, ``async def`` tasks on one
-event loop thread; turning what the code returned or raised into the outcome to commit; and
-the task timeouts (a sync task cannot be killed: timed-out code keeps its slot until it
-returns, and a worker whose slots it mostly holds gives up)."""
+"""Running claimed runs: sync tasks on a pool of daemon threads (short ones on the claim
+loop's own thread: jobqueue.worker.inline), ``async def`` tasks on one event loop thread;
+turning what the code returned or raised into the outcome to commit; and the task timeouts
+(a sync task cannot be killed: timed-out code keeps its slot until it returns, and a worker
+whose slots it mostly holds gives up)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from jobqueue.runtime.tracebacks import format_traceback
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import FENCED_WRITE, PROGRESS, ClaimedRun
 from jobqueue.tasks import Task
+from jobqueue.worker.inline import TAKE_OVER_S, InlineLane, TaskSpeeds
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import LEASE_LOST, Finished, InFlight, RunTable, WorkerStats
 
@@ -62,6 +64,26 @@ _UP = 0.01
 _SAMPLE_RUNS = 20
 
 
+# A pool thread with more jobs waiting holds the outcomes of the jobs it ran, up to this many
+# or this long, and hands them on together: each hand-off wakes the committer and the claim
+# loop (a GIL transfer and context switches), once per batch instead of once per run.
+OUTCOME_BATCH = 64
+OUTCOME_LINGER_S = 0.003
+_EMPTY: Any = object()  # no job taken yet
+
+
+class _Held:
+    """One pool thread's outcomes not handed on yet (see OUTCOME_BATCH): its own, and the
+    keeper's ``tick`` hands them on if the thread's next job runs long."""
+
+    __slots__ = ("items", "lock", "since")
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Any, Any, BaseException | None]] = []
+        self.lock = threading.Lock()
+        self.since = 0  # time.perf_counter_ns() when the first of them was held
+
+
 class DaemonPool:
     """A pool of daemon threads running sync tasks: ``size`` at most, and as few as keep the
     interpreter busy.
@@ -78,6 +100,12 @@ class DaemonPool:
     than twice as many as wanted. ``tick`` (the keeper's) starts a thread for each job
     waiting when none was taken for STARVED_S: long or stuck code holds every thread, and
     tasks that long lose nothing to hand-offs.
+
+    A thread that ends a job while others wait holds its outcome and takes the next job,
+    handing the outcomes on together (OUTCOME_BATCH, OUTCOME_LINGER_S): one wake-up of the
+    committer and the claim loop per batch, not per run. It hands them on before it waits for
+    a job, and the keeper's ``tick`` does when the thread's next job runs long, so a finished
+    run waits at most about OUTCOME_LINGER_S plus a tick for its commit.
 
     Not ``ThreadPoolExecutor``: the interpreter joins its threads at exit, so one task stuck
     past the grace period would keep a drained worker process from exiting (its run already
@@ -113,6 +141,8 @@ class DaemonPool:
         self._run_cpu = 0.0
         self._taken = 0
         self._sampled: tuple[int, int] = (time.process_time_ns(), 0)
+        # each thread's outcomes not handed on yet
+        self._held: list[_Held] = []
         with self._lock:
             self._grow(min(size, MIN_THREADS))
 
@@ -146,6 +176,13 @@ class DaemonPool:
             self._sampled = (cpu_ns, taken)
             sample = (cpu_ns - cpu0) / (taken - taken0)
             self._run_cpu = sample if self._run_cpu <= 0.0 else self._run_cpu * 0.7 + sample * 0.3
+        # A thread holding outcomes while its next job runs long: they go on from here.
+        old = time.perf_counter_ns() - int(OUTCOME_LINGER_S * 1e9)
+        with self._lock:
+            holders = list(self._held)
+        for held in holders:
+            if held.items and held.since <= old:
+                self._hand_on(held)
         with self._lock:
             if (
                 self._queued > self._idle
@@ -167,17 +204,47 @@ class DaemonPool:
             t.start()
 
     def _work(self) -> None:
-        get, done, lock = self._jobs.get, self._done, self._lock
+        get, get_nowait, lock = self._jobs.get, self._jobs.get_nowait, self._lock
         wall_ns, cpu_ns, keep = time.perf_counter_ns, time.thread_time_ns, 1.0 - _EWMA
         monotonic = time.monotonic
+        held = _Held()
+        with lock:
+            self._held.append(held)
+        try:
+            self._serve(held, get, get_nowait, wall_ns, cpu_ns, keep, monotonic)
+        finally:
+            with lock:
+                self._held.remove(held)
+            self._hand_on(held)
+
+    def _serve(
+        self,
+        held: _Held,
+        get: Callable[[], Any],
+        get_nowait: Callable[[], Any],
+        wall_ns: Callable[[], int],
+        cpu_ns: Callable[[], int],
+        keep: float,
+        monotonic: Callable[[], float],
+    ) -> None:
+        lock, linger_ns = self._lock, int(OUTCOME_LINGER_S * 1e9)
         while True:
             with lock:
-                if self._threads > self.width() * 2:
+                if self._threads > self.width() * 2 and not held.items:
                     # the tasks now ask for far fewer threads
                     self._threads -= 1
                     return
                 self._idle += 1
-            job = get()
+            job: Any = _EMPTY
+            if held.items:
+                # Outcomes held: take the next job only if one is waiting; before blocking
+                # for one, hand them on.
+                with contextlib.suppress(queue_mod.Empty):
+                    job = get_nowait()
+                if job is _EMPTY:
+                    self._hand_on(held)
+            if job is _EMPTY:
+                job = get()
             with lock:
                 self._idle -= 1
                 if job is None:
@@ -194,8 +261,9 @@ class DaemonPool:
                 value = None
             else:
                 error = None
+            wall1 = wall_ns()
             cpu = max(cpu_ns() - cpu0, 1)
-            waited = max(wall_ns() - wall0 - cpu, 0)
+            waited = max(wall1 - wall0 - cpu, 0)
             # Unlocked: a lost update among racing threads only skips one sample.
             self._cpu = self._cpu * keep + cpu * _EWMA
             # The time a task waits is its wall time less its CPU, but that includes its
@@ -207,8 +275,21 @@ class DaemonPool:
                 self._wait = float(waited)
             else:
                 self._wait = w + (waited - w) * (_DOWN if waited < w else _UP)
+            with held.lock:
+                if not held.items:
+                    held.since = wall1
+                held.items.append((token, value, error))
+                full = len(held.items) >= OUTCOME_BATCH or wall1 - held.since >= linger_ns
+            if full:
+                self._hand_on(held)
+
+    def _hand_on(self, held: _Held) -> None:
+        """Hand the held outcomes to ``done``, in the order their jobs ended."""
+        with held.lock:
+            items, held.items = held.items, []
+        for token, value, error in items:
             try:
-                done(token, value, error)
+                self._done(token, value, error)
             except BaseException:  # the pool thread must survive a failing callback
                 log.exception("finishing a run failed")
 
@@ -253,6 +334,10 @@ class Executor:
         self._stuck_limit = stuck_limit
         self._stuck_since: float | None = None
         self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome)
+        # Short sync tasks run on the claim loop's thread (jobqueue.worker.inline).
+        self._speeds = TaskSpeeds()
+        self._lane = InlineLane(self._on_outcome, self._pool.submit, self._speeds)
+        self._take_over: Callable[[], None] = lambda: None
         self._loop: asyncio.AbstractEventLoop | None = None
         # per partition: ctx.fenced_write's and ctx.progress's calls
         self._writers: dict[PartitionKeys, tuple[Writer, Reporter]] = {}
@@ -349,8 +434,23 @@ class Executor:
         if task.is_async:
             assert self._loop is not None
             self._to_spawn.append((entry, task, args, kwargs))
+        elif self._speeds.inline(run.task):
+            self._lane.add(run.task, (entry, _run_sync, (task, ctx, args, kwargs, self._hooks)))
         else:
-            self._pool.submit(entry, _run_sync, (task, ctx, args, kwargs, self._hooks))
+            self._pool.submit(
+                entry, _run_sync_timed, (self._speeds, task, ctx, args, kwargs, self._hooks)
+            )
+
+    def run_inline(self) -> bool:
+        """On the claim loop's thread: run the short sync runs it just started (see
+        jobqueue.worker.inline). False when the keeper gave this thread up meanwhile (a run
+        was stuck): another thread runs the claim loop now, and this one must leave it."""
+        return self._lane.run()
+
+    def watch_inline(self, take_over: Callable[[], None]) -> None:
+        """``take_over()`` starts a new claim loop thread: called from the keeper's tick when
+        an inline run is stuck."""
+        self._take_over = take_over
 
     def launch_started(self) -> None:
         """Hand the async runs started since the last call to the event loop, in one wake-up
@@ -455,6 +555,13 @@ class Executor:
         """Fail the runs whose code ran over its timeout (a retry per policy); their slots
         stay taken until the code returns."""
         self._pool.tick()
+        if self._lane.stuck():
+            log.warning(
+                "a sync task run inline has run for over %gs: the claim loop goes on in a new "
+                "thread, and the task runs in the pool from now on",
+                TAKE_OVER_S,
+            )
+            self._take_over()
         expired, stuck = self._table.timed_out(now)
         self._check_stuck(now, stuck)
         for e in expired:
@@ -547,6 +654,22 @@ def _run_sync(
         return value
     finally:
         unbind(token)
+
+
+def _run_sync_timed(
+    speeds: TaskSpeeds,
+    task: Task[Any, Any],
+    ctx: RunContext,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    hooks: Hooks | None,
+) -> Any:
+    """_run_sync in the pool, its wall time told to ``speeds`` (short tasks go inline)."""
+    began = time.perf_counter()
+    try:
+        return _run_sync(task, ctx, args, kwargs, hooks)
+    finally:
+        speeds.record(ctx.task, time.perf_counter() - began)
 
 
 async def _run_async(
