@@ -18,7 +18,11 @@ system measured the same way (median of --repeat runs):
   I/O a real task does; ``noop`` does nothing; ``cpu`` (jobqueue only) burns about 1 ms.
   The worker's CPU per run (user + system, from /proc) says what a run costs the worker, and
   its context switches per run (its threads', from /proc) how many thread hand-offs and
-  waits it takes.
+  waits it takes;
+* ceilings, in this process, no worker: the task's own INCR alone (redis-py sync, and
+  redis.asyncio with --concurrency calls in flight), and the best a sync Python task can
+  drain at: one thread that claims --concurrency runs, runs each INCR in turn, and commits
+  them with the next claim in one round trip (no hand-offs, no heartbeats, no hooks).
 
 This machine may be shared and noisy: compare the ratios within one run, not figures across
 runs. redis-benchmark's EVALSHA rates on the same server are printed as the yardstick.
@@ -58,7 +62,9 @@ from worker import LEAD_MS, Workers, server_ms, tree_cpu, tree_switches
 
 from jobqueue import JobQueue, Request
 from jobqueue.errors import JobQueueError
+from jobqueue.payload import decode_payload
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CLAIM, COMPLETE
 
 DEFAULT_N = 20_000
 QUICK_N = 4_000
@@ -230,6 +236,105 @@ def jq_drain(
         jq.close()
 
 
+# -- ceilings ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    rate: float  # per second
+    cpu_us: float  # this process's CPU per operation, microseconds
+
+
+def measured(n: int, fn: Callable[[], None]) -> Ceiling:
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return Ceiling(n / (time.perf_counter() - t0), (time.process_time() - cpu0) / n * 1e6)
+
+
+def incr_alone(server: BenchServer, n: int) -> Ceiling:
+    """The sync task's own I/O: one INCR after the other on one redis-py connection."""
+    server.flush()
+    client = redis.Redis.from_url(server.url)
+    client.ping()
+
+
+    def loop() -> None:
+        for _ in range(n):
+            client.incr(COUNTER)
+
+    try:
+        return measured(n, loop)
+    finally:
+        client.close()
+
+
+def aincr_alone(server: BenchServer, n: int, concurrency: int) -> Ceiling:
+    """The async task's own I/O: INCRs on redis.asyncio, ``concurrency`` in flight."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    server.flush()
+
+    async def go() -> Ceiling:
+        client: Any = aioredis.Redis.from_url(server.url)
+        await asyncio.gather(*(client.ping() for _ in range(concurrency)))  # the connections
+
+        async def one(k: int) -> None:
+            for _ in range(k):
+                await client.incr(COUNTER)
+
+        share = [n // concurrency + (i < n % concurrency) for i in range(concurrency)]
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(one(k) for k in share))
+        result = Ceiling(n / (time.perf_counter() - t0), (time.process_time() - cpu0) / n * 1e6)
+        await client.aclose()
+        return result
+
+    return asyncio.run(go())
+
+
+def sync_ceiling(server: BenchServer, n: int, concurrency: int) -> Ceiling:
+    """One thread: claim ``concurrency`` runs, do each run's INCR in turn, then commit them and
+    claim the next ones in one round trip. No hand-offs, heartbeats, hooks or metrics: what a
+    sync Python task can drain at with these scripts."""
+    server.flush()
+    jq = JobQueue.from_url(server.url)
+    task = jq.declare_task("incr")
+    client = redis.Redis.from_url(server.url)
+    try:
+        for first in range(0, n, BULK):
+            jq.enqueue_many([Request(task, (i,)) for i in range(first, min(first + BULK, n))])
+        retention = jq.settings.done_retention_ms
+        dead = jq.settings.dead_retention_ms
+
+        def drain() -> None:
+            finished: list[tuple[str, int, str]] = []
+            left = n
+            while left > 0:
+                calls = [COMPLETE.call(PK, finished, retention)] if finished else []
+                calls.append(CLAIM.call(PK, concurrency, "ceiling", 30_000, dead))
+                replies = jq.scripts.run_each(calls)
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
+                left -= len(finished)
+                finished = []
+                for run in CLAIM.parse(replies[-1]).runs:
+                    decode_payload(run.payload)
+                    client.incr(COUNTER)
+                    finished.append((run.run_id, run.fence, "null"))
+                if not finished and left > 0:
+                    raise BenchError("the ceiling loop found nothing to claim")
+
+        result = measured(n, drain)
+        check_counter(server, n, "incr")
+        return result
+    finally:
+        client.close()
+        jq.close()
+
+
 # -- shared -----------------------------------------------------------------------------------
 
 
@@ -255,6 +360,11 @@ def median_rate(fn: Callable[[], float], repeat: int) -> float:
 
 def median_drain(fn: Callable[[], Drain], repeat: int) -> Drain:
     samples = sorted((fn() for _ in range(repeat)), key=lambda d: d.rate)
+    return samples[len(samples) // 2]
+
+
+def median_ceiling(fn: Callable[[], Ceiling], repeat: int) -> Ceiling:
+    samples = sorted((fn() for _ in range(repeat)), key=lambda c: c.rate)
     return samples[len(samples) // 2]
 
 
@@ -384,6 +494,38 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "-",
                     ]
                 )
+            ceiling = median_ceiling(lambda: sync_ceiling(server, n, c), r)
+            alone = median_ceiling(lambda: incr_alone(server, n), r)
+            aalone = median_ceiling(lambda: aincr_alone(server, n, c), r)
+            sync_d = ours[("incr", 1)]
+            rows.append(
+                [
+                    "ceiling, sync task, one thread, no worker",
+                    fmt_int(ceiling.rate) + "/s",
+                    fmt_int(bull[("incr", c)].rate) + "/s",
+                    f"{ratio(ceiling.rate, bull[('incr', c)].rate)} (worker: "
+                    f"{sync_d.rate / ceiling.rate:.2f}x of it)",
+                ]
+            )
+            rows.append(
+                ["  its CPU per run", f"{ceiling.cpu_us:,.0f} us", "-", "-"]
+            )
+            rows.append(
+                [
+                    "the task's INCR alone, sync: CPU per call",
+                    f"{alone.cpu_us:,.0f} us",
+                    "-",
+                    f"{fmt_int(alone.rate)}/s",
+                ]
+            )
+            rows.append(
+                [
+                    f"the task's INCR alone, async ({c} in flight): CPU per call",
+                    f"{aalone.cpu_us:,.0f} us",
+                    "-",
+                    f"{fmt_int(aalone.rate)}/s",
+                ]
+            )
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
         return fail(str(exc))
     say(format_table(["workload", "jobqueue", f"BullMQ (c={c})", "ratio"], rows, "lrrr"))
