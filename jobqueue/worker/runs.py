@@ -176,6 +176,7 @@ class RunTable:
         self.concurrency = concurrency
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)
+        self._waiting = 0  # threads in _wait: a run returning notifies only if there are some
         self._runs: dict[tuple[str, int], InFlight] = {}
         self._busy = 0
         self._pending = 0
@@ -237,14 +238,22 @@ class RunTable:
         batch = max(1, min(batch, self.concurrency))
         with self._lock:
             while self._full() and not stop.is_set():
-                self.changed.wait(1.0)
+                self._wait(1.0)
             if linger > 0 and not stop.is_set() and 0 < self._free() < batch:
                 self._room_wanted = batch
                 try:
-                    self.changed.wait(linger)
+                    self._wait(linger)
                 finally:
                     self._room_wanted = 1
             return 0 if stop.is_set() else self._free()
+
+    def _wait(self, seconds: float) -> None:
+        # under the lock
+        self._waiting += 1
+        try:
+            self.changed.wait(seconds)
+        finally:
+            self._waiting -= 1
 
     def _free(self) -> int:
         # under the lock
@@ -256,7 +265,7 @@ class RunTable:
         """Up to ``seconds`` for a notification of ``changed`` (burst mode's wait while a
         held run finishes)."""
         with self._lock:
-            self.changed.wait(seconds)
+            self._wait(seconds)
 
     def wake(self) -> None:
         with self._lock:
@@ -268,7 +277,7 @@ class RunTable:
         """Wait until ``done()`` (called under the lock) or ``now()`` passes ``deadline``."""
         with self._lock:
             while not done() and now() < deadline:
-                self.changed.wait(min(0.1, max(deadline - now(), 0.001)))
+                self._wait(min(0.1, max(deadline - now(), 0.001)))
 
     def idle(self) -> bool:
         # under the lock (see wait_until)
@@ -294,7 +303,9 @@ class RunTable:
             if not phase.holds_slot:
                 raise PhaseError(f"run {entry.run.run_id} returned twice ({phase.value})")
             self._busy -= 1
-            if self._busy == 0 or self.concurrency - self._busy >= self._room_wanted:
+            if self._waiting and (
+                self._busy == 0 or self.concurrency - self._busy >= self._room_wanted
+            ):
                 self.changed.notify_all()
             if phase is RUNNING:
                 entry.move(COMMITTING)
