@@ -9,7 +9,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from helpers import finished, make_worker, running, wait_for
+import pytest
+from helpers import Exited, finished, make_worker, running, wait_for
 
 from jobqueue import Request
 from jobqueue.client.sync import JobQueue
@@ -104,6 +105,103 @@ def test_a_stuck_inline_run_holds_one_slot_and_the_worker_claims_on(fast_jq: Job
     assert stuck_on == ["claim"]  # it did run inline
 
 
+def test_a_run_finished_inline_before_a_stuck_one_in_the_same_go_is_committed(
+    fast_jq: JobQueue,
+) -> None:
+    release = threading.Event()
+    stuck_on: list[str] = []
+
+    @fast_jq.task
+    def mostly_short(i: int) -> None:
+        if i == -1:
+            stuck_on.append(_lane_name())
+            release.wait(WAIT_S)
+
+    try:
+        with running(make_worker(fast_jq, concurrency=4)):
+            _drained(fast_jq, _enqueue(fast_jq, mostly_short, 4 * INLINE_AFTER))
+            quick, stuck = [
+                h.run_id
+                for h in fast_jq.enqueue_many(
+                    [Request(mostly_short, (1,)), Request(mostly_short, (-1,))]
+                )
+            ]
+            wait_for(lambda: stuck_on, WAIT_S, "the stuck run to start")
+            assert finished(fast_jq, quick, WAIT_S).state == "done"
+            assert fast_jq.get_run(stuck).state == "running"
+    finally:
+        release.set()
+
+
+def test_a_stop_while_an_inline_run_is_stuck_drains_within_the_grace_period(
+    fast_jq: JobQueue,
+) -> None:
+    release = threading.Event()
+    stuck_on: list[str] = []
+
+    @fast_jq.task
+    def mostly_short(i: int) -> None:
+        if i == -1:
+            stuck_on.append(_lane_name())
+            release.wait(WAIT_S)
+
+    worker = make_worker(fast_jq, concurrency=4, grace=0.5)
+    exited = Exited(worker)
+    try:
+        wait_for(lambda: worker.state == "running", WAIT_S, "the worker to start")
+        _drained(fast_jq, _enqueue(fast_jq, mostly_short, 4 * INLINE_AFTER))
+        stuck = fast_jq.enqueue(mostly_short, -1).run_id
+        wait_for(lambda: stuck_on, WAIT_S, "the stuck run to start")
+        _drained(fast_jq, _enqueue(fast_jq, mostly_short, 8, 1))  # claimed by the new thread
+        worker.stop()
+        code = exited.join(WAIT_S)
+        assert (code, fast_jq.get_run(stuck).state) == (0, "pending")  # released at the grace
+    finally:
+        release.set()
+    assert stuck_on == ["claim"]
+
+
+def test_worker_run_returns_only_when_the_claim_loop_has_ended(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stuck inline run that ends just as the keeper gives its thread up (before the new
+    claim loop thread starts) ends that thread, not the worker."""
+    release = threading.Event()
+    stuck_on: list[str] = []
+    given_up = InlineLane.stuck
+
+    def run_ends_meanwhile(lane: InlineLane) -> bool:
+        found = given_up(lane)
+        if found:
+            release.set()
+            time.sleep(0.3)  # the stuck run returns before the claim loop is taken over
+        return found
+
+    monkeypatch.setattr(InlineLane, "stuck", run_ends_meanwhile)
+
+    @fast_jq.task
+    def mostly_short(i: int) -> None:
+        if i == -1:
+            stuck_on.append(_lane_name())
+            release.wait(WAIT_S)
+
+    worker = make_worker(fast_jq, concurrency=4)
+    exited = Exited(worker)
+    try:
+        wait_for(lambda: worker.state == "running", WAIT_S, "the worker to start")
+        _drained(fast_jq, _enqueue(fast_jq, mostly_short, 4 * INLINE_AFTER))
+        fast_jq.enqueue(mostly_short, -1)
+        wait_for(lambda: stuck_on, WAIT_S, "the stuck run to start")
+        wait_for(release.is_set, WAIT_S, "the keeper to give the thread up")
+        _drained(fast_jq, _enqueue(fast_jq, mostly_short, 8, 1))
+        assert (exited.thread.is_alive(), worker.state) == (True, "running")
+    finally:
+        release.set()
+        worker.stop()
+        assert exited.join(WAIT_S) == 0
+    assert stuck_on == ["claim"]
+
+
 # -- the lane on its own -------------------------------------------------------------------
 
 
@@ -170,3 +268,85 @@ def test_a_stuck_inline_run_gives_its_thread_up_and_its_queue_to_the_pool() -> N
     release.set()
     thread.join(WAIT_S)
     assert (result, out.done) == ([False], ["stuck"])
+
+
+def test_outcomes_a_stuck_go_holds_are_handed_on_when_it_is_given_up() -> None:
+    out, speeds = Outcomes(), TaskSpeeds()
+    lane = InlineLane(out.finish, out.to_pool, speeds)
+    release = threading.Event()
+    lane.add("t", ("quick", lambda: None, ()))
+    lane.add("t", ("stuck", release.wait, (WAIT_S,)))
+    thread = threading.Thread(target=lane.run)
+    thread.start()
+    try:
+        wait_for(lane.stuck, WAIT_S, "the keeper to see the stuck run")
+        assert out.done == ["quick"]
+    finally:
+        release.set()
+        thread.join(WAIT_S)
+    assert out.done == ["quick", "stuck"]
+
+
+def test_a_given_up_thread_returning_does_not_hide_the_next_threads_stuck_run() -> None:
+    out, speeds = Outcomes(), TaskSpeeds()
+    lane = InlineLane(out.finish, out.to_pool, speeds)
+    first, second, second_in = threading.Event(), threading.Event(), threading.Event()
+    lane.add("t", ("first", first.wait, (WAIT_S,)))
+    a = threading.Thread(target=lane.run)
+    a.start()
+    b = threading.Thread(target=lane.run)
+    try:
+        wait_for(lane.stuck, WAIT_S, "the first thread to be given up")
+
+        def second_job() -> None:
+            second_in.set()
+            second.wait(WAIT_S)
+
+        lane.add("t", ("second", second_job, ()))
+        b.start()
+        assert second_in.wait(WAIT_S)
+        first.set()
+        a.join(WAIT_S)  # ends while the second thread's run goes on
+        wait_for(lane.stuck, WAIT_S, "the second thread's stuck run to be seen")
+    finally:
+        first.set()
+        second.set()
+        a.join(WAIT_S)
+        if b.is_alive():
+            b.join(WAIT_S)
+    assert sorted(out.done) == ["first", "second"]
+
+
+_INTERRUPTED = """
+import os, signal, threading, time
+import fakeredis
+from jobqueue import JobQueue, Worker
+jq = JobQueue(fakeredis.FakeRedis(server=fakeredis.FakeServer(), decode_responses=True))
+@jq.task
+def t(i: int) -> int:
+    return i
+worker = Worker(jq, concurrency=2, install_signal_handlers=False)
+threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    worker.run()
+except KeyboardInterrupt:
+    pass
+time.sleep(0.5)
+print(sorted(x.name for x in threading.enumerate() if x.name == "jq-claim"))
+run_id = jq.enqueue(t, 1).run_id
+time.sleep(1.0)
+print(jq.get_run(run_id).state)
+"""
+
+
+def test_an_interrupt_out_of_worker_run_stops_the_claim_loop() -> None:
+    """Ctrl-C in an embedding process without the worker's signal handlers: nothing keeps
+    claiming once Worker.run has raised (a claim loop left behind would lease runs it can
+    neither heartbeat nor commit)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED], capture_output=True, text=True, timeout=WAIT_S
+    )
+    assert out.stdout.split() == ["[]", "pending"], out.stderr[-2000:]

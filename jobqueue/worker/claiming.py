@@ -107,8 +107,10 @@ class Claimer:
         self._drained = drained
         self._launch = launch
         self._run_inline = run_inline
-        # The thread running the claim loop (see take_over), and what ended it if not a stop.
+        # The thread running the claim loop (see take_over); set when it has ended, and
+        # what ended it if not a stop.
         self._owner: threading.Thread | None = None
+        self._ended = threading.Event()
         self._crashed: BaseException | None = None
         self._partitions: list[PartitionKeys] = []
         self._rr = 0
@@ -145,31 +147,46 @@ class Claimer:
     def run(self) -> None:
         """Claim until stopping, on a thread of its own ("jq-claim": short sync tasks run on
         it, see jobqueue.worker.inline); returns when the loop has ended, on whichever thread
-        ran it last."""
-        self.take_over()
-        while True:
-            owner = self._owner
-            assert owner is not None
-            owner.join()
-            if self._owner is owner:
-                break
+        ran it last. Anything raised meanwhile here (KeyboardInterrupt) stops the loop too."""
+        try:
+            self.take_over()
+            while not self._ended.wait(0.5):
+                pass
+        except BaseException:
+            # The caller leaves (KeyboardInterrupt): the loop must not claim on, leasing runs
+            # nobody heartbeats or commits. End its wait now (a Redis call: from a thread).
+            self._stopping.set()
+            self._table.wake()
+            threading.Thread(target=self.wake, name="jq-stop", daemon=True).start()
+            raise
         if self._crashed is not None:
             raise self._crashed
 
     def take_over(self) -> None:
-        """Start the claim loop on a new thread; the one running it (stuck in an inline run)
-        leaves it when that run ends."""
+        """Start the claim loop on a new thread; the one running it (stuck in an inline run,
+        given up) leaves it when that run ends."""
         thread = threading.Thread(target=self._loop_guarded, name="jq-claim", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had: the worker cannot claim on
+            self._crashed = exc
+            self._ended.set()
+            return
         self._owner = thread
-        thread.start()
 
     def _loop_guarded(self) -> None:
         try:
-            self._loop()
-        except BaseException as exc:  # raised by run(), on the caller's thread
-            self._crashed = exc
+            if not self._loop():
+                return  # given up: the loop goes on in another thread
+        except BaseException as exc:
+            if self._owner is not threading.current_thread():
+                log.exception("a claim loop thread given up failed")
+                return
+            self._crashed = exc  # raised by run(), on the caller's thread
+        self._ended.set()
 
-    def _loop(self) -> None:
+    def _loop(self) -> bool:
+        """The claim loop; False when this thread was given up (see take_over)."""
         stopping, table, clock = self._stopping, self._table, self._clock
         backoff = Backoff(RETRY_S, RETRY_CAP_S)
         woken_by: str | None = None  # the wake list whose token ended the last wait
@@ -192,7 +209,7 @@ class Claimer:
                 backoff.reset()
             except (JobQueueError, redis.exceptions.RedisError) as exc:
                 if not self._run_inline():  # what the failed call claimed before failing
-                    return
+                    return False
                 pause = backoff.next()
                 log.warning("claim failed (%s); retrying in %.1fs", exc, pause)
                 clock.wait(stopping, pause)
@@ -201,13 +218,13 @@ class Claimer:
                 # A surprise must not end the claim loop (the worker would idle forever, its
                 # process alive); runs this call leased come back when their leases expire.
                 if not self._run_inline():
-                    return
+                    return False
                 pause = backoff.next()
                 log.exception("claim loop iteration failed; retrying in %.1fs", pause)
                 clock.wait(stopping, pause)
                 continue
             if not self._run_inline():
-                return  # given up while a run was stuck: another thread claims now
+                return False  # given up while a run was stuck: another thread claims now
             if claimed == 0 and self._drained is not None:
                 # Burst mode never waits on the wake lists, so every claim here was a sweep
                 # of all partitions (no focus).
@@ -221,6 +238,7 @@ class Claimer:
                 # The woken partition gave all it had: wait again (a token of another
                 # partition ends the wait at once) rather than ask every partition.
                 woken_by = self._sleep_until_woken(wait_s)
+        return True
 
     def claim(self, free: int, focus: str | None = None) -> tuple[int, float]:
         """Claim across this worker's partitions, queues in priority order; round-robin among

@@ -1,7 +1,8 @@
 """The worker daemon: claims runs in batches, executes them, keeps their leases alive, and
 commits each with its fence. ``Worker`` wires its collaborators, each with one job:
 
-- ``claiming.Claimer``, the claim loop (the caller's thread);
+- ``claiming.Claimer``, the claim loop, its thread ("jq-claim", which also runs short sync
+  tasks: ``inline.InlineLane``; the caller's thread waits for it);
 - ``executing.Executor``, the pool of task threads, the event loop thread for ``async def``
   tasks, and the timeouts;
 - ``committing.Committer``, its thread: complete/fail commits in one round trip per master;

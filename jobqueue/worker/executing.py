@@ -167,6 +167,11 @@ class DaemonPool:
                 self._grow(min(waiting, self.width() - self._threads))
         self._jobs.put((token, fn, args))
 
+    def ran_elsewhere(self, n: int) -> None:
+        """``n`` jobs ran on another thread (inline): the process's CPU per job counts them."""
+        with self._lock:
+            self._taken += n
+
     def tick(self) -> None:
         """Called now and then (the keeper's tick): samples the process's CPU per job; a
         thread for each job waiting when none was taken for STARVED_S."""
@@ -336,7 +341,9 @@ class Executor:
         self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome)
         # Short sync tasks run on the claim loop's thread (jobqueue.worker.inline).
         self._speeds = TaskSpeeds()
-        self._lane = InlineLane(self._on_outcome, self._pool.submit, self._speeds)
+        self._lane = InlineLane(
+            self._on_outcome, self._pool.submit, self._speeds, self._pool.ran_elsewhere
+        )
         self._take_over: Callable[[], None] = lambda: None
         self._loop: asyncio.AbstractEventLoop | None = None
         # per partition: ctx.fenced_write's and ctx.progress's calls

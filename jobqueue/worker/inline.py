@@ -21,6 +21,7 @@ claims again. Bounds:
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +40,8 @@ TAKE_OVER_S = 0.1
 # there are; a low quantile is the time of a run that found the GIL free.
 _DOWN = 0.5
 _UP = 0.02
+
+log = logging.getLogger("jobqueue.worker")
 
 Job = tuple[Any, Callable[..., Any], tuple[Any, ...]]  # (token, fn, args), as the pool takes
 
@@ -66,40 +69,57 @@ class TaskSpeeds:
         self._seen[task] = (0, wall_s)
 
 
+class _Go:
+    """One thread's go of inline work: the run in progress, and the outcomes not handed on."""
+
+    __slots__ = ("given_up", "outcomes", "started", "task")
+
+    def __init__(self) -> None:
+        self.task = ""
+        self.started: float | None = None  # time.perf_counter() when the run began
+        self.outcomes: list[tuple[Any, Any, BaseException | None]] = []
+        self.given_up = False
+
+
 class InlineLane:
     """Runs queued jobs on the thread that calls ``run`` (the claim loop's); ``done(token,
-    value, error)`` gets each outcome, ``to_pool(token, fn, args)`` what the lane gives up."""
+    value, error)`` gets each outcome, ``to_pool(token, fn, args)`` what the lane gives up,
+    ``ran(n)`` the number of jobs each go ran (the pool's CPU per job counts them)."""
 
     def __init__(
         self,
         done: Callable[[Any, Any, BaseException | None], None],
         to_pool: Callable[[Any, Callable[..., Any], tuple[Any, ...]], None],
         speeds: TaskSpeeds,
+        ran: Callable[[int], None] = lambda n: None,
     ) -> None:
         self._done = done
         self._to_pool = to_pool
         self._speeds = speeds
+        self._ran = ran
         self._jobs: collections.deque[tuple[str, Job]] = collections.deque()
-        # The run in progress: when it started (time.perf_counter()), its task and thread.
-        self._started: float | None = None
-        self._task = ""
-        self._thread: threading.Thread | None = None
-        self._given_up: set[threading.Thread] = set()
-        # Guards _started and _given_up together: the keeper gives a thread up only while
-        # its run is still going on, never once it is back in the claim loop.
+        # Each thread's go in progress. The lock keeps a go's run, outcomes and given_up
+        # together: the keeper gives a thread up only while its run goes on, and takes the
+        # outcomes it has not handed on yet.
+        self._goes: dict[threading.Thread, _Go] = {}
         self._lock = threading.Lock()
 
     def add(self, task: str, job: Job) -> None:
         self._jobs.append((task, job))
 
     def run(self) -> bool:
-        """Run the queued jobs in turn, for INLINE_BUDGET_S at most (the rest go to the
-        pool). False when the keeper gave this thread up meanwhile (a run was stuck): the
-        caller must leave the claim loop, which another thread now runs."""
+        """Run the queued jobs in turn; past INLINE_BUDGET_S (checked between runs) the rest
+        go to the pool. False when the keeper gave this thread up meanwhile (a run was
+        stuck): the caller must leave the claim loop, which another thread now runs."""
+        if not self._jobs:
+            return True
         me = threading.current_thread()
         jobs, clock, speeds, lock = self._jobs, time.perf_counter, self._speeds, self._lock
-        outcomes: list[tuple[Any, Any, BaseException | None]] = []
+        go = _Go()
+        with lock:
+            self._goes[me] = go
         start = clock()
+        ran = 0
         try:
             while jobs:
                 if clock() - start >= INLINE_BUDGET_S:
@@ -110,8 +130,8 @@ class InlineLane:
                 except IndexError:  # the keeper spilled them meanwhile
                     break
                 with lock:
-                    self._task, self._thread = task, me
-                    began = self._started = clock()
+                    go.task = task
+                    began = go.started = clock()
                 try:
                     value = fn(*args)
                 except BaseException as exc:
@@ -119,25 +139,22 @@ class InlineLane:
                     value = None
                 else:
                     error = None
-                with lock:
-                    self._started = None
-                    given_up = me in self._given_up
+                ran += 1
                 took = clock() - began
                 if took >= INLINE_MAX_S:
                     speeds.slow(task, took)
-                outcomes.append((token, value, error))
-                if given_up:
-                    break
+                with lock:
+                    go.started = None
+                    go.outcomes.append((token, value, error))
+                    if go.given_up:
+                        break
         finally:
             with lock:
-                self._started = None
-            for token, value, error in outcomes:
-                self._done(token, value, error)
-        with lock:
-            if me in self._given_up:
-                self._given_up.discard(me)
-                return False
-        return True
+                del self._goes[me]
+                outcomes, go.outcomes = go.outcomes, []
+            self._ran(ran)
+            self._hand_on(outcomes)
+        return not go.given_up
 
     def spill(self) -> None:
         """Every queued job to the pool."""
@@ -149,16 +166,28 @@ class InlineLane:
             self._to_pool(*job)
 
     def stuck(self) -> bool:
-        """From the keeper: True once when an inline run has gone on for TAKE_OVER_S; the
-        jobs behind it are then in the pool, its task runs there from now on, and its thread
-        is given up (its run() returns False once the run ends)."""
+        """From the keeper: True once per stuck run, when an inline run has gone on for
+        TAKE_OVER_S. Then the outcomes its go holds are handed on, the jobs queued behind it
+        go to the pool, its task runs there from now on, and its thread is given up (its
+        run() returns False once the run ends)."""
+        now = time.perf_counter()
         with self._lock:
-            started, thread = self._started, self._thread
-            if started is None or thread is None or thread in self._given_up:
+            for go in self._goes.values():
+                if go.given_up or go.started is None or now - go.started < TAKE_OVER_S:
+                    continue
+                go.given_up = True
+                self._speeds.slow(go.task, now - go.started)
+                outcomes, go.outcomes = go.outcomes, []
+                break
+            else:
                 return False
-            if time.perf_counter() - started < TAKE_OVER_S:
-                return False
-            self._speeds.slow(self._task, TAKE_OVER_S)
-            self._given_up.add(thread)
+        self._hand_on(outcomes)
         self.spill()
         return True
+
+    def _hand_on(self, outcomes: list[tuple[Any, Any, BaseException | None]]) -> None:
+        for token, value, error in outcomes:
+            try:
+                self._done(token, value, error)
+            except Exception:  # one outcome failing must not strand the others
+                log.exception("finishing a run failed")
