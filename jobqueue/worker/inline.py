@@ -11,8 +11,8 @@ than INLINE_MAX_S runs inline: the claim loop runs the runs it just claimed itse
 claims again. Bounds:
 
 * one go of inline work lasts INLINE_BUDGET_S at most; what is left goes to the pool;
-* an inline run that takes INLINE_MAX_S or longer sends its task back to the pool (measured
-  there again, it may come back);
+* LONG_RUNS_TO_LEAVE inline runs in a row that take INLINE_MAX_S or longer send the task
+  back to the pool (measured there again, it may come back);
 * a run stuck for TAKE_OVER_S (the keeper's tick sees it): the runs waiting behind it go to
   the pool and a new thread takes over the claim loop (``take_over``), so stuck code holds
   one slot, as in the pool, and never the worker's claims.
@@ -31,6 +31,8 @@ from typing import Any
 # INLINE_MAX_S.
 INLINE_AFTER = 16
 INLINE_MAX_S = 0.001
+# Inline runs in a row at INLINE_MAX_S or more that send a task back to the pool.
+LONG_RUNS_TO_LEAVE = 3
 # One go of inline work, at most; the rest of the claimed runs go to the pool.
 INLINE_BUDGET_S = 0.01
 # An inline run this long is stuck for the claim loop: another thread takes the loop over.
@@ -47,10 +49,12 @@ Job = tuple[Any, Callable[..., Any], tuple[Any, ...]]  # (token, fn, args), as t
 
 
 class TaskSpeeds:
-    """Per task name: how long its usual run takes (a low quantile of its wall times)."""
+    """Per task name: how long its usual run takes (a low quantile of its wall times), and how
+    many of its latest inline runs in a row were long."""
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[int, float]] = {}  # runs measured, usual time (s)
+        self._long: dict[str, int] = {}
 
     def inline(self, task: str) -> bool:
         seen = self._seen.get(task)
@@ -63,10 +67,23 @@ class TaskSpeeds:
         usual += (wall_s - usual) * (_DOWN if wall_s < usual else _UP)
         self._seen[task] = (min(n + 1, INLINE_AFTER), usual)
 
-    def slow(self, task: str, wall_s: float) -> None:
-        """A run that took INLINE_MAX_S or more inline (no GIL waits there: it is that long):
-        the task goes back to the pool, to be measured again."""
+    def ran_inline(self, task: str, wall_s: float) -> None:
+        """A run measured inline. LONG_RUNS_TO_LEAVE in a row of INLINE_MAX_S or more send
+        the task back to the pool, to be measured again: one alone may be the thread
+        preempted by another process, not the task being long."""
+        if wall_s < INLINE_MAX_S:
+            if self._long.get(task):
+                self._long[task] = 0
+            return
+        n = self._long.get(task, 0) + 1
+        self._long[task] = n
+        if n >= LONG_RUNS_TO_LEAVE:
+            self.leave(task, wall_s)
+
+    def leave(self, task: str, wall_s: float) -> None:
+        """Back to the pool, to be measured again."""
         self._seen[task] = (0, wall_s)
+        self._long[task] = 0
 
 
 class _Go:
@@ -140,9 +157,7 @@ class InlineLane:
                 else:
                     error = None
                 ran += 1
-                took = clock() - began
-                if took >= INLINE_MAX_S:
-                    speeds.slow(task, took)
+                speeds.ran_inline(task, clock() - began)
                 with lock:
                     go.started = None
                     go.outcomes.append((token, value, error))
@@ -176,7 +191,7 @@ class InlineLane:
                 if go.given_up or go.started is None or now - go.started < TAKE_OVER_S:
                     continue
                 go.given_up = True
-                self._speeds.slow(go.task, now - go.started)
+                self._speeds.leave(go.task, now - go.started)
                 outcomes, go.outcomes = go.outcomes, []
                 break
             else:
