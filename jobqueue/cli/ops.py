@@ -327,18 +327,27 @@ _LIMIT_ARGS = {"ignore_unknown_options": True}
 @queue.command("concurrency", context_settings=_LIMIT_ARGS)
 @click.argument("name")
 @click.argument("limit")
+@click.option("--per-key", is_flag=True, help="At most LIMIT runs of each limit_key at once.")
+@click.option("--task", "task", help="At most LIMIT runs of this task at once.")
 @pass_state
-def queue_concurrency(state: Any, name: str, limit: str) -> None:
+def queue_concurrency(
+    state: Any, name: str, limit: str, per_key: bool, task: str | None
+) -> None:
     """At most LIMIT runs of queue NAME running at once, per partition (exact for a queue of
-    one partition, the default); LIMIT `none` removes the limit.
+    one partition, the default); LIMIT `none` removes the limit. With --per-key: at most LIMIT
+    runs of each limit_key (enqueue --limit-key); with --task T: at most LIMIT runs of task T
+    (both up to 10000; a run over the cap waits, held back, and the rest of the queue goes on).
 
     Enforced by the claim script across all workers: a run holds its slot from its claim until
     its commit, its cancel or its lease's expiry (a killed worker's slot frees when its lease
     expires). Idempotent: setting the limit it has exits 0."""
+    if per_key and task is not None:
+        raise click.UsageError("--per-key or --task, not both")
     value = _limit_value(limit)
-    what = "no concurrency limit" if value is None else f"concurrency limit {value}"
+    kind = "per-key " if per_key else "" if task is None else f"task {task} "
+    what = f"no {kind}concurrency limit" if value is None else f"{kind}concurrency limit {value}"
     _note_if_new(state.jq(), name)
-    if state.jq().set_queue_concurrency(name, value):
+    if state.jq().set_queue_concurrency(name, value, per_key=per_key, task=task):
         click.echo(f"queue {name}: {what}")
     else:
         click.echo(f"queue {name} already has {what} (nothing to do)")
@@ -354,10 +363,12 @@ def queue_concurrency(state: Any, name: str, limit: str) -> None:
     show_default=True,
     help="The window, in seconds (1 ms to 1 day).",
 )
+@click.option("--per-key", is_flag=True, help="At most LIMIT claims of each limit_key.")
 @pass_state
-def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
+def queue_rate(state: Any, name: str, limit: str, per: float, per_key: bool) -> None:
     """At most LIMIT runs of queue NAME claimed in any --per seconds, per partition (exact for
-    a queue of one partition, the default); LIMIT `none` removes the limit.
+    a queue of one partition, the default); LIMIT `none` removes the limit. With --per-key: at
+    most LIMIT claims of each limit_key (enqueue --limit-key).
 
     Enforced by the claim script across all workers, on the server's clock: a run over the
     limit stays pending, and idle workers sleep until the window has room. Idempotent."""
@@ -368,9 +379,10 @@ def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
             "a window without a limit: 'none' removes the limit", param_hint="--per"
         )
     jq = state.jq()
-    what = "no rate limit" if value is None else f"rate limit {value} per {per:g}s"
+    kind = "per-key " if per_key else ""
+    what = f"no {kind}rate limit" if value is None else f"{kind}rate limit {value} per {per:g}s"
     _note_if_new(jq, name)
-    if jq.set_queue_rate(name, value, per):
+    if jq.set_queue_rate(name, value, per, per_key=per_key):
         click.echo(f"queue {name}: {what}")
     else:
         click.echo(f"queue {name} already has {what} (nothing to do)")
