@@ -212,7 +212,8 @@ def runs(
 def queues(state: Any, queue: str | None, as_json: bool) -> None:
     """Per queue and partition: due now, later, running, expired leases, dead, done in the
     last minute and hour, how late the oldest due run is, whether it is paused, its
-    concurrency limit and its rate limit. (Alias: stats.)
+    concurrency limit and its rate limit, how many due runs are held back by a per-key or
+    per-task cap (counted in DUE NOW or LATER too), and those limits. (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
     found = queries.stats(state.jq(), queue)
@@ -231,6 +232,8 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             if s.oldest_due_age_ms is None
             else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
             _paused_cell(s),
+            s.held_back,
+            _key_task_cell(s),
             "-" if s.concurrency_limit is None else s.concurrency_limit,
             rate(s.rate_limit, s.rate_window_ms),
         ]
@@ -252,6 +255,8 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "DONE/1H",
             "OLDEST DUE (UTC)",
             "PAUSED",
+            "HELD",
+            "KEY/TASK",
             "LIMIT",
             "RATE",
         ],
@@ -260,6 +265,17 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
     )
     if not as_json and any(s.node for s in found):
         _master_table(state.jq(), found)
+
+
+def _key_task_cell(s: queries.PartitionStats) -> str:
+    """The per-key and per-task limits of a partition, e.g. 'key 3, key 10/1s, export 2'."""
+    parts = []
+    if s.key_concurrency_limit is not None:
+        parts.append(f"key {s.key_concurrency_limit}")
+    if s.key_rate_limit is not None:
+        parts.append(f"key {rate(s.key_rate_limit, s.key_rate_window_ms)}")
+    parts += [f"{task} {cap}" for task, cap in s.task_caps.items()]
+    return ", ".join(parts) or "-"
 
 
 def _paused_cell(s: queries.PartitionStats) -> str:

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from jobqueue.anomalies import Anomaly, Listing, is_wrong_type, stored_int
+from jobqueue.anomalies import Anomaly, Listing, is_wrong_type
 from jobqueue.client.base import (
     ClientBase,
     Planned,
@@ -36,7 +36,7 @@ from jobqueue.schedules.recurring import (
     make_definition,
     trigger_spec,
 )
-from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, parse_rate, rate_value
+from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, limits_of, rate_value
 from jobqueue.store.io import (
     DurableScripts,
     Scripts,
@@ -58,34 +58,6 @@ MAX_LIMIT = 1_000_000  # a concurrency limit above any worker fleet is a typo
 # bounded (lua/_prelude.lua SLOT_CAP_MAX).
 MAX_SLOT_CAP = 10_000
 MAX_RATE_WINDOW_MS = 86_400_000  # the claim log of a rate limit lives one window
-
-
-def _count(stored: Any) -> int | None:
-    value = stored_int(stored)
-    return None if value is None or value < 0 else value
-
-
-def limits_of(fields: dict[Any, Any]) -> QueueLimits:
-    """A partition's limits hash read as QueueLimits (what is not a limit counts as none)."""
-    text = {
-        (k.decode(errors="replace") if isinstance(k, bytes) else str(k)): (
-            v.decode(errors="replace") if isinstance(v, bytes) else v
-        )
-        for k, v in fields.items()
-    }
-    tasks = {}
-    for name, value in text.items():
-        if name.startswith("task:") and len(name) > 5:
-            cap = _count(value)
-            if cap is not None:
-                tasks[name[5:]] = cap
-    return QueueLimits(
-        _count(text.get("concurrency")),
-        parse_rate(text.get("rate")),
-        _count(text.get("key_concurrency")),
-        parse_rate(text.get("key_rate")),
-        dict(sorted(tasks.items())),
-    )
 
 
 def to_ms(seconds: float, what: str) -> int:
