@@ -527,6 +527,14 @@ for _, w in pairs(plan.windows) do
     if ARGV[1] == '' then redis.call('PEXPIRE', w.key, plan.krate_w) end
   end
 end
+-- A parked run taken in this call used the slot it would have been unparked into.
+local taken_now = {}
+for _, run in ipairs(plan.take) do taken_now[run.id] = true end
+for _, name in ipairs(plan.freer.order) do
+  local g, keep = plan.freer.groups[name], {}
+  for _, u in ipairs(g.unpark) do if not taken_now[u.id] then keep[#keep + 1] = u end end
+  g.unpark = keep
+end
 local unparked = free_slots(plan.freer, prefix, KEYS[1], KEYS[11])
 for _, name in ipairs(plan.group_order) do
   local g = plan.groups[name]
