@@ -287,7 +287,7 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
     which the scripts that take or free a slot reach the same way."""
     built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", code(name))
     allowed = {"run:", "hist:"} | ({"dedupe:", "held:", "krate:"} if name == "claim" else set())
-    if name in ("claim", "cancel"):
+    if name in ("claim", "cancel", "set_limit"):
         allowed |= {"parked:"}
     assert set(built) <= allowed, built
 

@@ -208,16 +208,30 @@ def test_a_stale_held_member_is_pruned(
     assert redis_client.smembers(pk.prefix + "held:key:a") == {"a1"}
 
 
-def test_removing_the_key_cap_lets_parked_runs_run_at_their_recheck(
-    runner: ScriptRunner, pk: PartitionKeys
+def test_removing_the_key_cap_puts_parked_runs_back_at_their_due_time(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
     create(runner, pk, "a1", "a2", key="a")
     claim(runner, pk, now=1_000, lease=100_000, limit=1)
     claim(runner, pk, now=2_000, lease=10_000)  # a2 parked, its recheck at 12_000
     limit(runner, pk, "key_concurrency", None)
-    assert ids(claim(runner, pk, now=11_999)) == []
-    assert ids(claim(runner, pk, now=12_000)) == ["a2"]
+    assert ids(claim(runner, pk, now=2_001)) == ["a2"]
+    assert redis_client.zcard(pk.parked) == 0
+
+
+def test_raising_a_task_cap_puts_its_parked_runs_back_and_no_others(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    limit(runner, pk, "task:export", 1)
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "e1", "e2", task="export", now=0)
+    create(runner, pk, "a1", "a2", key="a", now=1)
+    claim(runner, pk, now=1_000, lease=10_000)  # e1, a1 run; e2, a2 parked
+    limit(runner, pk, "task:export", 2)
+    assert redis_client.zscore(pk.due, "e2") == 0
+    assert redis_client.zscore(pk.due, "a2") == 11_000
+    assert ids(claim(runner, pk, now=1_001)) == ["e2"]
 
 
 def test_a_parked_run_above_the_default_priority_is_rehinted(

@@ -148,7 +148,7 @@ def _set_limit(
 
 SET_LIMIT = Contract(
     "set_limit",
-    keys=("limits", "wake"),
+    keys=("limits", "wake", "due", "parked"),
     args=("now", "prefix", "name", "value"),
     build=_set_limit,
     parse=_parse_pause,  # the same reply: 1 changed, 0 already so
