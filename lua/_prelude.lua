@@ -390,7 +390,8 @@ local function held_groups(run)
   return groups
 end
 
--- Phase 1: a planner of slots freed in one call (parked_key: the partition-wide parked zset). free(run_id, groups) checks each group's
+-- Phase 1: a planner of slots freed in one call (parked_key: the partition-wide parked
+-- zset). free(run_id, groups) checks each group's
 -- held set and picks the oldest parked run of the group still waiting (pending, parked there,
 -- in the due index); stale entries are noted for removal. Each group's entries are read once
 -- per call, so that two holders freed in one call unpark two runs.

@@ -179,106 +179,113 @@ local ok, plan = reading(function()
   end
   local p = {take = {}, bury = {}, foreign = {}, lost = {}, orphan = {}, stray = {},
              stray_due = {}, restore = {}, forget = {}, undedupe = {}, expired = 0,
-             rate_w = rated and tonumber(rate_w) or nil, park = {}, later = {}, groups = {},
-             windows = {}, krate_w = krate_w, group_order = {}}
+             rate_w = rated and tonumber(rate_w) or nil}
   -- One entry past the limit of each index: after this call's removals, the first entry left
   -- tells the next wake-up without reading after a write. Under per-key or per-task limits a
   -- few more due entries: held-back runs do not use up the limit.
   local due_read = flow and limit + 64 or limit
   local leases = read('ZRANGE', KEYS[2], 0, limit, 'WITHSCORES')
   local due = read('ZRANGE', KEYS[1], 0, due_read, 'WITHSCORES')
-  p.freer = slot_freer(prefix, KEYS[1], KEYS[11])
-  if flow then expect(KEYS[11], 'zset') end
+  -- Slots freed by burials (and pruned): the freer, made when first needed.
+  local function freer()
+    p.freer = p.freer or slot_freer(prefix, KEYS[1], KEYS[11])
+    return p.freer
+  end
 
-  -- The groups of a run and their room (see the header). Cached per call.
-  local task_caps = {}
-  local function task_cap(task)
-    if task_caps[task] == nil then
-      local v = read('HGET', KEYS[8], 'task:' .. task)
-      task_caps[task] = count(v, 0) and tonumber(v) <= SLOT_CAP_MAX and tonumber(v) or false
+  -- The groups of a run and their room (see the header). Cached per call. (Defined only
+  -- under per-key or per-task limits: a queue without them pays for none of this.)
+  local admit = nil
+  if flow then
+    expect(KEYS[11], 'zset')
+    p.flow, p.park, p.later, p.groups, p.windows, p.group_order = true, {}, {}, {}, {}, {}
+    p.krate_w = krate_w
+    local task_caps = {}
+    local function task_cap(task)
+      if task_caps[task] == nil then
+        local v = read('HGET', KEYS[8], 'task:' .. task)
+        task_caps[task] = count(v, 0) and tonumber(v) <= SLOT_CAP_MAX and tonumber(v) or false
+      end
+      return task_caps[task]
     end
-    return task_caps[task]
-  end
-  local function group(name, limit_)
-    local g = p.groups[name]
-    if not g then
-      local key = prefix .. 'held:' .. name
-      g = {name = name, key = key, cap = limit_, held = read('SCARD', key), taken = 0,
-           prune = {}, add = {}}
-      p.groups[name] = g
-      p.group_order[#p.group_order + 1] = name
+    local function group(name, limit_)
+      local g = p.groups[name]
+      if not g then
+        local key = prefix .. 'held:' .. name
+        g = {name = name, key = key, cap = limit_, held = read('SCARD', key), taken = 0,
+             prune = {}, add = {}}
+        p.groups[name] = g
+        p.group_order[#p.group_order + 1] = name
+      end
+      return g
     end
-    return g
-  end
-  local function has_room(g)
-    if g.held + g.taken < g.cap then return true end
-    if not g.checked then
-      g.checked = true
-      for _, member in ipairs(read('SMEMBERS', g.key)) do
-        local r = load_run(prefix .. 'run:' .. member, 'state')
-        if not (r and r.state == 'running' and read('ZSCORE', KEYS[2], member)) then
-          g.prune[#g.prune + 1] = member
-          g.held = g.held - 1
+    local function has_room(g)
+      if g.held + g.taken < g.cap then return true end
+      if not g.checked then
+        g.checked = true
+        for _, member in ipairs(read('SMEMBERS', g.key)) do
+          local r = load_run(prefix .. 'run:' .. member, 'state')
+          if not (r and r.state == 'running' and read('ZSCORE', KEYS[2], member)) then
+            g.prune[#g.prune + 1] = member
+            g.held = g.held - 1
+          end
         end
       end
+      return g.held + g.taken < g.cap
     end
-    return g.held + g.taken < g.cap
-  end
-  local function window(key)
-    local w = p.windows[key]
-    if not w then
-      local wkey = prefix .. 'krate:' .. key
-      local since = '(' .. int(now - krate_w)
-      local first = read('ZRANGE', wkey, since, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-      w = {key = wkey, count = read('ZCOUNT', wkey, since, '+inf'),
-           oldest = whole_or(first[2], 0, nil), fences = {}}
-      p.windows[key] = w
+    local function window(key)
+      local w = p.windows[key]
+      if not w then
+        local wkey = prefix .. 'krate:' .. key
+        local since = '(' .. int(now - krate_w)
+        local first = read('ZRANGE', wkey, since, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+        w = {key = wkey, count = read('ZCOUNT', wkey, since, '+inf'),
+             oldest = whole_or(first[2], 0, nil), fences = {}}
+        p.windows[key] = w
+      end
+      return w
     end
-    return w
-  end
-  -- May this sound pending run be taken now? If not, it is parked or moved later (p.park,
-  -- p.later) and stays in the due set. `at` is its due score.
-  local moved = 0
-  local function admit(run, at)
-    if not flow then return true end
-    local gs = {}
-    if task_capped then
-      local c = task_cap(run.task)
-      if c then gs[#gs + 1] = group('task:' .. run.task, c) end
-    end
-    if kcap and run.limit_key then gs[#gs + 1] = group('key:' .. run.limit_key, kcap) end
-    for _, g in ipairs(gs) do
-      if not has_room(g) then
-        expect(prefix .. 'parked:' .. g.name, 'zset')
-        if run.parked and run.parked ~= g.name then
-          expect(prefix .. 'parked:' .. run.parked, 'zset')
+    -- May this sound pending run be taken now? If not, it is parked or moved later (p.park,
+    -- p.later) and stays in the due set. `at` is its due score.
+    local moved = 0
+    admit = function(run, at)
+      local gs = {}
+      if task_capped then
+        local c = task_cap(run.task)
+        if c then gs[#gs + 1] = group('task:' .. run.task, c) end
+      end
+      if kcap and run.limit_key then gs[#gs + 1] = group('key:' .. run.limit_key, kcap) end
+      for _, g in ipairs(gs) do
+        if not has_room(g) then
+          expect(prefix .. 'parked:' .. g.name, 'zset')
+          if run.parked and run.parked ~= g.name then
+            expect(prefix .. 'parked:' .. run.parked, 'zset')
+          end
+          p.park[#p.park + 1] = {id = run.id, group = g.name, due = whole_or(run.due, 0, at),
+                                 level = priority_of(run.priority), was = run.parked}
+          return false
         end
-        p.park[#p.park + 1] = {id = run.id, group = g.name, due = whole_or(run.due, 0, at),
-                               level = priority_of(run.priority), was = run.parked}
-        return false
       end
-    end
-    if krate_n and run.limit_key then
-      local w = window(run.limit_key)
-      if w.count + #w.fences >= krate_n then
-        moved = moved + 1
-        local free_at = (w.oldest or now) + krate_w + moved - 1
-        if free_at <= now then free_at = now + moved end
-        p.later[#p.later + 1] = {id = run.id, due = free_at, level = priority_of(run.priority)}
-        return false
+      if krate_n and run.limit_key then
+        local w = window(run.limit_key)
+        if w.count + #w.fences >= krate_n then
+          moved = moved + 1
+          local free_at = (w.oldest or now) + krate_w + moved - 1
+          if free_at <= now then free_at = now + moved end
+          p.later[#p.later + 1] = {id = run.id, due = free_at, level = priority_of(run.priority)}
+          return false
+        end
+        run.window = w
+        w.fences[#w.fences + 1] = false -- its fence, once issued
       end
-      run.window = w
-      w.fences[#w.fences + 1] = false -- its fence, once issued
+      local held = ''
+      for _, g in ipairs(gs) do
+        g.taken = g.taken + 1
+        g.add[#g.add + 1] = run.id
+        held = held .. string.sub(g.name, 1, 1)
+      end
+      if held ~= '' then run.held_now = held end
+      return true
     end
-    local held = ''
-    for _, g in ipairs(gs) do
-      g.taken = g.taken + 1
-      g.add[#g.add + 1] = run.id
-      held = held .. string.sub(g.name, 1, 1)
-    end
-    if held ~= '' then run.held_now = held end
-    if run.parked then expect(prefix .. 'parked:' .. run.parked, 'zset') end
-    return true
   end
   expect(KEYS[3], 'zset')
   p.orphans = read('ZRANGE', KEYS[6], 0, ORPHANS_PER_CALL - 1, 'WITHSCORES')
@@ -308,12 +315,13 @@ local ok, plan = reading(function()
       if bad then
         run.reason = bad
         p.bury[#p.bury + 1] = run
-        p.freer.free(run_id, held_groups(run))
+        if run.held then freer().free(run_id, held_groups(run)) end
       elseif (tonumber(run.attempt) or 0) >= tonumber(run.max_attempts) then
         run.reason = 'lease expired on attempt ' .. (run.attempt or '?') .. ' of ' ..
                      run.max_attempts .. ' (worker died or stalled)'
         p.bury[#p.bury + 1] = run
-        p.freer.free(run_id, held_groups(run)) -- its slots go, a parked run takes one
+        -- Its slots go, a parked run takes one.
+        if run.held then freer().free(run_id, held_groups(run)) end
       else
         taking = taking + 1
         p.take[#p.take + 1] = run
@@ -346,7 +354,7 @@ local ok, plan = reading(function()
           if run.state == 'pending' and not corrupt(run) then
             run.id = run_id
             hinted[run_id] = true
-            if admit(run, at) then
+            if not admit or admit(run, at) then
               taking = taking + 1
               p.take[#p.take + 1] = run
               p.handled[#p.handled + 1] = run_id
@@ -377,7 +385,7 @@ local ok, plan = reading(function()
           p.handled[#p.handled + 1] = run_id
           run.reason, run.hist_ok = bad, history_ok(prefix, run_id)
           p.bury[#p.bury + 1] = run
-        elseif admit(run, at) then
+        elseif not admit or admit(run, at) then
           p.handled[#p.handled + 1] = run_id
           taking = taking + 1
           p.take[#p.take + 1] = run
@@ -413,13 +421,20 @@ local ok, plan = reading(function()
   end
   -- Slots pruned from a group (held by no running run) that this call did not fill go to
   -- the group's oldest parked runs.
-  for _, name in ipairs(p.group_order) do
+  for _, name in ipairs(p.group_order or {}) do
     local g = p.groups[name]
     local spare = math.min(#g.prune, g.cap - g.held - g.taken)
     for _ = 1, spare do
-      local fg = p.freer.groups[name]
+      local fg = freer().groups[name]
       local before = fg and #fg.unpark or 0
       if #p.freer.pick(name).unpark == before then break end
+    end
+  end
+  -- A taken run that was parked leaves its parked entries (phase 2).
+  for _, run in ipairs(p.take) do
+    if run.parked then
+      expect(KEYS[11], 'zset')
+      expect(prefix .. 'parked:' .. run.parked, 'zset')
     end
   end
   -- 4. Orphans whose record has appeared go back to their index; old ones are forgotten.
@@ -499,52 +514,59 @@ if #new_leases > 0 then bulk('ZADD', KEYS[2], new_leases, 2000) end
 if #plan.rehint > 0 then bulk('ZADD', KEYS[10], plan.rehint, 2000) end
 -- Held back by a full group: parked, its due score a fallback recheck later.
 local recheck = now + default_lease
-for _, r in ipairs(plan.park) do
-  redis.call('ZADD', KEYS[1], recheck, r.id)
-  if r.level > 0 then redis.call('ZADD', KEYS[10], prio_score(r.level, recheck), r.id) end
-  redis.call('HSET', prefix .. 'run:' .. r.id, 'parked', r.group)
-  redis.call('ZADD', prefix .. 'parked:' .. r.group, r.due, r.id)
-  redis.call('ZADD', KEYS[11], r.due, r.id)
-end
--- Held back by its key's rate: due when the window has room.
-for _, r in ipairs(plan.later) do
-  redis.call('ZADD', KEYS[1], r.due, r.id)
-  if r.level > 0 then redis.call('ZADD', KEYS[10], prio_score(r.level, r.due), r.id) end
-end
-for _, name in ipairs(plan.group_order) do
-  local g = plan.groups[name]
-  if #g.add > 0 then bulk('SADD', g.key, g.add, 1000) end
-end
-for _, w in pairs(plan.windows) do
-  if #w.fences > 0 then
-    local entries = {}
-    for _, fence in ipairs(w.fences) do
-      entries[#entries + 1] = now
-      entries[#entries + 1] = fence
+local unparked = 0
+if plan.flow then
+  for _, r in ipairs(plan.park) do
+    redis.call('ZADD', KEYS[1], recheck, r.id)
+    if r.level > 0 then redis.call('ZADD', KEYS[10], prio_score(r.level, recheck), r.id) end
+    redis.call('HSET', prefix .. 'run:' .. r.id, 'parked', r.group)
+    redis.call('ZADD', prefix .. 'parked:' .. r.group, r.due, r.id)
+    redis.call('ZADD', KEYS[11], r.due, r.id)
+  end
+  -- Held back by its key's rate: due when the window has room.
+  for _, r in ipairs(plan.later) do
+    redis.call('ZADD', KEYS[1], r.due, r.id)
+    if r.level > 0 then redis.call('ZADD', KEYS[10], prio_score(r.level, r.due), r.id) end
+  end
+  for _, name in ipairs(plan.group_order) do
+    local g = plan.groups[name]
+    if #g.add > 0 then bulk('SADD', g.key, g.add, 1000) end
+  end
+  for _, w in pairs(plan.windows) do
+    if #w.fences > 0 then
+      local entries = {}
+      for _, fence in ipairs(w.fences) do
+        entries[#entries + 1] = now
+        entries[#entries + 1] = fence
+      end
+      bulk('ZADD', w.key, entries, 2000)
+      trim_index(w.key, now, plan.krate_w)
+      if ARGV[1] == '' then redis.call('PEXPIRE', w.key, plan.krate_w) end
     end
-    bulk('ZADD', w.key, entries, 2000)
-    trim_index(w.key, now, plan.krate_w)
-    if ARGV[1] == '' then redis.call('PEXPIRE', w.key, plan.krate_w) end
   end
 end
--- A parked run taken in this call used the slot it would have been unparked into.
-local taken_now = {}
-for _, run in ipairs(plan.take) do taken_now[run.id] = true end
-for _, name in ipairs(plan.freer.order) do
-  local g, keep = plan.freer.groups[name], {}
-  for _, u in ipairs(g.unpark) do if not taken_now[u.id] then keep[#keep + 1] = u end end
-  g.unpark = keep
+if plan.freer then
+  -- A parked run taken in this call used the slot it would have been unparked into.
+  local taken_now = {}
+  for _, run in ipairs(plan.take) do taken_now[run.id] = true end
+  for _, name in ipairs(plan.freer.order) do
+    local g, keep = plan.freer.groups[name], {}
+    for _, u in ipairs(g.unpark) do if not taken_now[u.id] then keep[#keep + 1] = u end end
+    g.unpark = keep
+  end
+  unparked = free_slots(plan.freer, prefix, KEYS[1], KEYS[11])
 end
-local unparked = free_slots(plan.freer, prefix, KEYS[1], KEYS[11])
-for _, name in ipairs(plan.group_order) do
-  local g = plan.groups[name]
-  local added, stale = {}, {}
-  for _, id in ipairs(g.add) do added[id] = true end
-  for _, id in ipairs(g.prune) do if not added[id] then stale[#stale + 1] = id end end
-  if #stale > 0 then bulk('SREM', g.key, stale, 1000) end
-end
-for _, r in ipairs(plan.park) do
-  if r.was and r.was ~= r.group then redis.call('ZREM', prefix .. 'parked:' .. r.was, r.id) end
+if plan.flow then
+  for _, name in ipairs(plan.group_order) do
+    local g = plan.groups[name]
+    local added, stale = {}, {}
+    for _, id in ipairs(g.add) do added[id] = true end
+    for _, id in ipairs(g.prune) do if not added[id] then stale[#stale + 1] = id end end
+    if #stale > 0 then bulk('SREM', g.key, stale, 1000) end
+  end
+  for _, r in ipairs(plan.park) do
+    if r.was and r.was ~= r.group then redis.call('ZREM', prefix .. 'parked:' .. r.was, r.id) end
+  end
 end
 for _, run in ipairs(plan.take) do
   if run.parked then
@@ -623,8 +645,8 @@ local function earlier(t) if t and (next_wake < 0 or t < next_wake) then next_wa
 earlier(plan.next_due)
 earlier(plan.next_lease)
 earlier(next_lease_added)
-for _, r in ipairs(plan.later) do earlier(r.due) end
-if #plan.park > 0 then earlier(recheck) end
+for _, r in ipairs(plan.later or {}) do earlier(r.due) end
+if plan.park and #plan.park > 0 then earlier(recheck) end
 if unparked > 0 then earlier(now) end
 for _, r in ipairs(plan.restore) do earlier(r[2]) end
 
