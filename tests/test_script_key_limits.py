@@ -372,3 +372,30 @@ def test_a_queue_without_key_limits_ignores_the_limit_key(
     create(runner, pk, "a1", "a2", key="a")
     assert ids(claim(runner, pk, now=1_000)) == ["a1", "a2"]
     assert redis_client.exists(pk.prefix + "held:key:a") == 0
+
+
+def test_a_parked_run_taken_after_its_cap_went_leaves_the_parked_index(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease=5_000)  # a2 parked, its recheck at 6_000
+    redis_client.hdel(pk.limits, "key_concurrency")  # gone without set_limit's unparking
+    assert ids(claim(runner, pk, now=6_000, lease=50_000)) == ["a1", "a2"]
+    assert redis_client.zcard(pk.parked) == 0
+    assert redis_client.hget(pk.run("a2"), "parked") is None
+
+
+def test_a_parked_index_of_another_type_refuses_the_claim_of_a_parked_run_whole(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease=5_000)
+    redis_client.hdel(pk.limits, "key_concurrency")
+    redis_client.delete(pk.parked)
+    redis_client.set(pk.parked, "garbage")
+    with pytest.raises(ScriptError):
+        claim(runner, pk, now=6_000)
+    assert redis_client.hget(pk.run("a2"), "state") == "pending"
+    assert redis_client.hget(pk.run("a1"), "state") == "running"
