@@ -285,6 +285,24 @@ def test_a_concurrency_limit_holds_on_every_new_partition(
     assert not any(redis_client.exists(k.limits) for k in gone)
 
 
+@pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
+def test_per_key_and_per_task_limits_hold_on_every_new_partition(
+    redis_client: Any, old: int, new: int
+) -> None:
+    jq = populate(redis_client, old)
+    jq.set_queue_concurrency(Q, 3, per_key=True)
+    jq.set_queue_concurrency(Q, 2, task="export")
+    jq.set_queue_rate(Q, 5, per=2, per_key=True)
+    rp.repartition(JobQueue(redis_client), Q, new)
+    moved = JobQueue(redis_client, partitions={Q: new})
+    rows = queries.stats(moved, Q)
+    assert [(r.key_concurrency_limit, r.task_caps) for r in rows] == [(3, {"export": 2})] * new
+    assert [(r.key_rate_limit, r.key_rate_window_ms) for r in rows] == [(5, 2_000)] * new
+    assert {redis_client.hget(k.limits, "task_caps") for k in queue_partitions(Q, new, True)} == {
+        "1"
+    }
+
+
 def test_a_running_queue_stays_running_after_a_repartition(redis_client: Any) -> None:
     populate(redis_client, 1)
     rp.repartition(JobQueue(redis_client), Q, 4)

@@ -487,24 +487,32 @@ def _carry_pause(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
 
 
 def _carry_limits(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
-    """A queue's concurrency and rate limits hold on every new partition (the largest
-    concurrency found, should partitions differ; the first partition's rate), before the
-    limits of vanishing partitions go."""
+    """A queue's flow limits hold on every new partition (each cap, per queue, per key or
+    per task, the largest found, should partitions differ; each rate the first partition's),
+    before the limits of vanishing partitions go."""
     new = targets(sources[0].queue, count)
     everything = list(dict.fromkeys([*sources, *new]))
     pipe = r.pipeline(transaction=False)
     for k in everything:
-        pipe.hmget(k.limits, "concurrency", "rate")
-    found = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, list)]
-    limits = [n for n in (stored_int(v[0]) for v in found) if n is not None]
-    rates = [v[1] for v in found if isinstance(v[1], str)]
-    if not limits and not rates:
-        return
+        pipe.hgetall(k.limits)
+    found = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, dict)]
     carried: dict[str, str | int] = {}
-    if limits:
-        carried["concurrency"] = max(limits)
-    if rates:
-        carried["rate"] = rates[0]
+    for fields in found:
+        for name, value in fields.items():
+            if name in ("rate", "key_rate"):
+                if isinstance(value, str):
+                    carried.setdefault(name, value)
+            elif name in ("concurrency", "key_concurrency") or (
+                name.startswith("task:") and len(name) > 5
+            ):
+                cap = stored_int(value)
+                if cap is not None:
+                    carried[name] = max(cap, int(carried.get(name, cap)))
+    tasks = sum(name.startswith("task:") for name in carried)
+    if tasks:
+        carried["task_caps"] = tasks
+    if not carried:
+        return
     pipe = r.pipeline(transaction=False)
     for k in new:
         pipe.hset(k.limits, mapping=carried)
