@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from helpers import make_worker, running, wait_for
 from starlette.testclient import TestClient
 
-from jobqueue import Request
+from jobqueue import Dedupe, Request
 from jobqueue.cli.core import State, main
 from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
@@ -208,3 +208,11 @@ def test_the_metrics_export_the_held_back_runs(jq: JobQueue) -> None:
     finally:
         metrics.close()
     assert 'jobqueue_queue_held_back{queue="mail"} 1.0' in text
+
+
+def test_a_deduplicated_enqueue_keeps_its_limit_key(jq: JobQueue) -> None:
+    jq.declare_task("t")
+    handle = jq.enqueue(
+        jq.resolve_task("t").with_options(dedupe=Dedupe("d1"), limit_key="customer:9")
+    )
+    assert jq.get_run(handle.run_id).limit_key == "customer:9"
