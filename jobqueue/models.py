@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Generic, cast
+from typing import Any, Generic, NamedTuple, cast
 
 from typing_extensions import TypeVar
 
@@ -72,6 +72,19 @@ TIME_FIELDS = frozenset(
 )
 
 
+class QueueLimits(NamedTuple):
+    """A queue's flow limits (``queue_limits``), None where it has none: ``concurrency``, the
+    most runs running at once; ``rate``, at most (N, W ms) claims; ``key_concurrency``, the
+    most runs of one limit_key running at once; ``key_rate``, at most (N, W ms) claims of one
+    limit_key; ``task_caps``, task name -> the most runs of it running at once."""
+
+    concurrency: int | None = None
+    rate: tuple[int, int] | None = None
+    key_concurrency: int | None = None
+    key_rate: tuple[int, int] | None = None
+    task_caps: dict[str, int] = {}  # noqa: RUF012 (never mutated: a fresh dict per read)
+
+
 def _int(value: str | None) -> int | None:
     try:
         return int(value) if value not in (None, "") else None
@@ -111,6 +124,11 @@ class Run(Generic[R_co]):
     priority: int = 0
     # The deduplication key it was enqueued with (jobqueue.Dedupe), if any
     dedupe_key: str | None = None
+    # The key of the queue's per-key caps and rates (Task.with_options(limit_key=...))
+    limit_key: str | None = None
+    # While held back by a full per-key or per-task cap: the group it waits for
+    # ('key:<limit_key>' or 'task:<name>'); None otherwise
+    parked: str | None = None
     # The last ctx.progress() of a holder of the run: 0..100, its message, when, which attempt
     progress: float | None = None
     progress_message: str | None = None
@@ -200,6 +218,8 @@ class Run(Generic[R_co]):
             meta=meta or {},
             priority=priority,
             dedupe_key=fields.get("dedupe") or None,
+            limit_key=fields.get("limit_key") or None,
+            parked=(fields.get("parked") or None) if fields.get("state") == "pending" else None,
             progress=progress,
             progress_message=fields.get("progress_message") or None,
             progress_at_ms=_int(fields.get("progress_at")),

@@ -88,6 +88,7 @@ class RunOptions:
     queue: str | None = None
     priority: int | None = None  # 0 (the default) .. 9: higher is claimed first among due runs
     dedupe: Dedupe | None = None
+    limit_key: str | None = None  # the key of the queue's per-key caps and rates
 
     def merged(self, **changes: Any) -> RunOptions:
         """These options with ``changes`` (None changes nothing)."""
@@ -137,15 +138,19 @@ class Task(Generic[P, R]):
         queue: str | None = None,
         priority: int | None = None,
         dedupe: Dedupe | None = None,
+        limit_key: str | None = None,
     ) -> Task[P, R]:
         """This task with run options, for ``enqueue`` (here or ``jq.enqueue``):
         ``send_invoice.with_options(queue="urgent", delay=60).enqueue(42, amount=990)``.
         ``priority`` (0, the default, to 9): among the runs due in its queue partition, a
         higher one is claimed first. ``dedupe`` (a :class:`Dedupe`): at most one run per key
-        at a time (``enqueue`` only). Checked when the run is enqueued."""
+        at a time (``enqueue`` only). ``limit_key`` (text, e.g. ``"customer:42"``): the key the
+        queue's per-key caps and rates count this run under. Checked when the run is
+        enqueued."""
         base = self.run_options or RunOptions()
         merged = base.merged(
-            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority, dedupe=dedupe
+            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority, dedupe=dedupe,
+            limit_key=limit_key,
         )
         return dataclasses.replace(self, run_options=merged)
 

@@ -6,6 +6,9 @@
 -- KEYS[3]  done      zset    jq:{q#p}:done     run_id -> finish time (done and cancelled)
 -- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
 -- KEYS[5]  fences    string  jq:{q#p}:fences   the last fence issued in the partition
+-- KEYS[6]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
+--                                              back by a per-key or per-task cap
+-- KEYS[7]  wake      list    jq:{q#p}:wake     wakes an idle worker for an unparked run
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -19,13 +22,18 @@
 --
 -- The done index lists cancelled runs too: entries older than the retention are trimmed here
 -- as well, since a partition may see cancellations and no completions.
+--
+-- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
+-- them here, and the oldest parked run of each such group is put back at its original due
+-- time (waking an idle worker); a held or parked key of another type refuses the call whole.
+-- A parked run cancelled leaves its parked entries.
 
 local now = clock(ARGV[1])
 local prefix, run_id, retention, reason = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
-  local p = {run = load_run(key, 'state', 'fence')}
+  local p = {run = load_run(key, 'state', 'fence', 'held', 'task', 'limit_key', 'parked')}
   if p.run and (p.run.state == 'pending' or p.run.state == 'running') then
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
@@ -33,6 +41,13 @@ local ok, plan = reading(function()
     p.stats = counters(KEYS[4], 'cancelled')
     p.fences = fence_counter(KEYS[5])
     p.hist = history_ok(prefix, run_id)
+    p.freer = slot_freer(prefix, KEYS[1], KEYS[6])
+    if p.run.state == 'running' then p.freer.free(run_id, held_groups(p.run)) end
+    if p.run.parked then
+      expect(KEYS[6], 'zset')
+      expect(prefix .. 'parked:' .. p.run.parked, 'zset')
+    end
+    p.wake = waker(KEYS[7])
   end
   return p
 end)
@@ -45,7 +60,7 @@ local fence = issue_fence(plan.fences, run.fence)
 save_fences(plan.fences)
 redis.call('HSET', key, 'state', 'cancelled', 'fence', int(fence), 'finished', now,
            'error', reason)
-redis.call('HDEL', key, 'lease_until')
+redis.call('HDEL', key, 'lease_until', 'held', 'parked')
 if plan.hist then
   -- A running run's claim had the fence replaced here: the history keeps it.
   local was = run.state
@@ -55,6 +70,11 @@ end
 expire_record(prefix, run_id, retention, plan.hist)
 redis.call('ZADD', KEYS[3], now, run_id)
 trim_index(KEYS[3], now, retention)
+if run.state == 'running' then wake(plan.wake, free_slots(plan.freer, prefix, KEYS[1], KEYS[6])) end
+if run.parked then
+  redis.call('ZREM', prefix .. 'parked:' .. run.parked, run_id)
+  redis.call('ZREM', KEYS[6], run_id)
+end
 redis.call('ZREM', KEYS[1], run_id)
 redis.call('ZREM', KEYS[2], run_id)
 bump(plan.stats, 'cancelled', 1)

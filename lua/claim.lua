@@ -15,6 +15,8 @@
 --                                              last W ms (kept only under a rate limit)
 -- KEYS[10] prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
+-- KEYS[11] parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
+--                                              back by a per-key or per-task cap
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  limit              the most runs to claim
@@ -36,6 +38,11 @@
 --          back included): the call takes at most N minus those, and with no room replies
 --          next_wake = when the oldest of them leaves the window, changing nothing.
 --          A limit field that is not a whole number (rate: two) counts as no limit.
+--          Per-key and per-task caps (limits fields key_concurrency, task:<name>, at most
+--          10,000) and a per-key rate (key_rate 'N W'): a due run whose group is full is
+--          parked (see below) and one whose key's window is full has its due score moved to
+--          when the window has room; neither uses up the call's limit, and next_wake is now
+--          when more due entries may follow.
 --          Refused whole (an error reply, nothing changed) when a key is not on this node
 --          (TRYLATER: a slot migration), or an index key (prio too), the paused or the
 --          limits key (or, under a rate limit, the claims key) holds another type.
@@ -63,6 +70,21 @@
 -- A run enqueued under a deduplication key without a ttl (dedupe.lua) releases the key at its
 -- first claim: the key (jq:{q#p}:dedupe:<key>) is deleted if it still names the run.
 --
+-- Caps per key and per task (the prelude's slot helpers): a run belongs to group
+-- 'task:<task>' when its task has a cap (limits field task:<task>; the field task_caps counts
+-- them, so a queue without one reads nothing more) and to 'key:<limit_key>' when it has a
+-- limit_key and the queue a key_concurrency. Claiming it adds it to jq:{q#p}:held:<group>
+-- (record field 'held': t, k or tk); a re-taken expired lease keeps its slot, a buried one
+-- frees it and unparks the oldest parked run of the group. A group counts SCARD of its held
+-- set; only when that reaches the cap are the members checked, and one that is not running
+-- with a lease entry is pruned (a slot some path failed to free). A due run of a full group
+-- is parked: due score now + lease_ms (ARGV[5], a fallback recheck), record field 'parked' =
+-- the group, jq:{q#p}:parked:<group> and KEYS[11] run_id -> its original due time.
+-- A per-key rate keeps the claims of each key in jq:{q#p}:krate:<key> (fence -> claim time,
+-- like KEYS[9]); a run whose key's window is full moves its due score to the instant the
+-- window has room, plus i ms for the i-th run so moved in the call (their order kept).
+-- These keys hold another type: the call is refused whole.
+--
 -- A claim writes no history entry: the record holds the current attempt (owner, fence,
 -- attempt, started). The history keeps what the record cannot: how earlier attempts ended.
 
@@ -73,7 +95,7 @@ local ORPHANS_PER_CALL = 10
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
                 'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until',
-                'meta', 'priority', 'dedupe'}
+                'meta', 'priority', 'dedupe', 'limit_key', 'held', 'parked'}
 local STATES = {pending = true, running = true, done = true, dead = true, cancelled = true}
 
 local function record(run_id)
@@ -87,7 +109,8 @@ local function record(run_id)
           lease_ms = v[7] or nil, timeout_ms = v[8] or nil, job = v[9] or nil,
           scheduled_for = v[10] or nil, due = v[11] or nil, owner = v[12] or nil,
           hist = v[13] or nil, lease_until = v[14] or nil, meta = v[15] or nil,
-          priority = v[16] or nil, dedupe = v[17] or nil}
+          priority = v[16] or nil, dedupe = v[17] or nil, limit_key = v[18] or nil,
+          held = v[19] or nil, parked = v[20] or nil}
 end
 
 -- Fields at their default are absent (create_run stores only what differs), so only a
@@ -116,10 +139,21 @@ end
 
 local ok, plan = reading(function()
   if read('GET', KEYS[7]) ~= false then return {paused = true} end
-  local limits = read('HMGET', KEYS[8], 'concurrency', 'rate')
+  local limits = read('HMGET', KEYS[8], 'concurrency', 'rate', 'key_concurrency', 'key_rate',
+                      'task_caps')
   local cap = limits[1]
   local rate_n, rate_w = string.match(limits[2] or '', '^(%d+) (%d+)$')
   local rated = count(rate_n, 0) and count(rate_w, 1)
+  local kcap = count(limits[3], 0) and tonumber(limits[3]) <= SLOT_CAP_MAX and
+               tonumber(limits[3]) or nil
+  local krate_n, krate_w = string.match(limits[4] or '', '^(%d+) (%d+)$')
+  if count(krate_n, 0) and count(krate_w, 1) then
+    krate_n, krate_w = tonumber(krate_n), tonumber(krate_w)
+  else
+    krate_n, krate_w = nil, nil
+  end
+  local task_capped = count(limits[5], 1)
+  local flow = kcap or krate_n or task_capped
   if count(cap, 0) then
     -- Live leases hold a slot each; expired ones free theirs (taken back below, they count
     -- as new claims against the room).
@@ -147,9 +181,112 @@ local ok, plan = reading(function()
              stray_due = {}, restore = {}, forget = {}, undedupe = {}, expired = 0,
              rate_w = rated and tonumber(rate_w) or nil}
   -- One entry past the limit of each index: after this call's removals, the first entry left
-  -- tells the next wake-up without reading after a write.
+  -- tells the next wake-up without reading after a write. Under per-key or per-task limits a
+  -- few more due entries: held-back runs do not use up the limit.
+  local due_read = flow and limit + 64 or limit
   local leases = read('ZRANGE', KEYS[2], 0, limit, 'WITHSCORES')
-  local due = read('ZRANGE', KEYS[1], 0, limit, 'WITHSCORES')
+  local due = read('ZRANGE', KEYS[1], 0, due_read, 'WITHSCORES')
+  -- Slots freed by burials (and pruned): the freer, made when first needed.
+  local function freer()
+    p.freer = p.freer or slot_freer(prefix, KEYS[1], KEYS[11])
+    return p.freer
+  end
+
+  -- The groups of a run and their room (see the header). Cached per call. (Defined only
+  -- under per-key or per-task limits: a queue without them pays for none of this.)
+  local admit = nil
+  if flow then
+    expect(KEYS[11], 'zset')
+    p.flow, p.park, p.later, p.groups, p.windows, p.group_order = true, {}, {}, {}, {}, {}
+    p.krate_w = krate_w
+    local task_caps = {}
+    local function task_cap(task)
+      if task_caps[task] == nil then
+        local v = read('HGET', KEYS[8], 'task:' .. task)
+        task_caps[task] = count(v, 0) and tonumber(v) <= SLOT_CAP_MAX and tonumber(v) or false
+      end
+      return task_caps[task]
+    end
+    local function group(name, limit_)
+      local g = p.groups[name]
+      if not g then
+        local key = prefix .. 'held:' .. name
+        g = {name = name, key = key, cap = limit_, held = read('SCARD', key), taken = 0,
+             prune = {}, add = {}}
+        p.groups[name] = g
+        p.group_order[#p.group_order + 1] = name
+      end
+      return g
+    end
+    local function has_room(g)
+      if g.held + g.taken < g.cap then return true end
+      if not g.checked then
+        g.checked = true
+        for _, member in ipairs(read('SMEMBERS', g.key)) do
+          local r = load_run(prefix .. 'run:' .. member, 'state')
+          if not (r and r.state == 'running' and read('ZSCORE', KEYS[2], member)) then
+            g.prune[#g.prune + 1] = member
+            g.held = g.held - 1
+          end
+        end
+      end
+      return g.held + g.taken < g.cap
+    end
+    local function window(key)
+      local w = p.windows[key]
+      if not w then
+        local wkey = prefix .. 'krate:' .. key
+        local since = '(' .. int(now - krate_w)
+        local first = read('ZRANGE', wkey, since, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+        w = {key = wkey, count = read('ZCOUNT', wkey, since, '+inf'),
+             oldest = whole_or(first[2], 0, nil), fences = {}}
+        p.windows[key] = w
+      end
+      return w
+    end
+    -- May this sound pending run be taken now? If not, it is parked or moved later (p.park,
+    -- p.later) and stays in the due set. `at` is its due score.
+    local moved = 0
+    admit = function(run, at)
+      local gs = {}
+      if task_capped then
+        local c = task_cap(run.task)
+        if c then gs[#gs + 1] = group('task:' .. run.task, c) end
+      end
+      if kcap and run.limit_key then gs[#gs + 1] = group('key:' .. run.limit_key, kcap) end
+      for _, g in ipairs(gs) do
+        if not has_room(g) then
+          expect(prefix .. 'parked:' .. g.name, 'zset')
+          if run.parked and run.parked ~= g.name then
+            expect(prefix .. 'parked:' .. run.parked, 'zset')
+          end
+          p.park[#p.park + 1] = {id = run.id, group = g.name, due = whole_or(run.due, 0, at),
+                                 level = priority_of(run.priority), was = run.parked}
+          return false
+        end
+      end
+      if krate_n and run.limit_key then
+        local w = window(run.limit_key)
+        if w.count + #w.fences >= krate_n then
+          moved = moved + 1
+          local free_at = (w.oldest or now) + krate_w + moved - 1
+          if free_at <= now then free_at = now + moved end
+          p.later[#p.later + 1] = {id = run.id, due = free_at, level = priority_of(run.priority)}
+          return false
+        end
+        run.window = w
+        w.fences[#w.fences + 1] = false -- its fence, once issued
+      end
+      local held = ''
+      for _, g in ipairs(gs) do
+        g.taken = g.taken + 1
+        g.add[#g.add + 1] = run.id
+        held = held .. string.sub(g.name, 1, 1)
+      end
+      if held ~= '' then run.held_now = held end
+      return true
+    end
+  end
   expect(KEYS[3], 'zset')
   p.orphans = read('ZRANGE', KEYS[6], 0, ORPHANS_PER_CALL - 1, 'WITHSCORES')
   p.stats = counters(KEYS[4], 'claimed', 'lease_expired', 'dead')
@@ -178,10 +315,13 @@ local ok, plan = reading(function()
       if bad then
         run.reason = bad
         p.bury[#p.bury + 1] = run
+        if run.held then freer().free(run_id, held_groups(run)) end
       elseif (tonumber(run.attempt) or 0) >= tonumber(run.max_attempts) then
         run.reason = 'lease expired on attempt ' .. (run.attempt or '?') .. ' of ' ..
                      run.max_attempts .. ' (worker died or stalled)'
         p.bury[#p.bury + 1] = run
+        -- Its slots go, a parked run takes one.
+        if run.held then freer().free(run_id, held_groups(run)) end
       else
         taking = taking + 1
         p.take[#p.take + 1] = run
@@ -213,39 +353,49 @@ local ok, plan = reading(function()
         else
           if run.state == 'pending' and not corrupt(run) then
             run.id = run_id
-            taking = taking + 1
-            p.take[#p.take + 1] = run
-            p.handled[#p.handled + 1] = run_id
             hinted[run_id] = true
-            dedupe_ends(p, run)
+            if not admit or admit(run, at) then
+              taking = taking + 1
+              p.take[#p.take + 1] = run
+              p.handled[#p.handled + 1] = run_id
+              dedupe_ends(p, run)
+              p.unhint[#p.unhint + 1] = run_id
+            end -- else held back: its hint moves with its due score (phase 2)
+          else
+            p.unhint[#p.unhint + 1] = run_id
           end
-          p.unhint[#p.unhint + 1] = run_id
         end
       end
     end
   end
   -- 3. Due runs: every entry handled here leaves the due set.
-  p.next_due = #due == 2 * (limit + 1) and now or nil
+  p.next_due = #due == 2 * (due_read + 1) and now or nil
   for i = 1, #due, 2 do
     local run_id, at = due[i], tonumber(due[i + 1])
-    if not hinted[run_id] then -- (one taken in step 2 is done with)
+    if not hinted[run_id] then -- (one taken or held back in step 2 is done with)
       if at > now or taking >= limit then p.next_due = at; break end
-      p.handled[#p.handled + 1] = run_id
       local run = record(run_id)
       if not run then
+        p.handled[#p.handled + 1] = run_id
         p.foreign[#p.foreign + 1] = run_id
       elseif run.state == 'pending' then
         run.id = run_id
         local bad = corrupt(run)
         if bad then
+          p.handled[#p.handled + 1] = run_id
           run.reason, run.hist_ok = bad, history_ok(prefix, run_id)
           p.bury[#p.bury + 1] = run
-        else
+        elseif not admit or admit(run, at) then
+          p.handled[#p.handled + 1] = run_id
           taking = taking + 1
           p.take[#p.take + 1] = run
           if run.priority then p.unhint[#p.unhint + 1] = run_id end
           dedupe_ends(p, run)
         end
+      else
+        p.handled[#p.handled + 1] = run_id
+      end
+      if not run or run.state == 'pending' then -- (handled above)
       elseif run.state == nil then
         -- No state: no record here (an orphan), or a record without a state (corrupt).
         if read('EXISTS', prefix .. 'run:' .. run_id) == 1 then
@@ -267,6 +417,24 @@ local ok, plan = reading(function()
                                            ttl = read('PTTL', prefix .. 'run:' .. run_id)}
         end
       end
+    end
+  end
+  -- Slots pruned from a group (held by no running run) that this call did not fill go to
+  -- the group's oldest parked runs.
+  for _, name in ipairs(p.group_order or {}) do
+    local g = p.groups[name]
+    local spare = math.min(#g.prune, g.cap - g.held - g.taken)
+    for _ = 1, spare do
+      local fg = freer().groups[name]
+      local before = fg and #fg.unpark or 0
+      if #p.freer.pick(name).unpark == before then break end
+    end
+  end
+  -- A taken run that was parked leaves its parked entries (phase 2).
+  for _, run in ipairs(p.take) do
+    if run.parked then
+      expect(KEYS[11], 'zset')
+      expect(prefix .. 'parked:' .. run.parked, 'zset')
     end
   end
   -- 4. Orphans whose record has appeared go back to their index; old ones are forgotten.
@@ -309,6 +477,13 @@ for _, run in ipairs(plan.take) do
   end
   redis.call('HSET', key, 'state', 'running', 'fence', int(fence), 'attempt', attempt,
              'owner', owner, 'lease_until', until_, 'started', now)
+  if run.held_now then redis.call('HSET', key, 'held', run.held_now) end
+  if run.window then
+    local w = run.window
+    for i = 1, #w.fences do
+      if not w.fences[i] then w.fences[i] = int(fence); break end
+    end
+  end
   new_leases[#new_leases + 1] = until_
   new_leases[#new_leases + 1] = run.id
   if not next_lease_added or until_ < next_lease_added then next_lease_added = until_ end
@@ -337,6 +512,69 @@ end
 -- in one call (on a node migrating the slot, a write to a missing key is refused).
 if #new_leases > 0 then bulk('ZADD', KEYS[2], new_leases, 2000) end
 if #plan.rehint > 0 then bulk('ZADD', KEYS[10], plan.rehint, 2000) end
+-- Held back by a full group: parked, its due score a fallback recheck later.
+local recheck = now + default_lease
+local unparked = 0
+if plan.flow then
+  for _, r in ipairs(plan.park) do
+    redis.call('ZADD', KEYS[1], recheck, r.id)
+    if r.level > 0 then redis.call('ZADD', KEYS[10], prio_score(r.level, recheck), r.id) end
+    redis.call('HSET', prefix .. 'run:' .. r.id, 'parked', r.group)
+    redis.call('ZADD', prefix .. 'parked:' .. r.group, r.due, r.id)
+    redis.call('ZADD', KEYS[11], r.due, r.id)
+  end
+  -- Held back by its key's rate: due when the window has room.
+  for _, r in ipairs(plan.later) do
+    redis.call('ZADD', KEYS[1], r.due, r.id)
+    if r.level > 0 then redis.call('ZADD', KEYS[10], prio_score(r.level, r.due), r.id) end
+  end
+  for _, name in ipairs(plan.group_order) do
+    local g = plan.groups[name]
+    if #g.add > 0 then bulk('SADD', g.key, g.add, 1000) end
+  end
+  for _, w in pairs(plan.windows) do
+    if #w.fences > 0 then
+      local entries = {}
+      for _, fence in ipairs(w.fences) do
+        entries[#entries + 1] = now
+        entries[#entries + 1] = fence
+      end
+      bulk('ZADD', w.key, entries, 2000)
+      trim_index(w.key, now, plan.krate_w)
+      if ARGV[1] == '' then redis.call('PEXPIRE', w.key, plan.krate_w) end
+    end
+  end
+end
+if plan.freer then
+  -- A parked run taken in this call used the slot it would have been unparked into.
+  local taken_now = {}
+  for _, run in ipairs(plan.take) do taken_now[run.id] = true end
+  for _, name in ipairs(plan.freer.order) do
+    local g, keep = plan.freer.groups[name], {}
+    for _, u in ipairs(g.unpark) do if not taken_now[u.id] then keep[#keep + 1] = u end end
+    g.unpark = keep
+  end
+  unparked = free_slots(plan.freer, prefix, KEYS[1], KEYS[11])
+end
+if plan.flow then
+  for _, name in ipairs(plan.group_order) do
+    local g = plan.groups[name]
+    local added, stale = {}, {}
+    for _, id in ipairs(g.add) do added[id] = true end
+    for _, id in ipairs(g.prune) do if not added[id] then stale[#stale + 1] = id end end
+    if #stale > 0 then bulk('SREM', g.key, stale, 1000) end
+  end
+  for _, r in ipairs(plan.park) do
+    if r.was and r.was ~= r.group then redis.call('ZREM', prefix .. 'parked:' .. r.was, r.id) end
+  end
+end
+for _, run in ipairs(plan.take) do
+  if run.parked then
+    redis.call('HDEL', prefix .. 'run:' .. run.id, 'parked')
+    redis.call('ZREM', prefix .. 'parked:' .. run.parked, run.id)
+    redis.call('ZREM', KEYS[11], run.id)
+  end
+end
 
 for _, run in ipairs(plan.bury) do
   if run.expired and run.hist_ok then
@@ -344,6 +582,7 @@ for _, run in ipairs(plan.bury) do
             ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
   end
   bury(KEYS[3], prefix, run.id, now, run.reason, ' ' .. run.reason, dead_retention, run.hist_ok)
+  if run.held then redis.call('HDEL', prefix .. 'run:' .. run.id, 'held') end
   died = died + 1
 end
 -- A run id whose key is not a hash: listed as dead so an operator sees it; the key itself is
@@ -406,6 +645,9 @@ local function earlier(t) if t and (next_wake < 0 or t < next_wake) then next_wa
 earlier(plan.next_due)
 earlier(plan.next_lease)
 earlier(next_lease_added)
+for _, r in ipairs(plan.later or {}) do earlier(r.due) end
+if plan.park and #plan.park > 0 then earlier(recheck) end
+if unparked > 0 then earlier(now) end
 for _, r in ipairs(plan.restore) do earlier(r[2]) end
 
 local result = {now, next_wake, #plan.take}

@@ -6,6 +6,10 @@
 -- KEYS[4]  limits    hash    jq:{q#p}:limits   flow limits: under a concurrency limit, each
 --                                              completion frees a slot
 -- KEYS[5]  wake      list    jq:{q#p}:wake     ... and wakes an idle worker to take it
+-- KEYS[6]  due       zset    jq:{q#p}:due      run_id -> due time (ms): a parked run goes
+--                                              back here at its due time
+-- KEYS[7]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
+--                                              back by a per-key or per-task cap
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  retention_ms       how long finished records live
@@ -24,6 +28,10 @@
 -- Under a concurrency limit (claim.lua), a worker whose claim found no room sleeps on the wake
 -- list: each accepted completion pushes a token (a limits key of another type counts as no
 -- limit here: commits never wait on it).
+--
+-- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
+-- them here, and the oldest parked run of each such group is put back at its original due
+-- time (waking an idle worker); a held or parked key of another type refuses the call whole.
 
 local now = clock(ARGV[1])
 local prefix, retention = ARGV[2], tonumber(ARGV[3])
@@ -33,7 +41,7 @@ local ok, plan = reading(function()
   if not whole(ARGV[3], 0) then
     refuse('ERR jobqueue: retention_ms is a whole number of ms, not ' .. tostring(ARGV[3]))
   end
-  local p = {runs = {}}
+  local p = {runs = {}, freer = slot_freer(prefix, KEYS[6], KEYS[7])}
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
   p.stats = counters(KEYS[3], 'completed', 'rejected')
@@ -42,10 +50,16 @@ local ok, plan = reading(function()
   for i = 4, #ARGV, 3 do
     local run_id, fence = ARGV[i], tonumber(ARGV[i + 1])
     -- A key of another type answers 'unknown' for its run alone.
-    local run = load_run(prefix .. 'run:' .. run_id, 'state', 'fence', 'hist')
+    local run = load_run(prefix .. 'run:' .. run_id, 'state', 'fence', 'hist', 'held', 'task',
+                         'limit_key')
     local r = {id = run_id, result = ARGV[i + 2], why = refusal(run, fence),
                current = run and whole_or(run.fence, 0, 0) or 0}
     r.hist = r.why == nil and run.hist ~= nil and history_ok(prefix, run_id)
+    if r.why == nil and run.held then
+      r.held = true
+      p.freer.free(run_id, held_groups(run))
+      p.wake = p.wake or waker(KEYS[5])
+    end
     p.runs[#p.runs + 1] = r
   end
   return p
@@ -63,6 +77,7 @@ for _, r in ipairs(plan.runs) do
     local key = prefix .. 'run:' .. r.id
     redis.call('HSET', key, 'state', 'done', 'result', r.result, 'finished', now)
     redis.call('HDEL', key, 'lease_until')
+    if r.held then redis.call('HDEL', key, 'held') end
     expire_record(prefix, r.id, retention, r.hist)
     out[#out + 1] = {1, 'done'}
     ids[#ids + 1] = r.id
@@ -77,6 +92,7 @@ if #ids > 0 then
   bulk('ZREM', KEYS[1], ids, 1000)
   wake(plan.wake, #ids)
 end
+wake(plan.wake, free_slots(plan.freer, prefix, KEYS[6], KEYS[7]))
 bump(plan.stats, 'completed', #ids)
 bump(plan.stats, 'rejected', refused)
 return out

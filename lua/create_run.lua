@@ -7,12 +7,13 @@
 --                                              the runs above the default priority
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
--- ARGV[3..] groups            6 header fields shared by the group's runs, then 7 per run:
+-- ARGV[3..] groups            6 header fields shared by the group's runs, then 8 per run:
 --                             count, task, max_attempts, lease_ms, timeout_ms, priority
 --                             (0..9, higher claimed first; anything else counts as 0);
 --                             then per run: run_id, payload (JSON), due_at (absolute ms or
 --                             ''), delay_ms, job_id, scheduled_for (ms or ''), meta (JSON
---                             object from the enqueue hooks, or '')
+--                             object from the enqueue hooks, or ''), limit_key (the key of
+--                             per-key limits, or '')
 --                             (a batch is nearly always one group: a task's fields travel
 --                             once, not per run)
 -- Returns  {now, r1, r2, ...}: per run 1 = created, 0 = already exists (nothing written).
@@ -25,12 +26,12 @@
 --
 -- The record holds only what differs from the defaults (write_pending): no queue (the key
 -- says it), no attempt or fence (0 until the first claim), no lease_ms, timeout_ms or job when
--- 0 or empty, no meta when '', no priority when 0, and no history entry (creation is the record's created and due fields; the
+-- 0 or empty, no meta or limit_key when '', no priority when 0, and no history entry (creation is the record's created and due fields; the
 -- history starts at the first event that the record cannot show).
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
-local HEADER, STRIDE = 6, 7
+local HEADER, STRIDE = 6, 8
 
 local ok, plan = reading(function()
   local p = {exists = {}}
@@ -75,6 +76,7 @@ while i <= #ARGV do
       write_pending(key, now, due, task, ARGV[j + 1], attempts, lease, timeout, ARGV[j + 4],
                     ARGV[j + 5])
       if ARGV[j + 6] ~= '' then redis.call('HSET', key, 'meta', ARGV[j + 6]) end
+      if ARGV[j + 7] ~= '' then redis.call('HSET', key, 'limit_key', ARGV[j + 7]) end
       if level > 0 then
         redis.call('HSET', key, 'priority', level)
         prio_pairs[#prio_pairs + 1] = prio_score(level, due)

@@ -24,6 +24,7 @@
 -- ARGV[13] timeout_ms         as create_run (0: none)
 -- ARGV[14] priority           0..9 (anything else counts as 0)
 -- ARGV[15] meta               JSON object from the enqueue hooks, or ''
+-- ARGV[16] limit_key          the key of per-key limits (stored as 'limit_key'), or ''
 -- Returns  {now, outcome, run_id}: 'created' (run_id created, and it now holds the key);
 --          'existed' (run_id exists already: nothing written); 'deduplicated' (throttle: the
 --          holder run_id is kept as it is, nothing written); 'replaced' (debounce: the
@@ -92,6 +93,7 @@ if plan.exists then return {now, 'existed', run_id} end
 write_pending(key, now, due, ARGV[7], ARGV[8], ARGV[11], ARGV[12], ARGV[13], '', '')
 redis.call('HSET', key, 'dedupe', dkey)
 if ARGV[15] ~= '' then redis.call('HSET', key, 'meta', ARGV[15]) end
+if ARGV[16] ~= '' then redis.call('HSET', key, 'limit_key', ARGV[16]) end
 local level = priority_of(ARGV[14])
 if level > 0 then
   redis.call('HSET', key, 'priority', level)

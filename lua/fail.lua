@@ -9,6 +9,8 @@
 --                                              burial frees a slot and wakes a worker too
 -- KEYS[7]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
+-- KEYS[8]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
+--                                              back by a per-key or per-task cap
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -24,6 +26,11 @@
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua). Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or an
 --          index key holds another type.
+--
+-- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
+-- them here, and the oldest parked run of each such group is put back at its original due
+-- time (waking an idle worker); a held or parked key of another type refuses the call whole.
+-- (A retried run takes a slot again at its next claim.)
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence, err = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -43,7 +50,8 @@ local ok, plan = reading(function()
     refuse('ERR jobqueue: dead_retention_ms is a whole number of ms, not ' .. tostring(ARGV[7]))
   end
   local p = {}
-  p.run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner', 'priority')
+  p.run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner', 'priority',
+                   'held', 'task', 'limit_key')
   p.why = refusal(p.run, fence)
   p.stats = counters(KEYS[4], 'rejected', 'failed', 'retried', 'dead')
   if not p.why then
@@ -55,6 +63,8 @@ local ok, plan = reading(function()
     local cap = checked(redis.pcall('HGET', KEYS[6], 'concurrency'), KEYS[6], true)
     p.capped = count(cap, 0)
     p.hist = history_ok(prefix, run_id)
+    p.freer = slot_freer(prefix, KEYS[1], KEYS[8])
+    p.freer.free(run_id, held_groups(p.run))
   end
   return p
 end)
@@ -72,7 +82,7 @@ local ended = ' fence=' .. int(fence) .. ' attempt=' .. attempt .. ' owner=' .. 
 if delay and attempt < max_attempts then
   local due = now + delay
   redis.call('HSET', key, 'state', 'pending', 'error', err, 'due', due)
-  redis.call('HDEL', key, 'lease_until')
+  redis.call('HDEL', key, 'lease_until', 'held')
   if plan.hist then
     history(prefix, run_id, now .. ' failed' .. ended .. ' retry at ' .. due .. ': ' ..
             utf8_head(err, 200) .. tb)
@@ -83,7 +93,7 @@ if delay and attempt < max_attempts then
   redis.call('ZREM', KEYS[2], run_id)
   bump(plan.stats, 'failed', 1)
   bump(plan.stats, 'retried', 1)
-  wake(plan.wake, 1)
+  wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[8]))
   return {1, 'retry', due}
 end
 
@@ -91,7 +101,10 @@ bury(KEYS[3], prefix, run_id, now, err, ended .. ': ' .. utf8_head(err, 200) .. 
      dead_retention, plan.hist)
 trim_index(KEYS[3], now, dead_retention)
 redis.call('ZREM', KEYS[2], run_id)
+if run.held then redis.call('HDEL', key, 'held') end
+local unparked = free_slots(plan.freer, prefix, KEYS[1], KEYS[8])
 bump(plan.stats, 'failed', 1)
 bump(plan.stats, 'dead', 1)
 if plan.capped then wake(plan.wake, 1) end
+wake(plan.wake, unparked)
 return {1, 'dead'}

@@ -6,6 +6,8 @@
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes an idle worker to take it
 -- KEYS[4]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
+-- KEYS[5]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
+--                                              back by a per-key or per-task cap
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -17,13 +19,18 @@
 -- The fence is not changed here: the next claim issues a new one, and until then the run is
 -- pending, so the releasing worker can no longer heartbeat or commit. A run above the
 -- default priority goes back to the prio zset too: it keeps its priority.
+--
+-- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
+-- them here, and the oldest parked run of each such group is put back at its original due
+-- time (waking an idle worker); a held or parked key of another type refuses the call whole.
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence = ARGV[2], ARGV[3], tonumber(ARGV[4])
 local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
-  local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner', 'priority')}
+  local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner', 'priority', 'held',
+                            'task', 'limit_key')}
   p.why = refusal(p.run, fence)
   if not p.why then
     expect(KEYS[1], 'zset')
@@ -31,6 +38,8 @@ local ok, plan = reading(function()
     expect(KEYS[4], 'zset')
     p.wake = waker(KEYS[3])
     p.hist = history_ok(prefix, run_id)
+    p.freer = slot_freer(prefix, KEYS[1], KEYS[5])
+    p.freer.free(run_id, held_groups(p.run))
   end
   return p
 end)
@@ -39,7 +48,7 @@ if plan.why then return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0
 
 local attempt = math.max((tonumber(plan.run.attempt) or 1) - 1, 0)
 redis.call('HSET', key, 'state', 'pending', 'attempt', attempt, 'due', now)
-redis.call('HDEL', key, 'lease_until', 'owner')
+redis.call('HDEL', key, 'lease_until', 'owner', 'held')
 if plan.hist then
   history(prefix, run_id, now .. ' released fence=' .. int(fence) .. ' owner=' ..
           (plan.run.owner or '?') .. ' (attempt not counted)')
@@ -48,5 +57,5 @@ redis.call('ZADD', KEYS[1], now, run_id)
 local level = priority_of(plan.run.priority)
 if level > 0 then redis.call('ZADD', KEYS[4], prio_score(level, now), run_id) end
 redis.call('ZREM', KEYS[2], run_id)
-wake(plan.wake, 1)
+wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[5]))
 return {1, 'released'}

@@ -3,32 +3,54 @@
 --
 -- KEYS[1]  limits    hash    jq:{q#p}:limits   the partition's flow limits
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wake tokens for idle workers
+-- KEYS[3]  due       zset    jq:{q#p}:due      run_id -> due time (ms): parked runs go back
+--                                              here at their due time when a cap is raised
+-- KEYS[4]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
+--                                              back by a per-key or per-task cap
 -- ARGV[1]  now                now ms, or '' for the server clock (read first, as every
 --                             script does; nothing here depends on it)
--- ARGV[2]  prefix             key prefix jq:{q#p}: (unused: the keys are given)
--- ARGV[3]  name               the limit: 'concurrency' (the most runs running at once) or
---                             'rate' (at most N claims in any W ms)
--- ARGV[4]  value              concurrency: a whole number from 0; rate: 'N W', N from 0
---                             and W from 1; or '' to remove the limit
+-- ARGV[2]  prefix             key prefix jq:{q#p}: (the parked runs' records and groups)
+-- ARGV[3]  name               the limit: 'concurrency' (the most runs running at once),
+--                             'rate' (at most N claims in any W ms), 'key_concurrency' (the
+--                             most runs of one limit_key running at once), 'key_rate' (at
+--                             most N claims of one limit_key in any W ms) or 'task:<name>'
+--                             (the most runs of task <name> running at once)
+-- ARGV[4]  value              concurrency: a whole number from 0; rate and key_rate: 'N W',
+--                             N from 0 and W from 1; key_concurrency and task:<name>: a whole
+--                             number from 0 to 10000; or '' to remove the limit
 -- Returns  1 when this call changed the limit, 0 when it already was so. Refused whole (an
 --          error reply, nothing changed) when a key is not on this node, the limits key holds
 --          another type, or the name or value is not one of the above.
 --
 -- A concurrency limit raised, or any limit removed or a rate changed, fills the wake list:
--- idle workers claim at once.
+-- idle workers claim at once. A per-key or per-task cap raised or removed also puts the runs
+-- it parked (claim.lua; at most 1,000 per call, the oldest first: the rest wait for a freed
+-- slot or their fallback recheck) back at their original due time, for claim to look at
+-- again. The field task_caps counts the task:<name> fields, so that claim reads no task cap
+-- in a queue without one.
 
 local _ = clock(ARGV[1])
 local name, value = ARGV[3], ARGV[4]
 local limits_key, wake_key = KEYS[1], KEYS[2]
-local NAMES = {concurrency = true, rate = true}
+local NAMES = {concurrency = true, rate = true, key_concurrency = true, key_rate = true}
+local is_task = type(name) == 'string' and string.sub(name, 1, 5) == 'task:' and #name > 5
+local capped = name == 'key_concurrency' or is_task
+local prefix = ARGV[2]
+local UNPARK_MAX = 1000
 
 local ok, plan = reading(function()
-  if not NAMES[name] then refuse('ERR jobqueue: no limit named ' .. tostring(name)) end
+  if not NAMES[name] and not is_task then
+    refuse('ERR jobqueue: no limit named ' .. tostring(name))
+  end
   if value ~= '' and name == 'concurrency' and not whole(value, 0) then
     refuse('ERR jobqueue: a limit is a whole number from 0, not ' .. tostring(value))
   end
+  if value ~= '' and capped and not (whole(value, 0) and tonumber(value) <= SLOT_CAP_MAX) then
+    refuse('ERR jobqueue: a cap is a whole number from 0 to ' .. SLOT_CAP_MAX .. ', not ' ..
+           tostring(value))
+  end
   local new = nil
-  if value ~= '' and name == 'rate' then
+  if value ~= '' and (name == 'rate' or name == 'key_rate') then
     local n, w = string.match(value, '^(%d+) (%d+)$')
     if not (whole(n, 0) and whole(w, 1)) then
       refuse("ERR jobqueue: a rate is 'N W' (N claims in W ms), not " .. tostring(value))
@@ -39,7 +61,39 @@ local ok, plan = reading(function()
   elseif value ~= '' then
     new = int(tonumber(value) + 0)
   end
-  return {old = read('HGET', limits_key, name), waker = waker(wake_key), new = new}
+  local p = {old = read('HGET', limits_key, name), waker = waker(wake_key), new = new,
+             unpark = {}, groups = {}}
+  local old = count(p.old, 0) and tonumber(p.old) or nil
+  if capped and old ~= nil and (new == nil or tonumber(new) > old) then
+    -- Raised or removed: the runs it parked go back to their due time.
+    expect(KEYS[3], 'zset')
+    local entries = read('ZRANGE', KEYS[4], 0, UNPARK_MAX - 1)
+    for _, id in ipairs(entries) do
+      local r = load_run(prefix .. 'run:' .. id, 'state', 'parked', 'due')
+      local g = r and r.state == 'pending' and r.parked
+      local mine = g and (g == name or (name == 'key_concurrency' and
+                                        string.sub(g, 1, 4) == 'key:'))
+      if mine and read('ZSCORE', KEYS[3], id) then
+        local gkey = prefix .. 'parked:' .. g
+        if not p.groups[gkey] then
+          expect(gkey, 'zset')
+          p.groups[gkey] = {}
+        end
+        table.insert(p.groups[gkey], id)
+        p.unpark[#p.unpark + 1] = {id = id, due = whole_or(r.due, 0, 0)}
+      end
+    end
+  end
+  if is_task then
+    -- task_caps after this call: the task:<name> fields counted.
+    local n = 0
+    for _, field in ipairs(read('HKEYS', limits_key)) do
+      if string.sub(field, 1, 5) == 'task:' and field ~= name then n = n + 1 end
+    end
+    if new ~= nil then n = n + 1 end
+    p.task_caps = n
+  end
+  return p
 end)
 if not ok then return plan end
 
@@ -53,7 +107,24 @@ if new == nil then
 else
   redis.call('HSET', limits_key, name, new)
 end
-if name == 'rate' then
+for _, u in ipairs(plan.unpark) do
+  redis.call('ZADD', KEYS[3], u.due, u.id)
+  redis.call('HDEL', prefix .. 'run:' .. u.id, 'parked')
+end
+for gkey, ids in pairs(plan.groups) do bulk('ZREM', gkey, ids, 1000) end
+if #plan.unpark > 0 then
+  local ids = {}
+  for _, u in ipairs(plan.unpark) do ids[#ids + 1] = u.id end
+  bulk('ZREM', KEYS[4], ids, 1000)
+end
+if plan.task_caps then
+  if plan.task_caps > 0 then
+    redis.call('HSET', limits_key, 'task_caps', plan.task_caps)
+  else
+    redis.call('HDEL', limits_key, 'task_caps')
+  end
+end
+if name == 'rate' or name == 'key_rate' then
   if plan.old then wake(plan.waker, WAKE_TOKENS) end
 elseif old ~= nil and (new == nil or tonumber(new) > old) then
   wake(plan.waker, WAKE_TOKENS)

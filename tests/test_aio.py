@@ -13,6 +13,7 @@ import redis.asyncio
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import OperationRefused, PayloadError, RunNotFound, UnknownTask
+from jobqueue.models import QueueLimits
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys
 
@@ -170,4 +171,4 @@ def test_async_set_queue_concurrency_and_rate(async_client: Any) -> None:
             await jq.set_queue_concurrency("mail", None),
         ]
 
-    assert run(go()) == [True, False, True, (2, (5, 500)), True]
+    assert run(go()) == [True, False, True, QueueLimits(2, (5, 500)), True]

@@ -24,6 +24,14 @@ Runs on both backends; each hypothesis example gets a fresh fakeredis server or 
 real one. ``test_the_model_catches_a_broken_script`` breaks a copy of complete.lua (ignoring the
 fence) or claim.lua (fences per record; no clock floor) and shows the machine finds the
 violation.
+
+``KeyCapMachine`` drives the same scripts under a per-key cap and a per-task cap (runs with and
+without a limit_key, of a capped task and another) and checks invariants instead of a
+reference model: a cap is never exceeded, each held set is exactly the running runs of its
+group, a parked run is pending and listed where it waits, a claim that took less than its
+limit left no due run behind but those it unparked itself (no stall behind a full key), and
+in the end every run finishes (no slot leaked). Its mutants: claim ignoring the caps, claim
+stopping at the first held-back run, complete keeping the slot.
 """
 
 from __future__ import annotations
@@ -557,6 +565,208 @@ def test_the_model_catches_a_broken_script(mutant: str, monkeypatch: pytest.Monk
     # the first failure, so max_examples is a margin that costs nothing. Should a Hypothesis
     # upgrade change the examples: random ones need 130 on average for the fence mutant (the
     # slowest), and miss it within 1,000 about once in 2,000 runs.
+    quiet = settings(
+        SETTINGS,
+        max_examples=1_000,
+        derandomize=True,
+        report_multiple_bugs=False,
+        print_blob=False,
+        phases=[Phase.explicit, Phase.generate],
+    )
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(machine, settings=quiet)
+
+
+# -- per-key and per-task caps -----------------------------------------------------------------
+
+KEY_CAP, TASK_CAP = 2, 1  # every limit_key: 2 running at once; task 'export': 1
+CAP_RUN_IDS = tuple(f"r{i}" for i in range(7))
+LIMIT_KEYS = ("k1", "k2", "")
+TASKS = ("t", "export")
+
+
+class KeyCapMachine(RuleBasedStateMachine):
+    """The scripts under a per-key cap and a per-task cap, checked by invariants rather than
+    a reference model of each reply: a cap is never exceeded, the held sets are exactly the
+    running runs of their group, a parked run is pending and listed where it waits, a claim
+    that took less than its limit left no due run behind (no stall behind a full key), and at
+    the end every run finishes (no slot leaked)."""
+
+    make_client: ClassVar[Any] = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.client = type(self).make_client()
+        self.runner = ScriptRunner(self.client)
+        self.now = START_MS
+        self.holdings: list[Holding] = []
+        self.runner.run(SET_LIMIT.call(PK, "key_concurrency", KEY_CAP, now=self.now))
+        self.runner.run(SET_LIMIT.call(PK, "task:export", TASK_CAP, now=self.now))
+
+    def teardown(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.client.close()
+
+    def records(self) -> dict[str, dict[str, str]]:
+        out = {}
+        for run_id in CAP_RUN_IDS:
+            h = self.client.hgetall(PK.run(run_id))
+            if h:
+                out[run_id] = h
+        return out
+
+    def claim_once(self, limit: int, lease: int, owner: str) -> list[Any]:
+        parked = set(self.client.zrange(PK.parked, 0, -1))
+        call = CLAIM.call(PK, limit, owner, lease, RETENTION_MS, now=self.now)
+        result = CLAIM.parse(self.runner.run(call))
+        for c in result.runs:
+            self.holdings.append(Holding(c.run_id, c.fence, owner, 0))
+        if len(result.runs) < limit:
+            # Only runs this call unparked (a slot freed by a burial) may be due now, and the
+            # call says to claim again at once.
+            due = set(self.client.zrange(PK.due, "-inf", self.now, byscore=True))
+            assert due <= parked, f"due runs left behind by a claim that had room: {due}"
+            assert not due or result.next_wake_ms == self.now
+        return result.runs
+
+    def drain(self) -> None:
+        """Every run finishes: claim and complete until nothing is pending or running."""
+        for _ in range(100):
+            states = {h.get("state") for h in self.records().values()}
+            if not states & {"pending", "running"}:
+                return
+            for c in self.claim_once(10, 1_000, "w1"):
+                self.runner.run(COMPLETE.call(PK, [(c.run_id, c.fence, "1")], RETENTION_MS,
+                                              now=self.now))
+            self.now += 1_000
+        raise AssertionError(f"runs never finished: {self.records()}")
+
+    @rule(
+        ids=st.lists(st.sampled_from(CAP_RUN_IDS), min_size=1, max_size=3),
+        key=st.sampled_from(LIMIT_KEYS),
+        task=st.sampled_from(TASKS),
+        delay=st.sampled_from([0, 0, 500, 2_000]),
+        max_attempts=st.integers(1, 2),
+        priority=st.sampled_from([0, 0, 5]),
+    )
+    def create(
+        self, ids: list[str], key: str, task: str, delay: int, max_attempts: int, priority: int
+    ) -> None:
+        specs = [
+            RunSpec(r, task, PAYLOAD, delay_ms=delay, max_attempts=max_attempts,
+                    priority=priority, limit_key=key)
+            for r in ids
+        ]
+        self.runner.run(CREATE_RUN.call(PK, specs, now=self.now))
+
+    @rule(limit=st.integers(1, 4), lease=st.integers(100, 3_000), owner=st.sampled_from(OWNERS))
+    def claim(self, limit: int, lease: int, owner: str) -> None:
+        self.claim_once(limit, lease, owner)
+
+    @precondition(lambda self: self.holdings)
+    @rule(data=st.data())
+    def complete(self, data: st.DataObject) -> None:
+        h = data.draw(st.sampled_from(self.holdings))
+        self.runner.run(COMPLETE.call(PK, [(h.run_id, h.fence, "1")], RETENTION_MS, now=self.now))
+
+    @precondition(lambda self: self.holdings)
+    @rule(data=st.data(), retry=st.none() | st.integers(0, 2_000))
+    def fail(self, data: st.DataObject, retry: int | None) -> None:
+        h = data.draw(st.sampled_from(self.holdings))
+        self.runner.run(
+            FAIL.call(PK, h.run_id, h.fence, "boom", retry, RETENTION_MS, now=self.now)
+        )
+
+    @precondition(lambda self: self.holdings)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        h = data.draw(st.sampled_from(self.holdings))
+        self.runner.run(RELEASE.call(PK, h.run_id, h.fence, self.now))
+
+    @rule(run_id=st.sampled_from(CAP_RUN_IDS))
+    def cancel(self, run_id: str) -> None:
+        self.runner.run(CANCEL.call(PK, run_id, RETENTION_MS, "stop", now=self.now))
+
+    @rule(run_id=st.sampled_from(CAP_RUN_IDS))
+    def requeue(self, run_id: str) -> None:
+        self.runner.run(REQUEUE.call(PK, run_id, True, now=self.now))
+
+    @rule(ms=st.sampled_from([0, 1, 50, 500, 1_500, 3_500]))
+    def advance_clock(self, ms: int) -> None:
+        self.now += ms
+
+    @invariant()
+    def caps_hold_and_held_sets_are_the_running_runs(self) -> None:
+        groups: dict[str, set[str]] = {}
+        for run_id, h in self.records().items():
+            if h.get("state") != "running":
+                continue
+            if h.get("limit_key"):
+                groups.setdefault(f"key:{h['limit_key']}", set()).add(run_id)
+            if h.get("task") == "export":
+                groups.setdefault("task:export", set()).add(run_id)
+        for group, members in groups.items():
+            cap = TASK_CAP if group.startswith("task:") else KEY_CAP
+            assert len(members) <= cap, (group, members)
+        for group in [f"key:{k}" for k in LIMIT_KEYS if k] + ["task:export"]:
+            held = self.client.smembers(PK.prefix + "held:" + group)
+            assert held == groups.get(group, set()), (group, held)
+
+    @invariant()
+    def parked_runs_are_pending_and_listed_where_they_wait(self) -> None:
+        parked = set(self.client.zrange(PK.parked, 0, -1))
+        for run_id, h in self.records().items():
+            if h.get("parked"):
+                assert h.get("state") == "pending", (run_id, h)
+                assert run_id in parked, (run_id, h)
+                waiting = self.client.zrange(PK.prefix + "parked:" + h["parked"], 0, -1)
+                assert run_id in waiting, (run_id, h)
+            else:
+                assert run_id not in parked, (run_id, h)
+
+
+def test_caps_hold_under_random_interleavings(backend: str, request: pytest.FixtureRequest) -> None:
+    machine = type("Machine", (KeyCapMachine,), {"make_client": client_maker(backend, request)})
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+CAP_MUTANTS = {
+    # claim.lua taking a run of a full group
+    "claim-ignores-the-caps": ("claim", "      if not has_room(g) then", "      if false then"),
+    # claim.lua stopping at the first run of a full group: the runs behind it stall
+    "claim-stalls-behind-a-full-key": (
+        "claim",
+        "      if at > now or taking >= limit then p.next_due = at; break end",
+        "      if at > now or taking >= limit or #p.park > 0 then p.next_due = at; break end",
+    ),
+    # complete.lua keeping the slot of a completed run
+    "complete-keeps-the-slot": (
+        "complete",
+        "      p.freer.free(run_id, held_groups(run))",
+        "",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(CAP_MUTANTS))
+def test_the_cap_machine_catches_a_broken_script(
+    mutant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap machine is not vacuous: with a script broken this way, it fails."""
+    import hashlib
+
+    name, old, new = CAP_MUTANTS[mutant]
+    good = scripts()[name]
+    source, plain = good.source.replace(old, new), good.plain.replace(old, new)
+    assert source != good.source
+    broken = Script(
+        name, source, hashlib.sha1(source.encode()).hexdigest(),
+        plain, hashlib.sha1(plain.encode()).hexdigest(),
+    )
+    monkeypatch.setitem(scripts(), name, broken)
+    machine = type("BrokenMachine", (KeyCapMachine,), {"make_client": fake_client})
     quiet = settings(
         SETTINGS,
         max_examples=1_000,

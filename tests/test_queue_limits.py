@@ -23,6 +23,7 @@ from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError
+from jobqueue.models import QueueLimits
 from jobqueue.runtime.clock import FakeClock
 from jobqueue.runtime.metrics import serve
 
@@ -239,7 +240,7 @@ def test_show_says_what_holds_a_run_back(jq: JobQueue) -> None:
 
 
 def test_queue_limits_reads_both_limits(jq: JobQueue) -> None:
-    assert jq.queue_limits("mail") == (None, None)
+    assert jq.queue_limits("mail") == QueueLimits()
     jq.set_queue_concurrency("mail", 3)
     jq.set_queue_rate("mail", 50, per=2)
-    assert jq.queue_limits("mail") == (3, (50, 2_000))
+    assert jq.queue_limits("mail") == QueueLimits(3, (50, 2_000))

@@ -285,6 +285,48 @@ def test_a_concurrency_limit_holds_on_every_new_partition(
     assert not any(redis_client.exists(k.limits) for k in gone)
 
 
+@pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
+def test_per_key_and_per_task_limits_hold_on_every_new_partition(
+    redis_client: Any, old: int, new: int
+) -> None:
+    jq = populate(redis_client, old)
+    jq.set_queue_concurrency(Q, 3, per_key=True)
+    jq.set_queue_concurrency(Q, 2, task="export")
+    jq.set_queue_rate(Q, 5, per=2, per_key=True)
+    rp.repartition(JobQueue(redis_client), Q, new)
+    moved = JobQueue(redis_client, partitions={Q: new})
+    rows = queries.stats(moved, Q)
+    assert [(r.key_concurrency_limit, r.task_caps) for r in rows] == [(3, {"export": 2})] * new
+    assert [(r.key_rate_limit, r.key_rate_window_ms) for r in rows] == [(5, 2_000)] * new
+    assert {redis_client.hget(k.limits, "task_caps") for k in queue_partitions(Q, new, True)} == {
+        "1"
+    }
+
+
+def test_a_run_held_back_by_a_cap_moves_at_its_own_due_time(redis_client: Any) -> None:
+    jq = JobQueue(redis_client)
+    jq.declare_task("t", queue=Q)
+    jq.set_queue_concurrency(Q, 1, per_key=True)
+    # A job whose runs leave partition 0 when the queue gets 4 partitions.
+    job = next(j for j in (f"job{i}" for i in range(100)) if partition_of(j + "@1", 4) != 0)
+    a, b = f"{job}@1", f"{job}@2"
+    for run_id in (a, b):
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=run_id, limit_key="k"))
+    source = jq.keys_for(Q, a)
+    jq.scripts.run(CLAIM.call(source, 2, "w-1", LEASE_MS, RETENTION_MS))  # a runs, b held back
+    assert redis_client.hget(source.run(b), "parked") == "key:k"
+    # a's worker stopped, its run finished outside (no running run: a move is allowed).
+    redis_client.zrem(source.leases, a)
+    redis_client.hset(source.run(a), "state", "done")
+    due = int(redis_client.hget(source.run(b), "due"))
+    rp.repartition(JobQueue(redis_client), Q, 4)
+    target = queue_partitions(Q, 4, True)[partition_of(b, 4)]
+    assert redis_client.hget(target.run(b), "state") == "pending"
+    assert redis_client.hget(target.run(b), "parked") is None
+    assert redis_client.zscore(target.due, b) == due
+    assert not redis_client.zcard(source.parked)
+
+
 def test_a_running_queue_stays_running_after_a_repartition(redis_client: Any) -> None:
     populate(redis_client, 1)
     rp.repartition(JobQueue(redis_client), Q, 4)

@@ -282,9 +282,13 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
     """Indexes, counters and wake lists are KEYS (declared, passed by the caller); only the
     records and histories of the runs a call names are built from the prefix, and, in claim,
     the deduplication key a claimed run's record names (released at the run's first claim,
-    see dedupe.lua): a key per record, like the record itself."""
+    see dedupe.lua): a key per record, like the record itself; and the keys of the per-key
+    and per-task caps a run's record names (held:, parked: <group>, and in claim krate:<key>),
+    which the scripts that take or free a slot reach the same way."""
     built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", code(name))
-    allowed = {"run:", "hist:"} | ({"dedupe:"} if name == "claim" else set())
+    allowed = {"run:", "hist:"} | ({"dedupe:", "held:", "krate:"} if name == "claim" else set())
+    if name in ("claim", "cancel", "set_limit"):
+        allowed |= {"parked:"}
     assert set(built) <= allowed, built
 
 

@@ -529,6 +529,45 @@ def set_limit_remove(runner: ScriptRunner) -> Call:
     return SET_LIMIT.call(PK, "concurrency", None, now=NOW)
 
 
+def key_capped(runner: ScriptRunner) -> None:
+    """A queue with a per-key cap of 1 and a cap of 1 on task 'export': 'held' runs (key k),
+    'waits' is parked behind it, 'exporting' runs and 'export-2' is parked behind it, and
+    'stale' (key k, one attempt) ran out of lease. A key rate of 5 per minute too."""
+    for name, value in (("key_concurrency", 1), ("task:export", 1), ("key_rate", "5 60000")):
+        assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, name, value, now=NOW - 100)))
+    enqueue(runner, spec("stale", limit_key="j", max_attempts=1), now=NOW - LEASE - 20)
+    claim(runner, 1, now=NOW - LEASE - 20)  # its lease expires at NOW - 20
+    enqueue(runner, spec("held", limit_key="k"), now=NOW - 50)
+    enqueue(runner, RunSpec("exporting", "export", PAYLOAD), now=NOW - 49)
+    enqueue(runner, spec("waits", limit_key="k"), RunSpec("export-2", "export", PAYLOAD),
+            spec("waits-j", limit_key="j"), now=NOW - 48)
+    assert set(claim(runner, 5, now=NOW - 40)) == {"held", "exporting"}
+
+
+def claim_under_key_caps(runner: ScriptRunner) -> Call:
+    """The stale lease is buried (its slot frees: 'waits-j' unparks), a new run of key k is
+    parked, one of another key is taken."""
+    key_capped(runner)
+    enqueue(runner, spec("k-new", limit_key="k"), spec("m-new", limit_key="m"), now=NOW - 10)
+    return CLAIM.call(PK, 3, "w2", LEASE, RETENTION, now=NOW)
+
+
+def complete_a_key_holder(runner: ScriptRunner) -> Call:
+    key_capped(runner)
+    fence = int(runner.client.hget(PK.run("held"), "fence"))
+    return COMPLETE.call(PK, [("held", fence, "1")], RETENTION, now=NOW)
+
+
+def cancel_a_parked_run(runner: ScriptRunner) -> Call:
+    key_capped(runner)
+    return CANCEL.call(PK, "waits", RETENTION, "stop", now=NOW)
+
+
+def set_limit_raise_a_key_cap(runner: ScriptRunner) -> Call:
+    key_capped(runner)
+    return SET_LIMIT.call(PK, "key_concurrency", 3, now=NOW)
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A state, and the call under test in it. ``build`` sets up the state and returns the
@@ -583,6 +622,11 @@ SCENARIOS = {
         Scenario("set_limit-raise", "set_limit", set_limit_raise, SET_LIMIT.parse),
         Scenario("set_limit-remove", "set_limit", set_limit_remove, SET_LIMIT.parse),
         Scenario("resume", "pause", resume, PAUSE.parse),
+        Scenario("claim-key-capped", "claim", claim_under_key_caps, CLAIM.parse),
+        Scenario("complete-key-holder", "complete", complete_a_key_holder, COMPLETE.parse),
+        Scenario("cancel-parked", "cancel", cancel_a_parked_run, CANCEL.parse),
+        Scenario("set_limit-key-raise", "set_limit", set_limit_raise_a_key_cap,
+                 SET_LIMIT.parse),
         Scenario("sched_due", "sched_due", sched_due, SCHED_DUE.parse, prefix=""),
         Scenario("advance", "advance", advance, ADVANCE.parse, prefix=""),
         Scenario("sched_define-put", "sched_define", sched_define_put, SCHED_DEFINE.parse,

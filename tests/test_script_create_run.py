@@ -305,4 +305,4 @@ def test_create_run_batch_mixing_tasks_and_options_keeps_each_runs_own_fields(
     assert (got["a4"]["timeout_ms"], got["a4"]["job"], got["a4"]["scheduled_for"]) == (
         "1000", "j", str(NOW - 1)
     )
-    assert len(CREATE_RUN.call(pk, batch).args) == 2 + 4 * 6 + 5 * 7  # 4 groups, 5 runs
+    assert len(CREATE_RUN.call(pk, batch).args) == 2 + 4 * 6 + 5 * 8  # 4 groups, 5 runs

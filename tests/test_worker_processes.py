@@ -204,6 +204,7 @@ def client_for(url: str) -> JobQueue:
     jq.declare_task("work", max_attempts=10)
     jq.declare_task("stuck_once")
     jq.declare_task("capped", max_attempts=20)
+    jq.declare_task("keycapped", max_attempts=20)
     return jq
 
 
@@ -417,6 +418,56 @@ def test_a_concurrency_limit_of_3_holds_under_4_workers_and_sigkills(
     assert kills >= 5
     assert reclaimed, "no kill hit a worker holding runs: the test proved nothing"
     print(f"\ncapped: runs={n_runs} kills={kills} reclaimed={reclaimed}")
+
+
+def test_a_key_cap_of_2_holds_under_4_workers_and_sigkills(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """4 workers of 4 slots each, a per-key cap of 2 on the queue, 60 runs of key 'hot' and
+    20 of key 'cold' (50-150 ms each); a random worker is SIGKILLed every 0.7 s and replaced.
+    The runs count how many of their key are in progress (tests/apps/chaos_app.py:
+    keycapped): never more than 2 of a key, and 2 is reached; every run ends done, so no slot
+    leaked (a killed worker's slots come back when a claim takes its expired lease back or
+    buries it)."""
+    n_hot, n_cold = 60, 20
+    worker_args = ("--concurrency", "4", "--lease", "2", "--grace", "1")
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    r = jq.redis
+    jq.set_queue_concurrency("default", 2, per_key=True)
+    rng = random.Random(2104)
+    live = [procs.worker(*worker_args) for _ in range(4)]
+    keys = ["hot"] * n_hot + ["cold"] * n_cold
+    rng.shuffle(keys)
+    run_ids = [f"keycapped-{i:04d}" for i in range(len(keys))]
+    jq.enqueue_many(
+        Request("keycapped", (key, 0.05, 0.15), run_id=run_id, limit_key=key)
+        for run_id, key in zip(run_ids, keys, strict=True)
+    )
+
+    kills = 0
+    deadline = time.monotonic() + 40
+    while done_count(r) < len(run_ids):
+        assert time.monotonic() < deadline, f"only {done_count(r)} of {len(run_ids)} runs done"
+        time.sleep(0.7)
+        if done_count(r) >= len(run_ids):
+            break
+        victim = live.pop(rng.randrange(len(live)))
+        victim.popen.send_signal(signal.SIGKILL)
+        victim.popen.wait(5)
+        kills += 1
+        live.append(procs.worker(*worker_args))
+    for proc in live:
+        assert stop_gracefully(proc, r) == 0, proc.text()[-2000:]
+
+    runs = read_runs(r, run_ids)
+    assert {v.state for v in runs.values()} == {"done"}
+    assert int(r.get("keycapped:most:hot")) == 2
+    assert int(r.get("keycapped:most:cold")) <= 2
+    reclaimed = sum(v.attempt > 1 for v in runs.values())
+    assert kills >= 4
+    assert reclaimed, "no kill hit a worker holding runs: the test proved nothing"
+    print(f"\nkeycapped: runs={len(run_ids)} kills={kills} reclaimed={reclaimed}")
 
 
 def test_a_rate_limit_of_50_per_second_holds_over_20_seconds_under_2_workers(

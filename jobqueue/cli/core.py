@@ -366,6 +366,10 @@ def _reload_worker(burst: bool, processes: int) -> None:
     type=FiniteFloat(0.001),
     help="Seconds the key is held after its run's enqueue (default: until its first claim).",
 )
+@click.option(
+    "--limit-key",
+    help="The key the queue's per-key caps and rates count this run under, e.g. customer:42.",
+)
 @click.option("--app", "app_spec", help="module:attribute, to use its task options.")
 @click.option(
     "--from-file",
@@ -392,6 +396,7 @@ def enqueue(
     dedupe_key: str | None,
     dedupe_mode: str,
     dedupe_ttl: float | None,
+    limit_key: str | None,
     app_spec: str | None,
     from_file: IO[bytes] | None,
     as_json: bool,
@@ -425,10 +430,11 @@ def enqueue(
     if unchecked:
         jq.declare_task(task, queue=queue, max_attempts=max_attempts)
     if from_file is not None:
-        _enqueue_file(jq, task, from_file, delay, at, queue, as_json, priority)
+        _enqueue_file(jq, task, from_file, delay, at, queue, as_json, priority, limit_key)
     else:
         options = jq.resolve_task(task).with_options(
-            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority, dedupe=dedupe
+            run_id=run_id, delay=delay, at=at, queue=queue, priority=priority, dedupe=dedupe,
+            limit_key=limit_key,
         )
         handle = jq.enqueue(options, *args, **kwargs)
         echo_handle(handle, as_json)
@@ -451,6 +457,7 @@ def _file_requests(
     at: datetime | None,
     queue: str | None,
     priority: int | None = None,
+    limit_key: str | None = None,
 ) -> list[Request]:
     """Every line parsed and validated (payload size, run id) before anything is written:
     a bad line 40,000 is one error line naming it (exit 2), not 39,999 runs and a
@@ -481,7 +488,8 @@ def _file_requests(
         if run_id is not None and not isinstance(run_id, str):
             raise InvalidRunId(f"{where}: run_id must be a string")
         req = Request(
-            task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue, priority=priority
+            task, args, kwargs, run_id=run_id, delay=delay, at=at, queue=queue, priority=priority,
+            limit_key=limit_key,
         )
         try:
             jq.prepare(req)
@@ -501,8 +509,9 @@ def _enqueue_file(
     queue: str | None,
     as_json: bool,
     priority: int | None = None,
+    limit_key: str | None = None,
 ) -> None:
-    requests = _file_requests(jq, task, lines, delay, at, queue, priority)
+    requests = _file_requests(jq, task, lines, delay, at, queue, priority, limit_key)
     created = written = 0
     try:
         with progress(len(requests), f"enqueueing {len(requests):,} runs") as advance:
@@ -548,6 +557,8 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("task", run.task),
         ("priority", str(run.priority)),
         *(() if run.dedupe_key is None else [("dedupe key", run.dedupe_key)]),
+        *(() if run.limit_key is None else [("limit key", run.limit_key)]),
+        *(() if run.parked is None else [("held back", f"waiting for a slot of {run.parked}")]),
         ("attempt", f"{run.attempt}/{run.max_attempts}"),
         ("fence", str(run.fence)),
         ("owner", run.owner or "-"),
@@ -589,11 +600,17 @@ def _flow(jq: JobQueue, queue: str) -> str:
     notes = []
     if jq.queue_paused(queue):
         notes.append("paused: not claimed until resumed")
-    concurrency, rate = jq.queue_limits(queue)
-    if concurrency is not None:
-        notes.append(f"at most {concurrency} running at once")
-    if rate is not None:
-        notes.append(f"at most {rate_text(*rate)} claimed")
+    limits = jq.queue_limits(queue)
+    if limits.concurrency is not None:
+        notes.append(f"at most {limits.concurrency} running at once")
+    if limits.rate is not None:
+        notes.append(f"at most {rate_text(*limits.rate)} claimed")
+    if limits.key_concurrency is not None:
+        notes.append(f"at most {limits.key_concurrency} running at once per key")
+    if limits.key_rate is not None:
+        notes.append(f"at most {rate_text(*limits.key_rate)} claimed per key")
+    for task, cap in limits.task_caps.items():
+        notes.append(f"at most {cap} of {task} running at once")
     return "".join(f" - {n}" for n in notes)
 
 

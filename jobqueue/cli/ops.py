@@ -212,7 +212,8 @@ def runs(
 def queues(state: Any, queue: str | None, as_json: bool) -> None:
     """Per queue and partition: due now, later, running, expired leases, dead, done in the
     last minute and hour, how late the oldest due run is, whether it is paused, its
-    concurrency limit and its rate limit. (Alias: stats.)
+    concurrency limit and its rate limit, how many due runs are held back by a per-key or
+    per-task cap (counted in DUE NOW or LATER too), and those limits. (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
     found = queries.stats(state.jq(), queue)
@@ -231,6 +232,8 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             if s.oldest_due_age_ms is None
             else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
             _paused_cell(s),
+            s.held_back,
+            _key_task_cell(s),
             "-" if s.concurrency_limit is None else s.concurrency_limit,
             rate(s.rate_limit, s.rate_window_ms),
         ]
@@ -252,6 +255,8 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "DONE/1H",
             "OLDEST DUE (UTC)",
             "PAUSED",
+            "HELD",
+            "KEY/TASK",
             "LIMIT",
             "RATE",
         ],
@@ -260,6 +265,17 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
     )
     if not as_json and any(s.node for s in found):
         _master_table(state.jq(), found)
+
+
+def _key_task_cell(s: queries.PartitionStats) -> str:
+    """The per-key and per-task limits of a partition, e.g. 'key 3, key 10/1s, export 2'."""
+    parts = []
+    if s.key_concurrency_limit is not None:
+        parts.append(f"key {s.key_concurrency_limit}")
+    if s.key_rate_limit is not None:
+        parts.append(f"key {rate(s.key_rate_limit, s.key_rate_window_ms)}")
+    parts += [f"{task} {cap}" for task, cap in s.task_caps.items()]
+    return ", ".join(parts) or "-"
 
 
 def _paused_cell(s: queries.PartitionStats) -> str:
@@ -327,18 +343,27 @@ _LIMIT_ARGS = {"ignore_unknown_options": True}
 @queue.command("concurrency", context_settings=_LIMIT_ARGS)
 @click.argument("name")
 @click.argument("limit")
+@click.option("--per-key", is_flag=True, help="At most LIMIT runs of each limit_key at once.")
+@click.option("--task", "task", help="At most LIMIT runs of this task at once.")
 @pass_state
-def queue_concurrency(state: Any, name: str, limit: str) -> None:
+def queue_concurrency(
+    state: Any, name: str, limit: str, per_key: bool, task: str | None
+) -> None:
     """At most LIMIT runs of queue NAME running at once, per partition (exact for a queue of
-    one partition, the default); LIMIT `none` removes the limit.
+    one partition, the default); LIMIT `none` removes the limit. With --per-key: at most LIMIT
+    runs of each limit_key (enqueue --limit-key); with --task T: at most LIMIT runs of task T
+    (both up to 10000; a run over the cap waits, held back, and the rest of the queue goes on).
 
     Enforced by the claim script across all workers: a run holds its slot from its claim until
     its commit, its cancel or its lease's expiry (a killed worker's slot frees when its lease
     expires). Idempotent: setting the limit it has exits 0."""
+    if per_key and task is not None:
+        raise click.UsageError("--per-key or --task, not both")
     value = _limit_value(limit)
-    what = "no concurrency limit" if value is None else f"concurrency limit {value}"
+    kind = "per-key " if per_key else "" if task is None else f"task {task} "
+    what = f"no {kind}concurrency limit" if value is None else f"{kind}concurrency limit {value}"
     _note_if_new(state.jq(), name)
-    if state.jq().set_queue_concurrency(name, value):
+    if state.jq().set_queue_concurrency(name, value, per_key=per_key, task=task):
         click.echo(f"queue {name}: {what}")
     else:
         click.echo(f"queue {name} already has {what} (nothing to do)")
@@ -354,10 +379,12 @@ def queue_concurrency(state: Any, name: str, limit: str) -> None:
     show_default=True,
     help="The window, in seconds (1 ms to 1 day).",
 )
+@click.option("--per-key", is_flag=True, help="At most LIMIT claims of each limit_key.")
 @pass_state
-def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
+def queue_rate(state: Any, name: str, limit: str, per: float, per_key: bool) -> None:
     """At most LIMIT runs of queue NAME claimed in any --per seconds, per partition (exact for
-    a queue of one partition, the default); LIMIT `none` removes the limit.
+    a queue of one partition, the default); LIMIT `none` removes the limit. With --per-key: at
+    most LIMIT claims of each limit_key (enqueue --limit-key).
 
     Enforced by the claim script across all workers, on the server's clock: a run over the
     limit stays pending, and idle workers sleep until the window has room. Idempotent."""
@@ -368,9 +395,10 @@ def queue_rate(state: Any, name: str, limit: str, per: float) -> None:
             "a window without a limit: 'none' removes the limit", param_hint="--per"
         )
     jq = state.jq()
-    what = "no rate limit" if value is None else f"rate limit {value} per {per:g}s"
+    kind = "per-key " if per_key else ""
+    what = f"no {kind}rate limit" if value is None else f"{kind}rate limit {value} per {per:g}s"
     _note_if_new(jq, name)
-    if jq.set_queue_rate(name, value, per):
+    if jq.set_queue_rate(name, value, per, per_key=per_key):
         click.echo(f"queue {name}: {what}")
     else:
         click.echo(f"queue {name} already has {what} (nothing to do)")

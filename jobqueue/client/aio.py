@@ -17,7 +17,7 @@ from jobqueue.anomalies import Listing
 from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.errors import RunTimeout
-from jobqueue.models import Run
+from jobqueue.models import QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
     DEFAULT_MISFIRE,
@@ -145,15 +145,19 @@ class AsyncJobQueue(ClientCore):
         """See :meth:`JobQueue.resume_queue`."""
         return await self.run_steps(self._pause(queue, False))
 
-    async def set_queue_concurrency(self, queue: str, limit: int | None) -> bool:
+    async def set_queue_concurrency(
+        self, queue: str, limit: int | None, *, per_key: bool = False, task: str | None = None
+    ) -> bool:
         """See :meth:`JobQueue.set_queue_concurrency`."""
-        return await self.run_steps(self._set_concurrency(queue, limit))
+        return await self.run_steps(self._set_concurrency(queue, limit, per_key, task))
 
-    async def set_queue_rate(self, queue: str, limit: int | None, per: float = 1.0) -> bool:
+    async def set_queue_rate(
+        self, queue: str, limit: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> bool:
         """See :meth:`JobQueue.set_queue_rate`."""
-        return await self.run_steps(self._set_rate(queue, limit, per))
+        return await self.run_steps(self._set_rate(queue, limit, per, per_key))
 
-    async def queue_limits(self, queue: str) -> tuple[int | None, tuple[int, int] | None]:
+    async def queue_limits(self, queue: str) -> QueueLimits:
         """See :meth:`JobQueue.queue_limits`."""
         return await self.run_steps(self._queue_limits(queue))
 
@@ -176,12 +180,12 @@ class AsyncJobQueue(ClientCore):
     async def enqueue(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> AsyncRunHandle[Any]:
         """Create one run of ``task`` with these arguments; with a run id that already
         exists, nothing is written and the handle says ``created=False``. Run options (run
-        id, delay, at, queue, priority) come with the task:
+        id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
         found, kwargs, opts = self.split_run_options(task, kwargs)
         steps = self._enqueue(
             found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
-            opts.dedupe,
+            opts.dedupe, opts.limit_key,
         )
         return self._handle(await self.run_steps(steps))
 

@@ -110,6 +110,27 @@ def check_priority(priority: object) -> int:
     return priority
 
 
+MAX_LIMIT_KEY_LENGTH = 256
+
+
+def check_limit_key(limit_key: object) -> str:
+    """A run's limit_key (per-key caps and rates): non-empty text, at most
+    MAX_LIMIT_KEY_LENGTH characters, no control characters (it names Redis keys)."""
+    if not isinstance(limit_key, str) or not limit_key:
+        raise ConfigError(f"limit_key must be a non-empty string, not {limit_key!r}")
+    if len(limit_key) > MAX_LIMIT_KEY_LENGTH:
+        raise ConfigError(
+            f"limit_key is {len(limit_key)} characters; the limit is {MAX_LIMIT_KEY_LENGTH}"
+        )
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in limit_key):
+        raise ConfigError(f"limit_key {limit_key!r} contains control characters")
+    try:
+        limit_key.encode()
+    except UnicodeEncodeError:
+        raise ConfigError(f"limit_key {limit_key!r} is not valid Unicode text") from None
+    return limit_key
+
+
 def check_due(at_ms: int | None, delay_ms: int) -> None:
     """Refuse due times past year 9000, for every way of planning a run."""
     if at_ms is not None and at_ms >= MAX_DUE_MS:
@@ -137,6 +158,7 @@ class Request:
     # str -> str carried with the run (stored, ctx.meta); the enqueue hooks may add to it
     meta: dict[str, str] = field(default_factory=dict)
     priority: int | None = None  # 0 (the default) .. 9: higher is claimed first when due
+    limit_key: str | None = None  # the key of the queue's per-key limits (check_limit_key)
 
 
 class Planned(NamedTuple):
@@ -402,11 +424,11 @@ class ClientBase:
             raise ConfigError("dedupe is for enqueue (one run per call), not enqueue_many")
         opts = (task.run_options or RunOptions()).merged(
             run_id=req.run_id, delay=req.delay, at=req.at, queue=req.queue,
-            priority=req.priority,
+            priority=req.priority, limit_key=req.limit_key,
         )
         return self.prepare_args(
             task, req.args, req.kwargs, opts.run_id, opts.delay, opts.at, opts.queue, req.meta,
-            priority=opts.priority,
+            priority=opts.priority, limit_key=opts.limit_key,
         )
 
     def prepare_args(
@@ -422,6 +444,7 @@ class ClientBase:
         *,
         priority: int | None = None,
         dedupe_key: str | None = None,
+        limit_key: str | None = None,
     ) -> tuple[str, RunSpec]:
         """``prepare`` without building a Request first (enqueue's path: a run per call).
         With ``dedupe_key`` the run id is ``<key>@<random>``: the key decides the partition,
@@ -456,6 +479,8 @@ class ClientBase:
             raise MetaError(f"meta must be a mapping of str to str, got {type(meta).__name__}")
         if priority is not None:
             spec.priority = check_priority(priority)
+        if limit_key is not None:
+            spec.limit_key = check_limit_key(limit_key)
         if self.hooks:
             request = EnqueueRequest(spec.task, name, spec.run_id, args, kwargs, dict(meta or {}))
             self.hooks.before_enqueue(request)

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from jobqueue.anomalies import Anomaly, Listing, is_wrong_type, stored_int
+from jobqueue.anomalies import Anomaly, Listing, is_wrong_type
 from jobqueue.client.base import (
     ClientBase,
     Planned,
@@ -27,7 +27,7 @@ from jobqueue.client.base import (
     read_run,
 )
 from jobqueue.errors import ConfigError, ConnectionFailed, NotDurable, OperationRefused
-from jobqueue.models import Run
+from jobqueue.models import QueueLimits, Run
 from jobqueue.policy.timeutil import Delay, Instant
 from jobqueue.schedules.recurring import (
     RecurringSteps,
@@ -36,7 +36,7 @@ from jobqueue.schedules.recurring import (
     make_definition,
     trigger_spec,
 )
-from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, parse_rate, rate_value
+from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, limits_of, rate_value
 from jobqueue.store.io import (
     DurableScripts,
     Scripts,
@@ -54,6 +54,9 @@ from jobqueue.tasks import Dedupe
 log = logging.getLogger("jobqueue.client")
 
 MAX_LIMIT = 1_000_000  # a concurrency limit above any worker fleet is a typo
+# A per-key or per-task cap: claim checks a full group's members, so the bound keeps that
+# bounded (lua/_prelude.lua SLOT_CAP_MAX).
+MAX_SLOT_CAP = 10_000
 MAX_RATE_WINDOW_MS = 86_400_000  # the claim log of a rate limit lives one window
 
 
@@ -137,26 +140,36 @@ class ClientCore(ClientBase):
         replies = yield Scripts(calls)
         return any([PAUSE.parse(reply) for reply in replies])
 
-    def _set_concurrency(self, queue: str, limit: int | None) -> Steps[bool]:
-        """Set (or with None remove) the concurrency limit of every partition of a queue;
-        True when a partition changed."""
+    def _set_concurrency(
+        self, queue: str, limit: int | None, per_key: bool = False, task: str | None = None
+    ) -> Steps[bool]:
+        """Set (or with None remove) the concurrency limit of every partition of a queue:
+        of the whole queue, or with ``per_key`` of each limit_key, or with ``task`` of that
+        task's runs; True when a partition changed."""
+        if per_key and task is not None:
+            raise ConfigError("a concurrency limit is per key or per task, not both")
+        if task is not None and (not isinstance(task, str) or not task):
+            raise ConfigError(f"task must be a task name, not {task!r}")
+        top = MAX_LIMIT if not per_key and task is None else MAX_SLOT_CAP
         if limit is not None and (
-            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT
+            isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= top
         ):
             raise ConfigError(
-                f"concurrency limit must be an integer from 1 to {MAX_LIMIT} (to stop claims, "
+                f"concurrency limit must be an integer from 1 to {top} (to stop claims, "
                 "pause the queue)"
             )
+        name = "key_concurrency" if per_key else "concurrency" if task is None else f"task:{task}"
         yield from self._register_queue(queue)
-        calls = [
-            SET_LIMIT.call(keys, "concurrency", limit) for keys in self.all_partition_keys(queue)
-        ]
+        calls = [SET_LIMIT.call(keys, name, limit) for keys in self.all_partition_keys(queue)]
         replies = yield Scripts(calls)
         return any([SET_LIMIT.parse(reply) for reply in replies])
 
-    def _set_rate(self, queue: str, limit: int | None, per: float) -> Steps[bool]:
+    def _set_rate(
+        self, queue: str, limit: int | None, per: float, per_key: bool = False
+    ) -> Steps[bool]:
         """Set (or with None remove) the rate limit of every partition of a queue: at most
-        ``limit`` claims in any ``per`` seconds; True when a partition changed."""
+        ``limit`` claims (with ``per_key``: of each limit_key) in any ``per`` seconds; True
+        when a partition changed."""
         value: str | None = None
         if limit is not None:
             if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
@@ -169,23 +182,23 @@ class ClientCore(ClientBase):
                 raise ConfigError("rate window 'per' must be from 1 ms to 1 day")
             value = rate_value(limit, window_ms)
         yield from self._register_queue(queue)
-        calls = [SET_LIMIT.call(keys, "rate", value) for keys in self.all_partition_keys(queue)]
+        name = "key_rate" if per_key else "rate"
+        calls = [SET_LIMIT.call(keys, name, value) for keys in self.all_partition_keys(queue)]
         replies = yield Scripts(calls)
         return any([SET_LIMIT.parse(reply) for reply in replies])
 
-    def _queue_limits(self, queue: str) -> Steps[tuple[int | None, tuple[int, int] | None]]:
-        """The concurrency limit and the rate limit (count, window ms) of a queue's first
-        partition, as set_queue_concurrency and set_queue_rate set them on every one; None
-        where there is none (or what is stored is not a limit)."""
+    def _queue_limits(self, queue: str) -> Steps[QueueLimits]:
+        """The flow limits of a queue's first partition, as set_queue_concurrency and
+        set_queue_rate set them on every one; None where there is none (or what is stored is
+        not a limit)."""
         table = yield from self._queue_table()
         if queue not in table.counts:
-            return None, None
+            return QueueLimits()
         first = table.partitions(queue)[0]
-        (reply,) = yield commands(cmd("hmget", first.limits, "concurrency", "rate"))
-        if not isinstance(reply, list):
-            return None, None  # a limits key of another type: an anomaly of the listings
-        concurrency, rate = stored_int(reply[0]), parse_rate(reply[1])
-        return (None if concurrency is None or concurrency < 0 else concurrency), rate
+        (reply,) = yield commands(cmd("hgetall", first.limits))
+        if not isinstance(reply, dict):
+            return QueueLimits()  # a limits key of another type: an anomaly of the listings
+        return limits_of(reply)
 
     def _queue_paused(self, queue: str) -> Steps[bool]:
         """Whether any partition of a queue recorded in Redis is paused (an unknown queue,
@@ -229,6 +242,7 @@ class ClientCore(ClientBase):
         queue: str | None,
         priority: int | None = None,
         dedupe: Dedupe | None = None,
+        limit_key: str | None = None,
     ) -> Steps[Created]:
         if dedupe is not None and run_id is not None:
             raise ConfigError(
@@ -236,7 +250,7 @@ class ClientCore(ClientBase):
             )
         name, spec = self.prepare_args(
             task, args, kwargs, run_id, delay, at, queue, priority=priority,
-            dedupe_key=None if dedupe is None else dedupe.key,
+            dedupe_key=None if dedupe is None else dedupe.key, limit_key=limit_key,
         )
         yield from self._register_queue(name)
         if dedupe is not None:

@@ -29,7 +29,7 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.errors import UnknownQueue
 from jobqueue.models import Run
 from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
-from jobqueue.store.admin import parse_rate
+from jobqueue.store.admin import limits_of, parse_rate
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys, validate_queue_name
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
@@ -89,6 +89,12 @@ class PartitionStats:
     concurrency_limit: int | None = None  # the most runs running at once here (None: none)
     rate_limit: int | None = None  # at most this many claims here in any rate_window_ms
     rate_window_ms: int | None = None
+    # Per key and per task (set_queue_concurrency per_key / task, set_queue_rate per_key)
+    key_concurrency_limit: int | None = None
+    key_rate_limit: int | None = None
+    key_rate_window_ms: int | None = None
+    task_caps: dict[str, int] = field(default_factory=dict)
+    held_back: int = 0  # due runs parked by a full per-key or per-task cap (in the counts above)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -286,8 +292,9 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.zrange(k.due, 0, 0, withscores=True)
         pipe.hgetall(k.stats)
         pipe.get(k.paused)
-        pipe.hmget(k.limits, "concurrency", "rate")
+        pipe.hgetall(k.limits)
         pipe.zcard(k.prio)  # read for its type: claim refuses a partition whose prio is foreign
+        pipe.zcard(k.parked)
 
     out = []
     locate = getattr(jq.redis, "get_node_from_key", None)
@@ -309,7 +316,10 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
             else:
                 counters[name] = number
         paused = checked(r[9], k.paused, "string", mine, None)
-        limit, rate = checked(r[10], k.limits, "hash", mine, [None, None])
+        fields = checked(r[10], k.limits, "hash", mine, {})
+        limit, rate = fields.get("concurrency"), fields.get("rate")
+        flow = limits_of(fields)
+        held_back = checked(r[12], k.parked, "sorted set", mine, 0)
         if limit is not None and stored_int(limit) is None:
             mine.append(Anomaly(k.limits, f"field 'concurrency' is {limit!r}, not a limit"))
         checked(r[11], k.prio, "sorted set", mine, 0)
@@ -338,6 +348,11 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 concurrency_limit=stored_int(limit),
                 rate_limit=rate_n,
                 rate_window_ms=rate_w,
+                key_concurrency_limit=flow.key_concurrency,
+                key_rate_limit=None if flow.key_rate is None else flow.key_rate[0],
+                key_rate_window_ms=None if flow.key_rate is None else flow.key_rate[1],
+                task_caps=flow.task_caps,
+                held_back=held_back,
             )
         )
     return Listing(out, found)
@@ -562,6 +577,12 @@ class QueueTotals:
     concurrency_limit: int | None = None
     rate_limit: int | None = None  # per partition, in rate_window_ms (partition 0's)
     rate_window_ms: int | None = None
+    # Per key and per task, per partition (partition 0's)
+    key_concurrency_limit: int | None = None
+    key_rate_limit: int | None = None
+    key_rate_window_ms: int | None = None
+    task_caps: dict[str, int] = field(default_factory=dict)
+    held_back: int = 0  # due runs parked by a full per-key or per-task cap, all partitions
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -593,6 +614,11 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
                 concurrency_limit=max(limits, default=None),
                 rate_limit=rows[0].rate_limit,
                 rate_window_ms=rows[0].rate_window_ms,
+                key_concurrency_limit=rows[0].key_concurrency_limit,
+                key_rate_limit=rows[0].key_rate_limit,
+                key_rate_window_ms=rows[0].key_rate_window_ms,
+                task_caps=rows[0].task_caps,
+                held_back=sum(s.held_back for s in rows),
             )
         )
     return out

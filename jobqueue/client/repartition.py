@@ -117,9 +117,11 @@ def plan_page(
 
 
 def classify(source_fields: dict[str, str], target_fields: dict[str, str]) -> Action:
-    """What to do with one move, given both records as they are now."""
+    """What to do with one move, given both records as they are now (a copy drops the
+    'parked' field: the run is looked at again in its new partition)."""
     if source_fields:
-        if not target_fields or target_fields == source_fields:
+        mine = {k: v for k, v in source_fields.items() if k != "parked"}
+        if not target_fields or target_fields in (mine, source_fields):
             return "copy"  # not copied yet, or copied by an interrupted run: (re)write it
         return "conflict"  # the same run id with other contents: a human decides
     # The old record is gone: deleted by an interrupted run after its copy (finish the
@@ -345,6 +347,7 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
     held = _dedupe_holds(r, moves, replies)
     write = r.pipeline(transaction=False)
     settled: list[tuple[Move, Action]] = []
+    unparked: list[tuple[Move, str]] = []  # runs held back by a cap in their old partition
     moved = 0
     for i, m in enumerate(moves):
         fields, record_ttl, history, history_ttl, target = replies[i * 5 : i * 5 + 5]
@@ -356,6 +359,17 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
         if action == "gone":
             report.gone += 1
             continue
+        score = m.score
+        group = (fields or target).get("parked") if m.index == "due" else None
+        if group:
+            # Held back by a per-key or per-task cap there (its due score a recheck): it
+            # arrives at its own due time, for a claim in its new partition to look at again.
+            unparked.append((m, group))
+            fields = {k: v for k, v in fields.items() if k != "parked"} if fields else fields
+            due = stored_int((fields or target).get("due"))
+            score = m.score if due is None else due
+            if action == "finish":
+                write.hdel(m.target.run(m.run_id), "parked")
         if action == "copy":
             # History first, record second: a record in the target means its history is there.
             hist_key, run_key = m.target.history(m.run_id), m.target.run(m.run_id)
@@ -369,13 +383,13 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
                 write.pexpire(run_key, _ttl(record_ttl))
             else:
                 write.persist(run_key)
-        write.zadd(getattr(m.target, m.index), {m.run_id: m.score})
+        write.zadd(getattr(m.target, m.index), {m.run_id: score})
         if m.run_id in held:  # the deduplication key it holds goes with it
             key, ttl = held[m.run_id]
             write.set(m.target.dedupe(key), m.run_id, px=ttl or None)
         level = stored_int((fields or target).get("priority")) or 0
         if m.index == "due" and 0 < level <= PRIORITY_MAX:  # its place among due runs too
-            write.zadd(m.target.prio, {m.run_id: prio_score(level, int(m.score))})
+            write.zadd(m.target.prio, {m.run_id: prio_score(level, int(score))})
         report.count_moved((fields or target).get("state") or _INDEX_STATE[m.index])
         moved += 1
     if settled:
@@ -387,6 +401,12 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
                     drop.delete(m.source.dedupe(held[m.run_id][0]))
             drop.execute()
         _delete_sources(r, settled)
+        if unparked:  # their waiting lines in the old partition (stale entries otherwise)
+            drop = r.pipeline(transaction=False)
+            for m, group in unparked:
+                drop.zrem(m.source.prefix + "parked:" + group, m.run_id)
+                drop.zrem(m.source.parked, m.run_id)
+            drop.execute()
     return moved
 
 
@@ -487,24 +507,32 @@ def _carry_pause(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
 
 
 def _carry_limits(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
-    """A queue's concurrency and rate limits hold on every new partition (the largest
-    concurrency found, should partitions differ; the first partition's rate), before the
-    limits of vanishing partitions go."""
+    """A queue's flow limits hold on every new partition (each cap, per queue, per key or
+    per task, the largest found, should partitions differ; each rate the first partition's),
+    before the limits of vanishing partitions go."""
     new = targets(sources[0].queue, count)
     everything = list(dict.fromkeys([*sources, *new]))
     pipe = r.pipeline(transaction=False)
     for k in everything:
-        pipe.hmget(k.limits, "concurrency", "rate")
-    found = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, list)]
-    limits = [n for n in (stored_int(v[0]) for v in found) if n is not None]
-    rates = [v[1] for v in found if isinstance(v[1], str)]
-    if not limits and not rates:
-        return
+        pipe.hgetall(k.limits)
+    found = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, dict)]
     carried: dict[str, str | int] = {}
-    if limits:
-        carried["concurrency"] = max(limits)
-    if rates:
-        carried["rate"] = rates[0]
+    for fields in found:
+        for name, value in fields.items():
+            if name in ("rate", "key_rate"):
+                if isinstance(value, str):
+                    carried.setdefault(name, value)
+            elif name in ("concurrency", "key_concurrency") or (
+                name.startswith("task:") and len(name) > 5
+            ):
+                cap = stored_int(value)
+                if cap is not None:
+                    carried[name] = max(cap, int(carried.get(name, cap)))
+    tasks = sum(name.startswith("task:") for name in carried)
+    if tasks:
+        carried["task_caps"] = tasks
+    if not carried:
+        return
     pipe = r.pipeline(transaction=False)
     for k in new:
         pipe.hset(k.limits, mapping=carried)

@@ -12,7 +12,7 @@ from jobqueue.anomalies import Listing
 from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.errors import ConfigError, RunTimeout
-from jobqueue.models import Run
+from jobqueue.models import QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
     DEFAULT_MISFIRE,
@@ -193,24 +193,32 @@ class JobQueue(ClientCore):
         this call resumed it, False when it was not paused."""
         return self.run_steps(self._pause(queue, False))
 
-    def set_queue_concurrency(self, queue: str, limit: int | None) -> bool:
+    def set_queue_concurrency(
+        self, queue: str, limit: int | None, *, per_key: bool = False, task: str | None = None
+    ) -> bool:
         """At most ``limit`` runs of ``queue`` running at once in each of its partitions
         (exact for a queue of one partition, the default), enforced by the claim script: a
         slot is held from the claim until the commit, the cancel or the lease's expiry.
+        With ``per_key=True``: at most ``limit`` runs of each limit_key at once (up to
+        10,000); with ``task="name"``: at most ``limit`` runs of that task at once (up to
+        10,000); a run held back waits, parked, without holding up the rest of the queue.
         ``None`` removes the limit. True when this call changed it."""
-        return self.run_steps(self._set_concurrency(queue, limit))
+        return self.run_steps(self._set_concurrency(queue, limit, per_key, task))
 
-    def set_queue_rate(self, queue: str, limit: int | None, per: float = 1.0) -> bool:
-        """At most ``limit`` claims of ``queue`` in any ``per`` seconds, in each of its
-        partitions (exact for a queue of one partition, the default), enforced by the claim
-        script across all workers (the server's clock; an expired lease taken back counts as
-        a claim). A run over the limit stays pending. ``None`` removes the limit. True when
-        this call changed it."""
-        return self.run_steps(self._set_rate(queue, limit, per))
+    def set_queue_rate(
+        self, queue: str, limit: int | None, per: float = 1.0, *, per_key: bool = False
+    ) -> bool:
+        """At most ``limit`` claims of ``queue`` (with ``per_key=True``: of each limit_key)
+        in any ``per`` seconds, in each of its partitions (exact for a queue of one
+        partition, the default), enforced by the claim script across all workers (the
+        server's clock; an expired lease taken back counts as a claim of the queue's rate).
+        A run over the limit stays pending. ``None`` removes the limit. True when this call
+        changed it."""
+        return self.run_steps(self._set_rate(queue, limit, per, per_key))
 
-    def queue_limits(self, queue: str) -> tuple[int | None, tuple[int, int] | None]:
-        """``queue``'s concurrency limit and rate limit (count, window in ms), None where
-        it has none."""
+    def queue_limits(self, queue: str) -> QueueLimits:
+        """``queue``'s flow limits (concurrency, rate as (count, window in ms), and per key
+        and per task), None where it has none."""
         return self.run_steps(self._queue_limits(queue))
 
     def queue_paused(self, queue: str) -> bool:
@@ -232,12 +240,12 @@ class JobQueue(ClientCore):
     def enqueue(self, task: TaskRef, /, *args: Any, **kwargs: Any) -> RunHandle[Any]:
         """Create one run of ``task`` with these arguments; with a run id that already
         exists, nothing is written and the handle says ``created=False``. Run options (run
-        id, delay, at, queue, priority) come with the task:
+        id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
         found, kwargs, opts = self.split_run_options(task, kwargs)
         steps = self._enqueue(
             found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
-            opts.dedupe,
+            opts.dedupe, opts.limit_key,
         )
         return self._handle(self.run_steps(steps))
 

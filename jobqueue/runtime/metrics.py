@@ -188,6 +188,12 @@ class PrometheusMetrics(Metrics):
             q,
             registry=r,
         )
+        self.queue_held_back = Gauge(
+            "jobqueue_queue_held_back",
+            "Due runs of the queue held back (parked) by a full per-key or per-task cap.",
+            q,
+            registry=r,
+        )
         self.queue_rate_limit = Gauge(
             "jobqueue_queue_rate_limit",
             "The queue's rate limit per partition, in claims per second; -1: no limit.",
@@ -289,6 +295,7 @@ class PrometheusMetrics(Metrics):
                 self.queue_runs.labels(queue, state).set(value)
             self.queue_lease_expiries.labels(queue).set(expired)
             self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
+            self.queue_held_back.labels(queue).set(sum(p.held_back for p in parts))
             limits = [p.concurrency_limit for p in parts if p.concurrency_limit is not None]
             self.queue_concurrency_limit.labels(queue).set(max(limits, default=-1))
             first = parts[0]

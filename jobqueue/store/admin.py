@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from jobqueue.anomalies import stored_int
+from jobqueue.models import QueueLimits
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg
 from jobqueue.store.keys import PartitionKeys
 
@@ -102,6 +104,34 @@ def parse_rate(stored: Any) -> tuple[int, int] | None:
     return None
 
 
+def _count(stored: Any) -> int | None:
+    value = stored_int(stored)
+    return None if value is None or value < 0 else value
+
+
+def limits_of(fields: dict[Any, Any]) -> QueueLimits:
+    """A partition's limits hash read as QueueLimits (what is not a limit counts as none)."""
+    text = {
+        (k.decode(errors="replace") if isinstance(k, bytes) else str(k)): (
+            v.decode(errors="replace") if isinstance(v, bytes) else v
+        )
+        for k, v in fields.items()
+    }
+    tasks = {}
+    for name, value in text.items():
+        if name.startswith("task:") and len(name) > 5:
+            cap = _count(value)
+            if cap is not None:
+                tasks[name[5:]] = cap
+    return QueueLimits(
+        _count(text.get("concurrency")),
+        parse_rate(text.get("rate")),
+        _count(text.get("key_concurrency")),
+        parse_rate(text.get("key_rate")),
+        dict(sorted(tasks.items())),
+    )
+
+
 def _set_limit(
     pk: PartitionKeys, name: str, value: int | str | None, now: NowArg = None
 ) -> Wire:
@@ -118,7 +148,7 @@ def _set_limit(
 
 SET_LIMIT = Contract(
     "set_limit",
-    keys=("limits", "wake"),
+    keys=("limits", "wake", "due", "parked"),
     args=("now", "prefix", "name", "value"),
     build=_set_limit,
     parse=_parse_pause,  # the same reply: 1 changed, 0 already so

@@ -17,7 +17,14 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:orphans        zset   run_id -> when its index entry was found without a record
     jq:{q#p}:paused         string when the queue was paused (ms); absent while it runs
     jq:{q#p}:limits         hash   flow limits: concurrency (the most runs running at once),
-                                   rate ('N W': at most N claims in any W ms)
+                                   rate ('N W': at most N claims in any W ms), key_concurrency,
+                                   key_rate and task:<name> (per key and per task; task_caps
+                                   counts the task:<name> fields)
+    jq:{q#p}:held:<group>   set    run ids holding a slot of a per-key ('key:<limit_key>') or
+                                   per-task ('task:<name>') cap
+    jq:{q#p}:parked:<group> zset   run_id -> original due time: runs waiting for a slot
+    jq:{q#p}:parked         zset   run_id -> original due time: every run held back by a cap
+    jq:{q#p}:krate:<key>    zset   fence -> claim time: the claims of a per-key rate's window
     jq:{q#p}:claims         zset   fence -> claim time: the claims of a rate limit's window
     jq:{q#p}:dedupe:<key>   string the run id holding a deduplication key (dedupe.lua)
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
@@ -282,6 +289,12 @@ class PartitionKeys:
         """The due runs above the default priority, by level then due time (create_run.lua):
         claim takes them first; the due set still holds them too."""
         return self.prefix + "prio"
+
+    @cached_property
+    def parked(self) -> str:
+        """The runs held back by a per-key or per-task cap, run_id -> original due time
+        (claim.lua parks them; a freed slot unparks them)."""
+        return self.prefix + "parked"
 
     @cached_property
     def leases(self) -> str:

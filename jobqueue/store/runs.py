@@ -43,6 +43,7 @@ class RunSpec:
     scheduled_for_ms: int | None = None
     meta: str = ""  # JSON object of str -> str from the enqueue hooks (jobqueue.hooks), or ''
     priority: int = 0  # 0 (default) .. 9 (models.PRIORITY_MAX): higher is claimed first
+    limit_key: str = ""  # the key of per-key limits (claim.lua), or ''
 
 
 def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> Wire:
@@ -72,6 +73,7 @@ def _create(pk: PartitionKeys, specs: Sequence[RunSpec], now: NowArg = None) -> 
                 s.job_id,
                 "" if s.scheduled_for_ms is None else s.scheduled_for_ms,
                 s.meta,
+                s.limit_key,
             ]
         i = j
     return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix}, tail)
@@ -176,7 +178,7 @@ CLAIM = Contract(
     "claim",
     keys=(
         "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims",
-        "prio",
+        "prio", "parked",
     ),
     args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
     build=_claim,
@@ -260,7 +262,7 @@ def _parse_complete(reply: Sequence[Any]) -> list[Outcome]:
 
 COMPLETE = Contract(
     "complete",
-    keys=("leases", "done", "stats", "limits", "wake"),
+    keys=("leases", "done", "stats", "limits", "wake", "due", "parked"),
     args=("now", "prefix", "retention_ms"),
     tail="runs",
     build=_complete,
@@ -298,7 +300,7 @@ def _fail(
 
 FAIL = Contract(
     "fail",
-    keys=("due", "leases", "dead", "stats", "wake", "limits", "prio"),
+    keys=("due", "leases", "dead", "stats", "wake", "limits", "prio", "parked"),
     args=(
         "now",
         "prefix",
@@ -322,7 +324,7 @@ def _release(pk: PartitionKeys, run_id: str, fence: int, now: NowArg = None) -> 
 
 RELEASE = Contract(
     "release",
-    keys=("due", "leases", "wake", "prio"),
+    keys=("due", "leases", "wake", "prio", "parked"),
     args=("now", "prefix", "run_id", "fence"),
     build=_release,
     parse=_outcome,
@@ -359,7 +361,7 @@ def _cancel(
 
 CANCEL = Contract(
     "cancel",
-    keys=("due", "leases", "done", "stats", "fences"),
+    keys=("due", "leases", "done", "stats", "fences", "parked", "wake"),
     args=("now", "prefix", "run_id", "retention_ms", "reason"),
     build=_cancel,
     parse=_state_change,
@@ -477,6 +479,7 @@ def _dedupe(
             "timeout_ms": spec.timeout_ms,
             "priority": spec.priority,
             "meta": spec.meta,
+            "limit_key": spec.limit_key,
         },
     )
 
@@ -490,7 +493,7 @@ DEDUPE = Contract(
     keys=("due", "wake", "stats", "prio", "dedupe"),
     args=(
         "now", "prefix", "mode", "ttl_ms", "key", "run_id", "task", "payload", "due_at",
-        "delay_ms", "max_attempts", "lease_ms", "timeout_ms", "priority", "meta",
+        "delay_ms", "max_attempts", "lease_ms", "timeout_ms", "priority", "meta", "limit_key",
     ),
     build=_dedupe,
     parse=_parse_dedupe,

@@ -81,3 +81,14 @@ def capped(low: float, high: float, ctx: RunContext) -> int:
     time.sleep(random.uniform(low, high))
     jq.redis.zrem(ACTIVE, member)
     return os.getpid()
+
+
+# The same count per limit_key (keycapped:active:<key>, the most in keycapped:most:<key>).
+@jq.task(max_attempts=20)
+def keycapped(key: str, low: float, high: float, ctx: RunContext) -> int:
+    member = f"{ctx.run_id}:{ctx.fence}"
+    active, most = f"keycapped:active:{key}", f"keycapped:most:{key}"
+    jq.redis.eval(_ENTER, 2, active, most, member, ACTIVE_TTL_MS)
+    time.sleep(random.uniform(low, high))
+    jq.redis.zrem(active, member)
+    return os.getpid()

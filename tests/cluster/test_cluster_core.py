@@ -25,7 +25,7 @@ from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.connection import async_client, sync_client
 from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, partition_of
-from jobqueue.store.runs import CLAIM
+from jobqueue.store.runs import CLAIM, COMPLETE
 from jobqueue.store.scripts import SCRIPT_NAMES, ScriptRunner
 from jobqueue.worker.daemon import Worker
 
@@ -139,6 +139,25 @@ def test_priorities_order_a_partitions_claims_on_a_cluster(
     call = CLAIM.call(keys, 10, "w1", 30_000, 3_600_000)
     claimed = CLAIM.parse(ScriptRunner(cluster_client).run(call)).runs
     assert [r.run_id for r in claimed] == ["batch@2", "batch@1", "batch@4", "batch@0", "batch@3"]
+
+
+def test_a_key_cap_holds_a_partitions_claims_and_a_commit_unparks_on_a_cluster(
+    cjq: JobQueue, cluster_client: Any
+) -> None:
+    """The held and parked keys of a group share the partition's slot: claim parks, commit
+    frees the slot and unparks, on whichever master serves the partition."""
+    report = cjq.declare_task("report")
+    cjq.set_queue_concurrency("default", 1, per_key=True)
+    for i, key in enumerate(("a", "a", "b")):
+        report.with_options(run_id=f"batch@{i}", limit_key=key).enqueue()
+    keys = cjq.keys_for("default", "batch@0")  # every batch@ run is in the job's partition
+    runner = ScriptRunner(cluster_client)
+    first = CLAIM.parse(runner.run(CLAIM.call(keys, 10, "w1", 30_000, 3_600_000))).runs
+    assert [r.run_id for r in first] == ["batch@0", "batch@2"]
+    assert cjq.get_run("batch@1").parked == "key:a"
+    runner.run(COMPLETE.call(keys, [("batch@0", first[0].fence, "1")], 3_600_000))
+    second = CLAIM.parse(runner.run(CLAIM.call(keys, 10, "w1", 30_000, 3_600_000))).runs
+    assert [r.run_id for r in second] == ["batch@1"]
 
 
 def test_cancel_and_requeue_on_a_cluster(cjq: JobQueue) -> None:
