@@ -18,6 +18,7 @@ from jobqueue.worker.inline import (
     INLINE_AFTER,
     INLINE_BUDGET_S,
     INLINE_MAX_S,
+    INLINE_MAX_WAIT_S,
     LONG_RUNS_TO_LEAVE,
     TAKE_OVER_S,
     InlineLane,
@@ -60,6 +61,19 @@ def test_a_short_sync_task_runs_on_the_claim_loop_once_measured(fast_jq: JobQueu
     assert lanes["claim"] + lanes["task"] == 8 * INLINE_AFTER
 
 
+def test_a_task_that_waits_on_io_runs_in_the_pool(fast_jq: JobQueue) -> None:
+    ran: list[str] = []
+
+    @fast_jq.task
+    def waits(i: int) -> None:
+        ran.append(_lane_name())
+        time.sleep(INLINE_MAX_WAIT_S * 2)  # well under INLINE_MAX_S, but a wait
+
+    with running(make_worker(fast_jq, concurrency=8)):
+        _drained(fast_jq, _enqueue(fast_jq, waits, 8 * INLINE_AFTER))
+    assert set(ran) == {"task"}
+
+
 def test_long_runs_in_a_row_send_the_task_back_to_the_pool(fast_jq: JobQueue) -> None:
     lanes: list[str] = []
     slow_from = threading.Event()
@@ -77,7 +91,7 @@ def test_long_runs_in_a_row_send_the_task_back_to_the_pool(fast_jq: JobQueue) ->
         lanes.clear()
         _drained(fast_jq, _enqueue(fast_jq, sometimes_slow, 4 * INLINE_AFTER))
     # The first slow runs inline send the task back; measured slow there, it stays.
-    assert lanes.count("claim") <= 4  # a claim's worth at most, run before it knew
+    assert lanes.count("claim") == LONG_RUNS_TO_LEAVE
     assert lanes[-INLINE_AFTER:] == ["task"] * INLINE_AFTER
 
 
@@ -206,6 +220,15 @@ def test_worker_run_returns_only_when_the_claim_loop_has_ended(
 # -- the lane on its own -------------------------------------------------------------------
 
 
+def _inline_speeds() -> TaskSpeeds:
+    """Speeds by which tasks "t" and "u" run inline."""
+    speeds = TaskSpeeds()
+    for _ in range(INLINE_AFTER):
+        speeds.record("t", 0.0, 0.0)
+        speeds.record("u", 0.0, 0.0)
+    return speeds
+
+
 class Outcomes:
     def __init__(self) -> None:
         self.done: list[Any] = []
@@ -221,9 +244,9 @@ class Outcomes:
 def test_a_task_is_inline_only_once_its_usual_run_is_measured_short() -> None:
     speeds = TaskSpeeds()
     for _ in range(INLINE_AFTER - 1):
-        speeds.record("t", INLINE_MAX_S / 10)
+        speeds.record("t", INLINE_MAX_S / 10, 0.0)
     assert not speeds.inline("t")
-    speeds.record("t", INLINE_MAX_S / 10)
+    speeds.record("t", INLINE_MAX_S / 10, 0.0)
     assert speeds.inline("t")
     assert not speeds.inline("other")
 
@@ -232,14 +255,30 @@ def test_one_long_inline_run_alone_leaves_the_task_inline() -> None:
     """It may be the thread preempted by another process, not the task being long."""
     speeds = TaskSpeeds()
     for _ in range(INLINE_AFTER):
-        speeds.record("t", INLINE_MAX_S / 10)
+        speeds.record("t", INLINE_MAX_S / 10, 0.0)
     for _ in range(LONG_RUNS_TO_LEAVE - 1):
-        speeds.ran_inline("t", INLINE_MAX_S * 5)
-    speeds.ran_inline("t", INLINE_MAX_S / 10)
-    speeds.ran_inline("t", INLINE_MAX_S * 5)
+        speeds.ran_inline("t", INLINE_MAX_S * 5, 0.0)
+    speeds.ran_inline("t", INLINE_MAX_S / 10, 0.0)
+    speeds.ran_inline("t", INLINE_MAX_S * 5, 0.0)
     assert speeds.inline("t")
     for _ in range(LONG_RUNS_TO_LEAVE - 1):
-        speeds.ran_inline("t", INLINE_MAX_S * 5)
+        speeds.ran_inline("t", INLINE_MAX_S * 5, 0.0)
+    assert not speeds.inline("t")
+
+
+def test_a_task_that_mostly_waits_stays_in_the_pool_whose_threads_overlap_its_waits() -> None:
+    speeds = TaskSpeeds()
+    for _ in range(4 * INLINE_AFTER):
+        speeds.record("t", INLINE_MAX_S / 2, INLINE_MAX_S / 2 - INLINE_MAX_WAIT_S / 10)
+    assert not speeds.inline("t")
+
+
+def test_inline_runs_that_wait_in_a_row_send_the_task_back_to_the_pool() -> None:
+    speeds = TaskSpeeds()
+    for _ in range(INLINE_AFTER):
+        speeds.record("t", INLINE_MAX_S / 10, 0.0)
+    for _ in range(LONG_RUNS_TO_LEAVE):
+        speeds.ran_inline("t", INLINE_MAX_S / 2, INLINE_MAX_WAIT_S * 2)
     assert not speeds.inline("t")
 
 
@@ -248,12 +287,15 @@ def test_gil_waits_in_the_pool_do_not_keep_a_short_task_out_of_the_lane() -> Non
     short ones leave the task's usual time short."""
     speeds = TaskSpeeds()
     for i in range(4 * INLINE_AFTER):
-        speeds.record("t", INLINE_MAX_S * 5 if i % 4 == 0 else INLINE_MAX_S / 10)
+        long = i % 4 == 0
+        speeds.record(
+            "t", INLINE_MAX_S * (5 if long else 0.1), INLINE_MAX_WAIT_S * (5 if long else 0)
+        )
     assert speeds.inline("t")
 
 
 def test_one_go_of_inline_work_is_bounded_and_the_rest_goes_to_the_pool() -> None:
-    out, speeds = Outcomes(), TaskSpeeds()
+    out, speeds = Outcomes(), _inline_speeds()
     lane = InlineLane(out.finish, out.to_pool, speeds)
     n = 20
     for i in range(n):
@@ -265,9 +307,7 @@ def test_one_go_of_inline_work_is_bounded_and_the_rest_goes_to_the_pool() -> Non
 
 
 def test_a_stuck_inline_run_gives_its_thread_up_and_its_queue_to_the_pool() -> None:
-    out, speeds = Outcomes(), TaskSpeeds()
-    for _ in range(INLINE_AFTER):
-        speeds.record("t", 0.0)
+    out, speeds = Outcomes(), _inline_speeds()
     lane = InlineLane(out.finish, out.to_pool, speeds)
     release = threading.Event()
     lane.add("t", ("stuck", release.wait, (WAIT_S,)))
@@ -287,7 +327,7 @@ def test_a_stuck_inline_run_gives_its_thread_up_and_its_queue_to_the_pool() -> N
 
 
 def test_outcomes_a_stuck_go_holds_are_handed_on_when_it_is_given_up() -> None:
-    out, speeds = Outcomes(), TaskSpeeds()
+    out, speeds = Outcomes(), _inline_speeds()
     lane = InlineLane(out.finish, out.to_pool, speeds)
     release = threading.Event()
     lane.add("t", ("quick", lambda: None, ()))
@@ -304,7 +344,7 @@ def test_outcomes_a_stuck_go_holds_are_handed_on_when_it_is_given_up() -> None:
 
 
 def test_a_given_up_thread_returning_does_not_hide_the_next_threads_stuck_run() -> None:
-    out, speeds = Outcomes(), TaskSpeeds()
+    out, speeds = Outcomes(), _inline_speeds()
     lane = InlineLane(out.finish, out.to_pool, speeds)
     first, second, second_in = threading.Event(), threading.Event(), threading.Event()
     lane.add("t", ("first", first.wait, (WAIT_S,)))
@@ -318,7 +358,7 @@ def test_a_given_up_thread_returning_does_not_hide_the_next_threads_stuck_run() 
             second_in.set()
             second.wait(WAIT_S)
 
-        lane.add("t", ("second", second_job, ()))
+        lane.add("u", ("second", second_job, ()))  # ("t" went back to the pool)
         b.start()
         assert second_in.wait(WAIT_S)
         first.set()

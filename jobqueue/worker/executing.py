@@ -671,12 +671,14 @@ def _run_sync_timed(
     kwargs: dict[str, Any],
     hooks: Hooks | None,
 ) -> Any:
-    """_run_sync in the pool, its wall time told to ``speeds`` (short tasks go inline)."""
-    began = time.perf_counter()
+    """_run_sync in the pool, its wall time and waits told to ``speeds`` (short tasks that
+    barely wait go inline)."""
+    began, cpu = time.perf_counter(), time.thread_time()
     try:
         return _run_sync(task, ctx, args, kwargs, hooks)
     finally:
-        speeds.record(ctx.task, time.perf_counter() - began)
+        took = time.perf_counter() - began
+        speeds.record(ctx.task, took, max(took - (time.thread_time() - cpu), 0.0))
 
 
 async def _run_async(

@@ -7,12 +7,14 @@ that costs more than the task: measured with one INCR per task, the pool's worke
 190 us of CPU per run where one thread doing claim, task and commit in turn spent 33 us.
 
 So a sync task whose usual run (measured in the pool, INLINE_AFTER runs at least) takes less
-than INLINE_MAX_S runs inline: the claim loop runs the runs it just claimed itself, then
-claims again. Bounds:
+than INLINE_MAX_S, and waits less than INLINE_MAX_WAIT_S of it (a task that waits longer runs
+faster in the pool, whose threads overlap the waits), runs inline: the claim loop runs the
+runs it just claimed itself, then claims again. Bounds:
 
-* one go of inline work lasts INLINE_BUDGET_S at most; what is left goes to the pool;
-* LONG_RUNS_TO_LEAVE inline runs in a row that take INLINE_MAX_S or longer send the task
-  back to the pool (measured there again, it may come back);
+* once a go of inline work has lasted INLINE_BUDGET_S (checked between runs), what is left
+  goes to the pool;
+* LONG_RUNS_TO_LEAVE inline runs in a row over either bound send the task back to the pool
+  (measured there again, it may come back);
 * a run stuck for TAKE_OVER_S (the keeper's tick sees it): the runs waiting behind it go to
   the pool and a new thread takes over the claim loop (``take_over``), so stuck code holds
   one slot, as in the pool, and never the worker's claims.
@@ -27,11 +29,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-# A task runs inline once INLINE_AFTER runs are measured and its usual run takes less than
-# INLINE_MAX_S.
+# A task runs inline once INLINE_AFTER runs are measured, its usual run takes less than
+# INLINE_MAX_S, and it usually waits (wall time less the thread's CPU time) less than
+# INLINE_MAX_WAIT_S. Inline, a run's waits are the claim loop's: a task that waits longer
+# than the hand-offs the pool costs (about 150 us of CPU per run) runs faster in the pool,
+# whose threads overlap their waits.
 INLINE_AFTER = 16
 INLINE_MAX_S = 0.001
-# Inline runs in a row at INLINE_MAX_S or more that send a task back to the pool.
+INLINE_MAX_WAIT_S = 0.00015
+# Inline runs in a row over either bound that send a task back to the pool.
 LONG_RUNS_TO_LEAVE = 3
 # One go of inline work, at most; the rest of the claimed runs go to the pool.
 INLINE_BUDGET_S = 0.01
@@ -49,29 +55,38 @@ Job = tuple[Any, Callable[..., Any], tuple[Any, ...]]  # (token, fn, args), as t
 
 
 class TaskSpeeds:
-    """Per task name: how long its usual run takes (a low quantile of its wall times), and how
-    many of its latest inline runs in a row were long."""
+    """Per task name: how long its usual run takes and how long it usually waits (low
+    quantiles of what was measured), and how many of its latest inline runs in a row were
+    over the bounds."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, float]] = {}  # runs measured, usual time (s)
+        # runs measured, usual wall time (s), usual wait (s)
+        self._seen: dict[str, tuple[int, float, float]] = {}
         self._long: dict[str, int] = {}
 
     def inline(self, task: str) -> bool:
         seen = self._seen.get(task)
-        return seen is not None and seen[0] >= INLINE_AFTER and seen[1] < INLINE_MAX_S
+        return (
+            seen is not None
+            and seen[0] >= INLINE_AFTER
+            and seen[1] < INLINE_MAX_S
+            and seen[2] < INLINE_MAX_WAIT_S
+        )
 
-    def record(self, task: str, wall_s: float) -> None:
-        """A run measured in the pool."""
+    def record(self, task: str, wall_s: float, wait_s: float) -> None:
+        """A run measured in the pool: its wall time, and the part of it the thread did not
+        run (I/O, and in the pool the GIL)."""
         # Unlocked: a lost update among racing threads only skips one sample.
-        n, usual = self._seen.get(task, (0, wall_s))
-        usual += (wall_s - usual) * (_DOWN if wall_s < usual else _UP)
-        self._seen[task] = (min(n + 1, INLINE_AFTER), usual)
+        n, wall, wait = self._seen.get(task, (0, wall_s, wait_s))
+        wall += (wall_s - wall) * (_DOWN if wall_s < wall else _UP)
+        wait += (wait_s - wait) * (_DOWN if wait_s < wait else _UP)
+        self._seen[task] = (min(n + 1, INLINE_AFTER), wall, wait)
 
-    def ran_inline(self, task: str, wall_s: float) -> None:
-        """A run measured inline. LONG_RUNS_TO_LEAVE in a row of INLINE_MAX_S or more send
-        the task back to the pool, to be measured again: one alone may be the thread
-        preempted by another process, not the task being long."""
-        if wall_s < INLINE_MAX_S:
+    def ran_inline(self, task: str, wall_s: float, wait_s: float) -> None:
+        """A run measured inline. LONG_RUNS_TO_LEAVE in a row over INLINE_MAX_S or
+        INLINE_MAX_WAIT_S send the task back to the pool, to be measured again: one alone
+        may be the thread preempted by another process, not the task."""
+        if wall_s < INLINE_MAX_S and wait_s < INLINE_MAX_WAIT_S:
             if self._long.get(task):
                 self._long[task] = 0
             return
@@ -82,7 +97,7 @@ class TaskSpeeds:
 
     def leave(self, task: str, wall_s: float) -> None:
         """Back to the pool, to be measured again."""
-        self._seen[task] = (0, wall_s)
+        self._seen[task] = (0, wall_s, wall_s)
         self._long[task] = 0
 
 
@@ -132,6 +147,7 @@ class InlineLane:
             return True
         me = threading.current_thread()
         jobs, clock, speeds, lock = self._jobs, time.perf_counter, self._speeds, self._lock
+        cpu = time.thread_time
         go = _Go()
         with lock:
             self._goes[me] = go
@@ -146,9 +162,13 @@ class InlineLane:
                     task, (token, fn, args) = jobs.popleft()
                 except IndexError:  # the keeper spilled them meanwhile
                     break
+                if not speeds.inline(task):  # it left the lane since it was claimed
+                    self._to_pool(token, fn, args)
+                    continue
                 with lock:
                     go.task = task
                     began = go.started = clock()
+                cpu0 = cpu()
                 try:
                     value = fn(*args)
                 except BaseException as exc:
@@ -157,7 +177,8 @@ class InlineLane:
                 else:
                     error = None
                 ran += 1
-                speeds.ran_inline(task, clock() - began)
+                took = clock() - began
+                speeds.ran_inline(task, took, max(took - (cpu() - cpu0), 0.0))
                 with lock:
                     go.started = None
                     go.outcomes.append((token, value, error))
