@@ -243,6 +243,28 @@ def test_a_parked_run_above_the_default_priority_is_rehinted(
     assert redis_client.zscore(pk.prio, "a2") == 4 * 2**43 + 6_000
 
 
+def test_an_unparked_priority_run_keeps_its_priority(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a1", "a2", key="a", priority=9, now=10)
+    (a1,) = claim(runner, pk, now=1_000).runs  # a2 parked, its recheck at 31_000
+    create(runner, pk, "n1", now=5)  # the default priority, due earlier
+    complete(runner, pk, "a1", a1.fence, now=2_000)  # a2 back at its due time
+    assert ids(claim(runner, pk, now=2_001, limit=1)) == ["a2"]
+
+
+def test_a_priority_run_put_back_by_a_raised_cap_keeps_its_priority(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a1", "a2", key="a", priority=9, now=10)
+    claim(runner, pk, now=1_000)  # a2 parked
+    create(runner, pk, "n1", now=5)
+    limit(runner, pk, "key_concurrency", 2)
+    assert ids(claim(runner, pk, now=2_001, limit=1)) == ["a2"]
+
+
 # -- per-task caps -----------------------------------------------------------------------------
 
 
