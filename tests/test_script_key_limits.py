@@ -265,6 +265,18 @@ def test_a_priority_run_put_back_by_a_raised_cap_keeps_its_priority(
     assert ids(claim(runner, pk, now=2_001, limit=1)) == ["a2"]
 
 
+def test_held_back_runs_do_not_hide_the_rest_of_their_priority_level(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a0", key="a", priority=9, now=0)
+    assert ids(claim(runner, pk, now=1)) == ["a0"]
+    create(runner, pk, *[f"a{i}" for i in range(1, 11)], key="a", priority=9, now=10)
+    create(runner, pk, "b1", key="b", priority=9, now=100)
+    create(runner, pk, "n1", now=2)
+    assert ids(claim(runner, pk, now=1_000, limit=1)) == ["b1"]
+
+
 # -- per-task caps -----------------------------------------------------------------------------
 
 
