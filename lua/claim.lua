@@ -82,8 +82,9 @@
 -- is parked: due score now + lease_ms (ARGV[5], a fallback recheck), record field 'parked' =
 -- the group, jq:{q#p}:parked:<group> and KEYS[11] run_id -> its original due time.
 -- A per-key rate keeps the claims of each key in jq:{q#p}:krate:<key> (fence -> claim time,
--- like KEYS[9]); a run whose key's window is full moves its due score to the instant the
--- window has room, plus i ms for the i-th run so moved in the call (their order kept).
+-- like KEYS[9]); a run whose key's window is full moves its due score to the window that can
+-- admit it: the i-th run of the key so moved in the call (i from 1) to the instant the window
+-- has room plus floor((i - 1) / N) windows, plus i - 1 ms (their order kept).
 -- These keys hold another type: the call is refused whole.
 --
 -- A claim writes no history entry: the record holds the current attempt (owner, fence,
@@ -240,14 +241,13 @@ local ok, plan = reading(function()
         local since = '(' .. int(now - krate_w)
         local first = read('ZRANGE', wkey, since, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
         w = {key = wkey, count = read('ZCOUNT', wkey, since, '+inf'),
-             oldest = whole_or(first[2], 0, nil), fences = {}}
+             oldest = whole_or(first[2], 0, nil), fences = {}, held = 0}
         p.windows[key] = w
       end
       return w
     end
     -- May this sound pending run be taken now? If not, it is parked or moved later (p.park,
     -- p.later) and stays in the due set. `at` is its due score.
-    local moved = 0
     admit = function(run, at)
       local gs = {}
       if task_capped then
@@ -269,9 +269,15 @@ local ok, plan = reading(function()
       if krate_n and run.limit_key then
         local w = window(run.limit_key)
         if w.count + #w.fences >= krate_n then
-          moved = moved + 1
-          local free_at = (w.oldest or now) + krate_w + moved - 1
-          if free_at <= now then free_at = now + moved end
+          -- The i-th run of the key held in this call waits for the window that can admit
+          -- it: N go per window, so floor((i - 1) / N) windows after the first has room
+          -- (rechecked every ms, a backlog would wake a worker for nothing again and again);
+          -- i - 1 ms more keeps their order.
+          w.held = w.held + 1
+          local free_at = (w.oldest or now) + krate_w +
+                          math.floor((w.held - 1) / math.max(krate_n, 1)) * krate_w +
+                          w.held - 1
+          if free_at <= now then free_at = now + w.held end
           p.later[#p.later + 1] = {id = run.id, due = free_at, level = priority_of(run.priority)}
           return false
         end

@@ -352,6 +352,24 @@ def test_a_run_held_by_its_key_rate_is_due_when_the_window_has_room(
     assert ids(claim(runner, pk, now=21_001)) == ["a3"]
 
 
+@pytest.mark.parametrize("backlog", [20, 200, 2000])
+def test_a_key_rate_backlog_is_rechecked_once_per_window_not_every_ms(
+    backlog: int, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    limit(runner, pk, "key_rate", "1 1000")
+    create(runner, pk, *[f"a{i:04}" for i in range(backlog)], key="a", now=0)
+    now, claims, taken = 1, 0, 0
+    while now < 10_000:  # 10 windows: 10 runs can go
+        result = claim(runner, pk, now=now)
+        claims, taken = claims + 1, taken + len(result.runs)
+        now = max(now + 1, result.next_wake_ms)
+    assert taken == 10
+    # Ideally the backlog is read once (up to 74 due entries a call), then one claim per
+    # window takes its run: at most 3 times that.
+    ideal = backlog // 74 + 1 + taken
+    assert claims <= 3 * ideal
+
+
 def test_a_key_cap_of_another_type_refuses_the_claim_whole(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
