@@ -66,7 +66,8 @@
 -- same for all. Orphans older than the dead retention are forgotten.
 --
 -- A record that cannot be run (no task, garbage counters, a key of another type) is
--- dead-lettered with the reason, never handed to a worker.
+-- dead-lettered with the reason, never handed to a worker. A held-back run so dead-lettered
+-- from the due set leaves its parked entries and field.
 --
 -- A run enqueued under a deduplication key without a ttl (dedupe.lua) releases the key at its
 -- first claim: the key (jq:{q#p}:dedupe:<key>) is deleted if it still names the run.
@@ -412,6 +413,11 @@ local ok, plan = reading(function()
           p.handled[#p.handled + 1] = run_id
           run.reason, run.hist_ok = bad, history_ok(prefix, run_id)
           p.bury[#p.bury + 1] = run
+          if run.parked then -- held back no more: its parked entries go (phase 2)
+            expect(KEYS[11], 'zset')
+            expect(prefix .. 'parked:' .. run.parked, 'zset')
+            run.unpark = true
+          end
         elseif not admit or admit(run, at) then
           p.handled[#p.handled + 1] = run_id
           taking = taking + 1
@@ -610,6 +616,11 @@ for _, run in ipairs(plan.bury) do
   end
   bury(KEYS[3], prefix, run.id, now, run.reason, ' ' .. run.reason, dead_retention, run.hist_ok)
   if run.held then redis.call('HDEL', prefix .. 'run:' .. run.id, 'held') end
+  if run.unpark then
+    redis.call('HDEL', prefix .. 'run:' .. run.id, 'parked')
+    redis.call('ZREM', prefix .. 'parked:' .. run.parked, run.id)
+    redis.call('ZREM', KEYS[11], run.id)
+  end
   died = died + 1
 end
 -- A run id whose key is not a hash: listed as dead so an operator sees it; the key itself is

@@ -277,6 +277,20 @@ def test_held_back_runs_do_not_hide_the_rest_of_their_priority_level(
     assert ids(claim(runner, pk, now=1_000, limit=1)) == ["b1"]
 
 
+def test_a_parked_run_buried_as_corrupt_leaves_no_parked_trace(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease=5_000)  # a1 runs, a2 parked (recheck 6_000)
+    redis_client.hdel(pk.run("a2"), "payload")  # a2's record goes bad
+    claim(runner, pk, now=6_001, lease=50_000)  # a2 dead-lettered at its recheck
+    assert redis_client.hget(pk.run("a2"), "state") == "dead"
+    assert redis_client.zscore(pk.parked, "a2") is None
+    assert redis_client.zscore(pk.prefix + "parked:key:a", "a2") is None
+    assert redis_client.hget(pk.run("a2"), "parked") is None
+
+
 # -- per-task caps -----------------------------------------------------------------------------
 
 
