@@ -26,9 +26,11 @@
 -- idle workers claim at once. A per-key or per-task cap raised or removed also puts the runs
 -- it parked (claim.lua) back at their original due time, for claim to look at again, with
 -- their priority hint in jq:{q#p}:prio (reached by the prefix; another type there refuses the
--- call whole). At most 1,000 per call, the oldest first: the rest wait for a freed slot or
--- their fallback recheck. The field task_caps counts the task:<name> fields, so that claim
--- reads no task cap in a queue without one.
+-- call whole). It looks at the 1,000 oldest entries of one index per call: for a task cap,
+-- that task's jq:{q#p}:parked:task:<name>; for key_concurrency, the partition-wide parked
+-- index (runs parked by a task cap among them take up that look too). The rest wait for a
+-- freed slot or their fallback recheck. The field task_caps counts the task:<name> fields,
+-- so that claim reads no task cap in a queue without one.
 
 local _ = clock(ARGV[1])
 local name, value = ARGV[3], ARGV[4]
@@ -68,7 +70,10 @@ local ok, plan = reading(function()
   if capped and old ~= nil and (new == nil or tonumber(new) > old) then
     -- Raised or removed: the runs it parked go back to their due time.
     expect(KEYS[3], 'zset')
-    local entries = read('ZRANGE', KEYS[4], 0, UNPARK_MAX - 1)
+    -- A task cap's runs wait in their own group's index; a key cap's in many.
+    expect(KEYS[4], 'zset')
+    local index = is_task and prefix .. 'parked:' .. name or KEYS[4]
+    local entries = read('ZRANGE', index, 0, UNPARK_MAX - 1)
     for _, id in ipairs(entries) do
       local r = load_run(prefix .. 'run:' .. id, 'state', 'parked', 'due', 'priority')
       local g = r and r.state == 'pending' and r.parked

@@ -234,6 +234,18 @@ def test_raising_a_task_cap_puts_its_parked_runs_back_and_no_others(
     assert ids(claim(runner, pk, now=1_001)) == ["e2"]
 
 
+def test_raising_a_task_cap_looks_at_its_own_parked_runs_only(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    limit(runner, pk, "task:export", 1)
+    create(runner, pk, "e1", "e2", task="export", now=10)
+    claim(runner, pk, now=1_000, lease=10_000)  # e2 parked
+    # 1,000 older runs held back by other caps (entries only: they are not looked at)
+    redis_client.zadd(pk.parked, {f"other{i}": 0 for i in range(1_000)})
+    limit(runner, pk, "task:export", 2)
+    assert redis_client.zscore(pk.due, "e2") == 10
+
+
 def test_a_parked_run_above_the_default_priority_is_rehinted(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
