@@ -77,11 +77,13 @@
 -- them, so a queue without one reads nothing more) and to 'key:<limit_key>' when it has a
 -- limit_key and the queue a key_concurrency. Claiming it adds it to jq:{q#p}:held:<group>
 -- (record field 'held': t, k or tk); a re-taken expired lease keeps its slot, a buried one
--- frees it and unparks the oldest parked run of the group. A group counts SCARD of its held
--- set; only when that reaches the cap are the members checked, and one that is not running
--- with a lease entry is pruned (a slot some path failed to free). A due run of a full group
--- is parked: due score now + lease_ms (ARGV[5], a fallback recheck), record field 'parked' =
--- the group, jq:{q#p}:parked:<group> and KEYS[11] run_id -> its original due time.
+-- frees it and unparks the oldest parked run of the group (back at its original due time,
+-- its priority hint too: KEYS[10], which the prelude reaches by the prefix). A group counts
+-- SCARD of its held set; only when that reaches the cap are the members checked, and one
+-- that is not running with a lease entry is pruned (a slot some path failed to free). A due
+-- run of a full group is parked: due score now + lease_ms (ARGV[5], a fallback recheck),
+-- record field 'parked' = the group, jq:{q#p}:parked:<group> and KEYS[11] run_id -> its
+-- original due time.
 -- A per-key rate keeps the claims of each key in jq:{q#p}:krate:<key> (fence -> claim time,
 -- like KEYS[9]); a run whose key's window is full moves its due score to the window that can
 -- admit it: the i-th run of the key so moved in the call (i from 1) to the instant the window
