@@ -390,6 +390,16 @@ local function held_groups(run)
   return groups
 end
 
+-- Phase 2: put a parked run u = {id, due, level} back in line at its original due time, its
+-- priority hint too (claim moved it to the recheck time; left there, the run would wait
+-- behind the default level until then). The prio key (jq:{q#p}:prio, the prefix's hash tag)
+-- is built from the prefix; its type is checked in phase 1 when level > 0.
+local function unpark(prefix, due_key, u)
+  redis.call('ZADD', due_key, u.due, u.id)
+  if u.level > 0 then redis.call('ZADD', prefix .. 'prio', prio_score(u.level, u.due), u.id) end
+  redis.call('HDEL', prefix .. 'run:' .. u.id, 'parked')
+end
+
 -- Phase 1: a planner of slots freed in one call (parked_key: the partition-wide parked
 -- zset). free(run_id, groups) checks each group's
 -- held set and picks the oldest parked run of the group still waiting (pending, parked there,
@@ -411,9 +421,11 @@ local function slot_freer(prefix, due_key, parked_key)
     while g.pos < #g.entries do
       g.pos = g.pos + 1
       local id = g.entries[g.pos]
-      local r = load_run(prefix .. 'run:' .. id, 'state', 'parked', 'due')
+      local r = load_run(prefix .. 'run:' .. id, 'state', 'parked', 'due', 'priority')
       if r and r.state == 'pending' and r.parked == group and read('ZSCORE', due_key, id) then
-        g.unpark[#g.unpark + 1] = {id = id, due = whole_or(r.due, 0, 0)}
+        local level = priority_of(r.priority)
+        if level > 0 then expect(prefix .. 'prio', 'zset') end
+        g.unpark[#g.unpark + 1] = {id = id, due = whole_or(r.due, 0, 0), level = level}
         return g
       end
       g.drop[#g.drop + 1] = id
@@ -433,7 +445,7 @@ local function slot_freer(prefix, due_key, parked_key)
 end
 
 -- Phase 2: SREM the freed slots, put the picked parked runs back at their original due time
--- and drop stale entries. Returns how many runs were unparked.
+-- (unpark) and drop stale entries. Returns how many runs were unparked.
 local function free_slots(f, prefix, due_key, parked_key)
   for _, s in ipairs(f.frees) do redis.call('SREM', s.key, s.id) end
   local n = 0
@@ -441,8 +453,7 @@ local function free_slots(f, prefix, due_key, parked_key)
     local g = f.groups[group]
     local ids, all = {}, {}
     for _, u in ipairs(g.unpark) do
-      redis.call('ZADD', due_key, u.due, u.id)
-      redis.call('HDEL', prefix .. 'run:' .. u.id, 'parked')
+      unpark(prefix, due_key, u)
       ids[#ids + 1] = u.id
       all[#all + 1] = u.id
       n = n + 1

@@ -53,7 +53,8 @@
 -- are read from the prio zset, a hint next to the due set, which stays the index of every
 -- pending run. A prio entry whose run is no longer in the due set, or whose record says
 -- another level, is dropped; one whose due time moved later is moved with it. Strict
--- priority: while due runs of a higher level remain, a lower level waits.
+-- priority: while due runs of a higher level remain, a lower level waits. (Under per-key or
+-- per-task limits, a level whose page of hints was held back is read on, up to 64 more.)
 --
 -- Every claim issues a new fence (next_fence: above any issued before in the partition, and
 -- at least the server clock in us), so the previous holder's heartbeat and commit are refused
@@ -65,7 +66,8 @@
 -- same for all. Orphans older than the dead retention are forgotten.
 --
 -- A record that cannot be run (no task, garbage counters, a key of another type) is
--- dead-lettered with the reason, never handed to a worker.
+-- dead-lettered with the reason, never handed to a worker. A held-back run so dead-lettered
+-- from the due set leaves its parked entries and field.
 --
 -- A run enqueued under a deduplication key without a ttl (dedupe.lua) releases the key at its
 -- first claim: the key (jq:{q#p}:dedupe:<key>) is deleted if it still names the run.
@@ -75,14 +77,17 @@
 -- them, so a queue without one reads nothing more) and to 'key:<limit_key>' when it has a
 -- limit_key and the queue a key_concurrency. Claiming it adds it to jq:{q#p}:held:<group>
 -- (record field 'held': t, k or tk); a re-taken expired lease keeps its slot, a buried one
--- frees it and unparks the oldest parked run of the group. A group counts SCARD of its held
--- set; only when that reaches the cap are the members checked, and one that is not running
--- with a lease entry is pruned (a slot some path failed to free). A due run of a full group
--- is parked: due score now + lease_ms (ARGV[5], a fallback recheck), record field 'parked' =
--- the group, jq:{q#p}:parked:<group> and KEYS[11] run_id -> its original due time.
+-- frees it and unparks the oldest parked run of the group (back at its original due time,
+-- its priority hint too: KEYS[10], which the prelude reaches by the prefix). A group counts
+-- SCARD of its held set; only when that reaches the cap are the members checked, and one
+-- that is not running with a lease entry is pruned (a slot some path failed to free). A due
+-- run of a full group is parked: due score now + lease_ms (ARGV[5], a fallback recheck),
+-- record field 'parked' = the group, jq:{q#p}:parked:<group> and KEYS[11] run_id -> its
+-- original due time.
 -- A per-key rate keeps the claims of each key in jq:{q#p}:krate:<key> (fence -> claim time,
--- like KEYS[9]); a run whose key's window is full moves its due score to the instant the
--- window has room, plus i ms for the i-th run so moved in the call (their order kept).
+-- like KEYS[9]); a run whose key's window is full moves its due score to the window that can
+-- admit it: the i-th run of the key so moved in the call (i from 1) to the instant the window
+-- has room plus floor((i - 1) / N) windows, plus i - 1 ms (their order kept).
 -- These keys hold another type: the call is refused whole.
 --
 -- A claim writes no history entry: the record holds the current attempt (owner, fence,
@@ -239,14 +244,13 @@ local ok, plan = reading(function()
         local since = '(' .. int(now - krate_w)
         local first = read('ZRANGE', wkey, since, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
         w = {key = wkey, count = read('ZCOUNT', wkey, since, '+inf'),
-             oldest = whole_or(first[2], 0, nil), fences = {}}
+             oldest = whole_or(first[2], 0, nil), fences = {}, held = 0}
         p.windows[key] = w
       end
       return w
     end
     -- May this sound pending run be taken now? If not, it is parked or moved later (p.park,
     -- p.later) and stays in the due set. `at` is its due score.
-    local moved = 0
     admit = function(run, at)
       local gs = {}
       if task_capped then
@@ -268,9 +272,15 @@ local ok, plan = reading(function()
       if krate_n and run.limit_key then
         local w = window(run.limit_key)
         if w.count + #w.fences >= krate_n then
-          moved = moved + 1
-          local free_at = (w.oldest or now) + krate_w + moved - 1
-          if free_at <= now then free_at = now + moved end
+          -- The i-th run of the key held in this call waits for the window that can admit
+          -- it: N go per window, so floor((i - 1) / N) windows after the first has room
+          -- (rechecked every ms, a backlog would wake a worker for nothing again and again);
+          -- i - 1 ms more keeps their order.
+          w.held = w.held + 1
+          local free_at = (w.oldest or now) + krate_w +
+                          math.floor((w.held - 1) / math.max(krate_n, 1)) * krate_w +
+                          w.held - 1
+          if free_at <= now then free_at = now + w.held end
           p.later[#p.later + 1] = {id = run.id, due = free_at, level = priority_of(run.priority)}
           return false
         end
@@ -333,37 +343,57 @@ local ok, plan = reading(function()
   p.handled, p.unhint, p.rehint = {}, {}, {}
   local hinted = {}
   local hints_held = read('ZCARD', KEYS[10]) -- read whatever happens: step 3 may write it
+  -- One hint: true when its run is taken or held back by a cap or key rate.
+  local function hint(level, run_id)
+    local at = tonumber(read('ZSCORE', KEYS[1], run_id))
+    local run = at and record(run_id)
+    if not run or priority_of(run.priority) ~= level then
+      -- Not pending here any more, or a new record of the id at another level.
+      p.unhint[#p.unhint + 1] = run_id
+    elseif at > now then
+      p.rehint[#p.rehint + 1] = prio_score(level, at) -- its due time moved later
+      p.rehint[#p.rehint + 1] = run_id
+    elseif run.state == 'pending' and not corrupt(run) then
+      run.id = run_id
+      hinted[run_id] = true
+      if not admit or admit(run, at) then
+        taking = taking + 1
+        p.take[#p.take + 1] = run
+        p.handled[#p.handled + 1] = run_id
+        dedupe_ends(p, run)
+        p.unhint[#p.unhint + 1] = run_id
+        return false
+      end
+      return true -- held back: its hint moves with its due score (phase 2)
+    else
+      p.unhint[#p.unhint + 1] = run_id
+    end
+    return false
+  end
+  -- Held-back runs do not use up the room, so a page of them may hide runs of their level
+  -- behind: then the level's next page is read, up to 64 more entries in all (as step 3 reads
+  -- 64 more due entries).
+  local extra_hints = flow and 64 or 0
   if taking < limit and hints_held > 0 then
     for level = PRIORITY_MAX, 1, -1 do
       if taking >= limit then break end
       local base = (PRIORITY_MAX - level) * PRIORITY_SPAN
       -- A few more than the room: stale entries (cancelled runs) do not use it up.
-      local hints = read('ZRANGE', KEYS[10], int(base), int(base + now), 'BYSCORE', 'LIMIT', 0,
-                         2 * (limit - taking) + 8)
-      for _, run_id in ipairs(hints) do
-        if taking >= limit then break end
-        local at = tonumber(read('ZSCORE', KEYS[1], run_id))
-        local run = at and record(run_id)
-        if not run or priority_of(run.priority) ~= level then
-          -- Not pending here any more, or a new record of the id at another level.
-          p.unhint[#p.unhint + 1] = run_id
-        elseif at > now then
-          p.rehint[#p.rehint + 1] = prio_score(level, at) -- its due time moved later
-          p.rehint[#p.rehint + 1] = run_id
-        else
-          if run.state == 'pending' and not corrupt(run) then
-            run.id = run_id
-            hinted[run_id] = true
-            if not admit or admit(run, at) then
-              taking = taking + 1
-              p.take[#p.take + 1] = run
-              p.handled[#p.handled + 1] = run_id
-              dedupe_ends(p, run)
-              p.unhint[#p.unhint + 1] = run_id
-            end -- else held back: its hint moves with its due score (phase 2)
-          else
-            p.unhint[#p.unhint + 1] = run_id
-          end
+      local offset, page = 0, 2 * (limit - taking) + 8
+      while page > 0 and taking < limit do
+        local hints = read('ZRANGE', KEYS[10], int(base), int(base + now), 'BYSCORE', 'LIMIT',
+                           offset, page)
+        local held_back = false
+        for _, run_id in ipairs(hints) do
+          if taking >= limit then break end
+          if hint(level, run_id) then held_back = true end
+        end
+        offset = offset + #hints
+        local full = #hints == page
+        page = 0
+        if held_back and full and taking < limit then
+          page = math.min(2 * (limit - taking) + 8, extra_hints)
+          extra_hints = extra_hints - page
         end
       end
     end
@@ -385,6 +415,11 @@ local ok, plan = reading(function()
           p.handled[#p.handled + 1] = run_id
           run.reason, run.hist_ok = bad, history_ok(prefix, run_id)
           p.bury[#p.bury + 1] = run
+          if run.parked then -- held back no more: its parked entries go (phase 2)
+            expect(KEYS[11], 'zset')
+            expect(prefix .. 'parked:' .. run.parked, 'zset')
+            run.unpark = true
+          end
         elseif not admit or admit(run, at) then
           p.handled[#p.handled + 1] = run_id
           taking = taking + 1
@@ -583,6 +618,11 @@ for _, run in ipairs(plan.bury) do
   end
   bury(KEYS[3], prefix, run.id, now, run.reason, ' ' .. run.reason, dead_retention, run.hist_ok)
   if run.held then redis.call('HDEL', prefix .. 'run:' .. run.id, 'held') end
+  if run.unpark then
+    redis.call('HDEL', prefix .. 'run:' .. run.id, 'parked')
+    redis.call('ZREM', prefix .. 'parked:' .. run.parked, run.id)
+    redis.call('ZREM', KEYS[11], run.id)
+  end
   died = died + 1
 end
 -- A run id whose key is not a hash: listed as dead so an operator sees it; the key itself is

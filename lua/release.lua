@@ -22,7 +22,9 @@
 --
 -- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
 -- them here, and the oldest parked run of each such group is put back at its original due
--- time (waking an idle worker); a held or parked key of another type refuses the call whole.
+-- time (waking an idle worker), with its priority hint in jq:{q#p}:prio (reached by the
+-- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
+-- whole.
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence = ARGV[2], ARGV[3], tonumber(ARGV[4])

@@ -24,10 +24,13 @@
 --
 -- A concurrency limit raised, or any limit removed or a rate changed, fills the wake list:
 -- idle workers claim at once. A per-key or per-task cap raised or removed also puts the runs
--- it parked (claim.lua; at most 1,000 per call, the oldest first: the rest wait for a freed
--- slot or their fallback recheck) back at their original due time, for claim to look at
--- again. The field task_caps counts the task:<name> fields, so that claim reads no task cap
--- in a queue without one.
+-- it parked (claim.lua) back at their original due time, for claim to look at again, with
+-- their priority hint in jq:{q#p}:prio (reached by the prefix; another type there refuses the
+-- call whole). It looks at the 1,000 oldest entries of one index per call: for a task cap,
+-- that task's jq:{q#p}:parked:task:<name>; for key_concurrency, the partition-wide parked
+-- index (runs parked by a task cap among them take up that look too). The rest wait for a
+-- freed slot or their fallback recheck. The field task_caps counts the task:<name> fields,
+-- so that claim reads no task cap in a queue without one.
 
 local _ = clock(ARGV[1])
 local name, value = ARGV[3], ARGV[4]
@@ -67,9 +70,12 @@ local ok, plan = reading(function()
   if capped and old ~= nil and (new == nil or tonumber(new) > old) then
     -- Raised or removed: the runs it parked go back to their due time.
     expect(KEYS[3], 'zset')
-    local entries = read('ZRANGE', KEYS[4], 0, UNPARK_MAX - 1)
+    -- A task cap's runs wait in their own group's index; a key cap's in many.
+    expect(KEYS[4], 'zset')
+    local index = is_task and prefix .. 'parked:' .. name or KEYS[4]
+    local entries = read('ZRANGE', index, 0, UNPARK_MAX - 1)
     for _, id in ipairs(entries) do
-      local r = load_run(prefix .. 'run:' .. id, 'state', 'parked', 'due')
+      local r = load_run(prefix .. 'run:' .. id, 'state', 'parked', 'due', 'priority')
       local g = r and r.state == 'pending' and r.parked
       local mine = g and (g == name or (name == 'key_concurrency' and
                                         string.sub(g, 1, 4) == 'key:'))
@@ -80,7 +86,9 @@ local ok, plan = reading(function()
           p.groups[gkey] = {}
         end
         table.insert(p.groups[gkey], id)
-        p.unpark[#p.unpark + 1] = {id = id, due = whole_or(r.due, 0, 0)}
+        local level = priority_of(r.priority)
+        if level > 0 then expect(prefix .. 'prio', 'zset') end
+        p.unpark[#p.unpark + 1] = {id = id, due = whole_or(r.due, 0, 0), level = level}
       end
     end
   end
@@ -107,10 +115,7 @@ if new == nil then
 else
   redis.call('HSET', limits_key, name, new)
 end
-for _, u in ipairs(plan.unpark) do
-  redis.call('ZADD', KEYS[3], u.due, u.id)
-  redis.call('HDEL', prefix .. 'run:' .. u.id, 'parked')
-end
+for _, u in ipairs(plan.unpark) do unpark(prefix, KEYS[3], u) end
 for gkey, ids in pairs(plan.groups) do bulk('ZREM', gkey, ids, 1000) end
 if #plan.unpark > 0 then
   local ids = {}

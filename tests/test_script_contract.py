@@ -284,11 +284,14 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
     the deduplication key a claimed run's record names (released at the run's first claim,
     see dedupe.lua): a key per record, like the record itself; and the keys of the per-key
     and per-task caps a run's record names (held:, parked: <group>, and in claim krate:<key>),
-    which the scripts that take or free a slot reach the same way."""
+    which the scripts that take or free a slot reach the same way, and the prio index a run put
+    back in line (unparked) is re-hinted in."""
     built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", code(name))
     allowed = {"run:", "hist:"} | ({"dedupe:", "held:", "krate:"} if name == "claim" else set())
     if name in ("claim", "cancel", "set_limit"):
         allowed |= {"parked:"}
+    if name == "set_limit":
+        allowed |= {"prio"}
     assert set(built) <= allowed, built
 
 

@@ -234,6 +234,18 @@ def test_raising_a_task_cap_puts_its_parked_runs_back_and_no_others(
     assert ids(claim(runner, pk, now=1_001)) == ["e2"]
 
 
+def test_raising_a_task_cap_looks_at_its_own_parked_runs_only(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    limit(runner, pk, "task:export", 1)
+    create(runner, pk, "e1", "e2", task="export", now=10)
+    claim(runner, pk, now=1_000, lease=10_000)  # e2 parked
+    # 1,000 older runs held back by other caps (entries only: they are not looked at)
+    redis_client.zadd(pk.parked, {f"other{i}": 0 for i in range(1_000)})
+    limit(runner, pk, "task:export", 2)
+    assert redis_client.zscore(pk.due, "e2") == 10
+
+
 def test_a_parked_run_above_the_default_priority_is_rehinted(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
@@ -241,6 +253,54 @@ def test_a_parked_run_above_the_default_priority_is_rehinted(
     create(runner, pk, "a1", "a2", key="a", priority=5)
     claim(runner, pk, now=1_000, lease=5_000)
     assert redis_client.zscore(pk.prio, "a2") == 4 * 2**43 + 6_000
+
+
+def test_an_unparked_priority_run_keeps_its_priority(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a1", "a2", key="a", priority=9, now=10)
+    (a1,) = claim(runner, pk, now=1_000).runs  # a2 parked, its recheck at 31_000
+    create(runner, pk, "n1", now=5)  # the default priority, due earlier
+    complete(runner, pk, "a1", a1.fence, now=2_000)  # a2 back at its due time
+    assert ids(claim(runner, pk, now=2_001, limit=1)) == ["a2"]
+
+
+def test_a_priority_run_put_back_by_a_raised_cap_keeps_its_priority(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a1", "a2", key="a", priority=9, now=10)
+    claim(runner, pk, now=1_000)  # a2 parked
+    create(runner, pk, "n1", now=5)
+    limit(runner, pk, "key_concurrency", 2)
+    assert ids(claim(runner, pk, now=2_001, limit=1)) == ["a2"]
+
+
+def test_held_back_runs_do_not_hide_the_rest_of_their_priority_level(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a0", key="a", priority=9, now=0)
+    assert ids(claim(runner, pk, now=1)) == ["a0"]
+    create(runner, pk, *[f"a{i}" for i in range(1, 11)], key="a", priority=9, now=10)
+    create(runner, pk, "b1", key="b", priority=9, now=100)
+    create(runner, pk, "n1", now=2)
+    assert ids(claim(runner, pk, now=1_000, limit=1)) == ["b1"]
+
+
+def test_a_parked_run_buried_as_corrupt_leaves_no_parked_trace(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    limit(runner, pk, "key_concurrency", 1)
+    create(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease=5_000)  # a1 runs, a2 parked (recheck 6_000)
+    redis_client.hdel(pk.run("a2"), "payload")  # a2's record goes bad
+    claim(runner, pk, now=6_001, lease=50_000)  # a2 dead-lettered at its recheck
+    assert redis_client.hget(pk.run("a2"), "state") == "dead"
+    assert redis_client.zscore(pk.parked, "a2") is None
+    assert redis_client.zscore(pk.prefix + "parked:key:a", "a2") is None
+    assert redis_client.hget(pk.run("a2"), "parked") is None
 
 
 # -- per-task caps -----------------------------------------------------------------------------
@@ -316,6 +376,24 @@ def test_a_run_held_by_its_key_rate_is_due_when_the_window_has_room(
     assert ids(claim(runner, pk, now=10_999)) == []
     assert ids(claim(runner, pk, now=11_000)) == ["a2"]
     assert ids(claim(runner, pk, now=21_001)) == ["a3"]
+
+
+@pytest.mark.parametrize("backlog", [20, 200, 2000])
+def test_a_key_rate_backlog_is_rechecked_once_per_window_not_every_ms(
+    backlog: int, runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    limit(runner, pk, "key_rate", "1 1000")
+    create(runner, pk, *[f"a{i:04}" for i in range(backlog)], key="a", now=0)
+    now, claims, taken = 1, 0, 0
+    while now < 10_000:  # 10 windows: 10 runs can go
+        result = claim(runner, pk, now=now)
+        claims, taken = claims + 1, taken + len(result.runs)
+        now = max(now + 1, result.next_wake_ms)
+    assert taken == 10
+    # Ideally the backlog is read once (up to 74 due entries a call), then one claim per
+    # window takes its run: at most 3 times that.
+    ideal = backlog // 74 + 1 + taken
+    assert claims <= 3 * ideal
 
 
 def test_a_key_cap_of_another_type_refuses_the_claim_whole(
