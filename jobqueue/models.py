@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, cast
+from typing import Any, Generic, cast
 
 from typing_extensions import TypeVar
 
@@ -72,17 +72,61 @@ TIME_FIELDS = frozenset(
 )
 
 
-class QueueLimits(NamedTuple):
+class QueueLimits(tuple[int | None, tuple[int, int] | None]):
     """A queue's flow limits (``queue_limits``), None where it has none: ``concurrency``, the
     most runs running at once; ``rate``, at most (N, W ms) claims; ``key_concurrency``, the
     most runs of one limit_key running at once; ``key_rate``, at most (N, W ms) claims of one
-    limit_key; ``task_caps``, task name -> the most runs of it running at once."""
+    limit_key; ``task_caps``, task name -> the most runs of it running at once.
 
-    concurrency: int | None = None
-    rate: tuple[int, int] | None = None
-    key_concurrency: int | None = None
-    key_rate: tuple[int, int] | None = None
-    task_caps: dict[str, int] = {}  # noqa: RUF012 (never mutated: a fresh dict per read)
+    As a tuple it is ``(concurrency, rate)``, as it was before per-key and per-task limits:
+    ``concurrency, rate = jq.queue_limits(queue)`` and ``== (3, None)`` still work; the
+    others are attributes (and count in ``==`` between two QueueLimits)."""
+
+    key_concurrency: int | None
+    key_rate: tuple[int, int] | None
+    task_caps: dict[str, int]
+
+    def __new__(
+        cls,
+        concurrency: int | None = None,
+        rate: tuple[int, int] | None = None,
+        key_concurrency: int | None = None,
+        key_rate: tuple[int, int] | None = None,
+        task_caps: dict[str, int] | None = None,
+    ) -> QueueLimits:
+        self = super().__new__(cls, (concurrency, rate))
+        self.key_concurrency = key_concurrency
+        self.key_rate = key_rate
+        self.task_caps = dict(task_caps or {})
+        return self
+
+    @property
+    def concurrency(self) -> int | None:
+        return self[0]
+
+    @property
+    def rate(self) -> tuple[int, int] | None:
+        return self[1]
+
+    def _more(self) -> tuple[Any, ...]:
+        return (self.key_concurrency, self.key_rate, self.task_caps)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, QueueLimits):
+            return tuple(self) == tuple(other) and self._more() == other._more()
+        return tuple(self) == other
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]  # task_caps is a dict
+
+    def __repr__(self) -> str:
+        return (
+            f"QueueLimits(concurrency={self[0]!r}, rate={self[1]!r}, "
+            f"key_concurrency={self.key_concurrency!r}, key_rate={self.key_rate!r}, "
+            f"task_caps={self.task_caps!r})"
+        )
 
 
 def _int(value: str | None) -> int | None:

@@ -244,3 +244,15 @@ def test_queue_limits_reads_both_limits(jq: JobQueue) -> None:
     jq.set_queue_concurrency("mail", 3)
     jq.set_queue_rate("mail", 50, per=2)
     assert jq.queue_limits("mail") == QueueLimits(3, (50, 2_000))
+
+
+def test_queue_limits_is_still_the_concurrency_and_rate_pair(jq: JobQueue) -> None:
+    """Code written before per-key and per-task limits unpacks or compares two values."""
+    assert jq.queue_limits("mail") == (None, None)
+    jq.set_queue_concurrency("mail", 3)
+    jq.set_queue_rate("mail", 50, per=2)
+    jq.set_queue_concurrency("mail", 2, per_key=True)
+    concurrency, rate = jq.queue_limits("mail")
+    assert (concurrency, rate) == (3, (50, 2_000)) == jq.queue_limits("mail")
+    assert jq.queue_limits("mail").key_concurrency == 2
+    assert jq.queue_limits("mail") != QueueLimits(3, (50, 2_000))  # the key cap differs
