@@ -7,9 +7,9 @@ that costs more than the task: measured with one INCR per task, the pool's worke
 190 us of CPU per run where one thread doing claim, task and commit in turn spent 33 us.
 
 So a sync task whose usual run (measured in the pool, INLINE_AFTER runs at least) takes less
-than INLINE_MAX_S, and waits less than INLINE_MAX_WAIT_S of it (a task that waits longer runs
-faster in the pool, whose threads overlap the waits), runs inline: the claim loop runs the
-runs it just claimed itself, then claims again. Bounds:
+than INLINE_MAX_S, and waits less of it than the pool's hand-offs cost (a task that waits
+longer runs faster in the pool, whose threads overlap the waits), runs inline: the claim loop
+runs the runs it just claimed itself, then claims again. Bounds:
 
 * once a go of inline work has lasted INLINE_BUDGET_S (checked between runs), what is left
   goes to the pool;
@@ -30,13 +30,16 @@ from collections.abc import Callable
 from typing import Any
 
 # A task runs inline once INLINE_AFTER runs are measured, its usual run takes less than
-# INLINE_MAX_S, and it usually waits (wall time less the thread's CPU time) less than
-# INLINE_MAX_WAIT_S. Inline, a run's waits are the claim loop's: a task that waits longer
-# than the hand-offs the pool costs (about 150 us of CPU per run) runs faster in the pool,
-# whose threads overlap their waits.
+# INLINE_MAX_S, and it usually waits (wall time less the thread's CPU time) less than what a
+# run costs the pool in hand-offs (the process's CPU per pool run less the task's own, as the
+# pool measures them; INLINE_MAX_WAIT_S before it has): inline, a run's waits are the claim
+# loop's, while the pool's threads overlap them. Inline it stays while its runs take less
+# than INLINE_MAX_S and wait less than STAY_MAX_WAIT_S (not the hand-off cost: inline, the
+# pool's measure of it falls).
 INLINE_AFTER = 16
 INLINE_MAX_S = 0.001
 INLINE_MAX_WAIT_S = 0.00015
+STAY_MAX_WAIT_S = 0.0005
 # Inline runs in a row over either bound that send a task back to the pool.
 LONG_RUNS_TO_LEAVE = 3
 # One go of inline work, at most; the rest of the claimed runs go to the pool.
@@ -59,7 +62,9 @@ class TaskSpeeds:
     quantiles of what was measured), and how many of its latest inline runs in a row were
     over the bounds."""
 
-    def __init__(self) -> None:
+    def __init__(self, hand_off_s: Callable[[], float] = lambda: INLINE_MAX_WAIT_S) -> None:
+        """``hand_off_s()``: what a run costs the pool in hand-offs, in seconds of CPU."""
+        self._hand_off_s = hand_off_s
         # runs measured, usual wall time (s), usual wait (s)
         self._seen: dict[str, tuple[int, float, float]] = {}
         self._long: dict[str, int] = {}
@@ -70,7 +75,7 @@ class TaskSpeeds:
             seen is not None
             and seen[0] >= INLINE_AFTER
             and seen[1] < INLINE_MAX_S
-            and seen[2] < INLINE_MAX_WAIT_S
+            and seen[2] < max(INLINE_MAX_WAIT_S, self._hand_off_s())
         )
 
     def record(self, task: str, wall_s: float, wait_s: float) -> None:
@@ -84,9 +89,9 @@ class TaskSpeeds:
 
     def ran_inline(self, task: str, wall_s: float, wait_s: float) -> None:
         """A run measured inline. LONG_RUNS_TO_LEAVE in a row over INLINE_MAX_S or
-        INLINE_MAX_WAIT_S send the task back to the pool, to be measured again: one alone
+        STAY_MAX_WAIT_S send the task back to the pool, to be measured again: one alone
         may be the thread preempted by another process, not the task."""
-        if wall_s < INLINE_MAX_S and wait_s < INLINE_MAX_WAIT_S:
+        if wall_s < INLINE_MAX_S and wait_s < STAY_MAX_WAIT_S:
             if self._long.get(task):
                 self._long[task] = 0
             return
