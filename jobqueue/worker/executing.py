@@ -167,13 +167,6 @@ class DaemonPool:
                 self._grow(min(waiting, self.width() - self._threads))
         self._jobs.put((token, fn, args))
 
-    def hand_off_s(self) -> float:
-        """What a job costs the process beyond the task's own CPU (hand-offs, claims,
-        commits), in seconds, as last measured; 0.0 before any is."""
-        if self._run_cpu <= 0.0:
-            return 0.0
-        return max(self._run_cpu - self._cpu, 0.0) / 1e9
-
     def ran_elsewhere(self, n: int) -> None:
         """``n`` jobs ran on another thread (inline): the process's CPU per job counts them."""
         with self._lock:
@@ -347,7 +340,7 @@ class Executor:
         self._stuck_since: float | None = None
         self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome)
         # Short sync tasks run on the claim loop's thread (jobqueue.worker.inline).
-        self._speeds = TaskSpeeds(self._pool.hand_off_s)
+        self._speeds = TaskSpeeds()
         self._lane = InlineLane(
             self._on_outcome, self._pool.submit, self._speeds, self._pool.ran_elsewhere
         )
@@ -678,14 +671,12 @@ def _run_sync_timed(
     kwargs: dict[str, Any],
     hooks: Hooks | None,
 ) -> Any:
-    """_run_sync in the pool, its wall time and waits told to ``speeds`` (short tasks that
-    barely wait go inline)."""
-    began, cpu = time.perf_counter(), time.thread_time()
+    """_run_sync in the pool, its wall time told to ``speeds`` (short tasks go inline)."""
+    began = time.perf_counter()
     try:
         return _run_sync(task, ctx, args, kwargs, hooks)
     finally:
-        took = time.perf_counter() - began
-        speeds.record(ctx.task, took, max(took - (time.thread_time() - cpu), 0.0))
+        speeds.record(ctx.task, time.perf_counter() - began)
 
 
 async def _run_async(

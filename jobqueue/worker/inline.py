@@ -6,15 +6,15 @@ the GIL between them. For a task of a few hundred microseconds (one Redis or dat
 that costs more than the task: measured with one INCR per task, the pool's worker spent about
 190 us of CPU per run where one thread doing claim, task and commit in turn spent 33 us.
 
-So a sync task whose usual run (measured in the pool, INLINE_AFTER runs at least) takes less
-than INLINE_MAX_S, and waits less of it than the pool's hand-offs cost (a task that waits
-longer runs faster in the pool, whose threads overlap the waits), runs inline: the claim loop
-runs the runs it just claimed itself, then claims again. Bounds:
+So a sync task that is not clearly long in the pool (see PROBE_MAX_S) runs inline, and stays
+there while its runs take less than INLINE_MAX_S and barely wait (a task that waits longer
+runs faster in the pool, whose threads overlap the waits): the claim loop runs the runs it
+just claimed itself, then claims again. Bounds:
 
 * once a go of inline work has lasted INLINE_BUDGET_S (checked between runs), what is left
   goes to the pool;
-* LONG_RUNS_TO_LEAVE inline runs in a row over either bound send the task back to the pool
-  (measured there again, it may come back);
+* a task whose usual inline run reaches either bound goes back to the pool (it tries the
+  lane again after RETRY_AFTER_RUNS runs there, more each time it leaves);
 * a run stuck for TAKE_OVER_S (the keeper's tick sees it): the runs waiting behind it go to
   the pool and a new thread takes over the claim loop (``take_over``), so stuck code holds
   one slot, as in the pool, and never the worker's claims.
@@ -29,19 +29,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-# A task runs inline once INLINE_AFTER runs are measured, its usual run takes less than
-# INLINE_MAX_S, and it usually waits (wall time less the thread's CPU time) less than what a
-# run costs the pool in hand-offs (the process's CPU per pool run less the task's own, as the
-# pool measures them; INLINE_MAX_WAIT_S before it has): inline, a run's waits are the claim
-# loop's, while the pool's threads overlap them. Inline it stays while its runs take less
-# than INLINE_MAX_S and wait less than STAY_MAX_WAIT_S (not the hand-off cost: inline, the
-# pool's measure of it falls).
+# Measured in the pool, a run's wall time and CPU are inflated by the other threads (GIL
+# waits, caches): they only sort out the tasks that are clearly long. A task runs inline once
+# INLINE_AFTER runs are measured there and its usual run takes less than PROBE_MAX_S; inline,
+# where its times are its own, it stays while its runs take less than INLINE_MAX_S and wait
+# (wall time less the thread's CPU time) less than STAY_MAX_WAIT_S: a task that waits longer
+# runs faster in the pool, whose threads overlap the waits.
 INLINE_AFTER = 16
+PROBE_MAX_S = 0.005
 INLINE_MAX_S = 0.001
-INLINE_MAX_WAIT_S = 0.00015
 STAY_MAX_WAIT_S = 0.0005
-# Inline runs in a row over either bound that send a task back to the pool.
-LONG_RUNS_TO_LEAVE = 3
+# A task that left the lane tries it again after this many runs in the pool, doubled each
+# time it leaves (up to the cap).
+RETRY_AFTER_RUNS = 64
+RETRY_AFTER_RUNS_CAP = 4096
+# Inline, a task's usual run time and wait are followed like the pool's (at once downwards,
+# by _UP_INLINE upwards): a few long runs in a row are often the GIL held by the committer
+# meanwhile, or the thread preempted by another process, not the task.
+_UP_INLINE = 0.03
 # One go of inline work, at most; the rest of the claimed runs go to the pool.
 INLINE_BUDGET_S = 0.01
 # An inline run this long is stuck for the claim loop: another thread takes the loop over.
@@ -58,52 +63,49 @@ Job = tuple[Any, Callable[..., Any], tuple[Any, ...]]  # (token, fn, args), as t
 
 
 class TaskSpeeds:
-    """Per task name: how long its usual run takes and how long it usually waits (low
-    quantiles of what was measured), and how many of its latest inline runs in a row were
-    over the bounds."""
+    """Per task name: its usual run time in the pool (a low quantile), whether it may run
+    inline, and how its latest inline runs went."""
 
-    def __init__(self, hand_off_s: Callable[[], float] = lambda: INLINE_MAX_WAIT_S) -> None:
-        """``hand_off_s()``: what a run costs the pool in hand-offs, in seconds of CPU."""
-        self._hand_off_s = hand_off_s
-        # runs measured, usual wall time (s), usual wait (s)
-        self._seen: dict[str, tuple[int, float, float]] = {}
-        self._long: dict[str, int] = {}
+    def __init__(self) -> None:
+        # runs measured in the pool since it (last) left the lane, usual wall time (s)
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._inline: dict[str, tuple[float, float]] = {}  # usual inline wall, wait (s)
+        self._left: dict[str, int] = {}  # times it left the lane
 
     def inline(self, task: str) -> bool:
         seen = self._seen.get(task)
-        return (
-            seen is not None
-            and seen[0] >= INLINE_AFTER
-            and seen[1] < INLINE_MAX_S
-            and seen[2] < max(INLINE_MAX_WAIT_S, self._hand_off_s())
-        )
+        if seen is None or seen[1] >= PROBE_MAX_S:
+            return False
+        left = self._left.get(task, 0)
+        wanted = INLINE_AFTER if not left else min(RETRY_AFTER_RUNS << left, RETRY_AFTER_RUNS_CAP)
+        return seen[0] >= wanted
 
-    def record(self, task: str, wall_s: float, wait_s: float) -> None:
-        """A run measured in the pool: its wall time, and the part of it the thread did not
-        run (I/O, and in the pool the GIL)."""
+    def record(self, task: str, wall_s: float) -> None:
+        """A run measured in the pool."""
         # Unlocked: a lost update among racing threads only skips one sample.
-        n, wall, wait = self._seen.get(task, (0, wall_s, wait_s))
-        wall += (wall_s - wall) * (_DOWN if wall_s < wall else _UP)
-        wait += (wait_s - wait) * (_DOWN if wait_s < wait else _UP)
-        self._seen[task] = (min(n + 1, INLINE_AFTER), wall, wait)
+        n, usual = self._seen.get(task, (0, wall_s))
+        usual += (wall_s - usual) * (_DOWN if wall_s < usual else _UP)
+        self._seen[task] = (min(n + 1, RETRY_AFTER_RUNS_CAP), usual)
 
     def ran_inline(self, task: str, wall_s: float, wait_s: float) -> None:
-        """A run measured inline. LONG_RUNS_TO_LEAVE in a row over INLINE_MAX_S or
-        STAY_MAX_WAIT_S send the task back to the pool, to be measured again: one alone
-        may be the thread preempted by another process, not the task."""
-        if wall_s < INLINE_MAX_S and wait_s < STAY_MAX_WAIT_S:
-            if self._long.get(task):
-                self._long[task] = 0
-            return
-        n = self._long.get(task, 0) + 1
-        self._long[task] = n
-        if n >= LONG_RUNS_TO_LEAVE:
+        """A run measured inline. When its usual inline run reaches INLINE_MAX_S, or its
+        usual wait STAY_MAX_WAIT_S, the task goes back to the pool."""
+        # From 0 when it enters: its first inline runs meet the pool's last ones, still
+        # running on the pool's threads, and wait for the GIL.
+        wall, wait = self._inline.get(task, (0.0, 0.0))
+        wall += (wall_s - wall) * (_DOWN if wall_s < wall else _UP_INLINE)
+        wait += (wait_s - wait) * (_DOWN if wait_s < wait else _UP_INLINE)
+        if wall >= INLINE_MAX_S or wait >= STAY_MAX_WAIT_S:
             self.leave(task, wall_s)
+        else:
+            self._inline[task] = (wall, wait)
 
     def leave(self, task: str, wall_s: float) -> None:
-        """Back to the pool, to be measured again."""
-        self._seen[task] = (0, wall_s, wall_s)
-        self._long[task] = 0
+        """Back to the pool, to try the lane again after RETRY_AFTER_RUNS runs there (more
+        each time)."""
+        self._seen[task] = (0, wall_s)
+        self._inline.pop(task, None)
+        self._left[task] = min(self._left.get(task, 0) + 1, 6)
 
 
 class _Go:
