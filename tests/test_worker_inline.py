@@ -42,6 +42,18 @@ def _drained(jq: JobQueue, run_ids: list[str]) -> None:
         assert finished(jq, run_id, WAIT_S).state == "done"
 
 
+def _until_inline(jq: JobQueue, task: Any, lanes: list[str]) -> None:
+    """Runs of ``task`` (which appends its lane to ``lanes``) until one ran inline: on a
+    loaded machine a task may leave the lane and come back later."""
+    first = 0
+    for _ in range(40):
+        _drained(jq, _enqueue(jq, task, first + INLINE_AFTER, first))
+        first += INLINE_AFTER
+        if lanes and lanes[-1] == "claim":
+            return
+    raise AssertionError(f"{task} never ran inline")
+
+
 # -- in a worker ---------------------------------------------------------------------------
 
 
@@ -70,14 +82,13 @@ def test_a_task_whose_runs_turn_long_goes_back_to_the_pool(fast_jq: JobQueue) ->
     def sometimes_slow(i: int) -> None:
         lanes.append(_lane_name())
         if slow_from.is_set():
-            time.sleep(INLINE_MAX_S * 3)
+            time.sleep(INLINE_MAX_S * 5)
 
     with running(make_worker(fast_jq, concurrency=4)):
-        _drained(fast_jq, _enqueue(fast_jq, sometimes_slow, 8 * INLINE_AFTER))
-        assert "claim" in lanes  # inline by now
+        _until_inline(fast_jq, sometimes_slow, lanes)
         slow_from.set()
         lanes.clear()
-        _drained(fast_jq, _enqueue(fast_jq, sometimes_slow, 8 * INLINE_AFTER))
+        _drained(fast_jq, _enqueue(fast_jq, sometimes_slow, 4 * INLINE_AFTER))
     # Its usual inline run reaches the bound after a few long runs; in the pool it stays
     # (it would try the lane again only after RETRY_AFTER_RUNS more).
     assert 1 <= lanes.count("claim") <= INLINE_AFTER
@@ -88,15 +99,18 @@ def test_a_stuck_inline_run_holds_one_slot_and_the_worker_claims_on(fast_jq: Job
     release = threading.Event()
     stuck_on: list[str] = []
 
+    lanes: list[str] = []
+
     @fast_jq.task
     def mostly_short(i: int) -> None:
+        lanes.append(_lane_name())
         if i == -1:
             stuck_on.append(_lane_name())
             release.wait(WAIT_S)
 
     try:
         with running(make_worker(fast_jq, concurrency=4)):
-            _drained(fast_jq, _enqueue(fast_jq, mostly_short, 4 * INLINE_AFTER))
+            _until_inline(fast_jq, mostly_short, lanes)
             stuck = fast_jq.enqueue(mostly_short, -1).run_id
             wait_for(lambda: stuck_on, WAIT_S, "the stuck run to start")
             # Claimed and run while the stuck run still holds its thread.
@@ -115,15 +129,18 @@ def test_a_run_finished_inline_before_a_stuck_one_in_the_same_go_is_committed(
     release = threading.Event()
     stuck_on: list[str] = []
 
+    lanes: list[str] = []
+
     @fast_jq.task
     def mostly_short(i: int) -> None:
+        lanes.append(_lane_name())
         if i == -1:
             stuck_on.append(_lane_name())
             release.wait(WAIT_S)
 
     try:
         with running(make_worker(fast_jq, concurrency=4)):
-            _drained(fast_jq, _enqueue(fast_jq, mostly_short, 4 * INLINE_AFTER))
+            _until_inline(fast_jq, mostly_short, lanes)
             quick, stuck = [
                 h.run_id
                 for h in fast_jq.enqueue_many(
@@ -143,8 +160,11 @@ def test_a_stop_while_an_inline_run_is_stuck_drains_within_the_grace_period(
     release = threading.Event()
     stuck_on: list[str] = []
 
+    lanes: list[str] = []
+
     @fast_jq.task
     def mostly_short(i: int) -> None:
+        lanes.append(_lane_name())
         if i == -1:
             stuck_on.append(_lane_name())
             release.wait(WAIT_S)
@@ -153,7 +173,7 @@ def test_a_stop_while_an_inline_run_is_stuck_drains_within_the_grace_period(
     exited = Exited(worker)
     try:
         wait_for(lambda: worker.state == "running", WAIT_S, "the worker to start")
-        _drained(fast_jq, _enqueue(fast_jq, mostly_short, 4 * INLINE_AFTER))
+        _until_inline(fast_jq, mostly_short, lanes)
         stuck = fast_jq.enqueue(mostly_short, -1).run_id
         wait_for(lambda: stuck_on, WAIT_S, "the stuck run to start")
         _drained(fast_jq, _enqueue(fast_jq, mostly_short, 8, 1))  # claimed by the new thread
@@ -183,8 +203,11 @@ def test_worker_run_returns_only_when_the_claim_loop_has_ended(
 
     monkeypatch.setattr(InlineLane, "stuck", run_ends_meanwhile)
 
+    lanes: list[str] = []
+
     @fast_jq.task
     def mostly_short(i: int) -> None:
+        lanes.append(_lane_name())
         if i == -1:
             stuck_on.append(_lane_name())
             release.wait(WAIT_S)
@@ -193,7 +216,7 @@ def test_worker_run_returns_only_when_the_claim_loop_has_ended(
     exited = Exited(worker)
     try:
         wait_for(lambda: worker.state == "running", WAIT_S, "the worker to start")
-        _drained(fast_jq, _enqueue(fast_jq, mostly_short, 4 * INLINE_AFTER))
+        _until_inline(fast_jq, mostly_short, lanes)
         fast_jq.enqueue(mostly_short, -1)
         wait_for(lambda: stuck_on, WAIT_S, "the stuck run to start")
         wait_for(release.is_set, WAIT_S, "the keeper to give the thread up")
@@ -388,8 +411,12 @@ try:
     worker.run()
 except KeyboardInterrupt:
     pass
-time.sleep(0.5)
-print(sorted(x.name for x in threading.enumerate() if x.name == "jq-claim"))
+def claim_threads():
+    return sorted(x.name for x in threading.enumerate() if x.name == "jq-claim")
+deadline = time.monotonic() + 10
+while claim_threads() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(claim_threads())
 run_id = jq.enqueue(t, 1).run_id
 time.sleep(1.0)
 print(jq.get_run(run_id).state)

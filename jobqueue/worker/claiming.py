@@ -166,13 +166,12 @@ class Claimer:
         """Start the claim loop on a new thread; the one running it (stuck in an inline run,
         given up) leaves it when that run ends."""
         thread = threading.Thread(target=self._loop_guarded, name="jq-claim", daemon=True)
+        self._owner = thread  # before it runs: a crash at once must be the owner's
         try:
             thread.start()
         except RuntimeError as exc:  # no thread to be had: the worker cannot claim on
             self._crashed = exc
             self._ended.set()
-            return
-        self._owner = thread
 
     def _loop_guarded(self) -> None:
         try:
