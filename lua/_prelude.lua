@@ -14,7 +14,8 @@
 --   contract in jobqueue/store builds them by name); run records and histories, named by the
 --   call, are reached through the partition's prefix (ARGV[2]).
 -- * The shared steps have one spelling, here: reading and checking (read, expect, load_run,
---   counters, waker, fence_counter; numbers: whole, whole_or, and count for limits; text cut: utf8_head, utf8_tail), waking idle workers (wake: the one wake policy), issuing
+--   counters, waker, fence_counter; numbers: whole, whole_or, and count for limits; text
+--   cut: utf8_head, utf8_tail), waking idle workers (wake: the one wake policy), issuing
 --   fences (issue_fence, save_fences), a lease's length (lease_until), writing a new pending
 --   record (write_pending), dead-lettering (bury), history, expiry and index trims
 --   (history, expire_record, trim_index), a fire's run id (fire_run_id), a run's priority

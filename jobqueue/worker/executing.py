@@ -119,8 +119,12 @@ class DaemonPool:
         size: int,
         name: str,
         done: Callable[[Any, Any, BaseException | None], None],
+        timed: Callable[[Any, float], None] = lambda token, wall_s: None,
     ) -> None:
+        """``done(token, value, error)`` gets each outcome; ``timed(token, wall_s)`` each
+        job's wall time, as the pool measures it anyway."""
         self._done = done
+        self._timed = timed
         self._name = name
         self._size = size
         self._jobs: queue_mod.SimpleQueue[tuple[Any, Callable[..., Any], tuple[Any, ...]] | None]
@@ -269,6 +273,7 @@ class DaemonPool:
             wall1 = wall_ns()
             cpu = max(cpu_ns() - cpu0, 1)
             waited = max(wall1 - wall0 - cpu, 0)
+            self._timed(token, (wall1 - wall0) / 1e9)
             # Unlocked: a lost update among racing threads only skips one sample.
             self._cpu = self._cpu * keep + cpu * _EWMA
             # The time a task waits is its wall time less its CPU, but that includes its
@@ -338,7 +343,7 @@ class Executor:
         self._concurrency = concurrency
         self._stuck_limit = stuck_limit
         self._stuck_since: float | None = None
-        self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome)
+        self._pool = DaemonPool(concurrency, "jq-task", self._on_outcome, self._timed)
         # Short sync tasks run on the claim loop's thread (jobqueue.worker.inline).
         self._speeds = TaskSpeeds()
         self._lane = InlineLane(
@@ -444,9 +449,11 @@ class Executor:
         elif self._speeds.inline(run.task):
             self._lane.add(run.task, (entry, _run_sync, (task, ctx, args, kwargs, self._hooks)))
         else:
-            self._pool.submit(
-                entry, _run_sync_timed, (self._speeds, task, ctx, args, kwargs, self._hooks)
-            )
+            self._pool.submit(entry, _run_sync, (task, ctx, args, kwargs, self._hooks))
+
+    def _timed(self, entry: InFlight, wall_s: float) -> None:
+        """A sync run's wall time in the pool: short tasks go inline."""
+        self._speeds.record(entry.run.task, wall_s)
 
     def run_inline(self) -> bool:
         """On the claim loop's thread: run the short sync runs it just started (see
@@ -565,7 +572,7 @@ class Executor:
         if self._lane.stuck():
             log.warning(
                 "a sync task run inline has run for over %gs: the claim loop goes on in a new "
-                "thread, and the task runs in the pool from now on",
+                "thread, and the task runs in the pool (it tries the lane again much later)",
                 TAKE_OVER_S,
             )
             self._take_over()
@@ -661,22 +668,6 @@ def _run_sync(
         return value
     finally:
         unbind(token)
-
-
-def _run_sync_timed(
-    speeds: TaskSpeeds,
-    task: Task[Any, Any],
-    ctx: RunContext,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    hooks: Hooks | None,
-) -> Any:
-    """_run_sync in the pool, its wall time told to ``speeds`` (short tasks go inline)."""
-    began = time.perf_counter()
-    try:
-        return _run_sync(task, ctx, args, kwargs, hooks)
-    finally:
-        speeds.record(ctx.task, time.perf_counter() - began)
 
 
 async def _run_async(
