@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,15 @@ from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import ScriptRunner
 
 BACKENDS = [b for b in os.environ.get("JOBQUEUE_TEST_BACKENDS", "fake,real").split(",") if b]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background by a non-interactive shell (`bin/test &`, a CI step)
+    inherits SIGINT ignored, and so would every process it spawns: the tests of what Ctrl-C
+    does would then see a process that ignores it, which no terminal gives. An ignored
+    disposition survives exec, a handler does not: the children start with the default."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
