@@ -33,6 +33,16 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """bin/test runs the suite on several processes (pytest-xdist, ``--dist loadgroup``). The
+    tests of tests/cluster all go to one of them: their session fixture starts a 6-node
+    cluster, which one process then starts once, and two clusters never compete for the
+    cores."""
+    for item in items:
+        if item.path.parent.name == "cluster":
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
 @pytest.fixture(autouse=True)
 def _logging_as_it_was() -> Iterator[None]:
     """A CLI run in-process configures the root logger (level, a stderr handler); the next
