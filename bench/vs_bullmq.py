@@ -6,7 +6,8 @@ the drain rate of a worker process whose task does real I/O.
 
 Needs Node.js and npm: BullMQ is installed into bench/bullmq/node_modules on first use
 (``npm install``; never into the package). Phases, each on a freshly flushed server, each
-system measured the same way (median of --repeat runs):
+system measured the same way; with --repeat R, R rounds of every phase, BullMQ's
+next to ours in each (figures: medians over the rounds; ratios: the median of each round's):
 
 * enqueue one at a time: N ``jq.enqueue(task, i)`` / ``await queue.add(name, {i})``;
 * bulk: ``enqueue_many`` / ``addBulk``, 1,000 per call;
@@ -354,22 +355,56 @@ def check_counter(server: BenchServer, n: int, task: str) -> None:
             raise BenchError(f"{task}: the counter is {got:,}, not {n:,}")
 
 
-def median_rate(fn: Callable[[], float], repeat: int) -> float:
-    return statistics.median(fn() for _ in range(repeat))
-
-
-def median_drain(fn: Callable[[], Drain], repeat: int) -> Drain:
-    samples = sorted((fn() for _ in range(repeat)), key=lambda d: d.rate)
-    return samples[len(samples) // 2]
-
-
-def median_ceiling(fn: Callable[[], Ceiling], repeat: int) -> Ceiling:
-    samples = sorted((fn() for _ in range(repeat)), key=lambda c: c.rate)
-    return samples[len(samples) // 2]
-
-
 def ratio(ours: float, theirs: float) -> str:
     return f"{ours / theirs:.2f}x" if theirs > 0 else "-"
+
+
+Sample = Drain | Ceiling | float
+
+
+class Rounds:
+    """Every phase measured once per round, the rounds one after the other: a figure is the
+    median over the rounds, and a ratio the median of the ratios within each round. On a
+    host whose speed drifts (a shared machine), the two sides of a ratio are then measured a
+    minute apart, not one side's rounds first and the other's several minutes later."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[Sample]] = {}
+
+    def add(self, name: str, sample: Sample) -> None:
+        self.samples.setdefault(name, []).append(sample)
+
+    def median(self, name: str) -> Any:
+        """The sample of median rate (a Drain or Ceiling keeps its CPU figures with it)."""
+        samples = sorted(self.samples[name], key=rate_of)
+        return samples[len(samples) // 2]
+
+    def ratio(self, ours: str, theirs: str) -> float:
+        pairs = zip(self.samples[ours], self.samples[theirs], strict=True)
+        return statistics.median(rate_of(a) / rate_of(b) for a, b in pairs if rate_of(b) > 0)
+
+
+def rate_of(sample: Sample) -> float:
+    return sample if isinstance(sample, float) else sample.rate
+
+
+def one_round(rounds: Rounds, server: BenchServer, n: int, c: int) -> None:
+    """Each phase once, BullMQ's next to ours."""
+    rounds.add("jq enqueue", jq_enqueue(server, n, False))
+    rounds.add("bull enqueue", bull_enqueue(server, n, False))
+    rounds.add("jq bulk", jq_enqueue(server, n, True))
+    rounds.add("bull bulk", bull_enqueue(server, n, True))
+    rounds.add(f"bull incr {c}", bull_drain(server, n, "incr", c))
+    rounds.add("jq incr 1", jq_drain(server, n, "incr", c, 1))
+    rounds.add("bull incr 10", bull_drain(server, n, "incr", 10))
+    rounds.add(f"bull noop {c}", bull_drain(server, n, "noop", c))
+    rounds.add("jq noop 1", jq_drain(server, n, "noop", c, 1))
+    rounds.add("jq aincr 1", jq_drain(server, n, "aincr", c, 1))
+    rounds.add("jq incr 2", jq_drain(server, n, "incr", c, 2))
+    rounds.add("jq cpu 1", jq_drain(server, n, "cpu", c, 1))
+    rounds.add("ceiling", sync_ceiling(server, n, c))
+    rounds.add("incr alone", incr_alone(server, n))
+    rounds.add("aincr alone", aincr_alone(server, n, c))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -391,152 +426,132 @@ def main(argv: Sequence[str] | None = None) -> int:
             bull_version = json.loads((NODE_DIR / "node_modules/bullmq/package.json").read_text())
             node_version = subprocess.run(["node", "--version"], capture_output=True, text=True)
             say(f"  BullMQ {bull_version['version']} on Node {node_version.stdout.strip()}")
-            say(f"  N = {n:,} per phase, median of {r}, worker concurrency {c} (BullMQ also 10)")
+            say(f"  N = {n:,} per phase, {r} round(s), worker concurrency {c} (BullMQ also 10)")
             say()
             say(baseline_table(baselines))
             say()
-            rows: list[list[str]] = []
-
-            def row(what: str, ours: float, theirs: float | None, unit: str = "/s") -> None:
-                rows.append(
-                    [
-                        what,
-                        fmt_int(ours) + unit,
-                        "-" if theirs is None else fmt_int(theirs) + unit,
-                        "-" if theirs is None else ratio(ours, theirs),
-                    ]
-                )
-
-            one = median_rate(lambda: jq_enqueue(server, n, False), r)
-            row(
-                "enqueue one at a time", one, median_rate(lambda: bull_enqueue(server, n, False), r)
-            )
-            bulk = median_rate(lambda: jq_enqueue(server, n, True), r)
-            row(
-                "bulk create, 1,000 per call",
-                bulk,
-                median_rate(lambda: bull_enqueue(server, n, True), r),
-            )
-
-            bull = {
-                (task, conc): median_drain(lambda t=task, k=conc: bull_drain(server, n, t, k), r)
-                for task in ("incr", "noop")
-                for conc in (10, c)
-            }
-            ours = {
-                (task, procs): median_drain(lambda t=task, p=procs: jq_drain(server, n, t, c, p), r)
-                for task, procs in (("incr", 1), ("aincr", 1), ("noop", 1), ("cpu", 1), ("incr", 2))
-            }
-            for task, label in (("incr", "sync"), ("aincr", "async")):
-                d = ours[(task, 1)]
-                row(f"drain, 1 INCR per task ({label}), 1 process", d.rate, bull[("incr", c)].rate)
-                row("  (BullMQ at concurrency 10)", d.rate, bull[("incr", 10)].rate)
-            row("drain, no-op task, 1 process", ours[("noop", 1)].rate, bull[("noop", c)].rate)
-            row("drain, ~1 ms CPU task, 1 process", ours[("cpu", 1)].rate, None)
-            two = ours[("incr", 2)]
-            rows.append(
-                [
-                    "drain, 1 INCR per task (sync), 2 processes",
-                    fmt_int(two.rate) + "/s",
-                    "-",
-                    f"{two.rate / ours[('incr', 1)].rate:.2f}x of 1 process",
-                ]
-            )
-            for task, label in (
-                ("incr", "1 INCR sync"),
-                ("aincr", "1 INCR async"),
-                ("noop", "no-op"),
-            ):
-                row(
-                    f"worker CPU per run, {label}",
-                    ours[(task, 1)].cpu_us,
-                    bull[("incr" if task != "noop" else "noop", c)].cpu_us,
-                    " us",
-                )
-            for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async")):
-                row(
-                    f"redis-server CPU per run, {label}",
-                    ours[(task, 1)].server_us,
-                    bull[("incr", c)].server_us,
-                    " us",
-                )
-                rows.append(
-                    [
-                        f"cores busy, whole machine, {label}",
-                        f"{ours[(task, 1)].busy:.2f}",
-                        f"{bull[('incr', c)].busy:.2f}",
-                        "-",
-                    ]
-                )
-            rows.append(
-                [
-                    "cores busy, whole machine, sync, 2 processes",
-                    f"{two.busy:.2f}",
-                    "-",
-                    f"worker CPU {two.cpu_us:,.0f} us/run",
-                ]
-            )
-            for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async")):
-                theirs = bull[("incr", c)].switches
-                rows.append(
-                    [
-                        f"worker context switches per run, {label}",
-                        f"{ours[(task, 1)].switches:.2f}",
-                        f"{theirs:.2f}",
-                        ratio(ours[(task, 1)].switches, theirs),
-                    ]
-                )
-                rows.append(
-                    [
-                        "  of which preemptions (involuntary)",
-                        f"{ours[(task, 1)].preempted:.2f}",
-                        f"{bull[('incr', c)].preempted:.2f}",
-                        "-",
-                    ]
-                )
-            ceiling = median_ceiling(lambda: sync_ceiling(server, n, c), r)
-            alone = median_ceiling(lambda: incr_alone(server, n), r)
-            aalone = median_ceiling(lambda: aincr_alone(server, n, c), r)
-            sync_d = ours[("incr", 1)]
-            rows.append(
-                [
-                    "ceiling, sync task, one thread, no worker",
-                    fmt_int(ceiling.rate) + "/s",
-                    fmt_int(bull[("incr", c)].rate) + "/s",
-                    f"{ratio(ceiling.rate, bull[('incr', c)].rate)} (worker: "
-                    f"{sync_d.rate / ceiling.rate:.2f}x of it)",
-                ]
-            )
-            rows.append(
-                ["  its CPU per run", f"{ceiling.cpu_us:,.0f} us", "-", "-"]
-            )
-            rows.append(
-                [
-                    "the task's INCR alone, sync: CPU per call",
-                    f"{alone.cpu_us:,.0f} us",
-                    "-",
-                    f"{fmt_int(alone.rate)}/s",
-                ]
-            )
-            rows.append(
-                [
-                    f"the task's INCR alone, async ({c} in flight): CPU per call",
-                    f"{aalone.cpu_us:,.0f} us",
-                    "-",
-                    f"{fmt_int(aalone.rate)}/s",
-                ]
-            )
+            rounds = Rounds()
+            for k in range(r):
+                started = time.monotonic()
+                one_round(rounds, server, n, c)
+                say(f"  round {k + 1} of {r}: {time.monotonic() - started:.0f} s")
+            rows = table_rows(rounds, c)
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:
         return fail(str(exc))
+    say()
     say(format_table(["workload", "jobqueue", f"BullMQ (c={c})", "ratio"], rows, "lrrr"))
     say()
     say(
-        "ratio: jobqueue / BullMQ (for CPU per run, lower is better). Drain: N / (last finish - "
+        "figures: medians over the rounds; ratio: jobqueue / BullMQ, the median of the ratios "
+        "within each round (for CPU per run, lower is better). Drain: N / (last finish - "
         "the instant the runs became claimable), finish times from Redis. Cores busy: CPU "
         f"time of every process on the machine ({os.cpu_count()} cores) during the drain, "
         "per second: a drain near that figure is short of CPU."
     )
     return 0
+
+
+def table_rows(rounds: Rounds, c: int) -> list[list[str]]:
+    rows: list[list[str]] = []
+    med = rounds.median
+
+    def row(what: str, ours: str, theirs: str | None, unit: str = "/s") -> None:
+        mine = rate_of(med(ours))
+        rows.append(
+            [
+                what,
+                fmt_int(mine) + unit,
+                "-" if theirs is None else fmt_int(rate_of(med(theirs))) + unit,
+                "-" if theirs is None else f"{rounds.ratio(ours, theirs):.2f}x",
+            ]
+        )
+
+    def cpu_row(what: str, mine: float, theirs: float) -> None:
+        rows.append([what, f"{fmt_int(mine)} us", f"{fmt_int(theirs)} us", ratio(mine, theirs)])
+
+    row("enqueue one at a time", "jq enqueue", "bull enqueue")
+    row("bulk create, 1,000 per call", "jq bulk", "bull bulk")
+    for task, label in (("incr", "sync"), ("aincr", "async")):
+        row(f"drain, 1 INCR per task ({label}), 1 process", f"jq {task} 1", f"bull incr {c}")
+        row("  (BullMQ at concurrency 10)", f"jq {task} 1", "bull incr 10")
+    row("drain, no-op task, 1 process", "jq noop 1", f"bull noop {c}")
+    row("drain, ~1 ms CPU task, 1 process", "jq cpu 1", None)
+    two: Drain = med("jq incr 2")
+    rows.append(
+        [
+            "drain, 1 INCR per task (sync), 2 processes",
+            fmt_int(two.rate) + "/s",
+            "-",
+            f"{rounds.ratio('jq incr 2', 'jq incr 1'):.2f}x of 1 process",
+        ]
+    )
+    bull_incr: Drain = med(f"bull incr {c}")
+    for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async"), ("noop", "no-op")):
+        theirs = bull_incr if task != "noop" else med(f"bull noop {c}")
+        cpu_row(f"worker CPU per run, {label}", med(f"jq {task} 1").cpu_us, theirs.cpu_us)
+    for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async")):
+        ours: Drain = med(f"jq {task} 1")
+        cpu_row(f"redis-server CPU per run, {label}", ours.server_us, bull_incr.server_us)
+        rows.append(
+            [f"cores busy, whole machine, {label}", f"{ours.busy:.2f}", f"{bull_incr.busy:.2f}",
+             "-"]
+        )
+    rows.append(
+        [
+            "cores busy, whole machine, sync, 2 processes",
+            f"{two.busy:.2f}",
+            "-",
+            f"worker CPU {two.cpu_us:,.0f} us/run",
+        ]
+    )
+    for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async")):
+        ours = med(f"jq {task} 1")
+        rows.append(
+            [
+                f"worker context switches per run, {label}",
+                f"{ours.switches:.2f}",
+                f"{bull_incr.switches:.2f}",
+                ratio(ours.switches, bull_incr.switches),
+            ]
+        )
+        rows.append(
+            [
+                "  of which preemptions (involuntary)",
+                f"{ours.preempted:.2f}",
+                f"{bull_incr.preempted:.2f}",
+                "-",
+            ]
+        )
+    ceiling: Ceiling = med("ceiling")
+    alone: Ceiling = med("incr alone")
+    aalone: Ceiling = med("aincr alone")
+    rows.append(
+        [
+            "ceiling, sync task, one thread, no worker",
+            fmt_int(ceiling.rate) + "/s",
+            fmt_int(bull_incr.rate) + "/s",
+            f"{rounds.ratio('ceiling', f'bull incr {c}'):.2f}x (worker: "
+            f"{rounds.ratio('jq incr 1', 'ceiling'):.2f}x of it)",
+        ]
+    )
+    rows.append(["  its CPU per run", f"{ceiling.cpu_us:,.0f} us", "-", "-"])
+    rows.append(
+        [
+            "the task's INCR alone, sync: CPU per call",
+            f"{alone.cpu_us:,.0f} us",
+            "-",
+            f"{fmt_int(alone.rate)}/s",
+        ]
+    )
+    rows.append(
+        [
+            f"the task's INCR alone, async ({c} in flight): CPU per call",
+            f"{aalone.cpu_us:,.0f} us",
+            "-",
+            f"{fmt_int(aalone.rate)}/s",
+        ]
+    )
+    return rows
 
 
 if __name__ == "__main__":
