@@ -973,6 +973,19 @@ def test_the_check_catches_a_script_that_writes_before_it_reads(
 ) -> None:
     """The check is not vacuous: a complete.lua that counts a completion before its read
     phase, refused on a foreign leases key, has still written the stats hash."""
+    catches_a_complete_that_writes_first(runner, backend, monkeypatch)
+
+
+def test_the_survey_connection_catches_a_script_that_writes_before_it_reads(
+    survey_runner: ScriptRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through the survey's shared connection, which keeps the script cache."""
+    catches_a_complete_that_writes_first(survey_runner, "real", monkeypatch)
+
+
+def catches_a_complete_that_writes_first(
+    runner: ScriptRunner, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (case,) = [c for c in CASES if c.id == "complete:leases:a string"]
     call = set_up(case.scenario, runner, backend)
     monkeypatch.setitem(scripts(), "complete", broken(
