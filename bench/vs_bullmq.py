@@ -364,9 +364,10 @@ Sample = Drain | Ceiling | float
 
 class Rounds:
     """Every phase measured once per round, the rounds one after the other: a figure is the
-    median over the rounds, and a ratio the median of the ratios within each round. On a
-    host whose speed drifts (a shared machine), the two sides of a ratio are then measured a
-    minute apart, not one side's rounds first and the other's several minutes later."""
+    median over the rounds (the lower middle one for an even count), and a rate's ratio the
+    median of the ratios within each round. On a host whose speed drifts (a shared machine),
+    the two sides of a ratio are then measured within the same round, a minute or two apart,
+    not one side's repeats first and the other's several minutes later."""
 
     def __init__(self) -> None:
         self.samples: dict[str, list[Sample]] = {}
@@ -377,11 +378,17 @@ class Rounds:
     def median(self, name: str) -> Any:
         """The sample of median rate (a Drain or Ceiling keeps its CPU figures with it)."""
         samples = sorted(self.samples[name], key=rate_of)
-        return samples[len(samples) // 2]
+        return samples[(len(samples) - 1) // 2]
 
-    def ratio(self, ours: str, theirs: str) -> float:
+    def ratio(self, ours: str, theirs: str) -> float | None:
+        """None when no round has a rate to divide by."""
         pairs = zip(self.samples[ours], self.samples[theirs], strict=True)
-        return statistics.median(rate_of(a) / rate_of(b) for a, b in pairs if rate_of(b) > 0)
+        ratios = [rate_of(a) / rate_of(b) for a, b in pairs if rate_of(b) > 0]
+        return statistics.median_low(ratios) if ratios else None
+
+
+def times(value: float | None, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.2f}x{suffix}"
 
 
 def rate_of(sample: Sample) -> float:
@@ -389,22 +396,22 @@ def rate_of(sample: Sample) -> float:
 
 
 def one_round(rounds: Rounds, server: BenchServer, n: int, c: int) -> None:
-    """Each phase once, BullMQ's next to ours."""
+    """Each phase once, each next to the phases it is compared with."""
     rounds.add("jq enqueue", jq_enqueue(server, n, False))
     rounds.add("bull enqueue", bull_enqueue(server, n, False))
     rounds.add("jq bulk", jq_enqueue(server, n, True))
     rounds.add("bull bulk", bull_enqueue(server, n, True))
-    rounds.add(f"bull incr {c}", bull_drain(server, n, "incr", c))
     rounds.add("jq incr 1", jq_drain(server, n, "incr", c, 1))
-    rounds.add("bull incr 10", bull_drain(server, n, "incr", 10))
-    rounds.add(f"bull noop {c}", bull_drain(server, n, "noop", c))
-    rounds.add("jq noop 1", jq_drain(server, n, "noop", c, 1))
+    rounds.add("bull incr", bull_drain(server, n, "incr", c))
     rounds.add("jq aincr 1", jq_drain(server, n, "aincr", c, 1))
+    rounds.add("bull incr at 10", bull_drain(server, n, "incr", 10))
     rounds.add("jq incr 2", jq_drain(server, n, "incr", c, 2))
-    rounds.add("jq cpu 1", jq_drain(server, n, "cpu", c, 1))
     rounds.add("ceiling", sync_ceiling(server, n, c))
     rounds.add("incr alone", incr_alone(server, n))
     rounds.add("aincr alone", aincr_alone(server, n, c))
+    rounds.add("bull noop", bull_drain(server, n, "noop", c))
+    rounds.add("jq noop 1", jq_drain(server, n, "noop", c, 1))
+    rounds.add("jq cpu 1", jq_drain(server, n, "cpu", c, 1))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -442,8 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(format_table(["workload", "jobqueue", f"BullMQ (c={c})", "ratio"], rows, "lrrr"))
     say()
     say(
-        "figures: medians over the rounds; ratio: jobqueue / BullMQ, the median of the ratios "
-        "within each round (for CPU per run, lower is better). Drain: N / (last finish - "
+        "figures: medians over the rounds; ratio: jobqueue / BullMQ, for rates the median of "
+        "the ratios within each round, for CPU and switches per run the ratio of the figures "
+        "shown (lower is better). Drain: N / (last finish - "
         "the instant the runs became claimable), finish times from Redis. Cores busy: CPU "
         f"time of every process on the machine ({os.cpu_count()} cores) during the drain, "
         "per second: a drain near that figure is short of CPU."
@@ -462,7 +470,7 @@ def table_rows(rounds: Rounds, c: int) -> list[list[str]]:
                 what,
                 fmt_int(mine) + unit,
                 "-" if theirs is None else fmt_int(rate_of(med(theirs))) + unit,
-                "-" if theirs is None else f"{rounds.ratio(ours, theirs):.2f}x",
+                "-" if theirs is None else times(rounds.ratio(ours, theirs)),
             ]
         )
 
@@ -472,9 +480,9 @@ def table_rows(rounds: Rounds, c: int) -> list[list[str]]:
     row("enqueue one at a time", "jq enqueue", "bull enqueue")
     row("bulk create, 1,000 per call", "jq bulk", "bull bulk")
     for task, label in (("incr", "sync"), ("aincr", "async")):
-        row(f"drain, 1 INCR per task ({label}), 1 process", f"jq {task} 1", f"bull incr {c}")
-        row("  (BullMQ at concurrency 10)", f"jq {task} 1", "bull incr 10")
-    row("drain, no-op task, 1 process", "jq noop 1", f"bull noop {c}")
+        row(f"drain, 1 INCR per task ({label}), 1 process", f"jq {task} 1", "bull incr")
+        row("  (BullMQ at concurrency 10)", f"jq {task} 1", "bull incr at 10")
+    row("drain, no-op task, 1 process", "jq noop 1", "bull noop")
     row("drain, ~1 ms CPU task, 1 process", "jq cpu 1", None)
     two: Drain = med("jq incr 2")
     rows.append(
@@ -482,12 +490,12 @@ def table_rows(rounds: Rounds, c: int) -> list[list[str]]:
             "drain, 1 INCR per task (sync), 2 processes",
             fmt_int(two.rate) + "/s",
             "-",
-            f"{rounds.ratio('jq incr 2', 'jq incr 1'):.2f}x of 1 process",
+            times(rounds.ratio("jq incr 2", "jq incr 1"), " of 1 process"),
         ]
     )
-    bull_incr: Drain = med(f"bull incr {c}")
+    bull_incr: Drain = med("bull incr")
     for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async"), ("noop", "no-op")):
-        theirs = bull_incr if task != "noop" else med(f"bull noop {c}")
+        theirs = bull_incr if task != "noop" else med("bull noop")
         cpu_row(f"worker CPU per run, {label}", med(f"jq {task} 1").cpu_us, theirs.cpu_us)
     for task, label in (("incr", "1 INCR sync"), ("aincr", "1 INCR async")):
         ours: Drain = med(f"jq {task} 1")
@@ -530,8 +538,8 @@ def table_rows(rounds: Rounds, c: int) -> list[list[str]]:
             "ceiling, sync task, one thread, no worker",
             fmt_int(ceiling.rate) + "/s",
             fmt_int(bull_incr.rate) + "/s",
-            f"{rounds.ratio('ceiling', f'bull incr {c}'):.2f}x (worker: "
-            f"{rounds.ratio('jq incr 1', 'ceiling'):.2f}x of it)",
+            f"{times(rounds.ratio('ceiling', 'bull incr'))} (worker: "
+            f"{times(rounds.ratio('jq incr 1', 'ceiling'))} of it)",
         ]
     )
     rows.append(["  its CPU per run", f"{ceiling.cpu_us:,.0f} us", "-", "-"])
