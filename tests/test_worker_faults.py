@@ -300,6 +300,36 @@ def test_a_worker_that_cannot_register_its_queues_still_stops_when_told(
         exited.close()
 
 
+class _PipelineOnAClosedConnection:
+    """What a pipeline raised when the client's connection was closed under it (redis-py 6.1's
+    hiredis reader, set to None by the close): not a RedisError."""
+
+    def lpush(self, *args: Any) -> _PipelineOnAClosedConnection:
+        return self
+
+    def pexpire(self, *args: Any) -> _PipelineOnAClosedConnection:
+        return self
+
+    def execute(self) -> None:
+        raise AttributeError("'NoneType' object has no attribute 'feed'")
+
+
+def test_a_stop_whose_wake_meets_a_connection_closed_under_it_raises_nothing_on_its_thread(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() wakes the claim loop from a thread of its own; that thread races the close of
+    the client, and a failed wake only means the loop notices at its idle wait. Nothing of it
+    may reach threading.excepthook (a traceback on the daemon's stderr)."""
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook: raised.append(hook.exc_value))
+    monkeypatch.setattr(fast_jq.redis, "pipeline", lambda **_: _PipelineOnAClosedConnection())
+    worker = make_worker(fast_jq)
+    worker.stop()
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "jq-stop"], 5,
+             "the wake thread to end")
+    assert raised == []
+
+
 def test_the_first_heartbeat_comes_within_a_third_of_a_short_task_lease(
     fast_jq: JobQueue, clock: FakeClock
 ) -> None:

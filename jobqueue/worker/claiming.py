@@ -12,7 +12,6 @@ claimed."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -137,12 +136,17 @@ class Claimer:
         self._partitions = partitions
 
     def wake(self) -> None:
-        """End an idle wait now (a Redis call: call it from a thread that may hang)."""
-        with contextlib.suppress(redis.exceptions.RedisError, JobQueueError):
+        """End an idle wait now (a Redis call: call it from a thread that may hang). Best
+        effort: unwoken, the loop notices at its idle wait. The thread it runs on races the
+        close of the client, and a connection closed under a pipeline raises what the client
+        library happens to (AttributeError from redis-py 6.1's reader), not only RedisError."""
+        try:
             pipe = self._jq.redis.pipeline(transaction=False)
             pipe.lpush(self.own_wake_key, "stop")
             pipe.pexpire(self.own_wake_key, 60_000)
             pipe.execute()
+        except Exception as exc:
+            log.debug("waking the claim loop failed (it notices at its idle wait): %r", exc)
 
     def run(self) -> None:
         """Claim until stopping, on a thread of its own ("jq-claim": short sync tasks run on
