@@ -7,7 +7,8 @@ the drain rate of a worker process whose task does real I/O.
 Needs Node.js and npm: BullMQ is installed into bench/bullmq/node_modules on first use
 (``npm install``; never into the package). Phases, each on a freshly flushed server, each
 system measured the same way; with --repeat R, R rounds of every phase, BullMQ's
-next to ours in each (figures: medians over the rounds; ratios: the median of each round's):
+next to ours in each (figures: medians over the rounds; ratios of rates: the median of each
+round's ratio):
 
 * enqueue one at a time: N ``jq.enqueue(task, i)`` / ``await queue.add(name, {i})``;
 * bulk: ``enqueue_many`` / ``addBulk``, 1,000 per call;
