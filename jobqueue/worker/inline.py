@@ -43,6 +43,7 @@ STAY_MAX_WAIT_S = 0.0005
 # time it leaves (up to the cap).
 RETRY_AFTER_RUNS = 64
 RETRY_AFTER_RUNS_CAP = 4096
+_MOST_LEFT = (RETRY_AFTER_RUNS_CAP // RETRY_AFTER_RUNS).bit_length() - 1  # doublings to the cap
 # Inline, a task's usual run time and wait are followed like the pool's (at once downwards,
 # by _UP_INLINE upwards): a few long runs in a row are often the GIL held by the committer
 # meanwhile, or the thread preempted by another process, not the task.
@@ -105,7 +106,7 @@ class TaskSpeeds:
         each time)."""
         self._seen[task] = (0, wall_s)
         self._inline.pop(task, None)
-        self._left[task] = min(self._left.get(task, 0) + 1, 6)
+        self._left[task] = min(self._left.get(task, 0) + 1, _MOST_LEFT)
 
 
 class _Go:
