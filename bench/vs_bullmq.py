@@ -357,7 +357,7 @@ def check_counter(server: BenchServer, n: int, task: str) -> None:
 
 
 def ratio(ours: float, theirs: float) -> str:
-    return f"{ours / theirs:.2f}x" if theirs > 0 else "-"
+    return times(ours / theirs if theirs > 0 else None)
 
 
 Sample = Drain | Ceiling | float
