@@ -18,6 +18,12 @@ class ConnectionFailed(JobQueueError):
     """Redis is unreachable, refused the credentials, or went away."""
 
 
+class PoolExhausted(ConnectionFailed):
+    """Every connection of the client's pool stayed busy for the pool's whole wait (the URL's
+    ``timeout``, 20 s by default): the call was never sent. Raise the URL's
+    ``max_connections`` (100 by default), or send fewer calls at once."""
+
+
 class ServerRefused(ConnectionFailed):
     """Redis refused a call for now and it did not run: memory full (OOM), a replica or a
     demoted master (READONLY), a busy script, a Redis Cluster slot moving (TRYLATER, MOVED,

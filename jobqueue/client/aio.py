@@ -27,7 +27,13 @@ from jobqueue.schedules.recurring import (
     ScheduleInfo,
 )
 from jobqueue.settings import Settings
-from jobqueue.store.connection import async_client, redact
+from jobqueue.store.connection import (
+    async_client,
+    exhausted,
+    is_cluster_url,
+    pool_bound,
+    redact,
+)
 from jobqueue.store.embedded import resolve_url
 from jobqueue.store.io import Steps, run_steps_async, server_time_steps
 from jobqueue.store.keys import PartitionKeys
@@ -88,6 +94,12 @@ class AsyncJobQueue(ClientCore):
         self.url = url
         self.scripts = AsyncScriptRunner(client)
         self.recurring = RecurringSteps(client=client)
+        # redis-py's asyncio cluster nodes raise at once when their pool is full: calls wait
+        # for a free connection here instead (a single server's pool blocks by itself).
+        self._gate: asyncio.Semaphore | None = None
+        if url is not None and is_cluster_url(url):
+            self._gate_size, self._gate_wait = pool_bound(url)
+            self._gate = asyncio.Semaphore(self._gate_size)
 
     @classmethod
     def from_url(
@@ -117,7 +129,18 @@ class AsyncJobQueue(ClientCore):
 
     async def run_steps(self, steps: Steps[T]) -> T:
         """Drive I/O-free steps (``jobqueue.store.io``) on this client's connection."""
-        return await run_steps_async(steps, self.redis, self.scripts)
+        gate = self._gate
+        if gate is None:
+            return await run_steps_async(steps, self.redis, self.scripts)
+        try:
+            await asyncio.wait_for(gate.acquire(), self._gate_wait)
+        except TimeoutError:
+            steps.close()
+            raise exhausted(f"a call on a pool of {self._gate_size}") from None
+        try:
+            return await run_steps_async(steps, self.redis, self.scripts)
+        finally:
+            gate.release()
 
     def _handle(self, created: Created) -> AsyncRunHandle[Any]:
         return AsyncRunHandle(

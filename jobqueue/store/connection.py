@@ -1,11 +1,16 @@
 """Redis clients from URLs: redis://, rediss:// (TLS), unix://, and redis+cluster:// /
-rediss+cluster:// for Redis Cluster. Credentials (ACL user and password) come from the URL."""
+rediss+cluster:// for Redis Cluster. Credentials (ACL user and password) come from the URL.
+
+Each client holds a bounded pool of connections (per node on a cluster): POOL_SIZE, or the
+URL's ``max_connections=N``. A call that finds them all busy waits for one to come back, up
+to POOL_TIMEOUT_S (the URL's ``timeout=S``), then raises ``PoolExhausted``: a burst of
+concurrent calls (threads, asyncio tasks) queues up instead of failing at once."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import redis
 import redis.asyncio
@@ -15,9 +20,15 @@ import redis.backoff
 import redis.cluster
 import redis.retry
 
-from jobqueue.errors import ConfigError, ConnectionFailed
+from jobqueue.errors import ConfigError, ConnectionFailed, PoolExhausted
 
 _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
+
+# redis-py's own bound for a pool it makes itself; ours blocks instead of raising.
+POOL_SIZE = 100
+POOL_TIMEOUT_S = 20.0
+# What redis-py's blocking pools raise when no connection came back within their timeout.
+_NO_CONNECTION = "No connection available"
 
 
 def redact(url: str) -> str:
@@ -86,6 +97,66 @@ def _never_resend(retry_class: Any) -> Any:
     return retry_class(redis.backoff.NoBackoff(), 0)
 
 
+def is_cluster_url(url: str) -> bool:
+    return _split(url)[1]
+
+
+def pool_bound(url: str) -> tuple[int, float]:
+    """The pool's size and how long a call waits for a free connection: the URL's
+    ``max_connections`` and ``timeout`` options, else POOL_SIZE and POOL_TIMEOUT_S."""
+    try:
+        query = parse_qs(urlsplit(url).query)
+    except ValueError:
+        query = {}
+    size, wait = POOL_SIZE, POOL_TIMEOUT_S
+    try:
+        if query.get("max_connections"):
+            size = int(query["max_connections"][0])
+        if query.get("timeout"):
+            wait = float(query["timeout"][0])
+    except ValueError:
+        raise ConfigError(
+            f"bad pool option in {redact(url)!r}: max_connections is a whole number, timeout "
+            "a number of seconds"
+        ) from None
+    if size < 1 or not wait >= 0:  # NaN fails >= too
+        raise ConfigError(
+            f"bad pool option in {redact(url)!r}: max_connections must be at least 1 and "
+            "timeout at least 0"
+        )
+    return size, wait
+
+
+def _without_option(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    kept = [q for q in parts.query.split("&") if q and q.split("=", 1)[0] != name]
+    return parts._replace(query="&".join(kept)).geturl()
+
+
+def _blocking(url: str) -> dict[str, Any]:
+    """A blocking pool's bound, pool_bound(url) (the URL's own options win over these)."""
+    size, wait = pool_bound(url)
+    return {"max_connections": size, "timeout": wait}
+
+
+def _pool(url: str, blocking: type) -> dict[str, Any]:
+    """What makes a cluster client's node pools blocking pools of pool_bound(url)."""
+    return {"connection_pool_class": blocking, **_blocking(url)}
+
+
+def pool_exhausted(exc: BaseException) -> bool:
+    """Whether ``exc`` is a blocking pool's "no connection came back in time"."""
+    return isinstance(exc, redis.exceptions.ConnectionError) and _NO_CONNECTION in str(exc)
+
+
+def exhausted(during: str) -> PoolExhausted:
+    return PoolExhausted(
+        f"no Redis connection came free in time for {during}: every connection of the "
+        "client's pool stayed busy for its whole wait (the URL's max_connections=N and "
+        f"timeout=S set them; {POOL_SIZE} and {POOL_TIMEOUT_S:g} s by default)"
+    )
+
+
 def sync_client(url: str) -> Any:
     plain, cluster = _split(url)
     try:
@@ -94,11 +165,16 @@ def sync_client(url: str) -> Any:
             # default (its own retry, above the nodes' connections): pinned off too. MOVED,
             # ASK and TRYAGAIN redirections are still followed (a refused call did not run).
             return redis.cluster.RedisCluster.from_url(
-                plain, retry=_never_resend(redis.retry.Retry), **_CLUSTER
+                plain,
+                retry=_never_resend(redis.retry.Retry),
+                **_pool(url, redis.BlockingConnectionPool),
+                **_CLUSTER,
             )
-        return redis.Redis.from_url(
-            plain, retry=_never_resend(redis.retry.Retry), **_COMMON
+        blocking: Any = redis.BlockingConnectionPool.from_url(
+            plain, retry=_never_resend(redis.retry.Retry), **_blocking(url), **_COMMON
         )
+        client: Any = redis.Redis  # from_pool: the client owns the pool (closes it)
+        return client.from_pool(blocking)
     except TypeError as exc:
         raise _unknown_option(exc, url) or exc from None
     # RedisCluster connects at once; when no startup node answers it raises
@@ -110,15 +186,23 @@ def sync_client(url: str) -> Any:
 
 
 def async_client(url: str) -> Any:
+    """An asyncio client. On a cluster its nodes' pools raise at once when full (redis-py
+    has no blocking pool there): ``AsyncJobQueue`` makes calls wait for a free connection
+    instead, with a semaphore of the same bound."""
     plain, cluster = _split(url)
     try:
         if cluster:
+            size, _ = pool_bound(url)
+            # the wait is AsyncJobQueue's (this client has no blocking pool to give it to)
             return redis.asyncio.cluster.RedisCluster.from_url(
-                plain, retry=_never_resend(redis.asyncio.retry.Retry), **_CLUSTER
+                _without_option(plain, "timeout"), retry=_never_resend(redis.asyncio.retry.Retry), max_connections=size,
+                **_CLUSTER,
             )
-        return redis.asyncio.Redis.from_url(
-            plain, retry=_never_resend(redis.asyncio.retry.Retry), **_COMMON
+        blocking: Any = redis.asyncio.BlockingConnectionPool.from_url(
+            plain, retry=_never_resend(redis.asyncio.retry.Retry), **_blocking(url), **_COMMON
         )
+        client: Any = redis.asyncio.Redis
+        return client.from_pool(blocking)
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
 

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import redis
 
+from jobqueue.store.connection import exhausted, pool_exhausted
 from jobqueue.store.scripts import AsyncScriptRunner, Call, ScriptRunner
 
 T = TypeVar("T")
@@ -117,7 +118,31 @@ async def run_steps_async(steps: Steps[T], client: Any, scripts: AsyncScriptRunn
         return result
 
 
+def _commands_of(request: Request) -> str:
+    if isinstance(request, Commands):
+        return " ".join(sorted({c.name.upper() for c in request.cmds}))
+    return ", ".join(sorted({c.script for c in request.calls}))
+
+
 def _perform(request: Request, client: Any, scripts: ScriptRunner) -> Any:
+    try:
+        return _perform_raw(request, client, scripts)
+    except redis.exceptions.ConnectionError as exc:
+        if pool_exhausted(exc):
+            raise exhausted(_commands_of(request)) from exc
+        raise
+
+
+async def _perform_async(request: Request, client: Any, scripts: AsyncScriptRunner) -> Any:
+    try:
+        return await _perform_async_raw(request, client, scripts)
+    except redis.exceptions.ConnectionError as exc:
+        if pool_exhausted(exc):
+            raise exhausted(_commands_of(request)) from exc
+        raise
+
+
+def _perform_raw(request: Request, client: Any, scripts: ScriptRunner) -> Any:
     if isinstance(request, Commands) and len(request.cmds) == 1:
         # Alone, without a pipeline: a cluster pipeline refuses keyless commands (TIME).
         (c,) = request.cmds
@@ -139,7 +164,9 @@ def _perform(request: Request, client: Any, scripts: ScriptRunner) -> Any:
     )
 
 
-async def _perform_async(request: Request, client: Any, scripts: AsyncScriptRunner) -> Any:
+async def _perform_async_raw(
+    request: Request, client: Any, scripts: AsyncScriptRunner
+) -> Any:
     if isinstance(request, Commands) and len(request.cmds) == 1:
         (c,) = request.cmds
         try:

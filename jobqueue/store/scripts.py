@@ -27,7 +27,13 @@ from redis.utils import HIREDIS_AVAILABLE
 if HIREDIS_AVAILABLE:
     import hiredis
 
-from jobqueue.errors import ConfigError, ConnectionFailed, ScriptError, ServerRefused
+from jobqueue.errors import (
+    ConfigError,
+    ConnectionFailed,
+    ScriptError,
+    ServerRefused,
+)
+from jobqueue.store.connection import exhausted, pool_exhausted
 
 SCRIPT_NAMES = (
     "create_run",
@@ -163,6 +169,8 @@ def refused_for_now(exc: BaseException) -> bool:
 
 
 def translate_error(call: Call, exc: BaseException) -> Exception:
+    if pool_exhausted(exc):
+        return exhausted(call.script)
     if refused_for_now(exc):
         return ServerRefused(f"Redis refused {call.script} for now: {exc}")
     if isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.ConnectionError):

@@ -85,6 +85,50 @@ def test_asyncio_client_enqueues_across_partitions_and_cancels_on_a_cluster(
     asyncio.run(scenario())
 
 
+def test_a_burst_of_async_calls_past_the_pool_bound_waits_for_connections_on_a_cluster(
+    cluster_url: str,
+) -> None:
+    """redis-py's asyncio cluster nodes raise at once when their pool is full: 400 concurrent
+    enqueues on pools of 4 connections all land, waiting their turn."""
+    url = cluster_url + "?max_connections=4&timeout=30"
+
+    async def burst() -> list[bool]:
+        ajq = AsyncJobQueue.from_url(url, partitions={"default": 16})
+        ajq.declare_task("t")
+        t = ajq.resolve_task("t")
+        try:
+            handles = await asyncio.gather(
+                *(ajq.enqueue(t.with_options(run_id=f"burst-{i}"), i) for i in range(400))
+            )
+        finally:
+            await ajq.close()
+        return [h.created for h in handles]
+
+    assert all(asyncio.run(burst()))
+
+
+def test_threads_past_the_pool_bound_wait_for_connections_on_a_cluster(cluster_url: str) -> None:
+    jq = JobQueue.from_url(cluster_url + "?max_connections=2", partitions={"default": 16})
+    jq.declare_task("t")
+    t = jq.resolve_task("t")
+    errors: list[BaseException] = []
+
+    def enqueue(i: int) -> None:
+        try:
+            t.with_options(run_id=f"thread-{i}").enqueue(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=enqueue, args=(i,)) for i in range(100)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert {s.state for s in jq.run_states(f"thread-{i}" for i in range(100))} == {"pending"}
+    jq.close()
+
+
 def test_enqueue_get_run_and_idempotent_enqueue_on_a_cluster(cjq: JobQueue) -> None:
     cjq.declare_task("report")
     first = cjq.enqueue(cjq.resolve_task("report").with_options(run_id="nightly@2026-11-29"), 1)
