@@ -5,7 +5,7 @@ __version__ = "0.2.0"
 from typing import TYPE_CHECKING, Any
 
 from jobqueue.client.base import Request
-from jobqueue.client.sync import JobQueue, RunHandle
+from jobqueue.client.sync import JobQueue
 from jobqueue.errors import (
     ConfigError,
     ConnectionFailed,
@@ -13,11 +13,15 @@ from jobqueue.errors import (
     NotDurable,
     OperationRefused,
     PayloadError,
+    PoolExhausted,
+    RunCancelled,
+    RunFailed,
     RunNotFound,
     RunTimeout,
     ServerRefused,
     UnknownTask,
 )
+from jobqueue.handles import RunHandle
 from jobqueue.models import Run
 from jobqueue.settings import Settings
 from jobqueue.tasks import Dedupe, Task
@@ -48,8 +52,11 @@ __all__ = [
     "NotDurable",
     "OperationRefused",
     "PayloadError",
+    "PoolExhausted",
     "Request",
     "Run",
+    "RunCancelled",
+    "RunFailed",
     "RunHandle",
     "RunNotFound",
     "RunTimeout",

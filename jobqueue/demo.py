@@ -14,9 +14,9 @@ from typing import Any
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
+from jobqueue.handles import RunHandle
 from jobqueue.store.connection import redact
 from jobqueue.store.embedded import resolve_url
-from jobqueue.tasks import Handle
 
 jq = JobQueue.from_url()
 
@@ -66,7 +66,7 @@ def main() -> int:
         again = add.with_options(run_id="demo-add").enqueue(2, 3)
         print(f"enqueue add(2, 3) run_id=demo-add -> created={first.created}")
         print(f"enqueue add(2, 3) run_id=demo-add -> created={again.created} (idempotent)")
-        handles: list[Handle[Any]] = [
+        handles: list[RunHandle[Any]] = [
             first,
             jq.enqueue(greet, "world"),
             jq.enqueue(flaky),

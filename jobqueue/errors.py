@@ -71,7 +71,33 @@ class ScriptError(JobQueueError):
 
 
 class RunTimeout(JobQueueError, TimeoutError):
-    """``RunHandle.wait`` gave up before the run finished."""
+    """``RunHandle.wait`` (or ``result``) gave up before the run finished."""
+
+
+class RunFailed(JobQueueError):
+    """``RunHandle.result()`` of a dead run: its attempts are spent, or it failed for good.
+    ``run`` is the Run; ``error`` and ``traceback`` are its last failed attempt's (None when
+    none was kept)."""
+
+    def __init__(self, run: object) -> None:
+        self.run: object = run
+        self.run_id: str = str(getattr(run, "run_id", ""))
+        self.error: str | None = getattr(run, "error", None)
+        self.traceback: str | None = getattr(run, "traceback", None)
+        attempts = getattr(run, "attempt", None)
+        error = self.error or "no error kept"
+        super().__init__(f"run {self.run_id} is dead after {attempts} attempt(s): {error}")
+
+
+class RunCancelled(JobQueueError):
+    """``RunHandle.result()`` of a cancelled run. ``run`` is the Run, ``reason`` why it was
+    cancelled."""
+
+    def __init__(self, run: object) -> None:
+        self.run: object = run
+        self.run_id: str = str(getattr(run, "run_id", ""))
+        self.reason: str | None = getattr(run, "error", None)
+        super().__init__(f"run {self.run_id} was cancelled: {self.reason or 'cancelled'}")
 
 
 class Fatal(JobQueueError):

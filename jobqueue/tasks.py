@@ -11,16 +11,15 @@ import functools
 import inspect
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import Any, Generic, ParamSpec, Self, TypeVar
 
 from jobqueue.errors import ConfigError, PayloadError, UnknownTask
-from jobqueue.models import Run
+from jobqueue.handles import AsyncRunHandle, RunHandle
 from jobqueue.policy.timeutil import Delay, Instant, seconds_to_ms
 from jobqueue.store.keys import validate_queue_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
-R_co = TypeVar("R_co", covariant=True)
 
 # The options of one run. Given with ``task.with_options(...)``, never among the task's own
 # keyword arguments (a task may have a parameter called ``queue``).
@@ -95,26 +94,6 @@ class RunOptions:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
-class Handle(Protocol[R_co]):
-    """What ``Task.enqueue`` returns (a ``RunHandle`` of the JobQueue the task belongs to)."""
-
-    @property
-    def run_id(self) -> str: ...
-
-    @property
-    def queue(self) -> str: ...
-
-    @property
-    def created(self) -> bool: ...
-
-    @property
-    def outcome(self) -> str: ...
-
-    def refresh(self) -> Run[R_co]: ...
-
-    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run[R_co]: ...
-
-
 @dataclass
 class Task(Generic[P, R]):
     """A registered function. Calling it calls the function; ``enqueue`` runs it elsewhere.
@@ -139,7 +118,7 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         dedupe: Dedupe | None = None,
         limit_key: str | None = None,
-    ) -> Task[P, R]:
+    ) -> Self:
         """This task with run options, for ``enqueue`` (here or ``jq.enqueue``):
         ``send_invoice.with_options(queue="urgent", delay=60).enqueue(42, amount=990)``.
         ``priority`` (0, the default, to 9): among the runs due in its queue partition, a
@@ -163,6 +142,30 @@ class Task(Generic[P, R]):
     def wants_ctx(self) -> bool:
         """Whether the function declares a ``ctx`` parameter (looked up once, not per run)."""
         return self.func is not None and "ctx" in inspect.signature(self.func).parameters
+
+    @functools.cached_property
+    def ctx_index(self) -> int | None:
+        """Where ``ctx`` stands among the function's positional parameters (None: it takes
+        ``ctx`` by keyword only, or none). The worker passes it there when the arguments
+        reach that far, so that the arguments around it stay positional: ``f(ctx, day)``
+        enqueued as ``f.enqueue("mon")`` is called ``f(ctx, "mon")``."""
+        if self.func is None:
+            return None
+        positional = [
+            p.name
+            for p in inspect.signature(self.func).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        return positional.index("ctx") if "ctx" in positional else None
+
+    def call_with(self, ctx: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """Call the function for one run: with ``ctx`` where it declares it."""
+        if not self.wants_ctx:
+            return self(*args, **kwargs)
+        at = self.ctx_index
+        if at is not None and len(args) >= at:
+            return self(*args[:at], ctx, *args[at:], **kwargs)
+        return self(*args, ctx=ctx, **kwargs)
 
     @functools.cached_property
     def call_signature(self) -> inspect.Signature | None:
@@ -201,13 +204,15 @@ class Task(Generic[P, R]):
         result: R = self.func(*args, **kwargs)
         return result
 
-    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
-        """Shorthand for ``jq.enqueue(task, ...)`` on the JobQueue it was registered with
-        (on an AsyncJobQueue's task, await it)."""
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> RunHandle[R]:
+        """Shorthand for ``jq.enqueue(task, ...)`` on the JobQueue it was registered with."""
+        handle: RunHandle[R] = self._enqueuer().enqueue(self, *args, **kwargs)
+        return handle
+
+    def _enqueuer(self) -> Any:
         if self.enqueuer is None:
             raise ConfigError(f"task {self.name!r} is not attached to a JobQueue")
-        handle: Handle[R] = self.enqueuer.enqueue(self, *args, **kwargs)
-        return handle
+        return self.enqueuer
 
 
 class AsyncTask(Task[P, R]):
@@ -220,6 +225,24 @@ class AsyncTask(Task[P, R]):
             raise UnknownTask(f"task {self.name!r} is declared here but its code is not")
         coroutine: Coroutine[Any, Any, R] = self.func(*args, **kwargs)
         return coroutine
+
+
+class AioTask(Task[P, R]):
+    """A task registered on an ``AsyncJobQueue``: ``await task.enqueue(...)``."""
+
+    def enqueue(  # type: ignore[override]  # the same call, awaited: the asyncio client's
+        self, *args: P.args, **kwargs: P.kwargs
+    ) -> Coroutine[Any, Any, AsyncRunHandle[R]]:
+        """Shorthand for ``await ajq.enqueue(task, ...)`` on the AsyncJobQueue it was
+        registered with."""
+        handle: Coroutine[Any, Any, AsyncRunHandle[R]] = self._enqueuer().enqueue(
+            self, *args, **kwargs
+        )
+        return handle
+
+
+class AioAsyncTask(AioTask[P, R], AsyncTask[P, R]):
+    """An ``async def`` task registered on an ``AsyncJobQueue``."""
 
 
 def validate_task_name(name: str) -> str:

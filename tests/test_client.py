@@ -582,7 +582,7 @@ def test_handle_refresh_state_and_result_follow_the_run(jq: JobQueue) -> None:
     assert handle.state == "running"
     pk = jq.keys_for("default", "h")
     jq.scripts.run(COMPLETE.call(pk, [("h", c.fence, "42")], 60_000))
-    assert handle.result == 42
+    assert handle.result(timeout=1) == 42
     assert handle.wait(timeout=1).state == "done"
 
 

@@ -21,7 +21,8 @@ LAYERS: list[tuple[str, ...]] = [
     # Redis (keys, scripts, calls, connections) and the pure rules (cron, jitter, ...)
     ("jobqueue.store", "jobqueue.policy"),
     # what a task, the context it runs with and a recurring job are
-    ("jobqueue.schedules", "jobqueue.tasks", "jobqueue.context", "jobqueue.hooks",
+    ("jobqueue.schedules", "jobqueue.tasks", "jobqueue.handles", "jobqueue.context",
+     "jobqueue.hooks",
      "jobqueue.integrations"),
     # the clients and the public facades over them
     ("jobqueue.client", "jobqueue.aio", "jobqueue.queries", "jobqueue.inspect"),

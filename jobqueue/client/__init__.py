@@ -2,6 +2,7 @@
 read and admin operations the CLI and the dashboard go through (queries, repair,
 repartition, health, capacity)."""
 
-from jobqueue.client.sync import JobQueue, RunHandle
+from jobqueue.client.sync import JobQueue
+from jobqueue.handles import RunHandle
 
 __all__ = ["JobQueue", "RunHandle"]

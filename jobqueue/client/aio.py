@@ -9,14 +9,14 @@ same parameters (``tests/test_client_parity.py`` holds them to it).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
+from jobqueue.client.base import AioTaskDecorator, ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
-from jobqueue.errors import RunTimeout
+from jobqueue.context import RunContext
+from jobqueue.handles import AsyncRunHandle as AsyncRunHandle  # re-exported: its home before
 from jobqueue.models import QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
@@ -38,43 +38,11 @@ from jobqueue.store.embedded import resolve_url
 from jobqueue.store.io import Steps, run_steps_async, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import AsyncScriptRunner
-from jobqueue.tasks import Task
+from jobqueue.tasks import AioAsyncTask, AioTask, Task
 
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class AsyncRunHandle(Generic[R]):
-    """What ``await ajq.enqueue(...)`` returns (``R``: what the task returns)."""
-
-    def __init__(
-        self, jq: AsyncJobQueue, run_id: str, queue: str, created: bool, outcome: str = ""
-    ) -> None:
-        self.jq, self.run_id, self.queue, self.created = jq, run_id, queue, created
-        # as RunHandle.outcome
-        self.outcome = outcome or ("created" if created else "existed")
-
-    def __repr__(self) -> str:
-        return (
-            f"AsyncRunHandle({self.run_id!r}, queue={self.queue!r}, outcome={self.outcome!r})"
-        )
-
-    async def refresh(self) -> Run[R]:
-        run: Run[R] = await self.jq.get_run(self.run_id, queue=self.queue)
-        return run
-
-    async def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run[R]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.005
-        while True:
-            run = await self.refresh()
-            if run.finished:
-                return run
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RunTimeout(f"run {self.run_id} still {run.state} after {timeout} s")
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, poll)
 
 
 class AsyncJobQueue(ClientCore):
@@ -120,6 +88,90 @@ class AsyncJobQueue(ClientCore):
             url=resolved,
             tasks=tasks,
         )
+
+    # -- tasks: awaited to enqueue -----------------------------------------------------------
+
+    task_classes = (AioTask, AioAsyncTask)
+
+    @overload
+    def task(
+        self, func: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]], /
+    ) -> AioAsyncTask[P, R]: ...
+
+    @overload
+    def task(self, func: Callable[Concatenate[RunContext, P], R], /) -> AioTask[P, R]: ...
+
+    @overload
+    def task(self, func: Callable[P, Coroutine[Any, Any, R]], /) -> AioAsyncTask[P, R]: ...
+
+    @overload
+    def task(self, func: Callable[P, R], /) -> AioTask[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+        backoff: float | None = None,
+        backoff_cap: float | None = None,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | None = None,
+        misfire: str | None = None,
+        jitter: float | None = None,
+        overlap: str | None = None,
+        schedules: Sequence[dict[str, Any]] | None = None,
+    ) -> AioTaskDecorator: ...
+
+    def task(  # type: ignore[misc]  # as ClientBase.task
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+        backoff: float | None = None,
+        backoff_cap: float | None = None,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | None = None,
+        misfire: str | None = None,
+        jitter: float | None = None,
+        overlap: str | None = None,
+        schedules: Sequence[dict[str, Any]] | None = None,
+    ) -> Any:
+        """As :meth:`JobQueue.task`; ``await task.enqueue(...)`` enqueues with this client."""
+        options: dict[str, Any] = {
+            "name": name, "queue": queue, "max_attempts": max_attempts, "timeout": timeout,
+            "lease": lease, "backoff": backoff, "backoff_cap": backoff_cap, "cron": cron,
+            "every": every, "tz": tz, "misfire": misfire, "jitter": jitter,
+            "overlap": overlap, "schedules": schedules,
+        }
+        decorate = super().task(**options)
+        return decorate if func is None else decorate(func)
+
+    def declare_task(
+        self,
+        name: str,
+        *,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        lease: float | None = None,
+    ) -> AioTask[Any, Any]:
+        """As :meth:`JobQueue.declare_task`."""
+        task = super().declare_task(
+            name, queue=queue, max_attempts=max_attempts, timeout=timeout, lease=lease
+        )
+        assert isinstance(task, AioTask)
+        return task
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -46,7 +46,16 @@ from jobqueue.store.keys import (
 )
 from jobqueue.store.runs import CREATE_RUN, RunSpec
 from jobqueue.store.scripts import Call
-from jobqueue.tasks import RUN_OPTIONS, AsyncTask, Registry, RunOptions, Task, make_options
+from jobqueue.tasks import (
+    RUN_OPTIONS,
+    AioAsyncTask,
+    AioTask,
+    AsyncTask,
+    Registry,
+    RunOptions,
+    Task,
+    make_options,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -68,6 +77,24 @@ class TaskDecorator(Protocol):
 
     @overload
     def __call__(self, func: Callable[P, R], /) -> Task[P, R]: ...
+
+
+class AioTaskDecorator(Protocol):
+    """What ``@ajq.task(...)`` with options gives, on an AsyncJobQueue."""
+
+    @overload
+    def __call__(
+        self, func: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]], /
+    ) -> AioAsyncTask[P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[Concatenate[RunContext, P], R], /) -> AioTask[P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, Coroutine[Any, Any, R]], /) -> AioAsyncTask[P, R]: ...
+
+    @overload
+    def __call__(self, func: Callable[P, R], /) -> AioTask[P, R]: ...
 
 
 TaskRef = Task[Any, Any] | Callable[..., Any] | str
@@ -169,6 +196,10 @@ class Planned(NamedTuple):
 
 
 class ClientBase:
+    # The classes of the tasks registered here: of a sync and of an ``async def`` function
+    # (an AsyncJobQueue's tasks are awaited to enqueue).
+    task_classes: tuple[type[Task[Any, Any]], type[Task[Any, Any]]] = (Task, AsyncTask)
+
     def __init__(
         self,
         *,
@@ -339,7 +370,9 @@ class ClientBase:
             backoff_base=backoff,
             backoff_cap=backoff_cap,
         )
-        kind = AsyncTask if func is not None and inspect.iscoroutinefunction(func) else Task
+        plain, coroutine = self.task_classes
+        is_async = func is not None and inspect.iscoroutinefunction(func)
+        kind = coroutine if is_async else plain
         task: Task[Any, Any] = kind(name=name, options=options, func=func, enqueuer=self)
         if add:
             self.registry.add(task)

@@ -4,14 +4,14 @@ Every operation is ``jobqueue.client.core``'s, driven here on a sync connection.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
 from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
-from jobqueue.errors import ConfigError, RunTimeout
+from jobqueue.errors import ConfigError
+from jobqueue.handles import RunHandle as RunHandle  # re-exported: its home before
 from jobqueue.models import QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
@@ -32,47 +32,6 @@ from jobqueue.tasks import Task
 T = TypeVar("T")
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class RunHandle(Generic[R]):
-    """What enqueue returns: the run id, whether this call created the run, and a way to wait
-    (``R``: what the task returns)."""
-
-    def __init__(
-        self, jq: JobQueue, run_id: str, queue: str, created: bool, outcome: str = ""
-    ) -> None:
-        self.jq, self.run_id, self.queue, self.created = jq, run_id, queue, created
-        # 'created', 'existed' (the run id was taken), or under a deduplication key
-        # 'deduplicated' / 'replaced' (run_id is then the run holding the key)
-        self.outcome = outcome or ("created" if created else "existed")
-
-    def __repr__(self) -> str:
-        return f"RunHandle({self.run_id!r}, queue={self.queue!r}, outcome={self.outcome!r})"
-
-    def refresh(self) -> Run[R]:
-        run: Run[R] = self.jq.get_run(self.run_id, queue=self.queue)
-        return run
-
-    @property
-    def state(self) -> str:
-        return self.refresh().state
-
-    @property
-    def result(self) -> R:
-        return self.refresh().result
-
-    def wait(self, timeout: float | None = None, poll: float = 0.2) -> Run[R]:
-        """Block until the run finishes (done, dead or cancelled) and return it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.005
-        while True:
-            run = self.refresh()
-            if run.finished:
-                return run
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RunTimeout(f"run {self.run_id} still {run.state} after {timeout} s")
-            time.sleep(pause)
-            pause = min(pause * 2, poll)
 
 
 class JobQueue(ClientCore):

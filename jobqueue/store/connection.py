@@ -195,7 +195,9 @@ def async_client(url: str) -> Any:
             size, _ = pool_bound(url)
             # the wait is AsyncJobQueue's (this client has no blocking pool to give it to)
             return redis.asyncio.cluster.RedisCluster.from_url(
-                _without_option(plain, "timeout"), retry=_never_resend(redis.asyncio.retry.Retry), max_connections=size,
+                _without_option(plain, "timeout"),
+                retry=_never_resend(redis.asyncio.retry.Retry),
+                max_connections=size,
                 **_CLUSTER,
             )
         blocking: Any = redis.asyncio.BlockingConnectionPool.from_url(

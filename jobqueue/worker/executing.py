@@ -643,10 +643,6 @@ def _cancel_task(entry: InFlight) -> None:
         entry.task.cancel()
 
 
-def _call_args(task: Task[Any, Any], ctx: RunContext, kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {**kwargs, "ctx": ctx} if task.wants_ctx else kwargs
-
-
 def _run_sync(
     task: Task[Any, Any],
     ctx: RunContext,
@@ -657,10 +653,10 @@ def _run_sync(
     token = bind(ctx)
     try:
         if hooks is None:
-            return task(*args, **_call_args(task, ctx, kwargs))
+            return task.call_with(ctx, args, kwargs)
         hooks.before_run(ctx)
         try:
-            value = task(*args, **_call_args(task, ctx, kwargs))
+            value = task.call_with(ctx, args, kwargs)
         except BaseException as exc:
             hooks.after_run(ctx, exc)
             raise
@@ -682,7 +678,7 @@ async def _run_async(
         if hooks is not None:
             hooks.before_run(ctx)
         try:
-            value = await task(*args, **_call_args(task, ctx, kwargs))
+            value = await task.call_with(ctx, args, kwargs)
         except BaseException as exc:
             if hooks is not None:
                 hooks.after_run(ctx, exc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from jobqueue import JobQueue, RunContext
 from jobqueue.aio import AsyncJobQueue
+from jobqueue.client.aio import AsyncRunHandle
 from jobqueue.client.sync import RunHandle
 from jobqueue.models import Run
 
@@ -34,16 +35,40 @@ bound = send_invoice.with_options(queue="urgent", delay=60, run_id="inv-1")
 bound.enqueue(42, amount=990)
 jq.enqueue(bound, 42, amount=990)
 jq.enqueue(with_ctx, region="eu")
+jq.enqueue(with_ctx, "eu")  # ctx first: the other arguments may be positional
+with_ctx.enqueue("eu")
+by_method: RunHandle[str] = send_invoice.enqueue(42, amount=990)
+with_opts: RunHandle[str] = send_invoice.with_options(queue="q").enqueue(42, amount=990)
+value: str = send_invoice.enqueue(42, amount=990).result(timeout=30)
 jq.enqueue("send_invoice", 42, amount=990)  # by name: not checked
 direct: str = send_invoice(1, amount=2)
+
+
+ajq = AsyncJobQueue.from_url("redis://localhost:6379/0")
+
+
+@ajq.task
+def ping(times: int) -> int:
+    return times
+
+
+@ajq.task(queue="sms")
+async def notify(ctx: RunContext, to: str) -> bool:
+    return True
 
 
 async def from_asyncio(ajq: AsyncJobQueue) -> None:
     h = await ajq.enqueue(send_invoice, 42, amount=990)
     done: Run[str] = await h.wait()
+    got: str = await h.result(timeout=30)
+    pinged: AsyncRunHandle[int] = await ping.enqueue(3)
+    times: int = await pinged.result()
+    sent: bool = await (await notify.with_options(delay=5).enqueue("+33")).result()
+    await ping.enqueue("3")  # bad
+    ping.enqueue(3)  # not awaited: # bad
+    del done, got, times, sent
     await ajq.enqueue(send_invoice.with_options(queue="q"), 1, amount=2)
     await ajq.enqueue(send_invoice, "42", amount=990)  # bad
-    del done
 
 
 jq.enqueue(send_invoice, "not-an-int", amount="x")  # bad
@@ -53,4 +78,5 @@ send_invoice.enqueue("not-an-int", amount=1)  # bad
 send_invoice.with_options(queue="q").enqueue(42, amount="x")  # bad
 send_invoice.with_options(priorty=3)  # misspelt: # bad
 wrong: int = jq.enqueue(send_invoice, 42, amount=990).wait().result  # bad
+wrong_result: int = send_invoice.enqueue(42, amount=990).result()  # bad
 jq.enqueue(greet, 1)  # bad
