@@ -30,7 +30,7 @@ def finished_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
             if r.name == "jobqueue.worker" and r.getMessage().startswith(("done ", "failed "))]
 
 
-def test_each_finished_run_is_one_info_line_with_task_queue_duration_and_outcome(
+def test_each_finished_run_is_one_line_with_task_queue_duration_and_outcome(
     fast_jq: JobQueue, caplog: pytest.LogCaptureFixture
 ) -> None:
     @fast_jq.task(queue="mail")
@@ -50,8 +50,8 @@ def test_each_finished_run_is_one_info_line_with_task_queue_duration_and_outcome
     lines = [r for r in finished_lines(caplog)
              if getattr(r, "run_id", None) in (good.run_id, dead.run_id)]
     assert [(r.levelname, r.run_id, r.outcome) for r in lines] == [  # type: ignore[attr-defined]
-        ("INFO", good.run_id, "done"), ("INFO", dead.run_id, "retry"),
-        ("INFO", dead.run_id, "dead")]
+        ("INFO", good.run_id, "done"), ("WARNING", dead.run_id, "retry"),
+        ("ERROR", dead.run_id, "dead")]
     done = lines[0]
     assert (done.task, done.queue, done.fence, done.attempt) == (  # type: ignore[attr-defined]
         "ok", "mail", good.fence, 1)
@@ -59,6 +59,51 @@ def test_each_finished_run_is_one_info_line_with_task_queue_duration_and_outcome
     assert done.getMessage().startswith(
         f"done run_id={good.run_id} fence={good.fence} attempt=1 task=ok queue=mail in ")
     assert "-> dead: ValueError: boom" in lines[2].getMessage()
+
+
+def failing_attempt_lines(
+    jq: JobQueue, caplog: pytest.LogCaptureFixture, level: int
+) -> list[logging.LogRecord]:
+    """The lines of a task failing twice (a retry, then dead), logged at ``level``."""
+
+    @jq.task(max_attempts=2, backoff=0.01, backoff_cap=0.01)
+    def flaky_export() -> None:
+        raise ConnectionResetError("peer went away")
+
+    with caplog.at_level(level, logger="jobqueue.worker"), running(make_worker(jq)):
+        dead = finished(jq, jq.enqueue(flaky_export).run_id)
+    return [r for r in finished_lines(caplog) if getattr(r, "run_id", None) == dead.run_id]
+
+
+def test_a_failed_attempt_is_logged_with_its_traceback_at_warning_and_error_when_dead(
+    fast_jq: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    retry, dead = failing_attempt_lines(fast_jq, caplog, logging.INFO)
+    assert (retry.levelname, dead.levelname) == ("WARNING", "ERROR")
+    for line in (retry, dead):
+        assert line.exc_text is not None
+        assert "Traceback (most recent call last)" in line.exc_text
+        assert 'raise ConnectionResetError("peer went away")' in line.exc_text
+
+
+def test_failed_attempts_are_logged_under_a_warning_log_level(
+    fast_jq: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    lines = failing_attempt_lines(fast_jq, caplog, logging.WARNING)
+    assert [r.outcome for r in lines] == ["retry", "dead"]  # type: ignore[attr-defined]
+
+
+def test_a_failed_attempt_s_traceback_is_the_exc_field_in_json_and_follows_the_text_line(
+    fast_jq: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, dead = failing_attempt_lines(fast_jq, caplog, logging.INFO)
+    data = json.loads(JsonFormatter().format(dead))
+    assert data["level"] == "ERROR"
+    assert "ConnectionResetError: peer went away" in data["exc"]
+    text = logging.Formatter("%(levelname)s %(message)s").format(dead)
+    head, tail = text.split("\n", 1)
+    assert head.startswith("ERROR failed run_id=") and "-> dead" in head
+    assert tail.startswith("Traceback (most recent call last)")
 
 
 def test_the_json_line_of_a_finished_run_has_its_fields() -> None:

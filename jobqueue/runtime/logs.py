@@ -43,6 +43,25 @@ class RunLike(Protocol):
     def attempt(self) -> int: ...
 
 
+def log_with_traceback(
+    logger: logging.Logger,
+    level: int,
+    msg: str,
+    *args: Any,
+    traceback: str | None,
+    extra: dict[str, Any],
+) -> None:
+    """Log a line with a traceback already formatted (a failed attempt's, bounded by
+    Settings.traceback_max_*): it goes where an exception's would, after the message in the
+    text format and as ``exc`` in JSON, through any handler with a standard Formatter."""
+    if not logger.isEnabledFor(level):
+        return
+    record = logger.makeRecord(logger.name, level, "(jobqueue)", 0, msg, args, None, extra=extra)
+    if traceback:
+        record.exc_text = traceback.rstrip("\n")
+    logger.handle(record)
+
+
 def run_fields(run: RunLike) -> dict[str, Any]:
     """The ``extra=`` of a log call about one run."""
     return {"run_id": run.run_id, "fence": run.fence, "attempt": run.attempt}
@@ -75,6 +94,8 @@ class JsonFormatter(logging.Formatter):
                 out[name] = getattr(record, name)
         if record.exc_info:
             out["exc"] = redact(self.formatException(record.exc_info))
+        elif record.exc_text:  # a traceback formatted before (log_with_traceback)
+            out["exc"] = redact(record.exc_text)
         return json.dumps(out, default=str)
 
 

@@ -17,7 +17,7 @@ from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.hooks import Hooks
 from jobqueue.policy.backoff import Backoff
 from jobqueue.runtime.clock import Clock
-from jobqueue.runtime.logs import run_fields
+from jobqueue.runtime.logs import log_with_traceback, run_fields
 from jobqueue.runtime.metrics import Metrics
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import COMPLETE, FAIL, Outcome
@@ -56,8 +56,10 @@ _NOTHING: Any = object()
 
 
 def _log_finished(item: Finished, status: str) -> None:
-    """The one INFO line of a run whose outcome was accepted: 'done', or 'failed' with the
-    outcome ('retry', 'dead'; 'landed' when a resent fail found its first copy had landed)."""
+    """The one line of a run whose outcome was accepted: 'done' at INFO; 'failed' with the
+    outcome and the attempt's traceback, at WARNING when it will be retried ('retry', or
+    'landed': a resent fail found its first copy had landed) and at ERROR when it is dead,
+    the lines people alert on."""
     run, queue = item.entry.run, item.entry.keys.queue
     ms = round(item.duration_s * 1000, 3)
     fields = {**run_fields(run), "task": run.task, "queue": queue, "duration_ms": ms}
@@ -68,10 +70,13 @@ def _log_finished(item: Finished, status: str) -> None:
             extra={**fields, "outcome": "done"},
         )
         return
-    log.info(
+    log_with_traceback(
+        log,
+        logging.ERROR if status == "dead" else logging.WARNING,
         "failed run_id=%s fence=%d attempt=%d task=%s queue=%s in %.3fs -> %s: %s",
         run.run_id, run.fence, run.attempt, run.task, queue, item.duration_s, status,
         item.error.splitlines()[-1][:300] if item.error else "",
+        traceback=item.traceback,
         extra={**fields, "outcome": status},
     )
 
@@ -276,7 +281,7 @@ class Committer:
                 self._stats.completed += 1
             else:
                 self._stats.failed += 1
-            if log.isEnabledFor(logging.INFO):
+            if not item.ok or log.isEnabledFor(logging.INFO):
                 _log_finished(item, outcome.status)
             if self._hooks is not None and outcome.status in ("retry", "dead"):
                 self._hooks.event(
