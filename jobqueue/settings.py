@@ -33,6 +33,14 @@ class Settings:
     # kept. max_bytes 0 keeps none.
     traceback_max_frames: int = 50
     traceback_max_bytes: int = 16 * 1024
+    # A run of a task the worker that claimed it has no code for (a rolling deploy: new code
+    # enqueues a task the old workers do not know yet; two apps on one queue) is handed back,
+    # not counted as an attempt, due again after unknown_task_delay_s, doubling at each
+    # hand-back up to unknown_task_delay_cap_s; it is dead only once hand-backs have gone on
+    # for unknown_task_window_s (docs/operations.md, "Rolling deploys").
+    unknown_task_window_s: float = 3600.0
+    unknown_task_delay_s: float = 1.0
+    unknown_task_delay_cap_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.max_payload_bytes <= 0:
@@ -51,6 +59,17 @@ class Settings:
             raise ConfigError("traceback_max_frames must be at least 1")
         if not 0 <= self.traceback_max_bytes <= 65536:
             raise ConfigError("traceback_max_bytes must be between 0 (none kept) and 65536")
+        if not (self.unknown_task_window_s >= 0 and math.isfinite(self.unknown_task_window_s)):
+            raise ConfigError("unknown_task_window_s must be 0 (dead at once) or more")
+        if not (
+            _positive(self.unknown_task_delay_s)
+            and _positive(self.unknown_task_delay_cap_s)
+            and self.unknown_task_delay_s <= self.unknown_task_delay_cap_s
+        ):
+            raise ConfigError(
+                "unknown_task_delay_s and unknown_task_delay_cap_s must be positive, the "
+                "delay at most the cap"
+            )
 
     @property
     def durable(self) -> bool:
@@ -71,6 +90,10 @@ class Settings:
     @property
     def default_lease_ms(self) -> int:
         return to_ms(self.default_lease_s)
+
+    @property
+    def unknown_task_window_ms(self) -> int:
+        return round(self.unknown_task_window_s * 1000)
 
     @property
     def backoff_base_ms(self) -> int:

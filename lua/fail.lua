@@ -84,7 +84,8 @@ local ended = ' fence=' .. int(fence) .. ' attempt=' .. attempt .. ' owner=' .. 
 if delay and attempt < max_attempts then
   local due = now + delay
   redis.call('HSET', key, 'state', 'pending', 'error', err, 'due', due)
-  redis.call('HDEL', key, 'lease_until', 'held')
+  -- a worker had the task: a later hand-back (bounce.lua) starts a new window
+  redis.call('HDEL', key, 'lease_until', 'held', 'unknown_since', 'bounces')
   if plan.hist then
     history(prefix, run_id, now .. ' failed' .. ended .. ' retry at ' .. due .. ': ' ..
             utf8_head(err, 200) .. tb)

@@ -20,7 +20,9 @@
 -- record keeps no field of the life that ended (result, error, owner, start, finish,
 -- progress): the
 -- history keeps how it ended, so that every earlier attempt stays in the run's story. A run
--- above the default priority goes back to the prio zset too: it keeps its priority.
+-- above the default priority goes back to the prio zset too: it keeps its priority. A run
+-- cancelled before its due time (a delayed run) is due at that time again, not at once;
+-- any other is due now. A hand-back window (bounce.lua) starts anew.
 
 local now = clock(ARGV[1])
 local prefix, run_id, force = ARGV[2], ARGV[3], ARGV[4] == '1'
@@ -28,7 +30,7 @@ local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
   local p = {run = load_run(key, 'state', 'attempt', 'owner', 'started', 'finished', 'fence',
-                            'result', 'priority')}
+                            'result', 'priority', 'due')}
   local state = p.run and p.run.state
   if state and state ~= 'pending' and state ~= 'running' and (state ~= 'done' or force) then
     expect(KEYS[1], 'zset')
@@ -46,9 +48,15 @@ if not run or not run.state then return {0, 'unknown'} end
 if run.state == 'pending' or run.state == 'running' then return {0, run.state} end
 if run.state == 'done' and not force then return {0, 'done'} end
 
-redis.call('HSET', key, 'state', 'pending', 'attempt', 0, 'due', now)
+local due = now
+if run.state == 'cancelled' then
+  local own = whole_or(run.due, 0, now)
+  if own > now then due = own end
+end
+redis.call('HSET', key, 'state', 'pending', 'attempt', 0, 'due', due)
 redis.call('HDEL', key, 'finished', 'result', 'error', 'owner', 'started', 'lease_until',
-           'progress', 'progress_message', 'progress_at', 'progress_attempt')
+           'progress', 'progress_message', 'progress_at', 'progress_attempt', 'unknown_since',
+           'bounces')
 redis.call('PERSIST', key)
 if plan.hist then
   redis.call('PERSIST', prefix .. 'hist:' .. run_id)
@@ -66,9 +74,9 @@ if plan.hist then
   end
   history(prefix, run_id, now .. ' requeued (was ' .. run.state .. ')')
 end
-redis.call('ZADD', KEYS[1], now, run_id)
+redis.call('ZADD', KEYS[1], due, run_id)
 local level = priority_of(run.priority)
-if level > 0 then redis.call('ZADD', KEYS[5], prio_score(level, now), run_id) end
+if level > 0 then redis.call('ZADD', KEYS[5], prio_score(level, due), run_id) end
 redis.call('ZREM', KEYS[2], run_id)
 redis.call('ZREM', KEYS[3], run_id)
 wake(plan.wake, 1)

@@ -93,8 +93,15 @@ def claim_one(
 
 # -- workers ----------------------------------------------------------------------------------
 
-# Short retry back-off, so that retried runs come back at once.
-FAST = Settings(backoff_base_s=0.05, backoff_cap_s=0.2)
+# Short retry back-off, so that retried runs come back at once; and a short hand-back window
+# for runs of tasks no worker has (Settings.unknown_task_*), so that they go dead soon.
+FAST = Settings(
+    backoff_base_s=0.05,
+    backoff_cap_s=0.2,
+    unknown_task_window_s=0.5,
+    unknown_task_delay_s=0.02,
+    unknown_task_delay_cap_s=0.1,
+)
 # A fake clock starts this far ahead of the server's: every run enqueued meanwhile is due.
 FAKE_CLOCK_AHEAD_MS = 86_400_000
 

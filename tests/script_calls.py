@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobqueue.store.runs import COMPLETE, FAIL, RELEASE, Outcome
+from jobqueue.store.runs import BOUNCE, COMPLETE, FAIL, RELEASE, Bounced, Outcome
 from jobqueue.store.schedules import AdvanceHeader
 from jobqueue.store.scripts import Call
 
@@ -49,10 +49,12 @@ def advance_groups(moves: Sequence[Advance]) -> list[tuple[AdvanceHeader, list[s
     return list(groups.items())
 
 
-def outcome(call: Call, reply: Any) -> Outcome:
-    """The outcome of a one-run fenced call (complete of one run, fail or release), read by its
-    script's contract."""
+def outcome(call: Call, reply: Any) -> Outcome | Bounced:
+    """The outcome of a one-run fenced call (complete of one run, fail, release or bounce),
+    read by its script's contract."""
     if call.script == "complete":
         (one,) = COMPLETE.parse(reply)
         return one
+    if call.script == "bounce":
+        return BOUNCE.parse(reply)
     return {"fail": FAIL, "release": RELEASE}[call.script].parse(reply)

@@ -37,6 +37,7 @@ from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, SchedKeys
 from jobqueue.store.runs import (
+    BOUNCE,
     CANCEL,
     CLAIM,
     COMPLETE,
@@ -530,8 +531,13 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
                 runner.run(COMPLETE.call(p, [(c.run_id, c.fence, "1")], RETENTION))
             elif i % 4 == 1:
                 runner.run(FAIL.call(p, c.run_id, c.fence, "boom", None, RETENTION))
-            elif i % 4 == 2:
+            elif i % 4 == 2 and i % 8 == 2:
                 runner.run(RELEASE.call(p, c.run_id, c.fence))
+            elif i % 4 == 2:  # a worker without the task hands it back
+                runner.run(BOUNCE.call(
+                    p, c.run_id, c.fence, "w1", "no task", delay_ms=1, delay_cap_ms=1,
+                    window_ms=RETENTION, dead_retention_ms=RETENTION,
+                ))
             else:
                 runner.run(CANCEL.call(p, c.run_id, RETENTION, "stop"))
         for i, c in enumerate(got):

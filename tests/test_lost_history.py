@@ -17,6 +17,7 @@ from jobqueue.errors import ServerRefused
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
+    BOUNCE,
     CANCEL,
     CLAIM,
     COMPLETE,
@@ -92,6 +93,10 @@ WRITES = {
     "complete": lambda held: COMPLETE.call(PK, [(held.run_id, held.fence, "1")], 60_000),
     "fail": lambda held: FAIL.call(PK, held.run_id, held.fence, "boom", 1_000, 60_000),
     "release": lambda held: RELEASE.call(PK, held.run_id, held.fence),
+    "bounce": lambda held: BOUNCE.call(
+        PK, held.run_id, held.fence, "w1", "no task", delay_ms=1_000, delay_cap_ms=1_000,
+        window_ms=3_600_000, dead_retention_ms=60_000,
+    ),
     "cancel": lambda held: CANCEL.call(PK, held.run_id, 60_000, "stop"),
 }
 

@@ -56,6 +56,7 @@ from jobqueue.store.admin import PAUSE, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
+    BOUNCE,
     CANCEL,
     CLAIM,
     COMPLETE,
@@ -64,6 +65,7 @@ from jobqueue.store.runs import (
     HEARTBEAT,
     RELEASE,
     REQUEUE,
+    Bounced,
     Outcome,
     RunSpec,
 )
@@ -171,7 +173,7 @@ class RunStateMachine(RuleBasedStateMachine):
             self.runs[run_id].commits += 1
             assert self.runs[run_id].commits <= 1, f"two accepted commits for {run_id}"
 
-    def fenced(self, h: Holding, outcome: Outcome) -> ModelRun | None:
+    def fenced(self, h: Holding, outcome: Outcome | Bounced) -> ModelRun | None:
         """Check a fenced operation's acceptance against the model; the run if accepted."""
         run = self.runs.get(h.run_id)
         why = refusal(run, h.fence)
@@ -363,6 +365,30 @@ class RunStateMachine(RuleBasedStateMachine):
             run.state, run.due, run.lease_until = "pending", self.now, None
             run.attempt = max(run.attempt - 1, 0)
 
+    @precondition(lambda self: self.holdings)
+    @rule(data=st.data(), window=st.sampled_from([0, 10**9]))
+    def bounce(self, data: st.DataObject, window: int) -> None:
+        """A worker without the task hands the run back: due again after 700 ms, attempt not
+        counted, or dead when the window (0 here) is over."""
+        h = data.draw(st.sampled_from(self.holdings))
+        call = BOUNCE.call(
+            PK, h.run_id, h.fence, "w-old", "no task", delay_ms=700, delay_cap_ms=700,
+            window_ms=window, dead_retention_ms=RETENTION_MS, now=self.now,
+        )
+        outcome = BOUNCE.parse(self.run(call))
+        run = self.fenced(h, outcome)
+        if run is None:
+            return
+        run.lease_until = None
+        run.attempt = max(run.attempt - 1, 0)
+        if window:
+            run.state, run.due = "pending", self.now + 700
+            assert (outcome.status, outcome.due_ms) == ("bounced", run.due)
+        else:
+            run.state = "dead"
+            assert outcome.status == "dead"
+            self.commit(h.run_id, True)
+
     @rule(run_id=st.sampled_from(RUN_IDS))
     def cancel(self, run_id: str) -> None:
         call = CANCEL.call(PK, run_id, RETENTION_MS, "stop", now=self.now)
@@ -387,7 +413,9 @@ class RunStateMachine(RuleBasedStateMachine):
             assert (changed, state) == (False, run.state)
         else:
             assert (changed, state) == (True, run.state)
-            run.state, run.attempt, run.due, run.commits = "pending", 0, self.now, 0
+            # a run cancelled before its due time is due at that time again
+            due = max(self.now, run.due) if run.state == "cancelled" else self.now
+            run.state, run.attempt, run.due, run.commits = "pending", 0, due, 0
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def expire(self, run_id: str) -> None:

@@ -316,6 +316,27 @@ def test_requeue_finished_run_resets_attempts_and_makes_it_due_now(
     assert again.attempt == 1
 
 
+def test_requeue_of_a_delayed_run_cancelled_before_its_time_keeps_it_due_at_that_time(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", delay_ms=60_000)
+    cancel(runner, pk, "a", now=1_000)
+    assert requeue(runner, pk, "a", now=2_000) == (True, "cancelled")
+    assert redis_client.hget(pk.run("a"), "due") == "60000"
+    assert redis_client.zscore(pk.due, "a") == 60_000
+    assert claim(runner, pk, now=59_999) == []
+    assert claim_one(runner, pk, now=60_000).run_id == "a"
+
+
+def test_requeue_of_a_delayed_run_cancelled_and_requeued_after_its_time_is_due_now(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a", delay_ms=60_000)
+    cancel(runner, pk, "a", now=1_000)
+    requeue(runner, pk, "a", now=70_000)
+    assert redis_client.zscore(pk.due, "a") == 70_000
+
+
 @pytest.mark.parametrize("state", ["dead", "cancelled", "done"])
 def test_requeue_removes_the_expiry_of_a_finished_record(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any, state: str

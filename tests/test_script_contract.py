@@ -19,6 +19,7 @@ from jobqueue.store.catalog import CONTRACTS
 from jobqueue.store.contract import Contract, ContractError, Header, Wire, headers, parse_header
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
 from jobqueue.store.runs import (
+    BOUNCE,
     CANCEL,
     CLAIM,
     COMPLETE,
@@ -31,6 +32,7 @@ from jobqueue.store.runs import (
     RELEASE,
     REQUEUE,
     Beats,
+    Bounced,
     ClaimedRun,
     Deduped,
     FencedWrite,
@@ -68,6 +70,9 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "fail": lambda: FAIL.call(PK, "r", 1, "e", 1, 1),
     "cancel": lambda: CANCEL.call(PK, "r", 1, "x"),
     "release": lambda: RELEASE.call(PK, "r", 1),
+    "bounce": lambda: BOUNCE.call(
+        PK, "r", 1, "w", "e", delay_ms=1, delay_cap_ms=2, window_ms=3, dead_retention_ms=4
+    ),
     "requeue": lambda: REQUEUE.call(PK, "r"),
     "fenced_write": lambda: FENCED_WRITE.call(PK, "res", 1, "v", "r"),
     "progress": lambda: PROGRESS.call(PK, "r", 1, 50, "half"),
@@ -390,6 +395,24 @@ def parses_release(runner: ScriptRunner, redis_client: Any) -> None:
     assert RELEASE.parse(runner.run(again)) == Outcome(False, "not-running", current_fence=a.fence)
 
 
+def parses_bounce(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a", "b")
+    a, b = claim(runner)
+
+    def bounce(run_id: str, fence: int, window_ms: int) -> Bounced:
+        call = BOUNCE.call(
+            P, run_id, fence, "w1", "no worker has task t", delay_ms=1_000,
+            delay_cap_ms=60_000, window_ms=window_ms, dead_retention_ms=60_000, now=NOW,
+        )
+        return BOUNCE.parse(runner.run(call))
+
+    assert bounce("a", a.fence, 3_600_000) == Bounced(True, "bounced", 1, due_ms=NOW + 1_000)
+    assert bounce("a", a.fence, 3_600_000) == Bounced(
+        False, "not-running", current_fence=a.fence
+    )
+    assert bounce("b", b.fence, 0) == Bounced(True, "dead", 1)
+
+
 def parses_cancel(runner: ScriptRunner, redis_client: Any) -> None:
     create(runner, "a")
     call = CANCEL.call(P, "a", 60_000, "stop", now=NOW)
@@ -523,6 +546,7 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "complete": parses_complete,
     "fail": parses_fail,
     "release": parses_release,
+    "bounce": parses_bounce,
     "cancel": parses_cancel,
     "requeue": parses_requeue,
     "fenced_write": parses_fenced_write,

@@ -48,6 +48,7 @@ from jobqueue.store.contract import headers
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import PartitionKeys, SchedKeys
 from jobqueue.store.runs import (
+    BOUNCE,
     CANCEL,
     CLAIM,
     COMPLETE,
@@ -307,6 +308,30 @@ def cancel_a_running_run(runner: ScriptRunner) -> Call:
 def release(runner: ScriptRunner) -> Call:
     fence = running_with_history(runner, "a", NOW - 3_000)
     return RELEASE.call(PK, "a", fence, now=NOW)
+
+
+def bounce(runner: ScriptRunner) -> Call:
+    """A worker without the task hands a running run back, a second time."""
+    fence = running_with_history(runner, "a", NOW - 3_000)
+    accepted(runner, BOUNCE.call(
+        PK, "a", fence, "w-old", "no task", delay_ms=1, delay_cap_ms=1, window_ms=3_600_000,
+        dead_retention_ms=RETENTION, now=NOW - 2_000,
+    ))
+    again = claim(runner, 1, now=NOW - 1_000)["a"]
+    return BOUNCE.call(
+        PK, "a", again, "w-old", "no task", delay_ms=1_000, delay_cap_ms=60_000,
+        window_ms=3_600_000, dead_retention_ms=RETENTION, now=NOW,
+    )
+
+
+def bounce_for_good(runner: ScriptRunner) -> Call:
+    """The hand-back window is over: the run is buried."""
+    expired_entry(runner, PK.dead)
+    fence = running_with_history(runner, "a", NOW - 3_000)
+    return BOUNCE.call(
+        PK, "a", fence, "w-old", "no task", delay_ms=1_000, delay_cap_ms=60_000, window_ms=0,
+        dead_retention_ms=RETENTION, now=NOW,
+    )
 
 
 def requeue_a_dead_run(runner: ScriptRunner) -> Call:
@@ -605,6 +630,8 @@ SCENARIOS = {
         Scenario("fail-dead", "fail", fail_for_good, FAIL.parse),
         Scenario("cancel", "cancel", cancel_a_running_run, CANCEL.parse),
         Scenario("release", "release", release, RELEASE.parse),
+        Scenario("bounce", "bounce", bounce, BOUNCE.parse),
+        Scenario("bounce-dead", "bounce", bounce_for_good, BOUNCE.parse),
         Scenario("requeue", "requeue", requeue_a_dead_run, REQUEUE.parse),
         Scenario("fenced_write", "fenced_write", fenced_write, FENCED_WRITE.parse),
         Scenario("progress", "progress", progress, PROGRESS.parse),

@@ -14,6 +14,7 @@ from jobqueue.errors import ScriptError
 from jobqueue.store.admin import SET_LIMIT
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
+    BOUNCE,
     CANCEL,
     CLAIM,
     COMPLETE,
@@ -118,7 +119,9 @@ def test_a_parked_run_waits_for_its_fallback_recheck(
     assert result.next_wake_ms == 6_000
 
 
-@pytest.mark.parametrize("how", ["complete", "fail-retry", "fail-dead", "cancel", "release"])
+@pytest.mark.parametrize(
+    "how", ["complete", "fail-retry", "fail-dead", "cancel", "release", "bounce", "bounce-dead"]
+)
 def test_a_slot_is_freed_when_its_holder_leaves(
     runner: ScriptRunner, pk: PartitionKeys, how: str
 ) -> None:
@@ -132,6 +135,12 @@ def test_a_slot_is_freed_when_its_holder_leaves(
         runner.run(FAIL.call(pk, "a1", a1.fence, "boom", 60_000, RETENTION, now=2_000))
     elif how == "cancel":
         runner.run(CANCEL.call(pk, "a1", RETENTION, "stop", now=2_000))
+    elif how in ("bounce", "bounce-dead"):
+        window = 0 if how == "bounce-dead" else 3_600_000
+        runner.run(BOUNCE.call(
+            pk, "a1", a1.fence, "w1", "no task", delay_ms=60_000, delay_cap_ms=60_000,
+            window_ms=window, dead_retention_ms=RETENTION, now=2_000,
+        ))
     else:
         runner.run(RELEASE.call(pk, "a1", a1.fence, now=2_000))
     # The parked run is back at its own due time, long before its fallback recheck.

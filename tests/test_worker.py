@@ -162,9 +162,11 @@ def test_fatal_error_goes_dead_at_once(fast_jq: JobQueue) -> None:
     assert run.error == "Fatal: bad input, do not retry"
 
 
-def test_unknown_task_name_goes_dead_with_a_clear_error_and_imports_nothing(
+def test_unknown_task_name_is_handed_back_then_dead_with_a_clear_error_and_imports_nothing(
     redis_client: Any,
 ) -> None:
+    """FAST's hand-back window is 0.5 s: the run is handed back (attempts not counted) until
+    it is over, then buried saying why."""
     module = "jq_test_never_imported_module"
     client = JobQueue(redis_client, settings=FAST)
     client.declare_task(f"{module}.run", max_attempts=3)
@@ -178,8 +180,10 @@ def test_unknown_task_name_goes_dead_with_a_clear_error_and_imports_nothing(
         handle = client.enqueue(f"{module}.run", 1)
         run = finished(client, handle.run_id)
         after = finished(client, worker_jq.enqueue(known).run_id)
-    assert (run.state, run.attempt) == ("dead", 1)
-    assert run.error is not None and f"unknown task '{module}.run'" in run.error
+    assert (run.state, run.attempt) == ("dead", 0)
+    assert run.error is not None
+    assert run.error.startswith(f"no code for task '{module}.run' in this worker")
+    assert "handed back" in run.error and "the window is 0.5 s" in run.error
     assert module not in sys.modules
     assert after.result == "still working"
 

@@ -771,3 +771,21 @@ def test_a_worker_with_runs_due_never_waits_on_the_wake_list(
         f"{len(early)} waits on the wake list while runs were due "
         f"(the first {last_claim_s - early[0]:.3f} s before the last claim)"
     )
+
+
+def test_a_sigkilled_worker_is_pruned_from_the_registry_by_a_live_one(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """Killed, a worker never withdraws its entry: it shows STALE after 3 missed heartbeats
+    and a live worker prunes it after 10 (a lease of 0.6 s: a beat every 0.2 s)."""
+    procs = procs_factory(server.url)
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    victim = procs.worker("--lease", "0.6")
+    wait_for(lambda: victim.pid in registered_pids(r), 20, "the victim's registration")
+    victim.popen.send_signal(signal.SIGKILL)
+    victim.popen.wait(5)
+    assert victim.pid in registered_pids(r)
+    survivor = procs.worker("--lease", "0.6")
+    wait_for(lambda: victim.pid not in registered_pids(r), 20, "the victim's entry pruned")
+    assert survivor.pid in registered_pids(r)
+    assert stop_gracefully(survivor, r) == 0

@@ -209,7 +209,13 @@ class ProcessCount(click.IntRange):
 
 @main.command()
 @click.option("--app", "app_spec", required=True, help="module:attribute of your JobQueue.")
-@click.option("--queue", "queues", multiple=True, help="Queue to serve, in priority order.")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    help="Queue to serve, in priority order (repeat for several). Default: the queues the "
+    "app's tasks name.",
+)
 @click.option(
     "--concurrency",
     default=DEFAULT_CONCURRENCY,
@@ -293,17 +299,19 @@ def worker(
 
         sys.exit(supervise(processes, sys.argv, jq.url or "", grace=grace))
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
-    served = list(queues) or [jq.settings.default_queue]
+    served: list[str] = []
     m = metrics_mod.for_daemon(
         "worker", metrics_port, metrics_host, jq, lambda: served, queue_gauges
     )
     # JSON logs: what tasks print becomes log lines, so the stream stays JSON (docs/operations)
     restore = logs.capture_task_output() if logs.json_configured() else None
     try:
-        code = Worker(
+        daemon = Worker(
             jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m,
             burst=burst,
-        ).run()
+        )
+        served.extend(daemon.queues)
+        code = daemon.run()
     finally:
         if restore is not None:
             restore()

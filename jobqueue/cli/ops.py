@@ -20,7 +20,8 @@ from jobqueue.anomalies import Anomaly
 from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
 from jobqueue.cli.format import abs_time, duration, rate, when
 from jobqueue.cli.format import table as table
-from jobqueue.client import health, queries
+from jobqueue.client import coverage, health, queries
+from jobqueue.client import workers as worker_registry
 from jobqueue.client.capacity import measure_bytes_per_run
 from jobqueue.errors import OperationRefused
 from jobqueue.policy.capacity import PERSISTENCE, CapacityInputs, estimate
@@ -426,10 +427,21 @@ stats = click.Command(
 )
 
 
-@click.command()
+@click.group(invoke_without_command=True)
+@json_option
+@click.pass_context
+def workers(ctx: click.Context, as_json: bool) -> None:
+    """The worker registry (the default: list it); stale workers (no heartbeat for 3 beats)
+    are flagged, and pruned once they missed 10 (by the live workers) or at once by
+    `workers prune`."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(workers_list, as_json=as_json)
+
+
+@workers.command("list")
 @json_option
 @pass_state
-def workers(state: Any, as_json: bool) -> None:
+def workers_list(state: Any, as_json: bool) -> None:
     """The live worker registry; stale workers (no heartbeat for 3 beats) are flagged."""
     jq = state.jq()
     found = queries.workers(jq)
@@ -455,6 +467,23 @@ def workers(state: Any, as_json: bool) -> None:
         "no workers registered",
         found,
     )
+
+
+@workers.command("prune")
+@json_option
+@pass_state
+def workers_prune(state: Any, as_json: bool) -> None:
+    """Remove the entries of stale workers (no heartbeat for 3 beats: killed, or their host
+    lost) from the registry now. A worker that is in fact alive comes back at its next
+    heartbeat. Leases are not touched: runs of a dead worker are taken back when their
+    leases expire."""
+    gone = worker_registry.prune_stale(state.jq())
+    if as_json:
+        click.echo(json.dumps({"pruned": gone}))
+    elif gone:
+        click.echo(f"pruned {len(gone)} stale workers: {', '.join(gone)}")
+    else:
+        click.echo("no stale workers (nothing to do)")
 
 
 @click.group()
@@ -721,7 +750,7 @@ def check(state: Any, lease: float | None, create_rate: float | None, as_json: b
     """
     jq = state.jq()
     limits = Limits(lease_s=lease or jq.settings.default_lease_s)
-    checks = health.run(jq, limits) + scheduler_checks(jq, create_rate)
+    checks = health.run(jq, limits) + coverage.run(jq) + scheduler_checks(jq, create_rate)
     warnings = sum(1 for c in checks if not c.ok)
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in checks]))

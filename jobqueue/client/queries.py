@@ -34,6 +34,9 @@ from jobqueue.store.keys import WORKERS_KEY, PartitionKeys, validate_queue_name
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
 STALE_AFTER_BEATS = 3
+# A worker's entry is pruned from the registry once it missed this many heartbeats (by the
+# live workers, or at once by `jobqueue workers prune` when stale).
+PRUNE_AFTER_BEATS = 10
 # Partitions per pipelined round trip: a queue of MAX_PARTITIONS never builds one huge
 # pipeline (and reply) in memory.
 PARTITION_CHUNK = 512
@@ -112,6 +115,8 @@ class WorkerInfo:
     last_seen_ms: int
     seen_ago_ms: int
     stale: bool
+    # the tasks it has code for (None: an entry of a version that did not say)
+    tasks: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,8 +180,9 @@ def workers(jq: JobQueue) -> Listing[WorkerInfo]:
             info = json.loads(raw)
             if not isinstance(info, dict):
                 raise TypeError("not a JSON object")
-            if not isinstance(info.get("queues", []), list):  # list("abc") would "work"
-                raise TypeError(f"queues is {info['queues']!r}, not a list")
+            for name_ in ("queues", "tasks"):
+                if not isinstance(info.get(name_, []), list):  # list("abc") would "work"
+                    raise TypeError(f"{name_} is {info[name_]!r}, not a list")
             seen_ago = now - int(info["last_seen_ms"])
             lease_ms = int(info.get("lease_ms", 30_000))
             out.append(
@@ -191,6 +197,7 @@ def workers(jq: JobQueue) -> Listing[WorkerInfo]:
                     last_seen_ms=int(info["last_seen_ms"]),
                     seen_ago_ms=seen_ago,
                     stale=seen_ago > STALE_AFTER_BEATS * lease_ms / 3,
+                    tasks=None if "tasks" not in info else [str(t) for t in info["tasks"]],
                 )
             )
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:

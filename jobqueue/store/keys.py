@@ -66,6 +66,9 @@ from jobqueue.policy.hashing import fnv1a_32
 
 QUEUES_KEY = "jq:queues"
 WORKERS_KEY = "jq:workers"
+# worker id -> the server time (ms) from which its registry entry may be pruned: its last
+# heartbeat plus PRUNE_AFTER_BEATS of its beats (a worker killed without withdrawing)
+WORKERS_SEEN_KEY = "jq:workers:seen"
 
 # The most partitions a queue (or the recurring-job store) may have: Redis Cluster's slot
 # count, past which more partitions cannot spread anything further, and what `jobqueue

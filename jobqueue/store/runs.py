@@ -330,6 +330,78 @@ RELEASE = Contract(
     parse=_outcome,
 )
 
+class Bounced(NamedTuple):
+    """bounce.lua's answer: handed back ('bounced', due again at ``due_ms``), buried at the
+    end of the window ('dead'), or refused (the reason, with the current fence)."""
+
+    accepted: bool
+    status: str
+    hand_backs: int = 0
+    due_ms: int | None = None
+    current_fence: int | None = None
+
+
+def _bounce(
+    pk: PartitionKeys,
+    run_id: str,
+    fence: int,
+    owner: str,
+    error: str,
+    *,
+    delay_ms: int,
+    delay_cap_ms: int,
+    window_ms: int,
+    dead_retention_ms: int,
+    now: NowArg = None,
+) -> Wire:
+    """Hand a run whose task this worker lacks back (attempt not counted), due again after
+    ``delay_ms`` doubled at each hand-back (at most ``delay_cap_ms``); buried with ``error``
+    once hand-backs went on for ``window_ms``."""
+    return Wire(
+        pk,
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "run_id": run_id,
+            "fence": fence,
+            "owner": owner,
+            "delay_ms": delay_ms,
+            "delay_cap_ms": delay_cap_ms,
+            "window_ms": window_ms,
+            "dead_retention_ms": dead_retention_ms,
+            "error": error,
+        },
+    )
+
+
+def _parse_bounce(reply: Sequence[Any]) -> Bounced:
+    status = text(reply[1])
+    if int(reply[0]) != 1:
+        return Bounced(False, status, current_fence=int(reply[2]) if len(reply) > 2 else None)
+    if status == "bounced":
+        return Bounced(True, status, hand_backs=int(reply[3]), due_ms=int(reply[2]))
+    return Bounced(True, status, hand_backs=int(reply[2]))
+
+
+BOUNCE = Contract(
+    "bounce",
+    keys=("due", "leases", "dead", "stats", "wake", "prio", "parked"),
+    args=(
+        "now",
+        "prefix",
+        "run_id",
+        "fence",
+        "owner",
+        "delay_ms",
+        "delay_cap_ms",
+        "window_ms",
+        "dead_retention_ms",
+        "error",
+    ),
+    build=_bounce,
+    parse=_parse_bounce,
+)
+
 # -- cancel, requeue ---------------------------------------------------------------------------
 
 
@@ -500,6 +572,6 @@ DEDUPE = Contract(
 )
 
 CONTRACTS = (
-    CREATE_RUN, DEDUPE, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, CANCEL, REQUEUE, FENCED_WRITE,
-    PROGRESS,
+    CREATE_RUN, DEDUPE, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, BOUNCE, CANCEL, REQUEUE,
+    FENCED_WRITE, PROGRESS,
 )

@@ -43,6 +43,7 @@ SCRIPT_NAMES = (
     "fail",
     "cancel",
     "release",
+    "bounce",
     "requeue",
     "fenced_write",
     "progress",

@@ -16,11 +16,13 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.hooks import Hooks
 from jobqueue.policy.backoff import Backoff
+from jobqueue.policy.timeutil import abs_time
 from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import log_with_traceback, run_fields
 from jobqueue.runtime.metrics import Metrics
+from jobqueue.settings import to_ms
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import COMPLETE, FAIL, Outcome
+from jobqueue.store.runs import BOUNCE, COMPLETE, FAIL, Bounced, Outcome
 from jobqueue.store.scripts import Call
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import Finished, RunTable, WorkerStats, run_event
@@ -81,6 +83,35 @@ def _log_finished(item: Finished, status: str) -> None:
     )
 
 
+def _bounced(b: Bounced) -> Outcome:
+    """bounce.lua's answer as a commit's Outcome ('bounced' due again at retry_at_ms, 'dead',
+    or the refusal)."""
+    return Outcome(b.accepted, b.status, current_fence=b.current_fence, retry_at_ms=b.due_ms)
+
+
+def _log_handed_back(item: Finished, outcome: Outcome) -> None:
+    """A run handed back for want of its task's code: a WARNING at each hand-back (the
+    deploy is not complete, or a worker serves a queue it should not), an ERROR when the
+    window is over and the run is dead."""
+    run, queue = item.entry.run, item.entry.keys.queue
+    fields = {**run_fields(run), "task": run.task, "queue": queue, "outcome": outcome.status}
+    if outcome.status == "dead":
+        log.error(
+            "dead run_id=%s task=%s queue=%s: %s, and no worker that has it took the run "
+            "within Settings.unknown_task_window_s",
+            run.run_id, run.task, queue, item.error, extra=fields,
+        )
+        return
+    when = ""
+    if outcome.retry_at_ms is not None:
+        when = f" at {abs_time(outcome.retry_at_ms)} UTC"
+    log.warning(
+        "handed back run_id=%s task=%s queue=%s: %s; due again%s for a worker that has "
+        "the task (attempt not counted)",
+        run.run_id, run.task, queue, item.error, when, extra=fields,
+    )
+
+
 class Committer:
     def __init__(
         self,
@@ -93,8 +124,10 @@ class Committer:
         stopped: threading.Event,
         shutdown_left: Callable[[], float],
         hooks: Hooks | None = None,
+        worker_id: str = "?",
     ) -> None:
         self._jq = jq
+        self._worker_id = worker_id
         # None without middleware: one identity test per run on this hot path
         self._hooks = hooks if hooks else None
         self._tasks = tasks
@@ -185,6 +218,22 @@ class Committer:
             traceback=item.traceback,
         )
 
+    def _bounce_call(self, item: Finished) -> Call:
+        """Hand a run whose task this worker has no code for back (see lua/bounce.lua)."""
+        run, keys, settings = item.entry.run, item.entry.keys, self._jq.settings
+        return BOUNCE.call(
+            keys,
+            run.run_id,
+            run.fence,
+            self._worker_id,
+            item.error.encode("utf-8", "replace").decode("utf-8"),
+            delay_ms=to_ms(settings.unknown_task_delay_s),
+            delay_cap_ms=to_ms(settings.unknown_task_delay_cap_s),
+            window_ms=settings.unknown_task_window_ms,
+            dead_retention_ms=settings.dead_retention_ms,
+            now=self._clock.now_ms(),
+        )
+
     def _commit(
         self, batch: list[Finished], retries: list[_Deferred], answered: list[Finished]
     ) -> list[_Deferred]:
@@ -214,6 +263,8 @@ class Committer:
                 now=now_ms,
             )
             if g.items[0].ok
+            else self._bounce_call(g.items[0])
+            if g.items[0].bounce
             else self._fail_call(g.items[0])
             for g in groups
         ]
@@ -238,8 +289,13 @@ class Committer:
                 self._abandon(group.items)
                 answered += group.items
                 continue
+            first = group.items[0]
             outcomes = (
-                COMPLETE.parse(reply) if group.items[0].ok else [FAIL.parse(reply)]
+                COMPLETE.parse(reply)
+                if first.ok
+                else [_bounced(BOUNCE.parse(reply))]
+                if first.bounce
+                else [FAIL.parse(reply)]
             )
             for item, outcome in zip(group.items, outcomes, strict=True):
                 self._settle(item, outcome, group.resent)
@@ -279,9 +335,13 @@ class Committer:
         if outcome.accepted:
             if item.ok:
                 self._stats.completed += 1
+            elif item.bounce and outcome.status != "dead":
+                self._stats.handed_back += 1
             else:
                 self._stats.failed += 1
-            if not item.ok or log.isEnabledFor(logging.INFO):
+            if item.bounce:
+                _log_handed_back(item, outcome)
+            elif not item.ok or log.isEnabledFor(logging.INFO):
                 _log_finished(item, outcome.status)
             if self._hooks is not None and outcome.status in ("retry", "dead"):
                 self._hooks.event(

@@ -115,7 +115,9 @@ def until_redis_answers(
 
 
 class Worker:
-    """Runs the tasks registered on ``jq`` for the runs of ``queues`` until stopped.
+    """Runs the tasks registered on ``jq`` for the runs of ``queues`` (default: the queues
+    those tasks name; the default queue when they name none) until stopped. A run of a task
+    it has no code for is handed back for a worker that has (see Settings.unknown_task_*).
 
     To watch one run in-process (tests, embedding): ``stats`` (counters), ``in_flight()``
     (the runs held and their phases), ``state`` and ``unhealthy``. ``clock`` is the time
@@ -144,7 +146,14 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.jq = jq
-        self.queues = list(queues or [jq.settings.default_queue])
+        tasks = WorkerTasks(jq)
+        # With no queues given, those the app's tasks name: a worker of one app never claims
+        # another app's runs from a queue it has no task for.
+        given = list(queues or [])
+        self.queues = given or tasks.queues() or [jq.settings.default_queue]
+        self._queues_chosen = (
+            "given" if given else "named by its tasks" if tasks.queues() else "the default"
+        )
         self.concurrency = concurrency
         self.lease_ms = to_ms(lease or jq.settings.default_lease_s)
         self.grace = grace
@@ -169,20 +178,21 @@ class Worker:
         self._owns_process = False  # run() installed the signal handlers: a daemon process
 
         self._table = RunTable(concurrency)
-        tasks = WorkerTasks(jq)
         # the queue's middleware, then this worker's own (jobqueue.hooks)
         self.hooks = jq.hooks.plus(middleware)
         self._committer = Committer(
             jq, tasks, self._table, self.stats, metrics, clock, self._stopped,
-            self._shutdown_left, self.hooks,
+            self._shutdown_left, self.hooks, worker_id=self.id,
         )
         self._executor = Executor(
             jq, tasks, self._table, self.stats, clock, self._committer.put, self._die,
             self._stopping, concurrency=concurrency, stuck_limit=stuck_limit, hooks=self.hooks,
         )
         self._presence = Presence(
-            jq, self.id, self.queues, concurrency, self.lease_ms, self._table, self._stopping
+            jq, self.id, self.queues, concurrency, self.lease_ms, self._table, self._stopping,
+            tasks=tasks.names(),
         )
+        self._task_names = tasks.names()
         self._keeper = LeaseKeeper(
             jq, self._table, self.stats, metrics, clock, self._presence,
             lease_ms=self.lease_ms, stopped=self._stopped,
@@ -247,9 +257,11 @@ class Worker:
             for t in threads:
                 t.start()
             log.info(
-                "worker %s started: queues=%s concurrency=%d lease=%.1fs",
+                "worker %s started: queues=%s (%s) tasks=%s concurrency=%d lease=%.1fs",
                 self.id,
                 ",".join(self.queues),
+                self._queues_chosen,
+                ",".join(self._task_names) or "none",
                 self.concurrency,
                 self.lease_ms / 1000,
             )

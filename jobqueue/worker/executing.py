@@ -41,6 +41,10 @@ class _StartFailed(Exception):
     """A run that could not be started (unknown task, bad payload): failed, never retried."""
 
 
+class _NoCode(Exception):
+    """A run of a task this worker has no code for: handed back for a worker that has it."""
+
+
 class _TaskExit(Exception):
     """An async task's SystemExit/KeyboardInterrupt, carried out of the event loop as an
     ordinary failure (raised inside the loop it would stop the loop thread itself)."""
@@ -427,9 +431,12 @@ class Executor:
 
         try:
             self._launch(entry)
+        except UnknownTask as exc:
+            # Another worker may have the task (a rolling deploy, two apps on one queue).
+            self._on_outcome(entry, None, _NoCode(str(exc)))
         except Exception as exc:
-            # Never retried: another attempt would meet the same name or bytes.
-            if isinstance(exc, UnknownTask | PayloadError):
+            # Never retried: another attempt would meet the same bytes.
+            if isinstance(exc, PayloadError):
                 error = str(exc)
             elif isinstance(exc, RecursionError):
                 error = "stored arguments are nested too deeply to decode"
@@ -524,6 +531,11 @@ class Executor:
             text = f"Fatal: finishing the run failed: {type(exc).__name__}: {exc}"
             item = Finished(entry, ok=False, error=text[:8000], retry=False)
         item.duration_s = self._clock.monotonic() - entry.started
+        if not item.ok:
+            # An exception's text may hold lone surrogates (undecodable bytes): not UTF-8,
+            # so neither Redis nor a log line's consumer could take it.
+            item.error = _utf8(item.error)
+            item.traceback = _utf8(item.traceback)
         if self._table.returned(entry):
             self._commit(item)
 
@@ -532,6 +544,8 @@ class Executor:
             error = error.original
         if isinstance(error, _StartFailed):
             return Finished(entry, ok=False, error=str(error), retry=False)
+        if isinstance(error, _NoCode):
+            return Finished(entry, ok=False, error=str(error), retry=False, bounce=True)
         if isinstance(error, concurrent.futures.CancelledError | asyncio.CancelledError):
             reason = entry.ctx.cancel_reason or "cancelled"
             return Finished(entry, ok=False, error=reason, retry=entry.phase is not LEASE_LOST)
@@ -634,6 +648,10 @@ class Executor:
             return PROGRESS.parse(jq.scripts.run(call)).accepted
 
         return report
+
+
+def _utf8(text: str) -> str:
+    return text if text.isascii() else text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _cancel_task(entry: InFlight) -> None:

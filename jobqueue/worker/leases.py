@@ -19,13 +19,14 @@ from typing import Any
 
 import redis
 
+from jobqueue.client import workers as registry
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import JobQueueError
 from jobqueue.hooks import Hooks
 from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import run_fields
 from jobqueue.runtime.metrics import Metrics
-from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
+from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import HEARTBEAT, RELEASE
 from jobqueue.worker.runs import HEARTBEATED, InFlight, RunTable, WorkerStats, run_event
 
@@ -51,15 +52,19 @@ class Presence:
         lease_ms: int,
         table: RunTable,
         stopping: threading.Event,
+        *,
+        tasks: list[str] | None = None,
     ) -> None:
         self._jq = jq
         self._id = worker_id
+        self._tasks = tasks or []
         self._queues = queues
         self._concurrency = concurrency
         self._lease_ms = lease_ms
         self._table = table
         self._stopping = stopping
         self.started_ms = 0
+        self._pruned_ms = 0  # server time of this worker's last pruning of the registry
 
     def announce(self, server_now_ms: int | None) -> None:
         if server_now_ms is None:
@@ -69,6 +74,7 @@ class Presence:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "queues": self._queues,
+            "tasks": self._tasks,
             "concurrency": self._concurrency,
             "started_ms": self.started_ms,
             "last_seen_ms": server_now_ms,
@@ -76,12 +82,21 @@ class Presence:
             "lease_ms": self._lease_ms,
             "stopping": self._stopping.is_set(),
         }
-        self._jq.redis.hset(WORKERS_KEY, self._id, json.dumps(info))
+        registry.announce(self._jq, self._id, json.dumps(info), server_now_ms, self._lease_ms)
+        # Once a lease, the entries of workers that died without withdrawing go.
+        if server_now_ms - self._pruned_ms >= self._lease_ms:
+            self._pruned_ms = server_now_ms
+            gone = registry.prune_silent(self._jq, server_now_ms, keep=self._id)
+            if gone:
+                log.info(
+                    "pruned %d silent workers from the registry: %s", len(gone), ", ".join(gone)
+                )
 
     def withdraw(self, own_wake_key: str) -> None:
-        # If Redis is gone the entry stays; the CLI flags it stale by its last_seen.
+        # If Redis is gone the entry stays; the CLI flags it stale by its last_seen, and the
+        # live workers prune it later.
         with contextlib.suppress(redis.exceptions.RedisError):
-            self._jq.redis.hdel(WORKERS_KEY, self._id)
+            registry.withdraw(self._jq, [self._id])
             self._jq.redis.delete(own_wake_key)
 
 

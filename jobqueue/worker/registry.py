@@ -20,12 +20,27 @@ class WorkerTasks:
         """Whether an event loop is needed (``async def`` tasks)."""
         return any(t.is_async for t in self._jq.registry.all())
 
+    def names(self) -> list[str]:
+        """The tasks this worker has code for, sorted."""
+        return sorted(t.name for t in self._jq.registry.all() if t.func is not None)
+
+    def queues(self) -> list[str]:
+        """The queues these tasks name, in the order they were registered."""
+        out: list[str] = []
+        for t in self._jq.registry.all():
+            if t.func is not None and t.options.queue not in out:
+                out.append(t.options.queue)
+        return out
+
     def code_for(self, name: str) -> Task[Any, Any]:
-        """The task to run for a claimed run; UnknownTask (never retried) when this worker
-        has no code for that name."""
-        task = self._jq.registry.get(name)
-        if task.func is None:
-            raise UnknownTask(f"task {name!r} is declared but this worker has no code for it")
+        """The task to run for a claimed run; UnknownTask when this worker has no code for
+        that name (the run is handed back for a worker that has)."""
+        task = self._jq.registry.get(name) if name in self._jq.registry else None
+        if task is None or task.func is None:
+            mine = ", ".join(self.names()) or "none"
+            if len(mine) > 200:
+                mine = mine[:200] + ", ..."
+            raise UnknownTask(f"no code for task {name!r} in this worker (its tasks: {mine})")
         return task
 
     def retry_delay_ms(self, name: str, attempt: int) -> int:

@@ -126,6 +126,8 @@ class Finished:
     retry: bool = True
     # the failed attempt's bounded traceback ('' for none), kept with its history entry
     traceback: str = ""
+    # no code for the run's task here: handed back (bounce.lua), not failed
+    bounce: bool = False
     # seconds from the start to the end of the run's code (or to its timeout)
     duration_s: float = 0.0
 
@@ -151,6 +153,8 @@ class WorkerStats:
     fenced_out: int = 0
     released: int = 0
     timeouts: int = 0
+    # runs of a task this worker has no code for, handed back (not counted as attempts)
+    handed_back: int = 0
     # The most recent refused commits (run id, fence, status), at most MAX_REJECTED_KEPT;
     # fenced_out counts them all.
     rejected_commits: list[tuple[str, int, str]] = field(default_factory=list)

@@ -1,0 +1,59 @@
+"""Keeping the worker registry (``jq:workers``) true: the entries of workers that died without
+withdrawing (SIGKILL, a lost host) are pruned once they missed PRUNE_AFTER_BEATS heartbeats,
+by the live workers as they announce themselves, or at once by ``jobqueue workers prune``.
+
+A pruned entry of a worker that is in fact alive (paused that long) comes back at its next
+heartbeat: the registry is what operators read, never what decides a lease."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from jobqueue.client.queries import PRUNE_AFTER_BEATS, workers
+from jobqueue.client.sync import JobQueue
+from jobqueue.store.keys import WORKERS_KEY, WORKERS_SEEN_KEY
+
+# Entries pruned per round trip by a live worker.
+PRUNE_BATCH = 100
+
+
+def prune_deadline_ms(last_seen_ms: int, lease_ms: int) -> int:
+    """When a worker's entry may be pruned: PRUNE_AFTER_BEATS of its beats (a third of its
+    lease each) after its last one."""
+    return last_seen_ms + PRUNE_AFTER_BEATS * lease_ms // 3
+
+
+def announce(jq: JobQueue, worker_id: str, entry: str, last_seen_ms: int, lease_ms: int) -> None:
+    """Write a worker's registry entry (JSON) and when it may be pruned."""
+    pipe = jq.redis.pipeline(transaction=False)
+    pipe.hset(WORKERS_KEY, worker_id, entry)
+    pipe.zadd(WORKERS_SEEN_KEY, {worker_id: prune_deadline_ms(last_seen_ms, lease_ms)})
+    pipe.execute()
+
+
+def withdraw(jq: JobQueue, worker_ids: Iterable[str]) -> None:
+    ids = list(worker_ids)
+    if not ids:
+        return
+    pipe = jq.redis.pipeline(transaction=False)
+    pipe.hdel(WORKERS_KEY, *ids)
+    pipe.zrem(WORKERS_SEEN_KEY, *ids)
+    pipe.execute()
+
+
+def prune_silent(jq: JobQueue, now_ms: int, keep: str = "") -> list[str]:
+    """Prune the entries whose workers missed PRUNE_AFTER_BEATS heartbeats by ``now_ms``
+    (server time), at most PRUNE_BATCH of them; ``keep`` (the caller's own id) never. The
+    pruned ids."""
+    due = jq.redis.zrangebyscore(WORKERS_SEEN_KEY, "-inf", now_ms, start=0, num=PRUNE_BATCH)
+    gone = [str(i) for i in due if i != keep]
+    withdraw(jq, gone)
+    return gone
+
+
+def prune_stale(jq: JobQueue) -> list[str]:
+    """``jobqueue workers prune``: every entry stale now (3 missed heartbeats), whichever
+    version wrote it. The pruned ids, sorted."""
+    gone = sorted(w.id for w in workers(jq) if w.stale)
+    withdraw(jq, gone)
+    return gone
