@@ -18,6 +18,12 @@ class ConnectionFailed(JobQueueError):
     """Redis is unreachable, refused the credentials, or went away."""
 
 
+class Unreachable(ConnectionFailed):
+    """No Redis answered at the URL's address (nothing listening, a host not resolved yet, a
+    server still loading its data): what may pass by itself, unlike refused credentials.
+    The daemons wait for it at start (``--connect-timeout``)."""
+
+
 class PoolExhausted(ConnectionFailed):
     """Every connection of the client's pool stayed busy for the pool's whole wait (the URL's
     ``timeout``, 20 s by default): the call was never sent. Raise the URL's

@@ -143,7 +143,11 @@ class State:
         self.embedded = embedded
         self._jq: JobQueue | None = jq
 
-    def jq(self, app: JobQueue | None = None) -> JobQueue:
+    def jq(
+        self, app: JobQueue | None = None, *, patient: bool = False, timeout: float | None = None
+    ) -> JobQueue:
+        """The JobQueue, connected. ``patient`` (the daemons): while Redis is unreachable,
+        try again with a back-off, for ever or for ``timeout`` seconds."""
         if app is not None:
             if self.url is not None:
                 app.use_url(self.url)  # refuses an empty one
@@ -152,7 +156,12 @@ class State:
             self._jq = JobQueue.from_url(self.url)
         if not self._jq.connected and configured_url(self._jq.url) is None:
             self._no_url()
-        self._jq.connect()
+        if patient:
+            from jobqueue.runtime.startup import connect_when_up
+
+            connect_when_up(self._jq, timeout)
+        else:
+            self._jq.connect()
         return self._jq
 
     def _no_url(self) -> None:

@@ -96,6 +96,12 @@ _metrics_port = click.option(
 _metrics_host = click.option(
     "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
 )
+_connect_timeout = click.option(
+    "--connect-timeout",
+    type=FiniteFloat(0),
+    help="Seconds to keep trying while Redis is unreachable at start, then exit 3. "
+    "[default: for ever, with a log line per try]",
+)
 _queue_gauges = click.option(
     "--queue-gauges",
     is_flag=True,
@@ -258,6 +264,7 @@ class ProcessCount(click.IntRange):
     "(needs the reload extra: watchfiles).",
 )
 @_queue_gauges
+@_connect_timeout
 @pass_state
 def worker(
     state: State,
@@ -272,6 +279,7 @@ def worker(
     burst: bool,
     reload: bool,
     queue_gauges: bool,
+    connect_timeout: float | None,
 ) -> None:
     """Run a worker: claim runs, execute them, heartbeat leases, commit with fences."""
     from jobqueue.worker.daemon import Worker
@@ -293,7 +301,7 @@ def worker(
     for name in queues:
         validate_queue_name(name)  # as enqueue --queue does: before anything connects
     app = load_app(app_spec)
-    jq = state.jq(app)
+    jq = state.jq(app, patient=True, timeout=connect_timeout)
     if processes > 1 and not os.environ.get(SUPERVISED_ENV):
         from jobqueue.worker.supervisor import supervise
 
@@ -736,6 +744,7 @@ def requeue(state: State, run_id: str, queue: str | None, force: bool, yes: bool
 @_metrics_port
 @_metrics_host
 @_queue_gauges
+@_connect_timeout
 @pass_state
 def scheduler(
     state: State,
@@ -752,6 +761,7 @@ def scheduler(
     metrics_port: int | None,
     metrics_host: str,
     queue_gauges: bool,
+    connect_timeout: float | None,
 ) -> None:
     """Run a scheduler: turn recurring jobs into runs. Run several: they share the scheduler
     partitions (each owns some, under a lease; the others take over those of one that
@@ -766,7 +776,9 @@ def scheduler(
     # or Redis connects is a clean exit, not a death by signal.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     _dump_stacks_on_sigusr1()
-    jq = state.jq(load_app(app_spec) if app_spec else None)
+    jq = state.jq(
+        load_app(app_spec) if app_spec else None, patient=True, timeout=connect_timeout
+    )
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
     store = Recurring(jq, partitions) if partitions else None
     m = metrics_mod.for_daemon(

@@ -56,6 +56,12 @@ def is_loopback(host: str) -> bool:
     type=FiniteFloat(1),
     help="Seconds between samples of queue depth and lateness (kept in memory for an hour).",
 )
+@click.option(
+    "--connect-timeout",
+    type=FiniteFloat(0),
+    help="Seconds to keep trying while Redis is unreachable at start, then exit 3. "
+    "[default: for ever, with a log line per try]",
+)
 @click.pass_obj
 def dashboard(
     state: Any,
@@ -65,6 +71,7 @@ def dashboard(
     token: str | None,
     insecure: bool,
     sample_every: float,
+    connect_timeout: float | None,
 ) -> None:
     """Serve the web dashboard: queues with charts, leases, runs, schedules, dead runs,
     workers. Binds to loopback unless told otherwise."""
@@ -87,7 +94,7 @@ def dashboard(
             f"refusing to serve on non-loopback {host} without --auth or --token "
             "(anyone reaching it could retry, purge or cancel runs); add --insecure to do so"
         )
-    jq = state.jq()
+    jq = state.jq(patient=True, timeout=connect_timeout)
     # A loopback dashboard checks the Host header: a web page cannot reach it by DNS
     # rebinding (a name of theirs resolving to 127.0.0.1).
     allowed = ["127.0.0.1", "localhost", "::1", "[::1]", host] if loopback else None

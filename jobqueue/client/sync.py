@@ -87,7 +87,11 @@ class JobQueue(ClientCore):
                 return
             resolved = resolve_url(self.url)
             client = sync_client(resolved)
-            check(client, resolved)
+            try:
+                check(client, resolved)
+            except BaseException:
+                client.close()  # its pool's sockets; a caller may try again (the daemons do)
+                raise
             self.url, self._client, self._scripts = resolved, client, ScriptRunner(client)
 
     @property

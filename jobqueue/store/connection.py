@@ -20,7 +20,7 @@ import redis.backoff
 import redis.cluster
 import redis.retry
 
-from jobqueue.errors import ConfigError, ConnectionFailed, PoolExhausted
+from jobqueue.errors import ConfigError, ConnectionFailed, PoolExhausted, Unreachable
 
 _SCHEMES = {"redis", "rediss", "unix", "redis+cluster", "rediss+cluster"}
 
@@ -180,7 +180,7 @@ def sync_client(url: str) -> Any:
     # RedisCluster connects at once; when no startup node answers it raises
     # RedisClusterException, which is not a RedisError.
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise ConnectionFailed(f"cannot connect to {redact(url)}: {exc}") from None
+        raise Unreachable(f"cannot connect to {redact(url)}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
 
@@ -225,7 +225,8 @@ def check(client: Any, url: str) -> None:
             raise ConfigError(f"Redis at {redact(url)} refused the URL's database: {exc}") from None
         raise ConnectionFailed(f"Redis at {redact(url)} refused the connection: {exc}") from None
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-        raise ConnectionFailed(
+        error = ConnectionFailed if _tls_hint(url, str(exc)) else Unreachable
+        raise error(
             f"cannot reach Redis at {redact(url)}: {exc}{_tls_hint(url, str(exc))}"
         ) from None
 
