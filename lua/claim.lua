@@ -350,7 +350,7 @@ local ok, plan = reading(function()
     if not run or priority_of(run.priority) ~= level then
       -- Not pending here any more, or a new record of the id at another level.
       p.unhint[#p.unhint + 1] = run_id
-    elseif at > now then
+    elseif math.floor(at) > now then -- (a score's fraction orders its ms: _prelude.lua)
       p.rehint[#p.rehint + 1] = prio_score(level, at) -- its due time moved later
       p.rehint[#p.rehint + 1] = run_id
     elseif run.state == 'pending' and not corrupt(run) then
@@ -381,8 +381,8 @@ local ok, plan = reading(function()
       -- A few more than the room: stale entries (cancelled runs) do not use it up.
       local offset, page = 0, 2 * (limit - taking) + 8
       while page > 0 and taking < limit do
-        local hints = read('ZRANGE', KEYS[10], int(base), int(base + now), 'BYSCORE', 'LIMIT',
-                           offset, page)
+        local hints = read('ZRANGE', KEYS[10], int(base), '(' .. int(base + now + 1), 'BYSCORE',
+                           'LIMIT', offset, page)
         local held_back = false
         for _, run_id in ipairs(hints) do
           if taking >= limit then break end
@@ -403,7 +403,7 @@ local ok, plan = reading(function()
   for i = 1, #due, 2 do
     local run_id, at = due[i], tonumber(due[i + 1])
     if not hinted[run_id] then -- (one taken or held back in step 2 is done with)
-      if at > now or taking >= limit then p.next_due = at; break end
+      if math.floor(at) > now or taking >= limit then p.next_due = at; break end
       local run = record(run_id)
       if not run then
         p.handled[#p.handled + 1] = run_id

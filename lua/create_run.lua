@@ -5,6 +5,9 @@
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
 -- KEYS[4]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
+-- KEYS[5]  seq       hash    jq:{q#p}:seq      {ms, n}: runs created in the current ms, for
+--                                              their order (the n-th: due + n / 2048, see
+--                                              _prelude.lua)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3..] groups            6 header fields shared by the group's runs, then 8 per run:
@@ -39,6 +42,7 @@ local ok, plan = reading(function()
   expect(KEYS[4], 'zset')
   p.wake = waker(KEYS[2])
   p.stats = counters(KEYS[3], 'created')
+  p.seq = sequencer(KEYS[5], now)
   local i, seen = 3, {}
   while i <= #ARGV do
     local count = tonumber(ARGV[i])
@@ -77,13 +81,14 @@ while i <= #ARGV do
                     ARGV[j + 5])
       if ARGV[j + 6] ~= '' then redis.call('HSET', key, 'meta', ARGV[j + 6]) end
       if ARGV[j + 7] ~= '' then redis.call('HSET', key, 'limit_key', ARGV[j + 7]) end
+      local slot = next_slot(plan.seq)
       if level > 0 then
         redis.call('HSET', key, 'priority', level)
-        prio_pairs[#prio_pairs + 1] = prio_score(level, due)
+        prio_pairs[#prio_pairs + 1] = prio_slot_score(level, due, slot)
         prio_pairs[#prio_pairs + 1] = run_id
       end
       created = created + 1
-      due_pairs[2 * created - 1] = due
+      due_pairs[2 * created - 1] = due_score(due, slot)
       due_pairs[2 * created] = run_id
       out[#out + 1] = 1
     end
@@ -96,6 +101,7 @@ if created > 0 then
   bulk('ZADD', KEYS[1], due_pairs, 2000)
   if #prio_pairs > 0 then bulk('ZADD', KEYS[4], prio_pairs, 2000) end
   bump(plan.stats, 'created', created)
+  save_sequence(plan.seq)
   wake(plan.wake, created)
 end
 return out

@@ -8,6 +8,8 @@
 -- KEYS[4]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
 -- KEYS[5]  dedupe    string  jq:{q#p}:dedupe:<key>  the run id holding the key
+-- KEYS[6]  seq       hash    jq:{q#p}:seq      {ms, n}: runs created in the current ms, for
+--                                              their order (as create_run.lua)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  mode               'throttle' or 'debounce'
@@ -50,6 +52,7 @@ local ok, plan = reading(function()
   expect(KEYS[4], 'zset')
   p.wake = waker(KEYS[2])
   p.stats = counters(KEYS[3], 'created', 'deduplicated', 'replaced')
+  p.seq = sequencer(KEYS[6], now)
   p.holder = read('GET', KEYS[5]) or nil
   if p.holder then
     p.held = load_run(prefix .. 'run:' .. p.holder, 'state', 'priority')
@@ -95,11 +98,13 @@ redis.call('HSET', key, 'dedupe', dkey)
 if ARGV[15] ~= '' then redis.call('HSET', key, 'meta', ARGV[15]) end
 if ARGV[16] ~= '' then redis.call('HSET', key, 'limit_key', ARGV[16]) end
 local level = priority_of(ARGV[14])
+local slot = next_slot(plan.seq)
 if level > 0 then
   redis.call('HSET', key, 'priority', level)
-  redis.call('ZADD', KEYS[4], prio_score(level, due), run_id)
+  redis.call('ZADD', KEYS[4], prio_slot_score(level, due, slot), run_id)
 end
-redis.call('ZADD', KEYS[1], due, run_id)
+redis.call('ZADD', KEYS[1], due_score(due, slot), run_id)
+save_sequence(plan.seq)
 local holds = KEYS[5] -- (named: a SET on KEYS is the fence counter's step elsewhere)
 if ttl and ttl > 0 then
   redis.call('SET', holds, run_id, 'PX', int(ttl))

@@ -99,6 +99,17 @@ class ModelRun:
     commits: int = 0  # accepted commits in this life (reset by requeue)
     record: int = 0  # which record of this run id (a new one after the old one expired)
     priority: int = 0  # 0 (the default) .. 9
+    # its place among the runs created in its creation's ms (create_run.lua orders them by
+    # it); 0 once something else set its due time
+    slot: int = 0
+
+    @property
+    def due_score(self) -> float:
+        return self.due + min(self.slot, 2047) / 2048
+
+    @property
+    def prio_score(self) -> float:
+        return (9 - self.priority) * PRIORITY_SPAN + self.due + min(self.slot, 63) / 64
 
 
 @dataclass(frozen=True)
@@ -135,7 +146,7 @@ def refusal(run: ModelRun | None, fence: int) -> str | None:
 PRIORITY_SPAN = 2**43  # lua/_prelude.lua: a prio score is (9 - level) * span + due
 
 
-def zorder(entries: dict[str, int]) -> list[str]:
+def zorder(entries: dict[str, float]) -> list[str]:
     """Sorted-set order: by score, then by member bytes."""
     return [m for m, _ in sorted(entries.items(), key=lambda e: (e[1], e[0].encode()))]
 
@@ -155,6 +166,7 @@ class RunStateMachine(RuleBasedStateMachine):
         self.seen_fence: dict[str, int] = {}
         self.last_fence = 0  # the partition's fence counter
         self.records: dict[str, int] = {}  # records created per run id
+        self.seq_ms, self.seq_n = -1, 0  # create_run.lua's order of the runs of one ms
         self.paused = False
         self.cap: int | None = None  # the concurrency limit
         self.rate: tuple[int, int] | None = None  # the rate limit: (N, W ms)
@@ -202,6 +214,8 @@ class RunStateMachine(RuleBasedStateMachine):
         ]
         created = CREATE_RUN.parse(self.run(CREATE_RUN.call(PK, specs, now=self.now)))
         expected = []
+        if self.seq_ms != self.now:
+            self.seq_ms, self.seq_n = self.now, 0
         for run_id in ids:
             fresh = run_id not in self.runs
             expected.append(fresh)
@@ -213,7 +227,9 @@ class RunStateMachine(RuleBasedStateMachine):
                     due=self.now + delay,
                     record=self.records[run_id],
                     priority=priority,
+                    slot=self.seq_n,
                 )
+                self.seq_n += 1
         assert created == expected
 
     @rule(limit=st.integers(1, 3), lease=st.integers(100, 3000), owner=st.sampled_from(OWNERS))
@@ -262,13 +278,15 @@ class RunStateMachine(RuleBasedStateMachine):
                 m.state, m.lease_until = "dead", None
             else:
                 expected.append(run_id)
-        # 2. Due runs above the default priority: the highest level first, by due time.
-        due = {r: m.due for r, m in self.runs.items() if m.state == "pending"}
+        # 2. Due runs above the default priority: the highest level first, by due time (and
+        # creation order within a ms). A run is due once the whole ms of its score has come.
+        due = {r: m.due_score for r, m in self.runs.items() if m.state == "pending"}
         hinted = set()
         for level in range(9, 0, -1):
-            ready = {r: t for r, t in due.items() if self.runs[r].priority == level}
+            ready = {r: m.prio_score for r, m in self.runs.items()
+                     if m.state == "pending" and m.priority == level}  # fmt: skip
             for run_id in zorder(ready):
-                if ready[run_id] <= self.now and len(expected) < limit:
+                if self.runs[run_id].due <= self.now and len(expected) < limit:
                     expected.append(run_id)
                     hinted.add(run_id)
         # 3. Due runs in due order (the index read before step 2 took any).
@@ -277,8 +295,8 @@ class RunStateMachine(RuleBasedStateMachine):
         for run_id in window:
             if run_id in hinted:
                 continue
-            if due[run_id] > self.now or len(expected) >= limit:
-                next_due = due[run_id]
+            if int(due[run_id]) > self.now or len(expected) >= limit:
+                next_due = int(due[run_id])
                 break
             expected.append(run_id)
         assert [c.run_id for c in result.runs] == expected
@@ -348,7 +366,7 @@ class RunStateMachine(RuleBasedStateMachine):
             return
         run.lease_until = None
         if retry is not None and run.attempt < run.max_attempts:
-            run.state, run.due = "pending", self.now + retry
+            run.state, run.due, run.slot = "pending", self.now + retry, 0
             assert (outcome.status, outcome.retry_at_ms) == ("retry", run.due)
         else:
             run.state = "dead"
@@ -362,7 +380,7 @@ class RunStateMachine(RuleBasedStateMachine):
         outcome = RELEASE.parse(self.run(RELEASE.call(PK, h.run_id, h.fence, self.now)))
         run = self.fenced(h, outcome)
         if run is not None:
-            run.state, run.due, run.lease_until = "pending", self.now, None
+            run.state, run.due, run.lease_until, run.slot = "pending", self.now, None, 0
             run.attempt = max(run.attempt - 1, 0)
 
     @precondition(lambda self: self.holdings)
@@ -382,7 +400,7 @@ class RunStateMachine(RuleBasedStateMachine):
         run.lease_until = None
         run.attempt = max(run.attempt - 1, 0)
         if window:
-            run.state, run.due = "pending", self.now + 700
+            run.state, run.due, run.slot = "pending", self.now + 700, 0
             assert (outcome.status, outcome.due_ms) == ("bounced", run.due)
         else:
             run.state = "dead"
@@ -415,7 +433,7 @@ class RunStateMachine(RuleBasedStateMachine):
             assert (changed, state) == (True, run.state)
             # a run cancelled before its due time is due at that time again
             due = max(self.now, run.due) if run.state == "cancelled" else self.now
-            run.state, run.attempt, run.due, run.commits = "pending", 0, due, 0
+            run.state, run.attempt, run.due, run.commits, run.slot = "pending", 0, due, 0, 0
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def expire(self, run_id: str) -> None:
@@ -462,11 +480,11 @@ class RunStateMachine(RuleBasedStateMachine):
             where = {"pending": "due", "running": "leases", "dead": "dead"}.get(m.state, "done")
             assert [p for p, here in places.items() if here] == [where], (run_id, m, places)
             if m.state == "pending":
-                assert due[run_id] == m.due
+                assert due[run_id] == m.due_score
             # A pending run above the default priority is in the prio zset at its level.
             assert int(h.get("priority", 0)) == m.priority, (run_id, h, m)
             if m.state == "pending" and m.priority:
-                assert prio.get(run_id) == (9 - m.priority) * PRIORITY_SPAN + m.due, (run_id, m)
+                assert prio.get(run_id) == m.prio_score, (run_id, m)
             # Leases zset consistent with the hash: member iff running, score == lease_until.
             if m.state == "running":
                 assert leases[run_id] == m.lease_until == int(h["lease_until"]), (run_id, h)
@@ -478,7 +496,8 @@ class RunStateMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_key_is_leaked(self) -> None:
-        allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans}
+        allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans,
+                   PK.seq}
         allowed.add(PK.prio)  # a cancelled run's entry stays until a claim drops it
         allowed |= {PK.paused} if self.paused else set()
         allowed |= {PK.limits} if self.cap is not None or self.rate is not None else set()
@@ -766,8 +785,9 @@ CAP_MUTANTS = {
     # claim.lua stopping at the first run of a full group: the runs behind it stall
     "claim-stalls-behind-a-full-key": (
         "claim",
-        "      if at > now or taking >= limit then p.next_due = at; break end",
-        "      if at > now or taking >= limit or #p.park > 0 then p.next_due = at; break end",
+        "      if math.floor(at) > now or taking >= limit then p.next_due = at; break end",
+        "      if math.floor(at) > now or taking >= limit or #p.park > 0 then p.next_due = at; "
+        "break end",
     ),
     # complete.lua keeping the slot of a completed run
     "complete-keeps-the-slot": (

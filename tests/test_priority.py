@@ -22,6 +22,7 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError
 from jobqueue.store.scripts import ScriptRunner
+from jobqueue.testing import run_due
 
 
 def invoke(jq: JobQueue, *args: str) -> Result:
@@ -58,6 +59,26 @@ def test_the_due_run_of_the_highest_priority_is_claimed_first(jq: JobQueue) -> N
     report.with_options(run_id="high", priority=9).enqueue()
     report.with_options(run_id="mid", priority=5).enqueue()
     assert claimed_order(jq) == ["high", "mid", "low"]
+
+
+@pytest.mark.parametrize("priority", [0, 3])
+def test_runs_of_one_priority_run_in_the_order_they_were_enqueued(
+    jq: JobQueue, priority: int
+) -> None:
+    """Random run ids, enqueued in one call and one by one, most in the same millisecond: a
+    worker with one slot runs them in that order (equal due times sorted by id before)."""
+    ran: list[int] = []
+
+    @jq.task
+    def step(i: int) -> None:
+        ran.append(i)
+
+    urgent = step.with_options(priority=priority)
+    jq.enqueue_many(Request(urgent, (i,)) for i in range(40))
+    for i in range(40, 60):
+        urgent.enqueue(i)
+    run_due(jq, concurrency=1)
+    assert ran == list(range(60))
 
 
 @pytest.mark.parametrize("bad", [-1, 10, 2.0, True, "3"])

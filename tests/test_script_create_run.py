@@ -234,7 +234,7 @@ def test_create_run_writes_only_keys_of_its_partition(
     pk = PartitionKeys("default", 2)
     create(runner, pk, spec("a"), spec("b"))
     keys = set(redis_client.keys("*"))
-    assert keys == {pk.run("a"), pk.run("b"), pk.due, pk.wake, pk.stats}
+    assert keys == {pk.run("a"), pk.run("b"), pk.due, pk.wake, pk.stats, pk.seq}
 
 
 def test_scripts_use_the_server_clock_when_no_now_is_given(
@@ -259,7 +259,8 @@ def test_scripts_use_the_server_clock_when_no_now_is_given(
     within(created[0])
     for run_id in "abc":
         within(redis_client.hget(pk.run(run_id), "created"))
-    within(redis_client.zscore(pk.due, "c") or 0)  # requeued at the server's now
+    # cancelled before its due time, requeued: due at that time again (server's now + 60 s)
+    within(redis_client.zscore(pk.due, "c") or 0, 60_000)
     within(claim.now_ms)
     assert set(by_id) == {"a", "b"}
     for r in claim.runs:
@@ -269,10 +270,11 @@ def test_scripts_use_the_server_clock_when_no_now_is_given(
     within(redis_client.hget(pk.run("a"), "finished"))
     assert retry.retry_at_ms is not None
     within(retry.retry_at_ms, 5_000)
-    within(redis_client.hget(pk.run("c"), "due"))
+    within(redis_client.hget(pk.run("c"), "due"), 60_000)
     within(redis_client.hget(pk.fence_resource("res"), "at"))
     # and the released run's due is the server's now too
     lo = server_ms(redis_client)
+    runner.run(CREATE_RUN.call(pk, [spec("d")]))
     claim2 = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", 30_000, 60_000)))
     (c,) = claim2.runs
     runner.run(RELEASE.call(pk, c.run_id, c.fence))

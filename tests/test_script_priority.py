@@ -50,6 +50,27 @@ def test_the_highest_priority_among_due_runs_is_claimed_first(
     assert ids(claim(runner, pk, now=2_000)) == ["top", "mid", "mid2", "low"]
 
 
+@pytest.mark.parametrize("level", [0, 5])
+def test_runs_of_one_priority_created_in_one_millisecond_are_claimed_in_creation_order(
+    runner: ScriptRunner, pk: PartitionKeys, level: int
+) -> None:
+    """Ids whose sort order is not their creation order, in one call and over several calls
+    of the same millisecond: equal due times would sort by id."""
+    names = [f"r{n:02d}-{'zyxwvutsrq'[n % 10]}" for n in range(30)]
+    order = sorted(names, key=lambda n: n[::-1])  # neither by id nor reversed
+    create(runner, pk, *((n, level) for n in order[:20]), now=1_000)
+    for n in order[20:]:
+        create(runner, pk, (n, level), now=1_000)
+    assert ids(claim(runner, pk, now=1_000, limit=30)) == order
+
+
+def test_a_run_created_later_in_a_millisecond_is_due_within_that_millisecond(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, ("a", 0), ("b", 0), now=1_000)
+    assert ids(claim(runner, pk, now=1_000)) == ["a", "b"]
+
+
 def test_runs_of_one_priority_are_claimed_in_due_order(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
@@ -99,8 +120,8 @@ def test_a_requeued_run_keeps_its_priority(runner: ScriptRunner, pk: PartitionKe
     create(runner, pk, ("vip", 5), now=1_000, delay=60_000)
     runner.run(CANCEL.call(pk, "vip", RETENTION, "no", now=1_000))
     create(runner, pk, ("plain", 0), now=1_500)
-    runner.run(REQUEUE.call(pk, "vip", now=2_000))
-    assert ids(claim(runner, pk, now=3_000)) == ["vip", "plain"]
+    runner.run(REQUEUE.call(pk, "vip", now=2_000))  # due at its own time again: 61_000
+    assert ids(claim(runner, pk, now=61_000)) == ["vip", "plain"]
 
 
 def test_a_cancelled_runs_hint_is_dropped_and_lower_runs_are_claimed(

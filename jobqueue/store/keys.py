@@ -314,6 +314,13 @@ class PartitionKeys:
         return self.prefix + "fences"
 
     @cached_property
+    def seq(self) -> str:
+        """The order of the runs created in this partition in the current millisecond (a hash
+        {ms, n}): the n-th is due at its ms plus n / 2048, so that runs due in the same
+        millisecond are claimed in the order they were created (create_run, dedupe)."""
+        return self.prefix + "seq"
+
+    @cached_property
     def orphans(self) -> str:
         """Index entries found without their record (a Redis Cluster slot being imported):
         kept until the record appears (see claim.lua)."""

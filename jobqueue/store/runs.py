@@ -86,7 +86,7 @@ def _parse_create(reply: Sequence[Any]) -> list[bool]:
 
 CREATE_RUN = Contract(
     "create_run",
-    keys=("due", "wake", "stats", "prio"),
+    keys=("due", "wake", "stats", "prio", "seq"),
     args=("now", "prefix"),
     tail="groups",
     build=_create,
@@ -534,7 +534,7 @@ def _dedupe(
 ) -> Wire:
     return Wire(
         {"due": pk.due, "wake": pk.wake, "stats": pk.stats, "prio": pk.prio,
-         "dedupe": pk.dedupe(key)},
+         "dedupe": pk.dedupe(key), "seq": pk.seq},
         {
             "now": now_arg(now),
             "prefix": pk.prefix,
@@ -562,7 +562,7 @@ def _parse_dedupe(reply: Sequence[Any]) -> Deduped:
 
 DEDUPE = Contract(
     "dedupe",
-    keys=("due", "wake", "stats", "prio", "dedupe"),
+    keys=("due", "wake", "stats", "prio", "dedupe", "seq"),
     args=(
         "now", "prefix", "mode", "ttl_ms", "key", "run_id", "task", "payload", "due_at",
         "delay_ms", "max_attempts", "lease_ms", "timeout_ms", "priority", "meta", "limit_key",
