@@ -2,45 +2,67 @@
 
 __version__ = "0.2.0"
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from jobqueue.client.base import Request
-from jobqueue.client.sync import JobQueue
-from jobqueue.errors import (
-    ConfigError,
-    ConnectionFailed,
-    JobQueueError,
-    NotDurable,
-    OperationRefused,
-    PayloadError,
-    PoolExhausted,
-    RunCancelled,
-    RunFailed,
-    RunNotFound,
-    RunTimeout,
-    ServerRefused,
-    UnknownTask,
-)
-from jobqueue.handles import RunHandle
-from jobqueue.models import Run
-from jobqueue.settings import Settings
-from jobqueue.tasks import Dedupe, Task
-
 if TYPE_CHECKING:
+    from jobqueue.client.base import Request
+    from jobqueue.client.sync import JobQueue
+    from jobqueue.errors import (
+        ConfigError,
+        ConnectionFailed,
+        JobQueueError,
+        NotDurable,
+        OperationRefused,
+        PayloadError,
+        PoolExhausted,
+        RunCancelled,
+        RunFailed,
+        RunNotFound,
+        RunTimeout,
+        ServerRefused,
+        UnknownTask,
+    )
+    from jobqueue.handles import RunHandle
+    from jobqueue.models import Run
+    from jobqueue.settings import Settings
+    from jobqueue.tasks import Dedupe, Task
     from jobqueue.worker import Worker, WorkerStats
+
+# Each public name and its module, imported at first use: ``import jobqueue`` (and the
+# ``jobqueue --help`` that imports it) loads neither redis-py nor the worker.
+_HOMES = {
+    "Request": "jobqueue.client.base",
+    "JobQueue": "jobqueue.client.sync",
+    "RunHandle": "jobqueue.handles",
+    "Run": "jobqueue.models",
+    "Settings": "jobqueue.settings",
+    "Dedupe": "jobqueue.tasks",
+    "Task": "jobqueue.tasks",
+    "Worker": "jobqueue.worker",
+    "WorkerStats": "jobqueue.worker",
+    **{
+        name: "jobqueue.errors"
+        for name in (
+            "ConfigError", "ConnectionFailed", "JobQueueError", "NotDurable",
+            "OperationRefused", "PayloadError", "PoolExhausted", "RunCancelled", "RunFailed",
+            "RunNotFound", "RunTimeout", "ServerRefused", "UnknownTask",
+        )
+    },
+}
 
 
 def __getattr__(name: str) -> Any:
-    # Imported at first use: an app that only enqueues never loads the worker.
-    if name == "Worker":
-        from jobqueue.worker import Worker
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'jobqueue' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # found once
+    return value
 
-        return Worker
-    if name == "WorkerStats":
-        from jobqueue.worker import WorkerStats
 
-        return WorkerStats
-    raise AttributeError(f"module 'jobqueue' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
 
 
 __all__ = [

@@ -264,7 +264,8 @@ def test_finite_float_keeps_its_range_and_accepts_finite_numbers() -> None:
 
 
 def test_ctrl_c_while_the_cli_module_imports_exits_130_without_a_traceback() -> None:
-    # Deliver SIGINT in the middle of jobqueue.cli's imports (when it imports cli_format).
+    # Deliver SIGINT in the middle of a command's imports (the commands' module imports
+    # jobqueue.cli.format), as the command starts.
     probe = (
         "import os, signal, sys, importlib.abc\n"
         "import jobqueue\n"
@@ -275,7 +276,8 @@ def test_ctrl_c_while_the_cli_module_imports_exits_130_without_a_traceback() -> 
         "        return None\n"
         "sys.meta_path.insert(0, Interrupt())\n"
         "from jobqueue.cli import main\n"
-        "print('imported')\n"
+        "main(['jitter', '--jobs', '10'])\n"
+        "print('ran')\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60)

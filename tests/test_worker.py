@@ -382,6 +382,19 @@ def test_run_enqueued_while_idle_is_started_by_its_wake_token_not_the_idle_timeo
             assert finished(fast_jq, fast_jq.enqueue(noop).run_id, timeout=4).state == "done"
 
 
+def test_an_idle_worker_stops_at_once_not_at_the_end_of_its_idle_wait(fast_jq: JobQueue) -> None:
+    """Asleep on the wake list for up to 8 s, the worker is told to stop: it wakes and is
+    gone well within that (by construction: waiting the sleep out would take 8 s)."""
+    worker = make_worker(fast_jq, idle_wait=8.0)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    wait_for(lambda: worker.state == "running", what="the worker to start")
+    time.sleep(0.3)  # asleep on the wake list by now
+    worker.stop()
+    thread.join(6.0)
+    assert not thread.is_alive(), "the stop waited for the idle wait to end"
+
+
 class _ClaimCalls(Metrics):
     """Counts the claim calls Redis answered (the claim loop calls ``claimed`` once each)."""
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from jobqueue.cli.core import main
+from jobqueue.cli.root import main
 
 sys.exit(main())

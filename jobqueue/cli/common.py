@@ -75,6 +75,25 @@ class FiniteFloat(click.FloatRange):
         return number
 
 
+def invoke_translating(ctx: click.Context, invoke: Any) -> Any:
+    """``invoke()``, with jobqueue's typed errors turned into one line and an exit code."""
+    try:
+        return invoke()
+    except click.UsageError as exc:
+        raise one_line_usage(exc) from None
+    except KeyboardInterrupt:
+        # click would print "Aborted!" and exit 1, the code of a refusal.
+        click.echo("\nAborted!", err=True)
+        ctx.exit(EXIT_INTERRUPTED)
+    except JobQueueError as exc:
+        click.echo(f"error: {one_line(str(exc))}", err=True)
+        ctx.exit(exit_code(exc))
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        # The server went away after the first PING (restart, failover, network).
+        click.echo(f"error: lost the connection to Redis: {exc}", err=True)
+        ctx.exit(EXIT_UNREACHABLE)
+
+
 class Group(click.Group):
     """Turns jobqueue's typed errors into one line and an exit code."""
 
@@ -85,21 +104,7 @@ class Group(click.Group):
             raise one_line_usage(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            raise one_line_usage(exc) from None
-        except KeyboardInterrupt:
-            # click would print "Aborted!" and exit 1, the code of a refusal.
-            click.echo("\nAborted!", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
-        except JobQueueError as exc:
-            click.echo(f"error: {one_line(str(exc))}", err=True)
-            ctx.exit(exit_code(exc))
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            # The server went away after the first PING (restart, failover, network).
-            click.echo(f"error: lost the connection to Redis: {exc}", err=True)
-            ctx.exit(EXIT_UNREACHABLE)
+        return invoke_translating(ctx, lambda: super(Group, self).invoke(ctx))
 
 
 # Commands that may run on a private throwaway server without --embedded, with a warning:

@@ -36,11 +36,9 @@ from typing import IO, Any  # noqa: E402
 
 import click  # noqa: E402
 
-from jobqueue import __version__  # noqa: E402
 from jobqueue.cli.common import (  # noqa: E402
     EXIT_INTERRUPTED,
     FiniteFloat,
-    Group,
     State,
     echo_handle,
     json_arg,
@@ -49,13 +47,10 @@ from jobqueue.cli.common import (  # noqa: E402
     warn_anomalies,
     yes_option,
 )
-from jobqueue.cli.dashboard import dashboard  # noqa: E402
 from jobqueue.cli.format import rate as rate_text  # noqa: E402
 from jobqueue.cli.format import when  # noqa: E402
-from jobqueue.cli.ops import COMMANDS, confirm, progress  # noqa: E402
-from jobqueue.cli.repartition import repair, repartition  # noqa: E402
-from jobqueue.cli.schedules import schedule, schedules  # noqa: E402
-from jobqueue.cli.top import top  # noqa: E402
+from jobqueue.cli.ops import confirm, progress  # noqa: E402
+from jobqueue.cli.root import main as main  # noqa: E402  # the command, with every subcommand
 from jobqueue.client.base import Request  # noqa: E402
 from jobqueue.client.sync import JobQueue  # noqa: E402
 from jobqueue.errors import (  # noqa: E402
@@ -109,47 +104,6 @@ _queue_gauges = click.option(
     "limits) on --metrics-port. Every daemon would export the same values (they are the "
     "queues', not the daemon's): give this flag to one daemon only.",
 )
-
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--redis-url",
-    envvar="JOBQUEUE_REDIS_URL",
-    help="redis://, rediss://, unix:// or redis+cluster:// URL (env JOBQUEUE_REDIS_URL). "
-    "Required by commands that change data; without one, reading commands and daemons warn "
-    "and use a private throwaway server.",
-)
-@click.option(
-    "--embedded",
-    is_flag=True,
-    help="With no URL, use a private throwaway server on purpose (nothing persists): "
-    "allows every command and silences the warning.",
-)
-@click.option(
-    "--log-level",
-    default="INFO",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
-@click.option(
-    "--log-format",
-    envvar="JOBQUEUE_LOG_FORMAT",
-    default="text",
-    show_default=True,
-    type=click.Choice(["text", "json"]),
-    help="json: one object per line (ts, level, logger, msg; run_id, fence, attempt on runs).",
-)
-@click.version_option(__version__, prog_name="jobqueue")
-@click.pass_context
-def main(
-    ctx: click.Context, redis_url: str | None, embedded: bool, log_level: str, log_format: str
-) -> None:
-    """jobqueue: a Redis-backed distributed job scheduler and task queue."""
-    logs.configure(log_level, "json" if log_format == "json" else "text")
-    if embedded and redis_url is not None:
-        raise click.UsageError("--embedded is for when no URL is given; drop one of them")
-    if not isinstance(ctx.obj, State):
-        ctx.obj = State(redis_url, embedded=embedded)
-
 
 def _dump_stacks_on_sigusr1() -> None:
     """`kill -USR1 PID` prints every thread's stack to stderr: what a daemon that seems stuck
@@ -213,7 +167,7 @@ class ProcessCount(click.IntRange):
         return super().convert(value, param, ctx)
 
 
-@main.command()
+@click.command()
 @click.option("--app", "app_spec", required=True, help="module:attribute of your JobQueue.")
 @click.option(
     "--queue",
@@ -350,7 +304,7 @@ def _reload_worker(burst: bool, processes: int) -> None:
     )
 
 
-@main.command()
+@click.command()
 @click.argument("task")
 @click.option("--args", "args_json", default="[]", help="Positional arguments, a JSON array.")
 @click.option("--kwargs", "kwargs_json", default="{}", help="Keyword arguments, a JSON object.")
@@ -552,7 +506,7 @@ def _enqueue_file(
         click.echo(f"{len(requests):,} runs: {created:,} created, {existed:,} existed already")
 
 
-@main.command()
+@click.command()
 @click.argument("run_id")
 @click.option("--queue", help="Look only in this queue.")
 @click.option("--json", "as_json", is_flag=True)
@@ -630,7 +584,7 @@ def _flow(jq: JobQueue, queue: str) -> str:
     return "".join(f" - {n}" for n in notes)
 
 
-@main.command()
+@click.command()
 @click.argument("run_id")
 @click.option("--queue")
 @click.option("--reason", default="cancelled from the CLI", show_default=True)
@@ -652,7 +606,7 @@ def cancel(state: State, run_id: str, queue: str | None, reason: str, yes: bool)
     click.echo(f"cancelled {run_id} (was {previous})")
 
 
-@main.command()
+@click.command()
 @click.argument("run_id")
 @click.option("--queue")
 @click.option("--force", is_flag=True, help="Requeue a done run too (it runs again).")
@@ -685,7 +639,7 @@ def requeue(state: State, run_id: str, queue: str | None, force: bool, yes: bool
 # -- recurring jobs: the scheduler daemon, `schedule ...` and `jitter` ----------------------
 
 
-@main.command()
+@click.command()
 @click.option("--app", "app_spec", help="module:attribute of your JobQueue (optional).")
 @click.option(
     "--lookahead",
@@ -802,7 +756,7 @@ def scheduler(
 
 
 
-@main.command()
+@click.command()
 @click.option(
     "--jobs", default=100_000, show_default=True, type=click.IntRange(0, 10_000_000)
 )
@@ -822,15 +776,6 @@ def jitter(jobs: int, window: int, prefix: str, as_json: bool) -> None:
         click.echo(f"no jitter: second 0 gets {jobs:,}")
         return
     click.echo(f"jitter = fnv1a(job_id) % {window}: min {low:,}/s, max {high:,}/s")
-
-
-for _command in [*COMMANDS, top]:
-    main.add_command(_command)
-main.add_command(dashboard)
-main.add_command(schedules)
-main.add_command(schedule)
-main.add_command(repartition)
-main.add_command(repair)
 
 
 if _MAIN_THREAD:

@@ -1,0 +1,136 @@
+"""The ``jobqueue`` command itself: its global options, and its subcommands by name, each
+imported the first time it is run. ``jobqueue --help`` and ``--version`` import click and
+nothing of jobqueue's clients, redis-py or the daemons, so they answer at once.
+
+A command's one-line help for the root listing is kept here (``COMMANDS``), so that listing
+them imports none; tests/test_cli_startup.py holds it to each command's own."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from jobqueue import __version__
+
+# name -> (module, attribute, the one-line help the root listing shows)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "cancel": ("jobqueue.cli.core", "cancel", "Cancel a pending or running run (a running..."),
+    "capacity": ("jobqueue.cli.ops", "capacity", "The capacity model for N recurring jobs..."),
+    "check": ("jobqueue.cli.ops", "check", "Is Redis set up as jobqueue's guarantees..."),
+    "dashboard": (
+        "jobqueue.cli.dashboard", "dashboard", "Serve the web dashboard: queues with...",
+    ),
+    "dead": ("jobqueue.cli.ops", "dead", "Dead runs: list, retry (requeue), purge."),
+    "enqueue": ("jobqueue.cli.core", "enqueue", "Enqueue one run of TASK (or one per line..."),
+    "jitter": ("jobqueue.cli.core", "jitter", "How a herd of JOBS ids <prefix>0.. firing..."),
+    "leases": ("jobqueue.cli.ops", "leases", "Which worker holds which run, and for how..."),
+    "queue": ("jobqueue.cli.ops", "queue", "Pause or resume a queue's claims; limit..."),
+    "queues": ("jobqueue.cli.ops", "queues", "Per queue and partition: due now, later,..."),
+    "repair": (
+        "jobqueue.cli.repartition", "repair", "Put every run back in the index its state...",
+    ),
+    "repartition": (
+        "jobqueue.cli.repartition", "repartition", "Change QUEUE's partition count: move every...",
+    ),
+    "requeue": ("jobqueue.cli.core", "requeue", "Put a dead or cancelled run back to..."),
+    "runs": ("jobqueue.cli.ops", "runs", "Runs by state, newest finished first."),
+    "schedule": (
+        "jobqueue.cli.schedules", "schedule", "Recurring jobs: list (the default), show,...",
+    ),
+    "scheduler": ("jobqueue.cli.core", "scheduler", "Run a scheduler: turn recurring jobs into..."),
+    "schedules": (
+        "jobqueue.cli.schedules", "schedules", "Recurring jobs: list (the default), show,...",
+    ),
+    "show": ("jobqueue.cli.core", "show", "Everything about one run, with its history..."),
+    "stats": ("jobqueue.cli.ops", "stats", "Same as `queues`."),
+    "top": ("jobqueue.cli.top", "top", "A live view of queues, throughput,..."),
+    "worker": ("jobqueue.cli.core", "worker", "Run a worker: claim runs, execute them,..."),
+    "workers": ("jobqueue.cli.ops", "workers", "The worker registry (the default: list..."),
+}
+
+
+# Older names, still run but not listed.
+HIDDEN = frozenset({"schedule"})
+
+
+class Root(click.Group):
+    """The root group: subcommands from ``COMMANDS``, imported when first needed; jobqueue's
+    typed errors turned into one line and an exit code (``common.invoke_translating``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = COMMANDS.get(cmd_name)
+        if found is None:
+            return None
+        command: click.Command = getattr(importlib.import_module(found[0]), found[1])
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (name, help_text)
+            for name, (_, _, help_text) in sorted(COMMANDS.items())
+            if name not in HIDDEN
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            from jobqueue.cli.common import one_line_usage
+
+            raise one_line_usage(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from jobqueue.cli.common import invoke_translating
+
+        return invoke_translating(ctx, lambda: super(Root, self).invoke(ctx))
+
+
+@click.group(cls=Root, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--redis-url",
+    envvar="JOBQUEUE_REDIS_URL",
+    help="redis://, rediss://, unix:// or redis+cluster:// URL (env JOBQUEUE_REDIS_URL). "
+    "Required by commands that change data; without one, reading commands and daemons warn "
+    "and use a private throwaway server.",
+)
+@click.option(
+    "--embedded",
+    is_flag=True,
+    help="With no URL, use a private throwaway server on purpose (nothing persists): "
+    "allows every command and silences the warning.",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    envvar="JOBQUEUE_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="json: one object per line (ts, level, logger, msg; run_id, fence, attempt on runs).",
+)
+@click.version_option(__version__, prog_name="jobqueue")
+@click.pass_context
+def main(
+    ctx: click.Context, redis_url: str | None, embedded: bool, log_level: str, log_format: str
+) -> None:
+    """jobqueue: a Redis-backed distributed job scheduler and task queue."""
+    from jobqueue.cli.common import State
+    from jobqueue.runtime import logs
+
+    logs.configure(log_level, "json" if log_format == "json" else "text")
+    if embedded and redis_url is not None:
+        raise click.UsageError("--embedded is for when no URL is given; drop one of them")
+    if not isinstance(ctx.obj, State):
+        ctx.obj = State(redis_url, embedded=embedded)
