@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def test_list_table_has_relative_and_absolute_fire_times(jq: JobQueue) -> None:
     result = invoke(jq, "schedules", "list")
     assert result.exit_code == 0, result.output
     header, *rows = result.stdout.splitlines()
-    for column in ("NEXT FIRE (UTC)", "LAST FIRE (UTC)", "MISFIRE", "OVERLAP", "JITTER",
+    for column in ("NEXT FIRE (UTC)", "LAST FIRED (UTC)", "MISFIRE", "OVERLAP", "JITTER",
                    "FIRED", "MISSED", "SKIPPED", "DROPPED"):
         assert column in header
     hourly = next(r for r in rows if r.startswith("hourly"))
@@ -78,6 +79,25 @@ def test_list_table_has_relative_and_absolute_fire_times(jq: JobQueue) -> None:
     # aligned: every row starts its NEXT FIRE cell where the header does
     start = header.index("NEXT FIRE")
     assert all(r[start - 2 : start] == "  " and r[start] == "2" for r in rows)
+
+
+def test_a_run_created_ahead_is_the_next_fire_and_the_last_fired_is_in_the_past(
+    jq: JobQueue,
+) -> None:
+    """The schedulers create runs up to a lookahead early: the fire whose run exists but is
+    not due yet is shown as the next fire (run created), not as the last fire."""
+    now = jq.server_time_ms()
+    jq.schedule("minutely", "ping", every=60, now=now)
+    ahead = (now // 60_000 + 1) * 60_000  # the next whole minute, its run created already
+    with_counters(jq, "minutely", JobState(fired=3, last_fire_ms=ahead, through_ms=ahead))
+    (job,) = as_json(jq, "schedules", "list")
+    assert (job["next_due_ms"], job["next_due_created"]) == (ahead, True)
+    assert job["last_fired_ms"] == ahead - 60_000
+    header, row = invoke(jq, "schedules", "list").stdout.splitlines()
+    cell = row[header.index("NEXT FIRE") : header.index("LAST FIRED")]
+    assert cell.strip().endswith("), run created") and "(in " in cell
+    cell = row[header.index("LAST FIRED") : header.index("  FIRED")]
+    assert cell.strip().endswith(" ago)")
 
 
 def test_bare_schedules_lists_the_jobs(jq: JobQueue) -> None:
@@ -201,3 +221,65 @@ def test_add_refuses_a_jitter_or_interval_that_is_not_finite(
     assert result.exit_code == 2, result.output
     assert "is not a finite number" in result.output and "Traceback" not in result.output
     assert jq.get_schedule("j") is None
+
+
+SCHEDULED_APP = """
+from jobqueue import JobQueue
+jq = JobQueue.from_url()
+
+@jq.task
+def report(region: str) -> None: ...
+"""
+
+
+@pytest.fixture
+def report_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    (tmp_path / "report_app.py").write_text(SCHEDULED_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "report_app", raising=False)
+    yield "report_app:jq"
+    sys.modules.pop("report_app", None)
+
+
+def add(url: str, *args: str) -> Result:
+    return CliRunner().invoke(
+        main, ["--redis-url", url, "schedules", "add", "nightly", *args, "--every", "3600"]
+    )
+
+
+def test_schedules_add_with_app_refuses_a_task_the_app_does_not_have(
+    real_server: EmbeddedServer, report_app: str
+) -> None:
+    redis.Redis.from_url(real_server.url).flushall()
+    result = add(real_server.url, "nosuch_task", "--app", report_app)
+    assert result.exit_code == 1
+    assert "task 'nosuch_task' is not registered in report_app:jq" in result.stderr
+    assert JobQueue.from_url(real_server.url).get_schedule("nightly") is None
+
+
+def test_schedules_add_with_app_refuses_arguments_that_do_not_fit_the_task(
+    real_server: EmbeddedServer, report_app: str
+) -> None:
+    redis.Redis.from_url(real_server.url).flushall()
+    result = add(real_server.url, "report", "--app", report_app, "--args", "[1, 2]")
+    assert result.exit_code == 2
+    assert "arguments do not fit task report" in result.stderr
+    assert JobQueue.from_url(real_server.url).get_schedule("nightly") is None
+
+
+def test_schedules_add_with_app_writes_a_task_it_has(
+    real_server: EmbeddedServer, report_app: str
+) -> None:
+    redis.Redis.from_url(real_server.url).flushall()
+    result = add(real_server.url, "report", "--app", report_app, "--args", '["eu"]')
+    assert result.exit_code == 0, result.output
+    assert "note:" not in result.stderr
+
+
+def test_schedules_add_without_app_says_the_task_is_not_checked(
+    real_server: EmbeddedServer,
+) -> None:
+    redis.Redis.from_url(real_server.url).flushall()
+    result = add(real_server.url, "nosuch_task")
+    assert result.exit_code == 0
+    assert result.stderr.startswith("note: task 'nosuch_task' and its arguments are not checked")

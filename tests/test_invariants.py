@@ -807,16 +807,28 @@ def test_inv6_no_jobqueue_module_unpickles_or_evaluates_code() -> None:
 def test_inv6_no_jobqueue_module_imports_code_by_name() -> None:
     """No importlib & co: task names come only from the registry the worker was given.
 
-    The one import by name is ``jobqueue worker --app module:attr`` in cli/main.py: the operator's
-    own command line naming the app that holds that registry (like ``celery -A``); nothing
-    stored in Redis or sent by a user reaches it. Any other use fails this test."""
+    The one import of a name from outside is ``jobqueue worker --app module:attr``, in
+    cli/common.py's load_app: the operator's own command line naming the app that holds that
+    registry (like ``celery -A``); nothing stored in Redis or sent by a user reaches it. The
+    others are lazy loaders of jobqueue's own modules from fixed tables (``import jobqueue``
+    and ``jobqueue --help`` import no client): every entry is one of jobqueue's modules. Any
+    other use fails this test."""
+    import jobqueue
+    from jobqueue.cli.root import COMMANDS
+
     found = scan(IMPORTERS, IMPORT_CALLS)
-    cli_uses = found.pop("jobqueue/cli/core.py", [])
-    assert found == {}
-    cli_source = (ROOT / "jobqueue" / "cli" / "core.py").read_text()
-    assert cli_source.count("importlib.import_module(") == 1
-    load_app = cli_source[cli_source.index("def load_app("):]
-    assert "importlib.import_module(" in load_app[: load_app.index("\ndef ")], cli_uses
+    assert set(found) == {"jobqueue/cli/common.py", "jobqueue/__init__.py", "jobqueue/cli/root.py"}
+    for path in found:
+        assert (ROOT / path).read_text().count("import_module(") == 1, path
+    common = (ROOT / "jobqueue" / "cli" / "common.py").read_text()
+    load_app = common[common.index("def load_app("):]
+    assert "importlib.import_module(" in load_app[: load_app.index("\ndef ")]
+    init = (ROOT / "jobqueue" / "__init__.py").read_text()
+    assert "importlib.import_module(home)" in init and "home = _HOMES.get(name)" in init
+    assert all(home.startswith("jobqueue.") for home in jobqueue._HOMES.values())
+    root = (ROOT / "jobqueue" / "cli" / "root.py").read_text()
+    assert "importlib.import_module(found[0])" in root and "found = COMMANDS.get(" in root
+    assert all(module.startswith("jobqueue.cli.") for module, _, _ in COMMANDS.values())
 
 
 def test_inv6_no_lua_script_evaluates_a_string() -> None:

@@ -3,9 +3,13 @@ command, and small argument and output helpers."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import math
+import os
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -105,6 +109,37 @@ class Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         return invoke_translating(ctx, lambda: super(Group, self).invoke(ctx))
+
+
+def load_app(spec: str) -> JobQueue:
+    """``module`` or ``module:attribute`` naming a JobQueue (the operator's own code)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name.strip() or module_name.startswith("."):
+        raise ConfigError(
+            f"--app {spec!r} names no module (expected module:attribute, e.g. app:jq)"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like uvicorn/celery: apps next to where you run
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import app module {module_name!r}: {exc}") from None
+    except Exception as exc:  # the app's own code failed: its error, not ours
+        logging.getLogger("jobqueue").debug("importing %r failed", module_name, exc_info=True)
+        raise ConfigError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exc} "
+            "(--log-level debug shows the traceback)"
+        ) from None
+    app = getattr(module, attr or "jq", None)
+    if type(app).__name__ == "AsyncJobQueue":  # not imported here: aio is for apps
+        raise ConfigError(
+            f"{spec!r} is an AsyncJobQueue, a client for asyncio apps; the daemons need a "
+            "JobQueue with the tasks registered on it (`async def` tasks included: the worker "
+            "runs them on its own event loop)"
+        )
+    if not isinstance(app, JobQueue):
+        raise ConfigError(f"{spec!r} is not a JobQueue (expected module:attribute, e.g. app:jq)")
+    return app
 
 
 # Commands that may run on a private throwaway server without --embedded, with a warning:

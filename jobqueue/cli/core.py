@@ -25,7 +25,6 @@ _previous_sigint = (
 
 import contextlib  # noqa: E402
 import faulthandler  # noqa: E402
-import importlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
@@ -42,6 +41,7 @@ from jobqueue.cli.common import (  # noqa: E402
     State,
     echo_handle,
     json_arg,
+    load_app,
     ms_to_text,
     pass_state,
     warn_anomalies,
@@ -114,37 +114,6 @@ def _dump_stacks_on_sigusr1() -> None:
         return
     with contextlib.suppress(ValueError, OSError):  # no file descriptor: nothing to dump to
         faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
-
-
-def load_app(spec: str) -> JobQueue:
-    """``module`` or ``module:attribute`` naming a JobQueue (the operator's own code)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name.strip() or module_name.startswith("."):
-        raise ConfigError(
-            f"--app {spec!r} names no module (expected module:attribute, e.g. app:jq)"
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like uvicorn/celery: apps next to where you run
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import app module {module_name!r}: {exc}") from None
-    except Exception as exc:  # the app's own code failed: its error, not ours
-        logging.getLogger("jobqueue").debug("importing %r failed", module_name, exc_info=True)
-        raise ConfigError(
-            f"importing {module_name!r} raised {type(exc).__name__}: {exc} "
-            "(--log-level debug shows the traceback)"
-        ) from None
-    app = getattr(module, attr or "jq", None)
-    if type(app).__name__ == "AsyncJobQueue":  # not imported here: aio is for apps
-        raise ConfigError(
-            f"{spec!r} is an AsyncJobQueue, a client for asyncio apps; the daemons need a "
-            "JobQueue with the tasks registered on it (`async def` tasks included: the worker "
-            "runs them on its own event loop)"
-        )
-    if not isinstance(app, JobQueue):
-        raise ConfigError(f"{spec!r} is not a JobQueue (expected module:attribute, e.g. app:jq)")
-    return app
 
 
 _EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")

@@ -17,13 +17,14 @@ from jobqueue.cli.common import (
     anomaly_cell,
     echo_handle,
     json_arg,
+    load_app,
     pass_state,
     warn_anomalies,
 )
 from jobqueue.cli.format import when
 from jobqueue.cli.ops import confirm, progress, table
 from jobqueue.client.sync import JobQueue
-from jobqueue.errors import CorruptData, OperationRefused
+from jobqueue.errors import CorruptData, OperationRefused, UnknownTask
 from jobqueue.policy.cron import fire_times_between
 from jobqueue.policy.timeutil import instant_to_ms
 from jobqueue.schedules.recurring import (
@@ -57,9 +58,18 @@ def _when_text(info: ScheduleInfo) -> str:
 
 
 def _next_text(info: ScheduleInfo, now: int) -> str:
+    """The next fire after now (its run may be created already: a lookahead early)."""
     if info.definition.paused:
         return "paused"
-    return "ended" if info.next_fire_ms is None else when(info.next_fire_ms, now)
+    around = info.fires_around(now)
+    if around.next_ms is None:
+        return "ended"
+    return when(around.next_ms, now) + (", run created" if around.next_created else "")
+
+
+def _last_text(info: ScheduleInfo, now: int) -> str:
+    """The last fire at or before now whose run was created."""
+    return when(info.fires_around(now).last_ms, now)
 
 
 def _schedule_line(info: ScheduleInfo, now: int) -> str:
@@ -100,6 +110,12 @@ def _require_schedule(jq: JobQueue, job_id: str) -> ScheduleInfo:
 )
 @click.option("--queue")
 @click.option("--max-attempts", type=click.IntRange(1), default=None)
+@click.option(
+    "--app",
+    "app_spec",
+    help="module:attribute of your JobQueue: TASK must be one of its tasks and the "
+    "arguments must fit it (without it, neither is checked).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_state
 def schedule_add(
@@ -116,12 +132,23 @@ def schedule_add(
     overlap: str,
     queue: str | None,
     max_attempts: int | None,
+    app_spec: str | None,
     as_json: bool,
 ) -> None:
-    """Create or update the recurring job JOB_ID running TASK (idempotent: an upsert)."""
+    """Create or update the recurring job JOB_ID running TASK (idempotent: an upsert).
+    With --app, TASK and the arguments are checked against the app's tasks."""
     args = json_arg(args_json, "--args", list)
     kwargs = json_arg(kwargs_json, "--kwargs", dict)
-    jq = state.jq()
+    app = load_app(app_spec) if app_spec else None
+    jq = state.jq(app)
+    if app is not None and task not in jq.registry:
+        raise UnknownTask(f"task {task!r} is not registered in {app_spec}")
+    if app is None:
+        click.echo(
+            f"note: task {task!r} and its arguments are not checked (no --app): a task no "
+            "worker registers would have every fire's run handed back until it dies",
+            err=True,
+        )
     info = jq.schedule(
         job_id,
         task,
@@ -282,7 +309,7 @@ _SCHEDULE_HEADERS = [
     "OVERLAP",
     "JITTER",
     "NEXT FIRE (UTC)",
-    "LAST FIRE (UTC)",
+    "LAST FIRED (UTC)",
     "FIRED",
     "MISSED",
     "SKIPPED",
@@ -303,13 +330,13 @@ def schedules_list(state: State, limit: int, as_json: bool) -> None:
     jq = state.jq()
     infos = read_schedules(jq, limit=limit)
     warn_anomalies(all_anomalies(infos))
+    now = jq.server_time_ms()
     if as_json:
-        click.echo(json.dumps([_schedule_dict(i) for i in infos]))
+        click.echo(json.dumps([_schedule_dict(i, now) for i in infos]))
         return
     if not infos:
         click.echo("no recurring jobs")
         return
-    now = jq.server_time_ms()
     rows = [
         [
             i.job_id,
@@ -320,7 +347,7 @@ def schedules_list(state: State, limit: int, as_json: bool) -> None:
             i.definition.overlap,
             f"{i.definition.jitter_ms / 1000:g}s",
             _next_text(i, now),
-            when(i.state.last_fire_ms, now),
+            _last_text(i, now),
             i.state.fired,
             i.state.missed,
             i.state.skipped,
@@ -335,9 +362,10 @@ def schedules_list(state: State, limit: int, as_json: bool) -> None:
     click.echo(table(rows, headers))
 
 
-def _schedule_dict(info: ScheduleInfo) -> dict[str, Any]:
-    """ScheduleInfo.to_dict plus the last fire in ms (to_dict has it only as text)."""
-    return {**info.to_dict(), "last_fire_ms": info.state.last_fire_ms}
+def _schedule_dict(info: ScheduleInfo, now: int) -> dict[str, Any]:
+    """ScheduleInfo.to_dict (with the fires around now) plus the last fire a run was created
+    for, in ms (to_dict has it only as text)."""
+    return {**info.to_dict(now), "last_fire_ms": info.state.last_fire_ms}
 
 
 @schedules.command("show")
@@ -349,10 +377,11 @@ def schedule_show(state: State, job_id: str, as_json: bool) -> None:
     jq = state.jq()
     info = _require_schedule(jq, job_id)
     warn_anomalies(info.anomalies)
+    now = jq.server_time_ms()
     if as_json:
-        click.echo(json.dumps(_schedule_dict(info)))
+        click.echo(json.dumps(_schedule_dict(info, now)))
         return
-    d, s, now = info.definition, info.state, jq.server_time_ms()
+    d, s = info.definition, info.state
     rows = [
         ("job", d.job_id),
         ("task", d.task),
@@ -360,7 +389,8 @@ def schedule_show(state: State, job_id: str, as_json: bool) -> None:
         ("schedule", _when_text(info)),
         ("state", "paused" if d.paused else "active" if info.next_fire_ms else "ended"),
         ("next fire", _next_text(info, now)),
-        ("last fire", when(s.last_fire_ms, now)),
+        ("last fired", _last_text(info, now)),
+        ("created up to", when(s.last_fire_ms, now)),  # runs, a lookahead early
         ("misfire policy", d.misfire),
         ("overlap policy", d.overlap),
         ("jitter", f"{d.jitter_ms / 1000:g}s"),

@@ -41,7 +41,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from jobqueue.anomalies import (
     MAX_TIME_MS,
@@ -396,6 +396,28 @@ class JobState:
         return f"{self.fired} {self.missed} {self.skipped} {self.dropped} {last} {through}{queue}"
 
 
+class FiresAround(NamedTuple):
+    """A job's fire instants around now: the last one passed (None: none yet), the next one
+    (None: it has ended), and whether the next one's run is created already (early, up to
+    the schedulers' lookahead)."""
+
+    last_ms: int | None
+    next_ms: int | None
+    next_created: bool
+
+
+def _last_fire_by(schedule: Schedule, now_ms: int, anchor_ms: int | None) -> int | None:
+    """The latest fire instant at or before ``now_ms`` (looking back at most about 1,000
+    periods), or None."""
+    span = max(period_ms(schedule), 1_000)
+    for factor in (2, 16, 128, 1024):
+        lo = now_ms - factor * span
+        fires = fire_times_between(schedule, lo, now_ms, anchor_ms=anchor_ms)
+        if fires:
+            return fires[-1]
+    return None
+
+
 @dataclass(frozen=True)
 class ScheduleInfo:
     """What ``get_schedule`` and ``list_schedules`` return."""
@@ -410,8 +432,41 @@ class ScheduleInfo:
     def job_id(self) -> str:
         return self.definition.job_id
 
-    def to_dict(self) -> dict[str, Any]:
+    def fires_around(self, now_ms: int) -> FiresAround:
+        """The fire instants on either side of ``now_ms`` (the schedulers create runs up to a
+        lookahead early, so the last fire handled, ``state.last_fire_ms``, may be ahead)."""
+        d, last = self.definition, self.state.last_fire_ms
+        if last is None or last <= now_ms:
+            return FiresAround(last, self.next_fire_ms, False)
+        # Runs are created ahead: the next fire is among those, the last one passed before.
+        schedule = d.schedule
+        ahead = fire_times_between(schedule, now_ms, last, limit=1000, anchor_ms=d.start_ms)
+        # A fire passed counts only if some run was created for one (not a fire from before
+        # the job existed): more fired than created ahead.
+        passed = _last_fire_by(schedule, now_ms, d.start_ms)
+        if self.state.fired <= len(ahead):
+            passed = None
+        return FiresAround(passed, ahead[0] if ahead else last, True)
+
+    def to_dict(self, now_ms: int | None = None) -> dict[str, Any]:
+        """Its fields as JSON. ``next_fire_ms`` is the next fire no run was created for yet
+        and ``last_fire`` the latest one a run was created for (it may be ahead: runs are
+        created a lookahead early); with ``now_ms``, also the fires on either side of now:
+        ``last_fired_ms`` (None: none yet), ``next_due_ms`` (None: ended) and
+        ``next_due_created`` (its run is created already)."""
         d = self.definition
+        around = {} if now_ms is None else self._around_dict(now_ms)
+        return {**self._fields(d), **around}
+
+    def _around_dict(self, now_ms: int) -> dict[str, Any]:
+        around = self.fires_around(now_ms)
+        return {
+            "last_fired_ms": around.last_ms,
+            "next_due_ms": around.next_ms,
+            "next_due_created": around.next_created,
+        }
+
+    def _fields(self, d: Definition) -> dict[str, Any]:
         return {
             "job_id": d.job_id,
             "task": d.task,
@@ -506,6 +561,8 @@ def make_definition(
     else:
         resolved = jq.resolve_task(task)
         task_name, options = resolved.name, resolved.options
+        # Arguments that could never bind would fail every fire's run: refused now.
+        resolved.check_arguments(args, kwargs or {})
     try:
         schedule = parse_schedule(cron, every, tz)
         policy = parse_policy(misfire)
