@@ -132,15 +132,40 @@ def test_run_page_shows_the_history_of_attempts(jq: JobQueue, client: TestClient
     history = re.search(r'<table id="history">.*?</table>', page, re.S)
     assert history
     events = re.findall(r"<td>([a-z][^<]*)</td>", history.group(0))
-    stored = jq.get_run("r1").history  # what `jobqueue show` prints, in the same order
-    assert stored and events == [line.partition(" ")[2] for line in stored]
+    timeline = jq.get_run("r1").timeline()  # what `jobqueue show` prints, in the same order
+    assert events == [text for _, text in timeline]
+    assert events[0] == "created" and events[-1].startswith(f"claimed fence={second} attempt=2")
     assert any(e.startswith(f"lease expired fence={first}") for e in events)
     assert ">2/2<" in page and f"fence</th><td>{second}<" in page  # the current attempt, fence
 
 
-def test_an_unknown_run_says_so(client: TestClient) -> None:
+def test_an_unknown_run_says_so_with_a_404(client: TestClient) -> None:
     reply = client.get("/run", params={"id": "nope"})
-    assert reply.status_code == 200 and "No run &#39;nope&#39;" in reply.text
+    assert reply.status_code == 404 and "No run &#39;nope&#39;" in reply.text
+
+
+def test_a_running_runs_page_shows_its_claim(jq: JobQueue, client: TestClient) -> None:
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="busy"))
+    fence = claim(jq, "busy")
+    page = client.get("/run", params={"id": "busy"}).text
+    assert "No history kept." not in page
+    assert f"claimed fence={fence} attempt=1 owner=w-1" in page
+
+
+def test_the_run_page_shows_the_instants_in_history_lines_as_times(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.declare_task("report", max_attempts=3)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="flaky"))
+    fence = claim(jq, "flaky")
+    keys = jq.keys_for("default", "flaky")
+    reply = jq.scripts.run(FAIL.call(keys, "flaky", fence, "boom", 60_000, 60_000))
+    retry_at = FAIL.parse(reply).retry_at_ms
+    assert retry_at is not None
+    page = client.get("/run", params={"id": "flaky"}).text
+    assert str(retry_at) not in page.split('<table id="history">')[1]
+    shown = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(retry_at / 1000))
+    assert f"retry at {shown} UTC" in page
 
 
 def test_leases_page_highlights_expired_leases(jq: JobQueue, client: TestClient) -> None:

@@ -28,7 +28,6 @@ import faulthandler  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
-import re  # noqa: E402
 import shlex  # noqa: E402
 from datetime import datetime  # noqa: E402
 from typing import IO, Any  # noqa: E402
@@ -63,6 +62,7 @@ from jobqueue.errors import (  # noqa: E402
 )
 from jobqueue.models import PRIORITY_MAX, Run  # noqa: E402
 from jobqueue.policy.misfire import DEFAULT_GRACE_MS  # noqa: E402
+from jobqueue.policy.timeutil import instants_shown  # noqa: E402
 from jobqueue.runtime import logs  # noqa: E402
 from jobqueue.runtime import metrics as metrics_mod  # noqa: E402
 from jobqueue.scheduler.daemon import (  # noqa: E402
@@ -114,9 +114,6 @@ def _dump_stacks_on_sigusr1() -> None:
         return
     with contextlib.suppress(ValueError, OSError):  # no file descriptor: nothing to dump to
         faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
-
-
-_EPOCH_MS = re.compile(r"((?:retry at|due=) ?)(\d{12,})")
 
 
 class ProcessCount(click.IntRange):
@@ -520,7 +517,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
     click.echo("history:")
     for ms, text in run.timeline():
         # the scripts write instants as epoch ms; show them like the rest
-        text = _EPOCH_MS.sub(lambda m: m.group(1) + ms_to_text(int(m.group(2))), text)
+        text = instants_shown(text, ms_to_text)
         click.echo(f"  {ms_to_text(ms) if ms is not None else '?'}  {text}")
     for kept in run.tracebacks:
         attempt = kept["attempt"] if kept["attempt"] is not None else "?"

@@ -43,7 +43,7 @@ from jobqueue.errors import (
     UnknownQueue,
 )
 from jobqueue.models import STATES, split_entry
-from jobqueue.policy.timeutil import abs_time, duration, relative
+from jobqueue.policy.timeutil import abs_time, duration, instants_shown, relative
 
 HERE = Path(__file__).parent
 FLASH_COOKIE = "jq_flash"
@@ -102,7 +102,7 @@ def _root(request: Request) -> str:
     return root.rstrip("/")
 
 
-def render(request: Request, name: str, **context: Any) -> Response:
+def render(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
     s = _settings(request)
     session = request.cookies.get(SESSION_COOKIE)
     new_session = session is None
@@ -124,7 +124,7 @@ def render(request: Request, name: str, **context: Any) -> Response:
         root=_root(request),
         **context,
     )
-    response = HTMLResponse(body)
+    response = HTMLResponse(body, status_code=status_code)
     if new_session:
         response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="strict")
     if flash:
@@ -255,14 +255,21 @@ def run_page(request: Request) -> Response:
     run_id = request.query_params.get("id", "")
     run = jq.find_run(run_id, request.query_params.get("queue") or None) if run_id else None
     if run is None:
-        return render(request, "missing.html", what=f"run {run_id!r}")
-    history = []
+        return render(request, "missing.html", status_code=404, what=f"run {run_id!r}")
+    # The run's story as `jobqueue show` tells it (creation, the latest claim and a success
+    # come from the record), each failed attempt with its traceback, instants as times.
+    kept: dict[tuple[int | None, str], str] = {}
     for entry in run.history:
         line, tb = split_entry(entry)
         stamp, _, text = line.partition(" ")
         # isdigit() alone takes "²", which int() refuses: a foreign line is shown whole.
         ok = stamp.isascii() and stamp.isdigit()
-        history.append((int(stamp) if ok else None, text if ok else line, tb))
+        if tb is not None:
+            kept[(int(stamp) if ok else None, text if ok else line)] = tb
+    history = [
+        (ms, instants_shown(text, lambda t: abs_time(t) + " UTC"), kept.get((ms, text)))
+        for ms, text in run.timeline()
+    ]
     return render(request, "run.html", run=run, history=history, anomalies=list(run.anomalies))
 
 

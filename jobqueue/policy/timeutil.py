@@ -7,6 +7,8 @@ Nothing here reads a clock: the due time of a delayed run is computed by Redis (
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from jobqueue.errors import ConfigError
@@ -100,3 +102,13 @@ def when(ms: int | None, now_ms: int) -> str:
     if ms is None:
         return "-"
     return f"{abs_time(ms)} ({relative(ms, now_ms)})"
+
+
+# Instants the scripts write into history lines as epoch ms ("retry at 1796194568799",
+# "due at ...", "due=..."): shown like every other time by the CLI and the dashboard.
+_EPOCH_IN_TEXT = re.compile(r"((?:retry at|due at|due=) ?)(\d{12,})")
+
+
+def instants_shown(text: str, show: Callable[[int], str]) -> str:
+    """``text`` with the epoch-ms instants a history line holds rendered by ``show``."""
+    return _EPOCH_IN_TEXT.sub(lambda m: m.group(1) + show(int(m.group(2))), text)
