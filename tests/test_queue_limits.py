@@ -175,6 +175,28 @@ def test_a_rate_that_is_not_one_is_refused_and_nothing_is_written(
     assert jq.queues() == {}
 
 
+def test_a_rate_margin_widens_the_window_claims_are_counted_in(jq: JobQueue) -> None:
+    assert jq.set_queue_rate("mail", 20, per=1, margin=0.05) is True
+    assert jq.queue_limits("mail").rate == (20, 1_050)
+
+
+@pytest.mark.parametrize("margin", [-0.1, 61, float("nan"), True])
+def test_a_rate_margin_out_of_range_is_refused_and_nothing_is_written(
+    jq: JobQueue, margin: float
+) -> None:
+    with pytest.raises(ConfigError, match="margin"):
+        jq.set_queue_rate("mail", 20, margin=margin)
+    assert jq.queues() == {}
+
+
+def test_cli_queue_rate_margin_says_the_window_it_sets(jq: JobQueue) -> None:
+    result = invoke(jq, "queue", "rate", "mail", "20", "--margin", "0.05")
+    assert result.exit_code == 0, result.output
+    said = "queue mail: rate limit 20 per 1s (+0.05s margin: a window of 1.05s)\n"
+    assert result.stdout.endswith(said)
+    assert jq.queue_limits("mail").rate == (20, 1_050)
+
+
 def test_a_worker_starts_no_more_runs_than_the_rate_allows(
     fast_jq: JobQueue, clock: FakeClock
 ) -> None:

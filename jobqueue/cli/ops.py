@@ -381,11 +381,23 @@ def queue_concurrency(
     help="The window, in seconds (1 ms to 1 day).",
 )
 @click.option("--per-key", is_flag=True, help="At most LIMIT claims of each limit_key.")
+@click.option(
+    "--margin",
+    type=FiniteFloat(0, 60),
+    default=0.0,
+    show_default=True,
+    help="Seconds added to the window, so that at most LIMIT task starts (not only claims) "
+    "fall in any --per seconds: at least the longest lag of a start behind its claim.",
+)
 @pass_state
-def queue_rate(state: Any, name: str, limit: str, per: float, per_key: bool) -> None:
+def queue_rate(
+    state: Any, name: str, limit: str, per: float, per_key: bool, margin: float
+) -> None:
     """At most LIMIT runs of queue NAME claimed in any --per seconds, per partition (exact for
     a queue of one partition, the default); LIMIT `none` removes the limit. With --per-key: at
-    most LIMIT claims of each limit_key (enqueue --limit-key).
+    most LIMIT claims of each limit_key (enqueue --limit-key). With --margin M: the window is
+    --per + M seconds, so that task starts, which lag their claims, stay within LIMIT per
+    --per seconds too.
 
     Enforced by the claim script across all workers, on the server's clock: a run over the
     limit stays pending, and idle workers sleep until the window has room. Idempotent."""
@@ -398,8 +410,10 @@ def queue_rate(state: Any, name: str, limit: str, per: float, per_key: bool) -> 
     jq = state.jq()
     kind = "per-key " if per_key else ""
     what = f"no {kind}rate limit" if value is None else f"{kind}rate limit {value} per {per:g}s"
+    if value is not None and margin:
+        what += f" (+{margin:g}s margin: a window of {per + margin:g}s)"
     _note_if_new(jq, name)
-    if jq.set_queue_rate(name, value, per, per_key=per_key):
+    if jq.set_queue_rate(name, value, per, per_key=per_key, margin=margin):
         click.echo(f"queue {name}: {what}")
     else:
         click.echo(f"queue {name} already has {what} (nothing to do)")

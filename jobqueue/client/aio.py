@@ -227,10 +227,16 @@ class AsyncJobQueue(ClientCore):
         return await self.run_steps(self._set_concurrency(queue, limit, per_key, task))
 
     async def set_queue_rate(
-        self, queue: str, limit: int | None, per: float = 1.0, *, per_key: bool = False
+        self,
+        queue: str,
+        limit: int | None,
+        per: float = 1.0,
+        *,
+        per_key: bool = False,
+        margin: float = 0.0,
     ) -> bool:
         """See :meth:`JobQueue.set_queue_rate`."""
-        return await self.run_steps(self._set_rate(queue, limit, per, per_key))
+        return await self.run_steps(self._set_rate(queue, limit, per, per_key, margin))
 
     async def queue_limits(self, queue: str) -> QueueLimits:
         """See :meth:`JobQueue.queue_limits`."""

@@ -165,19 +165,26 @@ class ClientCore(ClientBase):
         return any([SET_LIMIT.parse(reply) for reply in replies])
 
     def _set_rate(
-        self, queue: str, limit: int | None, per: float, per_key: bool = False
+        self,
+        queue: str,
+        limit: int | None,
+        per: float,
+        per_key: bool = False,
+        margin: float = 0.0,
     ) -> Steps[bool]:
         """Set (or with None remove) the rate limit of every partition of a queue: at most
-        ``limit`` claims (with ``per_key``: of each limit_key) in any ``per`` seconds; True
-        when a partition changed."""
+        ``limit`` claims (with ``per_key``: of each limit_key) in any ``per`` + ``margin``
+        seconds; True when a partition changed."""
         value: str | None = None
+        if isinstance(margin, bool) or not (isinstance(margin, int | float) and 0 <= margin <= 60):
+            raise ConfigError(f"rate margin must be from 0 to 60 seconds, not {margin!r}")
         if limit is not None:
             if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
                 raise ConfigError(
                     f"rate limit must be an integer from 1 to {MAX_LIMIT} (to stop claims, "
                     "pause the queue)"
                 )
-            window_ms = to_ms(per, "per")
+            window_ms = to_ms(per, "per") + (round(margin * 1000) if margin else 0)
             if not 1 <= window_ms <= MAX_RATE_WINDOW_MS:
                 raise ConfigError("rate window 'per' must be from 1 ms to 1 day")
             value = rate_value(limit, window_ms)

@@ -169,15 +169,27 @@ class JobQueue(ClientCore):
         return self.run_steps(self._set_concurrency(queue, limit, per_key, task))
 
     def set_queue_rate(
-        self, queue: str, limit: int | None, per: float = 1.0, *, per_key: bool = False
+        self,
+        queue: str,
+        limit: int | None,
+        per: float = 1.0,
+        *,
+        per_key: bool = False,
+        margin: float = 0.0,
     ) -> bool:
         """At most ``limit`` claims of ``queue`` (with ``per_key=True``: of each limit_key)
         in any ``per`` seconds, in each of its partitions (exact for a queue of one
         partition, the default), enforced by the claim script across all workers (the
         server's clock; an expired lease taken back counts as a claim of the queue's rate).
         A run over the limit stays pending. ``None`` removes the limit. True when this call
-        changed it."""
-        return self.run_steps(self._set_rate(queue, limit, per, per_key))
+        changed it.
+
+        What is counted is claims; a task's code starts a little after its claim (within a
+        batch, behind the runs claimed with it). ``margin`` (seconds) widens the window to
+        ``per + margin``: when no start lags its claim by more than the margin, at most
+        ``limit`` starts fall in any ``per`` seconds too (docs/operations.md, "Rate
+        limits")."""
+        return self.run_steps(self._set_rate(queue, limit, per, per_key, margin))
 
     def queue_limits(self, queue: str) -> QueueLimits:
         """``queue``'s flow limits (concurrency, rate as (count, window in ms), and per key
