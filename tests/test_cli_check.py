@@ -53,10 +53,17 @@ def check_json(url: str) -> tuple[int, list[dict[str, Any]]]:
     return code, json.loads(out)
 
 
+@pytest.fixture
+def suite_server(real_server: EmbeddedServer) -> EmbeddedServer:
+    """The suite's server, emptied: another test's runs left due there would add a line."""
+    redis.Redis.from_url(real_server.url).flushall()
+    return real_server
+
+
 def test_the_suite_server_keeps_nothing_so_check_warns_and_exits_1(
-    real_server: EmbeddedServer,
+    suite_server: EmbeddedServer,
 ) -> None:
-    code, out, _ = check(real_server.url)
+    code, out, _ = check(suite_server.url)
     assert code == 1, out
     assert "WARN  persistence: appendonly no and no RDB snapshots: a restart loses every run" in out
     assert out.endswith("1 warning(s)\n")
@@ -89,8 +96,8 @@ def test_json_prints_one_object_per_check_with_name_status_and_detail(
     assert all(set(c) == {"name", "status", "detail", "nodes"} for c in checks)
 
 
-def test_json_exits_1_when_a_check_warns(real_server: EmbeddedServer) -> None:
-    code, checks = check_json(real_server.url)
+def test_json_exits_1_when_a_check_warns(suite_server: EmbeddedServer) -> None:
+    code, checks = check_json(suite_server.url)
     assert code == 1
     assert [c["name"] for c in checks if c["status"] == "warn"] == ["persistence"]
 

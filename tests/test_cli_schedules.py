@@ -282,4 +282,4 @@ def test_schedules_add_without_app_says_the_task_is_not_checked(
     redis.Redis.from_url(real_server.url).flushall()
     result = add(real_server.url, "nosuch_task")
     assert result.exit_code == 0
-    assert result.stderr.startswith("note: task 'nosuch_task' and its arguments are not checked")
+    assert result.stderr.startswith("note: task 'nosuch_task' and its arguments were not checked")

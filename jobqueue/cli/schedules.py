@@ -143,12 +143,7 @@ def schedule_add(
     jq = state.jq(app)
     if app is not None and task not in jq.registry:
         raise UnknownTask(f"task {task!r} is not registered in {app_spec}")
-    if app is None:
-        click.echo(
-            f"note: task {task!r} and its arguments are not checked (no --app): a task no "
-            "worker registers would have every fire's run handed back until it dies",
-            err=True,
-        )
+
     info = jq.schedule(
         job_id,
         task,
@@ -167,6 +162,12 @@ def schedule_add(
         click.echo(json.dumps(info.to_dict()))
     else:
         click.echo(f"scheduled {_schedule_line(info, jq.server_time_ms())}")
+    if app is None:
+        click.echo(
+            f"note: task {task!r} and its arguments were not checked (no --app): a task no "
+            "worker registers would have every fire's run handed back until it dies",
+            err=True,
+        )
 
 
 @schedules.command("remove")
