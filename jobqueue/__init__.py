@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from jobqueue.client.base import Request
     from jobqueue.client.sync import JobQueue
+    from jobqueue.context import FROM_WORKER, RunContext, current_run
     from jobqueue.errors import (
         ConfigError,
         ConnectionFailed,
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 # ``jobqueue --help`` that imports it) loads neither redis-py nor the worker.
 _HOMES = {
     "Request": "jobqueue.client.base",
+    "RunContext": "jobqueue.context",
+    "FROM_WORKER": "jobqueue.context",
+    "current_run": "jobqueue.context",
     "JobQueue": "jobqueue.client.sync",
     "RunHandle": "jobqueue.handles",
     "Run": "jobqueue.models",
@@ -66,6 +70,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "FROM_WORKER",
     "ConfigError",
     "ConnectionFailed",
     "Dedupe",
@@ -78,6 +83,7 @@ __all__ = [
     "Request",
     "Run",
     "RunCancelled",
+    "RunContext",
     "RunFailed",
     "RunHandle",
     "RunNotFound",
@@ -89,4 +95,5 @@ __all__ = [
     "Worker",
     "WorkerStats",
     "__version__",
+    "current_run",
 ]

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any, cast
 
 from jobqueue.errors import JobQueueError
 
@@ -134,6 +135,29 @@ def _is_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+class _FromWorker:
+    """What ``FROM_WORKER`` is: a stand-in with no attributes, for a function called
+    directly (outside a worker) that declared ``ctx: RunContext = FROM_WORKER``."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        raise JobQueueError(
+            f"ctx.{name}: this call got no RunContext (a worker gives one when it runs the "
+            "task; the function was called directly)"
+        )
+
+    def __repr__(self) -> str:
+        return "FROM_WORKER"
+
+
+# The default for a ``ctx`` parameter declared after a task's other parameters, e.g.
+# ``def import_file(path: str, ctx: RunContext = FROM_WORKER)``: type checkers then do not
+# ask for it in ``enqueue`` (they leave out only a first ``ctx``), and the worker passes the
+# run's RunContext in its place.
+FROM_WORKER: RunContext = cast("RunContext", _FromWorker())
 
 
 def current_run() -> RunContext:

@@ -15,8 +15,8 @@ import redis.asyncio
 
 from jobqueue import JobQueue, RunHandle
 from jobqueue.client.aio import AsyncJobQueue, AsyncRunHandle
-from jobqueue.context import RunContext
-from jobqueue.errors import Fatal, RunCancelled, RunFailed, RunTimeout
+from jobqueue.context import FROM_WORKER, RunContext
+from jobqueue.errors import Fatal, JobQueueError, RunCancelled, RunFailed, RunTimeout
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.testing import run_due
 
@@ -119,6 +119,23 @@ def test_a_task_with_ctx_last_gets_it_by_keyword(jq: JobQueue) -> None:
     handle = import_file.enqueue("a.csv")
     run_due(jq)
     assert handle.result(timeout=5) == "a.csv 1"
+
+
+def test_a_task_with_ctx_last_defaulted_to_from_worker_gets_the_runs_context(
+    jq: JobQueue,
+) -> None:
+    @jq.task
+    def import_file(path: str, ctx: RunContext = FROM_WORKER) -> str:
+        return f"{path} {ctx.run_id}"
+
+    handle = import_file.with_options(run_id="imp").enqueue("a.csv")
+    run_due(jq)
+    assert handle.result(timeout=5) == "a.csv imp"
+
+
+def test_from_worker_called_directly_says_no_context_was_given() -> None:
+    with pytest.raises(JobQueueError, match="got no RunContext"):
+        _ = FROM_WORKER.run_id
 
 
 def test_a_task_with_ctx_between_its_arguments_gets_it_in_its_place(jq: JobQueue) -> None:

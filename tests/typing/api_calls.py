@@ -3,7 +3,7 @@ tests/test_typing.py, never imported."""
 
 from __future__ import annotations
 
-from jobqueue import JobQueue, RunContext
+from jobqueue import FROM_WORKER, JobQueue, RunContext
 from jobqueue.aio import AsyncJobQueue
 from jobqueue.client.aio import AsyncRunHandle
 from jobqueue.client.sync import RunHandle
@@ -26,6 +26,11 @@ async def greet(name: str) -> int:
 def with_ctx(ctx: RunContext, region: str) -> None: ...
 
 
+@jq.task
+def import_file(path: str, ctx: RunContext = FROM_WORKER) -> int:
+    return 0
+
+
 handle: RunHandle[str] = jq.enqueue(send_invoice, 42, amount=990)
 run: Run[str] = handle.wait(timeout=30)
 text: str = run.result
@@ -37,6 +42,7 @@ jq.enqueue(bound, 42, amount=990)
 jq.enqueue(with_ctx, region="eu")
 jq.enqueue(with_ctx, "eu")  # ctx first: the other arguments may be positional
 with_ctx.enqueue("eu")
+imported: RunHandle[int] = import_file.enqueue("a.csv")  # ctx last, defaulted: left out
 by_method: RunHandle[str] = send_invoice.enqueue(42, amount=990)
 with_opts: RunHandle[str] = send_invoice.with_options(queue="q").enqueue(42, amount=990)
 value: str = send_invoice.enqueue(42, amount=990).result(timeout=30)
@@ -80,3 +86,4 @@ send_invoice.with_options(priorty=3)  # misspelt: # bad
 wrong: int = jq.enqueue(send_invoice, 42, amount=990).wait().result  # bad
 wrong_result: int = send_invoice.enqueue(42, amount=990).result()  # bad
 jq.enqueue(greet, 1)  # bad
+import_file.enqueue(3)  # bad
