@@ -37,9 +37,10 @@ from test_worker_processes import (
     Proc,
     Procs,
     client_for,
-    owner_pid,
+    held_by,
     restart,
     stop_gracefully,
+    stop_holding,
     wait_for,
 )
 
@@ -113,9 +114,9 @@ class Chaos:
 
     def pause_until_reclaimed(self, r: redis.Redis) -> None:
         """The forced fault: a worker SIGSTOPped while it holds runs (the leases zset and the
-        records' owners say so once it is stopped), continued once another worker claimed one
-        of them again (its fence moved on); then its commit of that run is refused, which
-        its log says."""
+        records' owners say so once it is stopped: stop_holding), continued once another
+        worker claimed one of them again (its fence moved on); then its commit of that run is
+        refused, which its log says."""
         deadline = time.monotonic() + 60
         while (caught := self._stop_until_reclaimed(r)) is None:
             assert time.monotonic() < deadline, "no worker was caught holding a run"
@@ -125,18 +126,16 @@ class Chaos:
         wait_for(lambda: line in victim.text(), 15, "the stale commit to be refused")
 
     def _stop_until_reclaimed(self, r: redis.Redis) -> tuple[Proc, str, int] | None:
-        """One try: None when no worker held a run, or the one stopped lost them all to its
-        own commits (on the wire when it stopped) rather than to another worker's claim."""
+        """One try: None when no worker held a run once stopped, or none of its runs was
+        claimed again within 10 s."""
         self.resume_due()
         free = [w for w in self.workers if w.pid not in self.paused and w.alive()]
         victim = next((w for w in free if held_by(r, w.pid)), None)
         if victim is None:
             time.sleep(0.01)
             return None
-        victim.popen.send_signal(signal.SIGSTOP)
         try:
-            wait_for(lambda: stopped(victim.pid), 5, "the worker to stop")
-            held = held_by(r, victim.pid)
+            held = stop_holding(r, victim)
             until = time.monotonic() + 10  # 1 s leases: another worker reclaims within ~2 s
             while held and time.monotonic() < until:
                 self.resume_due()
@@ -173,31 +172,11 @@ def procs(aof_always: EmbeddedServer, tmp_path: Path) -> Iterator[Procs]:
     p.cleanup()
 
 
-def held_by(r: redis.Redis, pid: int) -> dict[str, int]:
-    """The runs the worker of ``pid`` holds (leased, its claim the current one): run id ->
-    fence."""
-    leased = r.zrange(PK.leases, 0, -1)
-    pipe = r.pipeline(transaction=False)
-    for run_id in leased:
-        pipe.hmget(PK.run(run_id), "owner", "fence")
-    return {
-        run_id: int(fence)
-        for run_id, (owner, fence) in zip(leased, pipe.execute(), strict=True)
-        if owner and fence and owner_pid(owner) == pid
-    }
-
-
 def current_fences(r: redis.Redis, run_ids: list[str]) -> dict[str, int]:
     pipe = r.pipeline(transaction=False)
     for run_id in run_ids:
         pipe.hget(PK.run(run_id), "fence")
     return {i: int(f or 0) for i, f in zip(run_ids, pipe.execute(), strict=True)}
-
-
-def stopped(pid: int) -> bool:
-    """The process is in the stopped state (T): a SIGSTOP is delivered asynchronously."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "T"
 
 
 def crash_restart(srv: EmbeddedServer) -> None:
