@@ -615,18 +615,25 @@ def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(
 def test_sigterm_under_load_releases_without_counting_attempts_and_loses_nothing(
     server: EmbeddedServer, procs_factory: Callable[[str], Procs]
 ) -> None:
-    """The draining worker also holds a run stuck in code that ignores cancellation: it must
-    still exit 0 promptly after the grace period (its run released, not waited for)."""
+    """The draining worker also holds runs stuck in code that ignores cancellation: it must
+    still exit 0 promptly after the grace period (those runs released, not waited for)."""
     procs = procs_factory(server.url)
     jq = client_for(server.url)
     args = ("--concurrency", "8", "--lease", "5", "--grace", "0.3")
     draining = procs.worker(*args)
-    jq.enqueue(jq.resolve_task("stuck_once").with_options(run_id="stuck"))
-    wait_for(lambda: jq.get_run("stuck").state == "running", 15, "the stuck run to start")
-    # Runs of 1.0-1.5 s: of the ~7 in flight at the signal, each ends within the 0.3 s grace
-    # with a chance of about 1 in 4, so that at least two are released all but always.
+    # Three runs that cannot end within the grace (their first execution sleeps 120 s): three
+    # releases for certain. (Before, one, and the rest left to runs of 1.0-1.5 s ending past
+    # the grace by chance.)
+    stuck = ["stuck", "stuck-2", "stuck-3"]
+    for run_id in stuck:
+        jq.enqueue(jq.resolve_task("stuck_once").with_options(run_id=run_id))
+    wait_for(
+        lambda: all(jq.get_run(r).state == "running" for r in stuck), 15, "the stuck runs to start"
+    )
+    # Runs of 1.0-1.5 s, ~5 of them in flight at the signal: released too unless they end
+    # within the grace.
     handles = jq.enqueue_many(Request("work", (1.0, 1.5)) for _ in range(60))
-    run_ids = ["stuck", *(h.run_id for h in handles)]
+    run_ids = [*stuck, *(h.run_id for h in handles)]
     other = procs.worker(*args)
     wait_for(lambda: done_count(jq.redis) >= 10, 15, "work to be under way")
 
@@ -643,8 +650,8 @@ def test_sigterm_under_load_releases_without_counting_attempts_and_loses_nothing
     runs = read_runs(jq.redis, run_ids)
     assert {v.state for v in runs.values()} == {"done"}
     released = [v for v in runs.values() if v.count("released")]
-    assert runs["stuck"] in released
-    assert len(released) >= 3  # the stuck run and runs in flight past the 0.3 s grace
+    assert all(runs[r] in released for r in stuck)
+    assert len(released) >= 3  # the stuck runs, and runs in flight past the 0.3 s grace
     for v in released:
         # Released attempts are not counted: attempt = claims - releases, here 1.
         assert len(v.claim_owners()) - v.count("released") == v.attempt == 1, v.history
