@@ -60,6 +60,18 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``real_only`` gets the real server alone as its ``backend`` (a
+    parametrize mark, which takes precedence over the fixture's params): what it checks does
+    not depend on the backend and the real server is the judge, where a fakeredis run would
+    cost twice as much to check the same."""
+    definition = metafunc.definition
+    if "backend" in metafunc.fixturenames and definition.get_closest_marker("real_only"):
+        real = [b for b in BACKENDS if b == "real"]
+        definition.add_marker(pytest.mark.parametrize("backend", real))
+
+
 @pytest.fixture
 def redis_client(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
     if backend == "fake":

@@ -1,6 +1,14 @@
 """A TCP proxy in front of a server's unix socket that keeps every byte clients sent, so a
 test can count how many times a command went over the wire, whatever the server then did with
-it (Redis 7 runs a command whose client already left; Valkey may drop it unread)."""
+it (Redis 7 runs a command whose client already left; Valkey may drop it unread).
+
+It can also hold back the server's replies on the connections open at that moment
+(``hold_replies``) until told to let them through: to a client, a server that answers those
+calls later than its socket timeout, for as long as the test wants, a late reply by
+construction whatever the machine's load (a calibrated server stall raced the timeout on a
+busy machine). A connection made after that, e.g. a client's reconnection to send a call
+again, is answered at once, as by a server whose stall has ended: a re-send is counted and
+runs."""
 
 from __future__ import annotations
 
@@ -20,6 +28,8 @@ class CountingProxy:
         self._sent = bytearray()
         self._lock = threading.Lock()
         self._closing = False
+        # One per connection: set, its replies flow; clear, they wait in the proxy.
+        self._flowing: list[threading.Event] = []
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
 
     def url(self, query: str = "") -> str:
@@ -31,8 +41,22 @@ class CountingProxy:
         with self._lock:
             return self._sent.count(b"\r\n" + command + b"\r\n")
 
+    def hold_replies(self) -> None:
+        """From now on, what the server sends on the connections open now waits in the proxy
+        until release_replies()."""
+        with self._lock:
+            for flowing in self._flowing:
+                flowing.clear()
+
+    def release_replies(self) -> None:
+        """Let the held replies (and those after) through, to the clients still connected."""
+        with self._lock:
+            for flowing in self._flowing:
+                flowing.set()
+
     def close(self) -> None:
         self._closing = True
+        self.release_replies()
         with contextlib.suppress(OSError):
             self._listener.close()
 
@@ -44,15 +68,25 @@ class CountingProxy:
                 return
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.connect(self._target)
-            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+            flowing = threading.Event()
+            flowing.set()
+            with self._lock:
+                self._flowing.append(flowing)
+            threading.Thread(target=self._pipe, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, flowing), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket, record: bool) -> None:
+    def _pipe(
+        self, source: socket.socket, sink: socket.socket, flowing: threading.Event | None
+    ) -> None:
+        """Client to server (``flowing`` None: every byte recorded), or server to client
+        (each reply waits while ``flowing`` is clear)."""
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                if record:
+                if flowing is None:
                     with self._lock:
                         self._sent += data
+                else:
+                    flowing.wait()
                 sink.sendall(data)
         for s in (source, sink):
             with contextlib.suppress(OSError):

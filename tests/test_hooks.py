@@ -30,6 +30,7 @@ from jobqueue.hooks import (
     RunEvent,
 )
 from jobqueue.models import Run
+from jobqueue.runtime.clock import FakeClock
 
 
 class Tagging(Middleware):
@@ -271,7 +272,9 @@ def test_retry_and_dead_events_carry_the_attempt_error_and_traceback(fast_jq: Jo
     assert dead.traceback.endswith("ValueError: boom") and "in flaky" in dead.traceback
 
 
-def test_cancelling_a_running_run_is_one_cancelled_event(fast_jq: JobQueue) -> None:
+def test_cancelling_a_running_run_is_one_cancelled_event(
+    fast_jq: JobQueue, clock: FakeClock
+) -> None:
     recorder = Recorder()
     started = threading.Event()
 
@@ -280,16 +283,22 @@ def test_cancelling_a_running_run_is_one_cancelled_event(fast_jq: JobQueue) -> N
         started.set()
         ctx.cancelled.wait(5)
 
-    worker = make_worker(fast_jq, lease=0.3, middleware=[recorder])
+    # On a fake clock: the heartbeat comes when the test moves the clock a beat on, and the
+    # lease cannot run out meanwhile (on a 0.3 s real lease, a busy machine let it expire
+    # before the heartbeat: one 'expired' event instead).
+    worker = make_worker(fast_jq, lease=3.0, middleware=[recorder], clock=clock)
     with running(worker):
         handle = fast_jq.enqueue(long)
         assert started.wait(5)
         fast_jq.cancel(handle.run_id, reason="stop")
+        clock.advance(1.0)  # a third of the lease: the next heartbeat is due
         wait_for(lambda: worker.stats.rejected_commits, what="the refused commit")
     assert [(e.outcome, e.reason) for e in recorder.events] == [("cancelled", "cancelled")]
 
 
-def test_a_run_gone_from_redis_is_one_lease_lost_event(fast_jq: JobQueue) -> None:
+def test_a_run_gone_from_redis_is_one_lease_lost_event(
+    fast_jq: JobQueue, clock: FakeClock
+) -> None:
     recorder = Recorder()
     started = threading.Event()
 
@@ -298,11 +307,15 @@ def test_a_run_gone_from_redis_is_one_lease_lost_event(fast_jq: JobQueue) -> Non
         started.set()
         ctx.cancelled.wait(5)
 
-    worker = make_worker(fast_jq, lease=0.3, middleware=[recorder])
+    # On a fake clock: the heartbeat comes when the test moves the clock a beat on, and the
+    # lease cannot run out meanwhile (on a 0.3 s real lease, a busy machine let it expire
+    # before the heartbeat: one 'expired' event instead).
+    worker = make_worker(fast_jq, lease=3.0, middleware=[recorder], clock=clock)
     with running(worker):
         handle = fast_jq.enqueue(long)
         assert started.wait(5)
         fast_jq.redis.delete(fast_jq.keys_for("default", handle.run_id).run(handle.run_id))
+        clock.advance(1.0)  # a third of the lease: the next heartbeat is due
         wait_for(lambda: worker.stats.rejected_commits, what="the refused commit")
     assert [(e.outcome, e.reason) for e in recorder.events] == [("lease-lost", "unknown")]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,9 @@ def layer_of(name: str) -> int:
     return layer
 
 
+@cache
 def graph() -> dict[str, list[Import]]:
+    """Every module's imports, read once per test process (only read, never changed)."""
     known = modules()
     return {name: imports_of(name, path, known) for name, path in known.items()}
 

@@ -54,6 +54,10 @@ def start_scheduler(url: str, cwd: Path, *extra: str) -> subprocess.Popen[bytes]
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def member_pids(jq: JobQueue) -> set[int]:
+    return {m.pid for m in read_members(jq)}
+
+
 def wait_until(what: str, ok: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not ok():
@@ -237,9 +241,12 @@ def test_sigusr1_prints_every_threads_stack_and_the_scheduler_runs_on(
 ) -> None:
     """What an operator does with a daemon that seems stuck: `kill -USR1 PID`."""
     (tmp_path / "sched_app.py").write_text(APP)
+    jq = JobQueue(redis.Redis.from_url(real_server.url, decode_responses=True))
     proc = start_scheduler(real_server.url, tmp_path)
     try:
-        time.sleep(1.0)  # started (imports done, handlers installed)
+        # Registered, so started: the CLI installed its SIGUSR1 handler before the scheduler
+        # ran (a signal sent before it, on a busy machine, killed the process).
+        wait_until("the scheduler to register", lambda: proc.pid in member_pids(jq), 30)
         proc.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
         assert proc.poll() is None, "SIGUSR1 ended the scheduler"
@@ -249,6 +256,7 @@ def test_sigusr1_prints_every_threads_stack_and_the_scheduler_runs_on(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        jq.redis.close()
     text = err.decode(errors="replace")
     assert proc.returncode == 0, text
     assert "Current thread" in text or "Thread 0x" in text, text

@@ -137,6 +137,65 @@ def owner_pid(owner: str) -> int:
     return int(owner.rsplit(":", 2)[1])
 
 
+def stopped(pid: int) -> bool:
+    """The process is in the stopped state (T): a SIGSTOP is delivered asynchronously."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+def held_by(r: redis.Redis, pid: int) -> dict[str, int]:
+    """The runs the worker of ``pid`` holds (leased, its claim the current one): run id ->
+    fence."""
+    leased = r.zrange(PK.leases, 0, -1)
+    pipe = r.pipeline(transaction=False)
+    for run_id in leased:
+        pipe.hmget(PK.run(run_id), "owner", "fence")
+    return {
+        run_id: int(fence)
+        for run_id, (owner, fence) in zip(leased, pipe.execute(), strict=True)
+        if owner and fence and owner_pid(owner) == pid
+    }
+
+
+def stop_holding(r: redis.Redis, proc: Proc) -> dict[str, int]:
+    """SIGSTOP ``proc`` and read the runs it holds then (held_by). Once it is stopped (/proc
+    says so) only what it had already sent can change them, a commit on the wire; the server
+    has run that before it answers a call sent after (its reply waits for the end of the
+    event loop's round, in which the stopped worker's socket was readable already): a PING,
+    then the read."""
+    proc.popen.send_signal(signal.SIGSTOP)
+    wait_for(lambda: stopped(proc.pid), 5, f"worker {proc.pid} to stop")
+    r.ping()
+    return held_by(r, proc.pid)
+
+
+def kill_one(
+    r: redis.Redis, live: list[Proc], rng: random.Random, *, holding: bool
+) -> Proc | None:
+    """SIGKILL one of ``live``, chosen by ``rng``. With ``holding``, one that holds runs (each
+    stopped to look in ``rng``'s order, the others continued), so that the kill certainly
+    leaves runs to reclaim, or None when none held a run (between runs, the work done): a
+    kill at a random moment can hit a worker holding nothing, and a test whose kills all did
+    proved nothing (seen: 'no kill hit a worker holding runs')."""
+    if not holding:
+        victim = live[rng.randrange(len(live))]
+    else:
+        victim = next((p for p in rng.sample(live, len(live)) if held_after_stop(r, p)), None)
+        if victim is None:
+            return None
+    victim.popen.send_signal(signal.SIGKILL)
+    victim.popen.wait(5)
+    return victim
+
+
+def held_after_stop(r: redis.Redis, proc: Proc) -> bool:
+    """Whether ``proc`` holds runs once stopped (stop_holding); left stopped if it does."""
+    if stop_holding(r, proc):
+        return True
+    proc.popen.send_signal(signal.SIGCONT)
+    return False
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -292,7 +351,7 @@ def test_sigkill_chaos_every_run_done_once_and_every_effect_applied_once(
     server: EmbeddedServer, procs_factory: Callable[[str], Procs]
 ) -> None:
     """3 workers, 2,000 runs sleeping 0-50 ms with a fenced, idempotent side effect; a random
-    worker is SIGKILLed every 0.5 s and replaced.
+    worker is SIGKILLed every 0.5 s and replaced, the first one among those holding runs.
 
     What at-least-once execution with fencing guarantees, and what is asserted:
     - exactly one accepted commit per run (state done, stats.completed = N),
@@ -321,9 +380,11 @@ def test_sigkill_chaos_every_run_done_once_and_every_effect_applied_once(
         time.sleep(0.5)
         if done_count(r) >= n_runs:
             break
-        victim = live.pop(rng.randrange(len(live)))
-        victim.popen.send_signal(signal.SIGKILL)
-        victim.popen.wait(5)
+        # The first kill hits a worker holding runs, for certain; the others, any worker.
+        victim = kill_one(r, live, rng, holding=not killed)
+        if victim is None:
+            continue
+        live.remove(victim)
         killed.add(victim.pid)
         live.append(procs.worker(*worker_args))
 
@@ -381,10 +442,10 @@ def test_a_concurrency_limit_of_3_holds_under_4_workers_and_sigkills(
     server: EmbeddedServer, procs_factory: Callable[[str], Procs]
 ) -> None:
     """4 workers of 4 slots each, a limit of 3 on the queue, 150 runs of 50-200 ms; a random
-    worker is SIGKILLed every 0.7 s and replaced. The runs themselves count how many of them
-    are in progress (tests/apps/chaos_app.py: capped): never more than 3, and 3 is reached;
-    every run ends done, so no slot leaked (a killed worker's slots come back when its leases
-    expire)."""
+    worker is SIGKILLed every 0.7 s and replaced, the first one among those holding runs. The
+    runs themselves count how many of them are in progress (tests/apps/chaos_app.py: capped):
+    never more than 3, and 3 is reached; every run ends done, so no slot leaked (a killed
+    worker's slots come back when its leases expire)."""
     n_runs = 150
     worker_args = ("--concurrency", "4", "--lease", "2", "--grace", "1")
     procs = procs_factory(server.url)
@@ -403,9 +464,11 @@ def test_a_concurrency_limit_of_3_holds_under_4_workers_and_sigkills(
         time.sleep(0.7)
         if done_count(r) >= n_runs:
             break
-        victim = live.pop(rng.randrange(len(live)))
-        victim.popen.send_signal(signal.SIGKILL)
-        victim.popen.wait(5)
+        # The first kill hits a worker holding runs, for certain; the others, any worker.
+        victim = kill_one(r, live, rng, holding=not kills)
+        if victim is None:
+            continue
+        live.remove(victim)
         kills += 1
         live.append(procs.worker(*worker_args))
     for proc in live:
@@ -424,7 +487,8 @@ def test_a_key_cap_of_2_holds_under_4_workers_and_sigkills(
     server: EmbeddedServer, procs_factory: Callable[[str], Procs]
 ) -> None:
     """4 workers of 4 slots each, a per-key cap of 2 on the queue, 60 runs of key 'hot' and
-    20 of key 'cold' (50-150 ms each); a random worker is SIGKILLed every 0.7 s and replaced.
+    20 of key 'cold' (50-150 ms each); a random worker is SIGKILLed every 0.7 s and replaced,
+    the first one among those holding runs.
     The runs count how many of their key are in progress (tests/apps/chaos_app.py:
     keycapped): never more than 2 of a key, and 2 is reached; every run ends done, so no slot
     leaked (a killed worker's slots come back when a claim takes its expired lease back or
@@ -452,9 +516,11 @@ def test_a_key_cap_of_2_holds_under_4_workers_and_sigkills(
         time.sleep(0.7)
         if done_count(r) >= len(run_ids):
             break
-        victim = live.pop(rng.randrange(len(live)))
-        victim.popen.send_signal(signal.SIGKILL)
-        victim.popen.wait(5)
+        # The first kill hits a worker holding runs, for certain; the others, any worker.
+        victim = kill_one(r, live, rng, holding=not kills)
+        if victim is None:
+            continue
+        live.remove(victim)
         kills += 1
         live.append(procs.worker(*worker_args))
     for proc in live:
@@ -549,18 +615,25 @@ def test_sigstopped_worker_is_fenced_out_and_the_second_workers_result_stands(
 def test_sigterm_under_load_releases_without_counting_attempts_and_loses_nothing(
     server: EmbeddedServer, procs_factory: Callable[[str], Procs]
 ) -> None:
-    """The draining worker also holds a run stuck in code that ignores cancellation: it must
-    still exit 0 promptly after the grace period (its run released, not waited for)."""
+    """The draining worker also holds runs stuck in code that ignores cancellation: it must
+    still exit 0 promptly after the grace period (those runs released, not waited for)."""
     procs = procs_factory(server.url)
     jq = client_for(server.url)
     args = ("--concurrency", "8", "--lease", "5", "--grace", "0.3")
     draining = procs.worker(*args)
-    jq.enqueue(jq.resolve_task("stuck_once").with_options(run_id="stuck"))
-    wait_for(lambda: jq.get_run("stuck").state == "running", 15, "the stuck run to start")
-    # Runs of 1.0-1.5 s: of the ~7 in flight at the signal, each ends within the 0.3 s grace
-    # with a chance of about 1 in 4, so that at least two are released all but always.
+    # Three runs that cannot end within the grace (their first execution sleeps 120 s): three
+    # releases for certain. (Before, one, and the rest left to runs of 1.0-1.5 s ending past
+    # the grace by chance.)
+    stuck = ["stuck", "stuck-2", "stuck-3"]
+    for run_id in stuck:
+        jq.enqueue(jq.resolve_task("stuck_once").with_options(run_id=run_id))
+    wait_for(
+        lambda: all(jq.get_run(r).state == "running" for r in stuck), 15, "the stuck runs to start"
+    )
+    # Runs of 1.0-1.5 s, ~5 of them in flight at the signal: released too unless they end
+    # within the grace.
     handles = jq.enqueue_many(Request("work", (1.0, 1.5)) for _ in range(60))
-    run_ids = ["stuck", *(h.run_id for h in handles)]
+    run_ids = [*stuck, *(h.run_id for h in handles)]
     other = procs.worker(*args)
     wait_for(lambda: done_count(jq.redis) >= 10, 15, "work to be under way")
 
@@ -577,8 +650,8 @@ def test_sigterm_under_load_releases_without_counting_attempts_and_loses_nothing
     runs = read_runs(jq.redis, run_ids)
     assert {v.state for v in runs.values()} == {"done"}
     released = [v for v in runs.values() if v.count("released")]
-    assert runs["stuck"] in released
-    assert len(released) >= 3  # the stuck run and runs in flight past the 0.3 s grace
+    assert all(runs[r] in released for r in stuck)
+    assert len(released) >= 3  # the stuck runs, and runs in flight past the 0.3 s grace
     for v in released:
         # Released attempts are not counted: attempt = claims - releases, here 1.
         assert len(v.claim_owners()) - v.count("released") == v.attempt == 1, v.history

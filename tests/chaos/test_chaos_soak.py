@@ -6,6 +6,11 @@ the first ~10 s, plus 20 recurring jobs firing every second for 10 s (200 fire t
 end ``checker`` proves every run done exactly once (one accepted commit, the fenced side
 effect applied once) and every fire time run exactly once, and prints the counts.
 
+One fault is forced rather than drawn, the one whose effect the soak asserts: a worker
+SIGSTOPped while it holds runs and continued only once another worker claimed one of them
+again, so that its commit of that run is stale for certain (the random pauses catch a worker
+holding runs only by chance, and none committed late on a busy machine).
+
 Workers and schedulers are ``python -m jobqueue.cli ... --app chaos_app:jq``; the process
 helpers come from tests/test_worker_processes.py.
 """
@@ -32,8 +37,10 @@ from test_worker_processes import (
     Proc,
     Procs,
     client_for,
+    held_by,
     restart,
     stop_gracefully,
+    stop_holding,
     wait_for,
 )
 
@@ -50,6 +57,7 @@ N_JOBS, N_FIRES = 20, 10  # recurring jobs, every second, for N_FIRES seconds
 WORKER_ARGS = ("--concurrency", "4", "--lease", "1", "--grace", "1")
 N_WORKERS, N_SCHEDULERS = 3, 2
 CHAOS_S = 14.0  # faults are injected for this long
+FORCED_AT_S = 1.0  # the forced stale commit, from this far into the chaos (runs flowing)
 FINISH_S = 45.0  # then everything must be done within this
 
 
@@ -104,6 +112,42 @@ class Chaos:
             self.paused[victim.pid] = (victim, time.monotonic() + self.rng.uniform(1.2, 2.5))
             self.pauses += 1
 
+    def pause_until_reclaimed(self, r: redis.Redis) -> None:
+        """The forced fault: a worker SIGSTOPped while it holds runs (the leases zset and the
+        records' owners say so once it is stopped: stop_holding), continued once another
+        worker claimed one of them again (its fence moved on); then its commit of that run is
+        refused, which its log says."""
+        deadline = time.monotonic() + 60
+        while (caught := self._stop_until_reclaimed(r)) is None:
+            assert time.monotonic() < deadline, "no worker was caught holding a run"
+        victim, run_id, fence = caught
+        self.pauses += 1
+        line = f"fenced out: commit of run_id={run_id} fence={fence} "
+        wait_for(lambda: line in victim.text(), 15, "the stale commit to be refused")
+
+    def _stop_until_reclaimed(self, r: redis.Redis) -> tuple[Proc, str, int] | None:
+        """One try: None when no worker held a run once stopped, or none of its runs was
+        claimed again within 10 s."""
+        self.resume_due()
+        free = [w for w in self.workers if w.pid not in self.paused and w.alive()]
+        victim = next((w for w in free if held_by(r, w.pid)), None)
+        if victim is None:
+            time.sleep(0.01)
+            return None
+        try:
+            held = stop_holding(r, victim)
+            until = time.monotonic() + 10  # 1 s leases: another worker reclaims within ~2 s
+            while held and time.monotonic() < until:
+                self.resume_due()
+                time.sleep(0.02)
+                fences = current_fences(r, list(held))
+                for run_id, fence in held.items():
+                    if fences[run_id] > fence:
+                        return victim, run_id, fence
+            return None
+        finally:
+            victim.popen.send_signal(signal.SIGCONT)
+
     def resume_due(self, everyone: bool = False) -> None:
         now = time.monotonic()
         for pid, (proc, at) in list(self.paused.items()):
@@ -126,6 +170,13 @@ def procs(aof_always: EmbeddedServer, tmp_path: Path) -> Iterator[Procs]:
     p = Procs(aof_always.url, tmp_path)
     yield p
     p.cleanup()
+
+
+def current_fences(r: redis.Redis, run_ids: list[str]) -> dict[str, int]:
+    pipe = r.pipeline(transaction=False)
+    for run_id in run_ids:
+        pipe.hget(PK.run(run_id), "fence")
+    return {i: int(f or 0) for i, f in zip(run_ids, pipe.execute(), strict=True)}
 
 
 def crash_restart(srv: EmbeddedServer) -> None:
@@ -183,6 +234,7 @@ def test_chaos_soak_every_run_done_once_and_every_fire_time_once(
     total = N_RUNS + N_JOBS * N_FIRES
     restarts_at = {4.0: restart, 9.0: crash_restart}
     began = time.monotonic()
+    forced = False
     while time.monotonic() - began < CHAOS_S:
         time.sleep(chaos.rng.uniform(0.2, 0.6))
         chaos.resume_due()
@@ -191,9 +243,12 @@ def test_chaos_soak_every_run_done_once_and_every_fire_time_once(
             if elapsed >= at:
                 restarted(aof_always, how)
                 del restarts_at[at]
+        if not forced and elapsed >= FORCED_AT_S:
+            chaos.pause_until_reclaimed(r)
+            forced = True
         chaos.strike()
     chaos.resume_due(everyone=True)
-    assert not restarts_at
+    assert not restarts_at and forced
 
     try:
         wait_for(lambda: quietly(lambda: int(r.zcard(PK.done))) >= total, FINISH_S, "all done")
@@ -225,6 +280,7 @@ def test_chaos_soak_every_run_done_once_and_every_fire_time_once(
     assert report.problems == []
     assert (report.duplicates, report.lost) == (0, 0)
     assert report.runs == total
-    # The faults were real: processes died and stalled, and stalls cost stale commits.
+    # The faults were real: processes died and stalled, and stalls cost stale commits (the
+    # forced one at least, whatever the timing).
     assert chaos.kills >= 3 and chaos.pauses >= 3
     assert report.rejected_stale_commits >= 1

@@ -267,6 +267,29 @@ class Cluster:
                             isinstance(v, dict)]
                 if not any(r.get("state") == "online" for r in replicas):
                     return False
+        return self._roles_agreed(alive)
+
+    def _roles_agreed(self, alive: set[int]) -> bool:
+        """Every live node's CLUSTER NODES lists the live replicas as replicas. A master
+        learns from its replication link that a replica is online before the cluster bus's
+        gossip changes its role in every node's table, and a client asking such a node saw
+        a cluster of 6 masters and no replica (seen under load)."""
+        expected = len(alive) - self.masters
+        for n in self.nodes:
+            if not n.alive:
+                continue
+            try:
+                with n.client() as c:
+                    table = dict(c.execute_command("CLUSTER NODES"))
+            except redis.exceptions.RedisError:
+                return False
+            replicas = [
+                address for address, row in table.items()
+                if "slave" in row["flags"].split(",")
+                and int(address.split("@")[0].rsplit(":", 1)[1]) in alive
+            ]  # fmt: skip
+            if len(replicas) != expected:
+                return False
         return True
 
     def slots_of(self, port: int) -> list[Any]:
