@@ -37,10 +37,13 @@ class Settings:
     # enqueues a task the old workers do not know yet; two apps on one queue) is handed back,
     # not counted as an attempt, due again after unknown_task_delay_s, doubling at each
     # hand-back up to unknown_task_delay_cap_s; it is dead only once hand-backs have gone on
-    # for unknown_task_window_s (docs/operations.md, "Rolling deploys").
+    # for unknown_task_window_s and numbered unknown_task_min_hand_backs (a run claimed
+    # rarely, behind a long backlog, is not dead at its second hand-back) (docs/operations.md,
+    # "Rolling deploys and apps sharing a Redis").
     unknown_task_window_s: float = 3600.0
     unknown_task_delay_s: float = 1.0
     unknown_task_delay_cap_s: float = 60.0
+    unknown_task_min_hand_backs: int = 5
 
     def __post_init__(self) -> None:
         if self.max_payload_bytes <= 0:
@@ -59,17 +62,22 @@ class Settings:
             raise ConfigError("traceback_max_frames must be at least 1")
         if not 0 <= self.traceback_max_bytes <= 65536:
             raise ConfigError("traceback_max_bytes must be between 0 (none kept) and 65536")
-        if not (self.unknown_task_window_s >= 0 and math.isfinite(self.unknown_task_window_s)):
-            raise ConfigError("unknown_task_window_s must be 0 (dead at once) or more")
+        if not 0 <= self.unknown_task_window_s <= 30 * 86400:  # NaN fails too
+            raise ConfigError("unknown_task_window_s must be from 0 to 30 days")
         if not (
             _positive(self.unknown_task_delay_s)
-            and _positive(self.unknown_task_delay_cap_s)
-            and self.unknown_task_delay_s <= self.unknown_task_delay_cap_s
+            and self.unknown_task_delay_s <= self.unknown_task_delay_cap_s <= 86400
         ):
             raise ConfigError(
                 "unknown_task_delay_s and unknown_task_delay_cap_s must be positive, the "
-                "delay at most the cap"
+                "delay at most the cap, the cap at most a day"
             )
+        if (
+            isinstance(self.unknown_task_min_hand_backs, bool)
+            or not isinstance(self.unknown_task_min_hand_backs, int)
+            or self.unknown_task_min_hand_backs < 1
+        ):
+            raise ConfigError("unknown_task_min_hand_backs must be an integer >= 1")
 
     @property
     def durable(self) -> bool:

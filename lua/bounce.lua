@@ -24,15 +24,20 @@
 -- ARGV[9]  dead_retention_ms  how long dead records live
 -- ARGV[10] error              why (e.g. "no worker has task 'sync'"): the history's and, at
 --                             burial, the record's error, followed by the window's figures
+-- ARGV[11] min_hand_backs     the fewest hand-backs before a burial (with the window: a run
+--                             claimed rarely, behind a long backlog, is not buried at its
+--                             second hand-back)
 -- Returns  {1, 'bounced', due, hand_backs} when the run is pending again, due at due;
---          {1, 'dead', hand_backs} when the window is over and it is buried;
+--          {1, 'dead', hand_backs} when the window is over, after at least min_hand_backs,
+--          and it is buried;
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua). Refused whole
 --          (an error reply, nothing changed) when a key is not on this node, an index key
 --          holds another type, or an argument is not a whole number.
 --
 -- The record keeps 'unknown_since' (the first hand-back's time) and 'bounces' (how many);
--- a worker that has the task and fails the attempt (fail.lua) or a requeue clears them, so
--- a later hand-back starts a new window. The fence is not changed here: the next claim issues
+-- a worker that had the task (fail.lua's retry, release.lua), a claim taking back an expired
+-- lease (its holder may have had it) and a requeue clear them, so a later hand-back starts a
+-- new window. The fence is not changed here: the next claim issues
 -- a new one. Slots of per-key or per-task caps are freed as in release.lua.
 
 local now = clock(ARGV[1])
@@ -41,10 +46,13 @@ local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
   for _, a in ipairs({{6, 'delay_ms'}, {7, 'delay_cap_ms'}, {8, 'window_ms'},
-                      {9, 'dead_retention_ms'}}) do
+                      {9, 'dead_retention_ms'}, {11, 'min_hand_backs'}}) do
     if not whole(ARGV[a[1]], 0) then
-      refuse('ERR jobqueue: ' .. a[2] .. ' is a whole number of ms, not ' .. tostring(ARGV[a[1]]))
+      refuse('ERR jobqueue: ' .. a[2] .. ' is a whole number, not ' .. tostring(ARGV[a[1]]))
     end
+  end
+  if type(ARGV[5]) ~= 'string' or type(ARGV[10]) ~= 'string' then
+    refuse('ERR jobqueue: bounce needs the owner and the error text')
   end
   local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner', 'priority', 'held',
                             'task', 'limit_key', 'unknown_since', 'bounces')}
@@ -70,7 +78,7 @@ local delay, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
 local window, retention = tonumber(ARGV[8]), tonumber(ARGV[9])
 local since = whole_or(run.unknown_since, 0, now)
 if since > now then since = now end -- a garbage or future field starts the window now
-local n = whole_or(run.bounces, 0, 0) + 1
+local n = math.min(whole_or(run.bounces, 0, 0), 1e9) + 1 -- (garbage: a bounded count)
 local by = ' fence=' .. int(fence) .. ' owner=' .. owner .. ': '
 
 redis.call('ZREM', KEYS[2], run_id)
@@ -81,8 +89,9 @@ local function secs(ms)
   return string.format('%.1f', ms / 1000)
 end
 
-if now - since >= window then
-  local err = ARGV[10] .. ' (handed back ' .. n .. ' times over ' .. secs(now - since) ..
+if now - since >= window and n >= tonumber(ARGV[11]) then
+  local times = n == 1 and ' once' or (' ' .. int(n) .. ' times')
+  local err = ARGV[10] .. ' (handed back' .. times .. ' over ' .. secs(now - since) ..
               ' s, the window is ' .. secs(window) .. ' s)'
   redis.call('HSET', key, 'attempt', attempt)
   redis.call('HDEL', key, 'held', 'unknown_since', 'bounces')
@@ -90,13 +99,13 @@ if now - since >= window then
   trim_index(KEYS[3], now, retention)
   bump(plan.stats, 'dead', 1)
   wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[7]))
-  return {1, 'dead', n}
+  return {1, 'dead', int(n)}
 end
 
 -- delay * 2^(n-1), at most cap (the exponent bounded: no overflow to inf)
 local due = now + math.min(cap, delay * 2 ^ math.min(n - 1, 40))
 redis.call('HSET', key, 'state', 'pending', 'attempt', attempt, 'due', due,
-           'unknown_since', since, 'bounces', n)
+           'unknown_since', int(since), 'bounces', int(n))
 redis.call('HDEL', key, 'lease_until', 'owner', 'held')
 if plan.hist then
   history(prefix, run_id, now .. ' handed back' .. by .. utf8_head(ARGV[10], 200) ..
@@ -106,4 +115,4 @@ redis.call('ZADD', KEYS[1], due, run_id)
 local level = priority_of(run.priority)
 if level > 0 then redis.call('ZADD', KEYS[6], prio_score(level, due), run_id) end
 wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[7]))
-return {1, 'bounced', due, n}
+return {1, 'bounced', due, int(n)}

@@ -506,9 +506,13 @@ for _, run in ipairs(plan.take) do
   taken_fences[#taken_fences + 1] = fence
   local attempt = (tonumber(run.attempt) or 0) + 1
   local until_ = lease_until(now, run.lease_ms, default_lease)
-  if run.expired and run.hist_ok then
-    history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
-            ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
+  if run.expired then
+    if run.hist_ok then
+      history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
+              ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
+    end
+    -- its holder may have had the task: a later hand-back starts a new window (bounce.lua)
+    redis.call('HDEL', key, 'unknown_since', 'bounces')
   end
   redis.call('HSET', key, 'state', 'running', 'fence', int(fence), 'attempt', attempt,
              'owner', owner, 'lease_until', until_, 'started', now)

@@ -50,7 +50,8 @@ if plan.why then return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0
 
 local attempt = math.max((tonumber(plan.run.attempt) or 1) - 1, 0)
 redis.call('HSET', key, 'state', 'pending', 'attempt', attempt, 'due', now)
-redis.call('HDEL', key, 'lease_until', 'owner', 'held')
+-- a worker that had the task: a later hand-back (bounce.lua) starts a new window
+redis.call('HDEL', key, 'lease_until', 'owner', 'held', 'unknown_since', 'bounces')
 if plan.hist then
   history(prefix, run_id, now .. ' released fence=' .. int(fence) .. ' owner=' ..
           (plan.run.owner or '?') .. ' (attempt not counted)')

@@ -21,8 +21,10 @@
 -- progress): the
 -- history keeps how it ended, so that every earlier attempt stays in the run's story. A run
 -- above the default priority goes back to the prio zset too: it keeps its priority. A run
--- cancelled before its due time (a delayed run) is due at that time again, not at once;
--- any other is due now. A hand-back window (bounce.lua) starts anew.
+-- cancelled before its due time (a delayed run, or one waiting out a retry's back-off) is
+-- due at that time again, not at once; any other is due now, a held buffer-one run too (its
+-- due field, the far hold time, is past MAX_DUE_MS). A hand-back window (bounce.lua) starts
+-- anew.
 
 local now = clock(ARGV[1])
 local prefix, run_id, force = ARGV[2], ARGV[3], ARGV[4] == '1'
@@ -50,8 +52,9 @@ if run.state == 'done' and not force then return {0, 'done'} end
 
 local due = now
 if run.state == 'cancelled' then
+  -- (not a held buffer-one run's far hold time: nothing would release it any more)
   local own = whole_or(run.due, 0, now)
-  if own > now then due = own end
+  if own > now and own < MAX_DUE_MS then due = own end
 end
 redis.call('HSET', key, 'state', 'pending', 'attempt', 0, 'due', due)
 redis.call('HDEL', key, 'finished', 'result', 'error', 'owner', 'started', 'lease_until',

@@ -13,6 +13,7 @@ import pytest
 from helpers import advance_until, fake_clock, finished, make_worker, running, wait_for
 
 from jobqueue.client.sync import JobQueue
+from jobqueue.errors import ConnectionFailed
 from jobqueue.settings import Settings
 
 # Hand-backs come back fast, and the window outlasts every test by far.
@@ -178,3 +179,65 @@ def test_a_run_no_worker_has_the_task_for_is_dead_after_the_window_saying_why(
     assert run.error is not None
     assert run.error.startswith("no code for task 'send_sms' in this worker (its tasks: send_mail)")
     assert run.error.endswith("the window is 3600 s)")
+
+
+def test_a_hand_back_whose_reply_was_lost_and_that_buried_the_run_is_counted_dead(
+    redis_client: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first hand-back reaches Redis (a window of 0: the run is buried) but its reply is
+    lost; sent again, it is refused as finished at this attempt's fence: its own first copy
+    landed. That is a dead run (ERROR, counted failed), not a hand-back."""
+    old = old_app(
+        redis_client,
+        settings=Settings(unknown_task_window_s=0, unknown_task_min_hand_backs=1),
+    )
+    lost: list[str] = []
+    real_run_each = old.scripts.run_each
+
+    def run_each(calls: Any) -> list[Any]:
+        replies = real_run_each(calls)
+        if not lost and any(c.script == "bounce" for c in calls):
+            lost.append("bounce")
+            return [ConnectionFailed("reply lost") if c.script == "bounce" else r
+                    for c, r in zip(calls, replies, strict=True)]  # fmt: skip
+        return replies
+
+    monkeypatch.setattr(old.scripts, "run_each", run_each)
+    new = new_app(redis_client)
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"), running(
+        make_worker(old)
+    ) as worker:
+        handle = new.resolve_task("send_sms").enqueue("+33")
+        run = finished(new, handle.run_id)
+        wait_for(lambda: worker.stats.failed == 1, what="the dead run counted")
+    assert lost == ["bounce"]
+    assert run.state == "dead"
+    assert worker.stats.handed_back == 0
+    lines = [r for r in caplog.records if getattr(r, "run_id", None) == handle.run_id]
+    assert [r.levelname for r in lines if r.getMessage().startswith(("dead", "handed"))] == [
+        "ERROR"
+    ]
+
+
+def test_a_run_claimed_rarely_is_not_dead_before_its_minimum_of_hand_backs(
+    redis_client: Any,
+) -> None:
+    """Past the window after two hand-backs (a long backlog between them, here a fake clock
+    jump), the run is handed back again, not buried: five hand-backs are the minimum."""
+    old = old_app(
+        redis_client, settings=Settings(unknown_task_delay_s=1, unknown_task_delay_cap_s=1)
+    )
+    clock = fake_clock(old)
+    new = new_app(redis_client)
+    with running(make_worker(old, clock=clock)) as worker:
+        handle = new.resolve_task("send_sms").enqueue("+33")
+        wait_for(lambda: worker.stats.handed_back >= 1, what="the first hand-back")
+        clock.advance(2 * 3600)
+        wait_for(lambda: worker.stats.handed_back >= 2, what="a hand-back past the window")
+        assert not new.get_run(handle.run_id).finished
+        run = advance_until(
+            clock, lambda: (r := new.get_run(handle.run_id)).finished and r, step=1,
+            what="the run to be dead",
+        )
+    assert run.state == "dead"
+    assert worker.stats.handed_back == 4  # the fifth hand-back buried it

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fence_rule import fence_issued
 from helpers import claim, claim_one, create
 
+from jobqueue.errors import ScriptError
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import BOUNCE, COMPLETE, FAIL, REQUEUE, Bounced, RunSpec
+from jobqueue.store.runs import BOUNCE, COMPLETE, FAIL, RELEASE, REQUEUE, Bounced, RunSpec
 from jobqueue.store.scripts import ScriptRunner
 
 DELAY, CAP, WINDOW = 1_000, 8_000, 3_600_000
@@ -20,11 +22,11 @@ WHY = "no worker has task 'sync'"
 
 def bounce(
     runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int,
-    window_ms: int = WINDOW, owner: str = "w-old",
+    window_ms: int = WINDOW, owner: str = "w-old", min_hand_backs: int = 1,
 ) -> Bounced:
     call = BOUNCE.call(
         pk, run_id, fence, owner, WHY, delay_ms=DELAY, delay_cap_ms=CAP, window_ms=window_ms,
-        dead_retention_ms=RETENTION, now=now,
+        dead_retention_ms=RETENTION, min_hand_backs=min_hand_backs, now=now,
     )
     return BOUNCE.parse(runner.run(call))
 
@@ -110,6 +112,58 @@ def test_a_worker_that_has_the_task_and_fails_it_starts_a_new_window(
     assert bounce(runner, pk, "a", c.fence, now=WINDOW) == Bounced(
         True, "bounced", 1, WINDOW + DELAY
     )
+
+
+def test_past_the_window_a_run_is_buried_only_after_its_minimum_of_hand_backs(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    assert bounce(runner, pk, "a", c.fence, now=0, min_hand_backs=3).status == "bounced"
+    c = claim_one(runner, pk, now=2 * WINDOW)
+    assert bounce(runner, pk, "a", c.fence, now=2 * WINDOW, min_hand_backs=3).status == (
+        "bounced"
+    )
+    c = claim_one(runner, pk, now=3 * WINDOW)
+    assert bounce(runner, pk, "a", c.fence, now=3 * WINDOW, min_hand_backs=3) == Bounced(
+        True, "dead", 3
+    )
+
+
+def test_a_release_by_a_worker_that_had_the_task_starts_a_new_window(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    bounced_at(runner, pk, [0])
+    mine = claim_one(runner, pk, now=1_000, owner="w-new")
+    runner.run(RELEASE.call(pk, "a", mine.fence, now=WINDOW + 1))  # its graceful shutdown
+    c = claim_one(runner, pk, now=WINDOW + 2)
+    assert bounce(runner, pk, "a", c.fence, now=WINDOW + 2).status == "bounced"
+
+
+def test_a_take_back_of_an_expired_lease_starts_a_new_window(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a")
+    bounced_at(runner, pk, [0])
+    claim_one(runner, pk, now=1_000, owner="w-new", lease_ms=1_000)  # then it crashed
+    c = claim_one(runner, pk, now=WINDOW + 2)  # its lease taken back
+    assert bounce(runner, pk, "a", c.fence, now=WINDOW + 2).status == "bounced"
+
+
+def test_a_bounce_missing_its_last_arguments_is_refused_and_changes_nothing(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    create(runner, pk, "a")
+    c = claim_one(runner, pk, now=0)
+    call = BOUNCE.call(
+        pk, "a", c.fence, "w", WHY, delay_ms=DELAY, delay_cap_ms=CAP, window_ms=WINDOW,
+        dead_retention_ms=RETENTION, now=10,
+    )
+    before = (redis_client.hgetall(pk.run("a")), redis_client.zscore(pk.leases, "a"))
+    with pytest.raises(ScriptError, match="jobqueue: "):
+        runner.run(call._replace(args=call.args[:9]))
+    assert (redis_client.hgetall(pk.run("a")), redis_client.zscore(pk.leases, "a")) == before
 
 
 def test_a_requeue_starts_a_new_window(

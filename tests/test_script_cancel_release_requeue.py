@@ -21,6 +21,7 @@ from jobqueue.store.runs import (
     Outcome,
     RunSpec,
 )
+from jobqueue.store.schedules import HOLD_MS
 from jobqueue.store.scripts import ScriptRunner
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -326,6 +327,16 @@ def test_requeue_of_a_delayed_run_cancelled_before_its_time_keeps_it_due_at_that
     assert redis_client.zscore(pk.due, "a") == 60_000
     assert claim(runner, pk, now=59_999) == []
     assert claim_one(runner, pk, now=60_000).run_id == "a"
+
+
+def test_requeue_of_a_cancelled_held_buffer_one_run_is_due_now_not_at_the_hold_time(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    spec = RunSpec("held", "t", PAYLOAD, due_at_ms=HOLD_MS)  # waiting for its predecessor
+    assert CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [spec], now=0))) == [True]
+    cancel(runner, pk, "held", now=1_000)
+    requeue(runner, pk, "held", now=2_000)
+    assert redis_client.zscore(pk.due, "held") == 2_000
 
 
 def test_requeue_of_a_delayed_run_cancelled_and_requeued_after_its_time_is_due_now(

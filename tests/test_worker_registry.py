@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import redis
 from click.testing import CliRunner
 from helpers import make_worker, running, wait_for
 
@@ -15,6 +16,7 @@ from jobqueue.cli.common import State
 from jobqueue.cli.core import main
 from jobqueue.client import workers as registry
 from jobqueue.client.sync import JobQueue
+from jobqueue.store.embedded import EmbeddedServer
 
 LEASE_MS = 30_000
 
@@ -78,3 +80,12 @@ def test_workers_lists_the_registry_as_before(redis_client: Any) -> None:
 
 def _state(jq: JobQueue) -> State:
     return State(None, jq)
+
+
+def test_pruning_works_on_a_client_that_answers_bytes(real_server: EmbeddedServer) -> None:
+    raw = redis.Redis.from_url(real_server.url)  # no decode_responses: replies are bytes
+    raw.flushall()
+    jq = JobQueue(raw)
+    plant(jq, "killed-long-ago", seen_ago_ms=10 * LEASE_MS // 3 + 1_000)
+    assert registry.prune_silent(jq, jq.server_time_ms(), keep="alive") == ["killed-long-ago"]
+    assert raw.hlen("jq:workers") == 0

@@ -64,10 +64,13 @@ class AsyncJobQueue(ClientCore):
         self.recurring = RecurringSteps(client=client)
         # redis-py's asyncio cluster nodes raise at once when their pool is full: calls wait
         # for a free connection here instead (a single server's pool blocks by itself).
-        self._gate: asyncio.Semaphore | None = None
-        if url is not None and is_cluster_url(url):
+        self._gated = url is not None and is_cluster_url(url)
+        self._gate_size, self._gate_wait = (0, 0.0)
+        if url is not None and self._gated:
             self._gate_size, self._gate_wait = pool_bound(url)
-            self._gate = asyncio.Semaphore(self._gate_size)
+        # made in the event loop it is first used from (an asyncio primitive is bound to
+        # one, as is the redis.asyncio client itself)
+        self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     @classmethod
     def from_url(
@@ -181,11 +184,22 @@ class AsyncJobQueue(ClientCore):
 
     async def run_steps(self, steps: Steps[T]) -> T:
         """Drive I/O-free steps (``jobqueue.store.io``) on this client's connection."""
-        gate = self._gate
-        if gate is None:
+        if not self._gated:
             return await run_steps_async(steps, self.redis, self.scripts)
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._gate[0] is not loop:
+            self._gate = (loop, asyncio.Semaphore(self._gate_size))
+        gate = self._gate[1]
         try:
-            await asyncio.wait_for(gate.acquire(), self._gate_wait)
+            if self._gate_wait <= 0:  # no wait: refused only when every connection is busy
+                if gate.locked():
+                    raise TimeoutError
+                await gate.acquire()
+            else:
+                # (asyncio.timeout, not wait_for: a cancellation racing a release is never
+                # swallowed, so a cancelled call is never sent)
+                async with asyncio.timeout(self._gate_wait):
+                    await gate.acquire()
         except TimeoutError:
             steps.close()
             raise exhausted(f"a call on a pool of {self._gate_size}") from None

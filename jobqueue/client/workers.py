@@ -46,7 +46,8 @@ def prune_silent(jq: JobQueue, now_ms: int, keep: str = "") -> list[str]:
     (server time), at most PRUNE_BATCH of them; ``keep`` (the caller's own id) never. The
     pruned ids."""
     due = jq.redis.zrangebyscore(WORKERS_SEEN_KEY, "-inf", now_ms, start=0, num=PRUNE_BATCH)
-    gone = [str(i) for i in due if i != keep]
+    ids = (i.decode("utf-8", "replace") if isinstance(i, bytes) else str(i) for i in due)
+    gone = [i for i in ids if i != keep]
     withdraw(jq, gone)
     return gone
 

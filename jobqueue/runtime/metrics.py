@@ -78,6 +78,9 @@ class Metrics:
         the run's task and ``seconds`` how long its code ran (one call per run: this is the
         worker's hot path)."""
 
+    def handed_back(self, queue: str, task: str) -> None:
+        """A run of a task this worker has no code for was handed back (not a failure)."""
+
     def lease_lost(self, queue: str, reason: str) -> None:
         """A heartbeat of this worker was refused."""
 
@@ -125,6 +128,13 @@ class PrometheusMetrics(Metrics):
         )
         self.runs_dead = Counter(
             "jobqueue_runs_dead", "Failed runs dead-lettered by this worker.", q, registry=r
+        )
+        self.runs_handed_back = Counter(
+            "jobqueue_runs_handed_back",
+            "Runs of a task this worker has no code for, handed back (not counted as "
+            "attempts; a rolling deploy, or two apps on one queue).",
+            [*q, "task"],
+            registry=r,
         )
         self.commits_rejected = Counter(
             "jobqueue_commits_rejected",
@@ -246,6 +256,9 @@ class PrometheusMetrics(Metrics):
             outcome = status if status in ("retry", "dead") else "failed"
         self.task_runs.labels(queue, task, outcome).inc()
         self.task_duration.labels(queue, task, outcome).observe(seconds)
+
+    def handed_back(self, queue: str, task: str) -> None:
+        self.runs_handed_back.labels(queue, task).inc()
 
     def lease_lost(self, queue: str, reason: str) -> None:
         self.leases_lost.labels(queue, reason).inc()

@@ -352,11 +352,12 @@ def _bounce(
     delay_cap_ms: int,
     window_ms: int,
     dead_retention_ms: int,
+    min_hand_backs: int = 1,
     now: NowArg = None,
 ) -> Wire:
     """Hand a run whose task this worker lacks back (attempt not counted), due again after
     ``delay_ms`` doubled at each hand-back (at most ``delay_cap_ms``); buried with ``error``
-    once hand-backs went on for ``window_ms``."""
+    once hand-backs went on for ``window_ms`` and numbered ``min_hand_backs`` or more."""
     return Wire(
         pk,
         {
@@ -370,6 +371,7 @@ def _bounce(
             "window_ms": window_ms,
             "dead_retention_ms": dead_retention_ms,
             "error": error,
+            "min_hand_backs": min_hand_backs,
         },
     )
 
@@ -397,6 +399,7 @@ BOUNCE = Contract(
         "window_ms",
         "dead_retention_ms",
         "error",
+        "min_hand_backs",
     ),
     build=_bounce,
     parse=_parse_bounce,

@@ -60,8 +60,8 @@ _NOTHING: Any = object()
 def _log_finished(item: Finished, status: str) -> None:
     """The one line of a run whose outcome was accepted: 'done' at INFO; 'failed' with the
     outcome and the attempt's traceback, at WARNING when it will be retried ('retry', or
-    'landed': a resent fail found its first copy had landed) and at ERROR when it is dead,
-    the lines people alert on."""
+    'landed': a resent fail found its first copy had made the run pending again) and at
+    ERROR when it is dead, the lines people alert on."""
     run, queue = item.entry.run, item.entry.keys.queue
     ms = round(item.duration_s * 1000, 3)
     fields = {**run_fields(run), "task": run.task, "queue": queue, "duration_ms": ms}
@@ -231,6 +231,7 @@ class Committer:
             delay_cap_ms=to_ms(settings.unknown_task_delay_cap_s),
             window_ms=settings.unknown_task_window_ms,
             dead_retention_ms=settings.dead_retention_ms,
+            min_hand_backs=settings.unknown_task_min_hand_backs,
             now=self._clock.now_ms(),
         )
 
@@ -318,8 +319,10 @@ class Committer:
         """Record the outcome of one commit.
 
         A commit sent again after a lost connection may be refused by its own first copy,
-        which landed: refused as finished (or, for a retry, not running) with the run still
-        at this attempt's fence. That is this commit's success, not a fenced-out one."""
+        which landed: refused as finished (or, for a retry or a hand-back, not running) with
+        the run still at this attempt's fence. That is this commit's success, not a
+        fenced-out one: 'done', 'dead' (a failure or a hand-back that buried the run) or
+        'landed' (one that made it pending again)."""
         run = item.entry.run
         if (
             resent
@@ -327,11 +330,15 @@ class Committer:
             and outcome.current_fence == run.fence
             and outcome.status in ("finished", "not-running")
         ):
-            outcome = Outcome(True, "done" if item.ok else "landed")
-        self._metrics.committed(
-            item.entry.keys.queue, item.ok, outcome.accepted, outcome.status, run.task,
-            item.duration_s,
-        )
+            landed = "dead" if outcome.status == "finished" else "landed"
+            outcome = Outcome(True, "done" if item.ok else landed)
+        if item.bounce and outcome.accepted and outcome.status != "dead":
+            self._metrics.handed_back(item.entry.keys.queue, run.task)
+        else:
+            self._metrics.committed(
+                item.entry.keys.queue, item.ok, outcome.accepted, outcome.status, run.task,
+                item.duration_s,
+            )
         if outcome.accepted:
             if item.ok:
                 self._stats.completed += 1

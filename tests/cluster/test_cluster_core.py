@@ -107,6 +107,20 @@ def test_a_burst_of_async_calls_past_the_pool_bound_waits_for_connections_on_a_c
     assert all(asyncio.run(burst()))
 
 
+def test_an_asyncio_cluster_client_with_no_pool_wait_still_runs_calls_when_connections_are_free(
+    cluster_url: str,
+) -> None:
+    async def go() -> bool:
+        ajq = AsyncJobQueue.from_url(cluster_url + "?max_connections=4&timeout=0")
+        ajq.declare_task("t")
+        try:
+            return (await ajq.enqueue(ajq.resolve_task("t").with_options(run_id="free"))).created
+        finally:
+            await ajq.close()
+
+    assert asyncio.run(go())
+
+
 def test_threads_past_the_pool_bound_wait_for_connections_on_a_cluster(cluster_url: str) -> None:
     jq = JobQueue.from_url(cluster_url + "?max_connections=2", partitions={"default": 16})
     jq.declare_task("t")
