@@ -730,7 +730,8 @@ def scheduler(
 @click.option("--prefix", default="job-", show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def jitter(jobs: int, window: int, prefix: str, as_json: bool) -> None:
-    """How a herd of JOBS ids <prefix>0.. firing at once spreads over a WINDOW-second jitter."""
+    """How a herd of JOBS job ids (<prefix>N) firing at once spreads over a WINDOW-second
+    jitter."""
     from jobqueue.policy.jitter import herd_histogram
 
     counts = herd_histogram(jobs, window, prefix)
