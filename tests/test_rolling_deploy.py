@@ -162,17 +162,20 @@ def test_a_run_no_worker_has_the_task_for_is_dead_after_the_window_saying_why(
     redis_client: Any,
 ) -> None:
     """The default window (an hour), on a fake clock: handed back with a growing delay until
-    the hour is over, then dead with a clear reason, its attempts still not counted."""
+    the hour is over, then dead with a clear reason, its attempts still not counted. (The
+    worker's waits for a wake-up run on real time: kept short, so that the moved clock is
+    seen at once; its lease outlasts the clock's jumps, which would otherwise expire it between
+    a claim and its hand-back.)"""
     old = old_app(redis_client, settings=Settings())
     clock = fake_clock(old)
     new = new_app(redis_client)
-    with running(make_worker(old, clock=clock)) as worker:
+    with running(make_worker(old, clock=clock, idle_wait=0.05, lease=86_400.0)) as worker:
         handle = new.resolve_task("send_sms").enqueue("+33")
         wait_for(lambda: worker.stats.handed_back >= 1, what="the first hand-back")
         clock.advance(3_599)
         assert not new.get_run(handle.run_id).finished  # pending, or claimed to be handed back
         run = advance_until(
-            clock, lambda: (r := new.get_run(handle.run_id)).finished and r, step=10,
+            clock, lambda: (r := new.get_run(handle.run_id)).finished and r, step=60,
             what="the run to be dead",
         )
     assert (run.state, run.attempt) == ("dead", 0)
@@ -229,14 +232,14 @@ def test_a_run_claimed_rarely_is_not_dead_before_its_minimum_of_hand_backs(
     )
     clock = fake_clock(old)
     new = new_app(redis_client)
-    with running(make_worker(old, clock=clock)) as worker:
+    with running(make_worker(old, clock=clock, idle_wait=0.05, lease=86_400.0)) as worker:
         handle = new.resolve_task("send_sms").enqueue("+33")
         wait_for(lambda: worker.stats.handed_back >= 1, what="the first hand-back")
         clock.advance(2 * 3600)
         wait_for(lambda: worker.stats.handed_back >= 2, what="a hand-back past the window")
         assert not new.get_run(handle.run_id).finished
         run = advance_until(
-            clock, lambda: (r := new.get_run(handle.run_id)).finished and r, step=1,
+            clock, lambda: (r := new.get_run(handle.run_id)).finished and r, step=5,
             what="the run to be dead",
         )
     assert run.state == "dead"
