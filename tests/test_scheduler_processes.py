@@ -24,7 +24,7 @@ from jobqueue.store.embedded import EmbeddedServer
 
 JOBS = 200
 RUN_SECONDS = 12.0
-KILL_AFTER = 5.0
+KILL_AFTER = 2.0  # s after all three run
 
 pytestmark = pytest.mark.slow
 
@@ -171,22 +171,39 @@ def test_three_scheduler_processes_one_killed_create_every_fire_exactly_once(
     assert all(first_fire.values())
 
     procs = [start_scheduler(real_server.url, tmp_path) for _ in range(3)]
+    by_pid = {p.pid: p for p in procs}
     try:
+        # The victim is a scheduler that owns partitions (so it has been creating runs), and
+        # all three run: a kill before start-up, or of an idle one, would prove nothing.
+        def owners() -> set[int]:
+            members = read_members(jq)
+            if {m.pid for m in members} != set(by_pid):
+                return set()
+            return {m.pid for m in members if m.partitions}
+
+        wait_until("three schedulers, partitions owned", owners, 30)
         time.sleep(KILL_AFTER)
-        victim = procs[0]
+        deadline = time.monotonic() + 10
+        while not (owning := owners()):
+            assert time.monotonic() < deadline, "no scheduler owns partitions"
+            time.sleep(0.005)
+        victim = by_pid[min(owning)]
         victim.send_signal(signal.SIGKILL)  # mid-run, possibly between create and advance
         victim.wait(timeout=10)
         time.sleep(RUN_SECONDS - KILL_AFTER)
     finally:
-        for p in procs[1:]:
+        survivors = [p for p in procs if p.poll() is None]
+        for p in survivors:
             p.send_signal(signal.SIGTERM)
-        for p in procs[1:]:
+        for p in survivors:
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 p.kill()
-    for p in procs[1:]:
-        assert p.returncode == 0, p.stderr.read().decode() if p.stderr else ""
+    assert victim.returncode == -signal.SIGKILL
+    for p in procs:
+        if p is not victim:
+            assert p.returncode == 0, p.stderr.read().decode() if p.stderr else ""
 
     stopped_ms = jq.server_time_ms()
     runs: dict[str, list[int]] = {}
