@@ -32,7 +32,8 @@
 --          and it is buried;
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua). Refused whole
 --          (an error reply, nothing changed) when a key is not on this node, an index key
---          holds another type, or an argument is not a whole number.
+--          holds another type, or an argument other than the fence is not a whole number (a
+--          garbage fence is refused as 'fenced', as in heartbeat.lua).
 --
 -- The record keeps 'unknown_since' (the first hand-back's time) and 'bounces' (how many);
 -- a worker that had the task (fail.lua's retry, release.lua), a claim taking back an expired

@@ -32,7 +32,8 @@
 --          holder run_id is kept as it is, nothing written); 'replaced' (debounce: the
 --          pending holder run_id now has this payload, meta and due time; its task, attempts
 --          and priority stay). Refused whole (an error reply, nothing changed) when a key is
---          not on this node or one of the KEYS holds another type.
+--          not on this node or an index key or the dedupe key holds another type (a wake,
+--          stats or seq key of another type is passed over: no token, count or order).
 --
 -- The key holds while it exists and names a run: without a ttl, only while that run is
 -- pending (claim deletes the key at the run's first claim); with a ttl, for ttl_ms from the

@@ -78,6 +78,17 @@ def test_workers_lists_the_registry_as_before(redis_client: Any) -> None:
         assert [w["id"] for w in json.loads(result.stdout)] == ["fresh"]
 
 
+def test_workers_list_shows_each_workers_number_of_tasks(redis_client: Any) -> None:
+    jq = JobQueue(redis_client)
+    plant(jq, "fresh", seen_ago_ms=0)
+    result = CliRunner().invoke(main, ["workers"], obj=_state(jq))
+    assert result.exit_code == 0, result.output
+    header, row = result.stdout.splitlines()[:2]
+    columns = header.split()
+    assert columns[:5] == ["WORKER", "HOST", "PID", "QUEUES", "TASKS"]
+    assert row.split()[:5] == ["fresh", "h", "1", "default", "1"]
+
+
 def _state(jq: JobQueue) -> State:
     return State(None, jq)
 

@@ -358,7 +358,7 @@ def enqueue(
     jq = state.jq(load_app(app_spec) if app_spec else None)
     if app_spec and task not in jq.registry:
         # The app is the list of tasks its workers run: a run of any other name would only
-        # ever be dead-lettered ("unknown task") by them.
+        # ever be handed back by them, then buried.
         raise UnknownTask(f"task {task!r} is not registered in {app_spec}")
     if app_spec and max_attempts is not None:
         raise click.UsageError("--max-attempts is for tasks not in --app (the app's task sets it)")

@@ -466,6 +466,7 @@ def workers_list(state: Any, as_json: bool) -> None:
             w.host,
             w.pid,
             ",".join(w.queues),
+            "?" if w.tasks is None else len(w.tasks),  # the names: --json
             f"{w.in_flight}/{w.concurrency}",
             when(w.started_ms, now),
             when(w.last_seen_ms, now),
@@ -477,7 +478,10 @@ def workers_list(state: Any, as_json: bool) -> None:
         as_json,
         [w.to_dict() for w in found],
         rows,
-        ["WORKER", "HOST", "PID", "QUEUES", "IN FLIGHT", "STARTED (UTC)", "LAST SEEN", "STATUS"],
+        [
+            "WORKER", "HOST", "PID", "QUEUES", "TASKS", "IN FLIGHT", "STARTED (UTC)", "LAST SEEN",
+            "STATUS",
+        ],
         "no workers registered",
         found,
     )

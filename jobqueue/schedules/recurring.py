@@ -556,7 +556,7 @@ def make_definition(
     if isinstance(task, str) and task not in jq.registry and not jq.registry.names():
         # No registry at all: a process that only schedules by name (the CLI, an ops script)
         # for workers elsewhere. With one, a name it does not know is refused as enqueue
-        # refuses it: its runs would only ever be dead-lettered as "unknown task".
+        # refuses it: its runs would only ever be handed back by its workers, then buried.
         task_name, options = validate_task_name(task), None
     else:
         resolved = jq.resolve_task(task)

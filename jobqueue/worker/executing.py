@@ -38,7 +38,8 @@ log = logging.getLogger("jobqueue.worker")
 
 
 class _StartFailed(Exception):
-    """A run that could not be started (unknown task, bad payload): failed, never retried."""
+    """A run that could not be started (a payload its task cannot take, a closed loop): failed,
+    never retried."""
 
 
 class _NoCode(Exception):
