@@ -105,6 +105,27 @@ def test_five_thousand_concurrent_async_enqueues_are_all_created(url: str) -> No
     assert states(jq, ids) == {"pending"}
 
 
+def test_an_async_connect_outlasted_by_a_busy_event_loop_is_tried_again(url: str) -> None:
+    """A burst keeps the event loop busy: a connect can see its socket_connect_timeout pass
+    before the loop gets back to it, though the server answered at once. Nothing was sent
+    on that connection, so it is tried again within the pool's wait, not raised as an
+    unreachable server. Forced: the loop is blocked for 4x the connect timeout while the
+    first connect is under way."""
+    jq = app(url)
+
+    async def enqueue_while_the_loop_is_blocked() -> bool:
+        ajq = AsyncJobQueue.from_url(with_options(url, socket_connect_timeout=0.1), tasks=jq)
+        try:
+            call = asyncio.ensure_future(ajq.enqueue(jq.resolve_task("add"), 1))
+            await asyncio.sleep(0)  # the call is now connecting
+            time.sleep(0.4)  # what 5,000 gathered calls do to the loop on a loaded machine
+            return (await call).created
+        finally:
+            await ajq.close()
+
+    assert asyncio.run(enqueue_while_the_loop_is_blocked())
+
+
 @contextmanager
 def writes_held(url: str) -> Iterator[Any]:
     """The server holds every write (CLIENT PAUSE WRITE) until the block ends: a script

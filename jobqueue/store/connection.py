@@ -8,6 +8,7 @@ concurrent calls (threads, asyncio tasks) queues up instead of failing at once."
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -185,6 +186,25 @@ def sync_client(url: str) -> Any:
         raise ConfigError(f"bad Redis URL {redact(url)!r}: {exc}") from None
 
 
+class _PatientAsyncPool(redis.asyncio.BlockingConnectionPool):  # type: ignore[type-arg]
+    """A blocking pool whose connect that timed out is tried again within the pool's wait.
+    An event loop busy with a burst (5,000 gathered enqueues on a loaded machine) can get back
+    to a connecting socket only after socket_connect_timeout has passed, though the server
+    answered at once; nothing was sent on it, so trying again sends nothing twice. A server
+    that does not answer still fails: after the wait, or after 3 more tries."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.timeout if self.timeout is not None else POOL_TIMEOUT_S)
+        for _ in range(3):
+            try:
+                return await super().get_connection(*args, **kwargs)
+            except redis.exceptions.TimeoutError:  # only a connect raises it here
+                if loop.time() >= deadline:
+                    raise
+        return await super().get_connection(*args, **kwargs)
+
+
 def async_client(url: str) -> Any:
     """An asyncio client. On a cluster its nodes' pools raise at once when full (redis-py
     has no blocking pool there): ``AsyncJobQueue`` makes calls wait for a free connection
@@ -200,7 +220,7 @@ def async_client(url: str) -> Any:
                 max_connections=size,
                 **_CLUSTER,
             )
-        blocking: Any = redis.asyncio.BlockingConnectionPool.from_url(
+        blocking: Any = _PatientAsyncPool.from_url(
             plain, retry=_never_resend(redis.asyncio.retry.Retry), **_blocking(url), **_COMMON
         )
         client: Any = redis.asyncio.Redis
