@@ -474,6 +474,18 @@ def test_a_job_whose_definition_is_garbage_can_be_removed(
     assert scheduled.get_schedule("good") is not None
 
 
+def test_a_job_whose_next_fire_score_is_fractional_can_be_removed(
+    scheduled: JobQueue, redis_client: Any
+) -> None:
+    """Found by the hostile-data fuzz: the removal compared a whole ms with the stored 0.5
+    and gave up as 'kept changing', the job left in place."""
+    redis_client.zadd("jq:{sched#0}:next", {"good": 0.5})
+    result = invoke(scheduled, "schedules", "remove", "good", "--yes")
+    assert result.exit_code == 0, result.output
+    assert scheduled.get_schedule("good") is None
+    assert redis_client.zscore("jq:{sched#0}:next", "good") is None
+
+
 def test_garbage_counters_of_a_job_mark_its_row(scheduled: JobQueue, redis_client: Any) -> None:
     redis_client.hset("jq:{sched#0}:state", "bad", "many times")
     result = invoke(scheduled, "schedules", "list")

@@ -1059,14 +1059,17 @@ class RecurringSteps:
         for _ in range(_CAS_ATTEMPTS):
             # Compared with the stored text as it is, not parsed: a definition that is not
             # usable (foreign data) can still be removed, which is the way out of it.
-            text, next_ms, _state = yield from self.read_steps(job_id)
+            text, _next_ms, _state = yield from self.read_steps(job_id)
             if text is None:
                 return False
+            # The score as stored, not as parsed: a foreign fractional score (0.5) read as a
+            # whole ms never matched, and the job could not be removed at all.
+            (stored_score,) = yield commands(cmd("zscore", sk.next, job_id))
             call = SCHED_DEFINE.call(
                 sk,
                 job_id,
                 expected_definition=text,
-                expected_next_ms=next_ms,
+                expected_next_ms=stored_score,
                 definition=None,
                 next_ms=None,
             )

@@ -146,7 +146,7 @@ def _sched_define(
     job_id: str,
     *,
     expected_definition: str | None,
-    expected_next_ms: int | None,
+    expected_next_ms: float | None,
     definition: str | None,
     next_ms: int | None,
     state: str = "",
