@@ -105,6 +105,28 @@ def test_five_thousand_concurrent_async_enqueues_are_all_created(url: str) -> No
     assert states(jq, ids) == {"pending"}
 
 
+def test_a_burst_of_first_async_enqueues_registers_its_queue_once(url: str) -> None:
+    """The first enqueues of a process record their queue; gathered, they wait on one
+    registration instead of each sending their own (which doubled a burst's work)."""
+    jq = app(url)
+    server = redis.Redis.from_url(url)
+
+    def registrations() -> int:
+        return int(server.info("commandstats").get("cmdstat_hsetnx", {}).get("calls", 0))
+
+    async def burst() -> None:
+        ajq = AsyncJobQueue.from_url(url, tasks=jq)
+        try:
+            await asyncio.gather(*(ajq.enqueue(jq.resolve_task("add"), i) for i in range(500)))
+        finally:
+            await ajq.close()
+
+    before = registrations()
+    asyncio.run(burst())
+    assert registrations() - before == 1
+    server.close()
+
+
 def test_an_async_connect_outlasted_by_a_busy_event_loop_is_tried_again(url: str) -> None:
     """A burst keeps the event loop busy: a connect can see its socket_connect_timeout pass
     before the loop gets back to it, though the server answered at once. Nothing was sent

@@ -9,6 +9,7 @@ same parameters (``tests/test_client_parity.py`` holds them to it).
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
@@ -71,6 +72,9 @@ class AsyncJobQueue(ClientCore):
         # made in the event loop it is first used from (an asyncio primitive is bound to
         # one, as is the redis.asyncio client itself)
         self._gate: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._register_locks: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[str, asyncio.Lock]
+        ] = weakref.WeakKeyDictionary()
 
     @classmethod
     def from_url(
@@ -218,6 +222,16 @@ class AsyncJobQueue(ClientCore):
     async def register_queue(self, queue: str) -> int:
         return await self.run_steps(self._register_queue(queue))
 
+    async def _register_once(self, queue: str) -> None:
+        """One registration in flight per queue and event loop: a burst of first enqueues
+        (5,000 gathered at start-up) waits on it instead of sending 5,000 registrations
+        that hold the pool's connections as long as the enqueues themselves."""
+        locks = self._register_locks.setdefault(asyncio.get_running_loop(), {})
+        lock = locks.get(queue) or locks.setdefault(queue, asyncio.Lock())
+        async with lock:
+            if queue not in self._registered_queues:
+                await self.register_queue(queue)
+
     async def queues(self) -> dict[str, int]:
         """Every usable queue recorded in Redis (see :meth:`queue_table`)."""
         return await self.run_steps(self._queues())
@@ -278,6 +292,10 @@ class AsyncJobQueue(ClientCore):
         id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
         found, kwargs, opts = self.split_run_options(task, kwargs)
+        options = getattr(found, "options", None)  # (None for a task named by a string)
+        queue = opts.queue if opts.queue is not None else getattr(options, "queue", None)
+        if isinstance(queue, str) and queue not in self._registered_queues:
+            await self._register_once(queue)
         steps = self._enqueue(
             found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
             opts.dedupe, opts.limit_key,
