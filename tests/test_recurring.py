@@ -42,6 +42,8 @@ def keys(redis_client: Any) -> list[str]:
         ({"every": -1}, "invalid every -1"),
         ({"every": 60, "jitter": -1}, "invalid jitter -1"),
         ({"every": 60, "args": [object()]}, "not JSON-serialisable"),
+        # (an enqueue takes bytes, tagged; a definition is stored as plain JSON)
+        ({"every": 60, "args": [b"bytes"]}, "not JSON-serialisable"),
     ],
 )
 def test_invalid_definition_raises_a_clear_error_and_writes_nothing(

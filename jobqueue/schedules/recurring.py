@@ -563,6 +563,13 @@ def make_definition(
         task_name, options = resolved.name, resolved.options
         # Arguments that could never bind would fail every fire's run: refused now.
         resolved.check_arguments(args, kwargs or {})
+    try:  # the definition stores them as JSON (to_json): refused now, not at the write
+        json.dumps([list(args), kwargs or {}], ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise RecurringError(
+            f"job {job_id!r}: arguments not JSON-serialisable as a recurring job stores them "
+            f"(plain JSON: str, int, float, bool, None, lists, dicts with string keys): {exc}"
+        ) from None
     try:
         schedule = parse_schedule(cron, every, tz)
         policy = parse_policy(misfire)
