@@ -47,7 +47,7 @@ def split_entry(line: str) -> tuple[str, str | None]:
     return (event, tb) if mark else (line, None)
 
 FINISHED_STATES = frozenset({"done", "dead", "cancelled"})
-STATES = ("pending", "running", "done", "dead", "cancelled")
+STATES = ("pending", "running", "done", "dead", "cancelled", "waiting")
 # The record's integer fields (create_run.lua, claim.lua, ...): anything else stored in one is
 # shown as its default and reported as an anomaly of the run.
 INT_FIELDS = (
@@ -141,6 +141,28 @@ R_co = TypeVar("R_co", covariant=True, default=Any)
 
 
 @dataclass(frozen=True)
+class DependencyState:
+    """One dependency of a run (a workflow's edge) as the run waiting on it heard of it:
+    ``outcome`` 'done', 'dead', 'cancelled', 'removed' (its death removed the edge), or None
+    while it is unfinished; the result's JSON (done) or the error (dead, cancelled)."""
+
+    run_id: str
+    queue: str
+    policy: str
+    outcome: str | None
+    result_json: str | None = None
+    error: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in ("dead", "cancelled")
+
+    @property
+    def result(self) -> Any:
+        return decode_result(self.result_json) if self.outcome == "done" else None
+
+
+@dataclass(frozen=True)
 class Run(Generic[R_co]):
     run_id: str
     queue: str
@@ -178,6 +200,11 @@ class Run(Generic[R_co]):
     progress_message: str | None = None
     progress_at_ms: int | None = None
     progress_attempt: int | None = None
+    # Workflows (jobqueue.workflows): the workflow it belongs to, how many of its dependencies
+    # it has not heard of yet (while waiting), and whether runs wait on it
+    flow: str | None = None
+    dependencies_left: int | None = None
+    has_dependents: bool = False
     # Garbage found in the record (a field that is not what jobqueue writes, a key of another
     # type): the run is still shown, with these beside it.
     anomalies: tuple[Anomaly, ...] = ()
@@ -268,6 +295,9 @@ class Run(Generic[R_co]):
             progress_message=fields.get("progress_message") or None,
             progress_at_ms=_int(fields.get("progress_at")),
             progress_attempt=_int(fields.get("progress_attempt")),
+            flow=fields.get("flow") or None,
+            dependencies_left=_int(fields.get("left")),
+            has_dependents=bool(fields.get("parents")),
             anomalies=tuple(found),
         )
 

@@ -243,6 +243,18 @@ def encode_payload(
     return _check_size(text, limit, what)
 
 
+ARGS_HEAD = '{"args":['
+
+
+def args_tail(payload: str, has_args: bool) -> str:
+    """What follows values put first in an encoded payload's arguments: a run that receives its
+    dependencies' results gets ``ARGS_HEAD + results + args_tail`` (lua/deliver.lua)."""
+    if not payload.startswith(ARGS_HEAD):  # encode_payload always writes it so
+        raise PayloadError("task arguments were not encoded as expected")
+    rest = payload[len(ARGS_HEAD):]
+    return "," + rest if has_args else rest
+
+
 def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:
     """Arguments back from Redis; anything malformed raises PayloadError (never executes)."""
     try:

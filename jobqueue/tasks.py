@@ -11,15 +11,18 @@ import functools
 import inspect
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 from jobqueue.errors import ConfigError, PayloadError, UnknownTask
 from jobqueue.handles import AsyncRunHandle, RunHandle
 from jobqueue.policy.timeutil import Delay, Instant, seconds_to_ms
 from jobqueue.store.keys import validate_queue_name
+from jobqueue.workflows.canvas import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
+P2 = ParamSpec("P2")
+R2 = TypeVar("R2")
 
 # The options of one run. Given with ``task.with_options(...)``, never among the task's own
 # keyword arguments (a task may have a parameter called ``queue``).
@@ -208,6 +211,29 @@ class Task(Generic[P, R]):
         """Shorthand for ``jq.enqueue(task, ...)`` on the JobQueue it was registered with."""
         handle: RunHandle[R] = self._enqueuer().enqueue(self, *args, **kwargs)
         return handle
+
+    def s(self, *args: P.args, **kwargs: P.kwargs) -> Signature[R]:
+        """A signature: this task with these arguments, as a step of a workflow
+        (``jq.chain``, ``jq.group``, ``jq.chord``, ``jq.workflow``)."""
+        return Signature(self, tuple(args), dict(kwargs), **self._step_options())
+
+    def receiving(
+        self: Task[Concatenate[Any, P2], R2], *args: P2.args, **kwargs: P2.kwargs
+    ) -> Signature[R2]:
+        """A signature that gets its dependencies' results first in its arguments: in a
+        chain the previous step's result, in a chord or a workflow the list of its
+        dependencies' results (in the order given; None for a failed one). The arguments
+        given here follow."""
+        return Signature(self, tuple(args), dict(kwargs), receives=True, **self._step_options())
+
+    def _step_options(self) -> dict[str, Any]:
+        """The run id and queue ``with_options`` gave (a step takes no other run option)."""
+        opts = self.run_options
+        if opts is None:
+            return {}
+        if opts.delay is not None or opts.at is not None or opts.dedupe is not None:
+            raise ConfigError("a workflow's step takes run_id and queue options only")
+        return {"run_id": opts.run_id, "queue": opts.queue}
 
     def _enqueuer(self) -> Any:
         if self.enqueuer is None:

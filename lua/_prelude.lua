@@ -376,6 +376,39 @@ local function expire_record(prefix, run_id, retention_ms, has_history)
   end
 end
 
+-- -- workflows: a finished run's parents hear of it through the outbox ---------------------
+-- A run other runs wait on has a record field 'parents' (a JSON list of [queue, run_id]; see
+-- flow_create.lua). The script that finishes it (complete, fail, claim's and bounce's
+-- burials, cancel) also lists it in its partition's outbox (jq:{q#p}:outbox, one of the
+-- script's KEYS: run_id -> a version), and its record does not expire yet: the relay
+-- (jobqueue.workflows.relay) reads it, delivers its outcome to each parent (deliver.lua,
+-- which counts a child once, by id) and then removes the entry and sets the expiry
+-- (relayed.lua), only if the entry's version is the one it read. A crash in between leaves
+-- the entry: any later relay delivers again, and the parent ignores what it already counted.
+
+-- Phase 1: where and at which version to list `member` (a finishing run) in the outbox at
+-- `key`: {key, at, member}, or nil when no run waits on it (no 'parents'). Above the entry's
+-- current version, if any: an entry relayed meanwhile is then not removed by that relay.
+local function outbox_entry(key, run, member, now)
+  if not run or type(run.parents) ~= 'string' or run.parents == '' then return nil end
+  expect(key, 'zset')
+  local at = whole_or(read('ZSCORE', key, member), 0, nil)
+  if at and at >= now then return {key = key, at = at + 1, member = member} end
+  return {key = key, at = now, member = member}
+end
+
+local function to_outbox(entry) redis.call('ZADD', entry.key, entry.at, entry.member) end
+
+-- Phase 2: a finished record expires after its retention, unless runs wait on it (`out`
+-- from outbox_entry): then it goes to the outbox and relayed.lua expires it.
+local function finish_record(prefix, run_id, retention_ms, has_history, out)
+  if out then
+    to_outbox(out)
+  else
+    expire_record(prefix, run_id, retention_ms, has_history)
+  end
+end
+
 -- Entries of a finished-run index older than the retention: their records have expired.
 -- Once per call, after the call's last entry was added to the index.
 local function trim_index(key, now, retention_ms)
@@ -389,12 +422,13 @@ end
 -- '<now> dead<note>'; it expires after the dead retention and is listed in the dead index at
 -- now. The caller removes its other index entry, and trims the dead index (trim_index) after
 -- its last bury.
-local function bury(dead_key, prefix, run_id, now, err, note, retention_ms, has_history)
+local function bury(dead_key, prefix, run_id, now, err, note, retention_ms, has_history,
+                    out)
   local key = prefix .. 'run:' .. run_id
   redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished', now)
   redis.call('HDEL', key, 'lease_until')
   if has_history then history(prefix, run_id, now .. ' dead' .. note) end
-  expire_record(prefix, run_id, retention_ms, has_history)
+  finish_record(prefix, run_id, retention_ms, has_history, out)
   redis.call('ZADD', dead_key, now, run_id)
 end
 

@@ -13,6 +13,7 @@
 --                                              the runs above the default priority
 -- KEYS[7]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
 --                                              back by a per-key or per-task cap
+-- KEYS[8]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -56,7 +57,7 @@ local ok, plan = reading(function()
     refuse('ERR jobqueue: bounce needs the owner and the error text')
   end
   local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner', 'priority', 'held',
-                            'task', 'limit_key', 'unknown_since', 'bounces')}
+                            'task', 'limit_key', 'unknown_since', 'bounces', 'parents')}
   p.why = refusal(p.run, fence)
   p.stats = counters(KEYS[4], 'bounced', 'dead')
   if not p.why then
@@ -68,6 +69,8 @@ local ok, plan = reading(function()
     p.hist = history_ok(prefix, run_id)
     p.freer = slot_freer(prefix, KEYS[1], KEYS[7])
     p.freer.free(run_id, held_groups(p.run))
+    -- (read whether or not it is buried: a version nobody uses is harmless)
+    p.outbox = outbox_entry(KEYS[8], p.run, run_id, now)
   end
   return p
 end)
@@ -96,7 +99,8 @@ if now - since >= window and n >= tonumber(ARGV[11]) then
               ' s, the window is ' .. secs(window) .. ' s)'
   redis.call('HSET', key, 'attempt', attempt)
   redis.call('HDEL', key, 'held', 'unknown_since', 'bounces')
-  bury(KEYS[3], prefix, run_id, now, err, by .. utf8_head(err, 300), retention, plan.hist)
+  bury(KEYS[3], prefix, run_id, now, err, by .. utf8_head(err, 300), retention, plan.hist,
+       plan.outbox)
   trim_index(KEYS[3], now, retention)
   bump(plan.stats, 'dead', 1)
   wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[7]))

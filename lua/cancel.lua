@@ -1,4 +1,4 @@
--- cancel.lua: cancel a pending or running run; issues a new fence (as claim does, from the
+-- cancel.lua: cancel a pending, waiting or running run; issues a new fence (as claim does, from the
 -- partition's counter) so a running worker is refused at its next heartbeat or commit.
 --
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
@@ -9,12 +9,18 @@
 -- KEYS[6]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
 --                                              back by a per-key or per-task cap
 -- KEYS[7]  wake      list    jq:{q#p}:wake     wakes an idle worker for an unparked run
+-- KEYS[8]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
+-- KEYS[9]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear, and
+--                                              '!<run_id>' orders
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
 -- ARGV[4]  retention_ms       how long the cancelled record lives
 -- ARGV[5]  reason             free text, stored as the error
--- Returns  {1, previous_state} when cancelled ('pending' or 'running');
+-- ARGV[6]  running            '1': a running run is cancelled too; '0': it is left running
+--                             (a workflow's cascade, see below)
+-- Returns  {1, previous_state} when cancelled ('pending', 'waiting' or 'running');
+--          {0, 'running'} when it runs and ARGV[6] is '0';
 --          {0, 'unknown'} when there is no such run (or its key is not a run record);
 --          {0, state} when it already finished ('done', 'dead' or 'cancelled'). Refused whole
 --          (an error reply, nothing changed) when a key is not on this node or an index key
@@ -29,14 +35,26 @@
 -- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
 -- whole.
 -- A parked run cancelled leaves its parked entries.
+--
+-- Workflows (see finish_record in _prelude.lua): a run others wait on goes to the outbox
+-- and keeps its record until relayed. A waiting run (its dependencies unfinished) leaves
+-- the waiting index, and an order '!<run_id>' goes to the outbox: the relay cancels its unfinished dependencies (cancelling a parent cancels its
+-- pending children). A waiting or outbox key of another type refuses the call whole.
 
 local now = clock(ARGV[1])
 local prefix, run_id, retention, reason = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local key = prefix .. 'run:' .. run_id
+local CANCELLABLE = {pending = true, running = ARGV[6] ~= '0', waiting = true}
 
 local ok, plan = reading(function()
-  local p = {run = load_run(key, 'state', 'fence', 'held', 'task', 'limit_key', 'parked')}
-  if p.run and (p.run.state == 'pending' or p.run.state == 'running') then
+  local p = {run = load_run(key, 'state', 'fence', 'held', 'task', 'limit_key', 'parked',
+                            'parents')}
+  if p.run and CANCELLABLE[p.run.state] then
+    p.outbox = outbox_entry(KEYS[9], p.run, run_id, now)
+    if p.run.state == 'waiting' then
+      expect(KEYS[8], 'zset')
+      p.order = outbox_entry(KEYS[9], {parents = '!'}, '!' .. run_id, now)
+    end
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
@@ -56,7 +74,7 @@ end)
 if not ok then return plan end
 local run = plan.run
 if not run or not run.state then return {0, 'unknown'} end
-if run.state ~= 'pending' and run.state ~= 'running' then return {0, run.state} end
+if not CANCELLABLE[run.state] then return {0, run.state} end
 
 local fence = issue_fence(plan.fences, run.fence)
 save_fences(plan.fences)
@@ -69,7 +87,11 @@ if plan.hist then
   if was == 'running' then was = was .. ', fence=' .. (run.fence or '0') end
   history(prefix, run_id, now .. ' cancelled (was ' .. was .. '): ' .. utf8_head(reason, 200))
 end
-expire_record(prefix, run_id, retention, plan.hist)
+finish_record(prefix, run_id, retention, plan.hist, plan.outbox)
+if run.state == 'waiting' then
+  redis.call('ZREM', KEYS[8], run_id)
+  to_outbox(plan.order)
+end
 redis.call('ZADD', KEYS[3], now, run_id)
 trim_index(KEYS[3], now, retention)
 if run.state == 'running' then wake(plan.wake, free_slots(plan.freer, prefix, KEYS[1], KEYS[6])) end

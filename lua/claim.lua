@@ -17,6 +17,7 @@
 --                                              the runs above the default priority
 -- KEYS[11] parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
 --                                              back by a per-key or per-task cap
+-- KEYS[12] outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  limit              the most runs to claim
@@ -100,8 +101,9 @@ local ORPHANS_PER_CALL = 10
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
                 'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until',
-                'meta', 'priority', 'dedupe', 'limit_key', 'held', 'parked'}
-local STATES = {pending = true, running = true, done = true, dead = true, cancelled = true}
+                'meta', 'priority', 'dedupe', 'limit_key', 'held', 'parked', 'parents'}
+local STATES = {pending = true, running = true, done = true, dead = true, cancelled = true,
+                waiting = true}
 
 local function record(run_id)
   local v, foreign = checked(redis.pcall('HMGET', prefix .. 'run:' .. run_id, unpack(FIELDS)),
@@ -115,7 +117,7 @@ local function record(run_id)
           scheduled_for = v[10] or nil, due = v[11] or nil, owner = v[12] or nil,
           hist = v[13] or nil, lease_until = v[14] or nil, meta = v[15] or nil,
           priority = v[16] or nil, dedupe = v[17] or nil, limit_key = v[18] or nil,
-          held = v[19] or nil, parked = v[20] or nil}
+          held = v[19] or nil, parked = v[20] or nil, parents = v[21] or nil}
 end
 
 -- Fields at their default are absent (create_run stores only what differs), so only a
@@ -486,6 +488,10 @@ local ok, plan = reading(function()
       p.forget[#p.forget + 1] = run_id
     end
   end
+  -- A buried run others wait on goes to the outbox (finish_record in _prelude.lua).
+  for _, run in ipairs(p.bury) do
+    run.outbox = outbox_entry(KEYS[12], run, run.id, now)
+  end
   return p
 end)
 if not ok then return plan end
@@ -620,7 +626,8 @@ for _, run in ipairs(plan.bury) do
     history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
             ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
   end
-  bury(KEYS[3], prefix, run.id, now, run.reason, ' ' .. run.reason, dead_retention, run.hist_ok)
+  bury(KEYS[3], prefix, run.id, now, run.reason, ' ' .. run.reason, dead_retention, run.hist_ok,
+       run.outbox)
   if run.held then redis.call('HDEL', prefix .. 'run:' .. run.id, 'held') end
   if run.unpark then
     redis.call('HDEL', prefix .. 'run:' .. run.id, 'parked')

@@ -10,19 +10,23 @@
 --                                              back here at its due time
 -- KEYS[7]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
 --                                              back by a per-key or per-task cap
+-- KEYS[8]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  retention_ms       how long finished records live
 -- ARGV[4..] runs              3 fields per run: run_id, fence the worker claimed with,
 --                             result (JSON)
--- Returns  one outcome per run, in order: {1, 'done'} when accepted; {0, reason,
+-- Returns  one outcome per run, in order: {1, 'done'} when accepted ({1, 'done', 1} when runs
+--          wait on it: it is in the outbox, for the relay); {0, reason,
 --          current_fence} when refused (reason as in heartbeat.lua). A refused commit changes
 --          nothing: at most one completion per run is ever accepted. Refused whole (an error
 --          reply, nothing changed) when a key is not on this node or an index key holds
 --          another type.
 --
 -- Batched: a worker commits every run that finished since its last commit in one call per
--- partition. No history entry: the record's state, owner, fence, attempt, started and
+-- partition. A run others wait on (record field 'parents') goes to the partition's outbox
+-- (another type there refuses the call whole) and keeps its record
+-- until relayed (see finish_record in _prelude.lua). No history entry: the record's state, owner, fence, attempt, started and
 -- finished fields tell a successful attempt; the history keeps what they cannot.
 --
 -- Under a concurrency limit (claim.lua), a worker whose claim found no room sleeps on the wake
@@ -53,10 +57,11 @@ local ok, plan = reading(function()
     local run_id, fence = ARGV[i], tonumber(ARGV[i + 1])
     -- A key of another type answers 'unknown' for its run alone.
     local run = load_run(prefix .. 'run:' .. run_id, 'state', 'fence', 'hist', 'held', 'task',
-                         'limit_key')
+                         'limit_key', 'parents')
     local r = {id = run_id, result = ARGV[i + 2], why = refusal(run, fence),
                current = run and whole_or(run.fence, 0, 0) or 0}
     r.hist = r.why == nil and run.hist ~= nil and history_ok(prefix, run_id)
+    if r.why == nil then r.outbox = outbox_entry(KEYS[8], run, run_id, now) end
     if r.why == nil and run.held then
       r.held = true
       p.freer.free(run_id, held_groups(run))
@@ -80,8 +85,8 @@ for _, r in ipairs(plan.runs) do
     redis.call('HSET', key, 'state', 'done', 'result', r.result, 'finished', now)
     redis.call('HDEL', key, 'lease_until')
     if r.held then redis.call('HDEL', key, 'held') end
-    expire_record(prefix, r.id, retention, r.hist)
-    out[#out + 1] = {1, 'done'}
+    finish_record(prefix, r.id, retention, r.hist, r.outbox)
+    out[#out + 1] = r.outbox and {1, 'done', 1} or {1, 'done'}
     ids[#ids + 1] = r.id
     finished[#finished + 1] = now
     finished[#finished + 1] = r.id

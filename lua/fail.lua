@@ -11,6 +11,7 @@
 --                                              the runs above the default priority
 -- KEYS[8]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
 --                                              back by a per-key or per-task cap
+-- KEYS[9]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -22,7 +23,9 @@
 --                             entry after a newline and RS ('\n\030'), cut at 64 KiB
 -- Returns  {1, 'retry', due} when the run goes back to pending at due (and, above the
 --          default priority, to the prio zset: it keeps its priority);
---          {1, 'dead'} when attempts are exhausted (or no retry was asked) and it is buried;
+--          {1, 'dead'} when attempts are exhausted (or no retry was asked) and it is buried
+--          ({1, 'dead', 1} when runs wait on it: it went to the outbox, see finish_record in
+--          _prelude.lua; an outbox of another type refuses the call whole);
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua). Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or an
 --          index key holds another type.
@@ -53,7 +56,7 @@ local ok, plan = reading(function()
   end
   local p = {}
   p.run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner', 'priority',
-                   'held', 'task', 'limit_key')
+                   'held', 'task', 'limit_key', 'parents')
   p.why = refusal(p.run, fence)
   p.stats = counters(KEYS[4], 'rejected', 'failed', 'retried', 'dead')
   if not p.why then
@@ -67,6 +70,10 @@ local ok, plan = reading(function()
     p.hist = history_ok(prefix, run_id)
     p.freer = slot_freer(prefix, KEYS[1], KEYS[8])
     p.freer.free(run_id, held_groups(p.run))
+    local attempt = tonumber(p.run.attempt) or 0
+    if not (delay and attempt < (tonumber(p.run.max_attempts) or 1)) then -- it will be buried
+      p.outbox = outbox_entry(KEYS[9], p.run, run_id, now)
+    end
   end
   return p
 end)
@@ -101,7 +108,7 @@ if delay and attempt < max_attempts then
 end
 
 bury(KEYS[3], prefix, run_id, now, err, ended .. ': ' .. utf8_head(err, 200) .. tb,
-     dead_retention, plan.hist)
+     dead_retention, plan.hist, plan.outbox)
 trim_index(KEYS[3], now, dead_retention)
 redis.call('ZREM', KEYS[2], run_id)
 if run.held then redis.call('HDEL', key, 'held') end
@@ -110,4 +117,4 @@ bump(plan.stats, 'failed', 1)
 bump(plan.stats, 'dead', 1)
 if plan.capped then wake(plan.wake, 1) end
 wake(plan.wake, unparked)
-return {1, 'dead'}
+return plan.outbox and {1, 'dead', 1} or {1, 'dead'}

@@ -555,8 +555,22 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
         runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
     jq.cancel("elsewhere")
     jq.requeue("elsewhere")
+    flow(runner, jq)
     buffered_job(jq)  # before sched_lifecycle: its bare definitions are not runnable
     sched_lifecycle(runner)
+
+
+def flow(runner: ScriptRunner, jq: JobQueue) -> None:
+    """The workflow scripts: a step over the partitions waiting on six others and on an older
+    run (flow_create, attach), all of them finished and relayed (deliver, relayed)."""
+    t = jq.resolve_task("t")
+    older = jq.enqueue(t.with_options(run_id="older"))
+    steps = {f"h{i}": t.s(i) for i in range(6)}
+    jq.workflow({**steps, "last": t.s().after(*steps, older)}, flow_id="flow")
+    for p in jq.all_partition_keys("default"):
+        got = claim(runner, p, now=None, owner="w1", limit=100).runs
+        runner.run(COMPLETE.call(p, [(c.run_id, c.fence, "1") for c in got], RETENTION))
+    assert jq.relay("default") > 0
 
 
 def buffered_job(jq: JobQueue) -> None:

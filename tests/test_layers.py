@@ -22,9 +22,10 @@ LAYERS: list[tuple[str, ...]] = [
     # Redis (keys, scripts, calls, connections) and the pure rules (cron, jitter, ...)
     ("jobqueue.store", "jobqueue.policy"),
     # what a task, the context it runs with and a recurring job are
+    # and a workflow's steps
     ("jobqueue.schedules", "jobqueue.tasks", "jobqueue.handles", "jobqueue.context",
      "jobqueue.hooks",
-     "jobqueue.integrations"),
+     "jobqueue.integrations", "jobqueue.workflows"),
     # the clients and the public facades over them
     ("jobqueue.client", "jobqueue.aio", "jobqueue.queries", "jobqueue.inspect"),
     # the daemons and what they run with, and the package's facade (it names the Worker too,

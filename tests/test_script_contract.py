@@ -40,6 +40,7 @@ from jobqueue.store.runs import (
     RunSpec,
     StateChange,
 )
+from jobqueue.store.flows import ATTACH, DELIVER, FLOW_CREATE, RELAYED, Delivery, Edge, NodeSpec
 from jobqueue.store.schedules import (
     ADVANCE,
     HOLD_MS,
@@ -89,6 +90,12 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "sched_release": lambda: SCHED_RELEASE.call(PK, [("j@x", "", 1)]),
     "sched_unhold": lambda: SCHED_UNHOLD.call(SK, [("j", "text")]),
     "sched_lease": lambda: SCHED_LEASE.call(SK, "s", "renew", 1, 7),
+    "flow_create": lambda: FLOW_CREATE.call(
+        PK, [NodeSpec("w", "t", "{}", deps=[Edge("r", "q")]), NodeSpec("r", "t", "{}")]
+    ),
+    "attach": lambda: ATTACH.call(PK, '["q","w"]', ["r"]),
+    "deliver": lambda: DELIVER.call(PK, [Delivery("w", "r", "d1")], 1, 1000),
+    "relayed": lambda: RELAYED.call(PK, [("r", 1)], 1, 1),
 }
 
 
@@ -297,6 +304,8 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
         allowed |= {"parked:"}
     if name == "set_limit":
         allowed |= {"prio"}
+    if name in ("flow_create", "deliver", "relayed"):
+        allowed |= {"deps:", "got:"}  # a waiting run's own keys, named like its record
     assert set(built) <= allowed, built
 
 
@@ -538,7 +547,40 @@ def parses_set_limit(runner: ScriptRunner, redis_client: Any) -> None:
     assert [SET_LIMIT.parse(runner.run(call)), SET_LIMIT.parse(runner.run(call))] == [True, False]
 
 
+def _flow(runner: ScriptRunner) -> None:
+    nodes = [NodeSpec("w", "t", "{}", deps=[Edge("r", "q")]), NodeSpec("r", "t", "{}")]
+    assert FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(P, nodes, now=NOW))) == [True, True]
+
+
+def parses_flow_create(runner: ScriptRunner, redis_client: Any) -> None:
+    _flow(runner)
+    again = FLOW_CREATE.call(P, [NodeSpec("r", "t", "{}")], now=NOW)
+    assert FLOW_CREATE.parse(runner.run(again)) == [False]
+
+
+def parses_attach(runner: ScriptRunner, redis_client: Any) -> None:
+    _flow(runner)
+    call = ATTACH.call(P, '["q","w"]', ["r", "nobody"], now=NOW)
+    assert ATTACH.parse(runner.run(call)) == [True, False]
+
+
+def parses_deliver(runner: ScriptRunner, redis_client: Any) -> None:
+    _flow(runner)
+    call = DELIVER.call(P, [Delivery("w", "r", "d1"), Delivery("w", "r", "d1")], 1, 1000, NOW)
+    assert DELIVER.parse(runner.run(call)) == [True, False]
+
+
+def parses_relayed(runner: ScriptRunner, redis_client: Any) -> None:
+    redis_client.zadd(P.outbox, {"r": 5, "s": 6})
+    call = RELAYED.call(P, [("r", 5), ("s", 5)], 1_000, 1_000, now=NOW)
+    assert RELAYED.parse(runner.run(call)) == 1  # s changed since it was read: it stays
+
+
 REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
+    "flow_create": parses_flow_create,
+    "attach": parses_attach,
+    "deliver": parses_deliver,
+    "relayed": parses_relayed,
     "create_run": parses_create_run,
     "dedupe": parses_dedupe,
     "claim": parses_claim,

@@ -48,6 +48,7 @@ from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.contract import headers
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.flows import ATTACH, DELIVER, FLOW_CREATE, RELAYED, Delivery, Edge, NodeSpec
 from jobqueue.store.keys import PartitionKeys, SchedKeys
 from jobqueue.store.runs import (
     BOUNCE,
@@ -305,6 +306,73 @@ def cancel_a_running_run(runner: ScriptRunner) -> Call:
     expired_entry(runner, PK.done)
     running_with_history(runner, "a", NOW - 3_000)
     return CANCEL.call(PK, "a", RETENTION, "stop", now=NOW)
+
+
+# -- workflows: a waiting run "w" and its dependencies "a" and "b" --------------------------
+
+
+def a_flow(runner: ScriptRunner, now: int, *, receives: str = "all") -> None:
+    """w waits on a (fail policy) and b (ignore); both are pending, and say w waits on them."""
+    parents = '[["default","w"]]'
+    nodes = [
+        NodeSpec("w", "t", PAYLOAD, receives=receives, args_tail='],"kwargs":{}}',
+                 deps=[Edge("a", "default"), Edge("b", "default", "ignore")]),
+        NodeSpec("a", "t", PAYLOAD, parents=parents),
+        NodeSpec("b", "t", PAYLOAD, parents=parents),
+    ]
+    assert all(FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(PK, nodes, now=now))))
+
+
+def flow_create(runner: ScriptRunner) -> Call:
+    """A second workflow beside a first: a waiting run and a pending dependency."""
+    a_flow(runner, NOW - 3_000)
+    nodes = [NodeSpec("w2", "t", PAYLOAD, deps=[Edge("c", "default")]),
+             NodeSpec("c", "t", PAYLOAD, parents='[["default","w2"]]')]
+    return FLOW_CREATE.call(PK, nodes, now=NOW)
+
+
+def complete_a_dependency(runner: ScriptRunner) -> Call:
+    """A run others wait on completes: it goes to the outbox and keeps its record."""
+    a_flow(runner, NOW - 3_000)
+    fences = claim(runner, 2, now=NOW - 2_000)
+    return COMPLETE.call(PK, [("a", fences["a"], '"A"')], RETENTION, now=NOW)
+
+
+def fail_a_dependency_for_good(runner: ScriptRunner) -> Call:
+    a_flow(runner, NOW - 3_000)
+    fences = claim(runner, 2, now=NOW - 2_000)
+    return FAIL.call(PK, "b", fences["b"], "boom", None, RETENTION, now=NOW)
+
+
+def cancel_a_waiting_run(runner: ScriptRunner) -> Call:
+    a_flow(runner, NOW - 3_000)
+    return CANCEL.call(PK, "w", RETENTION, "stop", now=NOW)
+
+
+def deliver_and_release(runner: ScriptRunner) -> Call:
+    """Both dependencies finished (b died, ignored): w is released with their results."""
+    a_flow(runner, NOW - 3_000)
+    return DELIVER.call(PK, [Delivery("w", "a", 'd"A"'), Delivery("w", "b", "xboom")],
+                        RETENTION, 1 << 20, now=NOW)
+
+
+def deliver_a_death(runner: ScriptRunner) -> Call:
+    """a died, under the fail policy: w dies and orders its dependencies cancelled."""
+    a_flow(runner, NOW - 3_000)
+    return DELIVER.call(PK, [Delivery("w", "a", "xboom")], RETENTION, 1 << 20, now=NOW)
+
+
+def attach_a_finished_run(runner: ScriptRunner) -> Call:
+    enqueue(runner, spec("old"), now=NOW - 3_000)
+    fences = claim(runner, 1, now=NOW - 2_000)
+    accepted(runner, COMPLETE.call(PK, [("old", fences["old"], "1")], RETENTION, now=NOW - 1_000))
+    return ATTACH.call(PK, '["default","w"]', ["old"], now=NOW)
+
+
+def relay_done(runner: ScriptRunner) -> Call:
+    call = complete_a_dependency(runner)
+    assert runner.run(call)
+    return RELAYED.call(PK, [("a", NOW)], RETENTION, RETENTION, now=NOW + 1)
 
 
 def release(runner: ScriptRunner) -> Call:
@@ -671,6 +739,14 @@ SCENARIOS = {
                  SCHED_LEASE.parse, prefix=""),
         Scenario("sched_lease-renew", "sched_lease", sched_lease_renew, SCHED_LEASE.parse,
                  prefix=""),
+        Scenario("flow_create", "flow_create", flow_create, FLOW_CREATE.parse),
+        Scenario("complete-dependency", "complete", complete_a_dependency, COMPLETE.parse),
+        Scenario("fail-dependency", "fail", fail_a_dependency_for_good, FAIL.parse),
+        Scenario("cancel-waiting", "cancel", cancel_a_waiting_run, CANCEL.parse),
+        Scenario("deliver-release", "deliver", deliver_and_release, DELIVER.parse),
+        Scenario("deliver-death", "deliver", deliver_a_death, DELIVER.parse),
+        Scenario("attach", "attach", attach_a_finished_run, ATTACH.parse),
+        Scenario("relayed", "relayed", relay_done, RELAYED.parse),
     )
 }
 

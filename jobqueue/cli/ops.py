@@ -153,7 +153,7 @@ def leases(
 @click.option(
     "--state",
     "state_filter",
-    type=click.Choice(["pending", "running", "done", "dead", "cancelled"]),
+    type=click.Choice(["pending", "running", "waiting", "done", "dead", "cancelled"]),
 )
 @click.option("--queue")
 @click.option("--job", help="Runs of this recurring job (run ids job@...).")

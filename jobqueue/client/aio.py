@@ -9,16 +9,21 @@ same parameters (``tests/test_client_parity.py`` holds them to it).
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
 from jobqueue.client.base import AioTaskDecorator, ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
+from jobqueue.client.flows import create_flow, dependencies_steps
+from jobqueue.client.relay import relay_cascade_steps
 from jobqueue.context import RunContext
+from jobqueue.errors import JobQueueError
+from jobqueue.handles import AsyncFlowHandle
 from jobqueue.handles import AsyncRunHandle as AsyncRunHandle  # re-exported: its home before
-from jobqueue.models import QueueLimits, Run
+from jobqueue.models import DependencyState, QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
     DEFAULT_MISFIRE,
@@ -40,8 +45,18 @@ from jobqueue.store.io import Steps, run_steps_async, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import AsyncScriptRunner
 from jobqueue.tasks import AioAsyncTask, AioTask, Task
+from jobqueue.workflows.canvas import (
+    Graph,
+    Signature,
+    chain_graph,
+    chord_graph,
+    group_graph,
+    workflow_graph,
+)
 
 T = TypeVar("T")
+log = logging.getLogger("jobqueue.client")
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -316,6 +331,58 @@ class AsyncJobQueue(ClientCore):
     async def get_run(self, run_id: str, queue: str | None = None) -> Run:
         return await self.run_steps(self._get_run(run_id, queue))
 
+    # -- workflows (docs/workflows.md) -----------------------------------------------------
+
+    async def chain(
+        self, *steps: Signature[Any], on_failure: str = "fail", flow_id: str | None = None
+    ) -> AsyncFlowHandle[Any]:
+        """See :meth:`JobQueue.chain`."""
+        return await self._create_flow(chain_graph(steps, on_failure), flow_id)
+
+    async def group(
+        self, steps: Sequence[Signature[Any]], *, flow_id: str | None = None
+    ) -> AsyncFlowHandle[Any]:
+        """See :meth:`JobQueue.group`."""
+        return await self._create_flow(group_graph(steps), flow_id)
+
+    async def chord(
+        self,
+        header: Sequence[Signature[Any]],
+        callback: Signature[R],
+        *,
+        on_failure: str = "fail",
+        flow_id: str | None = None,
+    ) -> AsyncFlowHandle[R]:
+        """See :meth:`JobQueue.chord`."""
+        return await self._create_flow(chord_graph(header, callback, on_failure), flow_id)
+
+    async def workflow(
+        self, steps: Mapping[str, Signature[Any]], *, flow_id: str | None = None
+    ) -> AsyncFlowHandle[Any]:
+        """See :meth:`JobQueue.workflow`."""
+        return await self._create_flow(workflow_graph(steps), flow_id)
+
+    async def _create_flow(self, graph: Graph, flow_id: str | None) -> AsyncFlowHandle[Any]:
+        made = await self.run_steps(create_flow(self, graph, flow_id))
+        runs: list[AsyncRunHandle[Any]] = [
+            AsyncRunHandle(self, rid, q, created) for rid, q, created in made.runs
+        ]
+        return AsyncFlowHandle(made.flow_id, [n.name for n in graph.nodes], runs)
+
+    async def dependencies(
+        self, run_id: str, queue: str | None = None
+    ) -> list[DependencyState]:
+        """See :meth:`JobQueue.dependencies`."""
+        return await self.run_steps(dependencies_steps(self, run_id, queue))
+
+    async def relay(self, queue: str) -> int:
+        """See :meth:`JobQueue.relay`."""
+        await self.register_queue(queue)
+        total = 0
+        for keys in self.all_partition_keys(queue):
+            total += await self.run_steps(relay_cascade_steps(self, keys))
+        return total
+
     async def run_states(
         self, run_ids: Iterable[str], queue: str | None = None
     ) -> list[RunState]:
@@ -324,7 +391,14 @@ class AsyncJobQueue(ClientCore):
     # -- steering --------------------------------------------------------------------------
 
     async def cancel(self, run_id: str, queue: str | None = None, reason: str = "cancelled") -> str:
-        return await self.run_steps(self._cancel(run_id, queue, reason))
+        """See :meth:`JobQueue.cancel`."""
+        state = await self.run_steps(self._cancel(run_id, queue, reason))
+        try:
+            keys = await self.run_steps(self._located(run_id, queue))
+            await self.run_steps(relay_cascade_steps(self, keys))
+        except JobQueueError as exc:  # the workers' relay carries it soon
+            log.warning("cancelled %s; telling its workflow failed for now: %s", run_id, exc)
+        return state
 
     async def purge_dead(self, run_ids: Iterable[str], queue: str | None = None) -> int:
         return await self.run_steps(self._purge_dead(run_ids, queue))

@@ -425,6 +425,7 @@ _STATE_INDEX = {
     "dead": "dead",
     "done": "done",
     "cancelled": "done",
+    "waiting": "waiting",  # workflow runs waiting for their dependencies
 }
 
 
@@ -439,7 +440,7 @@ def runs(
     """Runs from the indexes (newest finished first; pending by due time), read in pipelines.
     A job filter matches the job id (the run id before '@'). Records are read a chunk at a
     time until ``limit`` rows are found, so many partitions never mean millions of reads."""
-    indexes = [_STATE_INDEX[state]] if state else ["leases", "due", "dead", "done"]
+    indexes = [_STATE_INDEX[state]] if state else ["leases", "due", "waiting", "dead", "done"]
     parts, found = _partitions(jq, queue)
     # Scan further than limit when filtering, still bounded.
     window = limit * 20 if (job or state == "cancelled" or state == "done") else limit

@@ -3,16 +3,20 @@ Every operation is ``jobqueue.client.core``'s, driven here on a sync connection.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
 from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
-from jobqueue.errors import ConfigError
+from jobqueue.client.flows import create_flow, dependencies_steps
+from jobqueue.client.relay import relay_until_quiet
+from jobqueue.errors import ConfigError, JobQueueError
+from jobqueue.handles import FlowHandle
 from jobqueue.handles import RunHandle as RunHandle  # re-exported: its home before
-from jobqueue.models import QueueLimits, Run
+from jobqueue.models import DependencyState, QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
     DEFAULT_MISFIRE,
@@ -28,8 +32,18 @@ from jobqueue.store.io import Steps, run_steps, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import ScriptRunner
 from jobqueue.tasks import Task
+from jobqueue.workflows.canvas import (
+    Graph,
+    Signature,
+    chain_graph,
+    chord_graph,
+    group_graph,
+    workflow_graph,
+)
 
 T = TypeVar("T")
+log = logging.getLogger("jobqueue.client")
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -244,6 +258,60 @@ class JobQueue(ClientCore):
     def get_run(self, run_id: str, queue: str | None = None) -> Run:
         return self.run_steps(self._get_run(run_id, queue))
 
+    # -- workflows (docs/workflows.md) -----------------------------------------------------
+
+    def chain(
+        self, *steps: Signature[Any], on_failure: str = "fail", flow_id: str | None = None
+    ) -> FlowHandle[Any]:
+        """Steps one after another: each waits on the one before it (a ``receiving`` step
+        gets its result). ``on_failure``: what a step's death does to the next (see
+        :data:`jobqueue.workflows.POLICIES`; ``fail``: the rest of the chain dies too). With
+        ``flow_id`` (else random) the run ids are ``<flow_id>:<index>``, and creating the
+        same chain again writes nothing."""
+        return self._create_flow(chain_graph(steps, on_failure), flow_id)
+
+    def group(self, steps: Sequence[Signature[Any]], *, flow_id: str | None = None
+              ) -> FlowHandle[Any]:
+        """Steps side by side (``results()`` waits for them all)."""
+        return self._create_flow(group_graph(steps), flow_id)
+
+    def chord(
+        self,
+        header: Sequence[Signature[Any]],
+        callback: Signature[R],
+        *,
+        on_failure: str = "fail",
+        flow_id: str | None = None,
+    ) -> FlowHandle[R]:
+        """The header's steps side by side, then ``callback`` once each finished, exactly
+        once (a ``receiving`` callback gets their results as a list, in order)."""
+        return self._create_flow(chord_graph(header, callback, on_failure), flow_id)
+
+    def workflow(
+        self, steps: Mapping[str, Signature[Any]], *, flow_id: str | None = None
+    ) -> FlowHandle[Any]:
+        """Named steps, each waiting on what its ``.after(...)`` names: other steps, or runs
+        created before (their handles). The run ids are ``<flow_id>:<name>``."""
+        return self._create_flow(workflow_graph(steps), flow_id)
+
+    def _create_flow(self, graph: Graph, flow_id: str | None) -> FlowHandle[Any]:
+        made = self.run_steps(create_flow(self, graph, flow_id))
+        runs: list[RunHandle[Any]] = [
+            RunHandle(self, rid, q, created) for rid, q, created in made.runs
+        ]
+        return FlowHandle(made.flow_id, [n.name for n in graph.nodes], runs)
+
+    def dependencies(self, run_id: str, queue: str | None = None) -> list[DependencyState]:
+        """See :meth:`RunHandle.dependencies`."""
+        return self.run_steps(dependencies_steps(self, run_id, queue))
+
+    def relay(self, queue: str) -> int:
+        """Carry the outboxes of a queue's partitions to the runs waiting on their finished
+        runs now (workers do it after their commits and every few seconds); returns the
+        entries relayed."""
+        self.register_queue(queue)
+        return sum(relay_until_quiet(self, keys) for keys in self.all_partition_keys(queue))
+
     def run_states(self, run_ids: Iterable[str], queue: str | None = None) -> list[RunState]:
         """Where each run lives and its state ('missing' if not found), in few round trips."""
         return self.run_steps(self._run_states(run_ids, queue))
@@ -251,9 +319,16 @@ class JobQueue(ClientCore):
     # -- steering --------------------------------------------------------------------------
 
     def cancel(self, run_id: str, queue: str | None = None, reason: str = "cancelled") -> str:
-        """Cancel a pending or running run; returns the state it was in. A running worker is
-        fenced out at its next heartbeat. Refused (OperationRefused) if already finished."""
-        return self.run_steps(self._cancel(run_id, queue, reason))
+        """Cancel a pending, waiting or running run; returns the state it was in. A running
+        worker is fenced out at its next heartbeat. Refused (OperationRefused) if already
+        finished. A workflow hears of it at once: the runs waiting on it (by their policy),
+        and, for a waiting run, its unfinished dependencies (cancelled too)."""
+        state = self.run_steps(self._cancel(run_id, queue, reason))
+        try:
+            relay_until_quiet(self, self.run_steps(self._located(run_id, queue)))
+        except JobQueueError as exc:  # the workers' relay carries it soon
+            log.warning("cancelled %s; telling its workflow failed for now: %s", run_id, exc)
+        return state
 
     def purge_dead(self, run_ids: Iterable[str], queue: str | None = None) -> int:
         """Delete dead runs for good (record, history, dead-index entry), one purge call per

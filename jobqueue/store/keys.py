@@ -28,6 +28,12 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:claims         zset   fence -> claim time: the claims of a rate limit's window
     jq:{q#p}:dedupe:<key>   string the run id holding a deduplication key (dedupe.lua)
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
+    jq:{q#p}:waiting        zset   run_id -> creation time: workflow runs waiting for their
+                                   dependencies (not in due: nobody claims them)
+    jq:{q#p}:deps:<run_id>  hash   a waiting run's dependencies -> '<index>|<policy>|<queue>'
+    jq:{q#p}:got:<run_id>   hash   the dependencies it heard of -> their outcome
+    jq:{q#p}:outbox         zset   finished runs whose parents must hear, and '!<run_id>'
+                                   orders to cancel a dead waiting run's dependencies
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
     jq:queues               hash   queue name -> partition count, and its placement: '16'
@@ -352,6 +358,28 @@ class PartitionKeys:
     @cached_property
     def stats(self) -> str:
         return self.prefix + "stats"
+
+    @cached_property
+    def waiting(self) -> str:
+        """Workflow runs waiting for their dependencies, run_id -> creation time
+        (flow_create.lua; deliver.lua releases them to due)."""
+        return self.prefix + "waiting"
+
+    @cached_property
+    def outbox(self) -> str:
+        """Finished runs whose parents must hear of them, and '!<run_id>' orders to cancel a
+        dead or cancelled waiting run's dependencies, member -> version (the relay,
+        jobqueue.workflows.relay, carries them out)."""
+        return self.prefix + "outbox"
+
+    def deps(self, run_id: str) -> str:
+        """A waiting run's dependencies: run_id -> '<index>|<policy>|<queue>'."""
+        return self.prefix + "deps:" + run_id
+
+    def got(self, run_id: str) -> str:
+        """A waiting run's dependencies heard of: run_id -> outcome ('d' + result JSON, 'x' +
+        error, 'c' + reason, 'r' for a removed edge)."""
+        return self.prefix + "got:" + run_id
 
     def run(self, run_id: str) -> str:
         return self.prefix + "run:" + run_id

@@ -178,7 +178,7 @@ CLAIM = Contract(
     "claim",
     keys=(
         "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims",
-        "prio", "parked",
+        "prio", "parked", "outbox",
     ),
     args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
     build=_claim,
@@ -229,13 +229,15 @@ class Outcome(NamedTuple):
     status: str  # 'done', 'retry', 'dead', 'released' or the refusal reason
     current_fence: int | None = None
     retry_at_ms: int | None = None
+    relay: bool = False  # finished, and runs wait on it: its outbox entry is to be relayed
 
 
 def _outcome(reply: Sequence[Any]) -> Outcome:
     status = text(reply[1])
     if int(reply[0]) == 1:
-        retry_at = int(reply[2]) if status == "retry" else None
-        return Outcome(True, status, retry_at_ms=retry_at)
+        if status == "retry":
+            return Outcome(True, status, retry_at_ms=int(reply[2]))
+        return Outcome(True, status, relay=len(reply) > 2 and int(reply[2]) == 1)
     fence = int(reply[2]) if len(reply) > 2 else None
     return Outcome(False, status, current_fence=fence)
 
@@ -262,7 +264,7 @@ def _parse_complete(reply: Sequence[Any]) -> list[Outcome]:
 
 COMPLETE = Contract(
     "complete",
-    keys=("leases", "done", "stats", "limits", "wake", "due", "parked"),
+    keys=("leases", "done", "stats", "limits", "wake", "due", "parked", "outbox"),
     args=("now", "prefix", "retention_ms"),
     tail="runs",
     build=_complete,
@@ -300,7 +302,7 @@ def _fail(
 
 FAIL = Contract(
     "fail",
-    keys=("due", "leases", "dead", "stats", "wake", "limits", "prio", "parked"),
+    keys=("due", "leases", "dead", "stats", "wake", "limits", "prio", "parked", "outbox"),
     args=(
         "now",
         "prefix",
@@ -387,7 +389,7 @@ def _parse_bounce(reply: Sequence[Any]) -> Bounced:
 
 BOUNCE = Contract(
     "bounce",
-    keys=("due", "leases", "dead", "stats", "wake", "prio", "parked"),
+    keys=("due", "leases", "dead", "stats", "wake", "prio", "parked", "outbox"),
     args=(
         "now",
         "prefix",
@@ -420,8 +422,15 @@ def _state_change(reply: Sequence[Any]) -> StateChange:
 
 
 def _cancel(
-    pk: PartitionKeys, run_id: str, retention_ms: int, reason: str, now: NowArg = None
+    pk: PartitionKeys,
+    run_id: str,
+    retention_ms: int,
+    reason: str,
+    now: NowArg = None,
+    *,
+    running: bool = True,
 ) -> Wire:
+    """``running=False`` leaves a running run alone (a workflow's cascade)."""
     return Wire(
         pk,
         {
@@ -430,14 +439,15 @@ def _cancel(
             "run_id": run_id,
             "retention_ms": retention_ms,
             "reason": reason,
+            "running": int(running),
         },
     )
 
 
 CANCEL = Contract(
     "cancel",
-    keys=("due", "leases", "done", "stats", "fences", "parked", "wake"),
-    args=("now", "prefix", "run_id", "retention_ms", "reason"),
+    keys=("due", "leases", "done", "stats", "fences", "parked", "wake", "waiting", "outbox"),
+    args=("now", "prefix", "run_id", "retention_ms", "reason", "running"),
     build=_cancel,
     parse=_state_change,
 )

@@ -59,6 +59,10 @@ SCRIPT_NAMES = (
     "pause",
     "set_limit",
     "dedupe",
+    "flow_create",
+    "attach",
+    "deliver",
+    "relayed",
 )
 PRELUDE = "_prelude"
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jobqueue.client.relay import relay_until_quiet
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.hooks import Hooks
@@ -30,6 +31,9 @@ from jobqueue.worker.runs import Finished, RunTable, WorkerStats, run_event
 log = logging.getLogger("jobqueue.worker")
 
 MAX_COMMIT_BATCH = 500
+# How often the outboxes of the served partitions are looked at (workflows, see
+# jobqueue.client.relay): what a commit did not relay at once waits this long at most.
+RELAY_SWEEP_S = 2.0
 # Commits sent again: first after about this long, doubling up to the cap.
 RESEND_S = 0.1
 RESEND_CAP_S = 5.0
@@ -141,6 +145,14 @@ class Committer:
         # Redis refuses commits for now (OOM, READONLY): no new claims until one goes through,
         # or the worker would lease runs whose outcomes it cannot write.
         self.refused = threading.Event()
+        # The partitions whose outboxes this worker sweeps (set_partitions) and when next.
+        self._swept: list[PartitionKeys] = []
+        self._next_sweep = 0.0
+
+    def set_partitions(self, partitions: list[PartitionKeys]) -> None:
+        """The partitions the worker serves: their outboxes are relayed every RELAY_SWEEP_S
+        (runs buried by a claim, handed back to death, or left by a relay that failed)."""
+        self._swept = list(partitions)
 
     def put(self, item: Finished) -> None:
         self._queue.put(item)
@@ -158,6 +170,9 @@ class Committer:
             wait = None
             if later:
                 wait = max(min(d.not_before for d in later) - self._clock.monotonic(), 0.0)
+            if self._swept:
+                until_sweep = max(self._next_sweep - self._clock.monotonic(), 0.0)
+                wait = until_sweep if wait is None else min(wait, until_sweep)
             try:
                 item = get(timeout=wait)
             except queue_mod.Empty:
@@ -194,8 +209,31 @@ class Committer:
                 self._table.answered(answered)
             except Exception:  # this thread commits every run: it must not die of a bug
                 log.exception("forgetting %d committed runs failed", len(answered))
+            if self._swept and self._clock.monotonic() >= self._next_sweep:
+                self._next_sweep = self._clock.monotonic() + RELAY_SWEEP_S
+                self._sweep()
             if self._stopped.is_set() and later and self._shutdown_left() <= 0:
                 return  # their leases expire and the runs are claimed again
+
+    def _relay(self, keys: PartitionKeys) -> None:
+        try:
+            relay_until_quiet(self._jq, keys)
+        except Exception as exc:  # (the sweep tries again)
+            log.warning("relaying the outbox of %s failed for now: %s", keys.tag, exc)
+
+    def _sweep(self) -> None:
+        """Relay the served partitions whose outboxes hold entries (one pipelined read)."""
+        try:
+            pipe = self._jq.redis.pipeline(transaction=False)
+            for keys in self._swept:
+                pipe.zcard(keys.outbox)
+            sizes = pipe.execute(raise_on_error=False)
+        except Exception as exc:
+            log.warning("reading the outboxes failed for now: %s", exc)
+            return
+        for keys, size in zip(self._swept, sizes, strict=True):
+            if isinstance(size, int) and size > 0:
+                self._relay(keys)
 
     def _abandon(self, items: list[Finished]) -> None:
         for item in items:
@@ -270,6 +308,7 @@ class Committer:
             for g in groups
         ]
         replies = self._jq.scripts.run_each(calls)
+        relay: dict[PartitionKeys, None] = {}
         later: list[_Deferred] = []
         refused = None
         now = self._clock.monotonic()
@@ -301,6 +340,10 @@ class Committer:
             for item, outcome in zip(group.items, outcomes, strict=True):
                 self._settle(item, outcome, group.resent)
                 answered.append(item)
+                if outcome.relay:
+                    relay[item.entry.keys] = None
+        for keys in relay:  # runs waiting on these hear of them before the table is told
+            self._relay(keys)
         if refused is not None:
             self.refused.set()  # no new claims until commits land again
         elif answered:

@@ -348,9 +348,9 @@ class Worker:
         retry = functools.partial(until_redis_answers, clock=self.clock, give_up=self._stopping)
         for q in self.queues:
             retry(functools.partial(self.jq.register_queue, q))
-        self._claimer.set_partitions(
-            [k for q in self.queues for k in self.jq.all_partition_keys(q)]
-        )
+        served = [k for q in self.queues for k in self.jq.all_partition_keys(q)]
+        self._claimer.set_partitions(served)
+        self._committer.set_partitions(served)
         self._presence.started_ms = retry(self.jq.server_time_ms)
         self._executor.start_loop(self._stopped)
 

@@ -1,0 +1,235 @@
+"""Creating a workflow's runs (I/O-free steps, driven by either client; the graph comes from
+jobqueue.workflows.canvas).
+
+Everything is checked before the first write: the arguments of every step (as an enqueue
+checks them), the graph (no cycle, every edge inside it), and every run created before that a
+step waits on (it must exist, in the queue its handle names). Then the runs are written:
+
+- in one script call when they all live in one queue partition and wait on no older run:
+  all of them or none;
+- otherwise the waiting runs of every partition first, then the older runs they wait on are
+  told (attach.lua), then the runs that wait on nothing. A dependency that finishes thus
+  always finds the run waiting on it, and no step runs before the runs waiting on it exist.
+  A crash between these calls leaves a part of the workflow: creating it again with the same
+  ``flow_id`` writes the rest (every run is created once, by its run id), and writes nothing
+  when it is all there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobqueue.anomalies import is_wrong_type
+from jobqueue.client.core import ClientCore
+from jobqueue.errors import ConfigError, CorruptData, RunNotFound
+from jobqueue.models import DependencyState
+from jobqueue.payload import args_tail, encode_payload
+from jobqueue.store.flows import ATTACH, FLOW_CREATE, Edge, NodeSpec
+from jobqueue.store.io import Scripts, Steps, cmd, commands
+from jobqueue.store.keys import PartitionKeys, validate_run_id
+from jobqueue.workflows.canvas import Graph, Node
+
+_FLOW_ID_MAX = 200
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A step as it will be written: where, and its node spec."""
+
+    name: str
+    queue: str
+    keys: PartitionKeys
+    spec: NodeSpec
+
+
+@dataclass(frozen=True)
+class CreatedFlow:
+    flow_id: str
+    runs: list[tuple[str, str, bool]]  # per step in order: run id, queue, created now
+
+
+def new_flow_id(flow_id: str | None) -> str:
+    if flow_id is None:
+        return os.urandom(8).hex()
+    if not isinstance(flow_id, str) or not flow_id or len(flow_id) > _FLOW_ID_MAX:
+        raise ConfigError(f"flow_id must be a non-empty string of at most {_FLOW_ID_MAX}")
+    return validate_run_id(flow_id)
+
+
+def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[CreatedFlow]:
+    """``core``: a client (jobqueue.client.core.ClientCore)."""
+
+    graph.check()
+    fid = new_flow_id(flow_id)
+    prepared = [_prepare(core, fid, node.name, node) for node in graph.nodes]
+    ids = [spec.run_id for _, spec in prepared]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("two steps of the workflow have the same run id")
+    for queue in dict.fromkeys(q for q, _ in prepared):
+        yield from core._register_queue(queue)
+    externals = list(
+        dict.fromkeys(
+            (t.run_id, t.queue)
+            for node in graph.nodes
+            for t, _ in node.waits_on
+            if not isinstance(t, int)
+        )
+    )
+    yield from _check_existing(core, externals, graph)
+
+    parents: dict[int | tuple[str, str], list[list[str]]] = {}
+    for i, node in enumerate(graph.nodes):
+        for target, _ in node.waits_on:
+            key: int | tuple[str, str] = (
+                target if isinstance(target, int) else (target.run_id, target.queue)
+            )
+            parents.setdefault(key, []).append([prepared[i][0], ids[i]])
+    planned: list[Planned] = []
+    for i, (node, (queue, spec)) in enumerate(zip(graph.nodes, prepared, strict=True)):
+        spec.parents = _parents_text(parents.get(i, []))
+        spec.deps = [
+            Edge(ids[t], prepared[t][0], policy)
+            if isinstance(t, int)
+            else Edge(t.run_id, t.queue, policy)
+            for t, policy in node.waits_on
+        ]
+        planned.append(Planned(node.name, queue, core.keys_for(queue, spec.run_id), spec))
+
+    waiting = [p for p in planned if p.spec.deps]
+    ready = [p for p in planned if not p.spec.deps]
+    created: dict[str, bool] = {}
+    if not externals and len({p.keys for p in planned}) == 1:
+        yield from _create(core, planned, created)  # one call: all or nothing
+    else:
+        yield from _create(core, waiting, created)
+        yield from _attach(core, externals, parents)
+        yield from _create(core, ready, created)
+    return CreatedFlow(fid, [(p.spec.run_id, p.queue, created[p.spec.run_id]) for p in planned])
+
+
+def _prepare(core: ClientCore, flow_id: str, name: str, node: Node) -> tuple[str, NodeSpec]:
+
+    sig = node.signature
+    run_id = sig.run_id if sig.run_id is not None else f"{flow_id}:{name}"
+    args = tuple(sig.args)
+    # A receiving step's first argument comes later: checked with a stand-in.
+    checked = (None, *args) if node.receives else args
+    queue, spec = core.prepare_args(sig.task, checked, dict(sig.kwargs), run_id, None, None,
+                                    sig.queue)
+    payload = spec.payload
+    tail = ""
+    if node.receives:
+        payload = encode_payload(args, dict(sig.kwargs), core.settings.max_payload_bytes)
+        tail = args_tail(payload, bool(args))
+    return queue, NodeSpec(
+        spec.run_id, spec.task, payload, spec.max_attempts, spec.lease_ms, spec.timeout_ms,
+        flow=flow_id, receives=node.receives, args_tail=tail,
+        cancel_running=sig.cancel_running,
+    )
+
+
+def _parents_text(parents: list[list[str]]) -> str:
+    if not parents:
+        return ""
+    unique = [list(p) for p in dict.fromkeys(tuple(p) for p in parents)]
+    return json.dumps(unique, separators=(",", ":"), ensure_ascii=False)
+
+
+def _check_existing(
+    core: ClientCore, externals: Sequence[tuple[str, str]], graph: Graph
+) -> Steps[None]:
+
+    if not externals:
+        return
+    known = yield from core._queues()
+    for run_id, queue in externals:
+        if queue not in known:
+            raise RunNotFound(f"a step waits on run {run_id!r} in queue {queue!r}: no such queue")
+    for queue in dict.fromkeys(q for _, q in externals):
+        yield from core._register_queue(queue)  # (it exists: nothing is written)
+    replies = yield commands(
+        *(cmd("hget", core.keys_for(q, r).run(r), "state") for r, q in externals)
+    )
+    for (run_id, queue), reply in zip(externals, replies, strict=True):
+        if is_wrong_type(reply):
+            raise CorruptData(f"run {run_id!r} in queue {queue!r} is not a run record")
+        if isinstance(reply, Exception):
+            raise reply
+        if not reply:
+            raise RunNotFound(
+                f"a step waits on run {run_id!r} in queue {queue!r}, which does not exist "
+                "(never created, or expired after its retention)"
+            )
+
+
+def _create(core: ClientCore, planned: Sequence[Planned], created: dict[str, bool]) -> Steps[None]:
+
+    by_partition: dict[PartitionKeys, list[Planned]] = {}
+    for p in planned:
+        by_partition.setdefault(p.keys, []).append(p)
+    if not by_partition:
+        return
+    calls = [FLOW_CREATE.call(keys, [p.spec for p in ps]) for keys, ps in by_partition.items()]
+    replies = yield from core._run_calls(calls, [p.spec.run_id for p in planned])
+    for ps, reply in zip(by_partition.values(), replies, strict=True):
+        for p, made in zip(ps, FLOW_CREATE.parse(reply), strict=True):
+            created[p.spec.run_id] = made
+
+
+def _attach(
+    core: ClientCore,
+    externals: Sequence[tuple[str, str]],
+    parents: dict[int | tuple[str, str], list[list[str]]],
+) -> Steps[None]:
+
+    calls = []
+    for run_id, queue in externals:
+        for parent in parents.get((run_id, queue), []):
+            text = json.dumps(parent, separators=(",", ":"), ensure_ascii=False)
+            calls.append(ATTACH.call(core.keys_for(queue, run_id), text, [run_id]))
+    if not calls:
+        return
+    replies = yield Scripts(calls)
+    for call, reply in zip(calls, replies, strict=True):
+        if not all(ATTACH.parse(reply)):
+            raise RunNotFound(
+                f"run {call.args[-1]!r} vanished before the workflow could wait on it"
+            )
+
+
+_HEARD = {"d": "done", "x": "dead", "c": "cancelled", "r": "removed"}
+
+
+def dependencies_steps(
+    core: ClientCore, run_id: str, queue: str | None
+) -> Steps[list[DependencyState]]:
+    """The dependencies of a run of a workflow, in the order given, with what the run heard
+    of each (empty for a run that waits on none)."""
+    keys = yield from core._located(run_id, queue)
+    deps, got = yield commands(cmd("hgetall", keys.deps(run_id)), cmd("hgetall", keys.got(run_id)))
+    if is_wrong_type(deps) or is_wrong_type(got):
+        raise CorruptData(f"the dependency keys of run {run_id!r} hold foreign data")
+    for reply in (deps, got):
+        if isinstance(reply, Exception):
+            raise reply
+    ranked = []
+    for child, spec in (deps or {}).items():
+        index, _, rest = str(spec).partition("|")
+        policy, _, child_queue = rest.partition("|")
+        ranked.append((int(index) if index.isdigit() else 0, child, policy, child_queue))
+    out = []
+    for _, child, policy, child_queue in sorted(ranked):
+        heard = (got or {}).get(child)
+        kind = _HEARD.get(heard[:1]) if heard else None
+        body = heard[1:] if heard else None
+        out.append(
+            DependencyState(
+                child, child_queue, policy, kind,
+                result_json=body if kind == "done" else None,
+                error=body if kind in ("dead", "cancelled") else None,
+            )
+        )
+    return out

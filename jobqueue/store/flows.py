@@ -1,0 +1,166 @@
+"""The contracts of the workflow scripts (one queue partition each): creating a workflow's
+runs (flow_create), attaching existing runs as dependencies (attach), delivering finished
+dependencies to the runs waiting on them (deliver) and clearing relayed outbox entries
+(relayed). See docs/design.md, "Workflows"."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobqueue.store.contract import Contract, NowArg, Wire, now_arg
+from jobqueue.store.keys import PartitionKeys
+
+POLICIES = ("fail", "ignore", "continue", "remove")
+
+
+@dataclass(slots=True)
+class Edge:
+    """A dependency of a waiting run: the run it waits on, where that run lives, and what its
+    death does (one of POLICIES)."""
+
+    run_id: str
+    queue: str
+    policy: str = "fail"
+
+
+@dataclass(slots=True)
+class NodeSpec:
+    """One run of a workflow as flow_create writes it."""
+
+    run_id: str
+    task: str
+    payload: str
+    max_attempts: int = 3
+    lease_ms: int = 0
+    timeout_ms: int = 0
+    parents: str = ""  # JSON list of [queue, run_id] of the runs waiting on this one
+    flow: str = ""
+    receives: str = ""  # '', 'one' or 'all'
+    args_tail: str = ""  # the payload's text after the results (see deliver.lua)
+    cancel_running: bool = False
+    deps: list[Edge] = field(default_factory=list)
+
+
+def _flow_create(pk: PartitionKeys, nodes: Sequence[NodeSpec], now: NowArg = None) -> Wire:
+    tail: list[str | int] = []
+    for n in nodes:
+        tail += [
+            n.run_id, n.task, n.payload, n.max_attempts, n.lease_ms, n.timeout_ms, n.parents,
+            n.flow, n.receives, n.args_tail, int(n.cancel_running), len(n.deps),
+        ]
+        for e in n.deps:
+            tail += [e.run_id, e.policy, e.queue]
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix}, tail)
+
+
+def _parse_created(reply: Sequence[Any]) -> list[bool]:
+    return [int(x) == 1 for x in reply[1:]]
+
+
+FLOW_CREATE = Contract(
+    "flow_create",
+    keys=("due", "waiting", "wake", "stats", "seq"),
+    args=("now", "prefix"),
+    tail="nodes",
+    build=_flow_create,
+    parse=_parse_created,
+)
+
+
+def _attach(
+    pk: PartitionKeys, parent: str, run_ids: Sequence[str], now: NowArg = None
+) -> Wire:
+    """``parent``: the JSON text ["queue","run_id"] of the waiting run."""
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "parent": parent}, run_ids)
+
+
+def _parse_flags(reply: Sequence[Any]) -> list[bool]:
+    return [int(x) == 1 for x in reply]
+
+
+ATTACH = Contract(
+    "attach",
+    keys=("outbox",),
+    args=("now", "prefix", "parent"),
+    tail="runs",
+    build=_attach,
+    parse=_parse_flags,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A finished dependency for a waiting run: outcome 'd' + result JSON (done), 'x' +
+    error (dead) or 'c' + reason (cancelled)."""
+
+    waiting_id: str
+    dependency_id: str
+    outcome: str
+
+
+def _deliver(
+    pk: PartitionKeys,
+    deliveries: Sequence[Delivery],
+    dead_retention_ms: int,
+    max_bytes: int,
+    now: NowArg = None,
+) -> Wire:
+    tail: list[str | int] = []
+    for d in deliveries:
+        tail += [d.waiting_id, d.dependency_id, d.outcome]
+    return Wire(
+        pk,
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "dead_retention_ms": dead_retention_ms,
+            "max_bytes": max_bytes,
+        },
+        tail,
+    )
+
+
+DELIVER = Contract(
+    "deliver",
+    keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox"),
+    args=("now", "prefix", "dead_retention_ms", "max_bytes"),
+    tail="deliveries",
+    build=_deliver,
+    parse=_parse_flags,
+)
+
+
+def _relayed(
+    pk: PartitionKeys,
+    entries: Sequence[tuple[str, float]],
+    retention_ms: int,
+    dead_retention_ms: int,
+    now: NowArg = None,
+) -> Wire:
+    tail: list[str | int] = []
+    for member, version in entries:
+        tail += [member, int(version)]
+    return Wire(
+        pk,
+        {
+            "now": now_arg(now),
+            "prefix": pk.prefix,
+            "retention_ms": retention_ms,
+            "dead_retention_ms": dead_retention_ms,
+        },
+        tail,
+    )
+
+
+RELAYED = Contract(
+    "relayed",
+    keys=("outbox",),
+    args=("now", "prefix", "retention_ms", "dead_retention_ms"),
+    tail="entries",
+    build=_relayed,
+    parse=int,
+)
+
+CONTRACTS = (FLOW_CREATE, ATTACH, DELIVER, RELAYED)

@@ -1,0 +1,128 @@
+-- flow_create.lua: create a workflow's runs of one partition, each with SET NX semantics on
+-- its run id: the runs that wait on others ('waiting', with their dependencies), the others
+-- pending.
+--
+-- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
+-- KEYS[2]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
+-- KEYS[3]  wake      list    jq:{q#p}:wake     wakes idle workers
+-- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
+-- KEYS[5]  seq       hash    jq:{q#p}:seq      {ms, n}: runs created in the current ms (their
+--                                              order, see _prelude.lua)
+-- ARGV[1]  now                now ms, or '' for the server clock
+-- ARGV[2]  prefix             key prefix jq:{q#p}:
+-- ARGV[3..] nodes             12 fields per run, then 3 per dependency: run_id, task,
+--                             payload (JSON), max_attempts, lease_ms, timeout_ms, parents
+--                             (JSON list of [queue, run_id] of the runs waiting on this one,
+--                             or ''), flow (the workflow's id), receives ('' | 'one' | 'all':
+--                             the dependencies' results come first in its arguments),
+--                             args_tail (the JSON text that follows those results in the
+--                             payload, see deliver.lua), cancel_running ('1': a dependency's
+--                             death cancels the running siblings too), n (its
+--                             dependencies); then per dependency: run_id, policy
+--                             ('fail' | 'ignore' | 'continue' | 'remove': what its death
+--                             does, see deliver.lua), queue
+-- Returns  {now, r1, r2, ...}: per run 1 = created, 0 = already exists (nothing written).
+--          Refused whole (an error reply, nothing created) when a field is malformed, a key
+--          is not on this node or a key holds another type.
+--
+-- A run with dependencies is 'waiting': in the waiting zset, not in due (no worker claims it,
+-- no cap counts it), its record's 'left' field the number of dependencies not yet heard of,
+-- and jq:{q#p}:deps:<run_id> (hash: dependency -> '<index>|<policy>|<queue>') lists them.
+-- deliver.lua moves it to due once 'left' is 0. A run without is pending, as create_run
+-- makes it. The caller creates the waiting runs of every partition before the pending ones,
+-- so a dependency that finishes always finds the run waiting on it.
+
+local now = clock(ARGV[1])
+local prefix = ARGV[2]
+local FIXED = 12
+local POLICIES = {fail = true, ignore = true, continue = true, remove = true}
+local RECEIVES = {[''] = true, one = true, all = true}
+
+local ok, plan = reading(function()
+  local p = {nodes = {}}
+  expect(KEYS[1], 'zset')
+  expect(KEYS[2], 'zset')
+  p.wake = waker(KEYS[3])
+  p.stats = counters(KEYS[4], 'created')
+  p.seq = sequencer(KEYS[5], now)
+  local i, seen = 3, {}
+  while i <= #ARGV do
+    local n = ARGV[i + 11]
+    if not (n and count(n, 0) and tonumber(n) <= 100000) or i + FIXED - 1 + 3 * n > #ARGV then
+      refuse('ERR jobqueue: flow_create: a malformed node at ARGV[' .. i .. ']')
+    end
+    for _, a in ipairs({3, 4, 5}) do
+      if not count(ARGV[i + a], 0) then
+        refuse('ERR jobqueue: flow_create: max_attempts, lease_ms and timeout_ms are counts')
+      end
+    end
+    if not RECEIVES[ARGV[i + 8]] then
+      refuse('ERR jobqueue: flow_create: receives is one, all or empty')
+    end
+    local node = {at = i, id = ARGV[i], deps = tonumber(n), left = 0}
+    local named = {}
+    for d = 0, node.deps - 1 do
+      if not POLICIES[ARGV[i + FIXED + 3 * d + 1]] then
+        refuse('ERR jobqueue: flow_create: a dependency policy is fail, ignore, continue ' ..
+               'or remove')
+      end
+      -- The same dependency named twice counts once.
+      local dep = ARGV[i + FIXED + 3 * d]
+      if not named[dep] then named[dep], node.left = true, node.left + 1 end
+    end
+    node.exists = seen[node.id] or read('EXISTS', prefix .. 'run:' .. node.id) == 1
+    seen[node.id] = true
+    if not node.exists and node.deps > 0 then
+      expect(prefix .. 'deps:' .. node.id, 'hash')
+      expect(prefix .. 'got:' .. node.id, 'hash')
+    end
+    p.nodes[#p.nodes + 1] = node
+    i = i + FIXED + 3 * node.deps
+  end
+  return p
+end)
+if not ok then return plan end
+
+local out = {now}
+local due_pairs, created, made = {}, 0, 0
+for _, node in ipairs(plan.nodes) do
+  if node.exists then
+    out[#out + 1] = 0
+  else
+    local a = node.at
+    local key = prefix .. 'run:' .. node.id
+    write_pending(key, now, now, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
+                  ARGV[a + 5], '', '')
+    if ARGV[a + 7] ~= '' then redis.call('HSET', key, 'flow', ARGV[a + 7]) end
+    if ARGV[a + 6] ~= '' then redis.call('HSET', key, 'parents', ARGV[a + 6]) end
+    if node.deps > 0 then
+      local deps = {}
+      for d = 0, node.deps - 1 do
+        local at = a + FIXED + 3 * d
+        deps[#deps + 1] = ARGV[at]
+        deps[#deps + 1] = d .. '|' .. ARGV[at + 1] .. '|' .. ARGV[at + 2]
+      end
+      bulk('HSET', prefix .. 'deps:' .. node.id, deps, 2000)
+      redis.call('HSET', key, 'state', 'waiting', 'left', node.left)
+      redis.call('HDEL', key, 'due')
+      if ARGV[a + 8] ~= '' then
+        redis.call('HSET', key, 'receives', ARGV[a + 8], 'args_tail', ARGV[a + 9])
+      end
+      if ARGV[a + 10] == '1' then redis.call('HSET', key, 'cancel_running', 1) end
+      redis.call('ZADD', KEYS[2], now, node.id)
+    else
+      created = created + 1
+      due_pairs[#due_pairs + 1] = due_score(now, next_slot(plan.seq))
+      due_pairs[#due_pairs + 1] = node.id
+    end
+    out[#out + 1] = 1
+    made = made + 1
+  end
+end
+if created > 0 then
+  bulk('ZADD', KEYS[1], due_pairs, 2000)
+  save_sequence(plan.seq)
+  wake(plan.wake, created)
+end
+bump(plan.stats, 'created', made)
+return out

@@ -1,0 +1,327 @@
+"""Workflows (docs/workflows.md): chains, groups, chords and dependency graphs; what a
+dependency's death does under each policy; each dependency counted once, however often its
+outcome is delivered; bad input refused before anything is written. Both backends; a
+burst worker in this process (jobqueue.testing.run_due) runs the steps, relaying its
+commits as a worker daemon does."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from keyspace import keyspace as keys
+
+from jobqueue import RunFailed
+from jobqueue.client import queries
+from jobqueue.client.aio import AsyncJobQueue
+from jobqueue.client.sync import JobQueue
+from jobqueue.errors import ConfigError, Fatal, PayloadError, RunNotFound
+from jobqueue.handles import AsyncFlowHandle
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.flows import DELIVER, Delivery
+from jobqueue.testing import run_due
+
+
+@pytest.fixture
+def app(jq: JobQueue) -> JobQueue:
+    @jq.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @jq.task
+    def double(x: int) -> int:
+        return 2 * x
+
+    @jq.task
+    def total(xs: list[int | None], bonus: int = 0) -> int:
+        return sum(x or 0 for x in xs) + bonus
+
+    @jq.task(max_attempts=1)
+    def boom(x: int = 0) -> int:
+        raise Fatal(f"boom {x}")
+
+    @jq.task
+    def note(x: Any = None) -> str:
+        return "noted"
+
+    return jq
+
+
+def task(jq: JobQueue, name: str) -> Any:
+    return jq.resolve_task(name)
+
+
+# -- shapes ------------------------------------------------------------------------------------
+
+
+def test_a_chain_passes_each_result_to_a_receiving_step(app: JobQueue) -> None:
+    add, double = task(app, "add"), task(app, "double")
+    flow = app.chain(add.s(1, 2), double.receiving(), double.receiving())
+    assert [r.state for r in flow.runs] == ["pending", "waiting", "waiting"]
+    run_due(app)
+    assert flow.results(timeout=5) == [3, 6, 12]
+
+
+def test_a_chain_step_made_with_s_does_not_receive_the_result(app: JobQueue) -> None:
+    add = task(app, "add")
+    flow = app.chain(add.s(1, 2), add.s(10, 20))
+    run_due(app)
+    assert flow.result(timeout=5) == 30
+
+
+def test_a_chord_callback_runs_once_with_every_result_in_the_headers_order(
+    app: JobQueue,
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(i, i) for i in range(10)], total.receiving(bonus=1))
+    run_due(app, concurrency=4)
+    assert flow.result(timeout=5) == sum(2 * i for i in range(10)) + 1
+    assert flow.last.children_results() == [2 * i for i in range(10)]
+    assert flow.last.refresh().attempt == 1
+
+
+def test_a_group_runs_its_steps_side_by_side(app: JobQueue) -> None:
+    add = task(app, "add")
+    flow = app.group([add.s(i, 1) for i in range(5)])
+    assert {r.state for r in flow.runs} == {"pending"}
+    run_due(app)
+    assert flow.results(timeout=5) == [1, 2, 3, 4, 5]
+
+
+def test_a_workflow_step_waits_on_the_steps_its_after_names(app: JobQueue) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    a = add.s(1, 1)
+    flow = app.workflow({
+        "a": a,
+        "b": add.s(2, 2),
+        "sum": total.receiving().after(a, "b"),
+    }, flow_id="dag")
+    assert flow["sum"].run_id == "dag:sum"
+    run_due(app)
+    assert flow["sum"].result(timeout=5) == 6
+
+
+def test_a_step_may_wait_on_a_run_created_before_even_a_finished_one(app: JobQueue) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    older = add.enqueue(20, 1)
+    run_due(app)
+    flow = app.workflow({"sum": total.receiving().after(older)})
+    assert flow["sum"].state == "waiting"
+    app.relay("default")  # (a worker's sweep does it within seconds)
+    run_due(app)
+    assert flow["sum"].result(timeout=5) == 21
+
+
+# -- waiting -----------------------------------------------------------------------------------
+
+
+def test_a_waiting_run_is_listed_as_waiting_and_never_claimed(app: JobQueue) -> None:
+    add, boom = task(app, "add"), task(app, "boom")
+    gate = boom.with_options(queue="gates").s()
+    flow = app.chain(gate, add.s(1, 1))
+    run_due(app, queues=["default"])  # the gate's queue is not served: nothing to wait for
+    assert flow.runs[1].state == "waiting"
+    waiting = queries.runs(app, state="waiting")
+    assert [r.run_id for r in waiting] == [flow.runs[1].run_id]
+    assert waiting[0].dependencies_left == 1
+
+
+def test_a_dependency_record_keeps_until_the_run_waiting_on_it_heard_of_it(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add = task(app, "add")
+    flow = app.chain(add.s(1, 1), add.s(2, 2))
+    first = flow.runs[0]
+    key = app.keys_for("default", first.run_id).run(first.run_id)
+    run_due(app)
+    assert flow.result(timeout=5) == 4
+    assert redis_client.pttl(key) > 0  # relayed: its retention runs now
+
+
+# -- policies ----------------------------------------------------------------------------------
+
+
+def test_a_dead_dependency_fails_the_run_waiting_on_it_and_cancels_the_pending_rest(
+    app: JobQueue,
+) -> None:
+    boom, note, total = task(app, "boom"), task(app, "note"), task(app, "total")
+    slow = note.with_options(queue="later")  # not served: stays pending
+    flow = app.chord([boom.s(1), slow.s()], total.receiving())
+    run_due(app, queues=["default"])
+    last = flow.last.refresh()
+    assert last.state == "dead"
+    assert f"dependency {flow.runs[0].run_id} died: Fatal: boom 1" in (last.error or "")
+    assert flow.runs[1].state == "cancelled"
+    with pytest.raises(RunFailed):
+        flow.result(timeout=5)
+
+
+def test_a_dead_dependency_ends_the_whole_rest_of_a_chain(app: JobQueue) -> None:
+    boom, add = task(app, "boom"), task(app, "add")
+    flow = app.chain(boom.s(), add.s(1, 1), add.s(2, 2))
+    run_due(app)
+    assert [r.state for r in flow.runs] == ["dead", "dead", "dead"]
+
+
+def test_an_ignored_dead_dependency_is_listed_and_the_run_still_runs(app: JobQueue) -> None:
+    boom, add, total = task(app, "boom"), task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(1, 1), boom.s(2)], total.receiving(), on_failure="ignore")
+    run_due(app)
+    assert flow.result(timeout=5) == 2  # the failed one's place holds None
+    failed = flow.last.failed_children()
+    assert [(d.run_id, d.outcome) for d in failed] == [(flow.runs[1].run_id, "dead")]
+    assert "boom 2" in (failed[0].error or "")
+
+
+def test_a_removed_dead_dependency_is_left_out_of_the_results(app: JobQueue) -> None:
+    boom, add, total = task(app, "boom"), task(app, "add"), task(app, "total")
+    seen = task(app, "note")
+    flow = app.chord([add.s(1, 1), boom.s(2)], seen.receiving(), on_failure="remove")
+    run_due(app)
+    assert flow.result(timeout=5) == "noted"
+    assert flow.last.failed_children() == []
+    assert [d.outcome for d in flow.last.dependencies()] == ["done", "removed"]
+    assert total  # (the fixture's other tasks stay registered)
+
+
+def test_continue_releases_the_waiting_run_at_the_first_death(app: JobQueue) -> None:
+    boom, note = task(app, "boom"), task(app, "note")
+    later = note.with_options(queue="later")  # never runs here
+    flow = app.chord([boom.s(), later.s()], note.s(), on_failure="continue")
+    run_due(app, queues=["default"])
+    assert flow.result(timeout=5) == "noted"
+    assert flow.runs[1].state == "pending"  # not cancelled, not waited for
+
+
+def test_cancelling_a_waiting_run_cancels_its_pending_dependencies(app: JobQueue) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chain(add.s(1, 1), add.s(2, 2), total.s([1]))
+    assert app.cancel(flow.last.run_id) == "waiting"
+    assert [r.state for r in flow.runs] == ["cancelled", "cancelled", "cancelled"]
+
+
+# -- exactly once ------------------------------------------------------------------------------
+
+
+def test_a_dependency_delivered_twice_is_counted_once(app: JobQueue) -> None:
+    """Deliveries are at least once (a relay that dies before removing its outbox entries
+    delivers again): a second delivery of the same dependency changes nothing."""
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(1, 1), add.s(2, 2)], total.receiving())
+    last = flow.last
+    keys = app.keys_for("default", last.run_id)
+    again = DELIVER.call(keys, [Delivery(last.run_id, flow.runs[0].run_id, "d2")] * 2, 1, 1 << 20)
+    assert DELIVER.parse(app.scripts.run(again)) == [True, False]
+    assert DELIVER.parse(app.scripts.run(again)) == [False, False]
+    assert last.refresh().state == "waiting"  # one of two heard of, not two
+    assert last.refresh().dependencies_left == 1
+
+
+def test_a_run_waiting_on_a_dependency_that_ran_twice_runs_once(app: JobQueue) -> None:
+    """The dependency is requeued after it finished and runs again: its second outcome is
+    not counted again, and the waiting run is not released a second time."""
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(1, 1)], total.receiving())
+    run_due(app)
+    assert flow.result(timeout=5) == 2
+    app.requeue(flow.runs[0].run_id, force=True)
+    run_due(app)
+    assert flow.last.refresh().attempt == 1
+    assert flow.last.refresh().state == "done"
+
+
+# -- idempotent creation and bad input ---------------------------------------------------------
+
+
+def test_creating_the_same_workflow_twice_writes_nothing_the_second_time(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add = task(app, "add")
+    first = app.chain(add.s(1, 1), add.s(2, 2), flow_id="once")
+    before = keys(redis_client)
+    second = app.chain(add.s(1, 1), add.s(2, 2), flow_id="once")
+    assert first.created and not second.created
+    assert keys(redis_client) == before
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (lambda jq, t: jq.workflow({"a": t.s(1, 1).after("b"), "b": t.s(1, 1).after("a")}),
+         ConfigError, "cycle"),
+        (lambda jq, t: jq.workflow({"a": t.s(1, 1).after("nope")}), ConfigError, "no such step"),
+        (lambda jq, t: jq.workflow({"a": t.s(1, 1).after("a")}), ConfigError, "itself"),
+        (lambda jq, t: jq.chain(t.receiving(1)), ConfigError, "first step"),
+        (lambda jq, t: jq.chain(t.s(1, 1), t.s("too", "many", "args")), PayloadError,
+         "too many positional arguments"),
+        (lambda jq, t: jq.chord([t.s(1, 1)], t.s(1, 1), on_failure="shrug"), ConfigError,
+         "on_failure"),
+        (lambda jq, t: jq.group([]), ConfigError, "at least one step"),
+        (lambda jq, t: jq.group([lambda: 1]), ConfigError, "signatures"),
+    ],
+    ids=["cycle", "unknown-step", "self", "first-receiving", "bad-args", "policy", "empty",
+         "not-a-signature"],
+)
+def test_a_bad_workflow_is_refused_and_nothing_is_written(
+    app: JobQueue, redis_client: Any, build: Any, error: type[Exception], message: str
+) -> None:
+    before = keys(redis_client)
+    with pytest.raises(error, match=message):
+        build(app, task(app, "add"))
+    assert keys(redis_client) == before
+
+
+def test_a_step_waiting_on_a_run_that_does_not_exist_is_refused(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add = task(app, "add")
+    ghost = add.enqueue(1, 1)
+    redis_client.delete(app.keys_for("default", ghost.run_id).run(ghost.run_id))
+    before = keys(redis_client)
+    with pytest.raises(RunNotFound, match="does not exist"):
+        app.workflow({"a": add.s(1, 1).after(ghost)})
+    assert keys(redis_client) == before
+
+
+def test_results_past_the_bound_make_the_waiting_run_die_saying_so(
+    app: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jobqueue.client.relay as relay
+
+    monkeypatch.setattr(relay, "MAX_RESULTS_BYTES", 40)
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(i, 10**12) for i in range(5)], total.receiving())
+    run_due(app)
+    last = flow.last.refresh()
+    assert last.state == "dead"
+    assert "past the bound of 40" in (last.error or "")
+
+
+def test_the_asyncio_client_creates_and_reads_a_chord(
+    app: JobQueue, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The same workflow through AsyncJobQueue, on the server the sync client's worker
+    serves."""
+    if backend == "fake":
+        shared = app.redis.connection_pool.connection_kwargs["server"]
+        client: Any = fakeredis.FakeAsyncRedis(server=shared, decode_responses=True)
+    else:
+        server: EmbeddedServer = request.getfixturevalue("real_server")
+        client = redis.asyncio.Redis.from_url(server.url, decode_responses=True)
+    ajq = AsyncJobQueue(client, tasks=app)
+    add, total = task(app, "add"), task(app, "total")
+
+    async def chord() -> tuple[int, list[Any]]:
+        try:
+            flow: AsyncFlowHandle[int] = await ajq.chord(
+                [add.s(i, 1) for i in range(3)], total.receiving()
+            )
+            await asyncio.to_thread(run_due, app)
+            return await flow.result(timeout=5), await flow.last.children_results()
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(chord()) == (6, [1, 2, 3])
