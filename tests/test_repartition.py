@@ -344,6 +344,19 @@ def test_refused_while_runs_are_running_and_nothing_moves(redis_client: Any) -> 
     assert redis_client.hget(QUEUES_KEY, Q) == "1"
 
 
+def test_refused_while_workflow_runs_wait_in_the_queue_and_nothing_moves(
+    redis_client: Any,
+) -> None:
+    jq = populate(redis_client, 1)
+    t = jq.declare_task("t", queue=Q)
+    jq.chain(t.s(), t.s())
+    before = snapshot(redis_client, 1)
+    with pytest.raises(OperationRefused, match="1 workflow runs waiting"):
+        rp.repartition(JobQueue(redis_client), Q, 4)
+    assert without_ttls(snapshot(redis_client, 1)) == without_ttls(before)
+    assert redis_client.hget(QUEUES_KEY, Q) == "1"
+
+
 def test_refused_while_a_live_worker_serves_the_queue(redis_client: Any) -> None:
     populate(redis_client, 1)
     register_worker(redis_client, [Q])

@@ -240,6 +240,16 @@ def _refuse_if_busy(jq: JobQueue, queue: str, partitions: Sequence[PartitionKeys
             f"queue {queue!r} has {running} running runs: stop or drain its workers first "
             "(jobqueue leases / workers), then run repartition again"
         )
+    # A workflow's waiting runs and undelivered outcomes are not moved (not in the indexes
+    # the move reads): refused rather than stranded.
+    waiting = sum(_cardinalities(jq.redis, [k.waiting for k in partitions]))
+    undelivered = sum(_cardinalities(jq.redis, [k.outbox for k in partitions]))
+    if waiting or undelivered:
+        raise OperationRefused(
+            f"queue {queue!r} has {waiting} workflow runs waiting and {undelivered} outcomes "
+            "not yet delivered to them (jobqueue runs --state waiting): let the workflows "
+            "finish or cancel them, then run repartition again"
+        )
     live = [w.id for w in workers(jq) if not w.stale and queue in w.queues]
     if live:
         raise OperationRefused(
