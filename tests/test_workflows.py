@@ -325,3 +325,28 @@ def test_the_asyncio_client_creates_and_reads_a_chord(
             await client.aclose()
 
     assert asyncio.run(chord()) == (6, [1, 2, 3])
+
+
+def test_the_render_then_mail_example_of_the_docs_runs_as_written(jq: JobQueue) -> None:
+    """docs/workflows.md, "Shapes": 200 pages, a PDF of them in order, then the mail."""
+    @jq.task
+    def render(page: int) -> str:
+        return f"page-{page}.png"
+
+    @jq.task
+    def build_pdf(pages: list[str], title: str) -> str:
+        assert pages == [f"page-{p}.png" for p in range(200)]
+        return f"{title}.pdf"
+
+    @jq.task
+    def mail(pdfs: list[str], to: str) -> str:
+        return f"mailed {pdfs[0]} to {to}"
+
+    pages = {f"page-{p}": render.s(p) for p in range(200)}
+    flow = jq.workflow({
+        **pages,
+        "pdf": build_pdf.receiving(title="Report").after(*pages),
+        "mail": mail.receiving(to="boss@example.com").after("pdf"),
+    }, flow_id="report-2026-12")
+    run_due(jq, concurrency=8)
+    assert flow["mail"].result(timeout=5) == "mailed Report.pdf to boss@example.com"
