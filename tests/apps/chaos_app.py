@@ -92,3 +92,18 @@ def keycapped(key: str, low: float, high: float, ctx: RunContext) -> int:
     time.sleep(random.uniform(low, high))
     jq.redis.zrem(active, member)
     return os.getpid()
+
+
+# A chord's steps (tests/test_workflow_processes.py): 1,000 leaves, then one gathering step
+# that records each execution of its code.
+@jq.task(max_attempts=20)
+def leaf(i: int) -> int:
+    time.sleep(random.uniform(0.02, 0.06))
+    return i
+
+
+@jq.task(max_attempts=20)
+def gather(results: list[int], ctx: RunContext) -> dict[str, Any]:
+    jq.redis.hincrby("wf:gather", "executions", 1)
+    return {"n": len(results), "in_order": results == list(range(len(results))),
+            "fence": ctx.fence}
