@@ -25,7 +25,8 @@
 --
 -- A counted dependency is recorded in jq:{q#p}:got:<run_id> (hash: dependency -> outcome,
 -- 'r' for a removed one), and the record's 'left' goes down by one: both in this script, so
--- 'left' always equals the dependencies not in got. A dependency that died (or was
+-- 'left' always equals the dependencies not in got (a 'left' that is not a count is worked
+-- out again from the two keys). A dependency that died (or was
 -- cancelled) is handled by the policy its edge names in jq:{q#p}:deps:<run_id>:
 --   fail      the waiting run dies ('dependency <id> died: <error>'), and an order
 --             '!<run_id>' goes to the outbox: the relay cancels its unfinished dependencies
@@ -74,7 +75,14 @@ local ok, plan = reading(function()
         w.deps_key, w.got_key = prefix .. 'deps:' .. id, prefix .. 'got:' .. id
         expect(w.deps_key, 'hash')
         expect(w.got_key, 'hash')
-        w.left = whole_or(w.run.left, 0, 0)
+        if whole(w.run.left, 0) then
+          w.left = tonumber(w.run.left)
+        else -- garbage: what the keys say is left (a dependency not yet in got)
+          local deps, got = read('HKEYS', w.deps_key), {}
+          for _, d in ipairs(read('HKEYS', w.got_key)) do got[d] = true end
+          w.left = 0
+          for _, d in ipairs(deps) do if not got[d] then w.left = w.left + 1 end end
+        end
       end
       p.parents[id] = w
       p.order[#p.order + 1] = w

@@ -27,7 +27,9 @@
 --
 -- A run with dependencies is 'waiting': in the waiting zset, not in due (no worker claims it,
 -- no cap counts it), its record's 'left' field the number of dependencies not yet heard of,
--- and jq:{q#p}:deps:<run_id> (hash: dependency -> '<index>|<policy>|<queue>') lists them.
+-- and jq:{q#p}:deps:<run_id> (hash: dependency -> '<index>|<policy>|<queue>') lists them
+-- (the deps and got keys an earlier run of the same id left, which outlive its record, are
+-- deleted first: the new run has heard of nothing).
 -- deliver.lua moves it to due once 'left' is 0. A run without is pending, as create_run
 -- makes it. The caller creates the waiting runs of every partition before the pending ones,
 -- so a dependency that finishes always finds the run waiting on it.
@@ -102,6 +104,9 @@ for _, node in ipairs(plan.nodes) do
         deps[#deps + 1] = ARGV[at]
         deps[#deps + 1] = d .. '|' .. ARGV[at + 1] .. '|' .. ARGV[at + 2]
       end
+      -- Keys left by an earlier run of the same id (they outlive its record): a new waiting
+      -- run starts with nothing heard of.
+      redis.call('DEL', prefix .. 'deps:' .. node.id, prefix .. 'got:' .. node.id)
       bulk('HSET', prefix .. 'deps:' .. node.id, deps, 2000)
       redis.call('HSET', key, 'state', 'waiting', 'left', node.left)
       redis.call('HDEL', key, 'due')

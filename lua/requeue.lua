@@ -12,8 +12,10 @@
 -- ARGV[3]  run_id             the run
 -- ARGV[4]  force              '1': a done run too (it runs again); '0': done runs are refused
 -- Returns  {1, previous_state} when requeued; {0, 'unknown'} when there is no such run (or
---          its key is not a run record); {0, state} when it is still pending or running, or
---          done without force (nothing requeued). Refused whole (an error reply, nothing
+--          its key is not a run record); {0, state} when it is still pending, running or
+--          waiting, or done without force; {0, 'workflow-step'} for a workflow step that
+--          waited on other runs (its arguments came from them: create the workflow again
+--          instead). Nothing requeued then. Refused whole (an error reply, nothing
 --          changed) when a key is not on this node or an index key holds another type.
 --
 -- The fence is kept (it only ever grows), so nothing stale can commit into the new life. The
@@ -32,9 +34,13 @@ local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
   local p = {run = load_run(key, 'state', 'attempt', 'owner', 'started', 'finished', 'fence',
-                            'result', 'priority', 'due')}
+                            'result', 'priority', 'due', 'left')}
   local state = p.run and p.run.state
-  if state and state ~= 'pending' and state ~= 'running' and (state ~= 'done' or force) then
+  -- A workflow step that waited on others ('left') has a payload built from what it heard
+  -- of them, or none yet: run again alone it would get the wrong arguments.
+  if p.run and p.run.left then p.step = true end
+  if state and not p.step and state ~= 'pending' and state ~= 'running' and
+     state ~= 'waiting' and (state ~= 'done' or force) then
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
     expect(KEYS[3], 'zset')
@@ -47,7 +53,10 @@ end)
 if not ok then return plan end
 local run = plan.run
 if not run or not run.state then return {0, 'unknown'} end
-if run.state == 'pending' or run.state == 'running' then return {0, run.state} end
+if run.state == 'pending' or run.state == 'running' or run.state == 'waiting' then
+  return {0, run.state}
+end
+if plan.step then return {0, 'workflow-step'} end
 if run.state == 'done' and not force then return {0, 'done'} end
 
 local due = now

@@ -18,10 +18,12 @@ from jobqueue import RunFailed
 from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
-from jobqueue.errors import ConfigError, Fatal, PayloadError, RunNotFound
+from jobqueue.errors import ConfigError, Fatal, OperationRefused, PayloadError, RunNotFound
 from jobqueue.handles import AsyncFlowHandle
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.flows import DELIVER, Delivery
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CLAIM, FAIL
 from jobqueue.testing import run_due
 
 
@@ -52,6 +54,12 @@ def app(jq: JobQueue) -> JobQueue:
 
 def task(jq: JobQueue, name: str) -> Any:
     return jq.resolve_task(name)
+
+
+def claim(jq: JobQueue, keys: PartitionKeys) -> int:
+    """One run claimed by hand (as a worker that dies right after would); its fence."""
+    (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000))).runs
+    return run.fence
 
 
 # -- shapes ------------------------------------------------------------------------------------
@@ -109,8 +117,7 @@ def test_a_step_may_wait_on_a_run_created_before_even_a_finished_one(app: JobQue
     older = add.enqueue(20, 1)
     run_due(app)
     flow = app.workflow({"sum": total.receiving().after(older)})
-    assert flow["sum"].state == "waiting"
-    app.relay("default")  # (a worker's sweep does it within seconds)
+    assert flow["sum"].state == "pending"  # it heard of the finished run at its creation
     run_due(app)
     assert flow["sum"].result(timeout=5) == 21
 
@@ -261,9 +268,12 @@ def test_creating_the_same_workflow_twice_writes_nothing_the_second_time(
          "on_failure"),
         (lambda jq, t: jq.group([]), ConfigError, "at least one step"),
         (lambda jq, t: jq.group([lambda: 1]), ConfigError, "signatures"),
+        (lambda jq, t: jq.workflow({"a": t.receiving(1)}), ConfigError, "waits on nothing"),
+        (lambda jq, t: jq.chain(t.s(1, 1), t.s(2, 2), flow_id='say "hi"'), ConfigError,
+         "no quote"),
     ],
     ids=["cycle", "unknown-step", "self", "first-receiving", "bad-args", "policy", "empty",
-         "not-a-signature"],
+         "not-a-signature", "receiving-alone", "quote"],
 )
 def test_a_bad_workflow_is_refused_and_nothing_is_written(
     app: JobQueue, redis_client: Any, build: Any, error: type[Exception], message: str
@@ -350,3 +360,112 @@ def test_the_render_then_mail_example_of_the_docs_runs_as_written(jq: JobQueue) 
     }, flow_id="report-2026-12")
     run_due(jq, concurrency=8)
     assert flow["mail"].result(timeout=5) == "mailed Report.pdf to boss@example.com"
+
+
+# -- what a review found (each of these failed before its fix) ---------------------------------
+
+
+def test_a_workflow_created_again_after_its_records_expired_runs_anew(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """Its dependency keys outlive its records (dead retention); a new run of the same id
+    must not start with what the old one heard of."""
+    add, double = task(app, "add"), task(app, "double")
+    first = app.chain(add.s(1, 2), double.receiving(), flow_id="nightly")
+    run_due(app)
+    assert first.result(timeout=5) == 6
+    for run in first.runs:  # their retention ran out
+        redis_client.delete(app.keys_for("default", run.run_id).run(run.run_id))
+    again = app.chain(add.s(1, 2), double.receiving(), flow_id="nightly")
+    assert again.created
+    run_due(app)
+    assert again.result(timeout=5) == 6
+
+
+def test_a_step_shared_by_run_id_with_an_earlier_workflow_tells_the_new_one_too(
+    app: JobQueue,
+) -> None:
+    add, double = task(app, "add"), task(app, "double")
+    fetch = add.s(1, 2).with_options(run_id="fetch-2026-12-03")
+    app.chain(fetch, double.receiving(), flow_id="day1")
+    run_due(app)
+    again = app.chain(fetch, double.receiving(), flow_id="day1-again")
+    assert not again.runs[0].created
+    run_due(app)
+    assert again.result(timeout=5) == 6
+
+
+def test_foreign_data_in_one_waiting_runs_keys_holds_back_no_other_workflow(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add, double = task(app, "add"), task(app, "double")
+    a = app.chain(add.s(1, 1), double.receiving(), flow_id="A")
+    b = app.chain(add.s(2, 2), double.receiving(), flow_id="B")
+    keys = app.keys_for("default", "A:1")
+    redis_client.delete(keys.got("A:1"))
+    redis_client.set(keys.got("A:1"), "not a hash")
+    run_due(app)
+    assert b.result(timeout=5) == 8
+    assert a.last.state == "waiting"  # reported (logged), never repaired
+
+
+def test_a_fail_cascade_leaves_a_dependency_another_waiting_run_still_needs(
+    app: JobQueue,
+) -> None:
+    """A diamond: a waits on c and d, b on c only; d dies: a dies, c is not cancelled (b
+    needs it), and b runs."""
+    add, boom, note = task(app, "add"), task(app, "boom"), task(app, "note")
+    held = add.with_options(queue="later")  # c: pending until its queue is served
+    flow = app.workflow({
+        "c": held.s(1, 1), "d": boom.s(),
+        "a": note.s().after("c", "d"), "b": note.s().after("c"),
+    }, flow_id="dia")
+    run_due(app, queues=["default"])
+    assert (flow["a"].state, flow["c"].state) == ("dead", "pending")
+    run_due(app, queues=["later", "default"])
+    assert flow["b"].result(timeout=5) == "noted"
+
+
+def test_a_fail_cascade_never_cancels_a_run_created_before_the_workflow(app: JobQueue) -> None:
+    add, boom, note = task(app, "add"), task(app, "boom"), task(app, "note")
+    older = add.with_options(queue="later").enqueue(1, 1)
+    flow = app.workflow({"d": boom.s(), "a": note.s().after("d", older)})
+    run_due(app, queues=["default"])
+    assert (flow["a"].state, older.state) == ("dead", "pending")
+
+
+def test_a_waiting_run_or_a_step_that_waited_does_not_requeue(app: JobQueue) -> None:
+    boom, note = task(app, "boom"), task(app, "note")
+    flow = app.chain(boom.s(), note.receiving())
+    with pytest.raises(OperationRefused, match="is waiting"):
+        app.requeue(flow.last.run_id)
+    run_due(app)
+    assert flow.last.state == "dead"
+    with pytest.raises(OperationRefused, match="workflow step"):
+        app.requeue(flow.last.run_id)
+
+
+def test_a_purge_delivers_a_dead_runs_outcome_before_deleting_it(
+    app: JobQueue, redis_client: Any
+) -> None:
+    boom, note = task(app, "boom"), task(app, "note")
+    flow = app.chain(boom.s(), note.s(), flow_id="P")
+    first = flow.runs[0]
+    keys = app.keys_for("default", first.run_id)
+    # Dead, its outcome still in the outbox (a worker that died right after its commit).
+    fence = claim(app, keys)
+    app.scripts.run(FAIL.call(keys, first.run_id, fence, "boom", None, 60_000))
+    assert redis_client.zrange(keys.outbox, 0, -1) == [first.run_id]
+    assert app.purge_dead([first.run_id]) == 1
+    assert flow.last.state == "dead"  # it heard of the death before the record went
+
+
+def test_a_garbage_dependency_count_is_worked_out_again_from_the_keys(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(1, 1), add.s(2, 2)], total.receiving())
+    redis_client.hset(app.keys_for("default", flow.last.run_id).run(flow.last.run_id),
+                      "left", "x")
+    run_due(app)
+    assert flow.result(timeout=5) == 6  # released once both were heard of, not at the first

@@ -18,7 +18,7 @@ from jobqueue.anomalies import Listing
 from jobqueue.client.base import AioTaskDecorator, ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.client.flows import create_flow, dependencies_steps
-from jobqueue.client.relay import relay_cascade_steps
+from jobqueue.client.relay import purge_dead_steps, relay_cascade_steps
 from jobqueue.context import RunContext
 from jobqueue.errors import JobQueueError
 from jobqueue.handles import AsyncFlowHandle
@@ -401,7 +401,7 @@ class AsyncJobQueue(ClientCore):
         return state
 
     async def purge_dead(self, run_ids: Iterable[str], queue: str | None = None) -> int:
-        return await self.run_steps(self._purge_dead(run_ids, queue))
+        return await self.run_steps(purge_dead_steps(self, run_ids, queue))
 
     async def requeue(self, run_id: str, queue: str | None = None, *, force: bool = False) -> str:
         return await self.run_steps(self._requeue(run_id, queue, force))

@@ -394,6 +394,11 @@ class ClientCore(ClientBase):
             raise OperationRefused(
                 f"run {run_id} is done; requeueing it runs it again: pass force=True (--force)"
             )
+        if not changed and state == "workflow-step":
+            raise OperationRefused(
+                f"run {run_id} is a workflow step that waited on other runs, and its arguments "
+                "came from them: it does not requeue alone (create its workflow again)"
+            )
         if not changed:
             raise OperationRefused(f"run {run_id} is {state}; only finished runs requeue")
         return state

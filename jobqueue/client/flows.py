@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from jobqueue.anomalies import is_wrong_type
 from jobqueue.client.core import ClientCore
+from jobqueue.client.relay import relay_cascade_steps
 from jobqueue.errors import ConfigError, CorruptData, RunNotFound
 from jobqueue.models import DependencyState
 from jobqueue.payload import args_tail, encode_payload
@@ -68,8 +70,6 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
     ids = [spec.run_id for _, spec in prepared]
     if len(set(ids)) != len(ids):
         raise ConfigError("two steps of the workflow have the same run id")
-    for queue in dict.fromkeys(q for q, _ in prepared):
-        yield from core._register_queue(queue)
     externals = list(
         dict.fromkeys(
             (t.run_id, t.queue)
@@ -78,7 +78,12 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
             if not isinstance(t, int)
         )
     )
-    yield from _check_existing(core, externals, graph)
+    for run_id in [*ids, *(r for r, _ in externals)]:
+        if '"' in run_id or "\\" in run_id:  # (the dependency lists are JSON, read by Lua)
+            raise ConfigError(f"a workflow's run ids hold no quote or backslash: {run_id!r}")
+    yield from _check_existing(core, externals, graph)  # before any write, a registration too
+    for queue in dict.fromkeys(q for q, _ in prepared):
+        yield from core._register_queue(queue)
 
     parents: dict[int | tuple[str, str], list[list[str]]] = {}
     for i, node in enumerate(graph.nodes):
@@ -107,6 +112,15 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
         yield from _create(core, waiting, created)
         yield from _attach(core, externals, parents)
         yield from _create(core, ready, created)
+    # A step whose run id existed already (shared with another workflow, or this one created
+    # before) was left as it was: it is told of its new waiting runs as an older run is.
+    existed = [(p.spec.run_id, p.queue) for p in planned if not created[p.spec.run_id]]
+    again = {(p.spec.run_id, p.queue): parents.get(i, []) for i, p in enumerate(planned)}
+    yield from _attach(core, existed, {k: again[k] for k in existed})
+    # An older run that had finished went back to its outbox: relayed now, not at the next
+    # sweep (its queue may have no worker).
+    for keys in dict.fromkeys(core.keys_for(q, r) for r, q in [*externals, *existed]):
+        yield from relay_cascade_steps(core, keys)
     return CreatedFlow(fid, [(p.spec.run_id, p.queue, created[p.spec.run_id]) for p in planned])
 
 
@@ -182,7 +196,7 @@ def _create(core: ClientCore, planned: Sequence[Planned], created: dict[str, boo
 def _attach(
     core: ClientCore,
     externals: Sequence[tuple[str, str]],
-    parents: dict[int | tuple[str, str], list[list[str]]],
+    parents: Mapping[Any, list[list[str]]],
 ) -> Steps[None]:
 
     calls = []

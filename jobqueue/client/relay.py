@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from jobqueue.client.core import ClientCore
+from jobqueue.errors import ConnectionFailed, JobQueueError
 from jobqueue.store.flows import DELIVER, RELAYED, Delivery
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
@@ -64,7 +66,7 @@ def relay_steps(core: ClientCore, keys: PartitionKeys) -> Steps[Relayed]:
     reads = [cmd("hmget", keys.run(r), "state", "result", "error", "parents") for r in runs]
     for o in orders:
         reads += [cmd("hgetall", keys.deps(o)), cmd("hgetall", keys.got(o)),
-                  cmd("hget", keys.run(o), "cancel_running")]
+                  cmd("hmget", keys.run(o), "cancel_running", "flow")]
     replies = list((yield commands(*reads))) if reads else []
 
     deliveries: dict[PartitionKeys, list[Delivery]] = {}
@@ -76,47 +78,124 @@ def relay_steps(core: ClientCore, keys: PartitionKeys) -> Steps[Relayed]:
             (result if result is not None else "null") if state == "done" else (error or "")
         )
         for queue, parent in _parents(parents):
-            yield from core._register_queue(queue)
-            target = core.keys_for(queue, parent)
-            deliveries.setdefault(target, []).append(Delivery(parent, run_id, outcome))
+            target = yield from _partition(core, queue, parent, run_id)
+            if target is not None:
+                deliveries.setdefault(target, []).append(Delivery(parent, run_id, outcome))
 
-    cancels: list[Call] = []
-    cancelled_in: list[PartitionKeys] = []
-    at = len(runs)
     s = core.settings
-    for order in orders:
-        deps, got, running = replies[at : at + 3]
-        at += 3
-        if isinstance(deps, Exception) or isinstance(got, Exception):
-            continue
-        for child, spec in (deps or {}).items():
-            if child in (got or {}):
-                continue
-            queue = str(spec).split("|", 2)[-1]
-            yield from core._register_queue(queue)
-            reason = f"cancelled: the run waiting on it ({order}) ended"
-            target = core.keys_for(queue, child)
-            cancels.append(CANCEL.call(target, child, s.done_retention_ms, reason,
-                                       running=running == "1"))
-            cancelled_in.append(target)
-
-    calls = [
-        DELIVER.call(pk, ds, s.dead_retention_ms, MAX_RESULTS_BYTES)
-        for pk, ds in deliveries.items()
-    ]
-    delivered = 0
-    if calls:
-        results = yield Scripts(calls)
-        delivered = sum(sum(DELIVER.parse(r)) for r in results)
+    cancels = yield from _cancels(core, keys, orders, replies[len(runs):])
+    delivered = yield from _deliver(core, deliveries)
     cancelled = 0
-    if cancels:
-        results = yield Scripts(cancels)
-        cancelled = sum(1 for r in results if CANCEL.parse(r).changed)
+    for _target, call in cancels:
+        try:
+            (reply,) = yield Scripts([call])
+            cancelled += CANCEL.parse(reply).changed
+        except ConnectionFailed:
+            raise
+        except JobQueueError as exc:  # that run's own foreign data: reported, not retried
+            log.error("a workflow's cancel of %s failed: %s", call.args[2], exc)
     done = RELAYED.call(keys, entries, s.done_retention_ms, s.dead_retention_ms)
     (removed,) = yield Scripts([done])
     # A run told or cancelled may have finished and gone to its own outbox.
-    touched = tuple(dict.fromkeys([*deliveries, *cancelled_in]))
+    touched = tuple(dict.fromkeys([*deliveries, *(t for t, _ in cancels)]))
     return Relayed(RELAYED.parse(removed), delivered, cancelled, touched)
+
+
+def _partition(
+    core: ClientCore, queue: str, run_id: str, source: str
+) -> Steps[PartitionKeys | None]:
+    """Where ``run_id`` of ``queue`` lives, or None (logged) for a queue no command can use:
+    a foreign 'parents' entry is that one run's problem, never the whole outbox's."""
+    try:
+        yield from core._register_queue(queue)
+    except ConnectionFailed:
+        raise
+    except JobQueueError as exc:
+        log.error("run %s names a run %s of queue %r it cannot tell: %s", source, run_id,
+                  queue, exc)
+        return None
+    return core.keys_for(queue, run_id)
+
+
+def _deliver(core: ClientCore, deliveries: dict[PartitionKeys, list[Delivery]]) -> Steps[int]:
+    """All deliveries in one round trip; when a call is refused (a waiting run's keys hold
+    foreign data, which refuses its partition's whole call), one delivery at a time, and
+    the ones still refused are reported and dropped: the others are not held back."""
+    s = core.settings
+    if not deliveries:
+        return 0
+    calls = [DELIVER.call(pk, ds, s.dead_retention_ms, MAX_RESULTS_BYTES)
+             for pk, ds in deliveries.items()]
+    try:
+        results = yield Scripts(calls)
+        return sum(sum(DELIVER.parse(r)) for r in results)
+    except ConnectionFailed:
+        raise  # (a slot moving, a failover: the entries stay for the next relay)
+    except JobQueueError:
+        pass
+    counted = 0
+    for pk, ds in deliveries.items():
+        for d in ds:
+            try:
+                call = DELIVER.call(pk, [d], s.dead_retention_ms, MAX_RESULTS_BYTES)
+                (reply,) = yield Scripts([call])
+                counted += sum(DELIVER.parse(reply))
+            except ConnectionFailed:
+                raise
+            except JobQueueError as exc:
+                log.error("dropped the delivery of %s to %s: %s", d.dependency_id,
+                          d.waiting_id, exc)
+    return counted
+
+
+def _cancels(
+    core: ClientCore, keys: PartitionKeys, orders: list[str], replies: list[Any]
+) -> Steps[list[tuple[PartitionKeys, Call]]]:
+    """The cancels the orders ask for: each order's dependencies not heard of, of its own
+    workflow (a run created before it and waited on is not the workflow's to cancel), and
+    waited on by no other run still waiting (a shared dependency another run needs)."""
+    s = core.settings
+    candidates: list[tuple[str, str, PartitionKeys, bool]] = []  # order, child, where, running
+    flows: dict[str, str | None] = {}
+    for i, order in enumerate(orders):
+        deps, got, fields = replies[3 * i : 3 * i + 3]
+        if isinstance(deps, Exception) or isinstance(got, Exception) or not deps:
+            continue
+        running, flow = fields if isinstance(fields, list) else (None, None)
+        flows[order] = flow
+        for child, spec in deps.items():
+            if child in (got or {}):
+                continue
+            target = yield from _partition(core, str(spec).split("|", 2)[-1], child, order)
+            if target is not None:
+                candidates.append((order, child, target, running == "1"))
+    if not candidates:
+        return []
+    found = yield commands(
+        *(cmd("hmget", t.run(c), "flow", "parents") for _, c, t, _ in candidates)
+    )
+    others: list[tuple[int, PartitionKeys, str]] = []
+    keep: list[bool] = []
+    for n, ((order, child, _, _), fields) in enumerate(zip(candidates, found, strict=True)):
+        flow, parents = fields if isinstance(fields, list) else (None, None)
+        keep.append(flow is not None and flow == flows.get(order))
+        for queue, parent in _parents(parents):
+            if parent != order:
+                where = yield from _partition(core, queue, parent, child)
+                if where is not None:
+                    others.append((n, where, parent))
+    if others:
+        states = yield commands(*(cmd("hget", w.run(p), "state") for _, w, p in others))
+        for (n, _, _), state in zip(others, states, strict=True):
+            if state == "waiting":
+                keep[n] = False
+    return [
+        (target, CANCEL.call(target, child, s.done_retention_ms,
+                             f"cancelled: the run waiting on it ({order}) ended",
+                             running=running))
+        for (order, child, target, running), kept in zip(candidates, keep, strict=True)
+        if kept
+    ]
 
 
 def relay_cascade_steps(core: ClientCore, keys: PartitionKeys, rounds: int = 20) -> Steps[int]:
@@ -142,3 +221,14 @@ def relay_until_quiet(core: Any, keys: PartitionKeys) -> int:
     """``relay_cascade_steps`` on a sync client."""
     relayed: int = core.run_steps(relay_cascade_steps(core, keys))
     return relayed
+
+
+def purge_dead_steps(core: ClientCore, run_ids: Iterable[str], queue: str | None) -> Steps[int]:
+    """A purge delivers what its partitions' outboxes hold first: a dead run others wait on
+    whose outcome has not reached them yet would otherwise be deleted unheard."""
+    ids = list(run_ids)
+    located = yield from core._run_states(ids, queue)
+    for keys in dict.fromkeys(s.keys for s in located if s.keys is not None):
+        yield from relay_cascade_steps(core, keys)
+    purged: int = yield from core._purge_dead(ids, queue)
+    return purged

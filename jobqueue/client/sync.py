@@ -12,7 +12,7 @@ from jobqueue.anomalies import Listing
 from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.client.flows import create_flow, dependencies_steps
-from jobqueue.client.relay import relay_until_quiet
+from jobqueue.client.relay import purge_dead_steps, relay_until_quiet
 from jobqueue.errors import ConfigError, JobQueueError
 from jobqueue.handles import FlowHandle
 from jobqueue.handles import RunHandle as RunHandle  # re-exported: its home before
@@ -333,8 +333,9 @@ class JobQueue(ClientCore):
     def purge_dead(self, run_ids: Iterable[str], queue: str | None = None) -> int:
         """Delete dead runs for good (record, history, dead-index entry), one purge call per
         partition in one round trip. Runs no longer dead (requeued meanwhile) or not found are
-        left alone. Returns how many were purged."""
-        return self.run_steps(self._purge_dead(run_ids, queue))
+        left alone. Returns how many were purged. An outcome the runs' workflows have not
+        heard of yet is delivered first."""
+        return self.run_steps(purge_dead_steps(self, run_ids, queue))
 
     def requeue(self, run_id: str, queue: str | None = None, *, force: bool = False) -> str:
         """Put a dead or cancelled run (a done one with ``force=True``: it runs again) back to

@@ -203,6 +203,12 @@ def workflow_graph(steps: Mapping[str, Signature[Any]]) -> Graph:
         if node.signature.receives:
             node.receives = "all"
     _add_declared(nodes)
+    for node in nodes:
+        if node.receives and not node.waits_on:
+            raise ConfigError(
+                f"step {node.name!r} receives results but waits on nothing: give it "
+                ".after(...), or make it with task.s(...)"
+            )
     return Graph(nodes)
 
 
