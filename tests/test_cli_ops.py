@@ -194,3 +194,16 @@ def test_show_of_a_key_that_is_not_a_run_record_says_so(url: str, jq: JobQueue) 
     code, out, err = cli(url, "show", "victim")
     assert code == 0, err
     assert "not a run record" in out
+
+
+def test_show_of_a_workflow_step_lists_what_it_waits_on_and_runs_lists_it_waiting(
+    url: str, jq: JobQueue
+) -> None:
+    report = jq.resolve_task("report")
+    jq.chord([report.s(), report.s()], report.s(), on_failure="ignore", flow_id="wf")
+    code, out, err = cli(url, "show", "wf:2")
+    assert code == 0, err
+    assert "workflow wf: waits on 2 runs, 0 heard of" in out
+    assert "  wf:0 (default, on failure ignore) not finished" in out
+    rows = cli_json(url, "runs", "--state", "waiting")
+    assert [r["run_id"] for r in rows] == ["wf:2"]

@@ -524,6 +524,27 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         click.echo(f"traceback of attempt {attempt}:")
         for line in kept["traceback"].splitlines():
             click.echo(f"  {line}")
+    _show_workflow(jq, run)
+
+
+def _show_workflow(jq: JobQueue, run: Run) -> None:
+    """A workflow step: its workflow, and each run it waits on with what it heard of it."""
+    if run.flow is None:
+        return
+    deps = jq.dependencies(run.run_id, queue=run.queue)
+    heard = sum(d.outcome is not None for d in deps)
+    click.echo(f"workflow {run.flow}: waits on {len(deps)} runs, {heard} heard of"
+               + (", runs wait on it" if run.has_dependents else ""))
+    shown = deps[:MAX_DEPENDENCIES_SHOWN]
+    for d in shown:
+        outcome = d.outcome or "not finished"
+        detail = f": {d.error[:120]}" if d.error else ""
+        click.echo(f"  {d.run_id} ({d.queue}, on failure {d.policy}) {outcome}{detail}")
+    if len(deps) > len(shown):
+        click.echo(f"  ... and {len(deps) - len(shown)} more")
+
+
+MAX_DEPENDENCIES_SHOWN = 20
 
 
 def progress_text(run: Run, now: int) -> str:
