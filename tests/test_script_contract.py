@@ -17,6 +17,7 @@ import pytest
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT, Purged, Repaired
 from jobqueue.store.catalog import CONTRACTS
 from jobqueue.store.contract import Contract, ContractError, Header, Wire, headers, parse_header
+from jobqueue.store.flows import ATTACH, DELIVER, FLOW_CREATE, RELAYED, Delivery, Edge, NodeSpec
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
 from jobqueue.store.runs import (
     BOUNCE,
@@ -40,7 +41,6 @@ from jobqueue.store.runs import (
     RunSpec,
     StateChange,
 )
-from jobqueue.store.flows import ATTACH, DELIVER, FLOW_CREATE, RELAYED, Delivery, Edge, NodeSpec
 from jobqueue.store.schedules import (
     ADVANCE,
     HOLD_MS,
