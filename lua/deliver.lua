@@ -90,7 +90,7 @@ local ok, plan = reading(function()
     local counted = 0
     if w.open and not w.die and not w.release then
       local spec = read('HGET', w.deps_key, dep)
-      if spec and not w.got[dep] and read('HEXISTS', w.got_key, dep) == 0 then
+      if spec and not w.got[dep] and not read('HGET', w.got_key, dep) then
         local policy = string.match(spec, '^%d+|(%a+)|') or 'fail'
         counted = 1
         if kind == 'd' then
