@@ -121,6 +121,13 @@ def test_dead_retry_retries_only_dead_runs_and_is_idempotent(jq: JobQueue) -> No
     assert jq.get_run("ok").state == "done"
 
 
+def test_dead_retry_of_an_id_with_a_line_break_refuses_on_one_line(jq: JobQueue) -> None:
+    """NEL (U+0085) breaks a line for str.splitlines and for terminals: shown escaped."""
+    refused = invoke(jq, "dead", "retry", "\x85")
+    assert refused.exit_code == 1
+    assert refused.stderr.splitlines() == ["error: refused \\x85: not found; only dead runs retry"]
+
+
 def test_dead_retry_all_asks_first_unless_yes(jq: JobQueue) -> None:
     make(jq, d1="dead", d2="dead", p1="pending")
     declined = invoke(jq, "dead", "retry", "--all", input="n\n")

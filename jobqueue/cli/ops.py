@@ -17,7 +17,13 @@ import click
 from click.core import ParameterSource
 
 from jobqueue.anomalies import Anomaly
-from jobqueue.cli.common import EXIT_REFUSED, FiniteFloat, anomaly_cell, warn_anomalies
+from jobqueue.cli.common import (
+    EXIT_REFUSED,
+    FiniteFloat,
+    anomaly_cell,
+    one_line,
+    warn_anomalies,
+)
 from jobqueue.cli.format import abs_time, duration, rate, when
 from jobqueue.cli.format import table as table
 from jobqueue.client import coverage, health, queries
@@ -578,11 +584,11 @@ def dead_retry(
             targets.append((rid, keys))
         elif run_state == "pending":
             already += 1
-            click.echo(f"{rid} is already pending (nothing to do)", err=True)
+            click.echo(one_line(f"{rid} is already pending (nothing to do)"), err=True)
         else:
             refused += 1
             what = "not found" if run_state == "missing" else f"is {run_state}"
-            click.echo(f"error: refused {rid}: {what}; only dead runs retry", err=True)
+            click.echo(one_line(f"error: refused {rid}: {what}; only dead runs retry"), err=True)
     retried = 0
     with progress(len(targets), "retrying dead runs") as advance:
         for start in range(0, len(targets), BULK_CHUNK):
@@ -596,7 +602,8 @@ def dead_retry(
                 else:
                     refused += 1
                     click.echo(
-                        f"error: refused {rid}: is {previous}; only dead runs retry", err=True
+                        one_line(f"error: refused {rid}: is {previous}; only dead runs retry"),
+                        err=True,
                     )
             advance(len(chunk))
     summary = f"retried {retried} of {len(ids)} dead run(s)"
