@@ -514,8 +514,10 @@ def test_a_key_cap_of_2_holds_under_4_workers_and_sigkills(
     while done_count(r) < len(run_ids):
         assert time.monotonic() < deadline, f"only {done_count(r)} of {len(run_ids)} runs done"
         time.sleep(0.7)
-        if done_count(r) >= len(run_ids):
-            break
+        if done_count(r) >= len(run_ids) or kills >= 8:
+            # Bounded: kills without end on a loaded machine (each costing the hot key's two
+            # slots a lease) starved the rest past the deadline (78 of 80 done at load 11).
+            continue
         # The first kill hits a worker holding runs, for certain; the others, any worker.
         victim = kill_one(r, live, rng, holding=not kills)
         if victim is None:
