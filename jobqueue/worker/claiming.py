@@ -208,6 +208,11 @@ class Claimer:
                 focus, woken_by = woken_by, None
                 if focus is not None and clock.monotonic() - self._swept_at >= self._idle_wait:
                     focus = None
+                # Burst mode: held before the claim, not after it. A run held then may have
+                # finished meanwhile and, committing, made another due (a workflow's next
+                # step) after this claim looked: only a claim that found nothing with
+                # nothing held before it means drained.
+                held_before = len(table)
                 claimed, wait_s = self.claim(free, focus)
                 backoff.reset()
             except (JobQueueError, redis.exceptions.RedisError) as exc:
@@ -231,7 +236,7 @@ class Claimer:
             if claimed == 0 and self._drained is not None:
                 # Burst mode never waits on the wake lists, so every claim here was a sweep
                 # of all partitions (no focus).
-                if len(table) == 0:
+                if held_before == 0 and len(table) == 0:
                     self._drained()  # nothing due, nothing held: what may come is later
                 else:
                     table.wait_for_change(BURST_POLL_S)  # a held run may retry at once
