@@ -41,7 +41,6 @@ _FLOW_ID_MAX = 200
 class Planned:
     """A step as it will be written: where, and its node spec."""
 
-    name: str
     queue: str
     keys: PartitionKeys
     spec: NodeSpec
@@ -101,7 +100,7 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
             else Edge(t.run_id, t.queue, policy)
             for t, policy in node.waits_on
         ]
-        planned.append(Planned(node.name, queue, core.keys_for(queue, spec.run_id), spec))
+        planned.append(Planned(queue, core.keys_for(queue, spec.run_id), spec))
 
     waiting = [p for p in planned if p.spec.deps]
     ready = [p for p in planned if not p.spec.deps]
@@ -114,9 +113,12 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
         yield from _create(core, ready, created)
     # A step whose run id existed already (shared with another workflow, or this one created
     # before) was left as it was: it is told of its new waiting runs as an older run is.
-    existed = [(p.spec.run_id, p.queue) for p in planned if not created[p.spec.run_id]]
-    again = {(p.spec.run_id, p.queue): parents.get(i, []) for i, p in enumerate(planned)}
-    yield from _attach(core, existed, {k: again[k] for k in existed})
+    existed = {
+        (p.spec.run_id, p.queue): parents.get(i, [])
+        for i, p in enumerate(planned)
+        if not created[p.spec.run_id]
+    }
+    yield from _attach(core, list(existed), existed)
     # An older run that had finished went back to its outbox: relayed now, not at the next
     # sweep (its queue may have no worker).
     for keys in dict.fromkeys(core.keys_for(q, r) for r, q in [*externals, *existed]):

@@ -83,7 +83,7 @@ def relay_steps(core: ClientCore, keys: PartitionKeys) -> Steps[Relayed]:
                 deliveries.setdefault(target, []).append(Delivery(parent, run_id, outcome))
 
     s = core.settings
-    cancels = yield from _cancels(core, keys, orders, replies[len(runs):])
+    cancels = yield from _cancels(core, orders, replies[len(runs):])
     delivered = yield from _deliver(core, deliveries)
     cancelled = 0
     for _target, call in cancels:
@@ -149,7 +149,7 @@ def _deliver(core: ClientCore, deliveries: dict[PartitionKeys, list[Delivery]]) 
 
 
 def _cancels(
-    core: ClientCore, keys: PartitionKeys, orders: list[str], replies: list[Any]
+    core: ClientCore, orders: list[str], replies: list[Any]
 ) -> Steps[list[tuple[PartitionKeys, Call]]]:
     """The cancels the orders ask for: each order's dependencies not heard of, of its own
     workflow (a run created before it and waited on is not the workflow's to cancel), and
