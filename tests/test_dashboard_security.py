@@ -22,6 +22,10 @@ from jobqueue.dashboard.app import create_app
 from jobqueue.dashboard.security import SESSION_COOKIE, TOKEN_COOKIE, Credentials
 from jobqueue.store.runs import CLAIM, FAIL
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 
 

@@ -23,6 +23,10 @@ from jobqueue.cli.core import State, main
 from jobqueue.dashboard.app import create_app
 from jobqueue.store.runs import CLAIM
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 MISSING = None
 
 

@@ -23,6 +23,10 @@ from jobqueue.errors import InvalidRunId, JobQueueError, PayloadError
 from jobqueue.payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
 from jobqueue.store.embedded import EmbeddedServer
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 FUZZ = settings(
     max_examples=60,
     deadline=None,

@@ -21,6 +21,10 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.integrations.otel import OpenTelemetryMiddleware
 from jobqueue.integrations.sentry import SentryMiddleware
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 # -- Sentry ----------------------------------------------------------------------------------
 
 

@@ -57,6 +57,10 @@ from jobqueue.store.schedules import ADVANCE, SCHED_DEFINE, SCHED_DUE, SCHED_LEA
 from jobqueue.store.scripts import SCRIPT_NAMES, Call, ScriptRunner
 from jobqueue.tasks import Dedupe
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = '{"args":[],"kwargs":{}}'
 LEASE = 30_000

@@ -23,6 +23,10 @@ from jobqueue.runtime.metrics import NO_METRICS, PrometheusMetrics, for_daemon, 
 from jobqueue.settings import Settings
 from jobqueue.store.embedded import EmbeddedServer
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

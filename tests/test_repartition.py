@@ -29,6 +29,10 @@ from jobqueue.store.keys import (
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 from jobqueue.store.scripts import ScriptRunner
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 Q = "mail"
 LEASE_MS = 60_000
 RETENTION_MS = 3_600_000

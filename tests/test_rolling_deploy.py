@@ -16,6 +16,10 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed
 from jobqueue.settings import Settings
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 # Hand-backs come back fast, and the window outlasts every test by far.
 DEPLOY = Settings(unknown_task_delay_s=0.02, unknown_task_delay_cap_s=0.1)
 

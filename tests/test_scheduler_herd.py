@@ -17,6 +17,10 @@ from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.scheduler.membership import read_members
 from jobqueue.schedules.recurring import first_fire_after, make_definition
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 S = 1000
 
 

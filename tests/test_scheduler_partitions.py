@@ -23,6 +23,10 @@ from jobqueue.scheduler.membership import SCHEDULERS_KEY, read_members, read_own
 from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS
 from jobqueue.store.schedules import ADVANCE, SCHED_LEASE, Moved
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 S = 1000
 K = 8
 LEASE = 5.0  # s: the default partition lease

@@ -24,6 +24,10 @@ from jobqueue.schedules.recurring import (
     sched_partition_of,
 )
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 S = 1000
 JOBS = 60
 

@@ -41,6 +41,10 @@ from jobqueue.worker import RunPhase
 from jobqueue.worker.claiming import Claimer
 from jobqueue.worker.runs import RunTable
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 
 def test_the_worker_is_imported_from_the_package_or_its_own_module() -> None:
     import jobqueue

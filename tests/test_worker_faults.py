@@ -38,6 +38,10 @@ from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 from jobqueue.store.scripts import translate_error
 from jobqueue.worker import EXIT_UNHEALTHY, MAX_REJECTED_KEPT, RunPhase, WorkerStats, supervisor
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 # -- task code that misbehaves -------------------------------------------------------------
 
 

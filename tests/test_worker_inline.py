@@ -26,6 +26,10 @@ from jobqueue.worker.inline import (
     TaskSpeeds,
 )
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 WAIT_S = 30.0  # a bound for what must happen, never reached when it does
 
 
