@@ -207,3 +207,15 @@ def test_show_of_a_workflow_step_lists_what_it_waits_on_and_runs_lists_it_waitin
     assert "  wf:0 (default, on failure ignore) not finished" in out
     rows = cli_json(url, "runs", "--state", "waiting")
     assert [r["run_id"] for r in rows] == ["wf:2"]
+
+
+def test_show_of_a_workflow_step_prints_the_tree_below_it_with_each_runs_state(
+    url: str, jq: JobQueue
+) -> None:
+    report = jq.resolve_task("report")
+    jq.chain(report.s(), report.s(), report.s(), flow_id="tree")
+    code, out, err = cli(url, "show", "tree:2")
+    assert code == 0, err
+    assert "workflow tree: waits on 1 runs, 0 heard of" in out
+    assert "\n  tree:1 (default, on failure fail) not finished; now waiting\n" in out
+    assert "\n    tree:0 (default, on failure fail) not finished; now pending\n" in out

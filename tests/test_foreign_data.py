@@ -31,6 +31,10 @@ from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import MAX_PARTITIONS, QUEUES_KEY, WORKERS_KEY, PartitionKeys
 from jobqueue.store.runs import CLAIM
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 P0 = PartitionKeys("default", 0)
 DEF = "jq:{sched#0}:def"
 
@@ -242,15 +246,15 @@ def test_the_async_client_reports_an_unusable_count_like_the_sync_one(
 
 # The partition keys each listing reads (an anomaly is reported by those that meet it).
 READS = {
-    "queues": {"due", "leases", "dead", "done", "stats"},
-    "top": {"due", "leases", "dead", "done", "stats"},
-    "runs": {"due", "leases", "dead", "done"},
+    "queues": {"due", "leases", "dead", "done", "stats", "waiting"},
+    "top": {"due", "leases", "dead", "done", "stats", "waiting"},
+    "runs": {"due", "leases", "dead", "done", "waiting"},
     "leases": {"leases"},
     "dead": {"dead"},
 }
 
 
-@pytest.mark.parametrize("suffix", ["due", "leases", "dead", "done", "stats"])
+@pytest.mark.parametrize("suffix", ["due", "leases", "dead", "done", "stats", "waiting"])
 @pytest.mark.parametrize("command", LISTINGS, ids=" ".join)
 def test_a_partition_key_of_another_type_is_an_anomaly_and_the_rest_is_listed(
     seeded: JobQueue, redis_client: Any, suffix: str, command: tuple[str, ...]

@@ -30,6 +30,10 @@ from jobqueue.settings import Settings
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM
 
+# What this module checks does not depend on the backend: run on the real server only
+# (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
+pytestmark = pytest.mark.real_only
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST = Settings(backoff_base_s=0.02, backoff_cap_s=0.05)
 S = 1000
@@ -162,6 +166,17 @@ def test_queue_depth_and_lease_expiries_come_from_the_queue_stats(
     assert value(got, "jobqueue_queue_runs", state="running", **q) == 1
     assert value(got, "jobqueue_queue_runs", state="dead", **q) == 0
     assert value(got, "jobqueue_queue_lease_expiries", **q) == 1
+
+
+def test_queue_depth_counts_the_workflow_runs_waiting_on_others(
+    jq: JobQueue, metrics: PrometheusMetrics
+) -> None:
+    step = jq.declare_task("step")
+    jq.chain(step.s(), step.s(), step.s())
+    metrics.refresh_depth(jq, ["default"])
+    got = scrape(metrics.port)
+    assert value(got, "jobqueue_queue_runs", state="waiting", queue="default") == 2
+    assert value(got, "jobqueue_queue_runs", state="due", queue="default") == 1
 
 
 def test_scheduler_counts_fires_misses_and_drops(jq: JobQueue) -> None:

@@ -7,14 +7,18 @@ commits as a worker daemon does."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import fakeredis
 import pytest
 import redis
+from click.testing import CliRunner
 from keyspace import keyspace as keys
 
 from jobqueue import RunFailed
+from jobqueue.cli.common import State
+from jobqueue.cli.core import main
 from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
@@ -134,6 +138,21 @@ def test_a_waiting_run_is_listed_as_waiting_and_never_claimed(app: JobQueue) -> 
     waiting = queries.runs(app, state="waiting")
     assert [r.run_id for r in waiting] == [flow.runs[1].run_id]
     assert waiting[0].dependencies_left == 1
+
+
+def test_waiting_runs_are_counted_per_queue_by_stats_queues_and_top(app: JobQueue) -> None:
+    add = task(app, "add")
+    flow = app.chain(add.s(1, 1), add.s(2, 2), add.s(3, 3))
+    assert [s.waiting for s in queries.stats(app, "default")] == [2]
+    assert [t.waiting for t in queries.queue_totals(queries.stats(app))] == [2]
+    listed = CliRunner().invoke(main, ["queues", "--json"], obj=State(None, app)).output
+    assert [row["waiting"] for row in json.loads(listed)] == [2]
+    assert "WAITING" in CliRunner().invoke(main, ["queues"], obj=State(None, app)).output
+    frame = CliRunner().invoke(main, ["top", "--once"], obj=State(None, app)).output
+    assert "waiting 2" in frame
+    run_due(app)
+    assert flow.runs[2].result(timeout=5) == 6
+    assert [s.waiting for s in queries.stats(app, "default")] == [0]
 
 
 def test_a_dependency_record_keeps_until_the_run_waiting_on_it_heard_of_it(

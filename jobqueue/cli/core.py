@@ -42,6 +42,7 @@ from jobqueue.cli.common import (  # noqa: E402
     json_arg,
     load_app,
     ms_to_text,
+    one_line,
     pass_state,
     warn_anomalies,
     yes_option,
@@ -60,7 +61,7 @@ from jobqueue.errors import (  # noqa: E402
     PayloadError,
     UnknownTask,
 )
-from jobqueue.models import PRIORITY_MAX, Run  # noqa: E402
+from jobqueue.models import PRIORITY_MAX, DependencyState, Run  # noqa: E402
 from jobqueue.policy.misfire import DEFAULT_GRACE_MS  # noqa: E402
 from jobqueue.policy.timeutil import instants_shown  # noqa: E402
 from jobqueue.runtime import logs  # noqa: E402
@@ -528,23 +529,49 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
 
 
 def _show_workflow(jq: JobQueue, run: Run) -> None:
-    """A workflow step: its workflow, and each run it waits on with what it heard of it."""
+    """A workflow step: its workflow, and the tree of runs it waits on (each with what the
+    run above heard of it and its state now), bounded in depth and size."""
     if run.flow is None:
         return
     deps = jq.dependencies(run.run_id, queue=run.queue)
     heard = sum(d.outcome is not None for d in deps)
     click.echo(f"workflow {run.flow}: waits on {len(deps)} runs, {heard} heard of"
                + (", runs wait on it" if run.has_dependents else ""))
-    shown = deps[:MAX_DEPENDENCIES_SHOWN]
+    _show_dependencies(jq, deps, 1, {run.run_id}, [MAX_TREE_NODES])
+
+
+def _show_dependencies(
+    jq: JobQueue, deps: list[DependencyState], depth: int, seen: set[str], budget: list[int]
+) -> None:
+    shown = deps[: min(MAX_DEPENDENCIES_SHOWN, max(budget[0], 0))]
+    budget[0] -= len(shown)
+    by_queue: dict[str, list[str]] = {}
+    for d in shown:
+        by_queue.setdefault(d.queue, []).append(d.run_id)
+    states = {s.run_id: s.state for q, ids in by_queue.items() for s in jq.run_states(ids, q)}
+    indent = "  " * depth
     for d in shown:
         outcome = d.outcome or "not finished"
         detail = f": {d.error[:120]}" if d.error else ""
-        click.echo(f"  {d.run_id} ({d.queue}, on failure {d.policy}) {outcome}{detail}")
+        state = states.get(d.run_id, "missing")
+        click.echo(f"{indent}{d.run_id} ({d.queue}, on failure {d.policy}) {outcome}{detail}"
+                   f"; now {state}")
+        if d.run_id in seen or state in ("missing", "not a run record"):
+            continue  # a run reached twice (a diamond) is expanded once
+        seen.add(d.run_id)
+        try:
+            below = jq.dependencies(d.run_id, queue=d.queue) if depth < MAX_TREE_DEPTH else []
+        except JobQueueError as exc:  # gone meanwhile, or foreign data in its keys
+            click.echo(f"{indent}  ({one_line(str(exc))})")
+            continue
+        _show_dependencies(jq, below, depth + 1, seen, budget)
     if len(deps) > len(shown):
-        click.echo(f"  ... and {len(deps) - len(shown)} more")
+        click.echo(f"{indent}... and {len(deps) - len(shown)} more")
 
 
-MAX_DEPENDENCIES_SHOWN = 20
+MAX_DEPENDENCIES_SHOWN = 20  # per run of the tree
+MAX_TREE_DEPTH = 4  # levels of dependencies below the run shown
+MAX_TREE_NODES = 60  # lines of the tree in all
 
 
 def progress_text(run: Run, now: int) -> str:

@@ -69,7 +69,8 @@ def render(
         f"totals      due now {sum(r.due_now for r in rows):,}  "
         f"later {sum(r.scheduled_later for r in rows):,}  "
         f"running {sum(r.running for r in rows):,}  "
-        f"expired {sum(r.expired_leases for r in rows):,}  dead {sum(r.dead for r in rows):,}"
+        f"expired {sum(r.expired_leases for r in rows):,}  dead {sum(r.dead for r in rows):,}  "
+        f"waiting {sum(r.waiting for r in rows):,}"
     )
     lines = [header, throughput, lateness, totals]
     # Foreign data in Redis is said in the frame (stderr would tear the screen): a few lines.

@@ -98,6 +98,7 @@ class PartitionStats:
     key_rate_window_ms: int | None = None
     task_caps: dict[str, int] = field(default_factory=dict)
     held_back: int = 0  # due runs parked by a full per-key or per-task cap (in the counts above)
+    waiting: int = 0  # workflow runs waiting for their dependencies (not due: in no count above)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -303,6 +304,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.hgetall(k.limits)
         pipe.zcard(k.prio)  # read for its type: claim refuses a partition whose prio is foreign
         pipe.zcard(k.parked)
+        pipe.zcard(k.waiting)
 
     out = []
     locate = getattr(jq.redis, "get_node_from_key", None)
@@ -328,6 +330,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         limit, rate = fields.get("concurrency"), fields.get("rate")
         flow = limits_of(fields)
         held_back = checked(r[12], k.parked, "sorted set", mine, 0)
+        waiting = checked(r[13], k.waiting, "sorted set", mine, 0)
         if limit is not None and stored_int(limit) is None:
             mine.append(Anomaly(k.limits, f"field 'concurrency' is {limit!r}, not a limit"))
         checked(r[11], k.prio, "sorted set", mine, 0)
@@ -361,6 +364,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
                 key_rate_window_ms=None if flow.key_rate is None else flow.key_rate[1],
                 task_caps=flow.task_caps,
                 held_back=held_back,
+                waiting=waiting,
             )
         )
     return Listing(out, found)
@@ -592,6 +596,7 @@ class QueueTotals:
     key_rate_window_ms: int | None = None
     task_caps: dict[str, int] = field(default_factory=dict)
     held_back: int = 0  # due runs parked by a full per-key or per-task cap, all partitions
+    waiting: int = 0  # workflow runs waiting for their dependencies, all partitions
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -628,6 +633,7 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
                 key_rate_window_ms=rows[0].key_rate_window_ms,
                 task_caps=rows[0].task_caps,
                 held_back=sum(s.held_back for s in rows),
+                waiting=sum(s.waiting for s in rows),
             )
         )
     return out

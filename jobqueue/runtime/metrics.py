@@ -17,7 +17,7 @@ What is counted where:
   exports (``jobqueue_queue_lease_expiries``, all workers together);
 * runs per task and outcome, and their duration (the code's start to its end): the commit
   replies, with what the executor measured;
-* queue depth (due now / running / dead, per queue), whether a queue is paused and its
+* queue depth (due now / running / dead / waiting, per queue), whether a queue is paused and its
   limits: :func:`jobqueue.queries.stats`, refreshed every few seconds by a daemon thread
   (never on the scrape path, which must stay fast), only in the daemon started with
   ``--queue-gauges``: the values are the queue's, whoever reads
@@ -176,7 +176,8 @@ class PrometheusMetrics(Metrics):
         )
         self.queue_runs = Gauge(
             "jobqueue_queue_runs",
-            "Runs per queue and state: due (due now, not started), running, dead.",
+            "Runs per queue and state: due (due now, not started), running, dead, waiting "
+            "(workflow runs whose dependencies have not all finished).",
             [*q, "state"],
             registry=r,
         )
@@ -303,8 +304,11 @@ class PrometheusMetrics(Metrics):
             due = sum(p.due_now for p in parts)
             running = sum(p.running for p in parts)
             dead = sum(p.dead for p in parts)
+            waiting = sum(p.waiting for p in parts)
             expired = sum(p.counters.get("lease_expired", 0) for p in parts)
-            for state, value in (("due", due), ("running", running), ("dead", dead)):
+            for state, value in (
+                ("due", due), ("running", running), ("dead", dead), ("waiting", waiting)
+            ):
                 self.queue_runs.labels(queue, state).set(value)
             self.queue_lease_expiries.labels(queue).set(expired)
             self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
