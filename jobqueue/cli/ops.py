@@ -220,8 +220,8 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
     """Per queue and partition: due now, later, running, expired leases, dead, done in the
     last minute and hour, how late the oldest due run is, whether it is paused, its
     concurrency limit and its rate limit, how many due runs are held back by a per-key or
-    per-task cap (counted in DUE NOW or LATER too), those limits, and the workflow runs
-    waiting for their dependencies (WAITING). (Alias: stats.)
+    per-task cap (counted in DUE NOW or LATER too), and those limits; with --json also
+    the workflow runs waiting for their dependencies ('waiting'). (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
     found = queries.stats(state.jq(), queue)
@@ -244,7 +244,6 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             _key_task_cell(s),
             "-" if s.concurrency_limit is None else s.concurrency_limit,
             rate(s.rate_limit, s.rate_window_ms),
-            s.waiting,
         ]
         for s in found
     ]
@@ -268,7 +267,6 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "KEY/TASK",
             "LIMIT",
             "RATE",
-            "WAITING",
         ],
         "no queues yet",
         found,
