@@ -11,6 +11,7 @@ self-fencing) give the worker a FakeClock (the ``clock`` fixture) and move it th
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -223,3 +224,16 @@ def held(worker: Worker, run_id: str) -> RunView | None:
 def phase_of(worker: Worker, run_id: str) -> RunPhase | None:
     view = held(worker, run_id)
     return None if view is None else view.phase
+
+
+def pid_alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a zombie child of ours still answers kill(0)).
+    A process reaped between the two looks is gone: /proc/<pid>/stat then fails with ENOENT at
+    the open or ESRCH at the read (ProcessLookupError; seen in a fresh-clone bin/test)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -12,18 +11,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from helpers import pid_alive
 
 from jobqueue.store.embedded import EmbeddedServer, remove_stale_directories, resolve_url
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose.
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
 
 
 def test_embedded_server_answers_on_a_private_unix_socket() -> None:
@@ -44,7 +34,7 @@ def test_stop_kills_the_server_and_removes_its_directory() -> None:
     assert server.process is not None
     pid = server.process.pid
     server.stop()
-    assert not _alive(pid)
+    assert not pid_alive(pid)
     assert not server.directory.exists()
 
 
@@ -57,13 +47,13 @@ def test_server_dies_when_its_parent_is_killed_with_sigkill() -> None:
     )
     assert child.stdout is not None
     server_pid = int(child.stdout.readline())
-    assert _alive(server_pid)
+    assert pid_alive(server_pid)
     child.send_signal(signal.SIGKILL)
     child.wait()
     deadline = time.monotonic() + 5
-    while _alive(server_pid) and time.monotonic() < deadline:
+    while pid_alive(server_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(server_pid), "embedded redis outlived its SIGKILLed parent"
+    assert not pid_alive(server_pid), "embedded redis outlived its SIGKILLed parent"
 
 
 def test_the_directory_of_a_sigkilled_owner_is_removed_by_the_next_server() -> None:
@@ -96,9 +86,9 @@ def test_server_stops_when_its_parent_exits_normally() -> None:
     )
     server_pid = int(out.stdout)
     deadline = time.monotonic() + 5
-    while _alive(server_pid) and time.monotonic() < deadline:
+    while pid_alive(server_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(server_pid)
+    assert not pid_alive(server_pid)
 
 
 def test_explicit_url_wins_over_environment_and_embedded(

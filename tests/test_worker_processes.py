@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import pid_alive
 
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
@@ -117,19 +118,6 @@ def _kill(pid: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             return
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie child of ours still answers kill(0): look at its state.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def owner_pid(owner: str) -> int:
