@@ -15,6 +15,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 from keyspace import keyspace as keys
+from starlette.testclient import TestClient
 
 from jobqueue import RunFailed
 from jobqueue.cli.common import State
@@ -22,6 +23,7 @@ from jobqueue.cli.core import main
 from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
+from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, Fatal, OperationRefused, PayloadError, RunNotFound
 from jobqueue.handles import AsyncFlowHandle
 from jobqueue.store.embedded import EmbeddedServer
@@ -149,6 +151,8 @@ def test_waiting_runs_are_counted_per_queue_by_stats_queues_and_top(app: JobQueu
     assert [row["waiting"] for row in json.loads(listed)] == [2]
     frame = CliRunner().invoke(main, ["top", "--once"], obj=State(None, app)).output
     assert "waiting 2" in frame
+    page = TestClient(create_app(app)).get("/queues").text
+    assert '<a href="/runs?queue=default&amp;state=waiting">2</a>' in page
     run_due(app)
     assert flow.runs[2].result(timeout=5) == 6
     assert [s.waiting for s in queries.stats(app, "default")] == [0]
