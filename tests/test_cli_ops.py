@@ -219,3 +219,20 @@ def test_show_of_a_workflow_step_prints_the_tree_below_it_with_each_runs_state(
     assert "workflow tree: waits on 1 runs, 0 heard of" in out
     assert "\n  tree:1 (default, on failure fail) not finished; now waiting\n" in out
     assert "\n    tree:0 (default, on failure fail) not finished; now pending\n" in out
+
+
+def test_show_cuts_a_wide_tree_at_60_runs_saying_how_many_were_left_out(
+    url: str, jq: JobQueue
+) -> None:
+    report = jq.resolve_task("report")
+    steps = {f"leaf-{i}-{j}": report.s() for i in range(3) for j in range(30)}
+    steps |= {f"mid-{i}": report.s().after(*[f"leaf-{i}-{j}" for j in range(30)])
+              for i in range(3)}
+    steps["top"] = report.s().after("mid-0", "mid-1", "mid-2")
+    jq.workflow(steps, flow_id="wide")
+    code, out, err = cli(url, "show", "wide:top")
+    assert code == 0, err
+    tree = [line for line in out.splitlines() if "; now " in line]
+    assert len(tree) == 3 + 20 + 20 + 17  # the mids, then leaves until 60 lines in all
+    assert out.count("    ... and 10 more") == 2  # 20 of 30 leaves under each of two mids
+    assert "    ... and 13 more" in out  # the third mid: the 60 lines were spent

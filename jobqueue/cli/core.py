@@ -537,14 +537,16 @@ def _show_workflow(jq: JobQueue, run: Run) -> None:
     heard = sum(d.outcome is not None for d in deps)
     click.echo(f"workflow {run.flow}: waits on {len(deps)} runs, {heard} heard of"
                + (", runs wait on it" if run.has_dependents else ""))
-    _show_dependencies(jq, deps, 1, {run.run_id}, [MAX_TREE_NODES])
+    _show_dependencies(jq, deps, 1, {run.run_id}, MAX_TREE_NODES)
 
 
 def _show_dependencies(
-    jq: JobQueue, deps: list[DependencyState], depth: int, seen: set[str], budget: list[int]
-) -> None:
-    shown = deps[: min(MAX_DEPENDENCIES_SHOWN, max(budget[0], 0))]
-    budget[0] -= len(shown)
+    jq: JobQueue, deps: list[DependencyState], depth: int, seen: set[str], budget: int
+) -> int:
+    """Print ``deps`` and the trees below them, at most ``budget`` lines of runs; returns
+    the budget left."""
+    shown = deps[: min(MAX_DEPENDENCIES_SHOWN, max(budget, 0))]
+    budget -= len(shown)
     by_queue: dict[str, list[str]] = {}
     for d in shown:
         by_queue.setdefault(d.queue, []).append(d.run_id)
@@ -564,9 +566,10 @@ def _show_dependencies(
         except JobQueueError as exc:  # gone meanwhile, or foreign data in its keys
             click.echo(f"{indent}  ({one_line(str(exc))})")
             continue
-        _show_dependencies(jq, below, depth + 1, seen, budget)
+        budget = _show_dependencies(jq, below, depth + 1, seen, budget)
     if len(deps) > len(shown):
         click.echo(f"{indent}... and {len(deps) - len(shown)} more")
+    return budget
 
 
 MAX_DEPENDENCIES_SHOWN = 20  # per run of the tree
