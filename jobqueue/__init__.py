@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from jobqueue.errors import (
         ConfigError,
         ConnectionFailed,
+        FlowFinished,
         JobQueueError,
         NotDurable,
         OperationRefused,
@@ -48,7 +49,7 @@ _HOMES = {
     **{
         name: "jobqueue.errors"
         for name in (
-            "ConfigError", "ConnectionFailed", "JobQueueError", "NotDurable",
+            "ConfigError", "ConnectionFailed", "FlowFinished", "JobQueueError", "NotDurable",
             "OperationRefused", "PayloadError", "PoolExhausted", "RunCancelled", "RunFailed",
             "RunNotFound", "RunTimeout", "ServerRefused", "UnknownTask",
         )
@@ -74,6 +75,7 @@ __all__ = [
     "ConfigError",
     "ConnectionFailed",
     "Dedupe",
+    "FlowFinished",
     "JobQueue",
     "JobQueueError",
     "NotDurable",

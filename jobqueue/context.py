@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, cast
 
-from jobqueue.errors import JobQueueError
+from jobqueue.errors import ConfigError, FlowFinished, JobQueueError
 
 _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("jobqueue_run")
 
@@ -19,6 +19,8 @@ _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("jobqueue_
 Writer = Callable[[str, str, int, str, "float | None"], bool]
 # The worker's progress call: (run_id, fence, progress, message) -> written.
 Reporter = Callable[[str, int, float, str], bool]
+# The worker's add_to_flow call: (run_id, queue, [(default run id, signature)]) -> run ids.
+Adder = Callable[[str, str, "list[tuple[str, Any]]"], "list[str]"]
 PROGRESS_MESSAGE_MAX_CHARS = 500
 # The meta of a run enqueued without any: one shared read-only map, not a dict per run.
 NO_META: Mapping[str, str] = MappingProxyType({})
@@ -76,6 +78,10 @@ class RunContext:
     meta: Mapping[str, str] = field(default_factory=lambda: NO_META)
     _writer: Writer | None = field(default=None, repr=False)
     _reporter: Reporter | None = field(default=None, repr=False)
+    _adder: Adder | None = field(default=None, repr=False)
+    _added: int = field(default=0, repr=False)  # runs added so far (their default run ids)
+    # An add_to_flow that raised: the attempt must not be committed done (see add_to_flow).
+    add_error: BaseException | None = field(default=None, repr=False)
 
     @property
     def scheduled_for(self) -> datetime | None:
@@ -127,6 +133,32 @@ class RunContext:
                 f"{PROGRESS_MESSAGE_MAX_CHARS}"
             )
         return self._reporter(self.run_id, self.fence, float(value), message or "")
+
+
+    def add_to_flow(self, *steps: Any) -> list[str]:
+        """Add runs (signatures: ``task.s(...)``) that the runs waiting on this one wait on
+        too, with the same policy: a batch's child adding more children, a workflow step
+        adding work its next step must wait for. Returns their run ids: given with
+        ``with_options(run_id=...)``, else ``<this run id>+<n>`` (n counting this attempt's
+        additions from 1), so a retried attempt that adds the same runs in the same order
+        adds nothing twice. FlowFinished when no run waits on this one any more (nothing is
+        added). When it raises, this attempt cannot be committed done: the worker retries it
+        (or buries it on its last attempt) even if the task goes on and returns, since the
+        runs waiting on it may be waiting on runs that were never created."""
+        if self._adder is None:
+            raise JobQueueError("add_to_flow is only available inside a worker")
+        named = []
+        for step in steps:
+            self._added += 1
+            named.append((f"{self.run_id}+{self._added}", step))
+        try:
+            return self._adder(self.run_id, self.queue, named)
+        except (FlowFinished, ConfigError):
+            raise  # refused before anything was written
+        except BaseException as exc:
+            if self.add_error is None:
+                self.add_error = exc
+            raise
 
 
 def _is_unicode(text: str) -> bool:

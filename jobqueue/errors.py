@@ -48,6 +48,17 @@ class UnknownTask(JobQueueError, LookupError):
     """A task name that is not registered with this JobQueue."""
 
 
+class FlowFinished(JobQueueError):
+    """A run was to be added to a flow (``ctx.add_to_flow``) that no longer waits on the run
+    adding it: its batch's callbacks or its workflow's next steps have moved on. Nothing was
+    added."""
+
+
+class FlowAddFailed(JobQueueError):
+    """The error of an attempt whose ``ctx.add_to_flow`` raised, though the task returned:
+    it is retried like any failure (see RunContext.add_to_flow)."""
+
+
 class RunNotFound(JobQueueError, LookupError):
     """No run with that id (never created, or its record expired after retention)."""
 

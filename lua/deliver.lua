@@ -9,13 +9,16 @@
 -- KEYS[6]  dead      zset    jq:{q#p}:dead     run_id -> time it died
 -- KEYS[7]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear, and
 --                                              '!<run_id>' orders (see below)
+-- KEYS[8]  done      zset    jq:{q#p}:done     run_id -> finish time (done and cancelled)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  dead_retention_ms  how long a dead record lives; a released run's dependency
 --                             keys live as long
 -- ARGV[4]  max_bytes          the most a released run's payload may hold with its
 --                             dependencies' results (past it the run dies, saying so)
--- ARGV[5..] deliveries        3 fields each: waiting run_id, dependency run_id, outcome:
+-- ARGV[5]  retention_ms       how long a cancelled (skipped) record lives; its dependency
+--                             keys live as long
+-- ARGV[6..] deliveries       3 fields each: waiting run_id, dependency run_id, outcome:
 --                             'd' .. result JSON (done), 'x' .. error (dead), 'c' .. reason
 --                             (cancelled)
 -- Returns  one integer per delivery, in order: 1 when counted, 0 when not (the dependency was
@@ -34,7 +37,11 @@
 --             cancel_running);
 --   ignore    counted; the run runs once all are heard of, with the failure in got;
 --   continue  counted, and the run is released now, whatever is left;
---   remove    counted as if the edge never was (got says 'r').
+--   remove    counted as if the edge never was (got says 'r');
+--   skip      the waiting run is cancelled ('dependency <id> died: <error>'): it never runs,
+--             and nothing else is (a batch's on_success callback).
+-- A run whose record says 'on_death_only' (a batch's on_dead callback, its edges 'continue')
+-- runs only when a dependency died: once all are heard of as done it is cancelled instead.
 -- Released (nothing left, or continue): pending and due now. A run whose record says
 -- 'receives' gets its dependencies' results first in its arguments: 'one' the first
 -- dependency's result, 'all' a list of them in the order they were given (null for a failed
@@ -45,21 +52,27 @@
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
 local dead_retention, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[4])
+local retention = tonumber(ARGV[5])
+local FIRST = 6
 
 local ok, plan = reading(function()
-  if not whole(ARGV[3], 0) or not whole(ARGV[4], 0) then
-    refuse('ERR jobqueue: deliver: dead_retention_ms and max_bytes are whole numbers')
+  if not whole(ARGV[3], 0) or not whole(ARGV[4], 0) or not whole(ARGV[5], 0) then
+    refuse('ERR jobqueue: deliver: dead_retention_ms, max_bytes and retention_ms are whole ' ..
+           'numbers')
   end
-  if (#ARGV - 4) % 3 ~= 0 then refuse('ERR jobqueue: deliver: 3 fields per delivery') end
+  if (#ARGV - FIRST + 1) % 3 ~= 0 then
+    refuse('ERR jobqueue: deliver: 3 fields per delivery')
+  end
   local p = {parents = {}, order = {}, out = {}}
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
   expect(KEYS[6], 'zset')
   expect(KEYS[7], 'zset')
+  expect(KEYS[8], 'zset')
   p.wake = waker(KEYS[3])
-  p.stats = counters(KEYS[4], 'released', 'dead')
+  p.stats = counters(KEYS[4], 'released', 'dead', 'cancelled')
   p.seq = sequencer(KEYS[5], now)
-  for i = 5, #ARGV, 3 do
+  for i = FIRST, #ARGV, 3 do
     local id, dep, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local kind = string.sub(outcome, 1, 1)
     if kind ~= 'd' and kind ~= 'x' and kind ~= 'c' then
@@ -69,7 +82,7 @@ local ok, plan = reading(function()
     if not w then
       w = {id = id, key = prefix .. 'run:' .. id, got = {}, new = {}}
       w.run = load_run(w.key, 'state', 'left', 'receives', 'args_tail', 'parents',
-                       'cancel_running', 'hist')
+                       'cancel_running', 'on_death_only', 'hist')
       w.open = w.run ~= nil and w.run.state == 'waiting'
       if w.open then
         w.deps_key, w.got_key = prefix .. 'deps:' .. id, prefix .. 'got:' .. id
@@ -88,7 +101,7 @@ local ok, plan = reading(function()
       p.order[#p.order + 1] = w
     end
     local counted = 0
-    if w.open and not w.die and not w.release then
+    if w.open and not w.die and not w.skip and not w.release then
       local spec = read('HGET', w.deps_key, dep)
       if spec and not w.got[dep] and not read('HGET', w.got_key, dep) then
         local policy = string.match(spec, '^%d+|(%a+)|') or 'fail'
@@ -99,11 +112,14 @@ local ok, plan = reading(function()
           w.got[dep] = 'r'
         else
           w.got[dep] = outcome
+          local why = 'dependency ' .. dep .. (kind == 'c' and ' was cancelled: ' or
+                      ' died: ') .. utf8_head(string.sub(outcome, 2), 300)
           if policy == 'continue' then
             w.release = true
+          elseif policy == 'skip' then
+            w.skip = why
           elseif policy ~= 'ignore' then -- fail (and anything foreign)
-            w.die = 'dependency ' .. dep .. (kind == 'c' and ' was cancelled: ' or ' died: ') ..
-                    utf8_head(string.sub(outcome, 2), 300)
+            w.die = why
           end
         end
         w.new[#w.new + 1] = dep
@@ -115,7 +131,11 @@ local ok, plan = reading(function()
   end
   -- What each run becomes: dead, released (its payload built now), or still waiting.
   for _, w in ipairs(p.order) do
-    if w.open and not w.die and (w.release or w.left == 0) then
+    if w.open and not w.die and not w.skip and not w.release and w.left == 0 and
+       w.run.on_death_only == '1' then
+      w.skip = 'every dependency finished and none died'
+    end
+    if w.open and not w.die and not w.skip and (w.release or w.left == 0) then
       w.release = true
       if w.run.receives == 'one' or w.run.receives == 'all' then
         local deps = read('HGETALL', w.deps_key)
@@ -147,17 +167,17 @@ local ok, plan = reading(function()
         end
       end
     end
-    if w.die then
+    if w.die or w.skip then
       w.hist = w.run.hist ~= nil and history_ok(prefix, w.id)
       w.out = outbox_entry(KEYS[7], w.run, w.id, now)
-      w.order = outbox_entry(KEYS[7], {parents = '!'}, '!' .. w.id, now)
     end
+    if w.die then w.order = outbox_entry(KEYS[7], {parents = '!'}, '!' .. w.id, now) end
   end
   return p
 end)
 if not ok then return plan end
 
-local released, died, due_pairs = 0, 0, {}
+local released, died, skipped, due_pairs = 0, 0, 0, {}
 for _, w in ipairs(plan.order) do
   if #w.new > 0 then bulk('HSET', w.got_key, w.new, 2000) end
   if w.die then
@@ -166,6 +186,18 @@ for _, w in ipairs(plan.order) do
     redis.call('ZREM', KEYS[2], w.id)
     to_outbox(w.order)
     died = died + 1
+  elseif w.skip then
+    redis.call('HSET', w.key, 'state', 'cancelled', 'finished', now, 'error', w.skip,
+               'left', w.left)
+    if w.hist then history(prefix, w.id, now .. ' cancelled (was waiting): ' .. w.skip) end
+    finish_record(prefix, w.id, retention, w.hist, w.out)
+    redis.call('ZREM', KEYS[2], w.id)
+    redis.call('ZADD', KEYS[8], now, w.id)
+    if retention > 0 then
+      redis.call('PEXPIRE', w.deps_key, retention)
+      redis.call('PEXPIRE', w.got_key, retention)
+    end
+    skipped = skipped + 1
   elseif w.release then
     redis.call('HSET', w.key, 'state', 'pending', 'due', now, 'left', w.left)
     if w.payload then redis.call('HSET', w.key, 'payload', w.payload) end
@@ -182,6 +214,7 @@ for _, w in ipairs(plan.order) do
   end
 end
 if died > 0 then trim_index(KEYS[6], now, dead_retention) end
+if skipped > 0 then trim_index(KEYS[8], now, retention) end
 if released > 0 then
   bulk('ZADD', KEYS[1], due_pairs, 2000)
   save_sequence(plan.seq)
@@ -189,4 +222,5 @@ if released > 0 then
 end
 bump(plan.stats, 'released', released)
 bump(plan.stats, 'dead', died)
+bump(plan.stats, 'cancelled', skipped)
 return plan.out

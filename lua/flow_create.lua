@@ -10,15 +10,16 @@
 --                                              order, see _prelude.lua)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
--- ARGV[3..] nodes             12 fields per run, then 3 per dependency: run_id, task,
+-- ARGV[3..] nodes             13 fields per run, then 3 per dependency: run_id, task,
 --                             payload (JSON), max_attempts, lease_ms, timeout_ms, parents
 --                             (JSON list of [queue, run_id] of the runs waiting on this one,
 --                             or ''), flow (the workflow's id), receives ('' | 'one' | 'all':
 --                             the dependencies' results come first in its arguments),
 --                             args_tail (the JSON text that follows those results in the
 --                             payload, see deliver.lua), cancel_running ('1': a dependency's
---                             death cancels the running siblings too), n (its
---                             dependencies); then per dependency: run_id, policy
+--                             death cancels the running siblings too), on_death_only
+--                             ('1': it runs only when a dependency died, see
+--                             deliver.lua), n (its dependencies); then per dependency: run_id, policy
 --                             ('fail' | 'ignore' | 'continue' | 'remove': what its death
 --                             does, see deliver.lua), queue
 -- Returns  {now, r1, r2, ...}: per run 1 = created, 0 = already exists (nothing written).
@@ -36,8 +37,8 @@
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
-local FIXED = 12
-local POLICIES = {fail = true, ignore = true, continue = true, remove = true}
+local FIXED = 13
+local POLICIES = {fail = true, ignore = true, continue = true, remove = true, skip = true}
 local RECEIVES = {[''] = true, one = true, all = true}
 
 local ok, plan = reading(function()
@@ -49,7 +50,7 @@ local ok, plan = reading(function()
   p.seq = sequencer(KEYS[5], now)
   local i, seen = 3, {}
   while i <= #ARGV do
-    local n = ARGV[i + 11]
+    local n = ARGV[i + 12]
     if not (n and count(n, 0) and tonumber(n) <= 100000) or i + FIXED - 1 + 3 * n > #ARGV then
       refuse('ERR jobqueue: flow_create: a malformed node at ARGV[' .. i .. ']')
     end
@@ -65,8 +66,8 @@ local ok, plan = reading(function()
     local named = {}
     for d = 0, node.deps - 1 do
       if not POLICIES[ARGV[i + FIXED + 3 * d + 1]] then
-        refuse('ERR jobqueue: flow_create: a dependency policy is fail, ignore, continue ' ..
-               'or remove')
+        refuse('ERR jobqueue: flow_create: a dependency policy is fail, ignore, continue, ' ..
+               'remove or skip')
       end
       -- The same dependency named twice counts once.
       local dep = ARGV[i + FIXED + 3 * d]
@@ -114,6 +115,7 @@ for _, node in ipairs(plan.nodes) do
         redis.call('HSET', key, 'receives', ARGV[a + 8], 'args_tail', ARGV[a + 9])
       end
       if ARGV[a + 10] == '1' then redis.call('HSET', key, 'cancel_running', 1) end
+      if ARGV[a + 11] == '1' then redis.call('HSET', key, 'on_death_only', 1) end
       redis.call('ZADD', KEYS[2], now, node.id)
     else
       created = created + 1

@@ -89,6 +89,17 @@ def redis_client(backend: str, request: pytest.FixtureRequest) -> Iterator[Any]:
 
 
 @pytest.fixture
+def async_redis_client(backend: str, redis_client: Any, request: pytest.FixtureRequest) -> Any:
+    """An asyncio client on redis_client's server (closed by the test: its loop is the
+    test's)."""
+    if backend == "fake":
+        shared = redis_client.connection_pool.connection_kwargs["server"]
+        return fakeredis.FakeAsyncRedis(server=shared, decode_responses=True)
+    server: EmbeddedServer = request.getfixturevalue("real_server")
+    return redis.asyncio.Redis.from_url(server.url, decode_responses=True)
+
+
+@pytest.fixture
 def runner(redis_client: Any) -> ScriptRunner:
     return ScriptRunner(redis_client)
 

@@ -32,6 +32,7 @@ from redis.crc import key_slot
 from script_calls import Advance, advance_groups
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
+from jobqueue.client.flows import add_to_flow_steps
 from jobqueue.payload import decode_payload
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
@@ -566,11 +567,13 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
 
 def flow(runner: ScriptRunner, jq: JobQueue) -> None:
     """The workflow scripts: a step over the partitions waiting on six others and on an older
-    run (flow_create, attach), all of them finished and relayed (deliver, relayed)."""
+    run (flow_create, attach), and on a seventh one of them adds (extend), all of them
+    finished and relayed (deliver, relayed)."""
     t = jq.resolve_task("t")
     older = jq.enqueue(t.with_options(run_id="older"))
     steps = {f"h{i}": t.s(i) for i in range(6)}
     jq.workflow({**steps, "last": t.s().after(*steps, older)}, flow_id="flow")
+    jq.run_steps(add_to_flow_steps(jq, "flow:h0", "default", [("flow:h0+1", t.s(7))]))
     for p in jq.all_partition_keys("default"):
         got = claim(runner, p, now=None, owner="w1", limit=100).runs
         runner.run(COMPLETE.call(p, [(c.run_id, c.fence, "1") for c in got], RETENTION))

@@ -17,7 +17,16 @@ import pytest
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT, Purged, Repaired
 from jobqueue.store.catalog import CONTRACTS
 from jobqueue.store.contract import Contract, ContractError, Header, Wire, headers, parse_header
-from jobqueue.store.flows import ATTACH, DELIVER, FLOW_CREATE, RELAYED, Delivery, Edge, NodeSpec
+from jobqueue.store.flows import (
+    ATTACH,
+    DELIVER,
+    EXTEND,
+    FLOW_CREATE,
+    RELAYED,
+    Delivery,
+    Edge,
+    NodeSpec,
+)
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
 from jobqueue.store.runs import (
     BOUNCE,
@@ -94,7 +103,8 @@ BUILDERS: dict[str, Callable[[], Call]] = {
         PK, [NodeSpec("w", "t", "{}", deps=[Edge("r", "q")]), NodeSpec("r", "t", "{}")]
     ),
     "attach": lambda: ATTACH.call(PK, '["q","w"]', ["r"]),
-    "deliver": lambda: DELIVER.call(PK, [Delivery("w", "r", "d1")], 1, 1000),
+    "extend": lambda: EXTEND.call(PK, "r", [("n", "q")], ["w"]),
+    "deliver": lambda: DELIVER.call(PK, [Delivery("w", "r", "d1")], 1, 1000, 1),
     "relayed": lambda: RELAYED.call(PK, [("r", 1)], 1, 1),
 }
 
@@ -304,7 +314,7 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
         allowed |= {"parked:"}
     if name == "set_limit":
         allowed |= {"prio"}
-    if name in ("flow_create", "deliver", "relayed"):
+    if name in ("flow_create", "extend", "deliver", "relayed"):
         allowed |= {"deps:", "got:"}  # a waiting run's own keys, named like its record
     assert set(built) <= allowed, built
 
@@ -564,9 +574,16 @@ def parses_attach(runner: ScriptRunner, redis_client: Any) -> None:
     assert ATTACH.parse(runner.run(call)) == [True, False]
 
 
+def parses_extend(runner: ScriptRunner, redis_client: Any) -> None:
+    _flow(runner)
+    call = EXTEND.call(P, "r", [("n", "q")], ["w", "r", "nobody"], now=NOW)
+    assert EXTEND.parse(runner.run(call)) == [True, False, False]
+    assert EXTEND.parse(runner.run(call)) == [True, False, False]  # a retried add
+
+
 def parses_deliver(runner: ScriptRunner, redis_client: Any) -> None:
     _flow(runner)
-    call = DELIVER.call(P, [Delivery("w", "r", "d1"), Delivery("w", "r", "d1")], 1, 1000, NOW)
+    call = DELIVER.call(P, [Delivery("w", "r", "d1"), Delivery("w", "r", "d1")], 1, 1000, 1, NOW)
     assert DELIVER.parse(runner.run(call)) == [True, False]
 
 
@@ -579,6 +596,7 @@ def parses_relayed(runner: ScriptRunner, redis_client: Any) -> None:
 REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "flow_create": parses_flow_create,
     "attach": parses_attach,
+    "extend": parses_extend,
     "deliver": parses_deliver,
     "relayed": parses_relayed,
     "create_run": parses_create_run,

@@ -48,7 +48,16 @@ from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.contract import headers
 from jobqueue.store.embedded import EmbeddedServer
-from jobqueue.store.flows import ATTACH, DELIVER, FLOW_CREATE, RELAYED, Delivery, Edge, NodeSpec
+from jobqueue.store.flows import (
+    ATTACH,
+    DELIVER,
+    EXTEND,
+    FLOW_CREATE,
+    RELAYED,
+    Delivery,
+    Edge,
+    NodeSpec,
+)
 from jobqueue.store.keys import PartitionKeys, SchedKeys
 from jobqueue.store.runs import (
     BOUNCE,
@@ -353,13 +362,14 @@ def deliver_and_release(runner: ScriptRunner) -> Call:
     """Both dependencies finished (b died, ignored): w is released with their results."""
     a_flow(runner, NOW - 3_000)
     return DELIVER.call(PK, [Delivery("w", "a", 'd"A"'), Delivery("w", "b", "xboom")],
-                        RETENTION, 1 << 20, now=NOW)
+                        RETENTION, 1 << 20, RETENTION, now=NOW)
 
 
 def deliver_a_death(runner: ScriptRunner) -> Call:
     """a died, under the fail policy: w dies and orders its dependencies cancelled."""
     a_flow(runner, NOW - 3_000)
-    return DELIVER.call(PK, [Delivery("w", "a", "xboom")], RETENTION, 1 << 20, now=NOW)
+    return DELIVER.call(PK, [Delivery("w", "a", "xboom")], RETENTION, 1 << 20, RETENTION,
+                        now=NOW)
 
 
 def attach_a_finished_run(runner: ScriptRunner) -> Call:
@@ -367,6 +377,22 @@ def attach_a_finished_run(runner: ScriptRunner) -> Call:
     fences = claim(runner, 1, now=NOW - 2_000)
     accepted(runner, COMPLETE.call(PK, [("old", fences["old"], "1")], RETENTION, now=NOW - 1_000))
     return ATTACH.call(PK, '["default","w"]', ["old"], now=NOW)
+
+
+def deliver_a_skip(runner: ScriptRunner) -> Call:
+    """w waits on s under the skip policy; s died: w is cancelled, nothing else is."""
+    parents = '[["default","w"]]'
+    nodes = [NodeSpec("w", "t", PAYLOAD, deps=[Edge("s", "default", "skip")]),
+             NodeSpec("s", "t", PAYLOAD, parents=parents)]
+    assert all(FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(PK, nodes, now=NOW - 3_000))))
+    return DELIVER.call(PK, [Delivery("w", "s", "xboom")], RETENTION, 1 << 20, RETENTION,
+                        now=NOW)
+
+
+def extend_a_waiting_run(runner: ScriptRunner) -> Call:
+    """a, which w waits on, adds n: w waits on n too."""
+    a_flow(runner, NOW - 3_000)
+    return EXTEND.call(PK, "a", [("n", "default")], ["w"], now=NOW)
 
 
 def relay_done(runner: ScriptRunner) -> Call:
@@ -746,6 +772,8 @@ SCENARIOS = {
         Scenario("deliver-release", "deliver", deliver_and_release, DELIVER.parse),
         Scenario("deliver-death", "deliver", deliver_a_death, DELIVER.parse),
         Scenario("attach", "attach", attach_a_finished_run, ATTACH.parse),
+        Scenario("deliver-skip", "deliver", deliver_a_skip, DELIVER.parse),
+        Scenario("extend", "extend", extend_a_waiting_run, EXTEND.parse),
         Scenario("relayed", "relayed", relay_done, RELAYED.parse),
     )
 }

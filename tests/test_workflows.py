@@ -10,9 +10,7 @@ import asyncio
 import json
 from typing import Any
 
-import fakeredis
 import pytest
-import redis
 from click.testing import CliRunner
 from keyspace import keyspace as keys
 from starlette.testclient import TestClient
@@ -26,7 +24,6 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, Fatal, OperationRefused, PayloadError, RunNotFound
 from jobqueue.handles import AsyncFlowHandle
-from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.flows import DELIVER, Delivery
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, FAIL
@@ -242,7 +239,8 @@ def test_a_dependency_delivered_twice_is_counted_once(app: JobQueue) -> None:
     flow = app.chord([add.s(1, 1), add.s(2, 2)], total.receiving())
     last = flow.last
     keys = app.keys_for("default", last.run_id)
-    again = DELIVER.call(keys, [Delivery(last.run_id, flow.runs[0].run_id, "d2")] * 2, 1, 1 << 20)
+    twice = [Delivery(last.run_id, flow.runs[0].run_id, "d2")] * 2
+    again = DELIVER.call(keys, twice, 1, 1 << 20, 1)
     assert DELIVER.parse(app.scripts.run(again)) == [True, False]
     assert DELIVER.parse(app.scripts.run(again)) == [False, False]
     assert last.refresh().state == "waiting"  # one of two heard of, not two
@@ -333,16 +331,11 @@ def test_results_past_the_bound_make_the_waiting_run_die_saying_so(
 
 
 def test_the_asyncio_client_creates_and_reads_a_chord(
-    app: JobQueue, backend: str, request: pytest.FixtureRequest
+    app: JobQueue, async_redis_client: Any
 ) -> None:
     """The same workflow through AsyncJobQueue, on the server the sync client's worker
     serves."""
-    if backend == "fake":
-        shared = app.redis.connection_pool.connection_kwargs["server"]
-        client: Any = fakeredis.FakeAsyncRedis(server=shared, decode_responses=True)
-    else:
-        server: EmbeddedServer = request.getfixturevalue("real_server")
-        client = redis.asyncio.Redis.from_url(server.url, decode_responses=True)
+    client = async_redis_client
     ajq = AsyncJobQueue(client, tasks=app)
     add, total = task(app, "add"), task(app, "total")
 

@@ -48,6 +48,7 @@ from jobqueue.tasks import AioAsyncTask, AioTask, Task
 from jobqueue.workflows.canvas import (
     Graph,
     Signature,
+    batch_graph,
     chain_graph,
     chord_graph,
     group_graph,
@@ -361,6 +362,19 @@ class AsyncJobQueue(ClientCore):
     ) -> AsyncFlowHandle[Any]:
         """See :meth:`JobQueue.workflow`."""
         return await self._create_flow(workflow_graph(steps), flow_id)
+
+    async def batch(
+        self,
+        children: Sequence[Signature[Any]],
+        *,
+        on_success: Signature[Any] | None = None,
+        on_dead: Signature[Any] | None = None,
+        on_complete: Signature[Any] | None = None,
+        batch_id: str | None = None,
+    ) -> AsyncFlowHandle[Any]:
+        """See :meth:`JobQueue.batch`."""
+        callbacks = {"on_success": on_success, "on_dead": on_dead, "on_complete": on_complete}
+        return await self._create_flow(batch_graph(children, callbacks), batch_id)
 
     async def _create_flow(self, graph: Graph, flow_id: str | None) -> AsyncFlowHandle[Any]:
         made = await self.run_steps(create_flow(self, graph, flow_id))

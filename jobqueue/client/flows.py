@@ -13,6 +13,13 @@ step waits on (it must exist, in the queue its handle names). Then the runs are 
   A crash between these calls leaves a part of the workflow: creating it again with the same
   ``flow_id`` writes the rest (every run is created once, by its run id), and writes nothing
   when it is all there.
+
+A running step adds runs to its flow (``ctx.add_to_flow``, a batch's children added from
+inside one) in two steps: the runs waiting on it are told to wait on the new runs too
+(extend.lua, refused by a run that no longer waits on it), then the new runs are created,
+saying they are waited on. A crash between the two leaves the waiting runs waiting on runs
+that do not exist: the step's attempt then fails (the worker does not commit a step whose add
+raised), and its next attempt adds the same run ids again.
 """
 
 from __future__ import annotations
@@ -26,13 +33,13 @@ from typing import Any
 from jobqueue.anomalies import is_wrong_type
 from jobqueue.client.core import ClientCore
 from jobqueue.client.relay import relay_cascade_steps
-from jobqueue.errors import ConfigError, CorruptData, RunNotFound
+from jobqueue.errors import ConfigError, CorruptData, FlowFinished, RunNotFound
 from jobqueue.models import DependencyState
 from jobqueue.payload import args_tail, encode_payload
-from jobqueue.store.flows import ATTACH, FLOW_CREATE, Edge, NodeSpec
+from jobqueue.store.flows import ATTACH, EXTEND, FLOW_CREATE, Edge, NodeSpec
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys, validate_run_id
-from jobqueue.workflows.canvas import Graph, Node
+from jobqueue.workflows.canvas import Graph, Node, Signature
 
 _FLOW_ID_MAX = 200
 
@@ -126,6 +133,88 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
     return CreatedFlow(fid, [(p.spec.run_id, p.queue, created[p.spec.run_id]) for p in planned])
 
 
+def add_to_flow_steps(
+    core: ClientCore,
+    adder_id: str,
+    adder_queue: str,
+    steps: Sequence[tuple[str, Signature[Any]]],
+) -> Steps[list[tuple[str, str, bool]]]:
+    """Runs (``steps``: default run id and signature each) that the runs waiting on run
+    ``adder_id`` wait on too, each with that run's edge policy. Returns per step its run id,
+    queue and whether this call created it. FlowFinished when no run waits on the adder any
+    more (nothing is written then)."""
+    if not steps:
+        raise ConfigError("add_to_flow needs at least one step")
+    prepared: list[tuple[str, NodeSpec]] = []
+    for default_id, sig in steps:
+        if not isinstance(sig, Signature):
+            raise ConfigError(
+                f"add_to_flow takes signatures (task.s(...)), not {type(sig).__name__}"
+            )
+        if sig.receives or sig.dependencies:
+            raise ConfigError(
+                f"a run added to a flow waits on nothing: {sig!r} receives results or names "
+                "dependencies"
+            )
+        node = Node(default_id, sig.with_options(run_id=sig.run_id or default_id))
+        prepared.append(_prepare(core, "", default_id, node))
+    ids = [spec.run_id for _, spec in prepared]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("two runs added to the flow have the same run id")
+    for run_id in ids:
+        if '"' in run_id or "\\" in run_id:
+            raise ConfigError(f"a workflow's run ids hold no quote or backslash: {run_id!r}")
+    keys = core.keys_for(adder_queue, adder_id)
+    (fields,) = yield commands(cmd("hmget", keys.run(adder_id), "parents", "flow"))
+    if is_wrong_type(fields):
+        raise CorruptData(f"run {adder_id!r} in queue {adder_queue!r} is not a run record")
+    if isinstance(fields, Exception):
+        raise fields
+    parents_text, flow = fields
+    try:
+        waiting = [(q, r) for q, r in json.loads(parents_text or "[]")]
+    except (TypeError, ValueError):
+        raise CorruptData(f"run {adder_id!r} has a 'parents' field jobqueue did not write"
+                          ) from None
+    if not waiting:
+        raise ConfigError(
+            f"run {adder_id!r} is not a step that other runs wait on: there is no flow to add "
+            "to (a batch's children and a workflow's steps are)"
+        )
+    for queue in dict.fromkeys(q for q, _ in prepared):
+        yield from core._register_queue(queue)
+    added = [(spec.run_id, queue) for queue, spec in prepared]
+    by_partition: dict[PartitionKeys, list[tuple[str, str]]] = {}
+    for queue, run_id in waiting:
+        yield from core._register_queue(queue)
+        by_partition.setdefault(core.keys_for(queue, run_id), []).append((queue, run_id))
+    calls = [EXTEND.call(pk, adder_id, added, [r for _, r in ws])
+             for pk, ws in by_partition.items()]
+    replies = yield Scripts(calls)
+    told = [w for ws, reply in zip(by_partition.values(), replies, strict=True)
+            for w, ok in zip(ws, EXTEND.parse(reply), strict=True) if ok]
+    if not told:
+        raise FlowFinished(
+            f"no run waits on run {adder_id!r} any more (its batch or workflow moved on, or "
+            "this attempt is stale): nothing was added"
+        )
+    text = _parents_text([[q, r] for q, r in told])
+    planned = []
+    for queue, spec in prepared:
+        spec.parents, spec.flow = text, flow or ""
+        planned.append(Planned(queue, core.keys_for(queue, spec.run_id), spec))
+    created: dict[str, bool] = {}
+    yield from _create(core, planned, created)
+    # A run id that existed (a retried add, or one given that names another run): it is told
+    # of its waiting runs as an older run is, and relayed at once if it finished.
+    existed = {(p.spec.run_id, p.queue): [[q, r] for q, r in told]
+               for p in planned if not created[p.spec.run_id]}
+    yield from _attach(core, list(existed), existed)
+    for pk in dict.fromkeys(core.keys_for(q, r) for r, q in existed):
+        yield from relay_cascade_steps(core, pk)
+    return [(p.spec.run_id, p.queue, created[p.spec.run_id]) for p in planned]
+
+
 def _prepare(core: ClientCore, flow_id: str, name: str, node: Node) -> tuple[str, NodeSpec]:
 
     sig = node.signature
@@ -143,7 +232,7 @@ def _prepare(core: ClientCore, flow_id: str, name: str, node: Node) -> tuple[str
     return queue, NodeSpec(
         spec.run_id, spec.task, payload, spec.max_attempts, spec.lease_ms, spec.timeout_ms,
         flow=flow_id, receives=node.receives, args_tail=tail,
-        cancel_running=sig.cancel_running,
+        cancel_running=sig.cancel_running, on_death_only=node.on_death_only,
     )
 
 

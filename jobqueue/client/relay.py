@@ -124,7 +124,8 @@ def _deliver(core: ClientCore, deliveries: dict[PartitionKeys, list[Delivery]]) 
     s = core.settings
     if not deliveries:
         return 0
-    calls = [DELIVER.call(pk, ds, s.dead_retention_ms, MAX_RESULTS_BYTES)
+    calls = [DELIVER.call(pk, ds, s.dead_retention_ms, MAX_RESULTS_BYTES,
+                          s.done_retention_ms)
              for pk, ds in deliveries.items()]
     try:
         results = yield Scripts(calls)
@@ -137,7 +138,8 @@ def _deliver(core: ClientCore, deliveries: dict[PartitionKeys, list[Delivery]]) 
     for pk, ds in deliveries.items():
         for d in ds:
             try:
-                call = DELIVER.call(pk, [d], s.dead_retention_ms, MAX_RESULTS_BYTES)
+                call = DELIVER.call(pk, [d], s.dead_retention_ms, MAX_RESULTS_BYTES,
+                                    s.done_retention_ms)
                 (reply,) = yield Scripts([call])
                 counted += sum(DELIVER.parse(reply))
             except ConnectionFailed:

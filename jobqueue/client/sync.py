@@ -35,6 +35,7 @@ from jobqueue.tasks import Task
 from jobqueue.workflows.canvas import (
     Graph,
     Signature,
+    batch_graph,
     chain_graph,
     chord_graph,
     group_graph,
@@ -293,6 +294,25 @@ class JobQueue(ClientCore):
         """Named steps, each waiting on what its ``.after(...)`` names: other steps, or runs
         created before (their handles). The run ids are ``<flow_id>:<name>``."""
         return self._create_flow(workflow_graph(steps), flow_id)
+
+    def batch(
+        self,
+        children: Sequence[Signature[Any]],
+        *,
+        on_success: Signature[Any] | None = None,
+        on_dead: Signature[Any] | None = None,
+        on_complete: Signature[Any] | None = None,
+        batch_id: str | None = None,
+    ) -> FlowHandle[Any]:
+        """Children side by side, and callbacks that each run once: ``on_success`` when
+        every child is done (it is cancelled at the first death), ``on_dead`` at the first
+        child that dies or is cancelled (cancelled once all are done), ``on_complete`` when
+        every child finished, whatever the outcomes. A running child may add more children
+        (``ctx.add_to_flow``). A ``receiving`` callback gets the children's results as a list
+        (None for a failed one). The handle names the callbacks (``batch["on_complete"]``);
+        run ids are ``<batch_id>:<index>`` and ``<batch_id>:<callback>``."""
+        callbacks = {"on_success": on_success, "on_dead": on_dead, "on_complete": on_complete}
+        return self._create_flow(batch_graph(children, callbacks), batch_id)
 
     def _create_flow(self, graph: Graph, flow_id: str | None) -> FlowHandle[Any]:
         made = self.run_steps(create_flow(self, graph, flow_id))

@@ -1,5 +1,6 @@
 """The contracts of the workflow scripts (one queue partition each): creating a workflow's
-runs (flow_create), attaching existing runs as dependencies (attach), delivering finished
+runs (flow_create), attaching existing runs as dependencies (attach), adding runs to waiting
+runs in the name of one of their unfinished dependencies (extend), delivering finished
 dependencies to the runs waiting on them (deliver) and clearing relayed outbox entries
 (relayed). See docs/design.md, "Workflows"."""
 
@@ -12,7 +13,7 @@ from typing import Any
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg
 from jobqueue.store.keys import PartitionKeys
 
-POLICIES = ("fail", "ignore", "continue", "remove")
+POLICIES = ("fail", "ignore", "continue", "remove", "skip")
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class NodeSpec:
     receives: str = ""  # '', 'one' or 'all'
     args_tail: str = ""  # the payload's text after the results (see deliver.lua)
     cancel_running: bool = False
+    on_death_only: bool = False  # runs only when a dependency died (a batch's on_dead)
     deps: list[Edge] = field(default_factory=list)
 
 
@@ -48,7 +50,8 @@ def _flow_create(pk: PartitionKeys, nodes: Sequence[NodeSpec], now: NowArg = Non
     for n in nodes:
         tail += [
             n.run_id, n.task, n.payload, n.max_attempts, n.lease_ms, n.timeout_ms, n.parents,
-            n.flow, n.receives, n.args_tail, int(n.cancel_running), len(n.deps),
+            n.flow, n.receives, n.args_tail, int(n.cancel_running), int(n.on_death_only),
+            len(n.deps),
         ]
         for e in n.deps:
             tail += [e.run_id, e.policy, e.queue]
@@ -90,6 +93,32 @@ ATTACH = Contract(
 )
 
 
+def _extend(
+    pk: PartitionKeys,
+    adder: str,
+    added: Sequence[tuple[str, str]],
+    waiting: Sequence[str],
+    now: NowArg = None,
+) -> Wire:
+    """``added``: (run_id, queue) of each new dependency; ``waiting``: the runs to extend."""
+    tail: list[str | int] = []
+    for run_id, queue in added:
+        tail += [run_id, queue]
+    tail += list(waiting)
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "adder": adder,
+                     "n": len(added)}, tail)
+
+
+EXTEND = Contract(
+    "extend",
+    keys=("waiting",),
+    args=("now", "prefix", "adder", "n"),
+    tail="entries",
+    build=_extend,
+    parse=_parse_flags,
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """A finished dependency for a waiting run: outcome 'd' + result JSON (done), 'x' +
@@ -105,6 +134,7 @@ def _deliver(
     deliveries: Sequence[Delivery],
     dead_retention_ms: int,
     max_bytes: int,
+    retention_ms: int,
     now: NowArg = None,
 ) -> Wire:
     tail: list[str | int] = []
@@ -117,6 +147,7 @@ def _deliver(
             "prefix": pk.prefix,
             "dead_retention_ms": dead_retention_ms,
             "max_bytes": max_bytes,
+            "retention_ms": retention_ms,
         },
         tail,
     )
@@ -124,8 +155,8 @@ def _deliver(
 
 DELIVER = Contract(
     "deliver",
-    keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox"),
-    args=("now", "prefix", "dead_retention_ms", "max_bytes"),
+    keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox", "done"),
+    args=("now", "prefix", "dead_retention_ms", "max_bytes", "retention_ms"),
     tail="deliveries",
     build=_deliver,
     parse=_parse_flags,
@@ -163,4 +194,4 @@ RELAYED = Contract(
     parse=int,
 )
 
-CONTRACTS = (FLOW_CREATE, ATTACH, DELIVER, RELAYED)
+CONTRACTS = (FLOW_CREATE, ATTACH, EXTEND, DELIVER, RELAYED)

@@ -61,6 +61,7 @@ SCRIPT_NAMES = (
     "dedupe",
     "flow_create",
     "attach",
+    "extend",
     "deliver",
     "relayed",
 )

@@ -18,9 +18,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from jobqueue.client.flows import add_to_flow_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import NO_META, Reporter, RunContext, Writer, bind, unbind
-from jobqueue.errors import Fatal, PayloadError, UnknownTask
+from jobqueue.errors import Fatal, FlowAddFailed, PayloadError, UnknownTask
 from jobqueue.hooks import Hooks
 from jobqueue.models import decode_meta
 from jobqueue.payload import decode_payload, encode_result
@@ -406,6 +407,7 @@ class Executor:
             meta=(decode_meta(run.meta) or NO_META) if run.meta else NO_META,
             _writer=writers[0],
             _reporter=writers[1],
+            _adder=self._add_to_flow,
         )
         timeout_s = run.timeout_ms / 1000 if run.timeout_ms > 0 else None
         lease_ms = max(run.lease_until_ms - now_ms, 1)
@@ -639,6 +641,10 @@ class Executor:
 
         return write
 
+    def _add_to_flow(self, run_id: str, queue: str, steps: list[tuple[str, Any]]) -> list[str]:
+        made = self._jq.run_steps(add_to_flow_steps(self._jq, run_id, queue, steps))
+        return [rid for rid, _, _ in made]
+
     def _reporter_for(self, keys: PartitionKeys) -> Reporter:
         jq, clock = self._jq, self._clock
 
@@ -672,10 +678,10 @@ def _run_sync(
     token = bind(ctx)
     try:
         if hooks is None:
-            return task.call_with(ctx, args, kwargs)
+            return _checked(ctx, task.call_with(ctx, args, kwargs))
         hooks.before_run(ctx)
         try:
-            value = task.call_with(ctx, args, kwargs)
+            value = _checked(ctx, task.call_with(ctx, args, kwargs))
         except BaseException as exc:
             hooks.after_run(ctx, exc)
             raise
@@ -683,6 +689,17 @@ def _run_sync(
         return value
     finally:
         unbind(token)
+
+
+def _checked(ctx: RunContext, value: Any) -> Any:
+    """The task's value, unless an add_to_flow of the attempt raised (see RunContext)."""
+    if ctx.add_error is not None:
+        raise FlowAddFailed(
+            f"ctx.add_to_flow raised during this attempt ({ctx.add_error!r}): the runs "
+            "waiting on this one may wait on runs that were never created, so it is not "
+            "committed done"
+        ) from ctx.add_error
+    return value
 
 
 async def _run_async(
@@ -697,7 +714,7 @@ async def _run_async(
         if hooks is not None:
             hooks.before_run(ctx)
         try:
-            value = await task.call_with(ctx, args, kwargs)
+            value = _checked(ctx, await task.call_with(ctx, args, kwargs))
         except BaseException as exc:
             if hooks is not None:
                 hooks.after_run(ctx, exc)

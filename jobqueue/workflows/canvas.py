@@ -22,7 +22,15 @@ R = TypeVar("R")
 #   ignore    the waiting run still runs once all are finished; the failure is listed
 #   continue  the waiting run runs now, without waiting for the rest
 #   remove    as if the edge never was (not listed among the failures)
-POLICIES = ("fail", "ignore", "continue", "remove")
+#   skip      the waiting run is cancelled (never runs); nothing else is
+POLICIES = ("fail", "ignore", "continue", "remove", "skip")
+# A batch's callbacks: the name of each in the batch's FlowHandle, the policy of its edges
+# from the children, and whether it runs only when a child died.
+BATCH_CALLBACKS = {
+    "on_success": ("skip", False),  # every child done; cancelled at the first death
+    "on_dead": ("continue", True),  # at the first death; cancelled when all are done
+    "on_complete": ("ignore", False),  # every child finished, whatever the outcomes
+}
 
 # The most runs one workflow may create in one call, and the most dependencies of one run.
 MAX_FLOW_RUNS = 100_000
@@ -117,6 +125,7 @@ class Node:
     signature: Signature[Any]
     waits_on: list[tuple[int | ExistingRun, str]] = field(default_factory=list)
     receives: str = ""
+    on_death_only: bool = False
 
 
 @dataclass
@@ -185,6 +194,38 @@ def chord_graph(
     last = Node(str(len(nodes)), callback, receives="all" if callback.receives else "")
     last.waits_on = [(i, on_failure) for i in range(len(nodes))]
     nodes.append(last)
+    _add_declared(nodes)
+    return Graph(nodes)
+
+
+def batch_graph(
+    children: Sequence[Signature[Any]], callbacks: Mapping[str, Signature[Any] | None]
+) -> Graph:
+    """The children side by side (more may be added by a running child, see
+    ``RunContext.add_to_flow``), and each callback given (BATCH_CALLBACKS: on_success,
+    on_dead, on_complete) waiting on all of them; a receiving callback gets their results
+    as a list, in order (None for a failed one)."""
+    nodes = [Node(str(i), s) for i, s in enumerate(_signatures(children, "batch"))]
+    if not nodes:
+        raise ConfigError("a batch needs at least one child (a running child can add more)")
+    given = {name: cb for name, cb in callbacks.items() if cb is not None}
+    if not given:
+        raise ConfigError("a batch needs a callback: on_success, on_dead or on_complete")
+    for name in BATCH_CALLBACKS:  # this order: on_complete, when given, comes last
+        callback = given.pop(name, None)
+        if callback is None:
+            continue
+        if not isinstance(callback, Signature):
+            raise ConfigError(f"a batch's {name} is a signature: task.s(...) or "
+                              "task.receiving(...)")
+        policy, on_death_only = BATCH_CALLBACKS[name]
+        node = Node(name, callback, receives="all" if callback.receives else "",
+                    on_death_only=on_death_only)
+        node.waits_on = [(i, policy) for i in range(len(children))]
+        nodes.append(node)
+    if given:
+        raise ConfigError(f"a batch's callbacks are {', '.join(BATCH_CALLBACKS)}, not "
+                          f"{', '.join(map(repr, given))}")
     _add_declared(nodes)
     return Graph(nodes)
 
