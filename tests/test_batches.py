@@ -310,3 +310,56 @@ def test_the_skip_policy_cancels_the_waiting_run_and_nothing_else(app: JobQueue)
     assert flow["after"].refresh().state == "cancelled"
     assert flow["b"].refresh().state == "done"
     assert called("after") == []
+
+
+# -- the docs ----------------------------------------------------------------------------------
+
+
+def test_the_import_example_of_the_docs_runs_as_written(jq: JobQueue) -> None:
+    """docs/workflows.md, "Batches": 50 chunks, one too big and split in 4 by its run."""
+    def read_chunk(chunk: int) -> list[int]:
+        return [chunk] * (20_000 if chunk == 7 else 10)
+
+    def store(rows: list[int]) -> int:
+        return len(rows)
+
+    @jq.task
+    def import_part(chunk: int, part: int) -> int:
+        return 5_000
+
+    @jq.task
+    def notify(text: str) -> str:
+        CALLS.append(("notify", text))
+        return text
+
+    @jq.task
+    def alert(text: str) -> str:
+        CALLS.append(("alert", text))
+        return text
+
+    @jq.task
+    def report(results: list[int | None]) -> int:
+        CALLS.append(("report", results))
+        return sum(r or 0 for r in results)
+
+    @jq.task
+    def import_rows(chunk: int, ctx: RunContext) -> int:
+        rows = read_chunk(chunk)
+        if len(rows) > 10_000:          # too big: split it, the batch waits for the parts
+            ctx.add_to_flow(*(import_part.s(chunk, part) for part in range(4)))
+            return 0
+        return store(rows)
+
+    CALLS.clear()
+    batch = jq.batch(
+        [import_rows.s(c) for c in range(50)],
+        on_success=notify.s("import finished"),
+        on_dead=alert.s("an import chunk died"),
+        on_complete=report.receiving(),          # gets the 50 (and more) results as a list
+        batch_id="import-2026-12-03",
+    )
+    run_due(jq, concurrency=4)
+    assert batch["on_complete"].result(timeout=3600) == 49 * 10 + 4 * 5_000
+    assert called("report") == [[0 if c == 7 else 10 for c in range(50)] + [5_000] * 4]
+    assert called("notify") == ["import finished"] and called("alert") == []
+    assert batch["on_dead"].refresh().state == "cancelled"
