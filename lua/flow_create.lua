@@ -8,6 +8,7 @@
 -- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
 -- KEYS[5]  seq       hash    jq:{q#p}:seq      {ms, n}: runs created in the current ms (their
 --                                              order, see _prelude.lua)
+-- KEYS[6]  flows     zset    jq:{q#p}:flows    flow_id -> creation time of its first run here
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3..] nodes             13 fields per run, then 3 per dependency: run_id, task,
@@ -31,6 +32,9 @@
 -- and jq:{q#p}:deps:<run_id> (hash: dependency -> '<index>|<policy>|<queue>') lists them
 -- (the deps and got keys an earlier run of the same id left, which outlive its record, are
 -- deleted first: the new run has heard of nothing).
+-- Each run created with a flow id is listed in jq:{q#p}:flow:<flow_id> (a set), and the flow
+-- in the flows index (at its first run here): `jobqueue flows` reads them, flow_tidy.lua
+-- forgets them once every record expired.
 -- deliver.lua moves it to due once 'left' is 0. A run without is pending, as create_run
 -- makes it. The caller creates the waiting runs of every partition before the pending ones,
 -- so a dependency that finishes always finds the run waiting on it.
@@ -45,6 +49,8 @@ local ok, plan = reading(function()
   local p = {nodes = {}}
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
+  expect(KEYS[6], 'zset')
+  p.flows, p.members = {}, {} -- the flow ids in order; flow id -> its new runs here
   p.wake = waker(KEYS[3])
   p.stats = counters(KEYS[4], 'created')
   p.seq = sequencer(KEYS[5], now)
@@ -75,6 +81,16 @@ local ok, plan = reading(function()
     end
     node.exists = seen[node.id] or read('EXISTS', prefix .. 'run:' .. node.id) == 1
     seen[node.id] = true
+    local flow = ARGV[i + 7]
+    if not node.exists and flow ~= '' then
+      if not p.members[flow] then
+        expect(prefix .. 'flow:' .. flow, 'set')
+        p.members[flow] = {}
+        p.flows[#p.flows + 1] = flow
+      end
+      local members = p.members[flow]
+      members[#members + 1] = node.id
+    end
     if not node.exists and node.deps > 0 then
       expect(prefix .. 'deps:' .. node.id, 'hash')
       expect(prefix .. 'got:' .. node.id, 'hash')
@@ -130,6 +146,10 @@ if created > 0 then
   bulk('ZADD', KEYS[1], due_pairs, 2000)
   save_sequence(plan.seq)
   wake(plan.wake, created)
+end
+for _, flow in ipairs(plan.flows) do
+  redis.call('ZADD', KEYS[6], 'NX', now, flow)
+  bulk('SADD', prefix .. 'flow:' .. flow, plan.members[flow], 2000)
 end
 bump(plan.stats, 'created', made)
 return out

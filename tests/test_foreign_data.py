@@ -573,7 +573,8 @@ def test_the_first_write_records_the_scheduler_partition_count(
 
 # -- the dashboard --------------------------------------------------------------------------------
 
-PAGES = ["/queues", "/runs", "/leases", "/dead", "/workers", "/schedules", "/run?id=waiting"]
+PAGES = ["/queues", "/runs", "/leases", "/dead", "/workers", "/schedules", "/flows",
+         "/run?id=waiting"]
 
 
 def corrupt_everything(redis_client: Any) -> None:

@@ -463,7 +463,7 @@ def test_every_dashboard_page_renders_over_foreign_data_and_writes_nothing(
         plant(redis_client, corruption)
     before = keyspace(redis_client)
     client = TestClient(create_app(jq))
-    for page in ["/queues", "/runs", "/leases", "/dead", "/workers", "/schedules",
+    for page in ["/queues", "/runs", "/leases", "/dead", "/workers", "/schedules", "/flows",
                  "/run?id=seed-dead", "/runs?q=seed"]:  # fmt: skip
         reply = client.get(page)
         # 409: what was asked cannot be read (e.g. the scheduler partition count); 404: the

@@ -33,6 +33,7 @@ from script_calls import Advance, advance_groups
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
 from jobqueue.client.flows import add_to_flow_steps
+from jobqueue.client.relay import tidy_flows_steps
 from jobqueue.payload import decode_payload
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
@@ -574,6 +575,7 @@ def flow(runner: ScriptRunner, jq: JobQueue) -> None:
     steps = {f"h{i}": t.s(i) for i in range(6)}
     jq.workflow({**steps, "last": t.s().after(*steps, older)}, flow_id="flow")
     jq.run_steps(add_to_flow_steps(jq, "flow:h0", "default", [("flow:h0+1", t.s(7))]))
+    jq.run_steps(tidy_flows_steps(jq, jq.all_partition_keys("default")))  # (flow_tidy)
     for p in jq.all_partition_keys("default"):
         got = claim(runner, p, now=None, owner="w1", limit=100).runs
         runner.run(COMPLETE.call(p, [(c.run_id, c.fence, "1") for c in got], RETENTION))

@@ -22,6 +22,7 @@ from jobqueue.store.flows import (
     DELIVER,
     EXTEND,
     FLOW_CREATE,
+    FLOW_TIDY,
     RELAYED,
     Delivery,
     Edge,
@@ -106,6 +107,7 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "extend": lambda: EXTEND.call(PK, "r", [("n", "q")], ["w"]),
     "deliver": lambda: DELIVER.call(PK, [Delivery("w", "r", "d1")], 1, 1000, 1),
     "relayed": lambda: RELAYED.call(PK, [("r", 1)], 1, 1),
+    "flow_tidy": lambda: FLOW_TIDY.call(PK, 10),
 }
 
 
@@ -316,6 +318,8 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
         allowed |= {"prio"}
     if name in ("flow_create", "extend", "deliver", "relayed"):
         allowed |= {"deps:", "got:"}  # a waiting run's own keys, named like its record
+    if name in ("flow_create", "flow_tidy"):
+        allowed |= {"flow:"}  # a flow's run ids in the partition, named by its id
     assert set(built) <= allowed, built
 
 
@@ -587,6 +591,15 @@ def parses_deliver(runner: ScriptRunner, redis_client: Any) -> None:
     assert DELIVER.parse(runner.run(call)) == [True, False]
 
 
+def parses_flow_tidy(runner: ScriptRunner, redis_client: Any) -> None:
+    _flow(runner)  # (flow id '': in no flow)
+    nodes = [NodeSpec("f1", "t", "{}", flow="F"), NodeSpec("f2", "t", "{}", flow="G")]
+    FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(P, nodes, now=NOW)))
+    redis_client.delete(P.run("f2"))
+    assert FLOW_TIDY.parse(runner.run(FLOW_TIDY.call(P, 10, now=NOW))) == (2, 1)
+    assert FLOW_TIDY.parse(runner.run(FLOW_TIDY.call(P, 10, now=NOW))) == (1, 0)
+
+
 def parses_relayed(runner: ScriptRunner, redis_client: Any) -> None:
     redis_client.zadd(P.outbox, {"r": 5, "s": 6})
     call = RELAYED.call(P, [("r", 5), ("s", 5)], 1_000, 1_000, now=NOW)
@@ -599,6 +612,7 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "extend": parses_extend,
     "deliver": parses_deliver,
     "relayed": parses_relayed,
+    "flow_tidy": parses_flow_tidy,
     "create_run": parses_create_run,
     "dedupe": parses_dedupe,
     "claim": parses_claim,

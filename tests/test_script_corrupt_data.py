@@ -53,6 +53,7 @@ from jobqueue.store.flows import (
     DELIVER,
     EXTEND,
     FLOW_CREATE,
+    FLOW_TIDY,
     RELAYED,
     Delivery,
     Edge,
@@ -393,6 +394,15 @@ def extend_a_waiting_run(runner: ScriptRunner) -> Call:
     """a, which w waits on, adds n: w waits on n too."""
     a_flow(runner, NOW - 3_000)
     return EXTEND.call(PK, "a", [("n", "default")], ["w"], now=NOW)
+
+
+def tidy_flows(runner: ScriptRunner) -> Call:
+    """Two flows, one of whose records all expired: it is forgotten."""
+    a_flow(runner, NOW - 3_000)
+    nodes = [NodeSpec("f1", "t", PAYLOAD, flow="F"), NodeSpec("f2", "t", PAYLOAD, flow="G")]
+    assert all(FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(PK, nodes, now=NOW - 2_000))))
+    runner.client.delete(PK.run("f2"))
+    return FLOW_TIDY.call(PK, 10, now=NOW)
 
 
 def relay_done(runner: ScriptRunner) -> Call:
@@ -774,6 +784,7 @@ SCENARIOS = {
         Scenario("attach", "attach", attach_a_finished_run, ATTACH.parse),
         Scenario("deliver-skip", "deliver", deliver_a_skip, DELIVER.parse),
         Scenario("extend", "extend", extend_a_waiting_run, EXTEND.parse),
+        Scenario("flow_tidy", "flow_tidy", tidy_flows, FLOW_TIDY.parse),
         Scenario("relayed", "relayed", relay_done, RELAYED.parse),
     )
 }

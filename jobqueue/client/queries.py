@@ -123,7 +123,7 @@ class WorkerInfo:
         return asdict(self)
 
 
-def _partitions(jq: JobQueue, queue: str | None) -> tuple[list[PartitionKeys], list[Anomaly]]:
+def partitions_of(jq: JobQueue, queue: str | None) -> tuple[list[PartitionKeys], list[Anomaly]]:
     """The partitions to read, from the counts recorded in Redis, and the anomalies of
     ``jq:queues`` (a queue whose count is not usable has no partitions to read: never
     ``range(99999999)``)."""
@@ -145,7 +145,7 @@ def _partitions(jq: JobQueue, queue: str | None) -> tuple[list[PartitionKeys], l
     return parts, (table.anomalies if queue is None else [])
 
 
-def _pipelined(
+def pipelined(
     jq: JobQueue, items: Sequence[Any], add: Callable[[Any, Any], None], chunk: int
 ) -> list[list[Any]]:
     """``add(pipe, item)`` queues each item's commands; returns each item's replies, errors in
@@ -229,7 +229,7 @@ def leases(
     limit: int = 1000,
 ) -> Listing[Lease]:
     now = jq.server_time_ms()
-    parts, found = _partitions(jq, queue)
+    parts, found = partitions_of(jq, queue)
 
     def add(pipe: Any, k: PartitionKeys) -> None:
         if expired_only:
@@ -238,7 +238,7 @@ def leases(
             pipe.zrange(k.leases, 0, limit - 1, withscores=True)
 
     entries = []
-    for k, (rows,) in zip(parts, _pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
+    for k, (rows,) in zip(parts, pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
         for rid, score in checked(rows, k.leases, "sorted set", found, []):
             until = score_ms(score)
             if until is None:
@@ -253,7 +253,7 @@ def leases(
     hosts = {w.id: w for w in workers(jq)}
     out = []
     for (k, rid, until), (reply,) in zip(
-        entries, _pipelined(jq, entries, fields, RECORD_CHUNK), strict=True
+        entries, pipelined(jq, entries, fields, RECORD_CHUNK), strict=True
     ):
         key = k.run(rid)
         mine: list[Anomaly] = []
@@ -287,7 +287,7 @@ def leases(
 
 def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
     now = jq.server_time_ms()
-    parts, found = _partitions(jq, queue)
+    parts, found = partitions_of(jq, queue)
 
     def add(pipe: Any, k: PartitionKeys) -> None:
         # due now: a score below now + 1 (its fraction orders runs of one ms: create_run.lua)
@@ -308,7 +308,7 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
 
     out = []
     locate = getattr(jq.redis, "get_node_from_key", None)
-    for k, r in zip(parts, _pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
+    for k, r in zip(parts, pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
         mine: list[Anomaly] = []
         zset_keys = (k.due, k.due, k.leases, k.leases, k.dead, k.done, k.done)
         counts = [checked(r[i], key, "sorted set", mine, 0) for i, key in enumerate(zset_keys)]
@@ -445,7 +445,7 @@ def runs(
     A job filter matches the job id (the run id before '@'). Records are read a chunk at a
     time until ``limit`` rows are found, so many partitions never mean millions of reads."""
     indexes = [_STATE_INDEX[state]] if state else ["leases", "due", "waiting", "dead", "done"]
-    parts, found = _partitions(jq, queue)
+    parts, found = partitions_of(jq, queue)
     # Scan further than limit when filtering, still bounded.
     window = limit * 20 if (job or state == "cancelled" or state == "done") else limit
 
@@ -458,7 +458,7 @@ def runs(
                 pipe.zrange(key, 0, window - 1)
 
     ids = []
-    for k, replies in zip(parts, _pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
+    for k, replies in zip(parts, pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
         for index, rows in zip(indexes, replies, strict=True):
             for rid in checked(rows, getattr(k, index), "sorted set", found, []):
                 ids.append((k, index, rid))
@@ -672,14 +672,14 @@ def throughput(
     buckets = max(1, -(-window_ms // bucket_ms))
     start = now - buckets * bucket_ms
     end = f"({start + buckets * bucket_ms}"
-    parts, found = _partitions(jq, queue)
+    parts, found = partitions_of(jq, queue)
 
     def whole(pipe: Any, k: PartitionKeys) -> None:
         pipe.zcount(k.done, start, end)
         pipe.zcount(k.dead, start, end)
 
     busy: list[tuple[str, str]] = []  # (queue, index key) with runs in the window
-    for k, (done, dead) in zip(parts, _pipelined(jq, parts, whole, PARTITION_CHUNK), strict=True):
+    for k, (done, dead) in zip(parts, pipelined(jq, parts, whole, PARTITION_CHUNK), strict=True):
         if checked(done, k.done, "sorted set", found, 0):
             busy.append((k.queue, k.done))
         if checked(dead, k.dead, "sorted set", found, 0):
@@ -695,7 +695,7 @@ def throughput(
         for k in parts
     }
     for (name, key), counts in zip(
-        busy, _pipelined(jq, busy, per_bucket, PARTITION_CHUNK // 8), strict=True
+        busy, pipelined(jq, busy, per_bucket, PARTITION_CHUNK // 8), strict=True
     ):
         row = per_queue[name]
         into = row.dead if key.endswith(":dead") else row.finished

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jobqueue.client.core import ClientCore
 from jobqueue.errors import ConnectionFailed, JobQueueError
-from jobqueue.store.flows import DELIVER, RELAYED, Delivery
+from jobqueue.store.flows import DELIVER, FLOW_TIDY, RELAYED, Delivery
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CANCEL
@@ -217,6 +217,32 @@ def relay_cascade_steps(core: ClientCore, keys: PartitionKeys, rounds: int = 20)
                 nxt[pk] = None
         todo = list(nxt)
     return total
+
+
+FLOW_TIDY_ENTRIES = 20  # flows index entries looked at per partition and sweep
+
+
+def tidy_flows_steps(core: ClientCore, partitions: Sequence[PartitionKeys]) -> Steps[int]:
+    """Forget the flows whose records all expired (flow_tidy.lua), a few index entries per
+    partition, in one round trip; returns how many were forgotten. A partition whose keys
+    hold foreign data is reported and passed over."""
+    calls = [FLOW_TIDY.call(pk, FLOW_TIDY_ENTRIES) for pk in partitions]
+    if not calls:
+        return 0
+    try:
+        replies = yield Scripts(calls)
+    except ConnectionFailed:
+        raise
+    except JobQueueError:  # one partition's foreign data: the others one at a time
+        replies = []
+        for call in calls:
+            try:
+                replies += (yield Scripts([call]))
+            except ConnectionFailed:
+                raise
+            except JobQueueError as exc:
+                log.error("tidying the flows index failed: %s", exc)
+    return sum(FLOW_TIDY.parse(r)[1] for r in replies)
 
 
 def relay_until_quiet(core: Any, keys: PartitionKeys) -> int:

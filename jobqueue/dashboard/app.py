@@ -29,9 +29,10 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jobqueue.client import queries
+from jobqueue.client import flow_queries, queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.charts import Series, svg_chart
+from jobqueue.dashboard.flow_drawing import draw
 from jobqueue.dashboard.sampler import DEFAULT_SAMPLE_EVERY_S, Sampler
 from jobqueue.dashboard.security import CSRF_FIELD, SESSION_COOKIE, AuthGate, Credentials, Csrf
 from jobqueue.errors import (
@@ -273,6 +274,24 @@ def run_page(request: Request) -> Response:
     return render(request, "run.html", run=run, history=history, anomalies=list(run.anomalies))
 
 
+def flows_page(request: Request) -> Response:
+    p = request.query_params
+    found = flow_queries.flows(_settings(request).jq, p.get("queue") or None, limit=100)
+    return render(request, "flows.html", flows=found, anomalies=queries.all_anomalies(found))
+
+
+def flow_page(request: Request) -> Response:
+    flow_id = request.query_params.get("id", "")
+    detail = flow_queries.flow(_settings(request).jq, flow_id) if flow_id else None
+    if detail is None:
+        return render(request, "missing.html", status_code=404, what=f"flow {flow_id!r}")
+    waits: dict[str, list[str]] = {}
+    for e in detail.edges:
+        waits.setdefault(e.waiting, []).append(e.dependency)
+    return render(request, "flow.html", flow=detail, drawing=draw(detail.runs, detail.edges),
+                  waits=waits, anomalies=list(detail.summary.anomalies))
+
+
 def schedules_page(request: Request) -> Response:
     found = queries.schedules(_settings(request).jq)
     return render(
@@ -507,6 +526,8 @@ def create_app(
             Route("/leases", leases_page),
             Route("/runs", runs_page),
             Route("/run", run_page),
+            Route("/flows", flows_page),
+            Route("/flow", flow_page),
             Route("/schedules", schedules_page),
             Route("/dead", dead_page),
             Route("/workers", workers_page),

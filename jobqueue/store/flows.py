@@ -1,6 +1,7 @@
 """The contracts of the workflow scripts (one queue partition each): creating a workflow's
 runs (flow_create), attaching existing runs as dependencies (attach), adding runs to waiting
-runs in the name of one of their unfinished dependencies (extend), delivering finished
+runs in the name of one of their unfinished dependencies (extend), forgetting flows whose
+records all expired (flow_tidy), delivering finished
 dependencies to the runs waiting on them (deliver) and clearing relayed outbox entries
 (relayed). See docs/design.md, "Workflows"."""
 
@@ -64,7 +65,7 @@ def _parse_created(reply: Sequence[Any]) -> list[bool]:
 
 FLOW_CREATE = Contract(
     "flow_create",
-    keys=("due", "waiting", "wake", "stats", "seq"),
+    keys=("due", "waiting", "wake", "stats", "seq", "flows"),
     args=("now", "prefix"),
     tail="nodes",
     build=_flow_create,
@@ -163,6 +164,24 @@ DELIVER = Contract(
 )
 
 
+def _flow_tidy(pk: PartitionKeys, n: int, now: NowArg = None) -> Wire:
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "n": n})
+
+
+def _parse_tidied(reply: Sequence[Any]) -> tuple[int, int]:
+    """(index entries looked at, flows forgotten)."""
+    return int(reply[0]), int(reply[1])
+
+
+FLOW_TIDY = Contract(
+    "flow_tidy",
+    keys=("flows", "flows_cursor"),
+    args=("now", "prefix", "n"),
+    build=_flow_tidy,
+    parse=_parse_tidied,
+)
+
+
 def _relayed(
     pk: PartitionKeys,
     entries: Sequence[tuple[str, float]],
@@ -194,4 +213,4 @@ RELAYED = Contract(
     parse=int,
 )
 
-CONTRACTS = (FLOW_CREATE, ATTACH, EXTEND, DELIVER, RELAYED)
+CONTRACTS = (FLOW_CREATE, ATTACH, EXTEND, DELIVER, RELAYED, FLOW_TIDY)

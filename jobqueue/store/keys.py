@@ -34,6 +34,11 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:got:<run_id>   hash   the dependencies it heard of -> their outcome
     jq:{q#p}:outbox         zset   finished runs whose parents must hear, and '!<run_id>'
                                    orders to cancel a dead waiting run's dependencies
+    jq:{q#p}:flows          zset   flow_id -> when its first run here was created: the
+                                   workflows and batches with runs in the partition
+    jq:{q#p}:flow:<flow_id> set    the run ids of that flow in the partition (flow_create;
+                                   flow_tidy.lua forgets both once every record expired)
+    jq:{q#p}:flows_cursor   string where flow_tidy.lua goes on (a rank in flows)
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
     jq:queues               hash   queue name -> partition count, and its placement: '16'
@@ -371,6 +376,21 @@ class PartitionKeys:
         dead or cancelled waiting run's dependencies, member -> version (the relay,
         jobqueue.workflows.relay, carries them out)."""
         return self.prefix + "outbox"
+
+    @cached_property
+    def flows(self) -> str:
+        """The flows with runs here, flow_id -> creation time of the first (flow_create.lua;
+        flow_tidy.lua forgets one once all its records here expired)."""
+        return self.prefix + "flows"
+
+    @cached_property
+    def flows_cursor(self) -> str:
+        """Where flow_tidy.lua goes on in ``flows`` (a rank)."""
+        return self.prefix + "flows_cursor"
+
+    def flow(self, flow_id: str) -> str:
+        """The run ids of a flow in this partition (a set)."""
+        return self.prefix + "flow:" + flow_id
 
     def deps(self, run_id: str) -> str:
         """A waiting run's dependencies: run_id -> '<index>|<policy>|<queue>'."""

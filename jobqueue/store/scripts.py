@@ -64,6 +64,7 @@ SCRIPT_NAMES = (
     "extend",
     "deliver",
     "relayed",
+    "flow_tidy",
 )
 PRELUDE = "_prelude"
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobqueue.client.relay import relay_until_quiet
+from jobqueue.client.relay import relay_until_quiet, tidy_flows_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.hooks import Hooks
@@ -34,6 +34,9 @@ MAX_COMMIT_BATCH = 500
 # How often the outboxes of the served partitions are looked at (workflows, see
 # jobqueue.client.relay): what a commit did not relay at once waits this long at most.
 RELAY_SWEEP_S = 2.0
+# Every this many sweeps (about 30 s) the flows index of the served partitions is tidied:
+# flows whose records all expired are forgotten (flow_tidy.lua).
+FLOW_TIDY_SWEEPS = 15
 # Commits sent again: first after about this long, doubling up to the cap.
 RESEND_S = 0.1
 RESEND_CAP_S = 5.0
@@ -148,6 +151,7 @@ class Committer:
         # The partitions whose outboxes this worker sweeps (set_partitions) and when next.
         self._swept: list[PartitionKeys] = []
         self._next_sweep = 0.0
+        self._sweeps = 0
 
     def set_partitions(self, partitions: list[PartitionKeys]) -> None:
         """The partitions the worker serves: their outboxes are relayed every RELAY_SWEEP_S
@@ -234,6 +238,12 @@ class Committer:
         for keys, size in zip(self._swept, sizes, strict=True):
             if isinstance(size, int) and size > 0:
                 self._relay(keys)
+        self._sweeps += 1
+        if self._sweeps % FLOW_TIDY_SWEEPS == 1:  # (the first sweep too)
+            try:
+                self._jq.run_steps(tidy_flows_steps(self._jq, self._swept))
+            except Exception as exc:
+                log.warning("tidying the flows index failed for now: %s", exc)
 
     def _abandon(self, items: list[Finished]) -> None:
         for item in items:
