@@ -44,6 +44,11 @@ class Settings:
     unknown_task_delay_s: float = 1.0
     unknown_task_delay_cap_s: float = 60.0
     unknown_task_min_hand_backs: int = 5
+    # Workflows (docs/workflows.md, "Exactly once"): every flow_audit_s a worker looks at the
+    # waiting runs of the partitions it serves that have waited that long, and delivers the
+    # outcomes of finished dependencies they never heard of (a delivery a failover lost); it
+    # also forgets the flows whose records all expired.
+    flow_audit_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_payload_bytes <= 0:
@@ -72,6 +77,8 @@ class Settings:
                 "unknown_task_delay_s and unknown_task_delay_cap_s must be positive, the "
                 "delay at most the cap, the cap at most a day"
             )
+        if not 0.05 <= self.flow_audit_s <= 86400:  # NaN fails too
+            raise ConfigError("flow_audit_s must be from 0.05 s to a day")
         if (
             isinstance(self.unknown_task_min_hand_backs, bool)
             or not isinstance(self.unknown_task_min_hand_backs, int)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -20,13 +21,15 @@ from jobqueue.cli.common import State
 from jobqueue.cli.core import main
 from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
+from jobqueue.client.relay import audit_waiting_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, Fatal, OperationRefused, PayloadError, RunNotFound
 from jobqueue.handles import AsyncFlowHandle
+from jobqueue.settings import Settings
 from jobqueue.store.flows import DELIVER, Delivery
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CLAIM, FAIL
+from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 from jobqueue.testing import run_due
 
 
@@ -245,6 +248,76 @@ def test_a_dependency_delivered_twice_is_counted_once(app: JobQueue) -> None:
     assert DELIVER.parse(app.scripts.run(again)) == [False, False]
     assert last.refresh().state == "waiting"  # one of two heard of, not two
     assert last.refresh().dependencies_left == 1
+
+
+def lose_the_delivery(app: JobQueue, flow: Any) -> None:
+    """The header finished, and what told the callback is gone: the state a failover of the
+    callback's master leaves when it lost the delivery after the outbox entry was cleared
+    (or a failover of the header's master that lost the outbox entry)."""
+    header = flow.runs[0]
+    keys = app.keys_for("default", header.run_id)
+    fence = claim(app, keys)
+    app.scripts.run(COMPLETE.call(keys, [(header.run_id, fence, "2")], 60_000))
+    app.redis.zrem(keys.outbox, header.run_id)
+    assert app.relay("default") == 0
+
+
+def test_the_workers_audit_delivers_an_outcome_a_failover_lost(redis_client: Any) -> None:
+    jq = JobQueue(redis_client, settings=Settings(flow_audit_s=0.05))
+    add = jq.task(lambda x, y: x + y, name="add")
+    total = jq.task(lambda xs: sum(xs), name="total")
+    flow = jq.chord([add.s(1, 1)], total.receiving())
+    lose_the_delivery(jq, flow)
+    time.sleep(0.1)  # (the audit looks at runs that have waited flow_audit_s)
+    run_due(jq)  # a worker audits the partitions it serves at its first sweep
+    run_due(jq)  # (the audit may have released the callback after the burst's last claim)
+    assert flow.result(timeout=5) == 2
+
+
+def test_the_audit_leaves_runs_that_waited_less_than_its_period(app: JobQueue) -> None:
+    """Their deliveries may still be on the way (the relay runs right after a commit)."""
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(1, 1)], total.receiving())
+    lose_the_delivery(app, flow)
+    keys = app.keys_for("default", flow.last.run_id)
+    assert app.run_steps(audit_waiting_steps(app, keys, 0, 60_000)) == (0, 0)
+    assert flow.last.refresh().state == "waiting"
+    assert app.run_steps(audit_waiting_steps(app, keys, 0, 0)) == (0, 1)
+    assert flow.last.refresh().state == "pending"
+
+
+def test_the_audit_reports_a_dependency_whose_record_is_gone_and_guesses_nothing(
+    app: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(1, 1)], total.receiving())
+    header = flow.runs[0]
+    app.redis.delete(app.keys_for("default", header.run_id).run(header.run_id))
+    keys = app.keys_for("default", flow.last.run_id)
+    assert app.run_steps(audit_waiting_steps(app, keys, 0, 0)) == (0, 0)
+    assert flow.last.refresh().state == "waiting"
+    assert f"waits on {header.run_id} of queue 'default', which has no record" in caplog.text
+
+
+@pytest.mark.real_only
+def test_deliveries_no_replica_acknowledged_keep_their_outbox_entries(
+    redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With durable_replicas, a delivery is relayed only once a replica has it (a failover
+    of the waiting run's master could lose it); this server has none."""
+    plain = JobQueue(redis_client)
+    add = plain.task(lambda x, y: x + y, name="add")
+    total = plain.task(lambda xs: sum(xs), name="total")
+    flow = plain.chord([add.s(1, 1)], total.receiving())
+    header = flow.runs[0]
+    keys = plain.keys_for("default", header.run_id)
+    fence = claim(plain, keys)
+    plain.scripts.run(COMPLETE.call(keys, [(header.run_id, fence, "2")], 60_000))
+    durable = JobQueue(redis_client, settings=Settings(durable_replicas=1,
+                                                       durable_timeout_s=0.05))
+    durable.relay("default")
+    assert redis_client.zscore(keys.outbox, header.run_id) is not None
+    assert "were not acknowledged by 1 replica(s) in time" in caplog.text
 
 
 def test_a_run_waiting_on_a_dependency_that_ran_twice_runs_once(app: JobQueue) -> None:

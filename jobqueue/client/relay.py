@@ -23,7 +23,7 @@ from typing import Any
 from jobqueue.client.core import ClientCore
 from jobqueue.errors import ConnectionFailed, JobQueueError
 from jobqueue.store.flows import DELIVER, FLOW_TIDY, RELAYED, Delivery
-from jobqueue.store.io import Scripts, Steps, cmd, commands
+from jobqueue.store.io import DurableScripts, Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CANCEL
 from jobqueue.store.scripts import Call
@@ -84,7 +84,13 @@ def relay_steps(core: ClientCore, keys: PartitionKeys) -> Steps[Relayed]:
 
     s = core.settings
     cancels = yield from _cancels(core, orders, replies[len(runs):])
-    delivered = yield from _deliver(core, deliveries)
+    delivered, durable = yield from _deliver(core, deliveries)
+    if not durable:
+        # A replica may not have the deliveries: a failover could lose them, so the entries
+        # stay for the next relay (delivering again changes nothing).
+        log.warning("deliveries from %s were not acknowledged by %d replica(s) in time; its "
+                    "outbox entries are kept for the next relay", keys.tag, s.durable_replicas)
+        return Relayed(0, delivered, 0, tuple(deliveries))
     cancelled = 0
     for _target, call in cancels:
         try:
@@ -117,37 +123,53 @@ def _partition(
     return core.keys_for(queue, run_id)
 
 
-def _deliver(core: ClientCore, deliveries: dict[PartitionKeys, list[Delivery]]) -> Steps[int]:
+def _deliver(
+    core: ClientCore, deliveries: dict[PartitionKeys, list[Delivery]]
+) -> Steps[tuple[int, bool]]:
     """All deliveries in one round trip; when a call is refused (a waiting run's keys hold
     foreign data, which refuses its partition's whole call), one delivery at a time, and
-    the ones still refused are reported and dropped: the others are not held back."""
+    the ones still refused are reported and dropped: the others are not held back. Returns
+    the dependencies counted and whether the replicas Settings.durable_* asks for have the
+    deliveries (always True without)."""
     s = core.settings
     if not deliveries:
-        return 0
+        return 0, True
     calls = [DELIVER.call(pk, ds, s.dead_retention_ms, MAX_RESULTS_BYTES,
                           s.done_retention_ms)
              for pk, ds in deliveries.items()]
     try:
-        results = yield Scripts(calls)
-        return sum(sum(DELIVER.parse(r)) for r in results)
+        results, durable = yield from _send(core, calls)
+        return sum(sum(DELIVER.parse(r)) for r in results), durable
     except ConnectionFailed:
         raise  # (a slot moving, a failover: the entries stay for the next relay)
     except JobQueueError:
         pass
-    counted = 0
+    counted, durable = 0, True
     for pk, ds in deliveries.items():
         for d in ds:
             try:
                 call = DELIVER.call(pk, [d], s.dead_retention_ms, MAX_RESULTS_BYTES,
                                     s.done_retention_ms)
-                (reply,) = yield Scripts([call])
+                (reply,), acked = yield from _send(core, [call])
                 counted += sum(DELIVER.parse(reply))
+                durable = durable and acked
             except ConnectionFailed:
                 raise
             except JobQueueError as exc:
                 log.error("dropped the delivery of %s to %s: %s", d.dependency_id,
                           d.waiting_id, exc)
-    return counted
+    return counted, durable
+
+
+def _send(core: ClientCore, calls: list[Call]) -> Steps[tuple[list[Any], bool]]:
+    s = core.settings
+    if not s.durable:
+        replies: list[Any] = yield Scripts(calls)
+        return replies, True
+    got: tuple[list[Any], bool] = yield DurableScripts(
+        calls, s.durable_replicas, s.durable_fsync, s.durable_timeout_ms
+    )
+    return got
 
 
 def _cancels(
@@ -220,6 +242,71 @@ def relay_cascade_steps(core: ClientCore, keys: PartitionKeys, rounds: int = 20)
 
 
 FLOW_TIDY_ENTRIES = 20  # flows index entries looked at per partition and sweep
+AUDIT_RUNS = 50  # waiting runs looked at per partition and audit
+AUDIT_READS = 5_000  # dependency records read per partition and audit, at most
+
+
+def audit_waiting_steps(
+    core: ClientCore, keys: PartitionKeys, start: int, min_age_ms: int
+) -> Steps[tuple[int, int]]:
+    """Deliver to the waiting runs of ``keys`` that waited at least ``min_age_ms`` the
+    outcomes of dependencies that finished but that they never heard of: a delivery lost by
+    a failover of the waiting run's master after the dependency's outbox entry was cleared,
+    or an outbox entry lost by a failover of the dependency's master. AUDIT_RUNS waiting
+    runs from rank ``start`` (the caller goes round the index). Returns (the next rank, the
+    dependencies counted). A dependency whose record is gone is reported, not guessed at."""
+    (now_pair, entries) = yield commands(
+        cmd("time"), cmd("zrange", keys.waiting, start, start + AUDIT_RUNS - 1, withscores=True)
+    )
+    if isinstance(entries, Exception) or isinstance(now_pair, Exception):
+        return 0, 0
+    now = int(now_pair[0]) * 1000 + int(now_pair[1]) // 1000
+    following = start + len(entries) if len(entries) == AUDIT_RUNS else 0
+    old = [(m.decode() if isinstance(m, bytes) else m) for m, score in entries
+           if score <= now - min_age_ms]
+    if not old:
+        return following, 0
+    replies = yield commands(*(c for rid in old
+                               for c in (cmd("hgetall", keys.deps(rid)),
+                                         cmd("hkeys", keys.got(rid)))))
+    unheard: list[tuple[str, str, str]] = []  # waiting run, dependency, its queue
+    for i, rid in enumerate(old):
+        deps, got = replies[2 * i], replies[2 * i + 1]
+        if isinstance(deps, Exception) or isinstance(got, Exception):
+            continue  # foreign data: deliver.lua reports it when it is delivered to
+        heard = set(got or [])
+        for dep, spec in (deps or {}).items():
+            if dep not in heard:
+                unheard.append((rid, dep, str(spec).split("|")[-1]))
+        if len(unheard) >= AUDIT_READS:
+            following = start + i + 1
+            break
+    where = []
+    for rid, dep, queue in unheard:
+        target = yield from _partition(core, queue, dep, rid)
+        where.append(target)
+    reads = [(u, k) for u, k in zip(unheard, where, strict=True) if k is not None]
+    states = (yield commands(*(cmd("hmget", k.run(dep), "state", "result", "error")
+                               for (_, dep, _), k in reads))) if reads else []
+    found: list[Delivery] = []
+    for ((rid, dep, queue), _), fields in zip(reads, states, strict=True):
+        if isinstance(fields, Exception):
+            continue
+        state, result, error = fields
+        if state in _OUTCOME:
+            body = (result if result is not None else "null") if state == "done" else error
+            found.append(Delivery(rid, dep, _OUTCOME[state] + (body or "")))
+        elif state is None:
+            log.warning("run %s of %s waits on %s of queue %r, which has no record (never "
+                        "created, lost in a failover or deleted): cancel the run or create "
+                        "its dependency again", rid, keys.tag, dep, queue)
+    if not found:
+        return following, 0
+    counted, _ = yield from _deliver(core, {keys: found})
+    if counted:
+        log.warning("delivered %d outcomes to waiting runs of %s that had not heard of them "
+                    "(a delivery or an outbox entry lost in a failover?)", counted, keys.tag)
+    return following, counted
 
 
 def tidy_flows_steps(core: ClientCore, partitions: Sequence[PartitionKeys]) -> Steps[int]:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobqueue.client.relay import relay_until_quiet, tidy_flows_steps
+from jobqueue.client.relay import audit_waiting_steps, relay_until_quiet, tidy_flows_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.hooks import Hooks
@@ -34,9 +34,6 @@ MAX_COMMIT_BATCH = 500
 # How often the outboxes of the served partitions are looked at (workflows, see
 # jobqueue.client.relay): what a commit did not relay at once waits this long at most.
 RELAY_SWEEP_S = 2.0
-# Every this many sweeps (about 30 s) the flows index of the served partitions is tidied:
-# flows whose records all expired are forgotten (flow_tidy.lua).
-FLOW_TIDY_SWEEPS = 15
 # Commits sent again: first after about this long, doubling up to the cap.
 RESEND_S = 0.1
 RESEND_CAP_S = 5.0
@@ -151,7 +148,10 @@ class Committer:
         # The partitions whose outboxes this worker sweeps (set_partitions) and when next.
         self._swept: list[PartitionKeys] = []
         self._next_sweep = 0.0
-        self._sweeps = 0
+        # Every Settings.flow_audit_s: the waiting runs' audit (a rank per partition, going
+        # round each waiting index) and the flows index's tidy.
+        self._next_audit = 0.0
+        self._audit_from: dict[PartitionKeys, int] = {}
 
     def set_partitions(self, partitions: list[PartitionKeys]) -> None:
         """The partitions the worker serves: their outboxes are relayed every RELAY_SWEEP_S
@@ -238,12 +238,23 @@ class Committer:
         for keys, size in zip(self._swept, sizes, strict=True):
             if isinstance(size, int) and size > 0:
                 self._relay(keys)
-        self._sweeps += 1
-        if self._sweeps % FLOW_TIDY_SWEEPS == 1:  # (the first sweep too)
-            try:
-                self._jq.run_steps(tidy_flows_steps(self._jq, self._swept))
-            except Exception as exc:
-                log.warning("tidying the flows index failed for now: %s", exc)
+        if self._clock.monotonic() >= self._next_audit:  # (the first sweep too)
+            every = self._jq.settings.flow_audit_s
+            self._next_audit = self._clock.monotonic() + every
+            self._audit(round(every * 1000))
+
+    def _audit(self, min_age_ms: int) -> None:
+        """Outcomes the waiting runs never heard of (audit_waiting_steps), and the flows
+        whose records all expired (tidy_flows_steps)."""
+        try:
+            for keys in self._swept:
+                start = self._audit_from.get(keys, 0)
+                self._audit_from[keys], _ = self._jq.run_steps(
+                    audit_waiting_steps(self._jq, keys, start, min_age_ms)
+                )
+            self._jq.run_steps(tidy_flows_steps(self._jq, self._swept))
+        except Exception as exc:
+            log.warning("auditing the waiting runs and flows failed for now: %s", exc)
 
     def _abandon(self, items: list[Finished]) -> None:
         for item in items:
