@@ -40,6 +40,22 @@ def decode_meta(text: str | None) -> dict[str, str] | None:
     return value
 
 
+def _dependents(text: str | None) -> tuple[tuple[str, str], ...] | None:
+    """A record's 'parents' field (flow_create.lua, attach.lua): the runs waiting on it, or
+    None when it is not what jobqueue writes."""
+    if not text:
+        return ()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in value
+    ):
+        return None
+    return tuple((p[0], p[1]) for p in value)
+
+
 def split_entry(line: str) -> tuple[str, str | None]:
     """A history entry's event line and the traceback stored with it (None: none kept, as
     in entries written before tracebacks were)."""
@@ -201,10 +217,14 @@ class Run(Generic[R_co]):
     progress_at_ms: int | None = None
     progress_attempt: int | None = None
     # Workflows (jobqueue.workflows): the workflow it belongs to, how many of its dependencies
-    # it has not heard of yet (while waiting), and whether runs wait on it
+    # it has not heard of yet (while waiting), and the runs that wait on it ((queue, run_id))
     flow: str | None = None
     dependencies_left: int | None = None
-    has_dependents: bool = False
+    dependents: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def has_dependents(self) -> bool:
+        return bool(self.dependents)
     # Garbage found in the record (a field that is not what jobqueue writes, a key of another
     # type): the run is still shown, with these beside it.
     anomalies: tuple[Anomaly, ...] = ()
@@ -262,6 +282,10 @@ class Run(Generic[R_co]):
             found.append(
                 Anomaly(key, f"field 'progress' is {fields.get('progress')!r}, not 0 to 100")
             )
+        dependents = _dependents(fields.get("parents"))
+        if dependents is None:
+            found.append(Anomaly(key, f"field 'parents' is {fields.get('parents')!r}, not a list "
+                                      "of [queue, run_id]"))
         meta = decode_meta(fields.get("meta"))
         if meta is None:
             found.append(Anomaly(key, f"field 'meta' is {fields.get('meta')!r}, not a map"))
@@ -297,7 +321,7 @@ class Run(Generic[R_co]):
             progress_attempt=_int(fields.get("progress_attempt")),
             flow=fields.get("flow") or None,
             dependencies_left=_int(fields.get("left")),
-            has_dependents=bool(fields.get("parents")),
+            dependents=dependents or (),
             anomalies=tuple(found),
         )
 
@@ -376,4 +400,6 @@ class Run(Generic[R_co]):
         out["timeline"] = [{"at_ms": ms, "event": text} for ms, text in self.timeline()]
         out["tracebacks"] = self.tracebacks
         out["anomalies"] = [a.to_dict() for a in self.anomalies]
+        out["has_dependents"] = self.has_dependents
+        out["dependents"] = [{"queue": q, "run_id": r} for q, r in self.dependents]
         return out

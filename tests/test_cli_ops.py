@@ -221,6 +221,27 @@ def test_show_of_a_workflow_step_prints_the_tree_below_it_with_each_runs_state(
     assert "\n    tree:0 (default, on failure fail) not finished; now pending\n" in out
 
 
+def test_show_of_a_workflow_step_prints_the_runs_waiting_on_it_with_their_state(
+    url: str, jq: JobQueue
+) -> None:
+    report = jq.resolve_task("report")
+    jq.chord([report.s(), report.s()], report.s(), flow_id="up")
+    code, out, err = cli(url, "show", "up:0")
+    assert code == 0, err
+    assert "workflow up: waits on 0 runs, 0 heard of, 1 wait on it" in out
+    assert out.endswith("waited on by:\n  up:2 (default): now waiting, on 2 more runs\n")
+    jq.cancel("up:2")
+    assert cli(url, "show", "up:0")[1].endswith("  up:2 (default): now cancelled\n")
+
+
+def test_show_marks_a_waited_on_by_list_jobqueue_did_not_write(url: str, jq: JobQueue) -> None:
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="odd"))
+    redis.Redis.from_url(url).hset(jq.keys_for("default", "odd").run("odd"), "parents", "{x")
+    code, out, err = cli(url, "show", "odd")
+    assert code == 0
+    assert "field 'parents' is '{x', not a list of [queue, run_id]" in err + out
+
+
 def test_show_cuts_a_wide_tree_at_60_runs_saying_how_many_were_left_out(
     url: str, jq: JobQueue
 ) -> None:

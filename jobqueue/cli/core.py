@@ -531,13 +531,37 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
 def _show_workflow(jq: JobQueue, run: Run) -> None:
     """A workflow step: its workflow, and the tree of runs it waits on (each with what the
     run above heard of it and its state now), bounded in depth and size."""
-    if run.flow is None:
+    if run.flow is None and not run.dependents:
         return
     deps = jq.dependencies(run.run_id, queue=run.queue)
     heard = sum(d.outcome is not None for d in deps)
-    click.echo(f"workflow {run.flow}: waits on {len(deps)} runs, {heard} heard of"
-               + (", runs wait on it" if run.has_dependents else ""))
+    click.echo(f"workflow {run.flow or '-'}: waits on {len(deps)} runs, {heard} heard of"
+               + (f", {len(run.dependents)} wait on it" if run.dependents else ""))
     _show_dependencies(jq, deps, 1, {run.run_id}, MAX_TREE_NODES)
+    if run.dependents:
+        _show_dependents(jq, run)
+
+
+def _show_dependents(jq: JobQueue, run: Run) -> None:
+    """The runs waiting on ``run``, a level up: each with its state now and how many of its
+    dependencies it has not heard of yet."""
+    click.echo("waited on by:")
+    shown = run.dependents[:MAX_DEPENDENCIES_SHOWN]
+    for queue, parent in shown:
+        try:
+            found = jq.find_run(parent, queue=queue)
+        except JobQueueError as exc:  # foreign data, a queue no longer usable
+            click.echo(f"  {parent} ({queue}): {one_line(str(exc))}")
+            continue
+        if found is None:
+            click.echo(f"  {parent} ({queue}): missing (expired, or never created)")
+        elif found.state == "waiting":
+            click.echo(f"  {parent} ({queue}): now waiting, on {found.dependencies_left} "
+                       "more runs")
+        else:
+            click.echo(f"  {parent} ({queue}): now {found.state}")
+    if len(run.dependents) > len(shown):
+        click.echo(f"  ... and {len(run.dependents) - len(shown)} more")
 
 
 def _show_dependencies(
