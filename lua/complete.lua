@@ -16,8 +16,9 @@
 -- ARGV[3]  retention_ms       how long finished records live
 -- ARGV[4..] runs              3 fields per run: run_id, fence the worker claimed with,
 --                             result (JSON)
--- Returns  one outcome per run, in order: {1, 'done'} when accepted ({1, 'done', 1} when runs
---          wait on it: it is in the outbox, for the relay); {0, reason,
+-- Returns  one outcome per run, in order: {1, 'done'} when accepted ({1, 'done', 1, parents,
+--          version} when runs wait on it: it is in the outbox at that version (score), for
+--          the relay, and its record's 'parents' lists them); {0, reason,
 --          current_fence} when refused (reason as in heartbeat.lua). A refused commit changes
 --          nothing: at most one completion per run is ever accepted. Refused whole (an error
 --          reply, nothing changed) when a key is not on this node or an index key holds
@@ -61,7 +62,10 @@ local ok, plan = reading(function()
     local r = {id = run_id, result = ARGV[i + 2], why = refusal(run, fence),
                current = run and whole_or(run.fence, 0, 0) or 0}
     r.hist = r.why == nil and run.hist ~= nil and history_ok(prefix, run_id)
-    if r.why == nil then r.outbox = outbox_entry(KEYS[8], run, run_id, now) end
+    if r.why == nil then
+      r.outbox = outbox_entry(KEYS[8], run, run_id, now)
+      r.parents = run.parents
+    end
     if r.why == nil and run.held then
       r.held = true
       p.freer.free(run_id, held_groups(run))
@@ -86,7 +90,7 @@ for _, r in ipairs(plan.runs) do
     redis.call('HDEL', key, 'lease_until')
     if r.held then redis.call('HDEL', key, 'held') end
     finish_record(prefix, r.id, retention, r.hist, r.outbox)
-    out[#out + 1] = r.outbox and {1, 'done', 1} or {1, 'done'}
+    out[#out + 1] = r.outbox and {1, 'done', 1, r.parents, r.outbox.at} or {1, 'done'}
     ids[#ids + 1] = r.id
     finished[#finished + 1] = now
     finished[#finished + 1] = r.id

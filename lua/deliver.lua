@@ -22,7 +22,9 @@
 --                             'd' .. result JSON (done), 'x' .. error (dead), 'c' .. reason
 --                             (cancelled)
 -- Returns  one integer per delivery, in order: 1 when counted, 0 when not (the dependency was
---          counted before, is not one of the run's, or the run waits no more). Refused whole
+--          counted before, is not one of the run's, or the run waits no more); then the
+--          number of waiting runs that died or were cancelled here (their outbox entries are
+--          for the relay: 0 means the outbox got nothing new). Refused whole
 --          (an error reply, nothing changed) when a field is malformed, a key is not on this
 --          node or a key holds another type.
 --
@@ -223,4 +225,5 @@ end
 bump(plan.stats, 'released', released)
 bump(plan.stats, 'dead', died)
 bump(plan.stats, 'cancelled', skipped)
+plan.out[#plan.out + 1] = died + skipped
 return plan.out

@@ -588,7 +588,7 @@ def parses_extend(runner: ScriptRunner, redis_client: Any) -> None:
 def parses_deliver(runner: ScriptRunner, redis_client: Any) -> None:
     _flow(runner)
     call = DELIVER.call(P, [Delivery("w", "r", "d1"), Delivery("w", "r", "d1")], 1, 1000, 1, NOW)
-    assert DELIVER.parse(runner.run(call)) == [True, False]
+    assert DELIVER.parse(runner.run(call)) == ([True, False], 0)
 
 
 def parses_flow_tidy(runner: ScriptRunner, redis_client: Any) -> None:

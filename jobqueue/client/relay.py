@@ -17,12 +17,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jobqueue.client.core import ClientCore
 from jobqueue.errors import ConnectionFailed, JobQueueError
-from jobqueue.store.flows import DELIVER, FLOW_TIDY, RELAYED, Delivery
+from jobqueue.store.flows import DELIVER, FLOW_TIDY, RELAYED, Delivered, Delivery
 from jobqueue.store.io import DurableScripts, Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CANCEL
@@ -84,8 +84,9 @@ def relay_steps(core: ClientCore, keys: PartitionKeys) -> Steps[Relayed]:
 
     s = core.settings
     cancels = yield from _cancels(core, orders, replies[len(runs):])
-    delivered, durable = yield from _deliver(core, deliveries)
-    if not durable:
+    result = yield from _deliver(core, deliveries)
+    delivered = result.counted
+    if not result.durable:
         # A replica may not have the deliveries: a failover could lose them, so the entries
         # stay for the next relay (delivering again changes nothing).
         log.warning("deliveries from %s were not acknowledged by %d replica(s) in time; its "
@@ -102,9 +103,63 @@ def relay_steps(core: ClientCore, keys: PartitionKeys) -> Steps[Relayed]:
             log.error("a workflow's cancel of %s failed: %s", call.args[2], exc)
     done = RELAYED.call(keys, entries, s.done_retention_ms, s.dead_retention_ms)
     (removed,) = yield Scripts([done])
-    # A run told or cancelled may have finished and gone to its own outbox.
-    touched = tuple(dict.fromkeys([*deliveries, *(t for t, _ in cancels)]))
+    # A run told (that died or was cancelled) or cancelled went to its own outbox.
+    touched = tuple(dict.fromkeys([*result.finished, *(t for t, _ in cancels)]))
     return Relayed(RELAYED.parse(removed), delivered, cancelled, touched)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A run its worker just completed, that others wait on (complete.lua's answer): what
+    the relay would read from its outbox entry and record, known already."""
+
+    keys: PartitionKeys
+    run_id: str
+    result_json: str
+    parents: str
+    version: int
+
+
+def plan_deliveries(
+    core: ClientCore, committed: Sequence[Committed]
+) -> Steps[dict[PartitionKeys, list[Delivery]]]:
+    """The deliveries of ``committed``, by the partition of each waiting run (no I/O but a
+    queue's first registration)."""
+    deliveries: dict[PartitionKeys, list[Delivery]] = {}
+    for c in committed:
+        for queue, parent in _parents(c.parents):
+            target = yield from _partition(core, queue, parent, c.run_id)
+            if target is not None:
+                deliveries.setdefault(target, []).append(
+                    Delivery(parent, c.run_id, "d" + c.result_json)
+                )
+    return deliveries
+
+
+def relay_committed_steps(core: ClientCore, committed: Sequence[Committed]) -> Steps[int]:
+    """The fast path of a worker's commit: deliver the completions it just made to the runs
+    waiting on them, then clear their outbox entries at the versions complete.lua gave (one
+    round trip each, for the whole commit batch), without reading the outboxes and records
+    first. What cannot be cleared, and what else the outboxes hold, waits for the sweep.
+    Then the partitions where a waiting run died or was cancelled are relayed (its own
+    waiting runs, and a fail policy's cascade).
+    Returns the dependencies counted."""
+    deliveries = yield from plan_deliveries(core, committed)
+    result = yield from _deliver(core, deliveries)
+    if not result.durable:
+        log.warning("deliveries of %d completions were not acknowledged by %d replica(s) in "
+                    "time; their outbox entries are kept for the next relay", len(committed),
+                    core.settings.durable_replicas)
+        return result.counted
+    s = core.settings
+    by_source: dict[PartitionKeys, list[tuple[str, float]]] = {}
+    for c in committed:
+        by_source.setdefault(c.keys, []).append((c.run_id, c.version))
+    yield Scripts([RELAYED.call(pk, entries, s.done_retention_ms, s.dead_retention_ms)
+                   for pk, entries in by_source.items()])
+    for pk in result.finished:  # a waiting run there died or was cancelled: its cascade
+        yield from relay_cascade_steps(core, pk)
+    return result.counted
 
 
 def _partition(
@@ -123,42 +178,57 @@ def _partition(
     return core.keys_for(queue, run_id)
 
 
+@dataclass
+class _Delivered:
+    counted: int = 0  # dependencies counted for the first time
+    durable: bool = True  # the replicas Settings.durable_* asks for have the deliveries
+    finished: set[PartitionKeys] = field(default_factory=set)  # new outbox entries there
+
+
 def _deliver(
     core: ClientCore, deliveries: dict[PartitionKeys, list[Delivery]]
-) -> Steps[tuple[int, bool]]:
+) -> Steps[_Delivered]:
     """All deliveries in one round trip; when a call is refused (a waiting run's keys hold
     foreign data, which refuses its partition's whole call), one delivery at a time, and
-    the ones still refused are reported and dropped: the others are not held back. Returns
-    the dependencies counted and whether the replicas Settings.durable_* asks for have the
-    deliveries (always True without)."""
-    s = core.settings
+    the ones still refused are reported and dropped: the others are not held back."""
+    out = _Delivered()
     if not deliveries:
-        return 0, True
-    calls = [DELIVER.call(pk, ds, s.dead_retention_ms, MAX_RESULTS_BYTES,
-                          s.done_retention_ms)
-             for pk, ds in deliveries.items()]
+        return out
+    calls = [deliver_call(core, pk, ds) for pk, ds in deliveries.items()]
     try:
-        results, durable = yield from _send(core, calls)
-        return sum(sum(DELIVER.parse(r)) for r in results), durable
+        results, out.durable = yield from _send(core, calls)
+        for pk, reply in zip(deliveries, results, strict=True):
+            _add(out, pk, DELIVER.parse(reply))
+        return out
     except ConnectionFailed:
         raise  # (a slot moving, a failover: the entries stay for the next relay)
     except JobQueueError:
         pass
-    counted, durable = 0, True
+    out = _Delivered()
     for pk, ds in deliveries.items():
         for d in ds:
             try:
-                call = DELIVER.call(pk, [d], s.dead_retention_ms, MAX_RESULTS_BYTES,
-                                    s.done_retention_ms)
-                (reply,), acked = yield from _send(core, [call])
-                counted += sum(DELIVER.parse(reply))
-                durable = durable and acked
+                (reply,), acked = yield from _send(core, [deliver_call(core, pk, [d])])
+                _add(out, pk, DELIVER.parse(reply))
+                out.durable = out.durable and acked
             except ConnectionFailed:
                 raise
             except JobQueueError as exc:
                 log.error("dropped the delivery of %s to %s: %s", d.dependency_id,
                           d.waiting_id, exc)
-    return counted, durable
+    return out
+
+
+def deliver_call(core: ClientCore, pk: PartitionKeys, deliveries: Sequence[Delivery]) -> Call:
+    s = core.settings
+    return DELIVER.call(pk, deliveries, s.dead_retention_ms, MAX_RESULTS_BYTES,
+                        s.done_retention_ms)
+
+
+def _add(out: _Delivered, pk: PartitionKeys, reply: Delivered) -> None:
+    out.counted += sum(reply.counted)
+    if reply.finished:
+        out.finished.add(pk)
 
 
 def _send(core: ClientCore, calls: list[Call]) -> Steps[tuple[list[Any], bool]]:
@@ -302,7 +372,7 @@ def audit_waiting_steps(
                         "its dependency again", rid, keys.tag, dep, queue)
     if not found:
         return following, 0
-    counted, _ = yield from _deliver(core, {keys: found})
+    counted = (yield from _deliver(core, {keys: found})).counted
     if counted:
         log.warning("delivered %d outcomes to waiting runs of %s that had not heard of them "
                     "(a delivery or an outbox entry lost in a failover?)", counted, keys.tag)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg
 from jobqueue.store.keys import PartitionKeys
@@ -154,13 +154,22 @@ def _deliver(
     )
 
 
+class Delivered(NamedTuple):
+    counted: list[bool]  # per delivery: counted now (False: heard of before, or not waited)
+    finished: int  # waiting runs that died or were cancelled: new outbox entries
+
+
+def _parse_delivered(reply: Sequence[Any]) -> Delivered:
+    return Delivered([int(x) == 1 for x in reply[:-1]], int(reply[-1]))
+
+
 DELIVER = Contract(
     "deliver",
     keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox", "done"),
     args=("now", "prefix", "dead_retention_ms", "max_bytes", "retention_ms"),
     tail="deliveries",
     build=_deliver,
-    parse=_parse_flags,
+    parse=_parse_delivered,
 )
 
 

@@ -230,6 +230,10 @@ class Outcome(NamedTuple):
     current_fence: int | None = None
     retry_at_ms: int | None = None
     relay: bool = False  # finished, and runs wait on it: its outbox entry is to be relayed
+    # complete.lua's, when relay: the record's 'parents' and the outbox entry's version, for
+    # the committing worker to deliver at once (jobqueue.client.relay.relay_committed_steps)
+    parents: str | None = None
+    outbox_version: int | None = None
 
 
 def _outcome(reply: Sequence[Any]) -> Outcome:
@@ -237,7 +241,11 @@ def _outcome(reply: Sequence[Any]) -> Outcome:
     if int(reply[0]) == 1:
         if status == "retry":
             return Outcome(True, status, retry_at_ms=int(reply[2]))
-        return Outcome(True, status, relay=len(reply) > 2 and int(reply[2]) == 1)
+        relay = len(reply) > 2 and int(reply[2]) == 1
+        if relay and len(reply) > 4:
+            return Outcome(True, status, relay=True, parents=text(reply[3]),
+                           outbox_version=int(reply[4]))
+        return Outcome(True, status, relay=relay)
     fence = int(reply[2]) if len(reply) > 2 else None
     return Outcome(False, status, current_fence=fence)
 

@@ -12,7 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jobqueue.client.relay import audit_waiting_steps, relay_until_quiet, tidy_flows_steps
+from jobqueue.client.relay import (
+    Committed,
+    audit_waiting_steps,
+    relay_committed_steps,
+    relay_until_quiet,
+    tidy_flows_steps,
+)
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.hooks import Hooks
@@ -26,6 +32,7 @@ from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import BOUNCE, COMPLETE, FAIL, Bounced, Outcome
 from jobqueue.store.scripts import Call
 from jobqueue.worker.registry import WorkerTasks
+from jobqueue.worker.relaying import CommitRelay
 from jobqueue.worker.runs import Finished, RunTable, WorkerStats, run_event
 
 log = logging.getLogger("jobqueue.worker")
@@ -151,6 +158,7 @@ class Committer:
         # Every Settings.flow_audit_s: the waiting runs' audit (a rank per partition, going
         # round each waiting index) and the flows index's tidy.
         self._next_audit = 0.0
+        self._carry = CommitRelay(jq)
         self._audit_from: dict[PartitionKeys, int] = {}
 
     def set_partitions(self, partitions: list[PartitionKeys]) -> None:
@@ -182,6 +190,11 @@ class Committer:
             except queue_mod.Empty:
                 item = None if self._stopped.is_set() and not later else _NOTHING
             if item is None:
+                if self._carry.pending:  # (closing: what rides along goes now)
+                    try:
+                        self._carry.flush()
+                    except Exception as exc:
+                        log.warning("relaying completions failed for now: %s", exc)
                 return
             batch = [] if item is _NOTHING else [item]
             while len(batch) < MAX_COMMIT_BATCH:
@@ -218,6 +231,21 @@ class Committer:
                 self._sweep()
             if self._stopped.is_set() and later and self._shutdown_left() <= 0:
                 return  # their leases expire and the runs are claimed again
+
+    def _answer_carried(self, replies: list[Any]) -> None:
+        try:
+            self._carry.answer(replies)
+        except Exception as exc:  # (their outbox entries stay: the sweep relays them)
+            log.warning("relaying completions failed for now: %s", exc)
+
+    def _flush_relay(self) -> None:
+        """The carried deliveries, sent now unless more commits are queued (they ride along)."""
+        if not self._carry.pending or not self._queue.empty():
+            return
+        try:
+            self._carry.flush()
+        except Exception as exc:
+            log.warning("relaying completions failed for now: %s", exc)
 
     def _relay(self, keys: PartitionKeys) -> None:
         try:
@@ -312,6 +340,7 @@ class Committer:
                 groups.append(_Deferred([item]))
         groups = [_Deferred(items) for items in done.values()] + groups + retries
         if not groups:
+            self._flush_relay()
             return []
         retention = self._jq.settings.done_retention_ms
         now_ms = self._clock.now_ms()
@@ -328,8 +357,13 @@ class Committer:
             else self._fail_call(g.items[0])
             for g in groups
         ]
-        replies = self._jq.scripts.run_each(calls)
+        carried = self._carry.calls() if self._carry.pending else []
+        replies = self._jq.scripts.run_each(calls + carried)
+        if carried:
+            replies, carried_replies = replies[: len(calls)], replies[len(calls):]
+            self._answer_carried(carried_replies)
         relay: dict[PartitionKeys, None] = {}
+        committed: list[Committed] = []  # completions others wait on: the fast path
         later: list[_Deferred] = []
         refused = None
         now = self._clock.monotonic()
@@ -361,9 +395,24 @@ class Committer:
             for item, outcome in zip(group.items, outcomes, strict=True):
                 self._settle(item, outcome, group.resent)
                 answered.append(item)
-                if outcome.relay:
+                if outcome.relay and outcome.parents and outcome.outbox_version is not None:
+                    committed.append(Committed(item.entry.keys, item.entry.run.run_id,
+                                               item.result_json or "null", outcome.parents,
+                                               outcome.outbox_version))
+                elif outcome.relay:
                     relay[item.entry.keys] = None
-        for keys in relay:  # runs waiting on these hear of them before the table is told
+        # Runs waiting on these hear of them before the table is told: in the next commit's
+        # round trip when more commits are queued, else now (jobqueue.worker.relaying).
+        if committed:
+            try:
+                if self._jq.settings.durable:  # (deliveries WAIT for the replicas first)
+                    self._jq.run_steps(relay_committed_steps(self._jq, committed))
+                else:
+                    self._carry.add(committed)
+            except Exception as exc:  # (their outbox entries stay: the sweep relays them)
+                log.warning("relaying %d completions failed for now: %s", len(committed), exc)
+        self._flush_relay()
+        for keys in relay:
             self._relay(keys)
         if refused is not None:
             self.refused.set()  # no new claims until commits land again
