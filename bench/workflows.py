@@ -13,8 +13,16 @@ timed from the first enqueue to the last commit:
 * chain: M steps, each receiving the previous result; its per-step time minus a plain run's
   is what a step adds (the relay after each commit, the release, the next claim).
 
+With ``--bullmq`` the same server then runs BullMQ's side (bench/bullmq/bench.mjs, Node.js,
+installed there on first use): N no-op jobs added in bulk and drained by one Worker of the
+same concurrency, and a FlowProducer flow of a parent gathering N children with
+getChildrenValues(), each timed from the first add to the last completion in one process, as
+ours are. The ratios compare each side's child to its own plain job, and our chord child to
+BullMQ's flow child.
+
 Targets (issue 30): a chord child costs at most 1.5x a plain run; a chain step adds at most
-2 ms. Run ``python bench/workflows.py`` (``--quick`` for a smoke run, ``--tcp`` for loopback).
+2 ms. Run ``python bench/workflows.py`` (``--quick`` for a smoke run, ``--tcp`` for loopback,
+``--repeat R`` for the best of R).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from _common import (
     runs_from_args,
     say,
 )
+from vs_bullmq import ensure_bullmq, node
 
 from jobqueue import JobQueue
 from jobqueue.client.base import Request
@@ -107,6 +116,8 @@ def chain(jq: JobQueue, m: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser, default_n=DEFAULT_N, quick_n=QUICK_N)
+    parser.add_argument("--bullmq", action="store_true",
+                        help="also BullMQ's plain drain and flow, on the same server")
     args = parser.parse_args(argv)
     n = runs_from_args(args)
     m = QUICK_CHAIN_STEPS if args.quick else CHAIN_STEPS
@@ -133,6 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t_chain = phase(chain, m)
             finally:
                 jq.close()
+            bull: dict[str, float] = {}
+            if args.bullmq:
+                ensure_bullmq()
+                for what in ("drain", "flow"):
+                    times = []
+                    for _ in range(args.repeat):
+                        server.flush()
+                        times.append(node(what, server.url, str(n), str(CONCURRENCY))["seconds"])
+                    bull[what] = min(times)
     except (BenchError, OSError) as exc:
         return fail(str(exc))
     per = {name: t / n * 1e6 for name, t in
@@ -164,6 +184,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     for name, value, ok, target in verdicts:
         say(f"  {name}: {value} (target {target}) {'PASS' if ok else 'MISS'}")
+    if bull:
+        b_plain, b_child = bull["drain"] / n * 1e6, bull["flow"] / n * 1e6
+        say()
+        say(format_table(
+            ["BullMQ (same server, concurrency 8)", "jobs/s", "us/job", "vs its plain",
+             "ours vs it"],
+            [[f"plain drain ({n:,} jobs)", f"{n / bull['drain']:,.0f}", f"{b_plain:,.0f}",
+              "1.00x", f"{b_plain / per['plain']:.2f}x"],
+             [f"flow child ({n:,} children)", f"{n / bull['flow']:,.0f}", f"{b_child:,.0f}",
+              f"{b_child / b_plain:.2f}x", f"{b_child / per['chord']:.2f}x"]],
+        ))
+        say("  (ours vs it: BullMQ's time per job over ours; above 1.00x we are faster)")
     return 0
 
 

@@ -7,10 +7,19 @@
 //   node bench.mjs worker <url> <concurrency> <task>
 //                                               resume the queue once ready, print {"t0": ms},
 //                                               work until SIGTERM
+//   node bench.mjs drain <url> <n> <concurrency>
+//                                               add n no-op jobs (bulk) and work them off in
+//                                               this process; prints {"seconds": ...} from the
+//                                               first add to the last completion
+//   node bench.mjs flow <url> <n> <concurrency>
+//                                               a FlowProducer flow: a parent whose n children
+//                                               (no-ops in another queue) it gathers with
+//                                               getChildrenValues(); the same timing, to the
+//                                               parent's completion (bench/workflows.py)
 //
 // <url> is redis://host:port or unix:///path/to/socket. <task> is noop or incr (one INCR on
 // the task's own connection: the I/O a real task does).
-import { Queue, Worker } from 'bullmq';
+import { FlowProducer, Queue, Worker } from 'bullmq';
 import IORedis from 'ioredis';
 
 const QUEUE = 'bench';
@@ -83,15 +92,65 @@ async function work(url, concurrency, task) {
   process.on('SIGINT', stop);
 }
 
+async function drain(url, n, concurrency) {
+  const queue = new Queue(QUEUE, { connection: connection(url) });
+  await queue.waitUntilReady();
+  let done = 0;
+  let finish;
+  const finished = new Promise((resolve) => { finish = resolve; });
+  const start = process.hrtime.bigint();
+  for (let i = 0; i < n; i += BATCH) await queue.addBulk(jobs(i, Math.min(i + BATCH, n), 'noop'));
+  const worker = new Worker(QUEUE, async (job) => job.data.i, {
+    connection: connection(url), concurrency,
+  });
+  worker.on('completed', () => { done += 1; if (done === n) finish(); });
+  await finished;
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  say({ seconds, rate: n / seconds });
+  await worker.close();
+  await queue.close();
+}
+
+async function flow(url, n, concurrency) {
+  const producer = new FlowProducer({ connection: connection(url) });
+  let finish;
+  const finished = new Promise((resolve) => { finish = resolve; });
+  let gathered = -1;
+  const children = new Worker('children', async (job) => job.data.i, {
+    connection: connection(url), concurrency,
+  });
+  const parent = new Worker('parent', async (job) => {
+    const values = await job.getChildrenValues();
+    gathered = Object.keys(values).length;
+    return gathered;
+  }, { connection: connection(url), concurrency });
+  parent.on('completed', () => finish());
+  await children.waitUntilReady();
+  await parent.waitUntilReady();
+  const start = process.hrtime.bigint();
+  const kids = [];
+  for (let i = 0; i < n; i++) kids.push({ name: 'noop', queueName: 'children', data: { i } });
+  await producer.add({ name: 'gather', queueName: 'parent', data: {}, children: kids });
+  await finished;
+  const seconds = Number(process.hrtime.bigint() - start) / 1e9;
+  if (gathered !== n) throw new Error(`the parent gathered ${gathered} of ${n} results`);
+  say({ seconds, rate: n / seconds });
+  await children.close();
+  await parent.close();
+  await producer.close();
+}
+
 const [command, url, a, b] = process.argv.slice(2);
 const commands = {
   enqueue: () => enqueue(url, Number(a)),
   bulk: () => bulk(url, Number(a)),
   fill: () => fill(url, Number(a), b),
   worker: () => work(url, Number(a), b),
+  drain: () => drain(url, Number(a), Number(b)),
+  flow: () => flow(url, Number(a), Number(b)),
 };
 if (!commands[command] || !url) {
-  process.stderr.write('usage: node bench.mjs enqueue|bulk|fill|worker <url> ...\n');
+  process.stderr.write('usage: node bench.mjs enqueue|bulk|fill|worker|drain|flow <url> ...\n');
   process.exit(2);
 }
 commands[command]().then(
