@@ -22,6 +22,7 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.models import Run
 from jobqueue.runtime.clock import FakeClock
 from jobqueue.settings import Settings
+from jobqueue.store.io import Request, Scripts, Steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, CREATE_RUN, ClaimedRun, ClaimResult, RunSpec
 from jobqueue.store.scripts import ScriptRunner
@@ -237,3 +238,39 @@ def pid_alive(pid: int) -> bool:
     except (ProcessLookupError, FileNotFoundError):
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# -- a relay pass held half way (tests of what a slow relay meets) --------------------------
+
+
+def until_relayed(steps: Steps[Any]) -> Steps[Request | None]:
+    """A relay pass up to (not including) its ``relayed`` call, which clears the outbox
+    entries it read: that request (the pass is left suspended there), or None when the pass
+    ended before it (an empty outbox)."""
+    try:
+        request: Request = next(steps)
+        while True:
+            if isinstance(request, Scripts) and any(c.script == "relayed" for c in request.calls):
+                return request
+            try:
+                reply = yield request
+            except Exception as exc:
+                request = steps.throw(exc)
+            else:
+                request = steps.send(reply)
+    except StopIteration:
+        return None
+
+
+def resume(steps: Steps[Any], request: Request) -> Steps[Any]:
+    """The rest of a pass ``until_relayed`` stopped, from the request it stopped at."""
+    try:
+        while True:
+            try:
+                reply = yield request
+            except Exception as exc:
+                request = steps.throw(exc)
+            else:
+                request = steps.send(reply)
+    except StopIteration as done:
+        return done.value

@@ -13,15 +13,17 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers import resume, until_relayed
 from keyspace import keyspace as keys
 from starlette.testclient import TestClient
 
+import jobqueue.client.relay as relay
 from jobqueue import RunFailed
 from jobqueue.cli.common import State
 from jobqueue.cli.core import main
 from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
-from jobqueue.client.relay import audit_waiting_steps
+from jobqueue.client.relay import Committed, audit_waiting_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, Fatal, OperationRefused, PayloadError, RunNotFound
@@ -31,6 +33,7 @@ from jobqueue.store.flows import DELIVER, Delivery
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 from jobqueue.testing import run_due
+from jobqueue.worker.relaying import CommitRelay
 
 
 @pytest.fixture
@@ -320,6 +323,35 @@ def test_deliveries_no_replica_acknowledged_keep_their_outbox_entries(
     assert "were not acknowledged by 1 replica(s) in time" in caplog.text
 
 
+def test_an_entry_written_again_in_the_millisecond_a_slow_relay_read_is_not_cleared_by_it(
+    app: JobQueue,
+) -> None:
+    """A slow relay read x's entry at version T; x ran again, a new step waits on it, and its
+    new entry has version T too (the same ms): the slow relay clears only what it delivered."""
+    add, note = task(app, "add"), task(app, "note")
+    flow = app.chain(add.s(1, 1), note.s(), flow_id="f")
+    x, keys = flow.runs[0], app.keys_for("default", flow.runs[0].run_id)
+    t = app.server_time_ms() + 60_000  # one worker millisecond for all its commits
+
+    def commit(fail: bool = False) -> None:
+        (c,) = [r for r in CLAIM.parse(app.scripts.run(
+            CLAIM.call(keys, 10, "w", 30_000, 60_000, now=t))).runs if r.run_id == x.run_id]
+        call = (FAIL.call(keys, x.run_id, c.fence, "boom", None, 60_000, now=t) if fail
+                else COMPLETE.call(keys, [(x.run_id, c.fence, "2")], 60_000, now=t))
+        app.scripts.run(call)
+
+    commit()
+    slow = relay.relay_steps(app, keys)
+    held = app.run_steps(until_relayed(slow))
+    app.relay("default")  # another relay delivers and clears x @ t
+    app.requeue(x.run_id, force=True)
+    later = app.workflow({"w2": note.s().after(x)}, flow_id="g")
+    commit(fail=True)  # x dies: its entry is x @ t again, for w2
+    app.run_steps(resume(slow, held))
+    app.relay("default")
+    assert later["w2"].refresh().state == "dead"  # it heard of x's death (policy fail)
+
+
 def test_a_run_waiting_on_a_dependency_that_ran_twice_runs_once(app: JobQueue) -> None:
     """The dependency is requeued after it finished and runs again: its second outcome is
     not counted again, and the waiting run is not released a second time."""
@@ -495,6 +527,29 @@ def test_foreign_data_in_one_waiting_runs_keys_holds_back_no_other_workflow(
     run_due(app)
     assert b.result(timeout=5) == 8
     assert a.last.state == "waiting"  # reported (logged), never repaired
+
+
+def test_a_workers_fast_delivery_refused_by_one_runs_foreign_data_still_tells_the_others(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """Both completions go in one commit; the deliver call to their partition is refused
+    whole (A:1's keys), and B:1 is told one delivery at a time, not at the next sweep."""
+    add, double = task(app, "add"), task(app, "double")
+    app.chain(add.s(1, 1), double.receiving(), flow_id="A")
+    b = app.chain(add.s(2, 2), double.receiving(), flow_id="B")
+    keys = app.keys_for("default", "A:1")
+    redis_client.delete(keys.got("A:1"))
+    redis_client.set(keys.got("A:1"), "not a hash")
+    claimed = CLAIM.parse(app.scripts.run(CLAIM.call(keys, 10, "w", 30_000, 60_000))).runs
+    results = {"A:0": "2", "B:0": "4"}
+    outcomes = COMPLETE.parse(app.scripts.run(COMPLETE.call(
+        keys, [(c.run_id, c.fence, results[c.run_id]) for c in claimed], 60_000)))
+    carry = CommitRelay(app)
+    carry.add([Committed(keys, c.run_id, results[c.run_id], o.parents or "",
+                         o.outbox_version or 0) for c, o in zip(claimed, outcomes, strict=True)])
+    carry.flush()
+    assert b.last.refresh().state == "pending"
+    assert app.find_run("A:1").state == "waiting"  # reported (logged), never repaired
 
 
 def test_a_fail_cascade_leaves_a_dependency_another_waiting_run_still_needs(

@@ -70,10 +70,12 @@ def relay_steps(core: ClientCore, keys: PartitionKeys) -> Steps[Relayed]:
     replies = list((yield commands(*reads))) if reads else []
 
     deliveries: dict[PartitionKeys, list[Delivery]] = {}
+    told: dict[str, int] = {}  # the 'parents' each finished run's outcome is delivered to
     for run_id, fields in zip(runs, replies[: len(runs)], strict=True):
         if isinstance(fields, Exception) or not fields or fields[0] not in _OUTCOME:
             continue  # no record, not one, or running again (requeued): nothing to tell
         state, result, error, parents = fields
+        told[run_id] = len((parents or "").encode())
         outcome = _OUTCOME[state] + (
             (result if result is not None else "null") if state == "done" else (error or "")
         )
@@ -101,7 +103,8 @@ def relay_steps(core: ClientCore, keys: PartitionKeys) -> Steps[Relayed]:
             raise
         except JobQueueError as exc:  # that run's own foreign data: reported, not retried
             log.error("a workflow's cancel of %s failed: %s", call.args[2], exc)
-    done = RELAYED.call(keys, entries, s.done_retention_ms, s.dead_retention_ms)
+    done = RELAYED.call(keys, [(m, v, told.get(m)) for m, v in entries], s.done_retention_ms,
+                        s.dead_retention_ms)
     (removed,) = yield Scripts([done])
     # A run told (that died or was cancelled) or cancelled went to its own outbox.
     touched = tuple(dict.fromkeys([*result.finished, *(t for t, _ in cancels)]))
@@ -118,6 +121,11 @@ class Committed:
     result_json: str
     parents: str
     version: int
+
+    @property
+    def told(self) -> int:
+        """The length of 'parents' in bytes, as relayed.lua checks it."""
+        return len(self.parents.encode())
 
 
 def plan_deliveries(
@@ -152,9 +160,9 @@ def relay_committed_steps(core: ClientCore, committed: Sequence[Committed]) -> S
                     core.settings.durable_replicas)
         return result.counted
     s = core.settings
-    by_source: dict[PartitionKeys, list[tuple[str, float]]] = {}
+    by_source: dict[PartitionKeys, list[tuple[str, float, int | None]]] = {}
     for c in committed:
-        by_source.setdefault(c.keys, []).append((c.run_id, c.version))
+        by_source.setdefault(c.keys, []).append((c.run_id, c.version, c.told))
     yield Scripts([RELAYED.call(pk, entries, s.done_retention_ms, s.dead_retention_ms)
                    for pk, entries in by_source.items()])
     for pk in result.finished:  # a waiting run there died or was cancelled: its cascade

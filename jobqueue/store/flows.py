@@ -193,14 +193,16 @@ FLOW_TIDY = Contract(
 
 def _relayed(
     pk: PartitionKeys,
-    entries: Sequence[tuple[str, float]],
+    entries: Sequence[tuple[str, float] | tuple[str, float, int | None]],
     retention_ms: int,
     dead_retention_ms: int,
     now: NowArg = None,
 ) -> Wire:
+    """``entries``: member, the version read and the length in bytes of the record's
+    'parents' delivered to (None, or left out: not checked)."""
     tail: list[str | int] = []
-    for member, version in entries:
-        tail += [member, int(version)]
+    for member, version, *told in entries:
+        tail += [member, int(version), "" if not told or told[0] is None else int(told[0])]
     return Wire(
         pk,
         {

@@ -11,8 +11,11 @@ was answered, so the order of the slow path is kept. When no more commits are qu
 carried steps are sent at once (``flush``), so an idle worker delivers right after its
 commit, and a burst worker never stops with a delivery still in hand.
 
-A unit whose delivery fails is dropped: its outbox entry stays, and a relay (the sweep of a
-worker serving the partition) delivers it again; a delivery made twice changes nothing."""
+A unit whose delivery a lost connection failed is dropped: its outbox entry stays, and a
+relay (the sweep of a worker serving the partition) delivers it again; a delivery made twice
+changes nothing. One that Redis refused (a waiting run's foreign data refuses its partition's
+whole call) goes the slow way at once, one delivery at a time, so that the others are not
+held back."""
 
 from __future__ import annotations
 
@@ -21,8 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobqueue.client.relay import Committed, deliver_call, plan_deliveries, relay_until_quiet
+from jobqueue.client.relay import (
+    Committed,
+    deliver_call,
+    plan_deliveries,
+    relay_committed_steps,
+    relay_until_quiet,
+)
 from jobqueue.client.sync import JobQueue
+from jobqueue.errors import ConnectionFailed
 from jobqueue.store.flows import DELIVER, RELAYED, Delivery
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import Call
@@ -32,8 +42,9 @@ log = logging.getLogger("jobqueue.workflows")
 
 @dataclass
 class _Unit:
+    committed: Sequence[Committed]
     deliveries: dict[PartitionKeys, list[Delivery]]
-    entries: dict[PartitionKeys, list[tuple[str, float]]]  # outbox entries to clear
+    entries: dict[PartitionKeys, list[tuple[str, float, int | None]]]  # entries to clear
     delivered: bool = False  # deliver answered: the clearing goes next
     calls: list[Call] = field(default_factory=list)  # what this unit has in flight
 
@@ -48,10 +59,10 @@ class CommitRelay:
 
     def add(self, committed: Sequence[Committed]) -> None:
         deliveries = self._jq.run_steps(plan_deliveries(self._jq, committed))
-        entries: dict[PartitionKeys, list[tuple[str, float]]] = {}
+        entries: dict[PartitionKeys, list[tuple[str, float, int | None]]] = {}
         for c in committed:
-            entries.setdefault(c.keys, []).append((c.run_id, c.version))
-        self._units.append(_Unit(deliveries, entries, delivered=not deliveries))
+            entries.setdefault(c.keys, []).append((c.run_id, c.version, c.told))
+        self._units.append(_Unit(committed, deliveries, entries, delivered=not deliveries))
 
     @property
     def pending(self) -> bool:
@@ -81,10 +92,12 @@ class CommitRelay:
                 if failed:  # (the sweep clears them: delivering again changes nothing)
                     log.debug("clearing relayed outbox entries failed for now: %s", failed[0])
                 continue
-            if failed:
+            if any(isinstance(r, ConnectionFailed) for r in failed):
                 log.warning("delivering %d completions failed for now (%s); their outbox "
-                            "entries stay for the relay", sum(map(len, u.entries.values())),
-                            failed[0])
+                            "entries stay for the relay", len(u.committed), failed[0])
+                continue
+            if failed:  # refused (a waiting run's foreign data): one delivery at a time
+                self._jq.run_steps(relay_committed_steps(self._jq, u.committed))
                 continue
             for pk, reply in zip(u.deliveries, mine, strict=True):
                 got = DELIVER.parse(reply)
