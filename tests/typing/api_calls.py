@@ -87,3 +87,20 @@ wrong: int = jq.enqueue(send_invoice, 42, amount=990).wait().result  # bad
 wrong_result: int = send_invoice.enqueue(42, amount=990).result()  # bad
 jq.enqueue(greet, 1)  # bad
 import_file.enqueue(3)  # bad
+
+
+# Workflows and batches: steps are checked against their task's function.
+flow = jq.chain(send_invoice.s(1, amount=2), import_file.s("a.csv"))
+batch = jq.batch([send_invoice.s(1, amount=2)], on_complete=import_file.s("a.csv"),
+                 batch_id="b")
+callback: RunHandle[object] = batch["on_complete"]
+
+
+@jq.task
+def splitter(ctx: RunContext) -> None:
+    added: list[str] = ctx.add_to_flow(send_invoice.s(3, amount=4))
+    del added
+
+
+jq.batch([send_invoice.s("x", amount=2)], on_success=import_file.s("a"))  # bad
+jq.batch([send_invoice.s(1, amount=2)], on_failure=import_file.s("a"))  # bad
