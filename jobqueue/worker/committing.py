@@ -228,6 +228,7 @@ class Committer:
                 log.exception("forgetting %d committed runs failed", len(answered))
             if self._swept and self._clock.monotonic() >= self._next_sweep:
                 self._next_sweep = self._clock.monotonic() + RELAY_SWEEP_S
+                self._flush_relay(clearing=True)  # (before the sweep reads the outboxes)
                 self._sweep()
             if self._stopped.is_set() and later and self._shutdown_left() <= 0:
                 return  # their leases expire and the runs are claimed again
@@ -238,12 +239,13 @@ class Committer:
         except Exception as exc:  # (their outbox entries stay: the sweep relays them)
             log.warning("relaying completions failed for now: %s", exc)
 
-    def _flush_relay(self) -> None:
-        """The carried deliveries, sent now unless more commits are queued (they ride along)."""
+    def _flush_relay(self, *, clearing: bool) -> None:
+        """The carried deliveries (and with ``clearing`` the clearings of the outbox entries
+        delivered), sent now unless more commits are queued: they ride along with those."""
         if not self._carry.pending or not self._queue.empty():
             return
         try:
-            self._carry.flush()
+            self._carry.flush(clearing=clearing)
         except Exception as exc:
             log.warning("relaying completions failed for now: %s", exc)
 
@@ -340,7 +342,7 @@ class Committer:
                 groups.append(_Deferred([item]))
         groups = [_Deferred(items) for items in done.values()] + groups + retries
         if not groups:
-            self._flush_relay()
+            self._flush_relay(clearing=True)
             return []
         retention = self._jq.settings.done_retention_ms
         now_ms = self._clock.now_ms()
@@ -411,7 +413,7 @@ class Committer:
                     self._carry.add(committed)
             except Exception as exc:  # (their outbox entries stay: the sweep relays them)
                 log.warning("relaying %d completions failed for now: %s", len(committed), exc)
-        self._flush_relay()
+        self._flush_relay(clearing=False)
         for keys in relay:
             self._relay(keys)
         if refused is not None:

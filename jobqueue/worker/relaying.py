@@ -8,8 +8,9 @@ run's partition), then, once every one of them was taken, the clearing of its ou
 (relayed.lua at that version). Each step rides along with the next commit (commit k+1 carries
 the deliveries of commit k and the clearing of commit k-1): never before what it depends on
 was answered, so the order of the slow path is kept. When no more commits are queued the
-carried steps are sent at once (``flush``), so an idle worker delivers right after its
-commit, and a burst worker never stops with a delivery still in hand.
+deliveries are sent at once (``flush``), so an idle worker delivers right after its commit;
+the clearings wait for the next round trip (a commit, or the commit thread's next wake-up,
+before its sweep reads the outboxes), and a closing worker sends everything.
 
 A unit whose delivery a lost connection failed is dropped: its outbox entry stays, and a
 relay (the sweep of a worker serving the partition) delivers it again; a delivery made twice
@@ -110,7 +111,9 @@ class CommitRelay:
         for pk in finished:
             relay_until_quiet(self._jq, pk)
 
-    def flush(self) -> None:
-        """Send what is carried until nothing is (a round trip per step)."""
-        while self._units:
+    def flush(self, *, clearing: bool = True) -> None:
+        """Send what is carried (a round trip per step) until nothing is, or with
+        ``clearing=False`` until every delivery is made: the clearings, which only tidy
+        (an entry left is delivered again, changing nothing), then ride with the next."""
+        while any(not u.delivered for u in self._units) or (clearing and self._units):
             self.answer(self._jq.scripts.run_each(self.calls()))
