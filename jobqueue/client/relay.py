@@ -333,8 +333,9 @@ def audit_waiting_steps(
     or an outbox entry lost by a failover of the dependency's master. AUDIT_RUNS waiting
     runs from rank ``start`` (the caller goes round the index). Returns (the next rank, the
     dependencies counted). A dependency whose record is gone is reported, not guessed at."""
-    (now_pair, entries) = yield commands(
-        cmd("time"), cmd("zrange", keys.waiting, start, start + AUDIT_RUNS - 1, withscores=True)
+    (now_pair,) = yield commands(cmd("time"))  # alone: a cluster pipeline refuses TIME
+    (entries,) = yield commands(
+        cmd("zrange", keys.waiting, start, start + AUDIT_RUNS - 1, withscores=True)
     )
     if isinstance(entries, Exception) or isinstance(now_pair, Exception):
         return 0, 0

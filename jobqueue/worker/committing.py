@@ -276,15 +276,18 @@ class Committer:
     def _audit(self, min_age_ms: int) -> None:
         """Outcomes the waiting runs never heard of (audit_waiting_steps), and the flows
         whose records all expired (tidy_flows_steps)."""
-        try:
-            for keys in self._swept:
+        for keys in self._swept:
+            try:
                 start = self._audit_from.get(keys, 0)
                 self._audit_from[keys], _ = self._jq.run_steps(
                     audit_waiting_steps(self._jq, keys, start, min_age_ms)
                 )
+            except Exception as exc:  # (one partition's trouble: the others go on)
+                log.warning("auditing the waiting runs of %s failed for now: %s", keys.tag, exc)
+        try:
             self._jq.run_steps(tidy_flows_steps(self._jq, self._swept))
         except Exception as exc:
-            log.warning("auditing the waiting runs and flows failed for now: %s", exc)
+            log.warning("tidying the flows index failed for now: %s", exc)
 
     def _abandon(self, items: list[Finished]) -> None:
         for item in items:

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from jobqueue import JobQueue, Request
 from jobqueue.cli.core import main
+from jobqueue.client.relay import tidy_flows_steps
 from jobqueue.store.runs import CLAIM, FAIL
 
 LEASE_MS = 60_000
@@ -95,3 +96,21 @@ def test_cli_queues_shows_each_masters_share_of_an_evenly_placed_queue(cluster_u
     assert table[0].split() == ["MASTER", "PARTITIONS", "DUE", "NOW", "LATER", "RUNNING", "SHARE"]
     assert sorted(line.split()[1] for line in table[1:]) == ["4", "4", "4"]
     assert all(line.split()[-1] == "1.00" for line in table[1:])
+
+
+def test_cli_flows_counts_a_flow_over_every_master_and_the_tidy_forgets_it_expired(
+    cluster_url: str,
+) -> None:
+    jq = JobQueue.from_url(cluster_url, partitions={"default": 16})
+    t = jq.declare_task("t")
+    flow = jq.chord([t.s(i) for i in range(40)], t.s(), flow_id="spread")
+    (row,) = cli_json(cluster_url, "flows")
+    assert (row["flow_id"], row["progress"], row["runs"]) == ("spread", "0/41", 41)
+    detail = cli_json(cluster_url, "flows", "spread")
+    assert len(detail["edges"]) == 40
+    for run in flow.runs:  # every record expired
+        jq.redis.delete(jq.keys_for("default", run.run_id).run(run.run_id))
+    assert cli_json(cluster_url, "flows")[0]["states"]["expired"] == 41
+    jq.run_steps(tidy_flows_steps(jq, jq.all_partition_keys("default")))
+    assert cli_json(cluster_url, "flows") == []
+    jq.close()
