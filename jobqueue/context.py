@@ -19,8 +19,9 @@ _current: contextvars.ContextVar[RunContext] = contextvars.ContextVar("jobqueue_
 Writer = Callable[[str, str, int, str, "float | None"], bool]
 # The worker's progress call: (run_id, fence, progress, message) -> written.
 Reporter = Callable[[str, int, float, str], bool]
-# The worker's add_to_flow call: (run_id, queue, [(default run id, signature)]) -> run ids.
-Adder = Callable[[str, str, "list[tuple[str, Any]]"], "list[str]"]
+# The worker's add_to_flow call: (run_id, queue, fence, [(default run id, signature)]) -> run
+# ids.
+Adder = Callable[[str, str, int, "list[tuple[str, Any]]"], "list[str]"]
 PROGRESS_MESSAGE_MAX_CHARS = 500
 # The meta of a run enqueued without any: one shared read-only map, not a dict per run.
 NO_META: Mapping[str, str] = MappingProxyType({})
@@ -152,7 +153,7 @@ class RunContext:
             self._added += 1
             named.append((f"{self.run_id}+{self._added}", step))
         try:
-            return self._adder(self.run_id, self.queue, named)
+            return self._adder(self.run_id, self.queue, self.fence, named)
         except (FlowFinished, ConfigError):
             raise  # refused before anything was written
         except BaseException as exc:

@@ -17,6 +17,8 @@
 --          'left' is not a count, it would wait on more than 100,000 runs, a key is not on
 --          this node or a key holds another type.
 --
+-- An added run's entry names its adder: '<index>|<policy>|<queue>|<adder>' (the workers' audit
+-- cancels, for the waiting run, an added run never created once its adder has ended).
 -- The adder still unfinished is what makes this safe: a waiting run cannot be released while
 -- it waits on the adder, so the added runs are counted before the run can go. An added run
 -- gets the next index in jq:{q#p}:deps:<run_id> (a receiving run gets its result after the
@@ -56,7 +58,7 @@ local ok, plan = reading(function()
           if not named[dep] and not read('HGET', w.deps_key, dep) then
             named[dep] = true
             w.new[#w.new + 1] = dep
-            w.new[#w.new + 1] = int(w.next) .. '|' .. w.policy .. '|' .. queue
+            w.new[#w.new + 1] = int(w.next) .. '|' .. w.policy .. '|' .. queue .. '|' .. adder
             w.next, w.left = w.next + 1, w.left + 1
           end
         end

@@ -16,8 +16,12 @@ import pytest
 
 from jobqueue import RunContext
 from jobqueue.client.aio import AsyncJobQueue
+from jobqueue.client.flows import add_to_flow_steps
+from jobqueue.client.relay import audit_waiting_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, Fatal, FlowFinished
+from jobqueue.store.flows import EXTEND
+from jobqueue.store.runs import CLAIM
 from jobqueue.testing import run_due
 
 # What the callbacks saw, per test (the tasks run in this process).
@@ -264,6 +268,65 @@ def test_an_attempt_whose_add_failed_half_way_is_not_committed_done(
     run = batch.runs[0].refresh()
     assert run.state == "dead"
     assert "add_to_flow raised during this attempt" in (run.error or "")
+
+
+def test_the_audit_cancels_an_added_run_never_created_once_its_adder_ended(
+    app: JobQueue,
+) -> None:
+    """The adder told on_complete of a child, then died before creating it (its last
+    attempt): nothing will create it, and on_complete would wait for ever."""
+    signal = task(app, "signal")
+
+    @app.task(max_attempts=1)
+    def dies_half_way(ctx: RunContext) -> None:
+        ctx.add_to_flow(signal.s("child").with_options(run_id="never"))
+
+    batch = app.batch([dies_half_way.s()], on_complete=signal.s("complete"))
+    keys = app.keys_for("default", batch.runs[0].run_id)
+    app.redis.set(keys.run("never"), "foreign")  # creating it fails after the callback heard
+    run_due(app)
+    app.redis.delete(keys.run("never"))  # (its key cleaned up: the run is simply missing)
+    assert batch["on_complete"].refresh().state == "waiting"
+    cb_keys = app.keys_for("default", batch["on_complete"].run_id)
+    assert app.run_steps(audit_waiting_steps(app, cb_keys, 0, 0)) == (0, 1)
+    run_due(app)
+    assert called("complete") == [None]
+    (never,) = [d for d in batch["on_complete"].failed_children() if d.run_id == "never"]
+    assert (never.outcome, never.error) == (
+        "cancelled", f"never created: the run that added it ({batch.runs[0].run_id}) ended first"
+    )
+
+
+def test_the_audit_leaves_an_added_run_its_adder_may_still_create(app: JobQueue) -> None:
+    square, signal = task(app, "square"), task(app, "signal")
+    batch = app.batch([square.s(1)], on_complete=signal.s("complete"))
+    adder = batch.runs[0]
+    keys = app.keys_for("default", adder.run_id)
+    app.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000))  # the adder runs
+    # told, not yet created (the adder is between its two steps)
+    app.scripts.run(EXTEND.call(app.keys_for("default", batch["on_complete"].run_id),
+                                adder.run_id, [("later", "default")],
+                                [batch["on_complete"].run_id]))
+    cb_keys = app.keys_for("default", batch["on_complete"].run_id)
+    assert app.run_steps(audit_waiting_steps(app, cb_keys, 0, 0)) == (0, 0)
+    assert batch["on_complete"].refresh().dependencies_left == 2
+
+
+def test_a_stale_attempt_adds_nothing(app: JobQueue, redis_client: Any) -> None:
+    square, signal = task(app, "square"), task(app, "signal")
+    batch = app.batch([square.s(1)], on_complete=signal.s("complete"))
+    adder = batch.runs[0]
+    keys = app.keys_for("default", adder.run_id)
+    fence = CLAIM.parse(app.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000))).runs[0].fence
+    before = keys_now(redis_client)
+    with pytest.raises(FlowFinished, match="this attempt no longer holds run"):
+        app.run_steps(add_to_flow_steps(app, adder.run_id, "default",
+                                        [("x", square.s(2))], fence - 1))
+    assert keys_now(redis_client) == before
+
+
+def keys_now(redis_client: Any) -> dict[str, Any]:
+    return {k: redis_client.dump(k) for k in redis_client.keys("*")}
 
 
 def test_add_to_flow_outside_a_worker_says_where_it_works() -> None:

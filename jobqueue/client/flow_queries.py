@@ -18,6 +18,7 @@ from jobqueue.anomalies import Anomaly, Listing, checked, is_wrong_type, score_m
 from jobqueue.client.base import NOT_A_RECORD
 from jobqueue.client.queries import PARTITION_CHUNK, RECORD_CHUNK, partitions_of, pipelined
 from jobqueue.client.sync import JobQueue
+from jobqueue.store.flows import parse_dep_spec
 from jobqueue.store.keys import PartitionKeys
 
 FINISHED = ("done", "dead", "cancelled", "expired")
@@ -123,9 +124,8 @@ def flow(jq: JobQueue, flow_id: str) -> FlowDetail | None:
         jq, records, lambda pipe, kr: pipe.hgetall(kr[0].deps(kr[1])), RECORD_CHUNK
     ), strict=True):
         for dep, spec in sorted(checked(reply, k.deps(rid), "hash", found, {}).items(),
-                                key=lambda item: _index(item[1])):
-            edges.append(FlowEdge(dep, rid, str(spec).split("|")[1] if "|" in str(spec)
-                                  else "fail"))
+                                key=lambda item: parse_dep_spec(item[1]).index):
+            edges.append(FlowEdge(dep, rid, parse_dep_spec(spec).policy))
     summary.anomalies = tuple(unique([*summary.anomalies, *found]))
     return FlowDetail(summary, runs, edges)
 
@@ -196,8 +196,3 @@ def _summaries(
         runs, anomalies = _runs(jq, members[fid])
         rows.append(_summary(fid, created.get(fid), runs, anomalies))
     return rows
-
-
-def _index(spec: Any) -> int:
-    head = str(spec).split("|", 1)[0]
-    return int(head) if head.isdigit() else 0

@@ -36,7 +36,7 @@ from jobqueue.client.relay import relay_cascade_steps
 from jobqueue.errors import ConfigError, CorruptData, FlowFinished, RunNotFound
 from jobqueue.models import DependencyState
 from jobqueue.payload import args_tail, encode_payload
-from jobqueue.store.flows import ATTACH, EXTEND, FLOW_CREATE, Edge, NodeSpec
+from jobqueue.store.flows import ATTACH, EXTEND, FLOW_CREATE, Edge, NodeSpec, parse_dep_spec
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys, validate_run_id
 from jobqueue.workflows.canvas import Graph, Node, Signature
@@ -138,11 +138,13 @@ def add_to_flow_steps(
     adder_id: str,
     adder_queue: str,
     steps: Sequence[tuple[str, Signature[Any]]],
+    fence: int | None = None,
 ) -> Steps[list[tuple[str, str, bool]]]:
     """Runs (``steps``: default run id and signature each) that the runs waiting on run
     ``adder_id`` wait on too, each with that run's edge policy. Returns per step its run id,
     queue and whether this call created it. FlowFinished when no run waits on the adder any
-    more (nothing is written then)."""
+    more, or (given its attempt's ``fence``) when the adder does not run with that fence any
+    more: a stale attempt adds nothing (nothing is written then)."""
     if not steps:
         raise ConfigError("add_to_flow needs at least one step")
     prepared: list[tuple[str, NodeSpec]] = []
@@ -165,12 +167,18 @@ def add_to_flow_steps(
         if '"' in run_id or "\\" in run_id:
             raise ConfigError(f"a workflow's run ids hold no quote or backslash: {run_id!r}")
     keys = core.keys_for(adder_queue, adder_id)
-    (fields,) = yield commands(cmd("hmget", keys.run(adder_id), "parents", "flow"))
+    (fields,) = yield commands(cmd("hmget", keys.run(adder_id), "parents", "flow", "state",
+                                   "fence"))
     if is_wrong_type(fields):
         raise CorruptData(f"run {adder_id!r} in queue {adder_queue!r} is not a run record")
     if isinstance(fields, Exception):
         raise fields
-    parents_text, flow = fields
+    parents_text, flow, state, held = fields
+    if fence is not None and (state != "running" or held != str(fence)):
+        raise FlowFinished(
+            f"this attempt no longer holds run {adder_id!r} (now {state or 'gone'}, fence "
+            f"{held}): nothing was added"
+        )
     try:
         waiting = [(q, r) for q, r in json.loads(parents_text or "[]")]
     except (TypeError, ValueError):
@@ -322,9 +330,8 @@ def dependencies_steps(
             raise reply
     ranked = []
     for child, spec in (deps or {}).items():
-        index, _, rest = str(spec).partition("|")
-        policy, _, child_queue = rest.partition("|")
-        ranked.append((int(index) if index.isdigit() else 0, child, policy, child_queue))
+        d = parse_dep_spec(spec)
+        ranked.append((d.index, child, d.policy, d.queue))
     out = []
     for _, child, policy, child_queue in sorted(ranked):
         heard = (got or {}).get(child)

@@ -22,7 +22,15 @@ from typing import Any
 
 from jobqueue.client.core import ClientCore
 from jobqueue.errors import ConnectionFailed, JobQueueError
-from jobqueue.store.flows import DELIVER, FLOW_TIDY, RELAYED, Delivered, Delivery
+from jobqueue.store.flows import (
+    DELIVER,
+    FLOW_TIDY,
+    RELAYED,
+    Delivered,
+    Delivery,
+    DepSpec,
+    parse_dep_spec,
+)
 from jobqueue.store.io import DurableScripts, Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CANCEL
@@ -268,7 +276,7 @@ def _cancels(
         for child, spec in deps.items():
             if child in (got or {}):
                 continue
-            target = yield from _partition(core, str(spec).split("|", 2)[-1], child, order)
+            target = yield from _partition(core, parse_dep_spec(spec).queue, child, order)
             if target is not None:
                 candidates.append((order, child, target, running == "1"))
     if not candidates:
@@ -348,37 +356,49 @@ def audit_waiting_steps(
     replies = yield commands(*(c for rid in old
                                for c in (cmd("hgetall", keys.deps(rid)),
                                          cmd("hkeys", keys.got(rid)))))
-    unheard: list[tuple[str, str, str]] = []  # waiting run, dependency, its queue
+    unheard: list[tuple[str, str, DepSpec]] = []  # waiting run, dependency, its entry
+    specs: dict[tuple[str, str], DepSpec] = {}  # (waiting run, dependency) -> its entry
     for i, rid in enumerate(old):
         deps, got = replies[2 * i], replies[2 * i + 1]
         if isinstance(deps, Exception) or isinstance(got, Exception):
             continue  # foreign data: deliver.lua reports it when it is delivered to
         heard = set(got or [])
         for dep, spec in (deps or {}).items():
+            specs[(rid, dep)] = parse_dep_spec(spec)
             if dep not in heard:
-                unheard.append((rid, dep, str(spec).split("|")[-1]))
+                unheard.append((rid, dep, specs[(rid, dep)]))
         if len(unheard) >= AUDIT_READS:
             following = start + i + 1
             break
-    where = []
-    for rid, dep, queue in unheard:
-        target = yield from _partition(core, queue, dep, rid)
-        where.append(target)
-    reads = [(u, k) for u, k in zip(unheard, where, strict=True) if k is not None]
-    states = (yield commands(*(cmd("hmget", k.run(dep), "state", "result", "error")
-                               for (_, dep, _), k in reads))) if reads else []
+    states = yield from _states(core, [(rid, dep, d.queue) for rid, dep, d in unheard])
     found: list[Delivery] = []
-    for ((rid, dep, queue), _), fields in zip(reads, states, strict=True):
-        if isinstance(fields, Exception):
+    missing: list[tuple[str, str, DepSpec]] = []
+    for (rid, dep, d), fields in zip(unheard, states, strict=True):
+        if fields is None:
             continue
         state, result, error = fields
         if state in _OUTCOME:
             body = (result if result is not None else "null") if state == "done" else error
             found.append(Delivery(rid, dep, _OUTCOME[state] + (body or "")))
         elif state is None:
+            missing.append((rid, dep, d))
+    # A run added by a running step (ctx.add_to_flow) and never created: its adder ended
+    # between telling the waiting run and creating it (a crash, an attempt that raised and
+    # was not retried, a stale attempt). Nothing will create it: the waiting run hears of it
+    # as cancelled. Any other missing dependency is reported, not guessed at.
+    adders = [(rid, d.adder, specs[(rid, d.adder)].queue) for rid, _, d in missing
+              if d.adder is not None and (rid, d.adder) in specs]
+    adder_states = yield from _states(core, adders)
+    ended = {(rid, adder) for (rid, adder, _), fields in zip(adders, adder_states, strict=True)
+             if fields is not None and fields[0] in (*_OUTCOME, None)}
+    for rid, dep, d in missing:
+        if d.adder is not None and (rid, d.adder) in ended:
+            found.append(Delivery(rid, dep, f"cnever created: the run that added it "
+                                            f"({d.adder}) ended first"))
+        else:
             log.warning("run %s of %s waits on %s of queue %r, which has no record (never "
                         "created, lost in a failover or deleted): cancel the run or create "
-                        "its dependency again", rid, keys.tag, dep, queue)
+                        "its dependency again", rid, keys.tag, dep, d.queue)
     if not found:
         return following, 0
     counted = (yield from _deliver(core, {keys: found})).counted
@@ -386,6 +406,24 @@ def audit_waiting_steps(
         log.warning("delivered %d outcomes to waiting runs of %s that had not heard of them "
                     "(a delivery or an outbox entry lost in a failover?)", counted, keys.tag)
     return following, counted
+
+
+def _states(
+    core: ClientCore, runs: Sequence[tuple[str, str, str]]
+) -> Steps[list[tuple[Any, Any, Any] | None]]:
+    """(state, result, error) of each (waiting run, run, its queue), None for a run that
+    cannot be read (a queue no command can use, foreign data)."""
+    where = []
+    for rid, dep, queue in runs:
+        where.append((yield from _partition(core, queue, dep, rid)))
+    reads = [(dep, k) for (_, dep, _), k in zip(runs, where, strict=True) if k is not None]
+    replies = iter((yield commands(*(cmd("hmget", k.run(dep), "state", "result", "error")
+                                     for dep, k in reads))) if reads else [])
+    out: list[tuple[Any, Any, Any] | None] = []
+    for k in where:
+        reply = next(replies) if k is not None else None
+        out.append(None if reply is None or isinstance(reply, Exception) else tuple(reply))
+    return out
 
 
 def tidy_flows_steps(core: ClientCore, partitions: Sequence[PartitionKeys]) -> Steps[int]:

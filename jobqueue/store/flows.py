@@ -17,6 +17,27 @@ from jobqueue.store.keys import PartitionKeys
 POLICIES = ("fail", "ignore", "continue", "remove", "skip")
 
 
+@dataclass(frozen=True, slots=True)
+class DepSpec:
+    """A waiting run's entry for one dependency in jq:{q#p}:deps:<run_id>:
+    '<index>|<policy>|<queue>', and '|<adder>' for a run added by a running step
+    (extend.lua)."""
+
+    index: int
+    policy: str
+    queue: str
+    adder: str | None = None
+
+
+def parse_dep_spec(spec: Any) -> DepSpec:
+    """A deps entry as jobqueue writes it; anything else reads as index 0, policy fail."""
+    parts = str(spec).split("|", 3)
+    index = int(parts[0]) if parts[0].isdigit() else 0
+    policy = parts[1] if len(parts) > 1 else "fail"
+    queue = parts[2] if len(parts) > 2 else ""
+    return DepSpec(index, policy, queue, parts[3] if len(parts) > 3 and parts[3] else None)
+
+
 @dataclass(slots=True)
 class Edge:
     """A dependency of a waiting run: the run it waits on, where that run lives, and what its

@@ -641,8 +641,10 @@ class Executor:
 
         return write
 
-    def _add_to_flow(self, run_id: str, queue: str, steps: list[tuple[str, Any]]) -> list[str]:
-        made = self._jq.run_steps(add_to_flow_steps(self._jq, run_id, queue, steps))
+    def _add_to_flow(
+        self, run_id: str, queue: str, fence: int, steps: list[tuple[str, Any]]
+    ) -> list[str]:
+        made = self._jq.run_steps(add_to_flow_steps(self._jq, run_id, queue, steps, fence))
         return [rid for rid, _, _ in made]
 
     def _reporter_for(self, keys: PartitionKeys) -> Reporter:
