@@ -21,7 +21,8 @@
 -- cancels, for the waiting run, an added run never created once its adder has ended).
 -- The adder still unfinished is what makes this safe: a waiting run cannot be released while
 -- it waits on the adder, so the added runs are counted before the run can go. An added run
--- gets the next index in jq:{q#p}:deps:<run_id> (a receiving run gets its result after the
+-- gets the next index in jq:{q#p}:deps:<run_id> (past the record's 'deps_n', the indexes
+-- used so far) (a receiving run gets its result after the
 -- others'), and 'left' goes up by the runs that were not dependencies already.
 
 local now = clock(ARGV[1])
@@ -37,7 +38,7 @@ local ok, plan = reading(function()
   for i = 5 + 2 * n, #ARGV do
     local id = ARGV[i]
     local w = {id = id, key = prefix .. 'run:' .. id, ok = false}
-    local run = load_run(w.key, 'state', 'left')
+    local run = load_run(w.key, 'state', 'left', 'deps_n')
     if run and run.state == 'waiting' then
       w.deps_key, w.got_key = prefix .. 'deps:' .. id, prefix .. 'got:' .. id
       expect(w.deps_key, 'hash')
@@ -49,7 +50,8 @@ local ok, plan = reading(function()
         end
         w.ok = true
         w.policy = string.match(spec, '^%d+|(%a+)|') or 'fail'
-        w.next = read('HLEN', w.deps_key)
+        -- past every index used: a dependency named twice at creation took two
+        w.next = math.max(read('HLEN', w.deps_key), whole_or(run.deps_n, 0, 0))
         w.left = tonumber(run.left)
         w.new = {}
         local named = {}
@@ -78,7 +80,7 @@ local out = {}
 for _, w in ipairs(plan.runs) do
   if w.ok and #w.new > 0 then
     bulk('HSET', w.deps_key, w.new, 2000)
-    redis.call('HSET', w.key, 'left', w.left)
+    redis.call('HSET', w.key, 'left', w.left, 'deps_n', int(w.next))
   end
   out[#out + 1] = w.ok and 1 or 0
 end

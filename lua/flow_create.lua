@@ -11,7 +11,9 @@
 -- KEYS[6]  flows     zset    jq:{q#p}:flows    flow_id -> creation time of its first run here
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
--- ARGV[3..] nodes             13 fields per run, then 3 per dependency: run_id, task,
+-- ARGV[3]  flow_at            when the flow was created (ms), for its flows index entry: ''
+--                             for now (a run added to a flow later gives the flow's time)
+-- ARGV[4..] nodes             13 fields per run, then 3 per dependency: run_id, task,
 --                             payload (JSON), max_attempts, lease_ms, timeout_ms, parents
 --                             (JSON list of [queue, run_id] of the runs waiting on this one,
 --                             or ''), flow (the workflow's id), receives ('' | 'one' | 'all':
@@ -41,6 +43,7 @@
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
+local flow_at = ARGV[3] == '' and now or tonumber(ARGV[3])
 local FIXED = 13
 local POLICIES = {fail = true, ignore = true, continue = true, remove = true, skip = true}
 local RECEIVES = {[''] = true, one = true, all = true}
@@ -54,7 +57,10 @@ local ok, plan = reading(function()
   p.wake = waker(KEYS[3])
   p.stats = counters(KEYS[4], 'created')
   p.seq = sequencer(KEYS[5], now)
-  local i, seen = 3, {}
+  if ARGV[3] ~= '' and not whole(ARGV[3], 0) then
+    refuse('ERR jobqueue: flow_create: flow_at is a time in ms or empty')
+  end
+  local i, seen = 4, {}
   while i <= #ARGV do
     local n = ARGV[i + 12]
     if not (n and count(n, 0) and tonumber(n) <= 100000) or i + FIXED - 1 + 3 * n > #ARGV then
@@ -125,7 +131,8 @@ for _, node in ipairs(plan.nodes) do
       -- run starts with nothing heard of.
       redis.call('DEL', prefix .. 'deps:' .. node.id, prefix .. 'got:' .. node.id)
       bulk('HSET', prefix .. 'deps:' .. node.id, deps, 2000)
-      redis.call('HSET', key, 'state', 'waiting', 'left', node.left)
+      -- deps_n: the indexes used (a dependency named twice takes two): extend.lua goes on
+      redis.call('HSET', key, 'state', 'waiting', 'left', node.left, 'deps_n', node.deps)
       redis.call('HDEL', key, 'due')
       if ARGV[a + 8] ~= '' then
         redis.call('HSET', key, 'receives', ARGV[a + 8], 'args_tail', ARGV[a + 9])
@@ -148,7 +155,7 @@ if created > 0 then
   wake(plan.wake, created)
 end
 for _, flow in ipairs(plan.flows) do
-  redis.call('ZADD', KEYS[6], 'NX', now, flow)
+  redis.call('ZADD', KEYS[6], 'NX', flow_at, flow)
   bulk('SADD', prefix .. 'flow:' .. flow, plan.members[flow], 2000)
 end
 bump(plan.stats, 'created', made)

@@ -32,6 +32,9 @@ local ok, plan = reading(function()
   local p = {}
   for i = 5, #ARGV, 3 do
     local member, told = ARGV[i], ARGV[i + 2]
+    if told ~= '' and not whole(told, 0) then
+      refuse('ERR jobqueue: relayed: a parents length is a whole number or empty')
+    end
     local at = read('ZSCORE', KEYS[1], member)
     if at and tonumber(at) == tonumber(ARGV[i + 1]) then
       local e = {member = member}

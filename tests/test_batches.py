@@ -426,3 +426,21 @@ def test_the_import_example_of_the_docs_runs_as_written(jq: JobQueue) -> None:
     assert called("report") == [[0 if c == 7 else 10 for c in range(50)] + [5_000] * 4]
     assert called("notify") == ["import finished"] and called("alert") == []
     assert batch["on_dead"].refresh().state == "cancelled"
+
+
+def test_a_run_added_to_a_step_that_named_a_dependency_twice_comes_after_the_others(
+    app: JobQueue,
+) -> None:
+    square, callback = task(app, "square"), task(app, "callback")
+
+    @app.task
+    def adds_one(ctx: RunContext) -> int:
+        ctx.add_to_flow(square.s(7))
+        return 1
+
+    flow = app.workflow({"a": adds_one.s(), "b": square.s(3),
+                         "c": callback.receiving("c").after("a", "a", "b")}, flow_id="twice")
+    run_due(app)
+    assert called("c") == [[1, 9, 49]]
+    # (in index order: the added run's index is past b's, not equal to it)
+    assert [d.run_id for d in flow["c"].dependencies()] == ["twice:a", "twice:b", "twice:a+1"]

@@ -17,6 +17,7 @@ from jobqueue.cli.common import State
 from jobqueue.cli.core import main
 from jobqueue.client import flow_queries
 from jobqueue.client.flow_queries import FlowEdge, FlowRun
+from jobqueue.client.relay import tidy_flows_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.dashboard.flow_drawing import layers
@@ -84,6 +85,26 @@ def test_flows_lists_the_newest_first_and_stops_at_the_limit(app: JobQueue) -> N
         time.sleep(0.002)  # (created in different milliseconds of the server's clock)
     assert [r["flow_id"] for r in cli_json(app, "flows")] == ["third", "second", "first"]
     assert [r["flow_id"] for r in cli_json(app, "flows", "--limit", "2")] == ["third", "second"]
+
+
+def test_a_flow_grown_into_another_queue_later_keeps_its_place_by_creation(
+    app: JobQueue,
+) -> None:
+    """A child of the old flow adds a run to queue b after the new flow was made: the old
+    flow is still the older, and does not push the new one out of a listing of one."""
+    s = step(app)
+
+    @app.task
+    def grower(ctx: Any) -> None:
+        ctx.add_to_flow(s.s(1).with_options(queue="b"))
+
+    app.batch([grower.s()], on_complete=s.s(), batch_id="old")
+    time.sleep(0.002)
+    app.group([s.s()], flow_id="new")  # the newest in old's only partition so far
+    time.sleep(0.002)
+    run_due(app, ["default"])  # old's child grows it into queue b now
+    assert [r["flow_id"] for r in cli_json(app, "flows", "--limit", "1")] == ["new"]
+    assert [r["flow_id"] for r in cli_json(app, "flows")] == ["new", "old"]
 
 
 def test_a_flow_over_two_queues_and_many_partitions_is_counted_in_full(
@@ -225,3 +246,24 @@ def test_layers_of_a_cycle_found_in_redis_put_its_runs_last() -> None:
     runs = [FlowRun(r, "q", "t", "pending") for r in "abc"]
     edges = [FlowEdge("b", "c", "fail"), FlowEdge("c", "b", "fail")]
     assert [[r.run_id for r in layer] for layer in layers(runs, edges)] == [["a"], ["b", "c"]]
+
+
+@pytest.mark.real_only
+def test_the_tidy_scans_a_big_flow_with_one_run_left_once_not_at_every_pass(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """1,000 runs, 999 of them expired: the first pass looks at the set until it finds the
+    one alive, the next ones look at that one (its witness) alone."""
+    s = step(app)
+    flow = app.group([s.s(i) for i in range(1000)], flow_id="big")
+    keys = app.keys_for("default", "big:0")
+    redis_client.delete(*[keys.run(r.run_id) for r in flow.runs[:-1]])
+
+    def exists_calls() -> int:
+        redis_client.config_resetstat()
+        app.run_steps(tidy_flows_steps(app, [keys]))
+        return int(redis_client.info("commandstats").get("cmdstat_exists", {}).get("calls", 0))
+
+    assert exists_calls() > 100  # the scan
+    assert exists_calls() == 1  # the witness
+    assert [r.flow_id for r in flow_queries.flows(app)] == ["big"]

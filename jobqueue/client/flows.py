@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobqueue.anomalies import is_wrong_type
+from jobqueue.anomalies import is_wrong_type, score_ms
 from jobqueue.client.core import ClientCore
 from jobqueue.client.relay import relay_cascade_steps
 from jobqueue.errors import ConfigError, CorruptData, FlowFinished, RunNotFound
@@ -167,8 +167,9 @@ def add_to_flow_steps(
         if '"' in run_id or "\\" in run_id:
             raise ConfigError(f"a workflow's run ids hold no quote or backslash: {run_id!r}")
     keys = core.keys_for(adder_queue, adder_id)
-    (fields,) = yield commands(cmd("hmget", keys.run(adder_id), "parents", "flow", "state",
-                                   "fence"))
+    (fields,) = yield commands(
+        cmd("hmget", keys.run(adder_id), "parents", "flow", "state", "fence")
+    )
     if is_wrong_type(fields):
         raise CorruptData(f"run {adder_id!r} in queue {adder_queue!r} is not a run record")
     if isinstance(fields, Exception):
@@ -211,8 +212,14 @@ def add_to_flow_steps(
     for queue, spec in prepared:
         spec.parents, spec.flow = text, flow or ""
         planned.append(Planned(queue, core.keys_for(queue, spec.run_id), spec))
+    # The flow's own creation time for the flows index of a partition it reaches now, so
+    # that listings order it by when it was created, not by when a step grew it.
+    flow_at = None
+    if flow:
+        (score,) = yield commands(cmd("zscore", keys.flows, flow))
+        flow_at = score_ms(score) if not isinstance(score, Exception) else None
     created: dict[str, bool] = {}
-    yield from _create(core, planned, created)
+    yield from _create(core, planned, created, flow_at)
     # A run id that existed (a retried add, or one given that names another run): it is told
     # of its waiting runs as an older run is, and relayed at once if it finished.
     existed = {(p.spec.run_id, p.queue): [[q, r] for q, r in told]
@@ -278,14 +285,20 @@ def _check_existing(
             )
 
 
-def _create(core: ClientCore, planned: Sequence[Planned], created: dict[str, bool]) -> Steps[None]:
+def _create(
+    core: ClientCore,
+    planned: Sequence[Planned],
+    created: dict[str, bool],
+    flow_at: int | None = None,
+) -> Steps[None]:
 
     by_partition: dict[PartitionKeys, list[Planned]] = {}
     for p in planned:
         by_partition.setdefault(p.keys, []).append(p)
     if not by_partition:
         return
-    calls = [FLOW_CREATE.call(keys, [p.spec for p in ps]) for keys, ps in by_partition.items()]
+    calls = [FLOW_CREATE.call(keys, [p.spec for p in ps], flow_at=flow_at)
+             for keys, ps in by_partition.items()]
     replies = yield from core._run_calls(calls, [p.spec.run_id for p in planned])
     for ps, reply in zip(by_partition.values(), replies, strict=True):
         for p, made in zip(ps, FLOW_CREATE.parse(reply), strict=True):

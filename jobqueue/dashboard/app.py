@@ -276,7 +276,7 @@ def run_page(request: Request) -> Response:
 
 def flows_page(request: Request) -> Response:
     p = request.query_params
-    found = flow_queries.flows(_settings(request).jq, p.get("queue") or None, limit=100)
+    found = flow_queries.flows(_settings(request).jq, p.get("queue") or None, limit=20)
     return render(request, "flows.html", flows=found, anomalies=queries.all_anomalies(found))
 
 

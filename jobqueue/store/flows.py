@@ -67,7 +67,10 @@ class NodeSpec:
     deps: list[Edge] = field(default_factory=list)
 
 
-def _flow_create(pk: PartitionKeys, nodes: Sequence[NodeSpec], now: NowArg = None) -> Wire:
+def _flow_create(
+    pk: PartitionKeys, nodes: Sequence[NodeSpec], now: NowArg = None, flow_at: int | None = None
+) -> Wire:
+    """``flow_at``: the flow's creation time for its flows index entry (None: now)."""
     tail: list[str | int] = []
     for n in nodes:
         tail += [
@@ -77,7 +80,8 @@ def _flow_create(pk: PartitionKeys, nodes: Sequence[NodeSpec], now: NowArg = Non
         ]
         for e in n.deps:
             tail += [e.run_id, e.policy, e.queue]
-    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix}, tail)
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix,
+                     "flow_at": "" if flow_at is None else int(flow_at)}, tail)
 
 
 def _parse_created(reply: Sequence[Any]) -> list[bool]:
@@ -87,7 +91,7 @@ def _parse_created(reply: Sequence[Any]) -> list[bool]:
 FLOW_CREATE = Contract(
     "flow_create",
     keys=("due", "waiting", "wake", "stats", "seq", "flows"),
-    args=("now", "prefix"),
+    args=("now", "prefix", "flow_at"),
     tail="nodes",
     build=_flow_create,
     parse=_parse_created,
@@ -205,7 +209,7 @@ def _parse_tidied(reply: Sequence[Any]) -> tuple[int, int]:
 
 FLOW_TIDY = Contract(
     "flow_tidy",
-    keys=("flows", "flows_cursor"),
+    keys=("flows", "flows_cursor", "flows_witness"),
     args=("now", "prefix", "n"),
     build=_flow_tidy,
     parse=_parse_tidied,

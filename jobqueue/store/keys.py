@@ -39,6 +39,7 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
     jq:{q#p}:flow:<flow_id> set    the run ids of that flow in the partition (flow_create;
                                    flow_tidy.lua forgets both once every record expired)
     jq:{q#p}:flows_cursor   string where flow_tidy.lua goes on (a rank in flows)
+    jq:{q#p}:flows_witness  hash   flow_id -> a run of it flow_tidy.lua found alive
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
     jq:queues               hash   queue name -> partition count, and its placement: '16'
@@ -387,6 +388,11 @@ class PartitionKeys:
     def flows_cursor(self) -> str:
         """Where flow_tidy.lua goes on in ``flows`` (a rank)."""
         return self.prefix + "flows_cursor"
+
+    @cached_property
+    def flows_witness(self) -> str:
+        """flow_id -> a run of it flow_tidy.lua found alive (checked first next time)."""
+        return self.prefix + "flows_witness"
 
     def flow(self, flow_id: str) -> str:
         """The run ids of a flow in this partition (a set)."""

@@ -41,6 +41,9 @@ MAX_COMMIT_BATCH = 500
 # How often the outboxes of the served partitions are looked at (workflows, see
 # jobqueue.client.relay): what a commit did not relay at once waits this long at most.
 RELAY_SWEEP_S = 2.0
+# Chunks (of jobqueue.client.relay.AUDIT_RUNS waiting runs) a worker's audit reads per
+# partition and period at most: 2,000 waiting runs; a longer index takes more periods.
+AUDIT_CHUNKS = 40
 # Commits sent again: first after about this long, doubling up to the cap.
 RESEND_S = 0.1
 RESEND_CAP_S = 5.0
@@ -231,6 +234,7 @@ class Committer:
                 self._flush_relay(clearing=True)  # (before the sweep reads the outboxes)
                 self._sweep()
             if self._stopped.is_set() and later and self._shutdown_left() <= 0:
+                self._flush_relay(clearing=True)  # (what was committed is told)
                 return  # their leases expire and the runs are claimed again
 
     def _answer_carried(self, replies: list[Any]) -> None:
@@ -279,9 +283,13 @@ class Committer:
         for keys in self._swept:
             try:
                 start = self._audit_from.get(keys, 0)
-                self._audit_from[keys], _ = self._jq.run_steps(
-                    audit_waiting_steps(self._jq, keys, start, min_age_ms)
-                )
+                for _ in range(AUDIT_CHUNKS):  # round the index, a chunk at a time
+                    start, _ = self._jq.run_steps(
+                        audit_waiting_steps(self._jq, keys, start, min_age_ms)
+                    )
+                    if start == 0:
+                        break
+                self._audit_from[keys] = start
             except Exception as exc:  # (one partition's trouble: the others go on)
                 log.warning("auditing the waiting runs of %s failed for now: %s", keys.tag, exc)
         try:
