@@ -209,7 +209,7 @@ def _parse_tidied(reply: Sequence[Any]) -> tuple[int, int]:
 
 FLOW_TIDY = Contract(
     "flow_tidy",
-    keys=("flows", "flows_cursor", "flows_witness"),
+    keys=("flows", "flows_tidy"),
     args=("now", "prefix", "n"),
     build=_flow_tidy,
     parse=_parse_tidied,

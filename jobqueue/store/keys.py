@@ -38,8 +38,8 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
                                    workflows and batches with runs in the partition
     jq:{q#p}:flow:<flow_id> set    the run ids of that flow in the partition (flow_create;
                                    flow_tidy.lua forgets both once every record expired)
-    jq:{q#p}:flows_cursor   string where flow_tidy.lua goes on (a rank in flows)
-    jq:{q#p}:flows_witness  hash   flow_id -> a run of it flow_tidy.lua found alive
+    jq:{q#p}:flows_tidy     hash   flow_tidy.lua's place: '' -> where it goes on (a rank in
+                                   flows), flow_id -> a run of it found alive
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
     jq:queues               hash   queue name -> partition count, and its placement: '16'
@@ -385,14 +385,10 @@ class PartitionKeys:
         return self.prefix + "flows"
 
     @cached_property
-    def flows_cursor(self) -> str:
-        """Where flow_tidy.lua goes on in ``flows`` (a rank)."""
-        return self.prefix + "flows_cursor"
-
-    @cached_property
-    def flows_witness(self) -> str:
-        """flow_id -> a run of it flow_tidy.lua found alive (checked first next time)."""
-        return self.prefix + "flows_witness"
+    def flows_tidy(self) -> str:
+        """flow_tidy.lua's place: '' -> the rank in ``flows`` it goes on from; flow_id -> a
+        run of it found alive (looked at first next time)."""
+        return self.prefix + "flows_tidy"
 
     def flow(self, flow_id: str) -> str:
         """The run ids of a flow in this partition (a set)."""
