@@ -1,5 +1,12 @@
 """Records every keyed command a redis-py RedisCluster sends (plain, pipelined, and the ones
-redis-py would split across slots by itself), so a test can show that none spans two slots."""
+redis-py would split across slots by itself), so a test can show that none spans two slots.
+
+redis-py routes by key in different places from one release to the next: ``determine_slot``
+everywhere up to 7; from 8 on, ``_slot_of_keys`` (which ``determine_slot`` and the pipeline's
+keyed fallback both call) and ``_split_multi_shard_command`` (DEL, EXISTS, ... whose keys it
+may send per slot). Each hook that exists is wrapped, so the log is whole on every version
+pyproject.toml allows; a command seen twice (``determine_slot`` calling ``_slot_of_keys``) is
+recorded twice, which the set-based checks do not mind."""
 
 from __future__ import annotations
 
@@ -21,18 +28,42 @@ class CommandLog:
 
 
 def record_cluster_commands(monkeypatch: pytest.MonkeyPatch) -> CommandLog:
-    """From now on, every command routed by key: its name and slot. ``determine_slot`` is
-    where redis-py routes each keyed command, single or pipelined; a multi-key command whose
-    keys span slots is recorded in ``split`` (redis-py would quietly split DEL, EXISTS,
-    UNLINK, TOUCH, MGET/MSET_NONATOMIC per slot, hiding a multi-slot need)."""
+    """From now on, every command routed by key: its name and slot, and in ``split`` the keys
+    of any multi-key command redis-py would quietly split per slot (DEL, EXISTS, UNLINK,
+    TOUCH, MGET/MSET_NONATOMIC), which would hide a multi-slot need."""
     log = CommandLog()
-    determine = redis.cluster.RedisCluster.determine_slot
-    by_slot = redis.commands.cluster.ClusterMultiKeyCommands._partition_keys_by_slot
+    cluster = redis.cluster.RedisCluster
 
-    def determine_slot(self: Any, *args: Any) -> Any:
-        slot = determine(self, *args)
-        log.commands.append((str(args[0]).upper(), int(slot)))
-        return slot
+    def wrap_slot(name: str, command_of: Any) -> None:
+        original = getattr(cluster, name)
+
+        def hooked(self: Any, *args: Any) -> Any:
+            slot = original(self, *args)
+            if slot is not None:
+                log.commands.append((str(command_of(args)).upper(), int(slot)))
+            return slot
+
+        monkeypatch.setattr(cluster, name, hooked)
+
+    wrap_slot("determine_slot", lambda args: args[0])
+    if hasattr(cluster, "_slot_of_keys"):  # redis-py 8: (command, keys)
+        wrap_slot("_slot_of_keys", lambda args: args[0])
+
+    if hasattr(cluster, "_split_multi_shard_command"):  # redis-py 8
+        split_command = cluster._split_multi_shard_command
+
+        def split_hooked(self: Any, *args: Any) -> Any:
+            splits = split_command(self, *args)
+            if splits:
+                for slot, *_ in splits:
+                    log.commands.append((str(args[0]).upper(), int(slot)))
+                if len(splits) > 1:
+                    log.split.append(tuple(key for *_, keys in splits for key in keys))
+            return splits
+
+        monkeypatch.setattr(cluster, "_split_multi_shard_command", split_hooked)
+
+    by_slot = redis.commands.cluster.ClusterMultiKeyCommands._partition_keys_by_slot
 
     def partition(self: Any, keys: Any) -> Any:
         groups = by_slot(self, keys)
@@ -40,7 +71,6 @@ def record_cluster_commands(monkeypatch: pytest.MonkeyPatch) -> CommandLog:
             log.split.append(tuple(keys))
         return groups
 
-    monkeypatch.setattr(redis.cluster.RedisCluster, "determine_slot", determine_slot)
     monkeypatch.setattr(
         redis.commands.cluster.ClusterMultiKeyCommands, "_partition_keys_by_slot", partition
     )
