@@ -376,6 +376,64 @@ local function expire_record(prefix, run_id, retention_ms, has_history)
   end
 end
 
+-- -- the event log: what happened to runs, as the scripts that made it happen wrote it ------
+-- jq:{q#p}:events is a stream: one entry per transition, written by the script that made the
+-- transition, in the same call, so an entry exists if and only if its transition happened.
+-- Every entry has the same three fields (a stream then stores their names once per node):
+--   e  the event: created, waiting, ready (a waiting run released), replaced (debounced),
+--      claimed, progress, retry, completed, dead, cancelled, expired (a lease taken back),
+--      refused (a commit refused), released, bounced (handed back), requeued
+--   r  the run id
+--   i  what the event adds, fields joined by '|' (the last one may hold '|'; jobqueue/store/
+--      events.py parses it): '<due ms>|<task>' (created), '<task>' (waiting), '<due ms>'
+--      (replaced), '<attempt>|<worker>' (claimed, expired, released), '<attempt>|<due ms>'
+--      (retry), '<attempt>|<error head>' (dead), '<attempt>' (completed), '<hand-backs>|
+--      <worker>' (bounced), '<progress>|<message head>' (progress), '<reason>' (refused,
+--      cancelled), '<state it had>' (requeued), '' (ready)
+-- The stream is trimmed at every write to about maxlen entries (MAXLEN ~: whole nodes, so up
+-- to one node of entries more) and, once per call, to the entries of the last age_ms (MINID ~,
+-- from the new entry's own id: the stream's clock, whatever `now` the call was given).
+-- jq:{q#p}:events:conf (hash, optional) configures it: off = '1' writes none, maxlen,
+-- age_ms. Never a reason to refuse a transition: a conf or stream key of another type, or an
+-- ACL without XADD and XTRIM, means no event (jobqueue check reports the first two).
+local EVENTS_MAXLEN, EVENTS_AGE_MS = 10000, 86400000
+local EVENT_TEXT = 200 -- bytes of an error or progress text kept in an event
+
+-- Phase 1: the partition's event log for emit(), or nil when none is to be written.
+local function event_log(prefix)
+  local key, conf_key = prefix .. 'events', prefix .. 'events:conf'
+  local conf, foreign = checked(redis.pcall('HMGET', conf_key, 'off', 'maxlen', 'age_ms'),
+                                conf_key, true)
+  if foreign then conf = {} end
+  if conf[1] == '1' then return nil end
+  local t = read('TYPE', key)
+  t = type(t) == 'table' and t.ok or t
+  if t ~= 'none' and t ~= 'stream' then return nil end
+  if redis.acl_check_cmd and not (redis.acl_check_cmd('XADD', key, '*', 'e', '') and
+                                  redis.acl_check_cmd('XTRIM', key, 'MINID', '0')) then
+    return nil
+  end
+  local maxlen = EVENTS_MAXLEN
+  if count(conf[2], 1) then maxlen = tonumber(conf[2]) end
+  local age = EVENTS_AGE_MS
+  if count(conf[3], 1) then age = tonumber(conf[3]) end
+  return {key = key, maxlen = int(maxlen), age = age, last = nil}
+end
+
+-- Phase 2: one entry (`log` from event_log; nil writes nothing).
+local function emit(log, event, run_id, info)
+  if not log then return end
+  log.last = redis.call('XADD', log.key, 'MAXLEN', '~', log.maxlen, '*', 'e', event,
+                        'r', run_id, 'i', info or '')
+end
+
+-- Phase 2, once per call after its last emit: the age trim.
+local function trim_events(log)
+  if not log or not log.last then return end
+  local ms = tonumber(string.match(log.last, '^(%d+)'))
+  if ms and ms > log.age then redis.call('XTRIM', log.key, 'MINID', '~', int(ms - log.age)) end
+end
+
 -- -- workflows: a finished run's parents hear of it through the outbox ---------------------
 -- A run other runs wait on has a record field 'parents' (a JSON list of [queue, run_id]; see
 -- flow_create.lua). The script that finishes it (complete, fail, claim's and bounce's
@@ -420,14 +478,15 @@ end
 -- Dead-lettering (claim, fail): the run will not run again. Its record says dead, with the
 -- error, and loses its lease; its history (when has_history: history_ok() was true) ends with
 -- '<now> dead<note>'; it expires after the dead retention and is listed in the dead index at
--- now. The caller removes its other index entry, and trims the dead index (trim_index) after
--- its last bury.
+-- now; its 'dead' event goes to `log` (event_log; '<attempt>|<error head>'). The caller removes
+-- its other index entry, and trims the dead index (trim_index) after its last bury.
 local function bury(dead_key, prefix, run_id, now, err, note, retention_ms, has_history,
-                    out)
+                    out, log, attempt)
   local key = prefix .. 'run:' .. run_id
   redis.call('HSET', key, 'state', 'dead', 'error', err, 'finished', now)
   redis.call('HDEL', key, 'lease_until')
   if has_history then history(prefix, run_id, now .. ' dead' .. note) end
+  emit(log, 'dead', run_id, (attempt or '0') .. '|' .. utf8_head(err, EVENT_TEXT))
   finish_record(prefix, run_id, retention_ms, has_history, out)
   redis.call('ZADD', dead_key, now, run_id)
 end

@@ -41,6 +41,8 @@
 -- lease (its holder may have had it) and a requeue clear them, so a later hand-back starts a
 -- new window. The fence is not changed here: the next claim issues
 -- a new one. Slots of per-key or per-task caps are freed as in release.lua.
+-- Events (see event_log in _prelude.lua): 'bounced' ('<hand_backs>|<worker>') or 'dead', and
+-- 'refused' for a refused call whose record exists.
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence, owner = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -59,6 +61,7 @@ local ok, plan = reading(function()
   local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner', 'priority', 'held',
                             'task', 'limit_key', 'unknown_since', 'bounces', 'parents')}
   p.why = refusal(p.run, fence)
+  p.log = event_log(prefix)
   p.stats = counters(KEYS[4], 'bounced', 'dead')
   if not p.why then
     expect(KEYS[1], 'zset')
@@ -75,7 +78,13 @@ local ok, plan = reading(function()
   return p
 end)
 if not ok then return plan end
-if plan.why then return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0) or 0} end
+if plan.why then
+  if plan.why ~= 'unknown' then
+    emit(plan.log, 'refused', run_id, plan.why)
+    trim_events(plan.log)
+  end
+  return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0) or 0}
+end
 
 local run = plan.run
 local delay, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -100,7 +109,8 @@ if now - since >= window and n >= tonumber(ARGV[11]) then
   redis.call('HSET', key, 'attempt', attempt)
   redis.call('HDEL', key, 'held', 'unknown_since', 'bounces')
   bury(KEYS[3], prefix, run_id, now, err, by .. utf8_head(err, 300), retention, plan.hist,
-       plan.outbox)
+       plan.outbox, plan.log, attempt)
+  trim_events(plan.log)
   trim_index(KEYS[3], now, retention)
   bump(plan.stats, 'dead', 1)
   wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[7]))
@@ -120,4 +130,6 @@ redis.call('ZADD', KEYS[1], due, run_id)
 local level = priority_of(run.priority)
 if level > 0 then redis.call('ZADD', KEYS[6], prio_score(level, due), run_id) end
 wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[7]))
+emit(plan.log, 'bounced', run_id, int(n) .. '|' .. owner)
+trim_events(plan.log)
 return {1, 'bounced', due, int(n)}

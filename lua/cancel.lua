@@ -40,6 +40,7 @@
 -- and keeps its record until relayed. A waiting run (its dependencies unfinished) leaves
 -- the waiting index, and an order '!<run_id>' goes to the outbox: the relay cancels its unfinished dependencies (cancelling a parent cancels its
 -- pending children). A waiting or outbox key of another type refuses the call whole.
+-- Events (see event_log in _prelude.lua): 'cancelled' ('<reason head>').
 
 local now = clock(ARGV[1])
 local prefix, run_id, retention, reason = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -68,6 +69,7 @@ local ok, plan = reading(function()
       expect(prefix .. 'parked:' .. p.run.parked, 'zset')
     end
     p.wake = waker(KEYS[7])
+    p.log = event_log(prefix)
   end
   return p
 end)
@@ -102,4 +104,6 @@ end
 redis.call('ZREM', KEYS[1], run_id)
 redis.call('ZREM', KEYS[2], run_id)
 bump(plan.stats, 'cancelled', 1)
+emit(plan.log, 'cancelled', run_id, utf8_head(reason, EVENT_TEXT))
+trim_events(plan.log)
 return {1, run.state}

@@ -91,6 +91,10 @@
 -- has room plus floor((i - 1) / N) windows, plus i - 1 ms (their order kept).
 -- These keys hold another type: the call is refused whole.
 --
+-- Events (see event_log in _prelude.lua): 'claimed' ('<attempt>|<worker>') per run taken,
+-- 'expired' ('<attempt>|<worker>' of the lapsed attempt) per lease taken back, 'dead' per run
+-- dead-lettered with a record.
+--
 -- A claim writes no history entry: the record holds the current attempt (owner, fence,
 -- attempt, started). The history keeps what the record cannot: how earlier attempts ended.
 
@@ -303,6 +307,7 @@ local ok, plan = reading(function()
   p.orphans = read('ZRANGE', KEYS[6], 0, ORPHANS_PER_CALL - 1, 'WITHSCORES')
   p.stats = counters(KEYS[4], 'claimed', 'lease_expired', 'dead')
   p.fences = fence_counter(KEYS[5])
+  p.log = event_log(prefix)
 
   local taking = 0
   -- 1. Expired leases. (Every entry read handled and more may follow: wake again at once.)
@@ -519,6 +524,7 @@ for _, run in ipairs(plan.take) do
     end
     -- its holder may have had the task: a later hand-back starts a new window (bounce.lua)
     redis.call('HDEL', key, 'unknown_since', 'bounces')
+    emit(plan.log, 'expired', run.id, (run.attempt or '0') .. '|' .. (run.owner or ''))
   end
   redis.call('HSET', key, 'state', 'running', 'fence', int(fence), 'attempt', attempt,
              'owner', owner, 'lease_until', until_, 'started', now)
@@ -538,6 +544,7 @@ for _, run in ipairs(plan.take) do
   out[n + 6] = run.payload; out[n + 7] = until_; out[n + 8] = whole_or(run.timeout_ms, 0, 0)
   out[n + 9] = run.job or ''; out[n + 10] = run.scheduled_for or ''
   out[n + 11] = whole_or(run.due, 0, 0); out[n + 12] = run.meta or ''
+  emit(plan.log, 'claimed', run.id, attempt .. '|' .. owner)
 end
 save_fences(plan.fences)
 if plan.rate_w and #plan.take > 0 then
@@ -626,8 +633,11 @@ for _, run in ipairs(plan.bury) do
     history(prefix, run.id, now .. ' lease expired fence=' .. (run.fence or '?') ..
             ' attempt=' .. (run.attempt or '?') .. ' owner=' .. (run.owner or '?'))
   end
+  if run.expired then
+    emit(plan.log, 'expired', run.id, (run.attempt or '0') .. '|' .. (run.owner or ''))
+  end
   bury(KEYS[3], prefix, run.id, now, run.reason, ' ' .. run.reason, dead_retention, run.hist_ok,
-       run.outbox)
+       run.outbox, plan.log, run.attempt)
   if run.held then redis.call('HDEL', prefix .. 'run:' .. run.id, 'held') end
   if run.unpark then
     redis.call('HDEL', prefix .. 'run:' .. run.id, 'parked')
@@ -688,6 +698,7 @@ trim_index(KEYS[3], now, dead_retention)
 bump(plan.stats, 'claimed', #plan.take)
 bump(plan.stats, 'lease_expired', plan.expired)
 bump(plan.stats, 'dead', died)
+trim_events(plan.log)
 
 -- The next wake-up, from what phase 1 read: the first index entries not handled, the leases
 -- just granted, the orphans put back.

@@ -23,6 +23,8 @@
 --          nothing: at most one completion per run is ever accepted. Refused whole (an error
 --          reply, nothing changed) when a key is not on this node or an index key holds
 --          another type.
+-- Events (jq:{q#p}:events, see event_log in _prelude.lua): 'completed' per accepted run,
+-- 'refused' per refused one whose record exists.
 --
 -- Batched: a worker commits every run that finished since its last commit in one call per
 -- partition. A run others wait on (record field 'parents') goes to the partition's outbox
@@ -48,7 +50,7 @@ local ok, plan = reading(function()
   if not whole(ARGV[3], 0) then
     refuse('ERR jobqueue: retention_ms is a whole number of ms, not ' .. tostring(ARGV[3]))
   end
-  local p = {runs = {}, freer = slot_freer(prefix, KEYS[6], KEYS[7])}
+  local p = {runs = {}, freer = slot_freer(prefix, KEYS[6], KEYS[7]), log = event_log(prefix)}
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
   p.stats = counters(KEYS[3], 'completed', 'rejected')
@@ -58,9 +60,10 @@ local ok, plan = reading(function()
     local run_id, fence = ARGV[i], tonumber(ARGV[i + 1])
     -- A key of another type answers 'unknown' for its run alone.
     local run = load_run(prefix .. 'run:' .. run_id, 'state', 'fence', 'hist', 'held', 'task',
-                         'limit_key', 'parents')
+                         'limit_key', 'parents', 'attempt')
     local r = {id = run_id, result = ARGV[i + 2], why = refusal(run, fence),
                current = run and whole_or(run.fence, 0, 0) or 0}
+    r.attempt = run and run.attempt or '0'
     r.hist = r.why == nil and run.hist ~= nil and history_ok(prefix, run_id)
     if r.why == nil then
       r.outbox = outbox_entry(KEYS[8], run, run_id, now)
@@ -84,6 +87,7 @@ for _, r in ipairs(plan.runs) do
   if r.why then
     refused = refused + 1
     out[#out + 1] = {0, r.why, r.current}
+    if r.why ~= 'unknown' then emit(plan.log, 'refused', r.id, r.why) end
   else
     local key = prefix .. 'run:' .. r.id
     redis.call('HSET', key, 'state', 'done', 'result', r.result, 'finished', now)
@@ -91,6 +95,7 @@ for _, r in ipairs(plan.runs) do
     if r.held then redis.call('HDEL', key, 'held') end
     finish_record(prefix, r.id, retention, r.hist, r.outbox)
     out[#out + 1] = r.outbox and {1, 'done', 1, r.parents, r.outbox.at} or {1, 'done'}
+    emit(plan.log, 'completed', r.id, r.attempt)
     ids[#ids + 1] = r.id
     finished[#finished + 1] = now
     finished[#finished + 1] = r.id
@@ -106,4 +111,5 @@ end
 wake(plan.wake, free_slots(plan.freer, prefix, KEYS[6], KEYS[7]))
 bump(plan.stats, 'completed', #ids)
 bump(plan.stats, 'rejected', refused)
+trim_events(plan.log)
 return out

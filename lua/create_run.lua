@@ -27,6 +27,8 @@
 -- pushed so that idle workers blocked on the list claim at once. A run above priority 0 is
 -- also in the prio zset at its level and due time: claim takes those first (claim.lua).
 --
+-- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') per run created.
+--
 -- The record holds only what differs from the defaults (write_pending): no queue (the key
 -- says it), no attempt or fence (0 until the first claim), no lease_ms, timeout_ms or job when
 -- 0 or empty, no meta or limit_key when '', no priority when 0, and no history entry (creation is the record's created and due fields; the
@@ -43,6 +45,7 @@ local ok, plan = reading(function()
   p.wake = waker(KEYS[2])
   p.stats = counters(KEYS[3], 'created')
   p.seq = sequencer(KEYS[5], now)
+  p.log = event_log(prefix)
   local i, seen = 3, {}
   while i <= #ARGV do
     local count = tonumber(ARGV[i])
@@ -90,6 +93,7 @@ while i <= #ARGV do
       created = created + 1
       due_pairs[2 * created - 1] = due_score(due, slot)
       due_pairs[2 * created] = run_id
+      emit(plan.log, 'created', run_id, int(due) .. '|' .. task)
       out[#out + 1] = 1
     end
     j = j + STRIDE
@@ -103,5 +107,6 @@ if created > 0 then
   bump(plan.stats, 'created', created)
   save_sequence(plan.seq)
   wake(plan.wake, created)
+  trim_events(plan.log)
 end
 return out

@@ -40,6 +40,8 @@
 -- holder's enqueue (the key expires), whatever the holder's state since, except that
 -- debounce can only replace a pending run: past its first claim, a new run takes the key.
 -- A key naming no run record (expired, purged, a key of another type) holds nothing.
+-- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') or 'replaced' ('<due
+-- ms>', for the holder).
 
 local now = clock(ARGV[1])
 local prefix, mode, ttl, dkey = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -62,6 +64,7 @@ local ok, plan = reading(function()
     end
   end
   p.exists = read('EXISTS', key) == 1
+  p.log = event_log(prefix)
   return p
 end)
 if not ok then return plan end
@@ -89,6 +92,8 @@ if plan.holder and (pending or (ttl and alive and mode == 'throttle')) then
     end
     bump(plan.stats, 'replaced', 1)
     wake(plan.wake, 1)
+    emit(plan.log, 'replaced', plan.holder, int(due))
+    trim_events(plan.log)
     return {now, 'replaced', plan.holder}
   end
 end
@@ -114,4 +119,6 @@ else
 end
 bump(plan.stats, 'created', 1)
 wake(plan.wake, 1)
+emit(plan.log, 'created', run_id, int(due) .. '|' .. ARGV[7])
+trim_events(plan.log)
 return {now, 'created', run_id}

@@ -50,6 +50,8 @@
 -- one; removed ones left out); its payload becomes '{"args":[' .. results .. args_tail.
 -- A waiting run that dies or finishes tells its own parents through the outbox
 -- (finish_record in _prelude.lua).
+-- Events (see event_log in _prelude.lua): 'ready' per run released, 'dead' ('0|<error>') or
+-- 'cancelled' ('<reason>') per waiting run that dies or is skipped.
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
@@ -65,7 +67,7 @@ local ok, plan = reading(function()
   if (#ARGV - FIRST + 1) % 3 ~= 0 then
     refuse('ERR jobqueue: deliver: 3 fields per delivery')
   end
-  local p = {parents = {}, order = {}, out = {}}
+  local p = {parents = {}, order = {}, out = {}, log = event_log(prefix)}
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
   expect(KEYS[6], 'zset')
@@ -184,7 +186,8 @@ for _, w in ipairs(plan.order) do
   if #w.new > 0 then bulk('HSET', w.got_key, w.new, 2000) end
   if w.die then
     redis.call('HSET', w.key, 'left', w.left)
-    bury(KEYS[6], prefix, w.id, now, w.die, ' ' .. w.die, dead_retention, w.hist, w.out)
+    bury(KEYS[6], prefix, w.id, now, w.die, ' ' .. w.die, dead_retention, w.hist, w.out,
+         plan.log, '0')
     redis.call('ZREM', KEYS[2], w.id)
     to_outbox(w.order)
     died = died + 1
@@ -199,6 +202,7 @@ for _, w in ipairs(plan.order) do
       redis.call('PEXPIRE', w.deps_key, retention)
       redis.call('PEXPIRE', w.got_key, retention)
     end
+    emit(plan.log, 'cancelled', w.id, utf8_head(w.skip, EVENT_TEXT))
     skipped = skipped + 1
   elseif w.release then
     redis.call('HSET', w.key, 'state', 'pending', 'due', now, 'left', w.left)
@@ -210,6 +214,7 @@ for _, w in ipairs(plan.order) do
       redis.call('PEXPIRE', w.deps_key, dead_retention)
       redis.call('PEXPIRE', w.got_key, dead_retention)
     end
+    emit(plan.log, 'ready', w.id, '')
     released = released + 1
   elseif #w.new > 0 then
     redis.call('HSET', w.key, 'left', w.left)
@@ -225,5 +230,6 @@ end
 bump(plan.stats, 'released', released)
 bump(plan.stats, 'dead', died)
 bump(plan.stats, 'cancelled', skipped)
+trim_events(plan.log)
 plan.out[#plan.out + 1] = died + skipped
 return plan.out

@@ -36,6 +36,8 @@
 -- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
 -- whole.
 -- (A retried run takes a slot again at its next claim.)
+-- Events (see event_log in _prelude.lua): 'retry' ('<attempt>|<due>') or 'dead', and 'refused'
+-- for a refused call whose record exists.
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence, err = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -58,6 +60,7 @@ local ok, plan = reading(function()
   p.run = load_run(key, 'state', 'fence', 'attempt', 'max_attempts', 'owner', 'priority',
                    'held', 'task', 'limit_key', 'parents')
   p.why = refusal(p.run, fence)
+  p.log = event_log(prefix)
   p.stats = counters(KEYS[4], 'rejected', 'failed', 'retried', 'dead')
   if not p.why then
     expect(KEYS[1], 'zset')
@@ -81,6 +84,10 @@ if not ok then return plan end
 
 if plan.why then
   bump(plan.stats, 'rejected', 1)
+  if plan.why ~= 'unknown' then
+    emit(plan.log, 'refused', run_id, plan.why)
+    trim_events(plan.log)
+  end
   return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0) or 0}
 end
 
@@ -104,11 +111,13 @@ if delay and attempt < max_attempts then
   bump(plan.stats, 'failed', 1)
   bump(plan.stats, 'retried', 1)
   wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[8]))
+  emit(plan.log, 'retry', run_id, attempt .. '|' .. int(due))
+  trim_events(plan.log)
   return {1, 'retry', due}
 end
 
 bury(KEYS[3], prefix, run_id, now, err, ended .. ': ' .. utf8_head(err, 200) .. tb,
-     dead_retention, plan.hist, plan.outbox)
+     dead_retention, plan.hist, plan.outbox, plan.log, attempt)
 trim_index(KEYS[3], now, dead_retention)
 redis.call('ZREM', KEYS[2], run_id)
 if run.held then redis.call('HDEL', key, 'held') end
@@ -117,4 +126,5 @@ bump(plan.stats, 'failed', 1)
 bump(plan.stats, 'dead', 1)
 if plan.capped then wake(plan.wake, 1) end
 wake(plan.wake, unparked)
+trim_events(plan.log)
 return plan.outbox and {1, 'dead', 1} or {1, 'dead'}

@@ -40,6 +40,8 @@
 -- deliver.lua moves it to due once 'left' is 0. A run without is pending, as create_run
 -- makes it. The caller creates the waiting runs of every partition before the pending ones,
 -- so a dependency that finishes always finds the run waiting on it.
+-- Events (see event_log in _prelude.lua): 'waiting' ('<task>') per run created waiting,
+-- 'created' ('<due ms>|<task>') per run created pending.
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
@@ -57,6 +59,7 @@ local ok, plan = reading(function()
   p.wake = waker(KEYS[3])
   p.stats = counters(KEYS[4], 'created')
   p.seq = sequencer(KEYS[5], now)
+  p.log = event_log(prefix)
   if ARGV[3] ~= '' and not whole(ARGV[3], 0) then
     refuse('ERR jobqueue: flow_create: flow_at is a time in ms or empty')
   end
@@ -140,10 +143,12 @@ for _, node in ipairs(plan.nodes) do
       if ARGV[a + 10] == '1' then redis.call('HSET', key, 'cancel_running', 1) end
       if ARGV[a + 11] == '1' then redis.call('HSET', key, 'on_death_only', 1) end
       redis.call('ZADD', KEYS[2], now, node.id)
+      emit(plan.log, 'waiting', node.id, ARGV[a + 1])
     else
       created = created + 1
       due_pairs[#due_pairs + 1] = due_score(now, next_slot(plan.seq))
       due_pairs[#due_pairs + 1] = node.id
+      emit(plan.log, 'created', node.id, int(now) .. '|' .. ARGV[a + 1])
     end
     out[#out + 1] = 1
     made = made + 1
@@ -159,4 +164,5 @@ for _, flow in ipairs(plan.flows) do
   bulk('SADD', prefix .. 'flow:' .. flow, plan.members[flow], 2000)
 end
 bump(plan.stats, 'created', made)
+trim_events(plan.log)
 return out

@@ -6,17 +6,23 @@
 -- ARGV[2]  fence              fence of the writer (the run's current claim)
 -- ARGV[3]  progress           0 to 100 (the caller checks it)
 -- ARGV[4]  message            a short text, or '' for none
+-- ARGV[5]  prefix             key prefix jq:{q#p}: (optional: without it, no event)
+-- ARGV[6]  run_id             the run (with the prefix)
 -- Returns  {1, 'written'} when written (fields progress, progress_message, progress_at and
 --          progress_attempt of the record; an empty message removes the field);
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua; a record of
 --          another type is 'unknown'). Refused whole (an error reply, nothing changed) when
 --          the key is not on this node.
+-- Events (see event_log in _prelude.lua): 'progress' ('<progress>|<message head>') when
+-- written.
 
 local now = clock(ARGV[1])
 local fence, progress, message = tonumber(ARGV[2]), ARGV[3], ARGV[4]
 
 local ok, plan = reading(function()
-  return {run = load_run(KEYS[1], 'state', 'fence', 'attempt')}
+  local p = {run = load_run(KEYS[1], 'state', 'fence', 'attempt')}
+  if ARGV[5] and ARGV[6] and not refusal(p.run, fence) then p.log = event_log(ARGV[5]) end
+  return p
 end)
 if not ok then return plan end
 
@@ -29,4 +35,6 @@ if message ~= '' then
 else
   redis.call('HDEL', KEYS[1], 'progress_message')
 end
+emit(plan.log, 'progress', ARGV[6], progress .. '|' .. utf8_head(message, EVENT_TEXT))
+trim_events(plan.log)
 return {1, 'written'}

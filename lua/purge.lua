@@ -10,12 +10,15 @@
 --          (see claim.lua) loses its listing, never the key, and counts as purged. Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or the dead
 --          index holds another type.
+-- Events (see event_log in _prelude.lua): 'purged' per run record deleted.
 
 local _ = clock(ARGV[1])
 local prefix = ARGV[2]
 
+local log
 local ok, plan = reading(function()
   expect(KEYS[1], 'zset')
+  log = event_log(prefix)
   local runs = {}
   for i = 3, #ARGV do
     local run_id = ARGV[i]
@@ -44,6 +47,7 @@ for _, r in ipairs(plan) do
     redis.call('DEL', r.key)
     if r.hist then redis.call('DEL', prefix .. 'hist:' .. r.id) end
     redis.call('ZREM', KEYS[1], r.id)
+    emit(log, 'purged', r.id, '')
     purged = purged + 1
   elseif r.action == 'unlist' and r.listed then
     redis.call('ZREM', KEYS[1], r.id)
@@ -53,4 +57,5 @@ for _, r in ipairs(plan) do
     refused = refused + 1
   end
 end
+trim_events(log)
 return {purged, refused}

@@ -25,6 +25,8 @@
 -- time (waking an idle worker), with its priority hint in jq:{q#p}:prio (reached by the
 -- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
 -- whole.
+-- Events (see event_log in _prelude.lua): 'released' ('<attempt given back>|<worker>'), and
+-- 'refused' for a refused call whose record exists.
 
 local now = clock(ARGV[1])
 local prefix, run_id, fence = ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -34,6 +36,7 @@ local ok, plan = reading(function()
   local p = {run = load_run(key, 'state', 'fence', 'attempt', 'owner', 'priority', 'held',
                             'task', 'limit_key')}
   p.why = refusal(p.run, fence)
+  p.log = event_log(prefix)
   if not p.why then
     expect(KEYS[1], 'zset')
     expect(KEYS[2], 'zset')
@@ -46,7 +49,13 @@ local ok, plan = reading(function()
   return p
 end)
 if not ok then return plan end
-if plan.why then return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0) or 0} end
+if plan.why then
+  if plan.why ~= 'unknown' then
+    emit(plan.log, 'refused', run_id, plan.why)
+    trim_events(plan.log)
+  end
+  return {0, plan.why, plan.run and whole_or(plan.run.fence, 0, 0) or 0}
+end
 
 local attempt = math.max((tonumber(plan.run.attempt) or 1) - 1, 0)
 redis.call('HSET', key, 'state', 'pending', 'attempt', attempt, 'due', now)
@@ -61,4 +70,8 @@ local level = priority_of(plan.run.priority)
 if level > 0 then redis.call('ZADD', KEYS[4], prio_score(level, now), run_id) end
 redis.call('ZREM', KEYS[2], run_id)
 wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[5]))
+-- the attempt that was given back (not counted: the record's attempt is one less now)
+emit(plan.log, 'released', run_id, int(whole_or(plan.run.attempt, 0, 0)) .. '|' ..
+     (plan.run.owner or ''))
+trim_events(plan.log)
 return {1, 'released'}

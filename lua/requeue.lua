@@ -27,6 +27,7 @@
 -- due at that time again, not at once; any other is due now, a held buffer-one run too (its
 -- due field, the far hold time, is past MAX_DUE_MS). A hand-back window (bounce.lua) starts
 -- anew.
+-- Events (see event_log in _prelude.lua): 'requeued' ('<the state it had>').
 
 local now = clock(ARGV[1])
 local prefix, run_id, force = ARGV[2], ARGV[3], ARGV[4] == '1'
@@ -47,6 +48,7 @@ local ok, plan = reading(function()
     expect(KEYS[5], 'zset')
     p.wake = waker(KEYS[4])
     p.hist = history_ok(prefix, run_id)
+    p.log = event_log(prefix)
   end
   return p
 end)
@@ -92,4 +94,6 @@ if level > 0 then redis.call('ZADD', KEYS[5], prio_score(level, due), run_id) en
 redis.call('ZREM', KEYS[2], run_id)
 redis.call('ZREM', KEYS[3], run_id)
 wake(plan.wake, 1)
+emit(plan.log, 'requeued', run_id, run.state)
+trim_events(plan.log)
 return {1, run.state}

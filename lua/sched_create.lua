@@ -17,6 +17,7 @@
 -- Returns  {now, created}: how many runs this call created (the others existed already and
 --          were left untouched). Refused whole (an error reply, nothing created) when a key
 --          is not on this node or an index key holds another type.
+-- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') per run created.
 
 local now = clock(ARGV[1])
 local run_prefix = ARGV[2] .. 'run:'
@@ -27,6 +28,7 @@ local ok, plan = reading(function()
   expect(KEYS[1], 'zset')
   p.wake = waker(KEYS[2])
   p.stats = counters(KEYS[3], 'created')
+  p.log = event_log(ARGV[2])
   local i = 3
   while i <= #ARGV do
     local count, instant = tonumber(ARGV[i]), ARGV[i + 6]
@@ -66,6 +68,7 @@ while i <= #ARGV do
       created = created + 1
       zadd[2 * created - 1] = due
       zadd[2 * created] = run_id
+      emit(plan.log, 'created', run_id, due .. '|' .. task)
     end
     j = j + 2
   end
@@ -76,5 +79,6 @@ if created > 0 then
   bulk('ZADD', KEYS[1], zadd, 2000)
   bump(plan.stats, 'created', created)
   wake(plan.wake, created)
+  trim_events(plan.log)
 end
 return {now, created}

@@ -18,7 +18,10 @@ the invariants:
 - a run is in exactly one place: the due zset (pending), the leases zset (running), the dead
   zset (dead) or the done zset (done, cancelled), matching the state field of its hash;
 - the leases zset is consistent with the hashes: member iff running, score == lease_until;
-- no key is leaked: every key under ``jq:`` is one the model accounts for.
+- no key is leaked: every key under ``jq:`` is one the model accounts for;
+- every transition wrote exactly its event to the partition's log, in order, with what it
+  carries, and nothing else did (a refused commit writes 'refused', never its transition's
+  event; heartbeats, pauses and limits write none).
 
 Runs on the real server, the judge of what the scripts do; each hypothesis example gets it
 flushed. (fakeredis runs the same scripts in the script tests, on both backends; these
@@ -103,6 +106,8 @@ class ModelRun:
     # its place among the runs created in its creation's ms (create_run.lua orders them by
     # it); 0 once something else set its due time
     slot: int = 0
+    owner: str = ""  # the worker of its current (or last) attempt
+    bounces: int = 0  # hand-backs in the current window (bounce.lua)
 
     @property
     def due_score(self) -> float:
@@ -172,6 +177,8 @@ class RunStateMachine(RuleBasedStateMachine):
         self.cap: int | None = None  # the concurrency limit
         self.rate: tuple[int, int] | None = None  # the rate limit: (N, W ms)
         self.claim_log: list[int] = []  # claim times logged under a rate limit
+        self.expected_events: list[tuple[str, str, str]] = []  # (event, run id, info)
+        self.events_read = "0-0"  # the log's entries checked so far
 
     def teardown(self) -> None:
         self.client.close()
@@ -180,6 +187,15 @@ class RunStateMachine(RuleBasedStateMachine):
 
     def run(self, call: Call) -> Any:
         return self.runner.run(call)
+
+    def event(self, kind: str, run_id: str, info: object = "") -> None:
+        self.expected_events.append((kind, run_id, str(info)))
+
+    def refused(self, h: Holding, outcome: Outcome | Bounced) -> None:
+        """A refused fenced call writes 'refused' with its reason (none when the run is
+        gone: there is nothing to tell about)."""
+        if not outcome.accepted and outcome.status != "unknown":
+            self.event("refused", h.run_id, outcome.status)
 
     def commit(self, run_id: str, accepted: bool) -> None:
         if accepted:
@@ -231,6 +247,7 @@ class RunStateMachine(RuleBasedStateMachine):
                     slot=self.seq_n,
                 )
                 self.seq_n += 1
+                self.event("created", run_id, f"{self.now + delay}|t")
         assert created == expected
 
     @rule(limit=st.integers(1, 3), lease=st.integers(100, 3000), owner=st.sampled_from(OWNERS))
@@ -268,6 +285,8 @@ class RunStateMachine(RuleBasedStateMachine):
         # index's next wake-up. When every entry read was handled, more may follow: now.
         # 1. Expired leases: past their attempts they go dead, which the limit does not count.
         leased = {r: m.lease_until or 0 for r, m in self.runs.items() if m.state == "running"}
+        buried: list[tuple[str, str, str]] = []  # (run id, expired's info, dead's info)
+        taken_back: dict[str, str] = {}  # run id -> expired's info
         window = zorder(leased)[: limit + 1]
         next_lease = self.now if len(window) == limit + 1 else None
         for run_id in window:
@@ -277,8 +296,12 @@ class RunStateMachine(RuleBasedStateMachine):
             m = self.runs[run_id]
             if m.attempt >= m.max_attempts:
                 m.state, m.lease_until = "dead", None
+                reason = f"lease expired on attempt {m.attempt} of {m.max_attempts}"
+                buried.append((run_id, f"{m.attempt}|{m.owner}",
+                               f"{m.attempt}|{reason} (worker died or stalled)"))
             else:
                 expected.append(run_id)
+                taken_back[run_id] = f"{m.attempt}|{m.owner}"
         # 2. Due runs above the default priority: the highest level first, by due time (and
         # creation order within a ms). A run is due once the whole ms of its score has come.
         due = {r: m.due_score for r, m in self.runs.items() if m.state == "pending"}
@@ -308,8 +331,16 @@ class RunStateMachine(RuleBasedStateMachine):
             self.last_fence = m.fence = next_fence(self.last_fence, m.fence, self.now)
             m.state, m.attempt = "running", m.attempt + 1
             m.lease_until = self.now + lease
+            if c.run_id in taken_back:
+                self.event("expired", c.run_id, taken_back[c.run_id])
+                m.bounces = 0
+            self.event("claimed", c.run_id, f"{m.attempt}|{owner}")
+            m.owner = owner
             assert (c.fence, c.attempt, c.lease_until_ms) == (m.fence, m.attempt, m.lease_until)
             self.holdings.append(Holding(c.run_id, c.fence, owner, m.record))
+        for run_id, expired, dead in buried:
+            self.event("expired", run_id, expired)
+            self.event("dead", run_id, dead)
         wakes = [t for t in (next_lease, next_due) if t is not None]
         wakes += [self.now + lease] if result.runs else []
         assert result.next_wake_ms == (min(wakes) if wakes else None)
@@ -353,8 +384,10 @@ class RunStateMachine(RuleBasedStateMachine):
         (outcome,) = COMPLETE.parse(self.run(call))
         run = self.fenced(h, outcome)
         self.commit(h.run_id, outcome.accepted)
+        self.refused(h, outcome)
         if run is not None:
             run.state, run.lease_until = "done", None
+            self.event("completed", h.run_id, run.attempt)
 
     @precondition(lambda self: self.holdings)
     @rule(data=st.data(), retry=st.none() | st.integers(0, 2000))
@@ -363,16 +396,19 @@ class RunStateMachine(RuleBasedStateMachine):
         call = FAIL.call(PK, h.run_id, h.fence, "boom", retry, RETENTION_MS, now=self.now)
         outcome = FAIL.parse(self.run(call))
         run = self.fenced(h, outcome)
+        self.refused(h, outcome)
         if run is None:
             return
         run.lease_until = None
         if retry is not None and run.attempt < run.max_attempts:
-            run.state, run.due, run.slot = "pending", self.now + retry, 0
+            run.state, run.due, run.slot, run.bounces = "pending", self.now + retry, 0, 0
             assert (outcome.status, outcome.retry_at_ms) == ("retry", run.due)
+            self.event("retry", h.run_id, f"{run.attempt}|{run.due}")
         else:
             run.state = "dead"
             assert outcome.status == "dead"
             self.commit(h.run_id, True)
+            self.event("dead", h.run_id, f"{run.attempt}|boom")
 
     @precondition(lambda self: self.holdings)
     @rule(data=st.data())
@@ -380,9 +416,11 @@ class RunStateMachine(RuleBasedStateMachine):
         h = data.draw(st.sampled_from(self.holdings))
         outcome = RELEASE.parse(self.run(RELEASE.call(PK, h.run_id, h.fence, self.now)))
         run = self.fenced(h, outcome)
+        self.refused(h, outcome)
         if run is not None:
+            self.event("released", h.run_id, f"{run.attempt}|{run.owner}")
             run.state, run.due, run.lease_until, run.slot = "pending", self.now, None, 0
-            run.attempt = max(run.attempt - 1, 0)
+            run.attempt, run.bounces = max(run.attempt - 1, 0), 0
 
     @precondition(lambda self: self.holdings)
     @rule(data=st.data(), window=st.sampled_from([0, 10**9]))
@@ -396,17 +434,24 @@ class RunStateMachine(RuleBasedStateMachine):
         )
         outcome = BOUNCE.parse(self.run(call))
         run = self.fenced(h, outcome)
+        self.refused(h, outcome)
         if run is None:
             return
         run.lease_until = None
         run.attempt = max(run.attempt - 1, 0)
+        run.bounces += 1
         if window:
             run.state, run.due, run.slot = "pending", self.now + 700, 0
             assert (outcome.status, outcome.due_ms) == ("bounced", run.due)
+            self.event("bounced", h.run_id, f"{run.bounces}|w-old")
         else:
             run.state = "dead"
             assert outcome.status == "dead"
             self.commit(h.run_id, True)
+            times = "once" if run.bounces == 1 else f"{run.bounces} times"
+            self.event("dead", h.run_id,
+                       f"{run.attempt}|no task (handed back {times} over 0 s, the window is 0 s)")
+            run.bounces = 0
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def cancel(self, run_id: str) -> None:
@@ -419,6 +464,7 @@ class RunStateMachine(RuleBasedStateMachine):
             assert (changed, state) == (True, run.state)
             self.last_fence = run.fence = next_fence(self.last_fence, run.fence, self.now)
             run.state, run.lease_until = "cancelled", None
+            self.event("cancelled", run_id, "stop")
         else:
             assert (changed, state) == (False, run.state)
 
@@ -434,7 +480,9 @@ class RunStateMachine(RuleBasedStateMachine):
             assert (changed, state) == (True, run.state)
             # a run cancelled before its due time is due at that time again
             due = max(self.now, run.due) if run.state == "cancelled" else self.now
+            self.event("requeued", run_id, run.state)
             run.state, run.attempt, run.due, run.commits, run.slot = "pending", 0, due, 0, 0
+            run.bounces = 0
 
     @rule(run_id=st.sampled_from(RUN_IDS))
     def expire(self, run_id: str) -> None:
@@ -503,9 +551,18 @@ class RunStateMachine(RuleBasedStateMachine):
         assert all(m.fence <= self.last_fence for m in self.runs.values())
 
     @invariant()
+    def each_transition_wrote_exactly_its_event(self) -> None:
+        entries = self.client.xrange(PK.events, f"({self.events_read}", "+")
+        written = [(f.get("e"), f.get("r"), f.get("i")) for _, f in entries]
+        assert written == self.expected_events
+        if entries:
+            self.events_read = entries[-1][0]
+        self.expected_events = []
+
+    @invariant()
     def no_key_is_leaked(self) -> None:
         allowed = {PK.due, PK.leases, PK.dead, PK.done, PK.wake, PK.stats, PK.fences, PK.orphans,
-                   PK.seq}
+                   PK.seq, PK.events}
         allowed.add(PK.prio)  # a cancelled run's entry stays until a claim drops it
         allowed |= {PK.paused} if self.paused else set()
         allowed |= {PK.limits} if self.cap is not None or self.rate is not None else set()
@@ -584,6 +641,18 @@ MUTANTS = {
         "claim",
         "  if now_us > f then f = now_us end",
         "",
+    ),
+    # complete.lua committing without writing its event (a missing XADD)
+    "complete-writes-no-event": (
+        "complete",
+        "    emit(plan.log, 'completed', r.id, r.attempt)",
+        "",
+    ),
+    # complete.lua writing the transition's event for a refused commit too
+    "complete-tells-of-a-refused-commit": (
+        "complete",
+        "    if r.why ~= 'unknown' then emit(plan.log, 'refused', r.id, r.why) end",
+        "    emit(plan.log, 'completed', r.id, r.current)",
     ),
 }
 

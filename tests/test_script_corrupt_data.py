@@ -99,8 +99,10 @@ PAYLOAD = '{"args":[],"kwargs":{}}'
 # What a field or a string may hold that no script writes: not a number, empty, NaN, infinite,
 # past 2^53, and digits that Lua reads as a number but Redis refuses as an integer.
 GARBAGE = ("x", "", "nan", "1e400", "1" + "0" * 30, "007")
-KINDS = ("string", "list", "set", "hash", "zset")
+KINDS = ("string", "list", "set", "hash", "zset", "stream")
 RECORD, HISTORY = "run:", "hist:"  # the undeclared keys: prefix + these + run id
+# The partition's event log and its settings, undeclared too (prefix + these).
+EVENT_KEYS = (("events", "stream"), ("events:conf", "hash"))
 
 
 # -- building states ---------------------------------------------------------------------------
@@ -806,10 +808,13 @@ READ: dict[str, Callable[[Any, str], object]] = {
     "set": lambda pipe, key: pipe.smembers(key),
     "hash": lambda pipe, key: pipe.hgetall(key),
     "zset": lambda pipe, key: pipe.zrange(key, 0, -1, withscores=True),
+    "stream": lambda pipe, key: pipe.xrange(key),
 }
 
 
-def canonical(value: object) -> object:
+def canonical(kind: str, value: Any) -> object:
+    if kind == "stream":
+        return [(entry_id, sorted(fields.items())) for entry_id, fields in value]
     if isinstance(value, set):
         return sorted(value)
     if isinstance(value, dict):
@@ -837,7 +842,7 @@ def keyspace(client: Any) -> dict[str, Entry]:
         pipe.execute_command("PEXPIRETIME", key)
     replies = pipe.execute()
     return {
-        key: Entry(kind, canonical(replies[2 * i]), replies[2 * i + 1])
+        key: Entry(kind, canonical(kind, replies[2 * i]), replies[2 * i + 1])
         for i, (key, kind) in enumerate(types.items())
     }
 
@@ -906,6 +911,8 @@ def targets(scenario: Scenario, call: Call, before: Shape, after: Shape) -> Iter
             key = scenario.prefix + part + run_id
             if key not in declared.values():
                 yield target(part + run_id, key, kind)
+    for role, kind in EVENT_KEYS:
+        yield target(role, scenario.prefix + role, kind)
 
 
 @dataclass(frozen=True)
@@ -920,6 +927,7 @@ FOREIGN: dict[str, Callable[[Any, str], object]] = {
     "set": lambda client, key: client.sadd(key, "garbage"),
     "hash": lambda client, key: client.hset(key, "garbage", "garbage"),
     "zset": lambda client, key: client.zadd(key, {"garbage": 0}),
+    "stream": lambda client, key: client.xadd(key, {"garbage": "garbage"}),
 }
 
 

@@ -234,7 +234,7 @@ def test_create_run_writes_only_keys_of_its_partition(
     pk = PartitionKeys("default", 2)
     create(runner, pk, spec("a"), spec("b"))
     keys = set(redis_client.keys("*"))
-    assert keys == {pk.run("a"), pk.run("b"), pk.due, pk.wake, pk.stats, pk.seq}
+    assert keys == {pk.run("a"), pk.run("b"), pk.due, pk.wake, pk.stats, pk.seq, pk.events}
 
 
 def test_scripts_use_the_server_clock_when_no_now_is_given(

@@ -67,6 +67,8 @@ ACL_COMMANDS = [
     "rpush", "ltrim", "llen", "persist", "pttl", "get", "set", "type",
     # per-key and per-task caps (claim, set_limit)
     "scard", "hkeys",
+    # event logs: written by the scripts, read by waits, `jobqueue events` and the dashboard
+    "xadd", "xtrim", "xread", "xrange", "xrevrange", "xinfo|stream",
 ]
 # fmt: on
 ACL_RULE = ["on", "~jq:*", "resetchannels", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]

@@ -40,6 +40,11 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
                                    flow_tidy.lua forgets both once every record expired)
     jq:{q#p}:flows_tidy     hash   flow_tidy.lua's place: '' -> where it goes on (a rank in
                                    flows), flow_id -> a run of it found alive
+    jq:{q#p}:events         stream what happened to the partition's runs, an entry per transition
+                                   (written by the script that made it; trimmed by length
+                                   and age, see jobqueue/store/events.py)
+    jq:{q#p}:events:conf    hash   the event log's settings: off, maxlen, age_ms (absent:
+                                   the defaults)
     jq:{q#p}:stats:from:<s> hash   counters of a removed partition s being folded in (a
                                    repartition in progress; short-lived)
     jq:queues               hash   queue name -> partition count, and its placement: '16'
@@ -383,6 +388,16 @@ class PartitionKeys:
         """The flows with runs here, flow_id -> creation time of the first (flow_create.lua;
         flow_tidy.lua forgets one once all its records here expired)."""
         return self.prefix + "flows"
+
+    @cached_property
+    def events(self) -> str:
+        """The partition's event log, a stream (see lua/_prelude.lua, event_log)."""
+        return self.prefix + "events"
+
+    @cached_property
+    def events_conf(self) -> str:
+        """The event log's settings (off, maxlen, age_ms); absent: the defaults."""
+        return self.prefix + "events:conf"
 
     @cached_property
     def flows_tidy(self) -> str:

@@ -522,14 +522,14 @@ def _progress(
         {"run": pk.run(run_id)},
         # repr: the shortest text that reads back as the same float
         {"now": now_arg(now), "fence": fence, "progress": repr(float(progress)),
-         "message": message},
+         "message": message, "prefix": pk.prefix, "run_id": run_id},
     )
 
 
 PROGRESS = Contract(
     "progress",
     keys=("run",),
-    args=("now", "fence", "progress", "message"),
+    args=("now", "fence", "progress", "message", "prefix", "run_id"),
     build=_progress,
     parse=_outcome,
 )
