@@ -6,7 +6,6 @@ one. ``R`` is what the task returns, so ``handle.result()`` is typed by the task
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -15,8 +14,8 @@ from jobqueue.models import DependencyState, Run
 
 R = TypeVar("R")
 
-# The first pause between two reads of a run that is not finished, doubling up to ``poll``.
-FIRST_POLL_S = 0.005
+# Where a queue's event log is off, the longest pause between two reads of a run waited on
+# (the first is 5 ms, doubling up to it).
 DEFAULT_POLL_S = 0.2
 
 
@@ -25,11 +24,21 @@ class RunReader(Protocol):
 
     def get_run(self, run_id: str, queue: str | None = None) -> Run[Any]: ...
 
+    def wait_run(
+        self, run_id: str, queue: str | None = None, timeout: float | None = None,
+        poll: float = DEFAULT_POLL_S,
+    ) -> Run[Any]: ...
+
     def dependencies(self, run_id: str, queue: str | None = None) -> list[DependencyState]: ...
 
 
 class AsyncRunReader(Protocol):
     async def get_run(self, run_id: str, queue: str | None = None) -> Run[Any]: ...
+
+    async def wait_run(
+        self, run_id: str, queue: str | None = None, timeout: float | None = None,
+        poll: float = DEFAULT_POLL_S,
+    ) -> Run[Any]: ...
 
     async def dependencies(
         self, run_id: str, queue: str | None = None
@@ -45,7 +54,7 @@ def outcome_of(run: Run[R]) -> R:
     return run.result
 
 
-def _timed_out(run_id: str, state: str, timeout: float | None) -> RunTimeout:
+def timed_out(run_id: str, state: str, timeout: float | None) -> RunTimeout:
     return RunTimeout(f"run {run_id} still {state} after {timeout} s")
 
 
@@ -75,17 +84,11 @@ class RunHandle(Generic[R]):
 
     def wait(self, timeout: float | None = None, poll: float = DEFAULT_POLL_S) -> Run[R]:
         """Block until the run finishes (done, dead or cancelled) and return it; RunTimeout
-        after ``timeout`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = FIRST_POLL_S
-        while True:
-            run = self.refresh()
-            if run.finished:
-                return run
-            if deadline is not None and time.monotonic() >= deadline:
-                raise _timed_out(self.run_id, run.state, timeout)
-            time.sleep(pause)
-            pause = min(pause * 2, poll)
+        after ``timeout`` seconds. Woken by the run's finishing event, not by polling (see
+        docs/events.md); ``poll`` is the longest pause between two reads of the record
+        where its queue's event log is off."""
+        run: Run[R] = self.jq.wait_run(self.run_id, self.queue, timeout, poll)
+        return run
 
     def result(self, timeout: float | None = None, poll: float = DEFAULT_POLL_S) -> R:
         """Wait for the run and return what its task returned. A dead run raises RunFailed
@@ -178,16 +181,8 @@ class AsyncRunHandle(Generic[R]):
 
     async def wait(self, timeout: float | None = None, poll: float = DEFAULT_POLL_S) -> Run[R]:
         """See :meth:`RunHandle.wait`."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = FIRST_POLL_S
-        while True:
-            run = await self.refresh()
-            if run.finished:
-                return run
-            if deadline is not None and time.monotonic() >= deadline:
-                raise _timed_out(self.run_id, run.state, timeout)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, poll)
+        run: Run[R] = await self.jq.wait_run(self.run_id, self.queue, timeout, poll)
+        return run
 
     async def result(self, timeout: float | None = None, poll: float = DEFAULT_POLL_S) -> R:
         """See :meth:`RunHandle.result`."""

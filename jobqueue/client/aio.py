@@ -15,13 +15,21 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.base import AioTaskDecorator, ClientBase, QueueTable, Request, TaskRef
+from jobqueue.client.base import (
+    AioTaskDecorator,
+    ClientBase,
+    QueueTable,
+    Request,
+    TaskRef,
+    not_found,
+)
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.client.flows import create_flow, dependencies_steps
 from jobqueue.client.relay import purge_dead_steps, relay_cascade_steps
+from jobqueue.client.waits import AsyncWaits
 from jobqueue.context import RunContext
 from jobqueue.errors import JobQueueError
-from jobqueue.handles import AsyncFlowHandle
+from jobqueue.handles import DEFAULT_POLL_S, AsyncFlowHandle, timed_out
 from jobqueue.handles import AsyncRunHandle as AsyncRunHandle  # re-exported: its home before
 from jobqueue.models import DependencyState, QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
@@ -91,6 +99,7 @@ class AsyncJobQueue(ClientCore):
         self._register_locks: weakref.WeakKeyDictionary[
             asyncio.AbstractEventLoop, dict[str, asyncio.Lock]
         ] = weakref.WeakKeyDictionary()
+        self._waits: AsyncWaits | None = None  # made in the loop it is first used from
 
     @classmethod
     def from_url(
@@ -197,6 +206,8 @@ class AsyncJobQueue(ClientCore):
         return task
 
     async def close(self) -> None:
+        if self._waits is not None:
+            self._waits.close()
         await self.redis.aclose()
 
     def __repr__(self) -> str:
@@ -328,6 +339,41 @@ class AsyncJobQueue(ClientCore):
 
     async def find_run(self, run_id: str, queue: str | None = None) -> Run | None:
         return await self.run_steps(self._find_run(run_id, queue))
+
+    async def wait_run(
+        self,
+        run_id: str,
+        queue: str | None = None,
+        timeout: float | None = None,
+        poll: float = DEFAULT_POLL_S,
+    ) -> Run:
+        """See :meth:`JobQueue.wait_run`."""
+        state = "unfinished"
+        try:
+            async with asyncio.timeout(timeout):
+                keys = await self.run_steps(self._wait_keys(run_id, queue))
+                waits = self._wait_hub()
+                watch = await waits.watch(keys, run_id, poll)
+                try:
+                    while True:
+                        watch.woken.clear()
+                        run = await self.run_steps(self._read(keys, run_id))
+                        if run is None:
+                            raise not_found(run_id, queue)
+                        if run.finished:
+                            return run
+                        state = run.state
+                        await watch.woken.wait()
+                finally:
+                    waits.unwatch(keys, watch)
+        except TimeoutError:
+            raise timed_out(run_id, state, timeout) from None
+
+    def _wait_hub(self) -> AsyncWaits:
+        loop = asyncio.get_running_loop()
+        if self._waits is None or self._waits.loop is not loop:
+            self._waits = AsyncWaits(self.run_steps)
+        return self._waits
 
     async def get_run(self, run_id: str, queue: str | None = None) -> Run:
         return await self.run_steps(self._get_run(run_id, queue))

@@ -328,6 +328,13 @@ class ClientCore(ClientBase):
         )
         return read_run(keys, run_id, fields, history)
 
+    def _wait_keys(self, run_id: str, queue: str | None) -> Steps[PartitionKeys]:
+        """Where a run to wait for lives: computed when this client registered its queue
+        (its enqueue did), else looked up."""
+        if queue is not None and queue in self._registered_queues:
+            return self.keys_for(queue, run_id)
+        return (yield from self._located(run_id, queue))
+
     def _find_run(self, run_id: str, queue: str | None) -> Steps[Run | None]:
         keys = yield from self._locate(run_id, queue)
         return None if keys is None else (yield from self._read(keys, run_id))

@@ -4,17 +4,20 @@ Every operation is ``jobqueue.client.core``'s, driven here on a sync connection.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, overload
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef
+from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef, not_found
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.client.flows import create_flow, dependencies_steps
 from jobqueue.client.relay import purge_dead_steps, relay_until_quiet
+from jobqueue.client.waits import SyncWaits
 from jobqueue.errors import ConfigError, JobQueueError
-from jobqueue.handles import FlowHandle
+from jobqueue.handles import DEFAULT_POLL_S, FlowHandle, timed_out
 from jobqueue.handles import RunHandle as RunHandle  # re-exported: its home before
 from jobqueue.models import DependencyState, QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
@@ -73,6 +76,7 @@ class JobQueue(ClientCore):
         self._scripts = ScriptRunner(client) if client is not None else None
         self.url = url
         self._connect_lock = threading.Lock()
+        self._waits: SyncWaits | None = None
         self.recurring = Recurring(self)  # the definitions store, on this connection
 
     @classmethod
@@ -127,6 +131,8 @@ class JobQueue(ClientCore):
         return self._scripts
 
     def close(self) -> None:
+        if self._waits is not None:
+            self._waits.close()
         if self._scripts is not None:
             self._scripts.close()
         if self._client is not None:
@@ -258,6 +264,46 @@ class JobQueue(ClientCore):
 
     def get_run(self, run_id: str, queue: str | None = None) -> Run:
         return self.run_steps(self._get_run(run_id, queue))
+
+    def wait_run(
+        self,
+        run_id: str,
+        queue: str | None = None,
+        timeout: float | None = None,
+        poll: float = DEFAULT_POLL_S,
+    ) -> Run:
+        """Block until the run finishes (done, dead or cancelled) and return it, woken by its
+        partition's event log (see ``jobqueue.client.waits``; ``poll``: the longest pause
+        between two reads where the log is off); RunTimeout after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        keys = self.run_steps(self._wait_keys(run_id, queue))
+        waits = self._wait_hub()
+        try:
+            watch = waits.watch(keys, run_id, poll, deadline)
+        except TimeoutError:
+            raise timed_out(run_id, "unfinished", timeout) from None
+        try:
+            while True:
+                watch.woken.clear()  # before the read: a wake-up during it is kept
+                run = self.run_steps(self._read(keys, run_id))
+                if run is None:
+                    raise not_found(run_id, queue)
+                if run.finished:
+                    return run
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or not watch.woken.wait(left):
+                    raise timed_out(run_id, run.state, timeout)
+        finally:
+            waits.unwatch(keys, watch)
+
+    def _wait_hub(self) -> SyncWaits:
+        waits = self._waits
+        if waits is None or waits.pid != os.getpid():  # none yet, or forked: its threads
+            with self._connect_lock:                  # stayed in the parent
+                if self._waits is None or self._waits.pid != os.getpid():
+                    self._waits = SyncWaits(self.run_steps)
+                waits = self._waits
+        return waits
 
     # -- workflows (docs/workflows.md) -----------------------------------------------------
 

@@ -1,0 +1,500 @@
+"""Waiting for runs to finish without polling: ``handle.wait()`` and ``handle.result()``.
+
+A client keeps one listener per partition that somebody waits on. The listener reads the
+partition's event log (``jq:{q#p}:events``, see ``jobqueue.store.events``) with a blocking
+XREAD and wakes the waiters of a run as soon as it reads that run's finishing event
+(completed, dead, cancelled; purged too). A woken waiter reads the run's record, which the
+same script wrote, and returns it. Many waiters share one listener: 1,000 waiters on one
+partition cost one blocking read, not 1,000 polls.
+
+A waiter registers with the listener *before* it reads the record for the first time, and
+the listener reads from a position it held before that registration, so an event written
+after the first read is always seen. Where the log cannot be trusted the waiters read their
+records again, which is always right (the record is the truth, the log a notice):
+
+- after a lost connection the listener arms again (the log may have gone back, in a
+  failover to a replica that lagged, or away, in a restart) and every waiter reads again;
+- when entries after the listener's position were trimmed before it read them (the
+  stream's ``max-deleted-entry-id`` passed the position: it fell behind by a whole log, or
+  somebody trimmed it by hand);
+- when no entry arrived for ``SWEEP_S``: one pipelined read of the watched runs' states
+  (the log may be turned off for the queue, or the server's ACL may lack XADD, in which
+  case the scripts write no event). A partition whose log is off, or holds foreign data,
+  is watched that way only, at the waiters' polling pace (5 ms, doubling to ``poll``).
+
+The steps (what is sent, what a reply means) are written once here (``ListenerState``);
+the sync client runs a listener in a thread, the asyncio client in a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
+
+import redis
+
+from jobqueue.anomalies import is_wrong_type
+from jobqueue.errors import JobQueueError
+from jobqueue.store.events import FINISHED, entry_key
+from jobqueue.store.io import Steps, cmd, commands
+from jobqueue.store.keys import PartitionKeys
+
+log = logging.getLogger("jobqueue.client")
+T = TypeVar("T")
+
+BLOCK_MS = 2_000  # one blocking read; below the connections' 10 s socket timeout
+READ_COUNT = 1_000  # entries per read (a full read is followed by the next at once)
+SWEEP_S = 5.0  # no entry for this long: the watched runs' states are read once
+FIRST_POLL_S = 0.005
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0
+# Besides the finishing events, a purge ends a wait (the record is gone: RunNotFound).
+WAKING = FINISHED | {"purged"}
+FINISHED_STATES = ("done", "dead", "cancelled")
+
+
+class Arming(NamedTuple):
+    """Where a listener starts: ``pos`` the log's last entry id ('0-0': no log yet), or
+    ``mode`` 'poll' when the log is off or unusable (``why``)."""
+
+    mode: str
+    pos: str
+    why: str = ""
+
+
+class Read(NamedTuple):
+    """One blocking read: (entry id, run id, event) in order; ``gap`` when entries after the
+    position it read from were trimmed; ``gone`` when the log itself went away."""
+
+    entries: list[tuple[str, str, str]]
+    gap: bool
+    gone: bool
+    foreign: bool  # the log is not a stream, or the ACL refused: arm again
+
+
+class States(NamedTuple):
+    """A sweep: whether the log is off now, and the watched runs that finished (or whose
+    record is gone or is not a record)."""
+
+    off: bool
+    ended: set[str]
+
+
+def _denied(reply: Any) -> bool:
+    """An ACL refusal (an ACL written before event logs existed lacks XREAD, XINFO)."""
+    return isinstance(reply, Exception) and "NOPERM" in str(reply).upper()
+
+
+def _off(conf: Any) -> bool:
+    return isinstance(conf, list) and bool(conf) and conf[0] == "1"
+
+
+def arm_steps(keys: PartitionKeys) -> Steps[Arming]:
+    """The log's settings and its last entry id (XINFO STREAM; no log yet: '0-0')."""
+    conf, kind, info = yield commands(
+        cmd("hmget", keys.events_conf, "off"),
+        cmd("type", keys.events),
+        cmd("xinfo_stream", keys.events),
+    )
+    if any(_denied(reply) for reply in (conf, kind, info)):
+        return Arming("poll", "0-0", "the server's ACL does not let this client read the log")
+    for reply in (conf, kind):
+        if isinstance(reply, Exception) and not is_wrong_type(reply):
+            raise reply
+    if _off(conf):
+        return Arming("poll", "0-0", "events are off for this queue")
+    if kind == "none":
+        return Arming("stream", "0-0")
+    if kind != "stream":
+        return Arming("poll", "0-0", f"{keys.events} holds foreign data (a {kind})")
+    if isinstance(info, Exception):
+        raise info
+    last = info.get("last-generated-id") or _entry_id(info.get("last-entry")) or "0-0"
+    return Arming("stream", str(last))
+
+
+def _entry_id(entry: Any) -> str | None:
+    if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], str):
+        return entry[0]
+    return None
+
+
+def read_steps(keys: PartitionKeys, pos: str, block_ms: int) -> Steps[Read]:
+    """One blocking XREAD from ``pos``, then TYPE and XINFO STREAM in the same round trip:
+    entries after ``pos`` were lost to a trim iff the log deleted an entry past ``pos``."""
+    reply, kind, info = yield commands(
+        cmd("xread", {keys.events: pos}, count=READ_COUNT, block=block_ms),
+        cmd("type", keys.events),
+        cmd("xinfo_stream", keys.events),
+    )
+    if any(_denied(r) for r in (reply, kind, info)):
+        return Read([], False, False, True)  # arms again, to 'poll'
+    if isinstance(kind, Exception):
+        raise kind
+    if kind not in ("none", "stream") or is_wrong_type(reply):
+        return Read([], False, False, True)
+    if isinstance(reply, Exception):
+        raise reply
+    entries: list[tuple[str, str, str]] = []
+    for _stream, items in reply or []:
+        for entry_id, fields in items:
+            if isinstance(fields, dict):
+                entries.append((entry_id, str(fields.get("r", "")), str(fields.get("e", ""))))
+            else:
+                entries.append((entry_id, "", ""))
+    if kind == "none":  # no log (yet, or any more: deleted, or lost in a failover)
+        return Read(entries, False, pos != "0-0" and not entries, False)
+    if isinstance(info, Exception):
+        raise info
+    return Read(entries, _trimmed_past(info, pos), False, False)
+
+
+def _trimmed_past(info: dict[str, Any], pos: str) -> bool:
+    deleted = info.get("max-deleted-entry-id")
+    if isinstance(deleted, str):  # Redis 7 and later
+        return entry_key(deleted) > entry_key(pos)
+    first = _entry_id(info.get("first-entry"))  # older servers: the first entry left
+    return pos != "0-0" and first is not None and entry_key(first) > entry_key(pos)
+
+
+def states_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[States]:
+    """The log's switch and each watched run's state, in one round trip."""
+    replies = yield commands(
+        cmd("hmget", keys.events_conf, "off"),
+        *(cmd("hget", keys.run(run_id), "state") for run_id in run_ids),
+    )
+    conf, states = replies[0], replies[1:]
+    if isinstance(conf, Exception) and not is_wrong_type(conf):
+        raise conf
+    ended = set()
+    for run_id, state in zip(run_ids, states, strict=True):
+        if isinstance(state, Exception) and not is_wrong_type(state):
+            raise state
+        if is_wrong_type(state) or state is None or state in FINISHED_STATES:
+            ended.add(run_id)
+    return States(_off(conf), ended)
+
+
+@dataclass(eq=False)
+class Watch:
+    """One waiter's registration: ``woken`` is set (by its listener) when its run may have
+    finished, and the waiter then reads the record."""
+
+    run_id: str
+    poll_s: float
+    woken: Any  # threading.Event or asyncio.Event
+
+
+@dataclass(eq=False)
+class ListenerState:
+    """What a listener knows, and what each reply means for its waiters (no I/O; the
+    drivers below hold the lock around every call)."""
+
+    keys: PartitionKeys
+    watchers: dict[str, list[Watch]] = field(default_factory=dict)
+    mode: str = ""  # '' until armed, then 'stream' or 'poll'
+    pos: str = "0-0"
+    need_arm: bool = True
+    quiet_since: float = 0.0  # monotonic time of the last entry or sweep
+    poll_pause: float = FIRST_POLL_S
+
+    def add(self, watch: Watch) -> None:
+        self.watchers.setdefault(watch.run_id, []).append(watch)
+        self.poll_pause = FIRST_POLL_S
+
+    def remove(self, watch: Watch) -> None:
+        group = self.watchers.get(watch.run_id, [])
+        if watch in group:
+            group.remove(watch)
+        if not group:
+            self.watchers.pop(watch.run_id, None)
+
+    def everyone(self) -> list[Watch]:
+        return [w for group in self.watchers.values() for w in group]
+
+    def armed(self, arming: Arming, now: float, first: bool) -> list[Watch]:
+        """Armed (again): every waiter reads again after a re-arm (the log may have gone
+        back or away), none after the first (they read after registering)."""
+        if arming.mode == "poll" and self.mode != "poll":
+            log.info("waits on %s read the run records (%s)", self.keys.prefix, arming.why)
+        fresh = first or self.mode != "stream" or arming.mode != "stream"
+        if fresh or entry_key(arming.pos) < entry_key(self.pos):  # new, or gone back
+            self.pos = arming.pos
+        self.mode, self.need_arm, self.quiet_since = arming.mode, False, now
+        return [] if first else self.everyone()
+
+    def read(self, result: Read, now: float) -> list[Watch]:
+        if result.foreign:
+            self.need_arm = True  # arms to 'poll' (foreign data is reported there)
+            return self.everyone()
+        woken: list[Watch] = []
+        for entry_id, run_id, event in result.entries:
+            if event in WAKING:
+                woken.extend(self.watchers.get(run_id, ()))
+            self.pos = entry_id
+        if result.entries:
+            self.quiet_since = now
+        if result.gone:
+            self.need_arm = True
+        if result.gap or result.gone:
+            return self.everyone()
+        return woken
+
+    def sweep_due(self, now: float) -> bool:
+        return self.mode == "poll" or now - self.quiet_since >= SWEEP_S
+
+    def swept(self, states: States, now: float) -> list[Watch]:
+        self.quiet_since = now
+        if states.off != (self.mode == "poll"):
+            self.need_arm = True  # switched on or off meanwhile
+        if self.mode == "poll":
+            self.poll_pause = min(self.poll_pause * 2, self.poll_cap())
+        return [w for run_id in states.ended for w in self.watchers.get(run_id, ())]
+
+    def poll_cap(self) -> float:
+        return min((w.poll_s for w in self.everyone()), default=FIRST_POLL_S)
+
+    def lost(self) -> list[Watch]:
+        """The connection failed: arm again, and every waiter reads its record again."""
+        self.need_arm = True
+        return self.everyone()
+
+
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(
+        exc, (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, JobQueueError)
+    )
+
+
+# -- sync: a thread per listener --------------------------------------------------------------
+
+
+class _ThreadListener:
+    def __init__(self, hub: SyncWaits, keys: PartitionKeys) -> None:
+        self.hub, self.state = hub, ListenerState(keys)
+        self.ready = threading.Event()  # armed (or failed: ``error``)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        name = f"jobqueue-waits-{self.state.keys.queue}#{self.state.keys.partition}"
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        run = self.hub.run_steps
+        state, lock = self.state, self.hub.lock
+        retry = RETRY_FIRST_S
+        while True:
+            with lock:
+                if not state.watchers or self.hub.closed:
+                    self.hub.forget(self)
+                    return
+                need_arm, sweep = state.need_arm, state.sweep_due(time.monotonic())
+                pos, ids, pause = state.pos, list(state.watchers), state.poll_pause
+            try:
+                if need_arm:
+                    arming = run(arm_steps(state.keys))
+                    with lock:
+                        woken = state.armed(arming, time.monotonic(), first=False)
+                elif sweep:
+                    if state.mode == "poll":
+                        time.sleep(pause)
+                    states = run(states_steps(state.keys, ids))
+                    with lock:
+                        woken = state.swept(states, time.monotonic())
+                else:
+                    result = run(read_steps(state.keys, pos, BLOCK_MS))
+                    with lock:
+                        woken = state.read(result, time.monotonic())
+                retry = RETRY_FIRST_S
+            except Exception as exc:
+                if not _retriable(exc):
+                    log.exception("waits on %s: listener failed", state.keys.prefix)
+                with lock:
+                    woken = state.lost()
+                log.debug("waits on %s: %s; reading again in %.2fs", state.keys.prefix, exc, retry)
+                for w in woken:
+                    w.woken.set()
+                time.sleep(retry)
+                retry = min(retry * 2, RETRY_MAX_S)
+                continue
+            for w in woken:
+                w.woken.set()
+
+
+class SyncWaits:
+    """The sync client's listeners (one per partition waited on), shared by its threads."""
+
+    def __init__(self, run_steps: Callable[[Steps[Any]], Any]) -> None:
+        self.run_steps = run_steps
+        self.lock = threading.Lock()
+        self.listeners: dict[str, _ThreadListener] = {}
+        self.closed = False
+        self.pid = os.getpid()
+
+    def forget(self, listener: _ThreadListener) -> None:
+        """(Under the lock) a listener with no waiters left stops."""
+        if self.listeners.get(listener.state.keys.prefix) is listener:
+            del self.listeners[listener.state.keys.prefix]
+
+    def watch(
+        self, keys: PartitionKeys, run_id: str, poll_s: float, deadline: float | None
+    ) -> Watch:
+        """Register a waiter; returns once its listener reads from a position taken before
+        this call returned (the caller reads the record after). Raises what arming raised
+        (ConnectionFailed, a server error), or TimeoutError past ``deadline``."""
+        watch = Watch(run_id, poll_s, threading.Event())
+        while True:
+            with self.lock:
+                listener = self.listeners.get(keys.prefix)
+                arming = listener is None
+                if listener is None:
+                    listener = self.listeners[keys.prefix] = _ThreadListener(self, keys)
+                listener.state.add(watch)
+            if arming:
+                try:
+                    first = self.run_steps(arm_steps(keys))
+                except BaseException as exc:
+                    with self.lock:
+                        listener.state.remove(watch)
+                        self.forget(listener)
+                        listener.error = exc
+                    listener.ready.set()
+                    raise
+                with self.lock:
+                    listener.state.armed(first, time.monotonic(), first=True)
+                listener.ready.set()
+                listener.start()
+                return watch
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if listener.ready.wait(left) and listener.error is None:
+                return watch
+            with self.lock:
+                listener.state.remove(watch)
+            if listener.error is None:
+                raise TimeoutError
+            # the arming of another waiter failed: arm again (or fail) ourselves
+
+    def unwatch(self, keys: PartitionKeys, watch: Watch) -> None:
+        with self.lock:
+            listener = self.listeners.get(keys.prefix)
+            if listener is not None:
+                listener.state.remove(watch)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            woken = [w for lis in self.listeners.values() for w in lis.state.everyone()]
+        for w in woken:
+            w.woken.set()
+
+
+# -- asyncio: a task per listener -------------------------------------------------------------
+
+
+class _TaskListener:
+    def __init__(self, hub: AsyncWaits, keys: PartitionKeys) -> None:
+        self.hub, self.state = hub, ListenerState(keys)
+        self.ready = asyncio.Event()
+        self.error: BaseException | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        run, state = self.hub.run_steps, self.state
+        retry = RETRY_FIRST_S
+        while True:
+            if not state.watchers or self.hub.closed:
+                self.hub.forget(self)
+                return
+            woken: list[Watch]
+            try:
+                if state.need_arm:
+                    arming = await run(arm_steps(state.keys))
+                    woken = state.armed(arming, time.monotonic(), first=False)
+                elif state.sweep_due(time.monotonic()):
+                    if state.mode == "poll":
+                        await asyncio.sleep(state.poll_pause)
+                    states = await run(states_steps(state.keys, list(state.watchers)))
+                    woken = state.swept(states, time.monotonic())
+                else:
+                    result = await run(read_steps(state.keys, state.pos, BLOCK_MS))
+                    woken = state.read(result, time.monotonic())
+                retry = RETRY_FIRST_S
+            except asyncio.CancelledError:
+                self.hub.forget(self)
+                raise
+            except Exception as exc:
+                if not _retriable(exc):
+                    log.exception("waits on %s: listener failed", state.keys.prefix)
+                for w in state.lost():
+                    w.woken.set()
+                await asyncio.sleep(retry)
+                retry = min(retry * 2, RETRY_MAX_S)
+                continue
+            for w in woken:
+                w.woken.set()
+
+
+class AsyncWaits:
+    """The asyncio client's listeners, on one event loop."""
+
+    def __init__(self, run_steps: Callable[[Steps[Any]], Coroutine[Any, Any, Any]]) -> None:
+        self.run_steps = run_steps
+        self.listeners: dict[str, _TaskListener] = {}
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+
+    def forget(self, listener: _TaskListener) -> None:
+        if self.listeners.get(listener.state.keys.prefix) is listener:
+            del self.listeners[listener.state.keys.prefix]
+
+    async def watch(self, keys: PartitionKeys, run_id: str, poll_s: float) -> Watch:
+        """See :meth:`SyncWaits.watch` (the caller bounds it with its timeout)."""
+        watch = Watch(run_id, poll_s, asyncio.Event())
+        while True:
+            listener = self.listeners.get(keys.prefix)
+            arming = listener is None
+            if listener is None:
+                listener = self.listeners[keys.prefix] = _TaskListener(self, keys)
+            listener.state.add(watch)
+            if arming:
+                try:
+                    first = await self.run_steps(arm_steps(keys))
+                except BaseException as exc:
+                    listener.state.remove(watch)
+                    self.forget(listener)
+                    listener.error = exc
+                    listener.ready.set()
+                    raise
+                listener.state.armed(first, time.monotonic(), first=True)
+                listener.ready.set()
+                listener.start()
+                return watch
+            try:
+                await listener.ready.wait()
+            except BaseException:
+                listener.state.remove(watch)
+                raise
+            if listener.error is None:
+                return watch
+            listener.state.remove(watch)
+
+    def unwatch(self, keys: PartitionKeys, watch: Watch) -> None:
+        listener = self.listeners.get(keys.prefix)
+        if listener is not None:
+            listener.state.remove(watch)
+
+    def close(self) -> None:
+        self.closed = True
+        for lis in list(self.listeners.values()):
+            for w in lis.state.everyone():
+                w.woken.set()
+            if lis.task is not None:
+                lis.task.cancel()
