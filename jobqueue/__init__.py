@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from jobqueue.errors import (
         ConfigError,
         ConnectionFailed,
+        FlowAborted,
+        FlowConflict,
         FlowFinished,
         JobQueueError,
         NotDurable,
@@ -49,7 +51,8 @@ _HOMES = {
     **{
         name: "jobqueue.errors"
         for name in (
-            "ConfigError", "ConnectionFailed", "FlowFinished", "JobQueueError", "NotDurable",
+            "ConfigError", "ConnectionFailed", "FlowAborted", "FlowConflict", "FlowFinished",
+            "JobQueueError", "NotDurable",
             "OperationRefused", "PayloadError", "PoolExhausted", "RunCancelled", "RunFailed",
             "RunNotFound", "RunTimeout", "ServerRefused", "UnknownTask",
         )
@@ -75,6 +78,8 @@ __all__ = [
     "ConfigError",
     "ConnectionFailed",
     "Dedupe",
+    "FlowAborted",
+    "FlowConflict",
     "FlowFinished",
     "JobQueue",
     "JobQueueError",

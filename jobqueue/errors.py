@@ -54,6 +54,18 @@ class FlowFinished(JobQueueError):
     added."""
 
 
+class FlowConflict(JobQueueError, ValueError):
+    """A workflow cannot be created as given: a step that waits on others reuses the run id
+    of a run that exists outside it (finished or not, it would never wait), or a step waits
+    on a run of another Redis. Nothing was written."""
+
+
+class FlowAborted(JobQueueError):
+    """A workflow's creation over several partitions was rolled back before its commit (it
+    took longer than ``Settings.flow_stage_timeout_s``, and a worker's audit undid it):
+    nothing of it is left, and none of its runs ran. Create it again."""
+
+
 class FlowAddFailed(JobQueueError):
     """The error of an attempt whose ``ctx.add_to_flow`` raised, though the task returned:
     it is retried like any failure (see RunContext.add_to_flow)."""

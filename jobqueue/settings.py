@@ -49,6 +49,11 @@ class Settings:
     # outcomes of finished dependencies they never heard of (a delivery a failover lost); it
     # also forgets the flows whose records all expired.
     flow_audit_s: float = 30.0
+    # A workflow over several partitions is written staged, then committed in one write
+    # (docs/workflows.md, "Created whole or not at all"): staged runs older than this whose
+    # commit never came (the creating process died) are rolled back by that audit, or
+    # released if the commit happened.
+    flow_stage_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.max_payload_bytes <= 0:
@@ -79,6 +84,8 @@ class Settings:
             )
         if not 0.05 <= self.flow_audit_s <= 86400:  # NaN fails too
             raise ConfigError("flow_audit_s must be from 0.05 s to a day")
+        if not 0.05 <= self.flow_stage_timeout_s <= 86400:
+            raise ConfigError("flow_stage_timeout_s must be from 0.05 s to a day")
         if (
             isinstance(self.unknown_task_min_hand_backs, bool)
             or not isinstance(self.unknown_task_min_hand_backs, int)

@@ -49,7 +49,10 @@
 -- dependency's result, 'all' a list of them in the order they were given (null for a failed
 -- one; removed ones left out); its payload becomes '{"args":[' .. results .. args_tail.
 -- A waiting run that dies or finishes tells its own parents through the outbox
--- (finish_record in _prelude.lua).
+-- (finish_record in _prelude.lua). A run whose record says 'staged' (its workflow's
+-- creation over several partitions is not committed yet) counts and dies as any other but
+-- is not released: flow_commit.lua releases it at the commit ('ready' = 1: a 'continue'
+-- released it early).
 -- Events (see event_log in _prelude.lua): 'ready' per run released, 'dead' ('0|<error>') or
 -- 'cancelled' ('<reason>') per waiting run that dies or is skipped.
 
@@ -86,7 +89,7 @@ local ok, plan = reading(function()
     if not w then
       w = {id = id, key = prefix .. 'run:' .. id, got = {}, new = {}}
       w.run = load_run(w.key, 'state', 'left', 'receives', 'args_tail', 'parents',
-                       'cancel_running', 'on_death_only', 'hist')
+                       'cancel_running', 'on_death_only', 'hist', 'staged')
       w.open = w.run ~= nil and w.run.state == 'waiting'
       if w.open then
         w.deps_key, w.got_key = prefix .. 'deps:' .. id, prefix .. 'got:' .. id
@@ -140,31 +143,14 @@ local ok, plan = reading(function()
       w.skip = 'every dependency finished and none died'
     end
     if w.open and not w.die and not w.skip and (w.release or w.left == 0) then
-      w.release = true
-      if w.run.receives == 'one' or w.run.receives == 'all' then
-        local deps = read('HGETALL', w.deps_key)
-        local got = read('HGETALL', w.got_key)
-        local outcome = {}
-        for j = 1, #got, 2 do outcome[got[j]] = got[j + 1] end
-        for dep, o in pairs(w.got) do outcome[dep] = o end
-        local ranked = {}
-        for j = 1, #deps, 2 do
-          ranked[#ranked + 1] = {tonumber(string.match(deps[j + 1], '^(%d+)|')) or 0, deps[j]}
-        end
-        table.sort(ranked, function(a, b) return a[1] < b[1] end)
-        local results = {}
-        for _, r in ipairs(ranked) do
-          local o = outcome[r[2]]
-          if o ~= 'r' then
-            if o and string.sub(o, 1, 1) == 'd' then results[#results + 1] = string.sub(o, 2)
-            else results[#results + 1] = 'null' end
-          end
-        end
-        local value
-        if w.run.receives == 'one' then value = results[1] or 'null'
-        else value = '[' .. table.concat(results, ',') .. ']' end
-        w.payload = '{"args":[' .. value .. (w.run.args_tail or '],"kwargs":{}}')
-        if #w.payload > max_bytes then
+      if w.run.staged then
+        -- Its workflow's creation is not committed yet (see flow_commit.lua): released
+        -- then, not now; a 'continue' that would release it early says so in 'ready'.
+        w.ready, w.release = w.release == true, nil
+      else
+        w.release = true
+        w.payload = flow_payload(w.run, w.deps_key, w.got_key, w.got)
+        if w.payload and #w.payload > max_bytes then
           w.die = 'the results of its dependencies make a payload of ' .. #w.payload ..
                   ' bytes, past the bound of ' .. int(max_bytes)
           w.release = nil
@@ -218,6 +204,7 @@ for _, w in ipairs(plan.order) do
     released = released + 1
   elseif #w.new > 0 then
     redis.call('HSET', w.key, 'left', w.left)
+    if w.ready then redis.call('HSET', w.key, 'ready', 1) end
   end
 end
 if died > 0 then trim_index(KEYS[6], now, dead_retention) end

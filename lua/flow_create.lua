@@ -13,7 +13,11 @@
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  flow_at            when the flow was created (ms), for its flows index entry: ''
 --                             for now (a run added to a flow later gives the flow's time)
--- ARGV[4..] nodes             13 fields per run, then 3 per dependency: run_id, task,
+-- ARGV[4]  staged             '' for runs made ready (or waiting) at once; else the workflow's
+--                             home (the JSON text ["<queue>","<run_id>"] of the run whose
+--                             record decides, see flow_commit.lua): every run created here is
+--                             written 'waiting' and 'staged', released only at the commit
+-- ARGV[5..] nodes             13 fields per run, then 3 per dependency: run_id, task,
 --                             payload (JSON), max_attempts, lease_ms, timeout_ms, parents
 --                             (JSON list of [queue, run_id] of the runs waiting on this one,
 --                             or ''), flow (the workflow's id), receives ('' | 'one' | 'all':
@@ -38,15 +42,17 @@
 -- in the flows index (at its first run here): `jobqueue flows` reads them, flow_tidy.lua
 -- forgets them once every record expired.
 -- deliver.lua moves it to due once 'left' is 0. A run without is pending, as create_run
--- makes it. The caller creates the waiting runs of every partition before the pending ones,
--- so a dependency that finishes always finds the run waiting on it.
+-- makes it, unless staged: a workflow over several partitions is written staged everywhere
+-- (no run of it can run), then committed by one write in its home's partition, then released
+-- (flow_commit.lua); aborted instead (flow_abort.lua), it leaves nothing behind.
 -- Events (see event_log in _prelude.lua): 'waiting' ('<task>') per run created waiting,
 -- 'created' ('<due ms>|<task>') per run created pending.
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
 local flow_at = ARGV[3] == '' and now or tonumber(ARGV[3])
-local FIXED = 13
+local staged = ARGV[4] ~= '' and ARGV[4] or nil
+local FIXED, FIRST = 13, 5
 local POLICIES = {fail = true, ignore = true, continue = true, remove = true, skip = true}
 local RECEIVES = {[''] = true, one = true, all = true}
 
@@ -63,7 +69,10 @@ local ok, plan = reading(function()
   if ARGV[3] ~= '' and not whole(ARGV[3], 0) then
     refuse('ERR jobqueue: flow_create: flow_at is a time in ms or empty')
   end
-  local i, seen = 4, {}
+  if staged and not string.match(staged, '^%["[^"]*","[^"]*"%]$') then
+    refuse('ERR jobqueue: flow_create: staged is empty or ["<queue>","<run_id>"]')
+  end
+  local i, seen = FIRST, {}
   while i <= #ARGV do
     local n = ARGV[i + 12]
     if not (n and count(n, 0) and tonumber(n) <= 100000) or i + FIXED - 1 + 3 * n > #ARGV then
@@ -123,7 +132,8 @@ for _, node in ipairs(plan.nodes) do
                   ARGV[a + 5], '', '')
     if ARGV[a + 7] ~= '' then redis.call('HSET', key, 'flow', ARGV[a + 7]) end
     if ARGV[a + 6] ~= '' then redis.call('HSET', key, 'parents', ARGV[a + 6]) end
-    if node.deps > 0 then
+    if staged then redis.call('HSET', key, 'staged', staged) end
+    if node.deps > 0 or staged then
       local deps = {}
       for d = 0, node.deps - 1 do
         local at = a + FIXED + 3 * d
@@ -135,7 +145,9 @@ for _, node in ipairs(plan.nodes) do
       redis.call('DEL', prefix .. 'deps:' .. node.id, prefix .. 'got:' .. node.id)
       bulk('HSET', prefix .. 'deps:' .. node.id, deps, 2000)
       -- deps_n: the indexes used (a dependency named twice takes two): extend.lua goes on
-      redis.call('HSET', key, 'state', 'waiting', 'left', node.left, 'deps_n', node.deps)
+      -- (a staged run that waits on nothing but its commit has neither: no dependencies)
+      redis.call('HSET', key, 'state', 'waiting')
+      if node.deps > 0 then redis.call('HSET', key, 'left', node.left, 'deps_n', node.deps) end
       redis.call('HDEL', key, 'due')
       if ARGV[a + 8] ~= '' then
         redis.call('HSET', key, 'receives', ARGV[a + 8], 'args_tail', ARGV[a + 9])

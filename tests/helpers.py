@@ -262,6 +262,27 @@ def until_relayed(steps: Steps[Any]) -> Steps[Request | None]:
         return None
 
 
+def until_call(steps: Steps[Any], script: str, nth: int = 1) -> Steps[Request | None]:
+    """Steps driven up to (not including) the ``nth`` request that calls ``script``: that
+    request (the steps are left suspended there: a process killed just before it), or None
+    when they ended first."""
+    try:
+        request: Request = next(steps)
+        while True:
+            if isinstance(request, Scripts) and any(c.script == script for c in request.calls):
+                nth -= 1
+                if nth == 0:
+                    return request
+            try:
+                reply = yield request
+            except Exception as exc:
+                request = steps.throw(exc)
+            else:
+                request = steps.send(reply)
+    except StopIteration:
+        return None
+
+
 def resume(steps: Steps[Any], request: Request) -> Steps[Any]:
     """The rest of a pass ``until_relayed`` stopped, from the request it stopped at."""
     try:

@@ -28,12 +28,13 @@ import fakeredis
 import pytest
 import redis
 from fence_rule import fence_issued
+from helpers import until_call
 from redis.crc import key_slot
 from script_calls import Advance, advance_groups
 
 from jobqueue import JobQueue, PayloadError, Request, UnknownTask
-from jobqueue.client.flows import add_to_flow_steps
-from jobqueue.client.relay import tidy_flows_steps
+from jobqueue.client.flows import add_to_flow_steps, create_flow
+from jobqueue.client.relay import settle_staged_steps, tidy_flows_steps
 from jobqueue.payload import decode_payload
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
@@ -58,6 +59,7 @@ from jobqueue.store.runs import (
 from jobqueue.store.schedules import ADVANCE, SCHED_DEFINE, SCHED_DUE, SCHED_LEASE
 from jobqueue.store.scripts import SCRIPT_NAMES, Call, ScriptRunner
 from jobqueue.tasks import Dedupe
+from jobqueue.workflows.canvas import group_graph
 
 # What this module checks does not depend on the backend: run on the real server only
 # (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
@@ -580,6 +582,11 @@ def flow(runner: ScriptRunner, jq: JobQueue) -> None:
         got = claim(runner, p, now=None, owner="w1", limit=100).runs
         runner.run(COMPLETE.call(p, [(c.run_id, c.fence, "1") for c in got], RETENTION))
     assert jq.relay("default") > 0
+    # a staged workflow whose creator died before its commit, rolled back (flow_abort)
+    dying = create_flow(jq, group_graph([t.s(i) for i in range(6)]), "dying")
+    assert jq.run_steps(until_call(dying, "flow_commit")) is not None
+    for p in jq.all_partition_keys("default"):
+        jq.run_steps(settle_staged_steps(jq, p, 0))
 
 
 def buffered_job(jq: JobQueue) -> None:

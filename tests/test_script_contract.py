@@ -21,6 +21,8 @@ from jobqueue.store.flows import (
     ATTACH,
     DELIVER,
     EXTEND,
+    FLOW_ABORT,
+    FLOW_COMMIT,
     FLOW_CREATE,
     FLOW_TIDY,
     RELAYED,
@@ -108,6 +110,8 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "deliver": lambda: DELIVER.call(PK, [Delivery("w", "r", "d1")], 1, 1000, 1),
     "relayed": lambda: RELAYED.call(PK, [("r", 1)], 1, 1),
     "flow_tidy": lambda: FLOW_TIDY.call(PK, 10),
+    "flow_commit": lambda: FLOW_COMMIT.call(PK, "F", '["q","h"]', "h", 1, 1000),
+    "flow_abort": lambda: FLOW_ABORT.call(PK, "F", '["q","h"]', "h"),
 }
 
 
@@ -316,9 +320,9 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
         allowed |= {"parked:"}
     if name == "set_limit":
         allowed |= {"prio"}
-    if name in ("flow_create", "extend", "deliver", "relayed"):
+    if name in ("flow_create", "extend", "deliver", "relayed", "flow_commit", "flow_abort"):
         allowed |= {"deps:", "got:"}  # a waiting run's own keys, named like its record
-    if name in ("flow_create", "flow_tidy"):
+    if name in ("flow_create", "flow_tidy", "flow_commit", "flow_abort"):
         allowed |= {"flow:"}  # a flow's run ids in the partition, named by its id
     assert set(built) <= allowed, built
 
@@ -600,6 +604,34 @@ def parses_flow_tidy(runner: ScriptRunner, redis_client: Any) -> None:
     assert FLOW_TIDY.parse(runner.run(FLOW_TIDY.call(P, 10, now=NOW))) == (1, 0)
 
 
+HOME = '["q","h"]'
+
+
+def _staged(runner: ScriptRunner) -> None:
+    nodes = [NodeSpec("h", "t", "{}", flow="F"), NodeSpec("w", "t", "{}", flow="F",
+                                                           deps=[Edge("h", "q")])]
+    call = FLOW_CREATE.call(P, nodes, now=NOW, staged=HOME)
+    assert FLOW_CREATE.parse(runner.run(call)) == [True, True]
+
+
+def parses_flow_commit(runner: ScriptRunner, redis_client: Any) -> None:
+    _staged(runner)
+    other = FLOW_COMMIT.call(P, "F", HOME, "", 1, 1000, now=NOW)
+    # h released (counted as created: it waited on nothing but the commit); w waits on h
+    assert FLOW_COMMIT.parse(runner.run(other)) == 0
+    assert FLOW_COMMIT.parse(runner.run(FLOW_COMMIT.call(P, "F", HOME, "h", 1, 1000, NOW))) == 0
+    gone = FLOW_COMMIT.call(P, "G", HOME, "nobody", 1, 1000, now=NOW)
+    assert FLOW_COMMIT.parse(runner.run(gone)) is None  # aborted: no such home
+
+
+def parses_flow_abort(runner: ScriptRunner, redis_client: Any) -> None:
+    _staged(runner)
+    assert FLOW_ABORT.parse(runner.run(FLOW_ABORT.call(P, "F", HOME, "h", now=NOW))) == 2
+    _staged(runner)
+    runner.run(FLOW_COMMIT.call(P, "F", HOME, "h", 1, 1000, now=NOW))
+    assert FLOW_ABORT.parse(runner.run(FLOW_ABORT.call(P, "F", HOME, "h", now=NOW))) is None
+
+
 def parses_relayed(runner: ScriptRunner, redis_client: Any) -> None:
     redis_client.zadd(P.outbox, {"r": 5, "s": 6})
     call = RELAYED.call(P, [("r", 5), ("s", 5)], 1_000, 1_000, now=NOW)
@@ -613,6 +645,8 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "deliver": parses_deliver,
     "relayed": parses_relayed,
     "flow_tidy": parses_flow_tidy,
+    "flow_commit": parses_flow_commit,
+    "flow_abort": parses_flow_abort,
     "create_run": parses_create_run,
     "dedupe": parses_dedupe,
     "claim": parses_claim,

@@ -52,6 +52,8 @@ from jobqueue.store.flows import (
     ATTACH,
     DELIVER,
     EXTEND,
+    FLOW_ABORT,
+    FLOW_COMMIT,
     FLOW_CREATE,
     FLOW_TIDY,
     RELAYED,
@@ -405,6 +407,33 @@ def tidy_flows(runner: ScriptRunner) -> Call:
     assert all(FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(PK, nodes, now=NOW - 2_000))))
     runner.client.delete(PK.run("f2"))
     return FLOW_TIDY.call(PK, 10, now=NOW)
+
+
+STAGED = '["default","h"]'  # a staged workflow's home
+
+
+def a_staged_flow(runner: ScriptRunner, now: int) -> None:
+    """A workflow written staged: h (the home, waiting on nothing) and w, waiting on h and
+    receiving its result."""
+    nodes = [
+        NodeSpec("h", "t", PAYLOAD, flow="F", parents='[["default","w"]]'),
+        NodeSpec("w", "t", PAYLOAD, flow="F", receives="one", args_tail='],"kwargs":{}}',
+                 deps=[Edge("h", "default")]),
+    ]
+    call = FLOW_CREATE.call(PK, nodes, now=now, staged=STAGED)
+    assert all(FLOW_CREATE.parse(runner.run(call)))
+
+
+def commit_a_staged_flow(runner: ScriptRunner) -> Call:
+    """The commit in the home's partition: h is released, w stays waiting (no longer staged)."""
+    a_staged_flow(runner, NOW - 3_000)
+    return FLOW_COMMIT.call(PK, "F", STAGED, "h", RETENTION, 1 << 20, now=NOW)
+
+
+def abort_a_staged_flow(runner: ScriptRunner) -> Call:
+    """The abort in the home's partition: both staged runs are deleted."""
+    a_staged_flow(runner, NOW - 3_000)
+    return FLOW_ABORT.call(PK, "F", STAGED, "h", now=NOW)
 
 
 def relay_done(runner: ScriptRunner) -> Call:
@@ -788,6 +817,8 @@ SCENARIOS = {
         Scenario("extend", "extend", extend_a_waiting_run, EXTEND.parse),
         Scenario("flow_tidy", "flow_tidy", tidy_flows, FLOW_TIDY.parse),
         Scenario("relayed", "relayed", relay_done, RELAYED.parse),
+        Scenario("flow_commit", "flow_commit", commit_a_staged_flow, FLOW_COMMIT.parse),
+        Scenario("flow_abort", "flow_abort", abort_a_staged_flow, FLOW_ABORT.parse),
     )
 }
 

@@ -25,21 +25,45 @@ raised), and its next attempt adds the same run ids again.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.connection import parse_url
+
 from jobqueue.anomalies import is_wrong_type, score_ms
 from jobqueue.client.core import ClientCore
 from jobqueue.client.relay import relay_cascade_steps
-from jobqueue.errors import ConfigError, CorruptData, FlowFinished, RunNotFound
+from jobqueue.errors import (
+    ConfigError,
+    CorruptData,
+    FlowAborted,
+    FlowConflict,
+    FlowFinished,
+    JobQueueError,
+    RunNotFound,
+)
 from jobqueue.models import DependencyState
 from jobqueue.payload import args_tail, encode_payload
-from jobqueue.store.flows import ATTACH, EXTEND, FLOW_CREATE, Edge, NodeSpec, parse_dep_spec
+from jobqueue.store.connection import redact
+from jobqueue.store.flows import (
+    ATTACH,
+    EXTEND,
+    FLOW_ABORT,
+    FLOW_COMMIT,
+    FLOW_CREATE,
+    Edge,
+    NodeSpec,
+    home_text,
+    parse_dep_spec,
+)
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys, validate_run_id
-from jobqueue.workflows.canvas import Graph, Node, Signature
+from jobqueue.workflows.canvas import MAX_RESULTS_BYTES, Graph, Node, RunRef, Signature
+
+log = logging.getLogger("jobqueue.client")
 
 _FLOW_ID_MAX = 200
 
@@ -72,16 +96,18 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
 
     graph.check()
     fid = new_flow_id(flow_id)
+    yield from _resolve_refs(core, graph)
+    _check_same_store(core, graph)
     prepared = [_prepare(core, fid, node.name, node) for node in graph.nodes]
     ids = [spec.run_id for _, spec in prepared]
     if len(set(ids)) != len(ids):
         raise ConfigError("two steps of the workflow have the same run id")
-    externals = list(
+    externals: list[tuple[str, str]] = list(
         dict.fromkeys(
             (t.run_id, t.queue)
             for node in graph.nodes
             for t, _ in node.waits_on
-            if not isinstance(t, int)
+            if not isinstance(t, int) and t.queue is not None
         )
     )
     for run_id in [*ids, *(r for r, _ in externals)]:
@@ -95,7 +121,7 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
     for i, node in enumerate(graph.nodes):
         for target, _ in node.waits_on:
             key: int | tuple[str, str] = (
-                target if isinstance(target, int) else (target.run_id, target.queue)
+                target if isinstance(target, int) else (target.run_id, str(target.queue))
             )
             parents.setdefault(key, []).append([prepared[i][0], ids[i]])
     planned: list[Planned] = []
@@ -104,26 +130,41 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
         spec.deps = [
             Edge(ids[t], prepared[t][0], policy)
             if isinstance(t, int)
-            else Edge(t.run_id, t.queue, policy)
+            else Edge(t.run_id, str(t.queue), policy)
             for t, policy in node.waits_on
         ]
         planned.append(Planned(queue, core.keys_for(queue, spec.run_id), spec))
 
-    waiting = [p for p in planned if p.spec.deps]
-    ready = [p for p in planned if not p.spec.deps]
-    created: dict[str, bool] = {}
-    if not externals and len({p.keys for p in planned}) == 1:
-        yield from _create(core, planned, created)  # one call: all or nothing
-    else:
-        yield from _create(core, waiting, created)
+    found = yield from _found(core, planned)
+    if any(f.flow == fid and not f.staged for f in found.values()):
+        # Created before (committed): nothing is written, not even to the runs it waits on.
+        return CreatedFlow(fid, [(p.spec.run_id, p.queue, False) for p in planned])
+    for p in planned:
+        f = found.get(p.spec.run_id)
+        if f is not None and f.flow != fid and p.spec.deps:
+            raise FlowConflict(
+                f"step {p.spec.run_id!r} waits on other runs, but a run with that id exists "
+                f"already in queue {p.queue!r} ({f.state or 'no state'}, "
+                f"{'of workflow ' + repr(f.flow) if f.flow else 'not in a workflow'}): it "
+                "would never wait. Give the step a new run id; nothing was written"
+            )
+    shared = {p.spec.run_id for p in planned
+              if p.spec.run_id in found and found[p.spec.run_id].flow != fid}
+    new = [p for p in planned if p.spec.run_id not in shared]
+    created: dict[str, bool] = {p.spec.run_id: False for p in planned}
+    staged_before = any(f.flow == fid for f in found.values())
+    if not externals and not shared and not staged_before and len({p.keys for p in new}) == 1:
+        yield from _create(core, new, created)  # one call: all or nothing
+    elif new:
+        yield from _create_staged(core, fid, new, externals, parents, created)
+    else:  # every step existed before, outside it: they only learn of each other
         yield from _attach(core, externals, parents)
-        yield from _create(core, ready, created)
-    # A step whose run id existed already (shared with another workflow, or this one created
-    # before) was left as it was: it is told of its new waiting runs as an older run is.
+    # A step whose run id existed already (shared with another workflow, or created before)
+    # was left as it was: it is told of its new waiting runs as an older run is.
     existed = {
         (p.spec.run_id, p.queue): parents.get(i, [])
         for i, p in enumerate(planned)
-        if not created[p.spec.run_id]
+        if p.spec.run_id in shared
     }
     yield from _attach(core, list(existed), existed)
     # An older run that had finished went back to its outbox: relayed now, not at the next
@@ -131,6 +172,148 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
     for keys in dict.fromkeys(core.keys_for(q, r) for r, q in [*externals, *existed]):
         yield from relay_cascade_steps(core, keys)
     return CreatedFlow(fid, [(p.spec.run_id, p.queue, created[p.spec.run_id]) for p in planned])
+
+
+@dataclass(frozen=True)
+class Found:
+    """A step's run id that exists already: its record's workflow, staged home and state."""
+
+    flow: str
+    staged: str
+    state: str
+
+
+def _found(core: ClientCore, planned: Sequence[Planned]) -> Steps[dict[str, Found]]:
+    """The steps whose run ids exist already, read in one round trip."""
+    replies = yield commands(
+        *(cmd("hmget", p.keys.run(p.spec.run_id), "flow", "staged", "state") for p in planned)
+    )
+    out = {}
+    for p, reply in zip(planned, replies, strict=True):
+        if is_wrong_type(reply):
+            raise CorruptData(
+                f"run {p.spec.run_id!r} in queue {p.queue!r} is not a run record: the step "
+                "cannot be created; nothing was written"
+            )
+        if isinstance(reply, Exception):
+            raise reply
+        flow, staged, state = reply
+        if flow is not None or staged is not None or state is not None:
+            out[p.spec.run_id] = Found(flow or "", staged or "", state or "")
+    return out
+
+
+def _create_staged(
+    core: ClientCore,
+    fid: str,
+    new: Sequence[Planned],
+    externals: Sequence[tuple[str, str]],
+    parents: Mapping[Any, list[list[str]]],
+    created: dict[str, bool],
+) -> Steps[None]:
+    """A workflow over several partitions (or waiting on older runs): every run written
+    staged (none can run), the older runs told, then the commit, one write in the home's
+    partition (the first new step's), then the release of its other partitions. A failure
+    before the commit undoes what was written; a process that dies before it leaves staged
+    runs that the workers' audit rolls back (or, committed, releases)."""
+    home = new[0]
+    staged = home_text(home.queue, home.spec.run_id)
+    s = core.settings
+    try:
+        yield from _create(core, new, created, staged=staged)
+        yield from _attach(core, externals, parents)
+        (committed,) = yield Scripts([FLOW_COMMIT.call(
+            home.keys, fid, staged, home.spec.run_id, s.dead_retention_ms, MAX_RESULTS_BYTES
+        )])
+        if FLOW_COMMIT.parse(committed) is None:
+            raise FlowAborted(
+                f"workflow {fid!r} was rolled back before its commit (its creation took longer "
+                f"than flow_stage_timeout_s, {s.flow_stage_timeout_s:g} s): nothing of it is "
+                "left; create it again"
+            )
+    except Exception:  # (not GeneratorExit: a process that stops here leaves it to the audit)
+        yield from _abort(core, fid, staged, home, new)
+        raise
+    others = [k for k in dict.fromkeys(p.keys for p in new) if k != home.keys]
+    if others:
+        try:
+            yield Scripts([FLOW_COMMIT.call(k, fid, staged, "", s.dead_retention_ms,
+                                            MAX_RESULTS_BYTES) for k in others])
+        except JobQueueError as exc:  # committed: the audit releases them (flows_stage)
+            log.warning("workflow %s is committed, but releasing its runs in %d partitions "
+                        "failed for now (%s): the workers' audit releases them", fid,
+                        len(others), exc)
+
+
+def _abort(
+    core: ClientCore, fid: str, staged: str, home: Planned, new: Sequence[Planned]
+) -> Steps[None]:
+    """Undo a staged creation, home first (where the abort is decided); best effort: what
+    this cannot undo, the workers' audit does."""
+    try:
+        (reply,) = yield Scripts([FLOW_ABORT.call(home.keys, fid, staged, home.spec.run_id)])
+        if FLOW_ABORT.parse(reply) is None:
+            return  # committed after all (the commit's reply was lost): nothing to undo
+        others = [k for k in dict.fromkeys(p.keys for p in new) if k != home.keys]
+        if others:
+            yield Scripts([FLOW_ABORT.call(k, fid, staged, "") for k in others])
+    except Exception as exc:
+        log.warning("undoing workflow %s failed (%s): the workers' audit rolls it back", fid,
+                    exc)
+
+
+def _resolve_refs(core: ClientCore, graph: Graph) -> Steps[None]:
+    """A dependency named by run id alone: its queue, looked up (RunNotFound when no queue
+    has it; refused when several do)."""
+    for node in graph.nodes:
+        for i, (target, policy) in enumerate(node.waits_on):
+            if isinstance(target, RunRef) and target.queue is None:
+                keys = yield from core._locate(target.run_id, None)
+                if keys is None:
+                    raise RunNotFound(
+                        f"step {node.name!r} depends on run {target.run_id!r}, which exists in "
+                        "no queue (never created, or expired); nothing was written"
+                    )
+                node.waits_on[i] = (RunRef(target.run_id, keys.queue), policy)
+
+
+def _check_same_store(core: ClientCore, graph: Graph) -> None:
+    """A handle of a client connected to another Redis names a run of another store:
+    refused (its run id might exist here too, as another run)."""
+    mine = store_of(core)
+    for node in graph.nodes:
+        for target, _ in node.waits_on:
+            owner = getattr(target, "jq", None)
+            if isinstance(target, int) or owner is None or owner is core:
+                continue
+            theirs = store_of(owner)
+            if mine is not None and theirs is not None and theirs != mine:
+                raise FlowConflict(
+                    f"step {node.name!r} waits on run {target.run_id!r} of a client of another "
+                    f"Redis ({theirs[1]}; this one: {mine[1]}): a workflow and its "
+                    "dependencies live in one store; nothing was written"
+                )
+
+
+def store_of(client: object) -> tuple[object, str] | None:
+    """Which Redis a client talks to, as far as it says: host, port and database (or socket
+    and database; a fakeredis server by identity), from its connection pool, else from its
+    URL; None when it cannot tell (a cluster is told by its URL). The second item is what a
+    message shows."""
+    connection = client.__dict__.get("_client") or client.__dict__.get("redis")
+    kwargs = getattr(getattr(connection, "connection_pool", None), "connection_kwargs", None)
+    url = getattr(client, "url", None)
+    if not isinstance(kwargs, dict) and isinstance(url, str) and "+cluster" not in url:
+        try:
+            kwargs = parse_url(url)
+        except ValueError:
+            kwargs = None
+    if isinstance(kwargs, dict):
+        where = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"),
+                 int(kwargs.get("db") or 0), id(kwargs.get("server")))
+        shown = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        return where, f"{shown} db {int(kwargs.get('db') or 0)}"
+    return (url, redact(url)) if isinstance(url, str) and url else None
 
 
 def add_to_flow_steps(
@@ -290,6 +473,7 @@ def _create(
     planned: Sequence[Planned],
     created: dict[str, bool],
     flow_at: int | None = None,
+    staged: str = "",
 ) -> Steps[None]:
 
     by_partition: dict[PartitionKeys, list[Planned]] = {}
@@ -297,7 +481,7 @@ def _create(
         by_partition.setdefault(p.keys, []).append(p)
     if not by_partition:
         return
-    calls = [FLOW_CREATE.call(keys, [p.spec for p in ps], flow_at=flow_at)
+    calls = [FLOW_CREATE.call(keys, [p.spec for p in ps], flow_at=flow_at, staged=staged)
              for keys, ps in by_partition.items()]
     replies = yield from core._run_calls(calls, [p.spec.run_id for p in planned])
     for ps, reply in zip(by_partition.values(), replies, strict=True):

@@ -24,12 +24,15 @@ from jobqueue.client.core import ClientCore
 from jobqueue.errors import ConnectionFailed, JobQueueError
 from jobqueue.store.flows import (
     DELIVER,
+    FLOW_ABORT,
+    FLOW_COMMIT,
     FLOW_TIDY,
     RELAYED,
     Delivered,
     Delivery,
     DepSpec,
     parse_dep_spec,
+    parse_home,
 )
 from jobqueue.store.io import DurableScripts, Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
@@ -406,6 +409,61 @@ def audit_waiting_steps(
         log.warning("delivered %d outcomes to waiting runs of %s that had not heard of them "
                     "(a delivery or an outbox entry lost in a failover?)", counted, keys.tag)
     return following, counted
+
+
+STAGED_RUNS = 200  # waiting runs looked at per partition and audit for a lost commit
+
+
+def settle_staged_steps(
+    core: ClientCore, keys: PartitionKeys, min_age_ms: int
+) -> Steps[tuple[int, int]]:
+    """Workflows written staged in ``keys`` at least ``min_age_ms`` ago whose creating
+    process never finished them (see flow_commit.lua): released when their home run was
+    committed, rolled back (flow_abort.lua, home first) otherwise. Looks at the oldest
+    STAGED_RUNS waiting runs. Returns (workflows released, workflows rolled back) here."""
+    (now_pair,) = yield commands(cmd("time"))  # alone: a cluster pipeline refuses TIME
+    (entries,) = yield commands(
+        cmd("zrangebyscore", keys.waiting, "-inf", "+inf", start=0, num=STAGED_RUNS,
+            withscores=True)
+    )
+    if isinstance(entries, Exception) or isinstance(now_pair, Exception):
+        return 0, 0
+    now = int(now_pair[0]) * 1000 + int(now_pair[1]) // 1000
+    old = [m for m, score in entries if score <= now - min_age_ms]
+    if not old:
+        return 0, 0
+    replies = yield commands(*(cmd("hmget", keys.run(rid), "flow", "staged") for rid in old))
+    flows = dict.fromkeys(
+        (reply[0], reply[1]) for reply in replies
+        if isinstance(reply, list) and reply[0] and reply[1]
+    )
+    released = rolled_back = 0
+    s = core.settings
+    for fid, staged in flows:
+        home = parse_home(staged)
+        if home is None:
+            log.error("waiting runs of %s name a workflow home jobqueue did not write: %r",
+                      keys.tag, staged)
+            continue
+        home_keys = yield from _partition(core, home[0], home[1], f"of workflow {fid}")
+        if home_keys is None:
+            continue
+        aborted = FLOW_ABORT.parse((yield Scripts([
+            FLOW_ABORT.call(home_keys, fid, staged, home[1])
+        ]))[0])
+        if aborted is None:  # committed: the creating process died before the release
+            yield Scripts([FLOW_COMMIT.call(keys, fid, staged, "", s.dead_retention_ms,
+                                            MAX_RESULTS_BYTES)])
+            log.warning("released workflow %s in %s: its creator died after the commit",
+                        fid, keys.tag)
+            released += 1
+        else:
+            if home_keys != keys:
+                yield Scripts([FLOW_ABORT.call(keys, fid, staged, "")])
+            log.warning("rolled back workflow %s in %s: its creator died before the commit "
+                        "(nothing of it ran)", fid, keys.tag)
+            rolled_back += 1
+    return released, rolled_back
 
 
 def _states(

@@ -7,6 +7,7 @@ dependencies to the runs waiting on them (deliver) and clearing relayed outbox e
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -68,9 +69,15 @@ class NodeSpec:
 
 
 def _flow_create(
-    pk: PartitionKeys, nodes: Sequence[NodeSpec], now: NowArg = None, flow_at: int | None = None
+    pk: PartitionKeys,
+    nodes: Sequence[NodeSpec],
+    now: NowArg = None,
+    flow_at: int | None = None,
+    staged: str = "",
 ) -> Wire:
-    """``flow_at``: the flow's creation time for its flows index entry (None: now)."""
+    """``flow_at``: the flow's creation time for its flows index entry (None: now);
+    ``staged``: the workflow's home (``home_text``) to write every run staged (see
+    flow_commit.lua), '' to make them ready at once."""
     tail: list[str | int] = []
     for n in nodes:
         tail += [
@@ -81,7 +88,8 @@ def _flow_create(
         for e in n.deps:
             tail += [e.run_id, e.policy, e.queue]
     return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix,
-                     "flow_at": "" if flow_at is None else int(flow_at)}, tail)
+                     "flow_at": "" if flow_at is None else int(flow_at), "staged": staged},
+                tail)
 
 
 def _parse_created(reply: Sequence[Any]) -> list[bool]:
@@ -91,7 +99,7 @@ def _parse_created(reply: Sequence[Any]) -> list[bool]:
 FLOW_CREATE = Contract(
     "flow_create",
     keys=("due", "waiting", "wake", "stats", "seq", "flows"),
-    args=("now", "prefix", "flow_at"),
+    args=("now", "prefix", "flow_at", "staged"),
     tail="nodes",
     build=_flow_create,
     parse=_parse_created,
@@ -249,4 +257,69 @@ RELAYED = Contract(
     parse=int,
 )
 
-CONTRACTS = (FLOW_CREATE, ATTACH, EXTEND, DELIVER, RELAYED, FLOW_TIDY)
+def home_text(queue: str, run_id: str) -> str:
+    """A workflow's home as its staged runs' 'staged' field holds it (flow_create.lua)."""
+    return json.dumps([queue, run_id], separators=(",", ":"), ensure_ascii=False)
+
+
+def parse_home(text: object) -> tuple[str, str] | None:
+    """(queue, run id) of a 'staged' field jobqueue wrote, else None."""
+    try:
+        queue, run_id = json.loads(str(text))
+    except (TypeError, ValueError):
+        return None
+    return (queue, run_id) if isinstance(queue, str) and isinstance(run_id, str) else None
+
+
+def _flow_commit(
+    pk: PartitionKeys,
+    flow_id: str,
+    staged: str,
+    home_run: str,
+    dead_retention_ms: int,
+    max_bytes: int,
+    now: NowArg = None,
+) -> Wire:
+    """``home_run``: the home run's id in its own partition (the commit), else ''."""
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "flow_id": flow_id,
+                     "staged": staged, "home_run": home_run,
+                     "dead_retention_ms": dead_retention_ms, "max_bytes": max_bytes})
+
+
+def _parse_committed(reply: Sequence[Any]) -> int | None:
+    """The runs released, or None: aborted (in the home's partition)."""
+    return int(reply[1]) if int(reply[0]) == 1 else None
+
+
+FLOW_COMMIT = Contract(
+    "flow_commit",
+    keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox"),
+    args=("now", "prefix", "flow_id", "staged", "home_run", "dead_retention_ms", "max_bytes"),
+    build=_flow_commit,
+    parse=_parse_committed,
+)
+
+
+def _flow_abort(
+    pk: PartitionKeys, flow_id: str, staged: str, home_run: str, now: NowArg = None
+) -> Wire:
+    return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "flow_id": flow_id,
+                     "staged": staged, "home_run": home_run})
+
+
+def _parse_aborted(reply: Sequence[Any]) -> int | None:
+    """The runs deleted, or None: committed already (in the home's partition)."""
+    return int(reply[1]) if int(reply[0]) == 1 else None
+
+
+FLOW_ABORT = Contract(
+    "flow_abort",
+    keys=("waiting", "flows", "dead", "done", "outbox"),
+    args=("now", "prefix", "flow_id", "staged", "home_run"),
+    build=_flow_abort,
+    parse=_parse_aborted,
+)
+
+CONTRACTS = (
+    FLOW_CREATE, ATTACH, EXTEND, DELIVER, RELAYED, FLOW_TIDY, FLOW_COMMIT, FLOW_ABORT
+)

@@ -65,6 +65,8 @@ SCRIPT_NAMES = (
     "deliver",
     "relayed",
     "flow_tidy",
+    "flow_commit",
+    "flow_abort",
 )
 PRELUDE = "_prelude"
 

@@ -17,6 +17,7 @@ from jobqueue.client.relay import (
     audit_waiting_steps,
     relay_committed_steps,
     relay_until_quiet,
+    settle_staged_steps,
     tidy_flows_steps,
 )
 from jobqueue.client.sync import JobQueue
@@ -292,6 +293,12 @@ class Committer:
                 self._audit_from[keys] = start
             except Exception as exc:  # (one partition's trouble: the others go on)
                 log.warning("auditing the waiting runs of %s failed for now: %s", keys.tag, exc)
+            try:  # workflows whose creator died between their staging and their release
+                stage_ms = round(self._jq.settings.flow_stage_timeout_s * 1000)
+                self._jq.run_steps(settle_staged_steps(self._jq, keys, stage_ms))
+            except Exception as exc:
+                log.warning("settling the staged workflows of %s failed for now: %s",
+                            keys.tag, exc)
         try:
             self._jq.run_steps(tidy_flows_steps(self._jq, self._swept))
         except Exception as exc:
