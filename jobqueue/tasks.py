@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
@@ -17,7 +18,7 @@ from jobqueue.errors import ConfigError, PayloadError, UnknownTask
 from jobqueue.handles import AsyncRunHandle, RunHandle
 from jobqueue.policy.timeutil import Delay, Instant, seconds_to_ms
 from jobqueue.store.keys import validate_queue_name
-from jobqueue.workflows.canvas import Signature
+from jobqueue.workflows.canvas import Dependency, Signature, check_policy, dependency_target
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -91,6 +92,10 @@ class RunOptions:
     priority: int | None = None  # 0 (the default) .. 9: higher is claimed first among due runs
     dedupe: Dedupe | None = None
     limit_key: str | None = None  # the key of the queue's per-key caps and rates
+    # runs created before that this one waits on (run ids or handles), and what the death of
+    # one of them does (see jobqueue.workflows.canvas.POLICIES)
+    depends_on: tuple[Any, ...] | None = None
+    on_failure: str | None = None
 
     def merged(self, **changes: Any) -> RunOptions:
         """These options with ``changes`` (None changes nothing)."""
@@ -121,18 +126,26 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         dedupe: Dedupe | None = None,
         limit_key: str | None = None,
+        depends_on: Sequence[Any] | None = None,
+        on_failure: str | None = None,
     ) -> Self:
         """This task with run options, for ``enqueue`` (here or ``jq.enqueue``):
         ``send_invoice.with_options(queue="urgent", delay=60).enqueue(42, amount=990)``.
         ``priority`` (0, the default, to 9): among the runs due in its queue partition, a
         higher one is claimed first. ``dedupe`` (a :class:`Dedupe`): at most one run per key
         at a time (``enqueue`` only). ``limit_key`` (text, e.g. ``"customer:42"``): the key the
-        queue's per-key caps and rates count this run under. Checked when the run is
+        queue's per-key caps and rates count this run under. ``depends_on`` (run ids or
+        handles of runs created before): the run waits for them to finish (a one-step
+        workflow, see docs/workflows.md), each edge with the policy ``on_failure`` ('fail' by
+        default); it takes ``run_id`` and ``queue`` only. Checked when the run is
         enqueued."""
         base = self.run_options or RunOptions()
+        if isinstance(depends_on, str):
+            raise ConfigError("depends_on is a list of run ids or handles, not one text")
         merged = base.merged(
             run_id=run_id, delay=delay, at=at, queue=queue, priority=priority, dedupe=dedupe,
-            limit_key=limit_key,
+            limit_key=limit_key, depends_on=None if depends_on is None else tuple(depends_on),
+            on_failure=on_failure,
         )
         return dataclasses.replace(self, run_options=merged)
 
@@ -231,9 +244,23 @@ class Task(Generic[P, R]):
         opts = self.run_options
         if opts is None:
             return {}
-        if opts.delay is not None or opts.at is not None or opts.dedupe is not None:
-            raise ConfigError("a workflow's step takes run_id and queue options only")
-        return {"run_id": opts.run_id, "queue": opts.queue}
+        if (opts.delay is not None or opts.at is not None or opts.dedupe is not None
+                or opts.priority is not None or opts.limit_key is not None):
+            raise ConfigError("a workflow's step takes run_id, queue and depends_on options only")
+        out: dict[str, Any] = {"run_id": opts.run_id, "queue": opts.queue}
+        if opts.depends_on:
+            policy = check_policy(opts.on_failure or "fail")
+            out["dependencies"] = tuple(
+                Dependency(dependency_target(t), policy) for t in opts.depends_on
+            )
+        return out
+
+    def waiting_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Signature[R]:
+        """This run as a one-step workflow, for an enqueue with ``depends_on`` (a random run
+        id when none is given, as an enqueue gives)."""
+        options = self._step_options()
+        options["run_id"] = options.get("run_id") or os.urandom(16).hex()
+        return Signature(self, tuple(args), dict(kwargs), **options)
 
     def _enqueuer(self) -> Any:
         if self.enqueuer is None:

@@ -319,6 +319,9 @@ class AsyncJobQueue(ClientCore):
         id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
         found, kwargs, opts = self.split_run_options(task, kwargs)
+        if opts.depends_on:  # a waiting run: a workflow of one step
+            flow = await self._create_flow(group_graph([found.waiting_step(args, kwargs)]), None)
+            return flow.runs[0]
         options = getattr(found, "options", None)  # (None for a task named by a string)
         queue = opts.queue if opts.queue is not None else getattr(options, "queue", None)
         if isinstance(queue, str) and queue not in self._registered_queues:
@@ -380,6 +383,41 @@ class AsyncJobQueue(ClientCore):
 
     # -- workflows (docs/workflows.md) -----------------------------------------------------
 
+    @overload
+    async def chain(
+        self, s1: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> AsyncFlowHandle[R]: ...
+
+    @overload
+    async def chain(
+        self, s1: Signature[Any], s2: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> AsyncFlowHandle[R]: ...
+
+    @overload
+    async def chain(
+        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> AsyncFlowHandle[R]: ...
+
+    @overload
+    async def chain(
+        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> AsyncFlowHandle[R]: ...
+
+    @overload
+    async def chain(
+        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[Any], s5: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> AsyncFlowHandle[R]: ...
+
+    @overload
+    async def chain(
+        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[Any], s5: Signature[Any], s6: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> AsyncFlowHandle[R]: ...
+
+    @overload
+    async def chain(
+        self, *steps: Signature[Any], on_failure: str = ..., flow_id: str | None = ...
+    ) -> AsyncFlowHandle[Any]: ...
+
     async def chain(
         self, *steps: Signature[Any], on_failure: str = "fail", flow_id: str | None = None
     ) -> AsyncFlowHandle[Any]:
@@ -387,8 +425,8 @@ class AsyncJobQueue(ClientCore):
         return await self._create_flow(chain_graph(steps, on_failure), flow_id)
 
     async def group(
-        self, steps: Sequence[Signature[Any]], *, flow_id: str | None = None
-    ) -> AsyncFlowHandle[Any]:
+        self, steps: Sequence[Signature[R]], *, flow_id: str | None = None
+    ) -> AsyncFlowHandle[R]:
         """See :meth:`JobQueue.group`."""
         return await self._create_flow(group_graph(steps), flow_id)
 

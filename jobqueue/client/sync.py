@@ -239,6 +239,10 @@ class JobQueue(ClientCore):
         id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
         found, kwargs, opts = self.split_run_options(task, kwargs)
+        if opts.depends_on:  # a waiting run: a workflow of one step
+            step = found.waiting_step(args, kwargs)
+            flow = self._create_flow(group_graph([step]), None)
+            return flow.runs[0]
         steps = self._enqueue(
             found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
             opts.dedupe, opts.limit_key,
@@ -307,6 +311,41 @@ class JobQueue(ClientCore):
 
     # -- workflows (docs/workflows.md) -----------------------------------------------------
 
+    @overload
+    def chain(
+        self, s1: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> FlowHandle[R]: ...
+
+    @overload
+    def chain(
+        self, s1: Signature[Any], s2: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> FlowHandle[R]: ...
+
+    @overload
+    def chain(
+        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> FlowHandle[R]: ...
+
+    @overload
+    def chain(
+        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> FlowHandle[R]: ...
+
+    @overload
+    def chain(
+        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[Any], s5: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> FlowHandle[R]: ...
+
+    @overload
+    def chain(
+        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[Any], s5: Signature[Any], s6: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+    ) -> FlowHandle[R]: ...
+
+    @overload
+    def chain(
+        self, *steps: Signature[Any], on_failure: str = ..., flow_id: str | None = ...
+    ) -> FlowHandle[Any]: ...
+
     def chain(
         self, *steps: Signature[Any], on_failure: str = "fail", flow_id: str | None = None
     ) -> FlowHandle[Any]:
@@ -317,8 +356,9 @@ class JobQueue(ClientCore):
         same chain again writes nothing."""
         return self._create_flow(chain_graph(steps, on_failure), flow_id)
 
-    def group(self, steps: Sequence[Signature[Any]], *, flow_id: str | None = None
-              ) -> FlowHandle[Any]:
+    def group(
+        self, steps: Sequence[Signature[R]], *, flow_id: str | None = None
+    ) -> FlowHandle[R]:
         """Steps side by side (``results()`` waits for them all)."""
         return self._create_flow(group_graph(steps), flow_id)
 

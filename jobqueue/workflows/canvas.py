@@ -15,7 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from jobqueue.errors import ConfigError
 
-R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)  # what the step returns: a step is read only
 
 # What a dependency that died (or was cancelled) does to the run waiting on it:
 #   fail      the waiting run dies too, and its unfinished dependencies are cancelled
@@ -50,6 +50,28 @@ class ExistingRun(Protocol):
     def queue(self) -> str: ...
 
 
+@dataclass(frozen=True)
+class RunRef:
+    """An existing run named by its id (``depends_on=["invoice-42"]``): found in ``queue``,
+    else looked up in every queue when the workflow is created (refused when absent, or
+    present in several queues)."""
+
+    run_id: str
+    queue: str | None = None
+
+
+def dependency_target(target: object) -> ExistingRun | RunRef:
+    """What ``depends_on`` takes: a run id (text) or a run handle (anything with a run id
+    and a queue: RunHandle, AsyncRunHandle, Run)."""
+    if isinstance(target, str):
+        return RunRef(target)
+    if _is_existing(target) or isinstance(target, RunRef):
+        return target  # type: ignore[return-value]
+    raise ConfigError(
+        f"depends_on takes run ids and run handles, not {type(target).__name__}"
+    )
+
+
 def check_policy(policy: str) -> str:
     if policy not in POLICIES:
         raise ConfigError(f"on_failure must be one of {', '.join(POLICIES)}, not {policy!r}")
@@ -61,12 +83,12 @@ class Dependency:
     """An edge: what the run waits on (a node's name in its workflow, another Signature of it,
     or an existing run) and what that one's death does (a POLICIES entry)."""
 
-    target: str | Signature[Any] | ExistingRun
+    target: str | Signature[Any] | ExistingRun | RunRef
     policy: str = "fail"
 
 
 @dataclass(frozen=True, eq=False)
-class Signature(Generic[R]):
+class Signature(Generic[R_co]):
     """A task with its arguments, to run as a step of a workflow: ``task.s(*args,
     **kwargs)``, or ``task.receiving(*args, **kwargs)`` for a step that gets its
     dependencies' results first in its arguments (a chain step the previous step's result; a
@@ -84,7 +106,7 @@ class Signature(Generic[R]):
 
     def after(
         self, *targets: str | Signature[Any] | ExistingRun, on_failure: str = "fail"
-    ) -> Signature[R]:
+    ) -> Signature[R_co]:
         """This step, waiting also on ``targets`` (node names or signatures of the same
         workflow, or runs created before), each with the policy ``on_failure``."""
         check_policy(on_failure)
@@ -97,12 +119,21 @@ class Signature(Generic[R]):
         run_id: str | None = None,
         queue: str | None = None,
         cancel_running: bool | None = None,
-    ) -> Signature[R]:
+        depends_on: Sequence[str | ExistingRun] | None = None,
+        on_failure: str = "fail",
+    ) -> Signature[R_co]:
         """This step with its own run id (else the workflow's id and the step's name), queue
         (else its task's), or ``cancel_running=True``: when one of its dependencies dies under
         the ``fail`` policy, its running dependencies are cancelled too (their workers are
-        fenced out), not only the pending ones."""
+        fenced out), not only the pending ones. ``depends_on``: runs created before that it
+        waits on too, by run id or handle, each with the policy ``on_failure``."""
         changes: dict[str, Any] = {}
+        if depends_on is not None:
+            check_policy(on_failure)
+            if isinstance(depends_on, str):
+                raise ConfigError("depends_on is a list of run ids or handles, not one text")
+            more = tuple(Dependency(dependency_target(t), on_failure) for t in depends_on)
+            changes["dependencies"] = self.dependencies + more
         if run_id is not None:
             changes["run_id"] = run_id
         if queue is not None:
@@ -123,7 +154,7 @@ class Node:
 
     name: str
     signature: Signature[Any]
-    waits_on: list[tuple[int | ExistingRun, str]] = field(default_factory=list)
+    waits_on: list[tuple[int | ExistingRun | RunRef, str]] = field(default_factory=list)
     receives: str = ""
     on_death_only: bool = False
 
@@ -148,6 +179,16 @@ class Graph:
             inner = [t for t, _ in node.waits_on if isinstance(t, int)]
             if i in inner:
                 raise ConfigError(f"step {node.name!r} waits on itself")
+            seen: set[object] = set()
+            for target, _ in node.waits_on:
+                key = edge_key(target)
+                if key in seen:
+                    what = self.nodes[target].name if isinstance(target, int) else target.run_id
+                    raise ConfigError(
+                        f"step {node.name!r} waits on {what!r} twice: name each dependency "
+                        "once, with the one policy it is to have"
+                    )
+                seen.add(key)
             sorter.add(i, *inner)
         try:
             sorter.prepare()
@@ -253,6 +294,13 @@ def workflow_graph(steps: Mapping[str, Signature[Any]]) -> Graph:
     return Graph(nodes)
 
 
+def edge_key(target: int | ExistingRun | RunRef) -> int | tuple[str, str | None]:
+    """What makes two edges of a step the same edge."""
+    if isinstance(target, int):
+        return target
+    return (target.run_id, target.queue)
+
+
 def _signatures(steps: Sequence[Signature[Any]], what: str) -> list[Signature[Any]]:
     steps = list(steps)
     for s in steps:
@@ -282,7 +330,7 @@ def _add_declared(nodes: list[Node]) -> None:
                         "this workflow"
                     )
                 node.waits_on.append((by_signature[id(target)], dep.policy))
-            elif _is_existing(target):
+            elif _is_existing(target) or isinstance(target, RunRef):
                 node.waits_on.append((target, dep.policy))
             else:
                 raise ConfigError(

@@ -104,3 +104,22 @@ def splitter(ctx: RunContext) -> None:
 
 jq.batch([send_invoice.s("x", amount=2)], on_success=import_file.s("a"))  # bad
 jq.batch([send_invoice.s(1, amount=2)], on_failure=import_file.s("a"))  # bad
+
+
+# A chain's and a group's handles are typed by their steps: the chain's by its last step.
+chained: str = jq.chain(import_file.s("a.csv"), send_invoice.s(1, amount=2)).result()
+chained_wrong: int = jq.chain(import_file.s("a.csv"), send_invoice.s(1, amount=2)).result()  # bad
+grouped: list[int] = [jq.group([import_file.s("a"), import_file.s("b")]).result()]
+chorded: int = jq.chord([send_invoice.s(1, amount=2)], import_file.s("a")).result()
+received = jq.chain(send_invoice.s(1, amount=2), import_file.receiving())
+jq.chain(send_invoice.s(1, amount="2"))  # bad
+waits: RunHandle[str] = send_invoice.with_options(depends_on=["inv-1", handle]).enqueue(
+    7, amount=1
+)
+
+
+async def flows_from_asyncio(ajq: AsyncJobQueue) -> None:
+    last: str = await (await ajq.chain(import_file.s("a"), send_invoice.s(1, amount=2))).result()
+    chord = await ajq.chord([import_file.s("a")], send_invoice.s(1, amount=2))
+    wrong: int = await chord.result()  # bad
+    del last, wrong
