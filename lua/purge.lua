@@ -1,12 +1,15 @@
 -- purge.lua: delete dead runs for good (record, history and dead-set entry).
 --
 -- KEYS[1]  dead      zset    jq:{q#p}:dead     run_id -> time it died
+-- KEYS[2]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock (read first, as every
 --                             script does; nothing here depends on it)
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3..] run_ids           the runs to purge
 -- Returns  {purged_count, refused_count}: a run that is not dead (requeued meanwhile, or
---          gone) is left alone and counted as refused. A listed key that is not a run record
+--          gone), or whose death the runs waiting on it have not heard of yet (its outbox
+--          entry is still there: the relay needs its record), is left alone and counted as
+--          refused. A listed key that is not a run record
 --          (see claim.lua) loses its listing, never the key, and counts as purged. Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or the dead
 --          index holds another type.
@@ -18,6 +21,7 @@ local prefix = ARGV[2]
 local log
 local ok, plan = reading(function()
   expect(KEYS[1], 'zset')
+  expect(KEYS[2], 'zset')
   log = event_log(prefix)
   local runs = {}
   for i = 3, #ARGV do
@@ -27,6 +31,8 @@ local ok, plan = reading(function()
     local r = {id = run_id, key = key, listed = read('ZSCORE', KEYS[1], run_id) ~= false}
     if not run then
       r.action = 'unlist' -- a foreign key: its listing goes, the key stays
+    elseif run.state == 'dead' and read('ZSCORE', KEYS[2], run_id) then
+      r.action = 'refuse' -- its waiting runs have not heard of it yet
     elseif run.state == 'dead' then
       r.action = 'delete'
       r.hist = history_ok(prefix, run_id)

@@ -29,7 +29,7 @@ def _parse_purge(reply: Sequence[Any]) -> Purged:
 
 PURGE = Contract(
     "purge",
-    keys=("dead",),
+    keys=("dead", "outbox"),
     args=("now", "prefix"),
     tail="run_ids",
     build=_purge,
