@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import resume, until_relayed
+from helpers import make_worker, resume, running, until_call, until_relayed, wait_for
 from keyspace import keyspace as keys
 from starlette.testclient import TestClient
 
@@ -23,17 +24,28 @@ from jobqueue.cli.common import State
 from jobqueue.cli.core import main
 from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
-from jobqueue.client.relay import Committed, audit_waiting_steps
+from jobqueue.client.flows import create_flow
+from jobqueue.client.relay import Committed, audit_waiting_steps, settle_staged_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
-from jobqueue.errors import ConfigError, Fatal, OperationRefused, PayloadError, RunNotFound
-from jobqueue.handles import AsyncFlowHandle
+from jobqueue.errors import (
+    ConfigError,
+    Fatal,
+    FlowConflict,
+    OperationRefused,
+    PayloadError,
+    RunNotFound,
+    ScriptError,
+)
+from jobqueue.handles import AsyncFlowHandle, RunHandle
 from jobqueue.settings import Settings
+from jobqueue.store.admin import PURGE
 from jobqueue.store.flows import DELIVER, Delivery
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 from jobqueue.testing import run_due
 from jobqueue.worker.relaying import CommitRelay
+from jobqueue.workflows.canvas import chord_graph, group_graph
 
 
 @pytest.fixture
@@ -173,6 +185,52 @@ def test_a_dependency_record_keeps_until_the_run_waiting_on_it_heard_of_it(
     assert redis_client.pttl(key) > 0  # relayed: its retention runs now
 
 
+def test_children_are_handles_on_the_runs_a_step_waits_on(app: JobQueue) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    flow = app.chord([add.s(1, 1), add.s(2, 2)], total.receiving())
+    children = flow.last.children()
+    assert [(c.run_id, c.queue, c.created) for c in children] == [
+        (r.run_id, "default", False) for r in flow.runs[:2]
+    ]
+    run_due(app)
+    assert [c.result(timeout=5) for c in children] == [2, 4]
+
+
+def test_the_asyncio_client_gives_children_and_their_results(
+    app: JobQueue, async_redis_client: Any
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+
+    async def main() -> tuple[list[str], list[Any], list[Any]]:
+        ajq = AsyncJobQueue(async_redis_client, tasks=app)
+        try:
+            flow = await ajq.chord([add.s(1, 1), boom_s(app)], total.receiving(),
+                                   on_failure="ignore")
+            await asyncio.to_thread(run_due, app)
+            children = await flow.last.children()
+            return ([c.run_id for c in children], await flow.last.children_results(),
+                    [d.run_id for d in await flow.last.failed_children()])
+        finally:
+            await ajq.close()
+
+    ids, results, failed = asyncio.run(main())
+    assert results == [2, None] and failed == [ids[1]]
+
+
+def boom_s(app: JobQueue) -> Any:
+    return task(app, "boom").s(3)
+
+
+def test_a_waiting_run_takes_no_slot_of_the_queues_concurrency_cap(app: JobQueue) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    never = add.with_options(queue="later").enqueue(1, 1)  # not served: stays pending
+    app.set_queue_concurrency("default", 1)
+    waiting = total.with_options(depends_on=[never]).enqueue([1])
+    ready = add.enqueue(2, 2)
+    assert run_due(app, ["default"]).claimed == 1
+    assert ready.refresh().state == "done" and waiting.state == "waiting"
+
+
 # -- policies ----------------------------------------------------------------------------------
 
 
@@ -189,6 +247,48 @@ def test_a_dead_dependency_fails_the_run_waiting_on_it_and_cancels_the_pending_r
     assert flow.runs[1].state == "cancelled"
     with pytest.raises(RunFailed):
         flow.result(timeout=5)
+
+
+def test_a_fail_cascade_cancels_running_siblings_through_their_fences_when_asked(
+    app: JobQueue,
+) -> None:
+    """``cancel_running=True``: a running sibling's worker is fenced out (its commit refused,
+    its run cancelled), not left to finish."""
+    boom, total = task(app, "boom"), task(app, "total")
+    started, release = threading.Event(), threading.Event()
+
+    @app.task(queue="slow")
+    def hold() -> int:
+        started.set()
+        release.wait(10)
+        return 1
+
+    flow = app.chord([hold.s(), boom.s(1)], total.receiving().with_options(cancel_running=True))
+    with running(make_worker(app, queues=["slow"])):
+        assert started.wait(10)
+        run_due(app, queues=["default"])  # boom dies: the callback dies, its cascade runs
+        wait_for(lambda: flow.runs[0].state == "cancelled", what="the running sibling cancelled")
+        release.set()
+    assert flow.runs[0].refresh().result is None  # its late commit was refused
+    assert flow.last.state == "dead"
+
+
+def test_without_cancel_running_a_running_sibling_finishes(app: JobQueue) -> None:
+    boom, total = task(app, "boom"), task(app, "total")
+    started, release = threading.Event(), threading.Event()
+
+    @app.task(queue="slow")
+    def hold() -> int:
+        started.set()
+        release.wait(10)
+        return 1
+
+    flow = app.chord([hold.s(), boom.s(1)], total.receiving())
+    with running(make_worker(app, queues=["slow"])):
+        assert started.wait(10)
+        run_due(app, queues=["default"])
+        release.set()
+        assert flow.runs[0].wait(timeout=10).state == "done"
 
 
 def test_a_dead_dependency_ends_the_whole_rest_of_a_chain(app: JobQueue) -> None:
@@ -365,6 +465,160 @@ def test_a_run_waiting_on_a_dependency_that_ran_twice_runs_once(app: JobQueue) -
     assert flow.last.refresh().state == "done"
 
 
+# -- depends_on: a plain run waiting on runs created before ---------------------------------
+
+
+def test_a_run_enqueued_with_depends_on_waits_for_runs_named_by_id_or_handle(
+    app: JobQueue,
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    a = add.with_options(run_id="invoice-42").enqueue(1, 1)
+    b = add.with_options(queue="side").enqueue(2, 2)
+    after = total.with_options(depends_on=["invoice-42", b]).enqueue([10])
+    assert after.created and after.state == "waiting"
+    assert [d.run_id for d in after.dependencies()] == [a.run_id, b.run_id]
+    run_due(app, ["default", "side"])
+    assert after.result(timeout=5) == 10
+
+
+def test_a_step_with_depends_on_waits_for_older_runs_and_receives_their_results(
+    app: JobQueue,
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    add.with_options(run_id="older").enqueue(5, 5)
+    flow = app.workflow({
+        "a": add.s(1, 1),
+        "t": total.receiving().after("a").with_options(depends_on=["older"]),
+    })
+    run_due(app)
+    assert flow.result(timeout=5) == 12  # [2, 10]
+
+
+def test_depends_on_a_run_id_no_queue_has_is_refused_and_nothing_is_written(
+    app: JobQueue, redis_client: Any
+) -> None:
+    total = task(app, "total")
+    before = keys(redis_client)
+    with pytest.raises(RunNotFound, match="'ghost', which exists in no queue"):
+        total.with_options(depends_on=["ghost"]).enqueue([1])
+    assert keys(redis_client) == before
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"delay": 5}, "run_id, queue and depends_on"), ({"priority": 3}, "run_id, queue"),
+     ({"on_failure": "shrug"}, "on_failure")],
+    ids=["delay", "priority", "policy"],
+)
+def test_depends_on_with_an_option_a_waiting_run_cannot_take_is_refused(
+    app: JobQueue, options: dict[str, Any], message: str
+) -> None:
+    add = task(app, "add")
+    older = add.enqueue(1, 1)
+    with pytest.raises(ConfigError, match=message):
+        add.with_options(depends_on=[older], **options).enqueue(2, 2)
+
+
+def test_the_asyncio_client_enqueues_a_run_with_depends_on(
+    app: JobQueue, async_redis_client: Any
+) -> None:
+    add = task(app, "add")
+    older = add.enqueue(1, 1)
+
+    async def main() -> Any:
+        ajq = AsyncJobQueue(async_redis_client, tasks=app)
+        try:
+            return await ajq.enqueue(add.with_options(depends_on=[older.run_id]), 2, 2)
+        finally:
+            await ajq.close()
+
+    handle = asyncio.run(main())
+    assert app.get_run(handle.run_id).state == "waiting"
+    run_due(app)
+    assert app.get_run(handle.run_id).result == 4
+
+
+# -- created whole or not at all ---------------------------------------------------------------
+
+
+def flow_keys(redis_client: Any, fid: str) -> list[str]:
+    """Every key a workflow's creation writes, but the queues' registry, counters and event
+    logs: its runs' records and dependency keys, its flow sets, its flows index entries and
+    its runs' index entries."""
+    found = [k for k in redis_client.scan_iter(count=1000) if f":{fid}:" in k or
+             k.endswith(f":flow:{fid}")]
+    for index in ("waiting", "due", "flows", "dead", "done", "outbox"):
+        for k in redis_client.scan_iter(match=f"jq:*:{index}", count=1000):
+            if any(fid in member for member in redis_client.zrange(k, 0, -1)):
+                found.append(k)
+    return sorted(found)
+
+
+def test_a_workflow_over_two_queues_that_fails_part_way_leaves_nothing_of_it(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    side = add.with_options(queue="side")
+    app.register_queue("side")
+    redis_client.set(app.keys_for("side", "x").flows, "foreign")  # side refuses the call
+    with pytest.raises(ScriptError, match="holds a string, not a zset; nothing was changed"):
+        app.chord([add.s(1, 1), side.s(2, 2)], total.receiving(), flow_id="torn")
+    redis_client.delete(app.keys_for("side", "x").flows)
+    assert flow_keys(redis_client, "torn") == []
+    assert run_due(app, ["default", "side"]).claimed == 0
+
+
+def test_a_creator_killed_before_the_commit_leaves_nothing_that_runs_and_the_audit_undoes_it(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    side = add.with_options(queue="side")
+    steps = create_flow(app, chord_graph([add.s(1, 1), side.s(2, 2)], total.receiving()),
+                        "killed")
+    assert app.run_steps(until_call(steps, "flow_commit")) is not None  # and it dies there
+    assert flow_keys(redis_client, "killed") != []
+    assert run_due(app, ["default", "side"]).claimed == 0  # staged: nothing runs
+    for queue in ("default", "side"):
+        keys = app.keys_for(queue, "killed:0")
+        app.run_steps(settle_staged_steps(app, keys, 0))
+    assert flow_keys(redis_client, "killed") == []
+    again = app.chord([add.s(1, 1), side.s(2, 2)], total.receiving(), flow_id="killed")
+    run_due(app, ["default", "side"])
+    assert again.result(timeout=5) == 6
+
+
+def test_a_creator_killed_after_the_commit_is_finished_by_the_audit(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    side = add.with_options(queue="side")
+    graph = chord_graph([side.s(1, 1), add.s(2, 2)], total.receiving())
+    steps = create_flow(app, graph, "half-done")
+    # the home (side's first step) committed, the release of 'default' never sent
+    assert app.run_steps(until_call(steps, "flow_commit", nth=2)) is not None
+    assert run_due(app, ["default"]).claimed == 0  # still staged there
+    app.run_steps(settle_staged_steps(app, app.keys_for("default", "half-done:1"), 0))
+    run_due(app, ["default", "side"])
+    assert app.get_run("half-done:2").result == 6
+
+
+def test_a_workers_audit_rolls_back_a_workflow_whose_creator_died(
+    backend: str, redis_client: Any
+) -> None:
+    settings = Settings(flow_audit_s=0.05, flow_stage_timeout_s=0.05)
+    jq = JobQueue(redis_client, settings=settings)
+
+    @jq.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    steps = create_flow(jq, group_graph([add.s(1, 1), add.with_options(queue="side").s(2, 2)]),
+                        "orphan")
+    assert jq.run_steps(until_call(steps, "flow_commit")) is not None
+    with running(make_worker(jq, queues=["default", "side"])):
+        wait_for(lambda: flow_keys(redis_client, "orphan") == [], what="the rollback")
+
+
 # -- idempotent creation and bad input ---------------------------------------------------------
 
 
@@ -377,6 +631,69 @@ def test_creating_the_same_workflow_twice_writes_nothing_the_second_time(
     second = app.chain(add.s(1, 1), add.s(2, 2), flow_id="once")
     assert first.created and not second.created
     assert keys(redis_client) == before
+
+
+def data(redis_client: Any) -> dict[str, Any]:
+    """The keyspace but the workers' own wake lists (a worker run_due stopped may still be
+    writing its own on the way out)."""
+    return {k: v for k, v in keys(redis_client).items() if not k.startswith("jq:worker-wake:")}
+
+
+def test_creating_a_finished_workflow_again_writes_nothing_not_even_an_expiry(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add = task(app, "add")
+    first = app.chain(add.s(1, 1), add.s(2, 2), flow_id="ran")
+    run_due(app)
+    assert first.results(timeout=5) == [2, 4]
+    before = data(redis_client)
+    again = app.chain(add.s(1, 1), add.s(2, 2), flow_id="ran")
+    assert not again.created
+    assert data(redis_client) == before
+
+
+def test_a_workflow_created_again_after_some_of_its_runs_expired_runs_nothing_again(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add = task(app, "add")
+    app.chain(add.s(1, 1), add.s(2, 2), flow_id="half")
+    run_due(app)
+    redis_client.delete(app.keys_for("default", "half:0").run("half:0"))  # its retention ran out
+    before = data(redis_client)
+    again = app.chain(add.s(1, 1), add.s(2, 2), flow_id="half")
+    assert [r.created for r in again.runs] == [False, False]
+    assert data(redis_client) == before
+    assert run_due(app).claimed == 0
+
+
+@pytest.mark.parametrize("state", ["done", "pending"])
+def test_a_step_that_waits_cannot_take_the_run_id_of_an_existing_run(
+    app: JobQueue, redis_client: Any, state: str
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    add.with_options(run_id="P").enqueue(1, 1)
+    if state == "done":
+        run_due(app)
+    before = data(redis_client)
+    with pytest.raises(FlowConflict, match="'P' waits on other runs, but a run with that id"):
+        app.workflow({"kid": add.s(2, 2), "P": total.receiving().with_options(run_id="P")
+                      .after("kid")})
+    assert data(redis_client) == before
+
+
+def test_a_dependency_on_a_run_of_another_redis_is_refused(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add = task(app, "add")
+    mine = add.with_options(run_id="P").enqueue(1, 1)
+    other = JobQueue.from_url("redis://127.0.0.1:1/0")  # another store (never reached)
+    theirs = RunHandle(other, "P", "default", True)  # the same run id, another run
+    before = keys(redis_client)
+    with pytest.raises(FlowConflict, match="of another Redis"):
+        app.workflow({"a": add.s(1, 1).after(theirs)})
+    assert keys(redis_client) == before
+    flow = app.workflow({"a": add.s(1, 1).after(mine)})  # a handle of this store is fine
+    assert flow.runs[0].created
 
 
 @pytest.mark.parametrize(
@@ -601,6 +918,24 @@ def test_a_purge_delivers_a_dead_runs_outcome_before_deleting_it(
     assert redis_client.zrange(keys.outbox, 0, -1) == [first.run_id]
     assert app.purge_dead([first.run_id]) == 1
     assert flow.last.state == "dead"  # it heard of the death before the record went
+
+
+def test_the_purge_script_keeps_a_dead_run_whose_waiting_runs_have_not_heard_of_it(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """Even a purge that could not relay first (its relay failed, or the outbox was written
+    again meanwhile) never deletes a record the relay still needs."""
+    boom, note = task(app, "boom"), task(app, "note")
+    flow = app.chain(boom.s(), note.s(), flow_id="Q")
+    first = flow.runs[0]
+    keys = app.keys_for("default", first.run_id)
+    fence = claim(app, keys)
+    app.scripts.run(FAIL.call(keys, first.run_id, fence, "boom", None, 60_000))
+    assert PURGE.parse(app.scripts.run(PURGE.call(keys, [first.run_id]))) == (0, 1)
+    assert first.state == "dead"
+    until_relayed_and_cleared = app.relay("default")
+    assert until_relayed_and_cleared >= 1 and flow.last.state == "dead"
+    assert PURGE.parse(app.scripts.run(PURGE.call(keys, [first.run_id]))) == (1, 0)
 
 
 def test_a_garbage_dependency_count_is_worked_out_again_from_the_keys(
