@@ -344,6 +344,60 @@ def _limit_value(limit: str) -> int | None:
     raise click.BadParameter(f"{limit!r} is not a whole number or 'none'", param_hint="LIMIT")
 
 
+@queue.command("events")
+@click.argument("name")
+@click.option("--on/--off", "enabled", default=None,
+              help="Write events for this queue, or not (waits then read the records).")
+@click.option("--maxlen", type=click.IntRange(100, 10_000_000),
+              help="Keep about this many events per partition (default 10000).")
+@click.option("--max-age", "max_age", type=FiniteFloat(1, 30 * 86400),
+              help="Keep the events of the last this many seconds (default 86400).")
+@click.option("--default", "to_default", is_flag=True,
+              help="Back to the defaults (on, 10000, a day).")
+@json_option
+@pass_state
+def queue_events(
+    state: Any,
+    name: str,
+    enabled: bool | None,
+    maxlen: int | None,
+    max_age: float | None,
+    to_default: bool,
+    as_json: bool,
+) -> None:
+    """Queue NAME's event log (`jobqueue events`): on or off, how many events and how long
+    each partition keeps. Without options, shows them. Memory: about 40 to 60 bytes per
+    event (`bench/core.py --events` measures it), so the default 10000 per partition is
+    about 0.5 MB."""
+    validate_queue_name(name)
+    jq = state.jq()
+    now = jq.queue_events(name)
+    if to_default and (enabled is not None or maxlen is not None or max_age is not None):
+        raise click.UsageError("--default or the other options, not both")
+    if to_default:
+        now = jq.set_queue_events(name)
+    elif enabled is not None or maxlen is not None or max_age is not None:
+        _note_if_new(jq, name)
+        now = jq.set_queue_events(
+            name,
+            enabled=now.enabled if enabled is None else enabled,
+            maxlen=maxlen if maxlen is not None else _set(now.maxlen, 10_000),
+            max_age=max_age if max_age is not None else _set(now.max_age_s, 86_400.0),
+        )
+    if as_json:
+        click.echo(json.dumps(now.to_dict()))
+        return
+    word = "on" if now.enabled else "off"
+    click.echo(f"queue {name}: events {word}, about {now.maxlen} per partition, the last "
+               f"{duration(round(now.max_age_s * 1000))}; {sum(now.lengths)} held now"
+               + (" (its partitions disagree: set them again)" if now.mixed else ""))
+
+
+def _set(value: Any, default: Any) -> Any:
+    """A setting to write again: None (the default) when it is the default."""
+    return None if value == default else value
+
+
 # A negative LIMIT ("-1") is an argument to refuse with the rule, not an unknown option.
 _LIMIT_ARGS = {"ignore_unknown_options": True}
 

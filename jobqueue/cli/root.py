@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "dead": ("jobqueue.cli.ops", "dead", "Dead runs: list, retry (requeue), purge."),
     "enqueue": ("jobqueue.cli.core", "enqueue", "Enqueue one run of TASK (or one per line..."),
+    "events": ("jobqueue.cli.events", "events", "What happened to runs, from the queues'..."),
     "flows": ("jobqueue.cli.flows", "flows", "Workflows and batches, newest first, with..."),
     "jitter": ("jobqueue.cli.core", "jitter", "How a herd of JOBS job ids (<prefix>N)..."),
     "leases": ("jobqueue.cli.ops", "leases", "Which worker holds which run, and for how..."),

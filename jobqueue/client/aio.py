@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
+import redis.asyncio.cluster
+
 from jobqueue.anomalies import Listing
 from jobqueue.client.base import (
     AioTaskDecorator,
@@ -24,6 +26,19 @@ from jobqueue.client.base import (
     not_found,
 )
 from jobqueue.client.core import ClientCore, Created, RunState
+from jobqueue.client.events import (
+    AsyncEventStream,
+    EventSettings,
+    Since,
+    check_event_settings,
+    check_kinds,
+    event_settings_steps,
+    partitions_steps,
+    queue_list,
+    reader_steps,
+    recent_of_steps,
+    set_events_steps,
+)
 from jobqueue.client.flows import create_flow, dependencies_steps
 from jobqueue.client.relay import purge_dead_steps, relay_cascade_steps
 from jobqueue.client.waits import AsyncWaits
@@ -49,6 +64,7 @@ from jobqueue.store.connection import (
     redact,
 )
 from jobqueue.store.embedded import resolve_url
+from jobqueue.store.events import Event
 from jobqueue.store.io import Steps, run_steps_async, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import AsyncScriptRunner
@@ -381,36 +397,136 @@ class AsyncJobQueue(ClientCore):
     async def get_run(self, run_id: str, queue: str | None = None) -> Run:
         return await self.run_steps(self._get_run(run_id, queue))
 
+    # -- events (docs/events.md) -----------------------------------------------------------
+
+    @property
+    def on_cluster(self) -> bool:
+        return isinstance(self.redis, redis.asyncio.cluster.RedisCluster)
+
+    def events(
+        self,
+        queue: str | Sequence[str] | None = None,
+        *,
+        since: Since = None,
+        run_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+        follow: bool = True,
+        block: float = 1.0,
+    ) -> AsyncEventStream:
+        """``async for ev in ajq.events("default"): ...`` (see :meth:`JobQueue.events`)."""
+        chosen = check_kinds(kinds)
+        start = reader_steps(self, queue_list(queue), since, run_id, chosen, self.on_cluster)
+        return AsyncEventStream(self.run_steps, start, follow, block)
+
+    async def recent_events(
+        self,
+        queue: str | Sequence[str] | None = None,
+        *,
+        limit: int = 20,
+        run_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+    ) -> Listing[Event]:
+        """See :meth:`JobQueue.recent_events`."""
+        steps = recent_of_steps(self, queue_list(queue), limit, run_id, check_kinds(kinds))
+        found: Listing[Event] = await self.run_steps(steps)
+        return found
+
+    async def set_queue_events(
+        self,
+        queue: str,
+        *,
+        enabled: bool = True,
+        maxlen: int | None = None,
+        max_age: float | None = None,
+    ) -> EventSettings:
+        """See :meth:`JobQueue.set_queue_events`."""
+        maxlen, age_ms = check_event_settings(maxlen, max_age)
+        count = await self.register_queue(queue)
+        partitions = [self.partition_keys(queue, p) for p in range(count)]
+        await self.run_steps(set_events_steps(partitions, enabled, maxlen, age_ms))
+        return await self.queue_events(queue)
+
+    async def queue_events(self, queue: str) -> EventSettings:
+        """See :meth:`JobQueue.queue_events`."""
+        partitions = await self.run_steps(partitions_steps(self, [queue]))
+        settings: EventSettings = await self.run_steps(event_settings_steps(queue, partitions))
+        return settings
+
     # -- workflows (docs/workflows.md) -----------------------------------------------------
 
     @overload
     async def chain(
-        self, s1: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> AsyncFlowHandle[R]: ...
 
     @overload
     async def chain(
-        self, s1: Signature[Any], s2: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> AsyncFlowHandle[R]: ...
 
     @overload
     async def chain(
-        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[Any],
+        s3: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> AsyncFlowHandle[R]: ...
 
     @overload
     async def chain(
-        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[Any],
+        s3: Signature[Any],
+        s4: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> AsyncFlowHandle[R]: ...
 
     @overload
     async def chain(
-        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[Any], s5: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[Any],
+        s3: Signature[Any],
+        s4: Signature[Any],
+        s5: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> AsyncFlowHandle[R]: ...
 
     @overload
     async def chain(
-        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[Any], s5: Signature[Any], s6: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[Any],
+        s3: Signature[Any],
+        s4: Signature[Any],
+        s5: Signature[Any],
+        s6: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> AsyncFlowHandle[R]: ...
 
     @overload

@@ -10,9 +10,24 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, overload
 
+import redis.cluster
+
 from jobqueue.anomalies import Listing
 from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef, not_found
 from jobqueue.client.core import ClientCore, Created, RunState
+from jobqueue.client.events import (
+    EventSettings,
+    EventStream,
+    Since,
+    check_event_settings,
+    check_kinds,
+    event_settings_steps,
+    partitions_steps,
+    queue_list,
+    reader_steps,
+    recent_of_steps,
+    set_events_steps,
+)
 from jobqueue.client.flows import create_flow, dependencies_steps
 from jobqueue.client.relay import purge_dead_steps, relay_until_quiet
 from jobqueue.client.waits import SyncWaits
@@ -31,6 +46,7 @@ from jobqueue.schedules.recurring import (
 from jobqueue.settings import Settings
 from jobqueue.store.connection import check, redact, sync_client
 from jobqueue.store.embedded import configured_url, resolve_url
+from jobqueue.store.events import Event
 from jobqueue.store.io import Steps, run_steps, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import ScriptRunner
@@ -309,36 +325,146 @@ class JobQueue(ClientCore):
                 waits = self._waits
         return waits
 
+    # -- events (docs/events.md) -----------------------------------------------------------
+
+    @property
+    def on_cluster(self) -> bool:
+        return isinstance(self.redis, redis.cluster.RedisCluster)
+
+    def events(
+        self,
+        queue: str | Sequence[str] | None = None,
+        *,
+        since: Since = None,
+        run_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+        follow: bool = True,
+        block: float = 1.0,
+    ) -> EventStream:
+        """The events of ``queue`` (a name, names, or None: every queue), every partition,
+        in the order written: ``for ev in jq.events("default"): ...``. ``since``: None for
+        what comes next; ``ev.cursor`` (or ``stream.cursor``) to go on right after an event;
+        an entry id; a ``datetime``; a ``timedelta`` (that long ago); ``0`` for all the log
+        holds. ``run_id``: that run's events only (its partition alone is read); ``kinds``:
+        those events only. ``follow=False`` stops once it has read up to now. ``block``: the
+        longest single wait for more, in seconds (a follower checks ``close()`` then)."""
+        chosen = check_kinds(kinds)
+        start = reader_steps(self, queue_list(queue), since, run_id, chosen, self.on_cluster)
+        return EventStream(self.run_steps, start, follow, block)
+
+    def recent_events(
+        self,
+        queue: str | Sequence[str] | None = None,
+        *,
+        limit: int = 20,
+        run_id: str | None = None,
+        kinds: Iterable[str] | None = None,
+    ) -> Listing[Event]:
+        """The newest ``limit`` events (of ``queue``, every queue when None; of one run; of
+        some kinds), oldest first; each event's ``cursor`` follows on right after it."""
+        steps = recent_of_steps(self, queue_list(queue), limit, run_id, check_kinds(kinds))
+        found: Listing[Event] = self.run_steps(steps)
+        return found
+
+    def set_queue_events(
+        self,
+        queue: str,
+        *,
+        enabled: bool = True,
+        maxlen: int | None = None,
+        max_age: float | None = None,
+    ) -> EventSettings:
+        """The event log of every partition of ``queue``: on or off (``enabled=False``: the
+        scripts write no event; waits read the records instead), trimmed to about ``maxlen``
+        entries (100 to 10,000,000; default 10,000) and to the last ``max_age`` seconds
+        (1 s to 30 days; default a day). Returns the settings now."""
+        maxlen, age_ms = check_event_settings(maxlen, max_age)
+        count = self.register_queue(queue)
+        partitions = [self.partition_keys(queue, p) for p in range(count)]
+        self.run_steps(set_events_steps(partitions, enabled, maxlen, age_ms))
+        return self.queue_events(queue)
+
+    def queue_events(self, queue: str) -> EventSettings:
+        """``queue``'s event log settings and how many entries each partition holds."""
+        partitions = self.run_steps(partitions_steps(self, [queue]))
+        settings: EventSettings = self.run_steps(event_settings_steps(queue, partitions))
+        return settings
+
     # -- workflows (docs/workflows.md) -----------------------------------------------------
 
     @overload
     def chain(
-        self, s1: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> FlowHandle[R]: ...
 
     @overload
     def chain(
-        self, s1: Signature[Any], s2: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> FlowHandle[R]: ...
 
     @overload
     def chain(
-        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[Any],
+        s3: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> FlowHandle[R]: ...
 
     @overload
     def chain(
-        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[Any],
+        s3: Signature[Any],
+        s4: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> FlowHandle[R]: ...
 
     @overload
     def chain(
-        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[Any], s5: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[Any],
+        s3: Signature[Any],
+        s4: Signature[Any],
+        s5: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> FlowHandle[R]: ...
 
     @overload
     def chain(
-        self, s1: Signature[Any], s2: Signature[Any], s3: Signature[Any], s4: Signature[Any], s5: Signature[Any], s6: Signature[R], /, *, on_failure: str = ..., flow_id: str | None = ...
+        self,
+        s1: Signature[Any],
+        s2: Signature[Any],
+        s3: Signature[Any],
+        s4: Signature[Any],
+        s5: Signature[Any],
+        s6: Signature[R],
+        /,
+        *,
+        on_failure: str = ...,
+        flow_id: str | None = ...,
     ) -> FlowHandle[R]: ...
 
     @overload
