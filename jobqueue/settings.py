@@ -54,6 +54,9 @@ class Settings:
     # commit never came (the creating process died) are rolled back by that audit, or
     # released if the commit happened.
     flow_stage_timeout_s: float = 120.0
+    # The most bytes a workflow step receiving its dependencies' results may hold (its
+    # payload: the results first, then its own arguments); past it the step dies saying so.
+    max_results_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.max_payload_bytes <= 0:
@@ -86,6 +89,9 @@ class Settings:
             raise ConfigError("flow_audit_s must be from 0.05 s to a day")
         if not 0.05 <= self.flow_stage_timeout_s <= 86400:
             raise ConfigError("flow_stage_timeout_s must be from 0.05 s to a day")
+        if (isinstance(self.max_results_bytes, bool) or not isinstance(self.max_results_bytes, int)
+                or not 1 <= self.max_results_bytes <= 512 * 1024 * 1024):
+            raise ConfigError("max_results_bytes must be a whole number from 1 to 512 MiB")
         if (
             isinstance(self.unknown_task_min_hand_backs, bool)
             or not isinstance(self.unknown_task_min_hand_backs, int)

@@ -58,8 +58,6 @@
 
 local now = clock(ARGV[1])
 local prefix = ARGV[2]
-local dead_retention, max_bytes = tonumber(ARGV[3]), tonumber(ARGV[4])
-local retention = tonumber(ARGV[5])
 local FIRST = 6
 
 local ok, plan = reading(function()
@@ -70,15 +68,16 @@ local ok, plan = reading(function()
   if (#ARGV - FIRST + 1) % 3 ~= 0 then
     refuse('ERR jobqueue: deliver: 3 fields per delivery')
   end
-  local p = {parents = {}, order = {}, out = {}, log = event_log(prefix)}
-  expect(KEYS[1], 'zset')
-  expect(KEYS[2], 'zset')
-  expect(KEYS[6], 'zset')
-  expect(KEYS[7], 'zset')
-  expect(KEYS[8], 'zset')
+  local p = {parents = {}, order = {}, out = {}}
+  for i = 1, 8 do
+    if i ~= 3 and i ~= 4 and i ~= 5 then expect(KEYS[i], 'zset') end
+  end
+  p.ctx = {prefix = prefix, now = now, log = event_log(prefix), outbox = KEYS[7],
+           due = KEYS[1], waiting = KEYS[2], dead = KEYS[6], done = KEYS[8],
+           seq = sequencer(KEYS[5], now), max_bytes = tonumber(ARGV[4]),
+           retention = tonumber(ARGV[5]), dead_retention = tonumber(ARGV[3]), due_pairs = {}}
   p.wake = waker(KEYS[3])
   p.stats = counters(KEYS[4], 'released', 'dead', 'cancelled')
-  p.seq = sequencer(KEYS[5], now)
   for i = FIRST, #ARGV, 3 do
     local id, dep, outcome = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local kind = string.sub(outcome, 1, 1)
@@ -87,136 +86,33 @@ local ok, plan = reading(function()
     end
     local w = p.parents[id]
     if not w then
-      w = {id = id, key = prefix .. 'run:' .. id, got = {}, new = {}}
-      w.run = load_run(w.key, 'state', 'left', 'receives', 'args_tail', 'parents',
-                       'cancel_running', 'on_death_only', 'hist', 'staged')
-      w.open = w.run ~= nil and w.run.state == 'waiting'
-      if w.open then
-        w.deps_key, w.got_key = prefix .. 'deps:' .. id, prefix .. 'got:' .. id
-        expect(w.deps_key, 'hash')
-        expect(w.got_key, 'hash')
-        if whole(w.run.left, 0) then
-          w.left = tonumber(w.run.left)
-        else -- garbage: what the keys say is left (a dependency not yet in got)
-          local deps, got = read('HKEYS', w.deps_key), {}
-          for _, d in ipairs(read('HKEYS', w.got_key)) do got[d] = true end
-          w.left = 0
-          for _, d in ipairs(deps) do if not got[d] then w.left = w.left + 1 end end
-        end
-      end
+      w = waiting_plan(prefix, id)
       p.parents[id] = w
       p.order[#p.order + 1] = w
     end
-    local counted = 0
-    if w.open and not w.die and not w.skip and not w.release then
-      local spec = read('HGET', w.deps_key, dep)
-      if spec and not w.got[dep] and not read('HGET', w.got_key, dep) then
-        local policy = string.match(spec, '^%d+|(%a+)|') or 'fail'
-        counted = 1
-        if kind == 'd' then
-          w.got[dep] = outcome
-        elseif policy == 'remove' then
-          w.got[dep] = 'r'
-        else
-          w.got[dep] = outcome
-          local why = 'dependency ' .. dep .. (kind == 'c' and ' was cancelled: ' or
-                      ' died: ') .. utf8_head(string.sub(outcome, 2), 300)
-          if policy == 'continue' then
-            w.release = true
-          elseif policy == 'skip' then
-            w.skip = why
-          elseif policy ~= 'ignore' then -- fail (and anything foreign)
-            w.die = why
-          end
-        end
-        w.new[#w.new + 1] = dep
-        w.new[#w.new + 1] = w.got[dep]
-        w.left = math.max(w.left - 1, 0)
-      end
-    end
-    p.out[#p.out + 1] = counted
+    p.out[#p.out + 1] = waiting_hear(w, dep, outcome)
   end
-  -- What each run becomes: dead, released (its payload built now), or still waiting.
-  for _, w in ipairs(p.order) do
-    if w.open and not w.die and not w.skip and not w.release and w.left == 0 and
-       w.run.on_death_only == '1' then
-      w.skip = 'every dependency finished and none died'
-    end
-    if w.open and not w.die and not w.skip and (w.release or w.left == 0) then
-      if w.run.staged then
-        -- Its workflow's creation is not committed yet (see flow_commit.lua): released
-        -- then, not now; a 'continue' that would release it early says so in 'ready'.
-        w.ready, w.release = w.release == true, nil
-      else
-        w.release = true
-        w.payload = flow_payload(w.run, w.deps_key, w.got_key, w.got)
-        if w.payload and #w.payload > max_bytes then
-          w.die = 'the results of its dependencies make a payload of ' .. #w.payload ..
-                  ' bytes, past the bound of ' .. int(max_bytes)
-          w.release = nil
-        end
-      end
-    end
-    if w.die or w.skip then
-      w.hist = w.run.hist ~= nil and history_ok(prefix, w.id)
-      w.out = outbox_entry(KEYS[7], w.run, w.id, now)
-    end
-    if w.die then w.order = outbox_entry(KEYS[7], {parents = '!'}, '!' .. w.id, now) end
-  end
+  for _, w in ipairs(p.order) do waiting_settle(w, p.ctx) end
   return p
 end)
 if not ok then return plan end
 
-local released, died, skipped, due_pairs = 0, 0, 0, {}
+local ctx = plan.ctx
+local done = {released = 0, died = 0, skipped = 0}
 for _, w in ipairs(plan.order) do
-  if #w.new > 0 then bulk('HSET', w.got_key, w.new, 2000) end
-  if w.die then
-    redis.call('HSET', w.key, 'left', w.left)
-    bury(KEYS[6], prefix, w.id, now, w.die, ' ' .. w.die, dead_retention, w.hist, w.out,
-         plan.log, '0')
-    redis.call('ZREM', KEYS[2], w.id)
-    to_outbox(w.order)
-    died = died + 1
-  elseif w.skip then
-    redis.call('HSET', w.key, 'state', 'cancelled', 'finished', now, 'error', w.skip,
-               'left', w.left)
-    if w.hist then history(prefix, w.id, now .. ' cancelled (was waiting): ' .. w.skip) end
-    finish_record(prefix, w.id, retention, w.hist, w.out)
-    redis.call('ZREM', KEYS[2], w.id)
-    redis.call('ZADD', KEYS[8], now, w.id)
-    if retention > 0 then
-      redis.call('PEXPIRE', w.deps_key, retention)
-      redis.call('PEXPIRE', w.got_key, retention)
-    end
-    emit(plan.log, 'cancelled', w.id, utf8_head(w.skip, EVENT_TEXT))
-    skipped = skipped + 1
-  elseif w.release then
-    redis.call('HSET', w.key, 'state', 'pending', 'due', now, 'left', w.left)
-    if w.payload then redis.call('HSET', w.key, 'payload', w.payload) end
-    redis.call('ZREM', KEYS[2], w.id)
-    due_pairs[#due_pairs + 1] = due_score(now, next_slot(plan.seq))
-    due_pairs[#due_pairs + 1] = w.id
-    if dead_retention > 0 then
-      redis.call('PEXPIRE', w.deps_key, dead_retention)
-      redis.call('PEXPIRE', w.got_key, dead_retention)
-    end
-    emit(plan.log, 'ready', w.id, '')
-    released = released + 1
-  elseif #w.new > 0 then
-    redis.call('HSET', w.key, 'left', w.left)
-    if w.ready then redis.call('HSET', w.key, 'ready', 1) end
-  end
+  local became = waiting_write(w, ctx)
+  if became then done[became] = done[became] + 1 end
 end
-if died > 0 then trim_index(KEYS[6], now, dead_retention) end
-if skipped > 0 then trim_index(KEYS[8], now, retention) end
-if released > 0 then
-  bulk('ZADD', KEYS[1], due_pairs, 2000)
-  save_sequence(plan.seq)
-  wake(plan.wake, released)
+if done.died > 0 then trim_index(ctx.dead, now, ctx.dead_retention) end
+if done.skipped > 0 then trim_index(ctx.done, now, ctx.retention) end
+if done.released > 0 then
+  bulk('ZADD', ctx.due, ctx.due_pairs, 2000)
+  save_sequence(ctx.seq)
+  wake(plan.wake, done.released)
 end
-bump(plan.stats, 'released', released)
-bump(plan.stats, 'dead', died)
-bump(plan.stats, 'cancelled', skipped)
-trim_events(plan.log)
-plan.out[#plan.out + 1] = died + skipped
+bump(plan.stats, 'released', done.released)
+bump(plan.stats, 'dead', done.died)
+bump(plan.stats, 'cancelled', done.skipped)
+trim_events(ctx.log)
+plan.out[#plan.out + 1] = done.died + done.skipped
 return plan.out

@@ -581,8 +581,18 @@ class World:
         self.events[f"complete refused: {why}" if why else "completed"] += 1
         assert (out.accepted, out.status) == (why is None, why or "done"), (out, why)
         if why is None:
-            assert out.relay == bool(m.parents), f"{h.run_id}: relay flag {out.relay}"
-            self.finished(m, "done", result=result)
+            # The waiting runs of its own partition hear of it in the commit's own call; the
+            # others through the outbox (then the relay tells them all, the first again).
+            # (An outbox entry of an earlier life not relayed yet keeps it in the outbox.)
+            here = [(q, r) for q, r in m.parents if q == m.queue]
+            remote = len(here) < len(m.parents) or m.run_id in self.outbox[m.queue]
+            assert out.relay == remote, f"{h.run_id}: relay flag {out.relay}"
+            m.state, m.result, m.error, m.lease_until = "done", result, None, None
+            if remote:
+                self.to_outbox(m.queue, m.run_id)
+            if here:
+                self.events["counted in the commit's call"] += 1
+                self.model_deliver(m.queue, [(r, m.run_id, "d" + result) for _, r in here])
 
     def fail(self, h: Holding, retry: int | None) -> None:
         m = self.runs[h.run_id]
@@ -925,6 +935,7 @@ COVERED = (
     "requeued a done run waited on",
     "requeued a dead run waited on",
     "requeued a cancelled run waited on",
+    "counted in the commit's call",
 )
 
 
@@ -943,7 +954,14 @@ MUTANTS = {
     # ran again, a finished run attached to a new workflow) lowers 'left' again
     "deliver-counts-with-a-counter": (
         "deliver",
-        " and not w.got[dep] and not read('HGET', w.got_key, dep)",
+        " or w.got[dep] or read('HGET', w.got_key, dep)",
+        "",
+    ),
+    # complete.lua counting a completion toward a waiting run of its own partition without the
+    # membership check (a run completed in one life, then requeued and completed again)
+    "complete-counts-with-a-counter": (
+        "complete",
+        " or w.got[dep] or read('HGET', w.got_key, dep)",
         "",
     ),
     # complete.lua not listing a finished run in its outbox: the runs waiting on it never

@@ -320,7 +320,8 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
         allowed |= {"parked:"}
     if name == "set_limit":
         allowed |= {"prio"}
-    if name in ("flow_create", "extend", "deliver", "relayed", "flow_commit", "flow_abort"):
+    if name in ("flow_create", "extend", "deliver", "relayed", "flow_commit", "flow_abort",
+                "complete"):
         allowed |= {"deps:", "got:"}  # a waiting run's own keys, named like its record
     if name in ("flow_create", "flow_tidy", "flow_commit", "flow_abort"):
         allowed |= {"flow:"}  # a flow's run ids in the partition, named by its id

@@ -437,8 +437,11 @@ def abort_a_staged_flow(runner: ScriptRunner) -> Call:
 
 
 def relay_done(runner: ScriptRunner) -> Call:
-    call = complete_a_dependency(runner)
-    assert runner.run(call)
+    """a, which a run of another queue waits on, completed: its outbox entry is cleared."""
+    nodes = [NodeSpec("a", "t", PAYLOAD, parents='[["other","w"]]')]
+    assert all(FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(PK, nodes, now=NOW - 3_000))))
+    fences = claim(runner, 1, now=NOW - 2_000)
+    assert runner.run(COMPLETE.call(PK, [("a", fences["a"], '"A"')], RETENTION, now=NOW))
     return RELAYED.call(PK, [("a", NOW)], RETENTION, RETENTION, now=NOW + 1)
 
 

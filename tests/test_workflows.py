@@ -353,10 +353,33 @@ def test_a_dependency_delivered_twice_is_counted_once(app: JobQueue) -> None:
     assert last.refresh().dependencies_left == 1
 
 
+def test_a_completion_counts_toward_a_waiting_run_of_its_partition_in_its_own_call(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """No relay: the commit's script releases the callback (same partition) and writes no
+    outbox entry; a waiting run of another queue hears of it through the outbox."""
+    add, total = task(app, "add"), task(app, "total")
+    side_total = total.with_options(queue="side")
+    here = app.chord([add.s(1, 1)], total.receiving(), flow_id="here")
+    there = app.workflow({"t": side_total.receiving().after(here.runs[0])}, flow_id="there")
+    header = here.runs[0]
+    keys = app.keys_for("default", header.run_id)
+    fence = claim(app, keys)
+    (out,) = COMPLETE.parse(app.scripts.run(COMPLETE.call(keys, [(header.run_id, fence, "2")],
+                                                          60_000)))
+    assert here.last.refresh().state == "pending"  # released in the same call
+    assert out.relay and redis_client.zrange(keys.outbox, 0, -1) == [header.run_id]
+    assert there["t"].refresh().state == "waiting"  # (another queue: the relay's)
+    app.relay("default")
+    assert there["t"].refresh().state == "pending"
+    assert here.last.refresh().dependencies_left == 0
+
+
 def lose_the_delivery(app: JobQueue, flow: Any) -> None:
-    """The header finished, and what told the callback is gone: the state a failover of the
-    callback's master leaves when it lost the delivery after the outbox entry was cleared
-    (or a failover of the header's master that lost the outbox entry)."""
+    """The header finished, and what told the callback (in another queue: the relay's) is
+    gone: the state a failover of the callback's master leaves when it lost the delivery
+    after the outbox entry was cleared (or a failover of the header's master that lost the
+    outbox entry)."""
     header = flow.runs[0]
     keys = app.keys_for("default", header.run_id)
     fence = claim(app, keys)
@@ -368,21 +391,21 @@ def lose_the_delivery(app: JobQueue, flow: Any) -> None:
 def test_the_workers_audit_delivers_an_outcome_a_failover_lost(redis_client: Any) -> None:
     jq = JobQueue(redis_client, settings=Settings(flow_audit_s=0.05))
     add = jq.task(lambda x, y: x + y, name="add")
-    total = jq.task(lambda xs: sum(xs), name="total")
+    total = jq.task(lambda xs: sum(xs), name="total", queue="side")
     flow = jq.chord([add.s(1, 1)], total.receiving())
     lose_the_delivery(jq, flow)
     time.sleep(0.1)  # (the audit looks at runs that have waited flow_audit_s)
-    run_due(jq)  # a worker audits the partitions it serves at its first sweep
-    run_due(jq)  # (the audit may have released the callback after the burst's last claim)
+    run_due(jq, ["default", "side"])  # a worker audits the partitions it serves at its first
+    run_due(jq, ["default", "side"])  # sweep (and may release the callback after its claims)
     assert flow.result(timeout=5) == 2
 
 
 def test_the_audit_leaves_runs_that_waited_less_than_its_period(app: JobQueue) -> None:
     """Their deliveries may still be on the way (the relay runs right after a commit)."""
-    add, total = task(app, "add"), task(app, "total")
+    add, total = task(app, "add"), task(app, "total").with_options(queue="side")
     flow = app.chord([add.s(1, 1)], total.receiving())
     lose_the_delivery(app, flow)
-    keys = app.keys_for("default", flow.last.run_id)
+    keys = app.keys_for("side", flow.last.run_id)
     assert app.run_steps(audit_waiting_steps(app, keys, 0, 60_000)) == (0, 0)
     assert flow.last.refresh().state == "waiting"
     assert app.run_steps(audit_waiting_steps(app, keys, 0, 0)) == (0, 1)
@@ -410,7 +433,7 @@ def test_deliveries_no_replica_acknowledged_keep_their_outbox_entries(
     of the waiting run's master could lose it); this server has none."""
     plain = JobQueue(redis_client)
     add = plain.task(lambda x, y: x + y, name="add")
-    total = plain.task(lambda xs: sum(xs), name="total")
+    total = plain.task(lambda xs: sum(xs), name="total", queue="side")  # (relayed)
     flow = plain.chord([add.s(1, 1)], total.receiving())
     header = flow.runs[0]
     keys = plain.keys_for("default", header.run_id)
@@ -428,7 +451,7 @@ def test_an_entry_written_again_in_the_millisecond_a_slow_relay_read_is_not_clea
 ) -> None:
     """A slow relay read x's entry at version T; x ran again, a new step waits on it, and its
     new entry has version T too (the same ms): the slow relay clears only what it delivered."""
-    add, note = task(app, "add"), task(app, "note")
+    add, note = task(app, "add"), task(app, "note").with_options(queue="side")  # (relayed)
     flow = app.chain(add.s(1, 1), note.s(), flow_id="f")
     x, keys = flow.runs[0], app.keys_for("default", flow.runs[0].run_id)
     t = app.server_time_ms() + 60_000  # one worker millisecond for all its commits
@@ -738,15 +761,22 @@ def test_a_step_waiting_on_a_run_that_does_not_exist_is_refused(
     assert keys(redis_client) == before
 
 
+@pytest.mark.parametrize("callback_queue", ["default", "side"], ids=["same-partition", "relayed"])
 def test_results_past_the_bound_make_the_waiting_run_die_saying_so(
-    app: JobQueue, monkeypatch: pytest.MonkeyPatch
+    redis_client: Any, callback_queue: str
 ) -> None:
-    import jobqueue.client.relay as relay
+    small = JobQueue(redis_client, settings=Settings(max_results_bytes=40))
 
-    monkeypatch.setattr(relay, "MAX_RESULTS_BYTES", 40)
-    add, total = task(app, "add"), task(app, "total")
-    flow = app.chord([add.s(i, 10**12) for i in range(5)], total.receiving())
-    run_due(app)
+    @small.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @small.task(queue=callback_queue)
+    def total(xs: list[int]) -> int:
+        return sum(xs)
+
+    flow = small.chord([add.s(i, 10**12) for i in range(5)], total.receiving())
+    run_due(small, ["default", "side"])
     last = flow.last.refresh()
     assert last.state == "dead"
     assert "past the bound of 40" in (last.error or "")

@@ -440,6 +440,22 @@ class EventStream:
     def close(self) -> None:
         self._closed = True
 
+    def start(self) -> str:
+        """Take the starting positions now (the first read does otherwise); the cursor."""
+        if self.reader is None:
+            self.reader = self._run(self._start)
+        return self.reader.cursor
+
+    def read_batch(self) -> list[Event]:
+        """One read: the events there are, waiting at most ``block`` seconds for some
+        (following) or not at all; empty when none came. Errors are raised, not retried."""
+        self.start()
+        assert self.reader is not None
+        got: list[Event] = self._run(
+            read_steps(self.reader, self._block_ms if self._follow else None)
+        )
+        return got
+
     def __next__(self) -> Event:
         if self.reader is None:
             self.reader = self._run(self._start)

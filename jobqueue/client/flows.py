@@ -61,7 +61,7 @@ from jobqueue.store.flows import (
 )
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys, validate_run_id
-from jobqueue.workflows.canvas import MAX_RESULTS_BYTES, Graph, Node, RunRef, Signature
+from jobqueue.workflows.canvas import Graph, Node, RunRef, Signature
 
 log = logging.getLogger("jobqueue.client")
 
@@ -223,7 +223,7 @@ def _create_staged(
         yield from _create(core, new, created, staged=staged)
         yield from _attach(core, externals, parents)
         (committed,) = yield Scripts([FLOW_COMMIT.call(
-            home.keys, fid, staged, home.spec.run_id, s.dead_retention_ms, MAX_RESULTS_BYTES
+            home.keys, fid, staged, home.spec.run_id, s.dead_retention_ms, s.max_results_bytes
         )])
         if FLOW_COMMIT.parse(committed) is None:
             raise FlowAborted(
@@ -238,7 +238,7 @@ def _create_staged(
     if others:
         try:
             yield Scripts([FLOW_COMMIT.call(k, fid, staged, "", s.dead_retention_ms,
-                                            MAX_RESULTS_BYTES) for k in others])
+                                            s.max_results_bytes) for k in others])
         except JobQueueError as exc:  # committed: the audit releases them (flows_stage)
             log.warning("workflow %s is committed, but releasing its runs in %d partitions "
                         "failed for now (%s): the workers' audit releases them", fid,

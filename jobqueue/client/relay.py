@@ -38,7 +38,6 @@ from jobqueue.store.io import DurableScripts, Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CANCEL
 from jobqueue.store.scripts import Call
-from jobqueue.workflows.canvas import MAX_RESULTS_BYTES
 
 log = logging.getLogger("jobqueue.workflows")
 
@@ -240,7 +239,7 @@ def _deliver(
 
 def deliver_call(core: ClientCore, pk: PartitionKeys, deliveries: Sequence[Delivery]) -> Call:
     s = core.settings
-    return DELIVER.call(pk, deliveries, s.dead_retention_ms, MAX_RESULTS_BYTES,
+    return DELIVER.call(pk, deliveries, s.dead_retention_ms, s.max_results_bytes,
                         s.done_retention_ms)
 
 
@@ -453,7 +452,7 @@ def settle_staged_steps(
         ]))[0])
         if aborted is None:  # committed: the creating process died before the release
             yield Scripts([FLOW_COMMIT.call(keys, fid, staged, "", s.dead_retention_ms,
-                                            MAX_RESULTS_BYTES)])
+                                            s.max_results_bytes)])
             log.warning("released workflow %s in %s: its creator died after the commit",
                         fid, keys.tag)
             released += 1

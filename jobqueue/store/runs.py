@@ -250,18 +250,33 @@ def _outcome(reply: Sequence[Any]) -> Outcome:
     return Outcome(False, status, current_fence=fence)
 
 
+# The most bytes a run receiving its dependencies' results may hold (its payload: the
+# results first, then its own arguments); past it the run dies saying so (lua/deliver.lua,
+# and lua/complete.lua for a waiting run of the completed run's own partition).
+MAX_RESULTS_BYTES = 16 * 1024 * 1024
+DEFAULT_DEAD_RETENTION_MS = 7 * 86_400_000  # Settings.dead_retention_s's default
+
+
 def _complete(
     pk: PartitionKeys,
     items: Sequence[tuple[str, int, str]],
     retention_ms: int,
     now: NowArg = None,
+    *,
+    dead_retention_ms: int = DEFAULT_DEAD_RETENTION_MS,
+    max_bytes: int = MAX_RESULTS_BYTES,
 ) -> Wire:
-    """Completions of runs of one partition: (run_id, fence, result JSON) each."""
+    """Completions of runs of one partition: (run_id, fence, result JSON) each.
+    ``dead_retention_ms`` and ``max_bytes``: for the waiting runs of the partition that hear
+    of them in the same call (as deliver.lua's)."""
     tail: list[str | int] = []
     for run_id, fence, result_json in items:
         tail += [run_id, fence, result_json]
     return Wire(
-        pk, {"now": now_arg(now), "prefix": pk.prefix, "retention_ms": retention_ms}, tail
+        pk,
+        {"now": now_arg(now), "prefix": pk.prefix, "retention_ms": retention_ms,
+         "dead_retention_ms": dead_retention_ms, "max_bytes": max_bytes},
+        tail,
     )
 
 
@@ -272,8 +287,9 @@ def _parse_complete(reply: Sequence[Any]) -> list[Outcome]:
 
 COMPLETE = Contract(
     "complete",
-    keys=("leases", "done", "stats", "limits", "wake", "due", "parked", "outbox"),
-    args=("now", "prefix", "retention_ms"),
+    keys=("leases", "done", "stats", "limits", "wake", "due", "parked", "outbox", "waiting",
+          "dead", "seq"),
+    args=("now", "prefix", "retention_ms", "dead_retention_ms", "max_bytes"),
     tail="runs",
     build=_complete,
     parse=_parse_complete,

@@ -362,7 +362,8 @@ class Committer:
         if not groups:
             self._flush_relay(clearing=True)
             return []
-        retention = self._jq.settings.done_retention_ms
+        settings = self._jq.settings
+        retention = settings.done_retention_ms
         now_ms = self._clock.now_ms()
         calls = [
             COMPLETE.call(
@@ -370,6 +371,8 @@ class Committer:
                 [(i.entry.run.run_id, i.entry.run.fence, i.result_json) for i in g.items],
                 retention,
                 now=now_ms,
+                dead_retention_ms=settings.dead_retention_ms,
+                max_bytes=settings.max_results_bytes,
             )
             if g.items[0].ok
             else self._bounce_call(g.items[0])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from jobqueue.errors import ConfigError
+from jobqueue.store.runs import MAX_RESULTS_BYTES as MAX_RESULTS_BYTES  # (its home before)
 
 R_co = TypeVar("R_co", covariant=True)  # what the step returns: a step is read only
 
@@ -35,9 +36,6 @@ BATCH_CALLBACKS = {
 # The most runs one workflow may create in one call, and the most dependencies of one run.
 MAX_FLOW_RUNS = 100_000
 MAX_DEPENDENCIES = 100_000
-# The most bytes a run receiving its dependencies' results may hold (its payload: the
-# results first, then its own arguments); past it the run dies saying so (lua/deliver.lua).
-MAX_RESULTS_BYTES = 16 * 1024 * 1024
 
 
 class ExistingRun(Protocol):
