@@ -532,8 +532,11 @@ end
 local function waiting_plan(prefix, id)
   local w = {id = id, key = prefix .. 'run:' .. id, got = {}, new = {}}
   w.run = load_run(w.key, 'state', 'left', 'receives', 'args_tail', 'parents',
-                   'cancel_running', 'on_death_only', 'hist', 'staged')
-  w.open = w.run ~= nil and w.run.state == 'waiting'
+                   'cancel_running', 'on_death_only', 'hist', 'staged', 'ready')
+  -- (a staged run a 'continue' released early waits only on its commit: as a released run,
+  -- it hears of nothing more)
+  w.open = w.run ~= nil and w.run.state == 'waiting' and
+           not (w.run.staged and w.run.ready == '1')
   if w.open then
     w.deps_key, w.got_key = prefix .. 'deps:' .. id, prefix .. 'got:' .. id
     expect(w.deps_key, 'hash')

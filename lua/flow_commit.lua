@@ -1,8 +1,8 @@
 -- flow_commit.lua: commit a workflow's creation in one partition: its runs here written
--- staged (flow_create.lua) stop being staged, and those with nothing left to wait on are
--- released (pending, due now). Called first in the partition of the workflow's home run,
--- where the commit is decided (the home run's record stops being staged: from then on the
--- workflow exists), then in its other partitions.
+-- staged by this attempt (flow_create.lua) stop being staged, and those with nothing left to
+-- wait on are released (pending, due now). Called first in the partition of the workflow's
+-- home run, where the commit is decided and recorded (jq:{q#p}:flowmark:<flow_id> = the
+-- attempt's nonce: from then on the workflow exists), then in its other partitions.
 --
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
@@ -12,51 +12,72 @@
 -- KEYS[6]  dead      zset    jq:{q#p}:dead     run_id -> time it died
 -- KEYS[7]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear, and
 --                                              '!<run_id>' orders
+-- KEYS[8]  staged    zset    jq:{q#p}:staged   the runs written staged, not settled yet
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  flow_id            the workflow
--- ARGV[4]  staged             its home, as its runs' 'staged' field holds it: the JSON text
---                             ["<queue>","<run_id>"]
+-- ARGV[4]  staged             this attempt's mark, as its runs' 'staged' field holds it: the
+--                             JSON text ["<home queue>","<home run>","<nonce>"]
 -- ARGV[5]  home_run           the home run's id when this is its partition, else ''
 -- ARGV[6]  dead_retention_ms  how long a dead record lives; a released run's dependency
 --                             keys live as long (as in deliver.lua)
 -- ARGV[7]  max_bytes          the most a released run's payload may hold with its
 --                             dependencies' results (past it the run dies, saying so)
--- Returns  {1, released}: committed here (now, or before: nothing of it was staged any
---          more), with the runs released that had dependencies (the 'released' counter;
---          those that waited on nothing but the commit count as created); {0, 'aborted'} in the home's partition when the
---          home run is neither staged with this home nor committed (flow_abort.lua removed
---          it: nothing was changed). Refused whole (an error reply, nothing changed) when a
---          field is malformed, a key is not on this node or a key holds another type.
+-- ARGV[8]  mark_ttl_ms        how long the commit's record lives (longer than any of the
+--                             workflow's records)
+-- Returns  {1, released}: committed here (now, or before by this attempt), with the runs
+--          released that had dependencies (the 'released' counter; those that waited on
+--          nothing but the commit count as created); {0, 'aborted'} in the home's partition
+--          when the home run is not staged by this attempt and no commit is recorded (it was
+--          aborted, flow_abort.lua: nothing was changed); {0, 'other'} there when another
+--          attempt's commit is recorded (the workflow exists: this attempt's runs are to be
+--          aborted). Refused whole (an error reply, nothing changed) when a field is
+--          malformed, a key is not on this node or a key holds another type.
 --
 -- The runs of the workflow here are those of jq:{q#p}:flow:<flow_id> whose record says
--- 'staged' with this home. One is released when it waits on nothing more ('left' 0, or no
--- 'left': it waited on nothing but the commit), or when
--- a 'continue' released it early ('ready', see deliver.lua): as deliver.lua releases, its
--- payload built from its dependencies' results when it receives them; past max_bytes it
--- dies instead (and an order '!<run_id>' goes to the outbox, as in deliver.lua).
+-- 'staged' with this mark. One is released when it waits on nothing more ('left' 0, or no
+-- 'left': it waited on nothing but the commit), or when a 'continue' released it early
+-- ('ready', see deliver.lua): as deliver.lua releases, its payload built from its
+-- dependencies' results when it receives them; past max_bytes it dies instead (and an order
+-- '!<run_id>' goes to the outbox, as in deliver.lua). Those that died or were skipped meanwhile
+-- only stop being staged.
 -- Events (see event_log in _prelude.lua): 'ready' per run released, 'dead' per run that died.
 
 local now = clock(ARGV[1])
 local prefix, flow_id, staged, home = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local nonce = string.match(staged, '^%["[^"]*","[^"]*","(%w+)"%]$')
+local mark_key = prefix .. 'flowmark:' .. flow_id
 
 local ok, plan = reading(function()
-  if not whole(ARGV[6], 0) or not whole(ARGV[7], 0) then
-    refuse('ERR jobqueue: flow_commit: dead_retention_ms and max_bytes are whole numbers')
+  if not nonce then
+    refuse('ERR jobqueue: flow_commit: staged is ["<queue>","<run_id>","<nonce>"]')
+  end
+  for a = 6, 8 do
+    if not whole(ARGV[a], 0) then
+      refuse('ERR jobqueue: flow_commit: dead_retention_ms, max_bytes and mark_ttl_ms are ' ..
+             'whole numbers')
+    end
   end
   local p = {runs = {}, log = event_log(prefix)}
   if home ~= '' then
-    local h = load_run(prefix .. 'run:' .. home, 'staged', 'flow')
-    local committed = h and h.flow == flow_id and not h.staged
-    if not committed and not (h and h.staged == staged) then
-      p.aborted = true
+    expect(mark_key, 'string')
+    local mark = read('GET', mark_key)
+    if mark and mark ~= nonce then
+      p.refused = 'other'
       return p
     end
+    local h = load_run(prefix .. 'run:' .. home, 'staged')
+    if not mark and not (h and h.staged == staged) then
+      p.refused = 'aborted'
+      return p
+    end
+    p.record = not mark
   end
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
   expect(KEYS[6], 'zset')
   expect(KEYS[7], 'zset')
+  expect(KEYS[8], 'zset')
   p.wake = waker(KEYS[3])
   p.stats = counters(KEYS[4], 'released', 'dead')
   p.seq = sequencer(KEYS[5], now)
@@ -89,12 +110,14 @@ local ok, plan = reading(function()
   return p
 end)
 if not ok then return plan end
-if plan.aborted then return {0, 'aborted'} end
+if plan.refused then return {0, plan.refused} end
 
+if plan.record then redis.call('SET', mark_key, nonce, 'PX', ARGV[8]) end
 local dead_retention = tonumber(ARGV[6])
 local released, died, due_pairs = 0, 0, {}
 for _, w in ipairs(plan.runs) do
   redis.call('HDEL', w.key, 'staged', 'ready')
+  redis.call('ZREM', KEYS[8], w.id)
   if w.die then
     bury(KEYS[6], prefix, w.id, now, w.die, ' ' .. w.die, dead_retention, w.hist, w.out,
          plan.log, '0')

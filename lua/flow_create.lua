@@ -9,15 +9,21 @@
 -- KEYS[5]  seq       hash    jq:{q#p}:seq      {ms, n}: runs created in the current ms (their
 --                                              order, see _prelude.lua)
 -- KEYS[6]  flows     zset    jq:{q#p}:flows    flow_id -> creation time of its first run here
+-- KEYS[7]  staged    zset    jq:{q#p}:staged   run_id -> creation time: the runs written
+--                                              staged (the audit's index of them)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  flow_at            when the flow was created (ms), for its flows index entry: ''
 --                             for now (a run added to a flow later gives the flow's time)
--- ARGV[4]  staged             '' for runs made ready (or waiting) at once; else the workflow's
---                             home (the JSON text ["<queue>","<run_id>"] of the run whose
---                             record decides, see flow_commit.lua): every run created here is
---                             written 'waiting' and 'staged', released only at the commit
--- ARGV[5..] nodes             13 fields per run, then 3 per dependency: run_id, task,
+-- ARGV[4]  staged             '' for runs made ready (or waiting) at once; else this creation's
+--                             mark, the JSON text ["<home queue>","<home run>","<nonce>"] (the
+--                             workflow's home run, where it is committed, and this attempt,
+--                             see flow_commit.lua): every run created here is written 'waiting'
+--                             and 'staged' with it, released only at the commit
+-- ARGV[5]  mark               '' or '<ttl_ms> <nonce> <flow_id>': a creation made whole here
+--                             (one call) records its commit, jq:{q#p}:flowmark:<flow_id> =
+--                             nonce for ttl_ms, when it creates any run
+-- ARGV[6..] nodes             13 fields per run, then 3 per dependency: run_id, task,
 --                             payload (JSON), max_attempts, lease_ms, timeout_ms, parents
 --                             (JSON list of [queue, run_id] of the runs waiting on this one,
 --                             or ''), flow (the workflow's id), receives ('' | 'one' | 'all':
@@ -31,7 +37,10 @@
 --                             does, see deliver.lua), queue
 -- Returns  {now, r1, r2, ...}: per run 1 = created, 0 = already exists (nothing written).
 --          Refused whole (an error reply, nothing created) when a field is malformed, a key
---          is not on this node or a key holds another type.
+--          is not on this node or a key holds another type; when a run that waits on others
+--          (or any run, staged) exists already outside its workflow ('exists outside'); and,
+--          staged, when a run of the workflow exists staged by another attempt ('another
+--          attempt').
 --
 -- A run with dependencies is 'waiting': in the waiting zset, not in due (no worker claims it,
 -- no cap counts it), its record's 'left' field the number of dependencies not yet heard of,
@@ -52,7 +61,8 @@ local now = clock(ARGV[1])
 local prefix = ARGV[2]
 local flow_at = ARGV[3] == '' and now or tonumber(ARGV[3])
 local staged = ARGV[4] ~= '' and ARGV[4] or nil
-local FIXED, FIRST = 13, 5
+local mark_ttl, mark_nonce, mark_flow = string.match(ARGV[5], '^(%d+) (%w+) (.+)$')
+local FIXED, FIRST = 13, 6
 local POLICIES = {fail = true, ignore = true, continue = true, remove = true, skip = true}
 local RECEIVES = {[''] = true, one = true, all = true}
 
@@ -61,6 +71,7 @@ local ok, plan = reading(function()
   expect(KEYS[1], 'zset')
   expect(KEYS[2], 'zset')
   expect(KEYS[6], 'zset')
+  if staged then expect(KEYS[7], 'zset') end
   p.flows, p.members = {}, {} -- the flow ids in order; flow id -> its new runs here
   p.wake = waker(KEYS[3])
   p.stats = counters(KEYS[4], 'created')
@@ -69,9 +80,13 @@ local ok, plan = reading(function()
   if ARGV[3] ~= '' and not whole(ARGV[3], 0) then
     refuse('ERR jobqueue: flow_create: flow_at is a time in ms or empty')
   end
-  if staged and not string.match(staged, '^%["[^"]*","[^"]*"%]$') then
-    refuse('ERR jobqueue: flow_create: staged is empty or ["<queue>","<run_id>"]')
+  if staged and not string.match(staged, '^%["[^"]*","[^"]*","%w+"%]$') then
+    refuse('ERR jobqueue: flow_create: staged is empty or ["<queue>","<run_id>","<nonce>"]')
   end
+  if ARGV[5] ~= '' and not mark_ttl then
+    refuse("ERR jobqueue: flow_create: mark is empty or '<ttl_ms> <nonce> <flow_id>'")
+  end
+  if mark_ttl then expect(prefix .. 'flowmark:' .. mark_flow, 'string') end
   local i, seen = FIRST, {}
   while i <= #ARGV do
     local n = ARGV[i + 12]
@@ -100,6 +115,19 @@ local ok, plan = reading(function()
     node.exists = seen[node.id] or read('EXISTS', prefix .. 'run:' .. node.id) == 1
     seen[node.id] = true
     local flow = ARGV[i + 7]
+    if node.exists and (node.deps > 0 or staged) and flow ~= '' then
+      -- A waiting step must be a new run (an existing one would never wait); staged, none
+      -- of the workflow's runs may be another attempt's (two creations of one workflow at once)
+      local other = load_run(prefix .. 'run:' .. node.id, 'flow', 'staged') or {}
+      if other.flow ~= flow and node.deps > 0 then
+        refuse('ERR jobqueue: flow_create: run ' .. node.id .. ' exists outside the ' ..
+               'workflow; a step that waits on others must be a new run; nothing was written')
+      end
+      if staged and other.flow == flow and other.staged and other.staged ~= staged then
+        refuse('ERR jobqueue: flow_create: run ' .. node.id .. ' is staged by another ' ..
+               'attempt to create the workflow; nothing was written')
+      end
+    end
     if not node.exists and flow ~= '' then
       if not p.members[flow] then
         expect(prefix .. 'flow:' .. flow, 'set')
@@ -132,7 +160,10 @@ for _, node in ipairs(plan.nodes) do
                   ARGV[a + 5], '', '')
     if ARGV[a + 7] ~= '' then redis.call('HSET', key, 'flow', ARGV[a + 7]) end
     if ARGV[a + 6] ~= '' then redis.call('HSET', key, 'parents', ARGV[a + 6]) end
-    if staged then redis.call('HSET', key, 'staged', staged) end
+    if staged then
+      redis.call('HSET', key, 'staged', staged)
+      redis.call('ZADD', KEYS[7], now, node.id)
+    end
     if node.deps > 0 or staged then
       local deps = {}
       for d = 0, node.deps - 1 do
@@ -174,6 +205,9 @@ end
 for _, flow in ipairs(plan.flows) do
   redis.call('ZADD', KEYS[6], 'NX', flow_at, flow)
   bulk('SADD', prefix .. 'flow:' .. flow, plan.members[flow], 2000)
+end
+if mark_ttl and made > 0 then
+  redis.call('SET', prefix .. 'flowmark:' .. mark_flow, mark_nonce, 'PX', mark_ttl)
 end
 bump(plan.stats, 'created', made)
 trim_events(plan.log)

@@ -8,8 +8,9 @@
 -- ARGV[3..] run_ids           the runs to purge
 -- Returns  {purged_count, refused_count}: a run that is not dead (requeued meanwhile, or
 --          gone), or whose death the runs waiting on it have not heard of yet (its outbox
---          entry is still there: the relay needs its record), is left alone and counted as
---          refused. A listed key that is not a run record
+--          entry is still there: the relay needs its record), or whose order to cancel its
+--          own dependencies is not carried out yet ('!<run_id>': the relay reads its flow
+--          from the record), is left alone and counted as refused. A listed key that is not a run record
 --          (see claim.lua) loses its listing, never the key, and counts as purged. Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or the dead
 --          index holds another type.
@@ -31,8 +32,9 @@ local ok, plan = reading(function()
     local r = {id = run_id, key = key, listed = read('ZSCORE', KEYS[1], run_id) ~= false}
     if not run then
       r.action = 'unlist' -- a foreign key: its listing goes, the key stays
-    elseif run.state == 'dead' and read('ZSCORE', KEYS[2], run_id) then
-      r.action = 'refuse' -- its waiting runs have not heard of it yet
+    elseif run.state == 'dead' and (read('ZSCORE', KEYS[2], run_id) or
+                                    read('ZSCORE', KEYS[2], '!' .. run_id)) then
+      r.action = 'refuse' -- its waiting runs, or its own dependencies, have not heard yet
     elseif run.state == 'dead' then
       r.action = 'delete'
       r.hist = history_ok(prefix, run_id)

@@ -15,7 +15,7 @@
 --          its key is not a run record); {0, state} when it is still pending, running or
 --          waiting, or done without force; {0, 'workflow-step'} for a workflow step that
 --          waited on other runs (its arguments came from them: create the workflow again
---          instead). Nothing requeued then. Refused whole (an error reply, nothing
+--          instead), or one of a workflow whose creation is not committed ('staged'). Nothing requeued then. Refused whole (an error reply, nothing
 --          changed) when a key is not on this node or an index key holds another type.
 --
 -- The fence is kept (it only ever grows), so nothing stale can commit into the new life. The
@@ -35,11 +35,12 @@ local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
   local p = {run = load_run(key, 'state', 'attempt', 'owner', 'started', 'finished', 'fence',
-                            'result', 'priority', 'due', 'left')}
+                            'result', 'priority', 'due', 'left', 'staged')}
   local state = p.run and p.run.state
   -- A workflow step that waited on others ('left') has a payload built from what it heard
-  -- of them, or none yet: run again alone it would get the wrong arguments.
-  if p.run and p.run.left then p.step = true end
+  -- of them, or none yet: run again alone it would get the wrong arguments. A staged one
+  -- (its workflow not committed, see flow_commit.lua) must not run at all.
+  if p.run and (p.run.left or p.run.staged) then p.step = true end
   if state and not p.step and state ~= 'pending' and state ~= 'running' and
      state ~= 'waiting' and (state ~= 'done' or force) then
     expect(KEYS[1], 'zset')

@@ -28,6 +28,7 @@ from jobqueue.store.flows import (
     RELAYED,
     Delivery,
     Edge,
+    FlowCommit,
     NodeSpec,
 )
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
@@ -110,8 +111,8 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "deliver": lambda: DELIVER.call(PK, [Delivery("w", "r", "d1")], 1, 1000, 1),
     "relayed": lambda: RELAYED.call(PK, [("r", 1)], 1, 1),
     "flow_tidy": lambda: FLOW_TIDY.call(PK, 10),
-    "flow_commit": lambda: FLOW_COMMIT.call(PK, "F", '["q","h"]', "h", 1, 1000),
-    "flow_abort": lambda: FLOW_ABORT.call(PK, "F", '["q","h"]', "h"),
+    "flow_commit": lambda: FLOW_COMMIT.call(PK, "F", '["q","h","n1"]', "h", 1, 1000, 5000),
+    "flow_abort": lambda: FLOW_ABORT.call(PK, "F", '["q","h","n1"]', "h"),
 }
 
 
@@ -325,6 +326,8 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
         allowed |= {"deps:", "got:"}  # a waiting run's own keys, named like its record
     if name in ("flow_create", "flow_tidy", "flow_commit", "flow_abort"):
         allowed |= {"flow:"}  # a flow's run ids in the partition, named by its id
+    if name in ("flow_create", "flow_commit", "flow_abort"):
+        allowed |= {"flowmark:"}  # a flow's commit, named by its id
     assert set(built) <= allowed, built
 
 
@@ -605,31 +608,33 @@ def parses_flow_tidy(runner: ScriptRunner, redis_client: Any) -> None:
     assert FLOW_TIDY.parse(runner.run(FLOW_TIDY.call(P, 10, now=NOW))) == (1, 0)
 
 
-HOME = '["q","h"]'
+HOME = '["q","h","n1"]'  # the mark of attempt n1, whose home run is h
 
 
-def _staged(runner: ScriptRunner) -> None:
+def _staged(runner: ScriptRunner, mark: str = HOME) -> None:
     nodes = [NodeSpec("h", "t", "{}", flow="F"), NodeSpec("w", "t", "{}", flow="F",
                                                            deps=[Edge("h", "q")])]
-    call = FLOW_CREATE.call(P, nodes, now=NOW, staged=HOME)
+    call = FLOW_CREATE.call(P, nodes, now=NOW, staged=mark)
     assert FLOW_CREATE.parse(runner.run(call)) == [True, True]
 
 
 def parses_flow_commit(runner: ScriptRunner, redis_client: Any) -> None:
     _staged(runner)
-    other = FLOW_COMMIT.call(P, "F", HOME, "", 1, 1000, now=NOW)
+    commit = FLOW_COMMIT.call(P, "F", HOME, "h", 1, 1000, 60_000, now=NOW)
     # h released (counted as created: it waited on nothing but the commit); w waits on h
-    assert FLOW_COMMIT.parse(runner.run(other)) == 0
-    assert FLOW_COMMIT.parse(runner.run(FLOW_COMMIT.call(P, "F", HOME, "h", 1, 1000, NOW))) == 0
-    gone = FLOW_COMMIT.call(P, "G", HOME, "nobody", 1, 1000, now=NOW)
-    assert FLOW_COMMIT.parse(runner.run(gone)) is None  # aborted: no such home
+    assert FLOW_COMMIT.parse(runner.run(commit)) == FlowCommit(True, 0)
+    assert FLOW_COMMIT.parse(runner.run(commit)) == FlowCommit(True, 0)  # (again: nothing)
+    other = FLOW_COMMIT.call(P, "F", '["q","h","n2"]', "h", 1, 1000, 60_000, now=NOW)
+    assert FLOW_COMMIT.parse(runner.run(other)) == FlowCommit(False, refused="other")
+    gone = FLOW_COMMIT.call(P, "G", HOME, "nobody", 1, 1000, 60_000, now=NOW)
+    assert FLOW_COMMIT.parse(runner.run(gone)) == FlowCommit(False, refused="aborted")
 
 
 def parses_flow_abort(runner: ScriptRunner, redis_client: Any) -> None:
     _staged(runner)
     assert FLOW_ABORT.parse(runner.run(FLOW_ABORT.call(P, "F", HOME, "h", now=NOW))) == 2
     _staged(runner)
-    runner.run(FLOW_COMMIT.call(P, "F", HOME, "h", 1, 1000, now=NOW))
+    runner.run(FLOW_COMMIT.call(P, "F", HOME, "h", 1, 1000, 60_000, now=NOW))
     assert FLOW_ABORT.parse(runner.run(FLOW_ABORT.call(P, "F", HOME, "h", now=NOW))) is None
 
 

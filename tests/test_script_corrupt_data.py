@@ -409,7 +409,7 @@ def tidy_flows(runner: ScriptRunner) -> Call:
     return FLOW_TIDY.call(PK, 10, now=NOW)
 
 
-STAGED = '["default","h"]'  # a staged workflow's home
+STAGED = '["default","h","n1"]'  # the mark of attempt n1, whose home run is h
 
 
 def a_staged_flow(runner: ScriptRunner, now: int) -> None:
@@ -427,7 +427,7 @@ def a_staged_flow(runner: ScriptRunner, now: int) -> None:
 def commit_a_staged_flow(runner: ScriptRunner) -> Call:
     """The commit in the home's partition: h is released, w stays waiting (no longer staged)."""
     a_staged_flow(runner, NOW - 3_000)
-    return FLOW_COMMIT.call(PK, "F", STAGED, "h", RETENTION, 1 << 20, now=NOW)
+    return FLOW_COMMIT.call(PK, "F", STAGED, "h", RETENTION, 1 << 20, RETENTION, now=NOW)
 
 
 def abort_a_staged_flow(runner: ScriptRunner) -> Call:

@@ -25,12 +25,18 @@ from jobqueue.cli.core import main
 from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.flows import create_flow
-from jobqueue.client.relay import Committed, audit_waiting_steps, settle_staged_steps
+from jobqueue.client.relay import (
+    STAGED_RUNS,
+    Committed,
+    audit_waiting_steps,
+    settle_staged_steps,
+)
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import (
     ConfigError,
     Fatal,
+    FlowAborted,
     FlowConflict,
     OperationRefused,
     PayloadError,
@@ -40,12 +46,12 @@ from jobqueue.errors import (
 from jobqueue.handles import AsyncFlowHandle, RunHandle
 from jobqueue.settings import Settings
 from jobqueue.store.admin import PURGE
-from jobqueue.store.flows import DELIVER, Delivery
+from jobqueue.store.flows import DELIVER, FLOW_ABORT, FLOW_CREATE, Delivery, Edge, NodeSpec
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 from jobqueue.testing import run_due
 from jobqueue.worker.relaying import CommitRelay
-from jobqueue.workflows.canvas import chord_graph, group_graph
+from jobqueue.workflows.canvas import batch_graph, chord_graph, group_graph, workflow_graph
 
 
 @pytest.fixture
@@ -642,6 +648,248 @@ def test_a_workers_audit_rolls_back_a_workflow_whose_creator_died(
         wait_for(lambda: flow_keys(redis_client, "orphan") == [], what="the rollback")
 
 
+def staged_mark(redis_client: Any, app: JobQueue, queue: str, run_id: str) -> str:
+    mark: str = redis_client.hget(app.keys_for(queue, run_id).run(run_id), "staged")
+    return mark
+
+
+def test_a_committed_workflow_whose_home_record_expired_is_released_not_rolled_back(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """The commit is recorded apart from the home run's record (which may expire or be
+    purged first): the audit releases the partitions still staged."""
+    add, total = task(app, "add"), task(app, "total")
+    side = add.with_options(queue="side")
+    steps = create_flow(app, chord_graph([add.s(1, 1), side.s(2, 2)], total.receiving()), "G")
+    assert app.run_steps(until_call(steps, "flow_commit", nth=2)) is not None  # dies there
+    run_due(app, ["default"])  # the home run G:0 runs...
+    redis_client.delete(app.keys_for("default", "G:0").run("G:0"))  # ... and expires
+    assert app.run_steps(settle_staged_steps(app, app.keys_for("side", "G:1"), 0))[1:] == (1, 0)
+    run_due(app, ["default", "side"])
+    assert app.get_run("G:1").state == "done"
+
+
+def test_a_committed_workflow_whose_runs_expired_is_not_created_again(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add = task(app, "add")
+    side = add.with_options(queue="side")
+    steps = create_flow(app, group_graph([add.s(1, 1), side.s(2, 2)]), "G2")
+    assert app.run_steps(until_call(steps, "flow_commit", nth=2)) is not None
+    assert run_due(app, ["default"]).completed == 1
+    redis_client.delete(app.keys_for("default", "G2:0").run("G2:0"))  # its retention ran out
+    again = app.group([add.s(1, 1), side.s(2, 2)], flow_id="G2")
+    assert not again.created
+    assert run_due(app, ["default"]).claimed == 0  # G2:0 does not run a second time
+
+
+def test_creating_again_after_a_crash_undoes_the_dead_attempt_before_its_own(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """A crash before the commit; the audit has undone the home but not yet the other
+    partition; a new attempt undoes the rest first, and its commit stands whole."""
+    add, total = task(app, "add"), task(app, "total")
+    side = add.with_options(queue="side")
+    graph = chord_graph([add.s(1, 1), side.s(2, 2)], total.receiving())
+    assert app.run_steps(until_call(create_flow(app, graph, "F"), "flow_commit")) is not None
+    dead = staged_mark(redis_client, app, "side", "F:1")
+    home = app.keys_for("default", "F:0")
+    app.scripts.run(FLOW_ABORT.call(home, "F", dead, "F:0"))  # (the audit, half way)
+    again = app.chord([add.s(1, 1), side.s(2, 2)], total.receiving(), flow_id="F")
+    assert [r.created for r in again.runs] == [True, True, True]
+    assert app.run_steps(settle_staged_steps(app, app.keys_for("side", "F:1"), 0))[1:] == (0, 0)
+    run_due(app, ["default", "side"])
+    assert again.result(timeout=5) == 6
+
+
+def test_of_two_creations_at_once_one_commits_and_the_other_finds_it_made(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    side = add.with_options(queue="side")
+    graph = chord_graph([add.s(1, 1), side.s(2, 2)], total.receiving())
+    slow = create_flow(app, graph, "twice")
+    held = app.run_steps(until_call(slow, "flow_commit"))  # the first, stalled before it
+    assert held is not None
+    fast = app.chord([add.s(1, 1), side.s(2, 2)], total.receiving(), flow_id="twice")
+    assert fast.created  # it undid the stalled attempt first
+    late = app.run_steps(resume(slow, held))  # its commit finds the other's
+    assert [created for _, _, created in late.runs] == [False, False, False]
+    run_due(app, ["default", "side"])
+    assert fast.result(timeout=5) == 6
+    assert [app.get_run(r.run_id).attempt for r in fast.runs] == [1, 1, 1]  # each ran once
+
+
+def test_a_commit_after_the_attempt_was_rolled_back_is_refused(
+    app: JobQueue, redis_client: Any
+) -> None:
+    add, total = task(app, "add"), task(app, "total")
+    side = add.with_options(queue="side")
+    slow = create_flow(app, chord_graph([add.s(1, 1), side.s(2, 2)], total.receiving()), "gone")
+    held = app.run_steps(until_call(slow, "flow_commit"))
+    assert held is not None
+    for queue, run_id in (("side", "gone:1"), ("default", "gone:0")):  # the audit, whole
+        app.run_steps(settle_staged_steps(app, app.keys_for(queue, run_id), 0))
+    with pytest.raises(FlowAborted):
+        app.run_steps(resume(slow, held))
+    assert flow_keys(redis_client, "gone") == []
+
+
+def test_a_staged_run_a_continue_released_early_hears_nothing_more(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """A batch's on_dead (edges 'continue') staged until the commit: the first death releases
+    it (held for the commit); a later success must not cancel it as 'none died'."""
+    boom, add, note = task(app, "boom"), task(app, "add"), task(app, "note")
+    graph = batch_graph([boom.s(1), add.s(1, 1)],
+                        {"on_dead": note.with_options(queue="side").s("died")})
+    steps = create_flow(app, graph, "B")
+    assert app.run_steps(until_call(steps, "flow_commit", nth=2)) is not None
+    run_due(app, ["default"])  # boom dies, add completes: both heard of by on_dead, staged
+    app.relay("default")
+    assert app.get_run("B:on_dead").state == "waiting"
+    app.run_steps(settle_staged_steps(app, app.keys_for("side", "B:on_dead"), 0))
+    run_due(app, ["side"])
+    assert app.get_run("B:on_dead").result == "noted"
+
+
+def test_the_commit_releases_a_staged_run_a_continue_released_early(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """Released early (its older dependency died, edge 'continue') while staged: the commit
+    releases it, though another dependency is still unfinished."""
+    boom, add, note = task(app, "boom"), task(app, "add"), task(app, "note")
+    older = boom.enqueue(1)
+    run_due(app)  # it dies
+    graph = workflow_graph({
+        "n": add.with_options(queue="later").s(1, 1),  # never runs here
+        "t": note.with_options(queue="side", depends_on=[older], on_failure="continue")
+        .s("x").after("n", on_failure="continue"),
+    })
+    steps = create_flow(app, graph, "B2")
+    held = app.run_steps(until_call(steps, "flow_commit"))  # stalled before its commit
+    assert held is not None
+    app.relay("default")  # older's death reaches t: released early, held while staged
+    assert app.get_run("B2:t").state == "waiting"
+    app.run_steps(resume(steps, held))
+    run_due(app, ["side"])
+    assert app.get_run("B2:t").result == "noted"
+
+
+@pytest.mark.parametrize("bound", [1 << 20, 40], ids=["released", "past-the-bound"])
+def test_a_staged_step_whose_dependencies_finished_is_released_by_the_commit_with_results(
+    redis_client: Any, bound: int
+) -> None:
+    jq = JobQueue(redis_client, settings=Settings(max_results_bytes=bound))
+
+    @jq.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @jq.task
+    def text(n: int) -> str:
+        return "y" * n
+
+    @jq.task(queue="side")
+    def total(xs: list[str]) -> int:
+        return sum(map(len, xs))
+
+    older = text.enqueue(100)
+    run_due(jq)
+    graph = workflow_graph({"x": add.s(1, 1),
+                            "t": total.receiving().with_options(depends_on=[older])})
+    steps = create_flow(jq, graph, "S")
+    held = jq.run_steps(until_call(steps, "flow_commit"))
+    assert held is not None
+    jq.relay("default")  # older (finished) is delivered to t, staged: held
+    assert jq.get_run("S:t").state == "waiting"
+    jq.run_steps(resume(steps, held))
+    t = jq.get_run("S:t")
+    if bound == 40:
+        assert t.state == "dead" and "past the bound of 40" in (t.error or "")
+    else:
+        run_due(jq, ["side"])
+        assert jq.get_run("S:t").result == 100
+
+
+def test_a_staged_run_that_died_before_the_roll_back_leaves_no_index_entry(
+    app: JobQueue, redis_client: Any
+) -> None:
+    boom, total = task(app, "boom"), task(app, "total")
+    older = boom.enqueue(1)
+    graph = workflow_graph({"x": task(app, "add").s(1, 1),
+                            "t": total.with_options(queue="side", depends_on=[older]).s([1])})
+    steps = create_flow(app, graph, "D")
+    assert app.run_steps(until_call(steps, "flow_commit")) is not None
+    run_due(app, ["default"])  # older dies: t (staged) dies of it, into the dead index
+    app.relay("default")
+    assert app.get_run("D:t").state == "dead"
+    for queue, run_id in (("side", "D:t"), ("default", "D:x")):
+        app.run_steps(settle_staged_steps(app, app.keys_for(queue, run_id), 0))
+    assert flow_keys(redis_client, "D") == []
+
+
+def test_a_staged_run_does_not_requeue(app: JobQueue, redis_client: Any) -> None:
+    add = task(app, "add")
+    steps = create_flow(app, group_graph([add.s(1, 1), add.with_options(queue="side").s(2, 2)]),
+                        "R")
+    assert app.run_steps(until_call(steps, "flow_commit")) is not None
+    app.cancel("R:1", "side")
+    with pytest.raises(OperationRefused, match="workflow step"):
+        app.requeue("R:1", "side")
+    assert run_due(app, ["side"]).claimed == 0
+
+
+def test_the_staged_runs_audit_goes_round_its_index_past_an_attempt_it_cannot_undo(
+    app: JobQueue, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    add = task(app, "add")
+    side = add.with_options(queue="side")
+    bad = create_flow(app, group_graph([add.s(0, 0), *(side.s(i, i) for i in range(
+        STAGED_RUNS))]), "X")  # the oldest entries of side's staged index, all X's
+    assert app.run_steps(until_call(bad, "flow_commit")) is not None
+    time.sleep(0.002)
+    good = create_flow(app, group_graph([add.s(1, 1), side.s(2, 2)]), "Y")
+    assert app.run_steps(until_call(good, "flow_commit")) is not None
+    redis_client.set(app.keys_for("side", "X:1").history("X:1"), "foreign")
+    keys = app.keys_for("side", "X:1")
+    start, *_ = app.run_steps(settle_staged_steps(app, keys, 0))
+    assert start == STAGED_RUNS and "settling workflow X" in caplog.text  # passed over
+    app.run_steps(settle_staged_steps(app, keys, 0, start))
+    assert flow_keys(redis_client, "Y") == []  # Y rolled back all the same
+
+
+def test_a_dead_waiting_runs_cancel_order_keeps_it_from_the_purge(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """Its order '!<run_id>' is carried out by the relay, which reads its record."""
+    boom, add, total = task(app, "boom"), task(app, "add"), task(app, "total")
+    later = add.with_options(queue="later")
+    flow = app.chord([boom.s(1), later.s(2, 2)], total.receiving(), flow_id="P2")
+    keys = app.keys_for("default", flow.runs[0].run_id)
+    fence = claim(app, keys)
+    app.scripts.run(FAIL.call(keys, flow.runs[0].run_id, fence, "boom", None, 60_000))
+    app.relay("default")  # the callback dies: its order waits in its outbox ...
+    last = app.keys_for("default", flow.last.run_id)
+    redis_client.zadd(last.outbox, {"!" + flow.last.run_id: 1})  # (... not carried out yet)
+    assert PURGE.parse(app.scripts.run(PURGE.call(last, [flow.last.run_id]))) == (0, 1)
+
+
+def test_flow_create_refuses_a_waiting_step_whose_run_id_exists_outside_the_workflow(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """The check the client makes before writing, made again by the script itself (a run
+    created in between)."""
+    add = task(app, "add")
+    add.with_options(run_id="taken").enqueue(1, 1)
+    keys = app.keys_for("default", "taken")
+    before = data(redis_client)
+    node = NodeSpec("taken", "add", "{}", flow="W", deps=[Edge("x", "default")])
+    with pytest.raises(ScriptError, match="exists outside the workflow"):
+        app.scripts.run(FLOW_CREATE.call(keys, [node]))
+    assert data(redis_client) == before
+
+
 # -- idempotent creation and bad input ---------------------------------------------------------
 
 
@@ -843,6 +1091,8 @@ def test_a_workflow_created_again_after_its_records_expired_runs_anew(
     assert first.result(timeout=5) == 6
     for run in first.runs:  # their retention ran out
         redis_client.delete(app.keys_for("default", run.run_id).run(run.run_id))
+    # ... and the record of its commit's, which outlives them (else it is created before)
+    redis_client.delete(app.keys_for("default", first.runs[0].run_id).flowmark("nightly"))
     again = app.chain(add.s(1, 2), double.receiving(), flow_id="nightly")
     assert again.created
     run_due(app)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,7 @@ from jobqueue.errors import (
     FlowFinished,
     JobQueueError,
     RunNotFound,
+    ScriptError,
 )
 from jobqueue.models import DependencyState
 from jobqueue.payload import args_tail, encode_payload
@@ -56,8 +57,9 @@ from jobqueue.store.flows import (
     FLOW_CREATE,
     Edge,
     NodeSpec,
-    home_text,
     parse_dep_spec,
+    parse_mark,
+    stage_mark,
 )
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys, validate_run_id
@@ -135,10 +137,8 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
         ]
         planned.append(Planned(queue, core.keys_for(queue, spec.run_id), spec))
 
-    found = yield from _found(core, planned)
-    if any(f.flow == fid and not f.staged for f in found.values()):
-        # Created before (committed): nothing is written, not even to the runs it waits on.
-        return CreatedFlow(fid, [(p.spec.run_id, p.queue, False) for p in planned])
+    found, marks = yield from _found(core, planned, fid)
+    before = CreatedFlow(fid, [(p.spec.run_id, p.queue, False) for p in planned])
     for p in planned:
         f = found.get(p.spec.run_id)
         if f is not None and f.flow != fid and p.spec.deps:
@@ -151,27 +151,56 @@ def create_flow(core: ClientCore, graph: Graph, flow_id: str | None) -> Steps[Cr
     shared = {p.spec.run_id for p in planned
               if p.spec.run_id in found and found[p.spec.run_id].flow != fid}
     new = [p for p in planned if p.spec.run_id not in shared]
-    created: dict[str, bool] = {p.spec.run_id: False for p in planned}
-    staged_before = any(f.flow == fid for f in found.values())
-    if not externals and not shared and not staged_before and len({p.keys for p in new}) == 1:
-        yield from _create(core, new, created)  # one call: all or nothing
-    elif new:
-        yield from _create_staged(core, fid, new, externals, parents, created)
-    else:  # every step existed before, outside it: they only learn of each other
-        yield from _attach(core, externals, parents)
-    # A step whose run id existed already (shared with another workflow, or created before)
-    # was left as it was: it is told of its new waiting runs as an older run is.
+    home_keys = new[0].keys if new else None
+    if (home_keys is not None and marks.get(home_keys)) or any(
+        f.flow == fid and not f.staged for f in found.values()
+    ):
+        # Created before (its commit recorded, or a run of it not staged): nothing is
+        # written, not even to the runs it waits on, whatever expired since.
+        return before
+    # Runs staged by an earlier attempt whose creator died (or that another is making now):
+    # undone first, home first (refused when that attempt did commit: then it exists).
+    for old in dict.fromkeys(f.staged for f in found.values() if f.flow == fid and f.staged):
+        if not (yield from _abort_attempt(core, fid, old, {p.keys for p in planned})):
+            return before
     existed = {
         (p.spec.run_id, p.queue): parents.get(i, [])
         for i, p in enumerate(planned)
         if p.spec.run_id in shared
     }
-    yield from _attach(core, list(existed), existed)
+    created: dict[str, bool] = {p.spec.run_id: False for p in planned}
+    nonce = os.urandom(6).hex()
+    try:
+        if not externals and not shared and len({p.keys for p in new}) == 1:
+            mark = (_mark_ttl_ms(core), nonce, fid)
+            yield from _create(core, new, created, mark=mark)  # one call: all or nothing
+        elif new:
+            if not (yield from _create_staged(core, fid, new, externals, parents, existed,
+                                              created, nonce)):
+                return before
+        else:  # every step existed before, outside it: they only learn of each other
+            yield from _attach(core, externals, parents)
+            yield from _attach(core, list(existed), existed)
+    except ScriptError as exc:
+        if "exists outside the workflow" in str(exc) or "staged by another attempt" in str(exc):
+            raise FlowConflict(
+                f"workflow {fid!r}: {str(exc).split('flow_create: ', 1)[-1]}"
+            ) from None
+        raise
     # An older run that had finished went back to its outbox: relayed now, not at the next
     # sweep (its queue may have no worker).
     for keys in dict.fromkeys(core.keys_for(q, r) for r, q in [*externals, *existed]):
         yield from relay_cascade_steps(core, keys)
     return CreatedFlow(fid, [(p.spec.run_id, p.queue, created[p.spec.run_id]) for p in planned])
+
+
+def _mark_ttl_ms(core: ClientCore) -> int:
+    """How long a workflow's commit is recorded: longer than any of its records lives (a
+    record kept by the outbox included), and than its staged runs wait for the audit."""
+    s = core.settings
+    return max(s.done_retention_ms, s.dead_retention_ms) + round(
+        2 * s.flow_stage_timeout_s * 1000 + 2 * s.flow_audit_s * 1000
+    )
 
 
 @dataclass(frozen=True)
@@ -183,13 +212,18 @@ class Found:
     state: str
 
 
-def _found(core: ClientCore, planned: Sequence[Planned]) -> Steps[dict[str, Found]]:
-    """The steps whose run ids exist already, read in one round trip."""
+def _found(
+    core: ClientCore, planned: Sequence[Planned], fid: str
+) -> Steps[tuple[dict[str, Found], dict[PartitionKeys, str]]]:
+    """The steps whose run ids exist already, and the workflow's commit as recorded in each
+    of its partitions (only its home's counts), read in one round trip."""
+    partitions = list(dict.fromkeys(p.keys for p in planned))
     replies = yield commands(
-        *(cmd("hmget", p.keys.run(p.spec.run_id), "flow", "staged", "state") for p in planned)
+        *(cmd("hmget", p.keys.run(p.spec.run_id), "flow", "staged", "state") for p in planned),
+        *(cmd("get", k.flowmark(fid)) for k in partitions),
     )
     out = {}
-    for p, reply in zip(planned, replies, strict=True):
+    for p, reply in zip(planned, replies, strict=False):
         if is_wrong_type(reply):
             raise CorruptData(
                 f"run {p.spec.run_id!r} in queue {p.queue!r} is not a run record: the step "
@@ -200,7 +234,15 @@ def _found(core: ClientCore, planned: Sequence[Planned]) -> Steps[dict[str, Foun
         flow, staged, state = reply
         if flow is not None or staged is not None or state is not None:
             out[p.spec.run_id] = Found(flow or "", staged or "", state or "")
-    return out
+    marks: dict[PartitionKeys, str] = {}
+    for keys, reply in zip(partitions, replies[len(planned):], strict=True):
+        if is_wrong_type(reply):
+            raise CorruptData(f"{keys.flowmark(fid)} holds foreign data; nothing was written")
+        if isinstance(reply, Exception):
+            raise reply
+        if reply:
+            marks[keys] = str(reply)
+    return out, marks
 
 
 def _create_staged(
@@ -209,57 +251,89 @@ def _create_staged(
     new: Sequence[Planned],
     externals: Sequence[tuple[str, str]],
     parents: Mapping[Any, list[list[str]]],
+    existed: Mapping[tuple[str, str], list[list[str]]],
     created: dict[str, bool],
-) -> Steps[None]:
+    nonce: str,
+) -> Steps[bool]:
     """A workflow over several partitions (or waiting on older runs): every run written
-    staged (none can run), the older runs told, then the commit, one write in the home's
-    partition (the first new step's), then the release of its other partitions. A failure
-    before the commit undoes what was written; a process that dies before it leaves staged
-    runs that the workers' audit rolls back (or, committed, releases)."""
+    staged by this attempt (none can run), the older and shared runs told, then the commit,
+    one write in the home's partition (the first new step's), then the release of its other
+    partitions. A failure before the commit undoes what this attempt wrote; a process that
+    dies before it leaves staged runs that the workers' audit rolls back (or, committed,
+    releases). False when another attempt committed the workflow first (this one's runs are
+    undone: it exists)."""
     home = new[0]
-    staged = home_text(home.queue, home.spec.run_id)
+    staged = stage_mark(home.queue, home.spec.run_id, nonce)
     s = core.settings
+    ttl = _mark_ttl_ms(core)
     try:
         yield from _create(core, new, created, staged=staged)
         yield from _attach(core, externals, parents)
-        (committed,) = yield Scripts([FLOW_COMMIT.call(
-            home.keys, fid, staged, home.spec.run_id, s.dead_retention_ms, s.max_results_bytes
-        )])
-        if FLOW_COMMIT.parse(committed) is None:
+        yield from _attach(core, list(existed), existed)
+        (reply,) = yield from core._run_calls([FLOW_COMMIT.call(
+            home.keys, fid, staged, home.spec.run_id, s.dead_retention_ms,
+            s.max_results_bytes, ttl,
+        )], [home.spec.run_id])
+        outcome = FLOW_COMMIT.parse(reply)
+        if outcome.refused == "other":
+            yield from _abort_attempt(core, fid, staged, {p.keys for p in new})
+            for p in new:
+                created[p.spec.run_id] = False
+            return False
+        if not outcome.committed:
             raise FlowAborted(
-                f"workflow {fid!r} was rolled back before its commit (its creation took longer "
-                f"than flow_stage_timeout_s, {s.flow_stage_timeout_s:g} s): nothing of it is "
-                "left; create it again"
+                f"workflow {fid!r} was rolled back before its commit (by a worker's audit, "
+                f"its creation taking longer than flow_stage_timeout_s, "
+                f"{s.flow_stage_timeout_s:g} s, or by another creation of it): nothing of "
+                "this attempt is left; create it again"
             )
     except Exception:  # (not GeneratorExit: a process that stops here leaves it to the audit)
-        yield from _abort(core, fid, staged, home, new)
+        yield from _abort_attempt(core, fid, staged, {p.keys for p in new}, quiet=True)
         raise
     others = [k for k in dict.fromkeys(p.keys for p in new) if k != home.keys]
     if others:
         try:
-            yield Scripts([FLOW_COMMIT.call(k, fid, staged, "", s.dead_retention_ms,
-                                            s.max_results_bytes) for k in others])
-        except JobQueueError as exc:  # committed: the audit releases them (flows_stage)
+            yield from core._run_calls(
+                [FLOW_COMMIT.call(k, fid, staged, "", s.dead_retention_ms, s.max_results_bytes,
+                                  ttl) for k in others],
+                [p.spec.run_id for p in new if p.keys != home.keys],
+            )
+        except JobQueueError as exc:  # committed: the workers' audit releases them
             log.warning("workflow %s is committed, but releasing its runs in %d partitions "
                         "failed for now (%s): the workers' audit releases them", fid,
                         len(others), exc)
+    return True
 
 
-def _abort(
-    core: ClientCore, fid: str, staged: str, home: Planned, new: Sequence[Planned]
-) -> Steps[None]:
-    """Undo a staged creation, home first (where the abort is decided); best effort: what
-    this cannot undo, the workers' audit does."""
+def _abort_attempt(
+    core: ClientCore,
+    fid: str,
+    staged: str,
+    partitions: Iterable[PartitionKeys],
+    quiet: bool = False,
+) -> Steps[bool]:
+    """Undo an attempt to create ``fid`` (its mark ``staged``): at its home first, where the
+    abort is decided, then in ``partitions``. False when that attempt committed (nothing is
+    undone: the workflow exists). ``quiet``: a failure is logged (the workers' audit undoes
+    what this could not), not raised."""
+    mark = parse_mark(staged)
+    if mark is None:
+        raise CorruptData(f"a run of workflow {fid!r} is staged with {staged!r}, a mark "
+                          "jobqueue did not write; nothing was written")
+    home_keys = core.keys_for(mark[0], mark[1])
     try:
-        (reply,) = yield Scripts([FLOW_ABORT.call(home.keys, fid, staged, home.spec.run_id)])
+        (reply,) = yield Scripts([FLOW_ABORT.call(home_keys, fid, staged, mark[1])])
         if FLOW_ABORT.parse(reply) is None:
-            return  # committed after all (the commit's reply was lost): nothing to undo
-        others = [k for k in dict.fromkeys(p.keys for p in new) if k != home.keys]
+            return False
+        others = [k for k in dict.fromkeys(partitions) if k != home_keys]
         if others:
             yield Scripts([FLOW_ABORT.call(k, fid, staged, "") for k in others])
     except Exception as exc:
-        log.warning("undoing workflow %s failed (%s): the workers' audit rolls it back", fid,
-                    exc)
+        if not quiet:
+            raise
+        log.warning("undoing an attempt to create workflow %s failed (%s): the workers' audit "
+                    "rolls it back", fid, exc)
+    return True
 
 
 def _resolve_refs(core: ClientCore, graph: Graph) -> Steps[None]:
@@ -309,7 +383,9 @@ def store_of(client: object) -> tuple[object, str] | None:
         except ValueError:
             kwargs = None
     if isinstance(kwargs, dict):
-        where = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"),
+        host = kwargs.get("host")
+        host = "127.0.0.1" if host in ("localhost", "::1", "127.0.0.1") else host  # (loopback)
+        where = (host, kwargs.get("port"), kwargs.get("path"),
                  int(kwargs.get("db") or 0), id(kwargs.get("server")))
         shown = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
         return where, f"{shown} db {int(kwargs.get('db') or 0)}"
@@ -474,6 +550,7 @@ def _create(
     created: dict[str, bool],
     flow_at: int | None = None,
     staged: str = "",
+    mark: tuple[int, str, str] | None = None,
 ) -> Steps[None]:
 
     by_partition: dict[PartitionKeys, list[Planned]] = {}
@@ -481,7 +558,8 @@ def _create(
         by_partition.setdefault(p.keys, []).append(p)
     if not by_partition:
         return
-    calls = [FLOW_CREATE.call(keys, [p.spec for p in ps], flow_at=flow_at, staged=staged)
+    calls = [FLOW_CREATE.call(keys, [p.spec for p in ps], flow_at=flow_at, staged=staged,
+                              mark=mark)
              for keys, ps in by_partition.items()]
     replies = yield from core._run_calls(calls, [p.spec.run_id for p in planned])
     for ps, reply in zip(by_partition.values(), replies, strict=True):

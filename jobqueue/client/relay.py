@@ -32,9 +32,9 @@ from jobqueue.store.flows import (
     Delivery,
     DepSpec,
     parse_dep_spec,
-    parse_home,
+    parse_mark,
 )
-from jobqueue.store.io import DurableScripts, Scripts, Steps, cmd, commands
+from jobqueue.store.io import DurableScripts, Scripts, Steps, cmd, commands, raised
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CANCEL
 from jobqueue.store.scripts import Call
@@ -414,55 +414,86 @@ STAGED_RUNS = 200  # waiting runs looked at per partition and audit for a lost c
 
 
 def settle_staged_steps(
-    core: ClientCore, keys: PartitionKeys, min_age_ms: int
-) -> Steps[tuple[int, int]]:
-    """Workflows written staged in ``keys`` at least ``min_age_ms`` ago whose creating
-    process never finished them (see flow_commit.lua): released when their home run was
-    committed, rolled back (flow_abort.lua, home first) otherwise. Looks at the oldest
-    STAGED_RUNS waiting runs. Returns (workflows released, workflows rolled back) here."""
+    core: ClientCore, keys: PartitionKeys, min_age_ms: int, start: int = 0
+) -> Steps[tuple[int, int, int]]:
+    """Attempts to create a workflow written staged in ``keys`` at least ``min_age_ms`` ago
+    whose creating process never finished them (see flow_commit.lua): released when their
+    home records their commit, rolled back (flow_abort.lua, home first) otherwise. Looks at
+    STAGED_RUNS entries of the staged index from rank ``start`` (the caller goes round it). Returns
+    (the next rank, attempts released, attempts rolled back) here; one attempt's trouble
+    (foreign data) is logged and the others go on."""
     (now_pair,) = yield commands(cmd("time"))  # alone: a cluster pipeline refuses TIME
     (entries,) = yield commands(
-        cmd("zrangebyscore", keys.waiting, "-inf", "+inf", start=0, num=STAGED_RUNS,
-            withscores=True)
+        cmd("zrange", keys.staged, start, start + STAGED_RUNS - 1, withscores=True)
     )
     if isinstance(entries, Exception) or isinstance(now_pair, Exception):
-        return 0, 0
+        return 0, 0, 0
     now = int(now_pair[0]) * 1000 + int(now_pair[1]) // 1000
+    following = start + len(entries) if len(entries) == STAGED_RUNS else 0
     old = [m for m, score in entries if score <= now - min_age_ms]
     if not old:
-        return 0, 0
+        return following, 0, 0
     replies = yield commands(*(cmd("hmget", keys.run(rid), "flow", "staged") for rid in old))
-    flows = dict.fromkeys(
+    attempts = dict.fromkeys(
         (reply[0], reply[1]) for reply in replies
         if isinstance(reply, list) and reply[0] and reply[1]
     )
+    # An entry whose record is gone or no longer staged (expired after it died, say): it
+    # has nothing left to settle.
+    stray = [rid for rid, reply in zip(old, replies, strict=True)
+             if isinstance(reply, list) and not reply[1]]
+    if stray:
+        yield commands(cmd("zrem", keys.staged, *stray))
     released = rolled_back = 0
+    for fid, staged in attempts:
+        try:
+            done = yield from _settle_attempt(core, keys, fid, staged)
+        except ConnectionFailed:
+            raise
+        except JobQueueError as exc:
+            log.error("settling workflow %s in %s failed: %s", fid, keys.tag, exc)
+            continue
+        released += done == "released"
+        rolled_back += done == "rolled back"
+    return following, released, rolled_back
+
+
+def _settle_attempt(core: ClientCore, keys: PartitionKeys, fid: str, staged: str) -> Steps[str]:
+    mark = parse_mark(staged)
+    if mark is None:
+        log.error("waiting runs of %s name a workflow attempt jobqueue did not write: %r",
+                  keys.tag, staged)
+        return ""
+    home_keys = yield from _partition(core, mark[0], mark[1], f"of workflow {fid}")
+    if home_keys is None:
+        return ""
     s = core.settings
-    for fid, staged in flows:
-        home = parse_home(staged)
-        if home is None:
-            log.error("waiting runs of %s name a workflow home jobqueue did not write: %r",
-                      keys.tag, staged)
-            continue
-        home_keys = yield from _partition(core, home[0], home[1], f"of workflow {fid}")
-        if home_keys is None:
-            continue
-        aborted = FLOW_ABORT.parse((yield Scripts([
-            FLOW_ABORT.call(home_keys, fid, staged, home[1])
-        ]))[0])
-        if aborted is None:  # committed: the creating process died before the release
-            yield Scripts([FLOW_COMMIT.call(keys, fid, staged, "", s.dead_retention_ms,
-                                            s.max_results_bytes)])
-            log.warning("released workflow %s in %s: its creator died after the commit",
-                        fid, keys.tag)
-            released += 1
-        else:
-            if home_keys != keys:
-                yield Scripts([FLOW_ABORT.call(keys, fid, staged, "")])
-            log.warning("rolled back workflow %s in %s: its creator died before the commit "
-                        "(nothing of it ran)", fid, keys.tag)
-            rolled_back += 1
-    return released, rolled_back
+    ttl = max(s.done_retention_ms, s.dead_retention_ms)  # (the commit's record is kept)
+
+    def commit_here() -> Steps[str]:
+        yield Scripts([FLOW_COMMIT.call(keys, fid, staged, "", s.dead_retention_ms,
+                                        s.max_results_bytes, ttl)])
+        log.warning("released workflow %s in %s: its creator died after the commit", fid,
+                    keys.tag)
+        return "released"
+
+    def abort_here() -> Steps[str]:
+        if home_keys != keys:
+            yield Scripts([FLOW_ABORT.call(keys, fid, staged, "")])
+        log.warning("rolled back an attempt to create workflow %s in %s: its creator died "
+                    "before the commit, or another attempt made it (nothing of it ran)", fid,
+                    keys.tag)
+        return "rolled back"
+
+    (recorded,) = raised((yield commands(cmd("get", home_keys.flowmark(fid)))))
+    if recorded == mark[2]:
+        return (yield from commit_here())
+    if recorded:  # another attempt committed the workflow: this one's runs go
+        return (yield from abort_here())
+    (reply,) = yield Scripts([FLOW_ABORT.call(home_keys, fid, staged, mark[1])])
+    if FLOW_ABORT.parse(reply) is None:  # it committed meanwhile
+        return (yield from commit_here())
+    return (yield from abort_here())
 
 
 def _states(

@@ -74,10 +74,12 @@ def _flow_create(
     now: NowArg = None,
     flow_at: int | None = None,
     staged: str = "",
+    mark: tuple[int, str, str] | None = None,
 ) -> Wire:
     """``flow_at``: the flow's creation time for its flows index entry (None: now);
-    ``staged``: the workflow's home (``home_text``) to write every run staged (see
-    flow_commit.lua), '' to make them ready at once."""
+    ``staged``: this attempt's mark (``stage_mark``) to write every run staged (see
+    flow_commit.lua), '' to make them ready at once; ``mark``: (ttl_ms, nonce, flow_id) to
+    record the commit of a creation made whole in this call."""
     tail: list[str | int] = []
     for n in nodes:
         tail += [
@@ -88,7 +90,8 @@ def _flow_create(
         for e in n.deps:
             tail += [e.run_id, e.policy, e.queue]
     return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix,
-                     "flow_at": "" if flow_at is None else int(flow_at), "staged": staged},
+                     "flow_at": "" if flow_at is None else int(flow_at), "staged": staged,
+                     "mark": "" if mark is None else f"{int(mark[0])} {mark[1]} {mark[2]}"},
                 tail)
 
 
@@ -98,8 +101,8 @@ def _parse_created(reply: Sequence[Any]) -> list[bool]:
 
 FLOW_CREATE = Contract(
     "flow_create",
-    keys=("due", "waiting", "wake", "stats", "seq", "flows"),
-    args=("now", "prefix", "flow_at", "staged"),
+    keys=("due", "waiting", "wake", "stats", "seq", "flows", "staged"),
+    args=("now", "prefix", "flow_at", "staged", "mark"),
     tail="nodes",
     build=_flow_create,
     parse=_parse_created,
@@ -257,18 +260,21 @@ RELAYED = Contract(
     parse=int,
 )
 
-def home_text(queue: str, run_id: str) -> str:
-    """A workflow's home as its staged runs' 'staged' field holds it (flow_create.lua)."""
-    return json.dumps([queue, run_id], separators=(",", ":"), ensure_ascii=False)
+def stage_mark(queue: str, run_id: str, nonce: str) -> str:
+    """An attempt's mark, as its staged runs' 'staged' field holds it (flow_create.lua): the
+    workflow's home run, and the attempt's nonce (letters and digits)."""
+    return json.dumps([queue, run_id, nonce], separators=(",", ":"), ensure_ascii=False)
 
 
-def parse_home(text: object) -> tuple[str, str] | None:
-    """(queue, run id) of a 'staged' field jobqueue wrote, else None."""
+def parse_mark(text: object) -> tuple[str, str, str] | None:
+    """(home queue, home run id, nonce) of a 'staged' field jobqueue wrote, else None."""
     try:
-        queue, run_id = json.loads(str(text))
+        queue, run_id, nonce = json.loads(str(text))
     except (TypeError, ValueError):
         return None
-    return (queue, run_id) if isinstance(queue, str) and isinstance(run_id, str) else None
+    if all(isinstance(x, str) for x in (queue, run_id, nonce)) and nonce.isalnum():
+        return queue, run_id, nonce
+    return None
 
 
 def _flow_commit(
@@ -278,23 +284,36 @@ def _flow_commit(
     home_run: str,
     dead_retention_ms: int,
     max_bytes: int,
+    mark_ttl_ms: int,
     now: NowArg = None,
 ) -> Wire:
     """``home_run``: the home run's id in its own partition (the commit), else ''."""
     return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "flow_id": flow_id,
                      "staged": staged, "home_run": home_run,
-                     "dead_retention_ms": dead_retention_ms, "max_bytes": max_bytes})
+                     "dead_retention_ms": dead_retention_ms, "max_bytes": max_bytes,
+                     "mark_ttl_ms": mark_ttl_ms})
 
 
-def _parse_committed(reply: Sequence[Any]) -> int | None:
-    """The runs released, or None: aborted (in the home's partition)."""
-    return int(reply[1]) if int(reply[0]) == 1 else None
+class FlowCommit(NamedTuple):
+    """flow_commit's answer: committed (with the runs released), or refused: 'aborted' (this
+    attempt was undone) or 'other' (another attempt committed the workflow)."""
+
+    committed: bool
+    released: int = 0
+    refused: str = ""
+
+
+def _parse_committed(reply: Sequence[Any]) -> FlowCommit:
+    if int(reply[0]) == 1:
+        return FlowCommit(True, int(reply[1]))
+    return FlowCommit(False, refused=str(reply[1]))
 
 
 FLOW_COMMIT = Contract(
     "flow_commit",
-    keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox"),
-    args=("now", "prefix", "flow_id", "staged", "home_run", "dead_retention_ms", "max_bytes"),
+    keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox", "staged"),
+    args=("now", "prefix", "flow_id", "staged", "home_run", "dead_retention_ms", "max_bytes",
+          "mark_ttl_ms"),
     build=_flow_commit,
     parse=_parse_committed,
 )
@@ -314,7 +333,7 @@ def _parse_aborted(reply: Sequence[Any]) -> int | None:
 
 FLOW_ABORT = Contract(
     "flow_abort",
-    keys=("waiting", "flows", "dead", "done", "outbox"),
+    keys=("waiting", "flows", "dead", "done", "outbox", "staged"),
     args=("now", "prefix", "flow_id", "staged", "home_run"),
     build=_flow_abort,
     parse=_parse_aborted,

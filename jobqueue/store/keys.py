@@ -38,6 +38,12 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
                                    workflows and batches with runs in the partition
     jq:{q#p}:flow:<flow_id> set    the run ids of that flow in the partition (flow_create;
                                    flow_tidy.lua forgets both once every record expired)
+    jq:{q#p}:staged         zset   run_id -> creation time: the runs written staged by an
+                                   attempt to create a workflow not committed yet (the
+                                   workers' audit settles those whose creator died)
+    jq:{q#p}:flowmark:<flow_id> string  the commit of a flow whose home run is here: the
+                                   nonce of the attempt that created it (flow_commit.lua),
+                                   kept longer than its records
     jq:{q#p}:flows_tidy     hash   flow_tidy.lua's place: '' -> where it goes on (a rank in
                                    flows), flow_id -> a run of it found alive
     jq:{q#p}:events         stream what happened to the partition's runs, an entry per transition
@@ -408,6 +414,16 @@ class PartitionKeys:
     def flow(self, flow_id: str) -> str:
         """The run ids of a flow in this partition (a set)."""
         return self.prefix + "flow:" + flow_id
+
+    @cached_property
+    def staged(self) -> str:
+        """The runs written staged, not committed or undone yet (flow_create.lua)."""
+        return self.prefix + "staged"
+
+    def flowmark(self, flow_id: str) -> str:
+        """The commit of a flow whose home run is here: the nonce of the attempt that
+        created it (flow_commit.lua, flow_create.lua), for longer than its records live."""
+        return self.prefix + "flowmark:" + flow_id
 
     def deps(self, run_id: str) -> str:
         """A waiting run's dependencies: run_id -> '<index>|<policy>|<queue>'."""

@@ -164,6 +164,7 @@ class Committer:
         self._next_audit = 0.0
         self._carry = CommitRelay(jq)
         self._audit_from: dict[PartitionKeys, int] = {}
+        self._staged_from: dict[PartitionKeys, int] = {}  # (the staged runs' audit, as above)
 
     def set_partitions(self, partitions: list[PartitionKeys]) -> None:
         """The partitions the worker serves: their outboxes are relayed every RELAY_SWEEP_S
@@ -295,7 +296,10 @@ class Committer:
                 log.warning("auditing the waiting runs of %s failed for now: %s", keys.tag, exc)
             try:  # workflows whose creator died between their staging and their release
                 stage_ms = round(self._jq.settings.flow_stage_timeout_s * 1000)
-                self._jq.run_steps(settle_staged_steps(self._jq, keys, stage_ms))
+                start = self._staged_from.get(keys, 0)
+                self._staged_from[keys] = self._jq.run_steps(
+                    settle_staged_steps(self._jq, keys, stage_ms, start)
+                )[0]
             except Exception as exc:
                 log.warning("settling the staged workflows of %s failed for now: %s",
                             keys.tag, exc)
