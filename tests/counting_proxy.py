@@ -13,6 +13,7 @@ runs."""
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import threading
 from pathlib import Path
@@ -40,6 +41,11 @@ class CountingProxy:
         the client spelled it, e.g. b'INCR', b'EVALSHA')."""
         with self._lock:
             return self._sent.count(b"\r\n" + command + b"\r\n")
+
+    def commands_sent(self) -> int:
+        """How many commands clients sent (RESP arrays: pipelined ones each count)."""
+        with self._lock:
+            return len(re.findall(rb"(?:^|\r\n)\*[0-9]+\r\n\$", bytes(self._sent)))
 
     def hold_replies(self) -> None:
         """From now on, what the server sends on the connections open now waits in the proxy

@@ -216,3 +216,28 @@ def test_queue_chart_renders(jq: JobQueue, page: Page, base_url: str) -> None:
     bars = sum(1 for p in pixels if all(abs(a - b) <= 8 for a, b in zip(p, BAR_RGB, strict=True)))
     assert background > len(pixels) // 2  # a white chart area, not a blank or black box
     assert bars > 300, f"only {bars} bar-coloured pixels: the bars did not render"
+
+
+def test_a_page_shows_a_new_run_without_being_reloaded(
+    jq: JobQueue, page: Page, base_url: str
+) -> None:
+    """Live: the runs page follows the event log (static/live.js) and reads itself again."""
+    page.goto(f"{base_url}/runs")
+    page.locator("#live").wait_for(state="visible")  # its stream is open
+    page.evaluate("window.notReloaded = true")
+    rid = run_id("live")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=rid), 7)
+    page.locator("#runs tr", has_text=rid).wait_for()
+    assert page.evaluate("window.notReloaded") is True  # the same page: no reload
+
+
+def test_the_events_page_adds_each_event_as_it_comes(
+    jq: JobQueue, page: Page, base_url: str
+) -> None:
+    page.goto(f"{base_url}/events")
+    page.locator("#live").wait_for(state="visible")
+    rid = run_id("evt")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=rid), 1)
+    jq.cancel(rid)
+    page.locator("#events tr", has_text="cancelled").filter(has_text=rid).wait_for()
+    assert page.locator("#events tbody tr").first.inner_text().split("\t")[2] == "cancelled"

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -169,6 +170,14 @@ def cli(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def cli_json(*args: str) -> Any:
+    """What a command printed to stdout, as JSON (a worker running in the test may log to
+    stderr meanwhile)."""
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
 def test_tls_server_refuses_plain_text_and_the_acl_user_is_confined(tls_server: TlsServer) -> None:
     """The setup the next tests rely on: TLS is required, and the user can do nothing else."""
     no_retry = Retry(NoBackoff(), 0)
@@ -219,10 +228,8 @@ def test_enqueue_worker_result_and_cli_over_tls_with_a_confined_acl_user(
             assert time.monotonic() < deadline, "the held run never started"
             time.sleep(0.02)
         outputs = []
-        code, out = cli("--redis-url", url, "leases", "--json")
-        outputs.append(out)
-        assert code == 0, out
-        assert [lease["run_id"] for lease in json.loads(out)] == ["held"]
+        leases = cli_json("--redis-url", url, "leases", "--json")
+        assert [lease["run_id"] for lease in leases] == ["held"]
         for args in (("show", "held"), ("runs",), ("stats",), ("workers",), ("dead", "list")):
             code, out = cli("--redis-url", url, *args)
             outputs.append(out)
@@ -314,9 +321,7 @@ def test_a_client_certificate_in_the_url_passes_mutual_tls_for_app_worker_and_cl
             client.resolve_task("add").with_options(run_id="mtls"), 2, 3
         ).wait(timeout=20)
         assert (run.state, run.result) == ("done", 5)
-        code, out = cli("--redis-url", url, "show", "mtls", "--json")
-        assert code == 0, out
-        assert json.loads(out)["result"] == 5
+        assert cli_json("--redis-url", url, "show", "mtls", "--json")["result"] == 5
     finally:
         worker.stop()
         thread.join(15)

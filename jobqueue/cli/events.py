@@ -12,6 +12,7 @@ import click
 
 from jobqueue.cli.common import ms_to_text, one_line, warn_anomalies
 from jobqueue.cli.ops import json_option, pass_state
+from jobqueue.errors import ConfigError
 from jobqueue.store.events import KINDS, Event
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -28,9 +29,7 @@ def since_value(text: str) -> Any:
         try:
             at = datetime.fromisoformat(text.strip())
         except ValueError:
-            raise click.BadParameter(
-                f"{text!r} is not an ISO 8601 time", param_hint="--since"
-            ) from None
+            raise ConfigError(f"--since: {text!r} is not an ISO 8601 time") from None
         return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
     return text
 

@@ -41,7 +41,7 @@ from jobqueue.client.events import (
 )
 from jobqueue.client.flows import create_flow, dependencies_steps
 from jobqueue.client.relay import purge_dead_steps, relay_cascade_steps
-from jobqueue.client.waits import AsyncWaits
+from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, AsyncWaits, retriable
 from jobqueue.context import RunContext
 from jobqueue.errors import JobQueueError
 from jobqueue.handles import DEFAULT_POLL_S, AsyncFlowHandle, timed_out
@@ -373,10 +373,19 @@ class AsyncJobQueue(ClientCore):
                 keys = await self.run_steps(self._wait_keys(run_id, queue))
                 waits = self._wait_hub()
                 watch = await waits.watch(keys, run_id, poll)
+                pause = RETRY_FIRST_S
                 try:
                     while True:
                         watch.woken.clear()
-                        run = await self.run_steps(self._read(keys, run_id))
+                        try:
+                            run = await self.run_steps(self._read(keys, run_id))
+                        except Exception as exc:  # a failover, Redis restarting: read again
+                            if not retriable(exc):
+                                raise
+                            await asyncio.sleep(pause)
+                            pause = min(pause * 2, RETRY_MAX_S)
+                            continue
+                        pause = RETRY_FIRST_S
                         if run is None:
                             raise not_found(run_id, queue)
                         if run.finished:

@@ -36,6 +36,7 @@ from jobqueue.store.events import (
     MIN_MAXLEN,
     CursorError,
     Event,
+    Losses,
     entry_key,
     format_cursor,
     is_entry_id,
@@ -46,7 +47,7 @@ from jobqueue.store.events import (
     stream_name,
 )
 from jobqueue.store.io import Steps, cmd, commands, raised
-from jobqueue.store.keys import PartitionKeys, validate_queue_name
+from jobqueue.store.keys import PartitionKeys, queue_partitions, validate_queue_name
 
 log = logging.getLogger("jobqueue.client")
 
@@ -152,6 +153,7 @@ class Stream:
 
     keys: PartitionKeys
     pos: str  # the last entry id read ('0-0': from the start)
+    losses: Losses = field(default_factory=Losses)
 
     @property
     def name(self) -> str:
@@ -219,8 +221,8 @@ def partitions_steps(core: Any, queues: Sequence[str] | None) -> Steps[list[Part
         validate_queue_name(name)
         if name in table.counts:
             out += table.partitions(name)
-        else:
-            out += core.all_partition_keys(name)
+        else:  # (where its first registration will put it: the spread placement)
+            out += queue_partitions(name, core.partitions_of(name), True)
     return out
 
 
@@ -282,16 +284,17 @@ def read_steps(reader: Reader, block_ms: int | None) -> Steps[list[Event]]:
 def _read_together(
     reader: Reader, block_ms: int | None, streams: Sequence[Stream] | None = None
 ) -> Steps[list[Event]]:
-    """One XREAD of these streams (all of the reader's by default; on a cluster, one)."""
+    """XINFO STREAM of these streams (all of the reader's by default; on a cluster, one),
+    then one XREAD of them, in one round trip."""
     chosen = list(reader.streams if streams is None else streams)
     kwargs: dict[str, Any] = {"count": READ_COUNT}
     if block_ms is not None:
         kwargs["block"] = block_ms
     replies = yield commands(
-        cmd("xread", {s.keys.events: s.pos for s in chosen}, **kwargs),
         *(cmd("xinfo_stream", s.keys.events) for s in chosen),
+        cmd("xread", {s.keys.events: s.pos for s in chosen}, **kwargs),
     )
-    reply, infos = replies[0], replies[1:]
+    infos, reply = replies[:-1], replies[-1]
     return _taken(reader, chosen, _by_key(reply, chosen), infos)
 
 
@@ -301,13 +304,13 @@ def _read_in_turn(reader: Reader, block_ms: int | None) -> Steps[list[Event]]:
     streams = reader.streams
     replies = yield commands(*(
         c for s in streams
-        for c in (cmd("xread", {s.keys.events: s.pos}, count=READ_COUNT),
-                  cmd("xinfo_stream", s.keys.events))
+        for c in (cmd("xinfo_stream", s.keys.events),
+                  cmd("xread", {s.keys.events: s.pos}, count=READ_COUNT))
     ))
     got: dict[str, Any] = {}
     for i, s in enumerate(streams):
-        got.update(_by_key(replies[2 * i], [s]))
-    events = _taken(reader, streams, got, replies[1::2])
+        got.update(_by_key(replies[2 * i + 1], [s]))
+    events = _taken(reader, streams, got, replies[0::2])
     if events or block_ms is None:
         return events
     s = streams[reader.turn % len(streams)]
@@ -329,14 +332,13 @@ def _taken(
     events: list[Event] = []
     for s, info in zip(streams, infos, strict=True):
         start = s.pos
-        events += reader.take(s, got.get(s.keys.events, []))
+        items = got.get(s.keys.events, [])
+        events += reader.take(s, items)
         if isinstance(info, dict):
-            deleted = info.get("max-deleted-entry-id")
-            if isinstance(deleted, str) and entry_key(deleted) > entry_key(start) \
-                    and start != "0-0":
+            if s.losses.check(info, [i for i, _ in items], start, READ_COUNT):
                 reader.gaps += 1
-                log.warning("events of %s before %s were trimmed before they were read",
-                            s.name, deleted)
+                log.warning("events of %s after %s were removed before they were read",
+                            s.name, start)
         elif is_wrong_type(info) and not any(a.key == s.keys.events for a in reader.anomalies):
             reader.anomalies.append(Anomaly(s.keys.events, "not a stream: no event is read"))
     return events
@@ -419,6 +421,7 @@ class EventStream:
     ) -> None:
         self._run, self._start, self._follow = run_steps, start, follow
         self._block_ms = max(1, round(block_s * 1000))
+        self.block_s = self._block_ms / 1000
         self.reader: Reader | None = None
         self._buffer: list[Event] = []
         self._closed = False

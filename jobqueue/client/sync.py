@@ -30,7 +30,7 @@ from jobqueue.client.events import (
 )
 from jobqueue.client.flows import create_flow, dependencies_steps
 from jobqueue.client.relay import purge_dead_steps, relay_until_quiet
-from jobqueue.client.waits import SyncWaits
+from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, SyncWaits, retriable
 from jobqueue.errors import ConfigError, JobQueueError
 from jobqueue.handles import DEFAULT_POLL_S, FlowHandle, timed_out
 from jobqueue.handles import RunHandle as RunHandle  # re-exported: its home before
@@ -302,17 +302,28 @@ class JobQueue(ClientCore):
             watch = waits.watch(keys, run_id, poll, deadline)
         except TimeoutError:
             raise timed_out(run_id, "unfinished", timeout) from None
+        state, pause = "unfinished", RETRY_FIRST_S
         try:
             while True:
                 watch.woken.clear()  # before the read: a wake-up during it is kept
-                run = self.run_steps(self._read(keys, run_id))
+                try:
+                    run = self.run_steps(self._read(keys, run_id))
+                except Exception as exc:  # a failover, Redis restarting: read again
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if not retriable(exc) or (left is not None and left <= pause):
+                        raise
+                    time.sleep(pause)
+                    pause = min(pause * 2, RETRY_MAX_S)
+                    continue
+                pause = RETRY_FIRST_S
                 if run is None:
                     raise not_found(run_id, queue)
                 if run.finished:
                     return run
+                state = run.state
                 left = None if deadline is None else deadline - time.monotonic()
                 if (left is not None and left <= 0) or not watch.woken.wait(left):
-                    raise timed_out(run_id, run.state, timeout)
+                    raise timed_out(run_id, state, timeout)
         finally:
             waits.unwatch(keys, watch)
 

@@ -14,9 +14,9 @@ records again, which is always right (the record is the truth, the log a notice)
 
 - after a lost connection the listener arms again (the log may have gone back, in a
   failover to a replica that lagged, or away, in a restart) and every waiter reads again;
-- when entries after the listener's position were trimmed before it read them (the
-  stream's ``max-deleted-entry-id`` passed the position: it fell behind by a whole log, or
-  somebody trimmed it by hand);
+- when entries were removed (trimmed) before it read them: it fell behind by a whole log, or
+  somebody trimmed it by hand (``jobqueue.store.events.Losses``: the log's count of entries
+  ever added, from XINFO STREAM, against the entries read);
 - when no entry arrived for ``SWEEP_S``: one pipelined read of the watched runs' states
   (the log may be turned off for the queue, or the server's ACL may lack XADD, in which
   case the scripts write no event). A partition whose log is off, or holds foreign data,
@@ -40,8 +40,8 @@ from typing import Any, NamedTuple, TypeVar
 import redis
 
 from jobqueue.anomalies import is_wrong_type
-from jobqueue.errors import JobQueueError
-from jobqueue.store.events import FINISHED, entry_key
+from jobqueue.errors import ConnectionFailed, JobQueueError
+from jobqueue.store.events import FINISHED, Losses, entry_key
 from jobqueue.store.io import Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 
@@ -60,19 +60,20 @@ FINISHED_STATES = ("done", "dead", "cancelled")
 
 class Arming(NamedTuple):
     """Where a listener starts: ``pos`` the log's last entry id ('0-0': no log yet), or
-    ``mode`` 'poll' when the log is off or unusable (``why``)."""
+    ``mode`` 'poll' when the log is off or unusable (``why``); ``info``: XINFO STREAM's."""
 
     mode: str
     pos: str
     why: str = ""
+    info: Any = None
 
 
 class Read(NamedTuple):
-    """One blocking read: (entry id, run id, event) in order; ``gap`` when entries after the
-    position it read from were trimmed; ``gone`` when the log itself went away."""
+    """One blocking read: (entry id, run id, event) in order; ``info`` the log's XINFO STREAM
+    just before it (None: no log); ``gone`` when the log itself went away."""
 
     entries: list[tuple[str, str, str]]
-    gap: bool
+    info: Any
     gone: bool
     foreign: bool  # the log is not a stream, or the ACL refused: arm again
 
@@ -115,7 +116,7 @@ def arm_steps(keys: PartitionKeys) -> Steps[Arming]:
     if isinstance(info, Exception):
         raise info
     last = info.get("last-generated-id") or _entry_id(info.get("last-entry")) or "0-0"
-    return Arming("stream", str(last))
+    return Arming("stream", str(last), info=info)
 
 
 def _entry_id(entry: Any) -> str | None:
@@ -125,19 +126,19 @@ def _entry_id(entry: Any) -> str | None:
 
 
 def read_steps(keys: PartitionKeys, pos: str, block_ms: int) -> Steps[Read]:
-    """One blocking XREAD from ``pos``, then TYPE and XINFO STREAM in the same round trip:
-    entries after ``pos`` were lost to a trim iff the log deleted an entry past ``pos``."""
-    reply, kind, info = yield commands(
-        cmd("xread", {keys.events: pos}, count=READ_COUNT, block=block_ms),
+    """TYPE and XINFO STREAM, then one blocking XREAD from ``pos``, in one round trip (what
+    XINFO tells before the read shows entries removed before they were read: Losses)."""
+    kind, info, reply = yield commands(
         cmd("type", keys.events),
         cmd("xinfo_stream", keys.events),
+        cmd("xread", {keys.events: pos}, count=READ_COUNT, block=block_ms),
     )
     if any(_denied(r) for r in (reply, kind, info)):
-        return Read([], False, False, True)  # arms again, to 'poll'
+        return Read([], None, False, True)  # arms again, to 'poll'
     if isinstance(kind, Exception):
         raise kind
     if kind not in ("none", "stream") or is_wrong_type(reply):
-        return Read([], False, False, True)
+        return Read([], None, False, True)
     if isinstance(reply, Exception):
         raise reply
     entries: list[tuple[str, str, str]] = []
@@ -148,18 +149,10 @@ def read_steps(keys: PartitionKeys, pos: str, block_ms: int) -> Steps[Read]:
             else:
                 entries.append((entry_id, "", ""))
     if kind == "none":  # no log (yet, or any more: deleted, or lost in a failover)
-        return Read(entries, False, pos != "0-0" and not entries, False)
+        return Read(entries, None, pos != "0-0" and not entries, False)
     if isinstance(info, Exception):
         raise info
-    return Read(entries, _trimmed_past(info, pos), False, False)
-
-
-def _trimmed_past(info: dict[str, Any], pos: str) -> bool:
-    deleted = info.get("max-deleted-entry-id")
-    if isinstance(deleted, str):  # Redis 7 and later
-        return entry_key(deleted) > entry_key(pos)
-    first = _entry_id(info.get("first-entry"))  # older servers: the first entry left
-    return pos != "0-0" and first is not None and entry_key(first) > entry_key(pos)
+    return Read(entries, info, False, False)
 
 
 def states_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[States]:
@@ -202,6 +195,7 @@ class ListenerState:
     need_arm: bool = True
     quiet_since: float = 0.0  # monotonic time of the last entry or sweep
     poll_pause: float = FIRST_POLL_S
+    losses: Losses = field(default_factory=Losses)
 
     def add(self, watch: Watch) -> None:
         self.watchers.setdefault(watch.run_id, []).append(watch)
@@ -221,10 +215,13 @@ class ListenerState:
         """Armed (again): every waiter reads again after a re-arm (the log may have gone
         back or away), none after the first (they read after registering)."""
         if arming.mode == "poll" and self.mode != "poll":
-            log.info("waits on %s read the run records (%s)", self.keys.prefix, arming.why)
+            log.debug("waits on %s read the run records (%s)", self.keys.prefix, arming.why)
         fresh = first or self.mode != "stream" or arming.mode != "stream"
         if fresh or entry_key(arming.pos) < entry_key(self.pos):  # new, or gone back
             self.pos = arming.pos
+            self.losses.caught_up(arming.info)
+        else:
+            self.losses = Losses()  # (it reads on from where it was: counted once caught up)
         self.mode, self.need_arm, self.quiet_since = arming.mode, False, now
         return [] if first else self.everyone()
 
@@ -233,6 +230,7 @@ class ListenerState:
             self.need_arm = True  # arms to 'poll' (foreign data is reported there)
             return self.everyone()
         woken: list[Watch] = []
+        before = self.pos
         for entry_id, run_id, event in result.entries:
             if event in WAKING:
                 woken.extend(self.watchers.get(run_id, ()))
@@ -241,7 +239,11 @@ class ListenerState:
             self.quiet_since = now
         if result.gone:
             self.need_arm = True
-        if result.gap or result.gone:
+            return self.everyone()
+        ids = [entry_id for entry_id, _, _ in result.entries]
+        if result.info is not None and self.losses.check(result.info, ids, before, READ_COUNT):
+            log.debug("events of %s were removed before they were read: the waiters read "
+                     "their runs again", self.keys.prefix)
             return self.everyone()
         return woken
 
@@ -269,6 +271,15 @@ def _retriable(exc: BaseException) -> bool:
     return isinstance(
         exc, (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, JobQueueError)
     )
+
+
+def retriable(exc: BaseException) -> bool:
+    """A read that may answer if tried again: the connection, or a cluster mid-failover."""
+    return isinstance(exc, (
+        redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+        redis.exceptions.ClusterDownError, redis.exceptions.TryAgainError,
+        redis.exceptions.RedisClusterException, ConnectionFailed,
+    ))
 
 
 # -- sync: a thread per listener --------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import jinja2
 import redis
@@ -25,7 +25,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -45,14 +51,17 @@ from jobqueue.errors import (
 )
 from jobqueue.models import STATES, split_entry
 from jobqueue.policy.timeutil import abs_time, duration, instants_shown, relative
+from jobqueue.store.events import KINDS
 
 HERE = Path(__file__).parent
 FLASH_COOKIE = "jq_flash"
 HOUR_MS = 3_600_000
 MAX_FORM_BYTES = 256 * 1024
-# No script at all: the pages are forms and SVG. Framing is refused (clickjacking on buttons).
+# One script, ours (static/live.js: live updates from the event logs); every page works
+# without it. Framing is refused (clickjacking on buttons).
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+    "script-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
@@ -111,6 +120,16 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
         session = Csrf.new_session()
     flash = unquote(request.cookies.get(FLASH_COOKIE, ""))
     now = context.pop("now", None) or s.jq.server_time_ms()
+    # The page follows the event logs from where they were as it was read (static/live.js).
+    live = context.pop("live", None)
+    live_url = ""
+    if live is not None:
+        try:
+            cursor = s.jq.events(live.get("queue"), run_id=live.get("run")).start()
+        except JobQueueError:
+            cursor = ""
+        params = {k: v for k, v in {**live, "since": cursor}.items() if v}
+        live_url = _root(request) + "/events/stream?" + urlencode(params)
     # Foreign or corrupt data the page's reads met: listed at the top, rows marked.
     anomalies = context.pop("anomalies", [])
     body = s.templates.get_template(name).render(
@@ -123,6 +142,7 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
         states=STATES,
         anomalies=anomalies,
         root=_root(request),
+        live_url=live_url,
         **context,
     )
     response = HTMLResponse(body, status_code=status_code)
@@ -201,6 +221,7 @@ def queues_page(request: Request) -> Response:
         charts=charts,
         every_s=s.sampler.every_ms / 1000,
         anomalies=queries.all_anomalies(per_partition, flowing),
+        live={},
     )
 
 
@@ -214,7 +235,8 @@ def leases_page(request: Request) -> Response:
         limit=500,
     )
     return render(
-        request, "leases.html", leases=found, params=p, anomalies=queries.all_anomalies(found)
+        request, "leases.html", leases=found, params=p, anomalies=queries.all_anomalies(found),
+        live={"queue": p.get("queue") or None},
     )
 
 
@@ -248,6 +270,7 @@ def runs_page(request: Request) -> Response:
         search=search,
         queues=sorted(jq.queues()),
         anomalies=anomalies,
+        live={"queue": queue},
     )
 
 
@@ -271,13 +294,15 @@ def run_page(request: Request) -> Response:
         (ms, instants_shown(text, lambda t: abs_time(t) + " UTC"), kept.get((ms, text)))
         for ms, text in run.timeline()
     ]
-    return render(request, "run.html", run=run, history=history, anomalies=list(run.anomalies))
+    return render(request, "run.html", run=run, history=history, anomalies=list(run.anomalies),
+                  live={"run": run.run_id, "queue": run.queue})
 
 
 def flows_page(request: Request) -> Response:
     p = request.query_params
     found = flow_queries.flows(_settings(request).jq, p.get("queue") or None, limit=20)
-    return render(request, "flows.html", flows=found, anomalies=queries.all_anomalies(found))
+    return render(request, "flows.html", flows=found, anomalies=queries.all_anomalies(found),
+                  live={})
 
 
 def flow_page(request: Request) -> Response:
@@ -289,7 +314,7 @@ def flow_page(request: Request) -> Response:
     for e in detail.edges:
         waits.setdefault(e.waiting, []).append(e.dependency)
     return render(request, "flow.html", flow=detail, drawing=draw(detail.runs, detail.edges),
-                  waits=waits, anomalies=list(detail.summary.anomalies))
+                  waits=waits, anomalies=list(detail.summary.anomalies), live={})
 
 
 def schedules_page(request: Request) -> Response:
@@ -305,13 +330,71 @@ def dead_page(request: Request) -> Response:
         _settings(request).jq, state="dead", queue=p.get("queue") or None, limit=500
     )
     return render(
-        request, "dead.html", runs=found, params=p, anomalies=queries.all_anomalies(found)
+        request, "dead.html", runs=found, params=p, anomalies=queries.all_anomalies(found),
+        live={"queue": p.get("queue") or None},
     )
 
 
 def workers_page(request: Request) -> Response:
     found = queries.workers(_settings(request).jq)
     return render(request, "workers.html", workers=found, anomalies=queries.all_anomalies(found))
+
+
+def events_page(request: Request) -> Response:
+    """The newest events (of a queue, a run, a kind); live.js adds the next as they come."""
+    jq = _settings(request).jq
+    p = request.query_params
+    queue, run_id, kind = p.get("queue") or None, p.get("run") or None, p.get("kind") or None
+    if kind is not None and kind not in KINDS:
+        return PlainTextResponse(f"unknown event kind {kind!r}", 400)
+    try:
+        limit = max(1, min(1000, int(p.get("limit") or 100)))
+    except ValueError:
+        return PlainTextResponse("limit must be a number", 400)
+    shown = jq.recent_events(queue, limit=limit, run_id=run_id, kinds=[kind] if kind else None)
+    live = {"queue": queue, "run": run_id, "kind": kind}
+    return render(request, "events.html", events=list(reversed(shown)), params=p,
+                  kinds=KINDS, queues=sorted(jq.queues()), anomalies=shown.anomalies, live=live)
+
+
+STREAM_S = 60.0  # an event stream ends after this; the browser comes back (Last-Event-ID)
+KEEPALIVE_S = 15.0
+
+
+async def events_stream(request: Request) -> Response:
+    """Server-sent events: each event of the logs (a queue's, a run's, a kind's), its ``id``
+    the cursor to resume right after it, which the browser sends back as Last-Event-ID when
+    it reconnects (the stream ends after STREAM_S, so no connection is held for ever)."""
+    jq = _settings(request).jq
+    p = request.query_params
+    queue, run_id, kind = p.get("queue") or None, p.get("run") or None, p.get("kind") or None
+    if kind is not None and kind not in KINDS:
+        return PlainTextResponse(f"unknown event kind {kind!r}", 400)
+    since = request.headers.get("last-event-id") or p.get("since") or None
+    stream = jq.events(queue, since=since, run_id=run_id, kinds=[kind] if kind else None)
+    await run_in_threadpool(stream.start)  # bad input is refused here, before any byte
+    length = request.app.state.stream_s
+
+    async def body() -> AsyncIterator[str]:
+        yield "retry: 1000\n\n"
+        end = asyncio.get_running_loop().time() + length
+        quiet = 0.0
+        while asyncio.get_running_loop().time() < end:
+            if await request.is_disconnected():
+                return
+            try:
+                batch = await run_in_threadpool(stream.read_batch)
+            except (JobQueueError, redis.exceptions.RedisError):
+                return  # the browser comes back in a second, from its last id
+            for ev in batch:
+                yield f"id: {ev.cursor}\ndata: {json.dumps(ev.to_dict(), default=str)}\n\n"
+            quiet = 0.0 if batch else quiet + stream.block_s
+            if quiet >= KEEPALIVE_S:
+                quiet = 0.0
+                yield ": keepalive\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -487,9 +570,12 @@ def create_app(
     sample_every_s: float = DEFAULT_SAMPLE_EVERY_S,
     allowed_hosts: list[str] | None = None,
     secret: bytes | None = None,
+    events_stream_s: float = STREAM_S,
 ) -> Starlette:
     """The dashboard for ``jq``. ``allowed_hosts`` (Host header check) guards a loopback
-    dashboard against DNS rebinding; ``secret`` signs CSRF tokens (random if not given)."""
+    dashboard against DNS rebinding; ``secret`` signs CSRF tokens (random if not given);
+    ``events_stream_s``: how long one live-update stream lasts before the browser reconnects
+    (from the last event it got)."""
     secret = secret or secrets.token_bytes(32)
     sampler = Sampler(every_s=sample_every_s)
 
@@ -531,6 +617,8 @@ def create_app(
             Route("/schedules", schedules_page),
             Route("/dead", dead_page),
             Route("/workers", workers_page),
+            Route("/events", events_page),
+            Route("/events/stream", events_stream),
             Route("/actions/{name}", action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ],
@@ -546,4 +634,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = Settings(jq, Csrf(secret), sampler, _environment())
+    app.state.stream_s = events_stream_s
     return app

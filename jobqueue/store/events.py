@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -153,6 +153,48 @@ def parse_entry(queue: str, partition: int, entry_id: str, fields: Any) -> Event
     elif kind == "requeued":
         extra = {"state": info or None}
     return Event(entry_id, queue, partition, kind, run_id, at, **extra)
+
+
+# -- entries removed before they were read -------------------------------------------------------
+
+
+@dataclass
+class Losses:
+    """Tells when entries of a log were removed (trimmed, deleted) before its reader read
+    them. Each read is preceded, in the same round trip, by XINFO STREAM: the log's count of
+    entries ever added and its last id then. The entries added since the reader last caught
+    up, less those it read since, are the ones it should find up to that id; finding fewer,
+    some were removed. Unknown (the reader never caught up, or the server says neither) is
+    never a loss."""
+
+    base: int | None = None  # entries ever added, when the reader was last caught up
+    read: int = 0  # entries read since
+
+    def check(self, info: Any, returned: Sequence[str], pos_before: str, count: int) -> bool:
+        """After a read of at most ``count`` entries from ``pos_before`` that gave
+        ``returned`` (ids, in order), ``info`` taken just before it: True when some were
+        lost (a full read says nothing: more may follow)."""
+        added = info.get("entries-added") if isinstance(info, Mapping) else None
+        last = info.get("last-generated-id") if isinstance(info, Mapping) else None
+        if not isinstance(added, int) or not isinstance(last, str):
+            self.base = None
+            return False
+        upto = sum(1 for i in returned if entry_key(i) <= entry_key(last))
+        lost = self.base is not None and added >= self.base and len(returned) < count and (
+            upto < added - self.base - self.read
+        )
+        self.read += len(returned)
+        pos = returned[-1] if returned else pos_before
+        if entry_key(pos) >= entry_key(last) or lost or (
+            self.base is not None and added < self.base  # a new log (deleted, made again)
+        ):
+            self.base, self.read = added, len(returned) - upto
+        return lost
+
+    def caught_up(self, info: Any) -> None:
+        """The reader is at the log's last id (a listener armed there)."""
+        added = info.get("entries-added") if isinstance(info, Mapping) else None
+        self.base, self.read = (added, 0) if isinstance(added, int) else (None, 0)
 
 
 # -- cursors: a position in every partition of one or more queues ---------------------------

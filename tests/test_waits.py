@@ -1,0 +1,247 @@
+"""Waiting for a run without polling (jobqueue.client.waits): a listener per partition reads
+its event log and wakes the waiters of a run at its finishing event; where the log cannot be
+trusted (a lost connection, a trim past the listener's place, the log gone, the log off) the
+waiters read their records again, so a wait never misses an outcome. Each fault test forces
+its situation in one MULTI/EXEC: the event is gone before any reader could see it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from counting_proxy import CountingProxy
+from helpers import make_worker, running, wait_for
+
+from jobqueue.client.aio import AsyncJobQueue, AsyncRunHandle
+from jobqueue.client.sync import JobQueue, RunHandle
+from jobqueue.client.waits import (
+    Arming,
+    ListenerState,
+    Read,
+    States,
+    Watch,
+)
+from jobqueue.errors import RunTimeout
+from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CLAIM, COMPLETE
+from jobqueue.store.scripts import scripts
+
+PK = PartitionKeys("default", 0)
+
+
+@pytest.fixture
+def jq(redis_client: Any) -> JobQueue:
+    q = JobQueue(redis_client)
+
+    @q.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    return q
+
+
+def claim_one(jq: JobQueue) -> tuple[str, int]:
+    (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(PK, 1, "w", 30_000, 60_000))).runs
+    return run.run_id, run.fence
+
+
+def waiting(jq: JobQueue, run_id: str, timeout: float) -> tuple[threading.Thread, list[Any]]:
+    """A thread waiting on the run; its outcome (the Run, or the error) lands in the list."""
+    out: list[Any] = []
+
+    def wait() -> None:
+        try:
+            out.append(RunHandle(jq, run_id, "default", False).wait(timeout=timeout))
+        except Exception as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def listener_blocked(client: Any) -> int:
+    """The id of the connection blocked in the listener's XREAD (waits until there is one)."""
+    def find() -> int | None:
+        for c in client.client_list():
+            if c.get("cmd") == "xread" and "b" in c.get("flags", ""):
+                return int(c["id"])
+        return None
+
+    found: int = wait_for(find, what="the listener's blocking read")
+    return found
+
+
+# -- the listener's decisions (no I/O) ------------------------------------------------------
+
+
+def state_with(*run_ids: str) -> tuple[ListenerState, dict[str, Watch]]:
+    state = ListenerState(PK)
+    watches = {r: Watch(r, 0.2, threading.Event()) for r in run_ids}
+    for w in watches.values():
+        state.add(w)
+    state.armed(Arming("stream", "5-0", info={"entries-added": 10, "last-generated-id": "5-0"}),
+                0.0, first=True)
+    return state, watches
+
+
+def test_a_finishing_event_wakes_that_runs_waiters_only() -> None:
+    state, w = state_with("a", "b")
+    info = {"entries-added": 12, "last-generated-id": "7-0"}
+    woken = state.read(Read([("6-0", "a", "completed"), ("7-0", "b", "claimed")], info, False,
+                            False), 1.0)
+    assert woken == [w["a"]] and state.pos == "7-0"
+
+
+@pytest.mark.parametrize(
+    "happening",
+    ["lost connection", "trimmed past", "log gone", "foreign log", "rearmed"],
+)
+def test_where_the_log_cannot_be_trusted_every_waiter_reads_again(happening: str) -> None:
+    state, w = state_with("a", "b")
+    if happening == "lost connection":
+        woken = state.lost()
+    elif happening == "trimmed past":  # one entry added since, none found after 5-0
+        info = {"entries-added": 11, "last-generated-id": "6-0"}
+        woken = state.read(Read([], info, False, False), 1.0)
+    elif happening == "log gone":
+        woken = state.read(Read([], None, True, False), 1.0)
+    elif happening == "foreign log":
+        woken = state.read(Read([], None, False, True), 1.0)
+    else:
+        state.need_arm = True
+        woken = state.armed(Arming("stream", "0-0"), 1.0, first=False)
+        assert state.pos == "0-0"  # the log went back: read it from there
+    assert set(map(id, woken)) == {id(w["a"]), id(w["b"])}
+
+
+def test_a_sweep_after_quiet_reads_the_states_and_wakes_the_finished() -> None:
+    state, w = state_with("a", "b")
+    assert not state.sweep_due(4.0) and state.sweep_due(5.0)
+    assert state.swept(States(False, {"b"}), 5.0) == [w["b"]]
+    assert state.swept(States(True, set()), 6.0) == [] and state.need_arm  # turned off: arm
+
+
+# -- against a server: each fault forced in one transaction --------------------------------
+
+
+@pytest.mark.real_only
+def test_a_wait_returns_the_moment_the_run_finishes(jq: JobQueue, redis_client: Any) -> None:
+    handle = jq.enqueue("add", 1, 2)
+    thread, out = waiting(jq, handle.run_id, timeout=10)
+    listener_blocked(redis_client)
+    run_id, fence = claim_one(jq)
+    jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
+    thread.join(5)
+    assert out and out[0].result == 3
+
+
+@pytest.mark.real_only
+def test_a_wait_reads_the_record_again_after_its_listener_lost_the_connection(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    """The run completes, its event is deleted with the log, and the listener's connection is
+    killed, all at once: only the read after reconnecting can tell the waiter (the next
+    sweep would come after the wait's timeout)."""
+    handle = jq.enqueue("add", 1, 2)
+    run_id, fence = claim_one(jq)
+    thread, out = waiting(jq, handle.run_id, timeout=4)
+    listener = listener_blocked(redis_client)
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.evalsha(*_call(jq, COMPLETE.call(PK, [(run_id, fence, "3")], 60_000)))  # type: ignore[arg-type]
+    pipe.delete(PK.events)
+    pipe.execute_command("CLIENT", "KILL", "ID", listener)
+    pipe.execute()
+    thread.join(6)
+    assert out and not isinstance(out[0], Exception), out
+    assert out[0].result == 3
+
+
+@pytest.mark.real_only
+def test_a_wait_reads_the_record_again_when_its_event_was_trimmed_before_it_was_read(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    handle = jq.enqueue("add", 1, 2)
+    run_id, fence = claim_one(jq)
+    thread, out = waiting(jq, handle.run_id, timeout=4)
+    listener_blocked(redis_client)
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.evalsha(*_call(jq, COMPLETE.call(PK, [(run_id, fence, "3")], 60_000)))  # type: ignore[arg-type]
+    pipe.xtrim(PK.events, maxlen=0, approximate=False)
+    pipe.execute()
+    thread.join(6)
+    assert out and not isinstance(out[0], Exception), out
+    assert out[0].result == 3
+
+
+@pytest.mark.real_only
+def test_a_wait_on_a_queue_whose_events_are_off_reads_the_record(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    jq.set_queue_events("default", enabled=False)
+    handle = jq.enqueue("add", 1, 2)
+    assert redis_client.xlen(PK.events) == 0
+    run_id, fence = claim_one(jq)
+    thread, out = waiting(jq, handle.run_id, timeout=4)
+    time.sleep(0.05)
+    jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
+    thread.join(6)
+    assert out and out[0].result == 3
+    assert redis_client.xlen(PK.events) == 0  # none written meanwhile
+
+
+def test_a_wait_times_out_saying_the_runs_state(jq: JobQueue) -> None:
+    handle = jq.enqueue("add", 1, 2)
+    started = time.monotonic()
+    with pytest.raises(RunTimeout, match="still pending"):
+        handle.wait(timeout=0.3)
+    assert time.monotonic() - started < 3
+
+
+def _call(jq: JobQueue, call: Any) -> tuple[Any, ...]:
+    """A script call as EVALSHA's arguments (the script loaded first)."""
+    sha = jq.redis.script_load(scripts()[call.script].source)
+    return (sha, len(call.keys), *call.keys, *call.args)
+
+
+# -- 1,000 waits at once -------------------------------------------------------------------
+
+
+@pytest.fixture
+def proxy(real_server: EmbeddedServer) -> Iterator[CountingProxy]:
+    p = CountingProxy(real_server.socket)
+    yield p
+    p.close()
+
+
+@pytest.mark.real_only
+def test_a_thousand_concurrent_async_waits_all_return_without_polling(
+    jq: JobQueue, proxy: CountingProxy
+) -> None:
+    """One process awaits 1,000 results while two workers drain: every result arrives, and
+    the waiting client reads each record twice (before, and at its event) and nothing more:
+    no poll (a poll every 5 ms doubling to 200 ms would read them many times over)."""
+    n = 1_000
+    handles = [jq.enqueue("add", i, 1) for i in range(n)]
+
+    async def wait_all() -> list[Any]:
+        ajq = AsyncJobQueue.from_url(proxy.url())
+        try:
+            await ajq.register_queue("default")
+            waits = [AsyncRunHandle(ajq, h.run_id, "default", False).result(timeout=60)
+                     for h in handles]
+            with running(make_worker(jq, concurrency=4)), running(make_worker(jq, concurrency=4)):
+                return await asyncio.gather(*waits)
+        finally:
+            await ajq.close()
+
+    results = asyncio.run(wait_all())
+    assert results == [i + 1 for i in range(n)]
+    assert proxy.count(b"HGETALL") <= 2 * n + 20  # two record reads per wait
+    assert proxy.count(b"XREAD") < n  # one blocking read serves many
+    assert proxy.commands_sent() < 6 * n
