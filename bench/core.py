@@ -10,6 +10,12 @@ Phases, each on a freshly flushed server after a warm-up on the same path:
   ``claim_call(limit=100)`` and then one batched ``complete_many_call`` per claimed
   batch: the Redis work of a no-op worker, without its thread pool.
 
+With ``--events both`` (the default) each phase runs twice in the sitting, its queue's event
+log on (the default: every transition writes an entry) and off (``set_queue_events(queue,
+enabled=False)``), and the cost of the log is shown per run, with the memory 10,000 events
+take in the server (MEMORY USAGE of a full log over its entries). ``--events on`` / ``off``
+runs one side only.
+
 Each figure is shown with the issue's target (PASS/MISS), where the time went (CPU of this
 process and of the server, as a share of the wall time and in microseconds per run), and its
 ratio to redis-benchmark's EVALSHA throughput measured in the same run: one-at-a-time against
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import redis
@@ -73,10 +80,17 @@ def noop(i: int) -> None:
     """The registered task; never executed here (no worker runs)."""
 
 
+EVENTS = True  # whether the phases' queue writes its event log (main() sets it per pass)
+
+
 def open_queue(server: BenchServer) -> tuple[JobQueue, NoopTask]:
-    """A fresh client (own pool, nothing cached about queues) with the no-op task registered."""
+    """A fresh client (own pool, nothing cached about queues) with the no-op task registered,
+    its queue's event log on or off as EVENTS says."""
     jq = JobQueue.from_url(server.url)
-    return jq, jq.task(name=TASK_NAME)(noop)
+    task = jq.task(name=TASK_NAME)(noop)
+    if not EVENTS:
+        jq.set_queue_events(task.options.queue, enabled=False)
+    return jq, task
 
 
 def only_partition(jq: JobQueue, task: NoopTask) -> PartitionKeys:
@@ -206,12 +220,30 @@ calls: one create_run call writes up to 500 runs; claim+complete makes one claim
 one complete call per 100 runs."""
 
 
+def event_bytes(server: BenchServer, n: int) -> float | None:
+    """Bytes 10,000 events take: a log filled with N runs' created events (events on, the
+    default 10,000 kept), MEMORY USAGE over its entries."""
+    server.flush()
+    jq, task = open_queue(server)
+    try:
+        enqueue_in_batches(jq, task, 0, max(n, 10_000))
+        key = only_partition(jq, task).events
+        used = server.client.memory_usage(key, samples=0)
+        entries = server.client.xlen(key)
+    finally:
+        jq.close()
+    return None if not used or not entries else used / entries * 10_000
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global EVENTS
     parser = argparse.ArgumentParser(
         description="Throughput of enqueue, bulk create and batched claim+complete, "
         "with redis-benchmark EVALSHA on the same server as the yardstick."
     )
     add_common_args(parser, default_n=DEFAULT_N, quick_n=QUICK_N)
+    parser.add_argument("--events", choices=("both", "on", "off"), default="both",
+                        help="the queue's event log on, off, or each phase both ways")
     args = parser.parse_args(argv)
     n = runs_from_args(args)
     warmup, repeat = warmup_size(n), args.repeat
@@ -224,33 +256,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             say()
             say(baseline_table(baselines, [("same script via redis-py", "-c 1 -P 1", python_rate)]))
             serial, pipelined = baselines.write_serial, baselines.write_pipelined
-            measurements = [
-                Measurement(
-                    "enqueue one at a time",
-                    n,
-                    fastest(repeat, lambda: bench_enqueue_one(server, n, warmup)),
-                    TARGET_ENQUEUE,
-                    serial,
-                ),
-                Measurement(
-                    f"bulk create (batches of {fmt_int(BULK_BATCH)})",
-                    n,
-                    fastest(repeat, lambda: bench_bulk(server, n, warmup)),
-                    TARGET_BULK,
-                    pipelined,
-                ),
-                Measurement(
-                    f"claim({CLAIM_LIMIT}) + batched complete",
-                    n,
-                    fastest(repeat, lambda: bench_claim_complete(server, n, warmup)),
-                    TARGET_CLAIM_COMPLETE,
-                    pipelined,
-                ),
-            ]
+            sides = {"both": (True, False), "on": (True,), "off": (False,)}[args.events]
+            measurements = []
+            for name, target, baseline, phase in (
+                ("enqueue one at a time", TARGET_ENQUEUE, serial, bench_enqueue_one),
+                (f"bulk create (batches of {fmt_int(BULK_BATCH)})", TARGET_BULK, pipelined,
+                 bench_bulk),
+                (f"claim({CLAIM_LIMIT}) + batched complete", TARGET_CLAIM_COMPLETE, pipelined,
+                 bench_claim_complete),
+            ):
+                for events in sides:
+                    EVENTS = events
+                    label = name + ("" if len(sides) == 1 else (", events on" if events
+                                                                  else ", events off"))
+                    measurements.append(Measurement(
+                        label, n, fastest(repeat, partial(phase, server, n, warmup)),
+                        target, baseline,
+                    ))
+            EVENTS = True
+            memory = event_bytes(server, n) if True in sides else None
     except (BenchError, JobQueueError, redis.exceptions.RedisError) as exc:
         return fail(str(exc))
     say()
     say(measurement_table(measurements))
+    if args.events == "both":
+        say()
+        for on, off in zip(measurements[0::2], measurements[1::2], strict=True):
+            extra = on.seconds / off.seconds - 1
+            cost = (on.seconds - off.seconds) / on.runs * 1e6
+            say(f"  events cost: {extra:+.1%} ({cost:+.2f} us/run) in "
+                f"{on.name.removesuffix(', events on')}")
+    if memory is not None:
+        say(f"  memory: 10,000 events take {memory / 1024:,.0f} KiB in the server "
+            f"({memory / 10_000:.0f} bytes each)")
     say()
     say(FOOTNOTE)
     missed = [m.name for m in measurements if m.verdict == "MISS"]

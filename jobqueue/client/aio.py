@@ -377,6 +377,10 @@ class AsyncJobQueue(ClientCore):
                 try:
                     while True:
                         watch.woken.clear()
+                        handed: Run | None = watch.run
+                        watch.run = None
+                        if handed is not None and handed.finished:  # (read by its listener)
+                            return handed
                         try:
                             run = await self.run_steps(self._read(keys, run_id))
                         except Exception as exc:  # a failover, Redis restarting: read again

@@ -306,6 +306,10 @@ class JobQueue(ClientCore):
         try:
             while True:
                 watch.woken.clear()  # before the read: a wake-up during it is kept
+                handed: Run | None = watch.run
+                watch.run = None
+                if handed is not None and handed.finished:  # (read by its listener)
+                    return handed
                 try:
                     run = self.run_steps(self._read(keys, run_id))
                 except Exception as exc:  # a failover, Redis restarting: read again

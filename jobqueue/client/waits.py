@@ -40,6 +40,7 @@ from typing import Any, NamedTuple, TypeVar
 import redis
 
 from jobqueue.anomalies import is_wrong_type
+from jobqueue.client.base import read_run
 from jobqueue.errors import ConnectionFailed, JobQueueError
 from jobqueue.store.events import FINISHED, Losses, entry_key
 from jobqueue.store.io import Steps, cmd, commands
@@ -173,14 +174,37 @@ def states_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[States]:
     return States(_off(conf), ended)
 
 
+def records_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[dict[str, Any]]:
+    """The records (as Runs; None for one gone) of runs whose finishing event was read, in
+    one round trip for all of them."""
+    replies = yield commands(*(
+        c for run_id in run_ids
+        for c in (cmd("hgetall", keys.run(run_id)), cmd("lrange", keys.history(run_id), 0, -1))
+    ))
+    out = {}
+    for i, run_id in enumerate(run_ids):
+        try:
+            out[run_id] = read_run(keys, run_id, replies[2 * i], replies[2 * i + 1])
+        except Exception:  # (an error reply: the waiter reads it, and says so)
+            continue
+    return out
+
+
+def _hand_over(records: dict[str, Any], woken: list[Watch]) -> None:
+    for w in woken:
+        w.run = records.get(w.run_id)
+
+
 @dataclass(eq=False)
 class Watch:
     """One waiter's registration: ``woken`` is set (by its listener) when its run may have
-    finished, and the waiter then reads the record."""
+    finished, and the waiter then reads the record, unless the listener read it already
+    for all the runs its events finished (``run``: one round trip for all of them)."""
 
     run_id: str
     poll_s: float
     woken: Any  # threading.Event or asyncio.Event
+    run: Any = None
 
 
 @dataclass(eq=False)
@@ -196,6 +220,7 @@ class ListenerState:
     quiet_since: float = 0.0  # monotonic time of the last entry or sweep
     poll_pause: float = FIRST_POLL_S
     losses: Losses = field(default_factory=Losses)
+    exact: bool = False  # (read: the waiters woken were woken by their runs' own events)
 
     def add(self, watch: Watch) -> None:
         self.watchers.setdefault(watch.run_id, []).append(watch)
@@ -226,6 +251,9 @@ class ListenerState:
         return [] if first else self.everyone()
 
     def read(self, result: Read, now: float) -> list[Watch]:
+        """The waiters to wake; ``self.exact`` says whether they were woken by their own
+        runs' finishing events (their records worth reading for them at once)."""
+        self.exact = False
         if result.foreign:
             self.need_arm = True  # arms to 'poll' (foreign data is reported there)
             return self.everyone()
@@ -245,6 +273,7 @@ class ListenerState:
             log.debug("events of %s were removed before they were read: the waiters read "
                      "their runs again", self.keys.prefix)
             return self.everyone()
+        self.exact = True
         return woken
 
     def sweep_due(self, now: float) -> bool:
@@ -321,6 +350,10 @@ class _ThreadListener:
                     result = run(read_steps(state.keys, pos, BLOCK_MS))
                     with lock:
                         woken = state.read(result, time.monotonic())
+                        exact = state.exact
+                    if exact and woken:
+                        ids = list(dict.fromkeys(w.run_id for w in woken))
+                        _hand_over(run(records_steps(state.keys, ids)), woken)
                 retry = RETRY_FIRST_S
             except Exception as exc:
                 if not _retriable(exc):
@@ -437,6 +470,9 @@ class _TaskListener:
                 else:
                     result = await run(read_steps(state.keys, state.pos, BLOCK_MS))
                     woken = state.read(result, time.monotonic())
+                    if state.exact and woken:
+                        ids = list(dict.fromkeys(w.run_id for w in woken))
+                        _hand_over(await run(records_steps(state.keys, ids)), woken)
                 retry = RETRY_FIRST_S
             except asyncio.CancelledError:
                 self.hub.forget(self)
