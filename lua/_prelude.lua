@@ -382,20 +382,21 @@ end
 -- Every entry has the same three fields (a stream then stores their names once per node):
 --   e  the event: created, waiting, ready (a waiting run released), replaced (debounced),
 --      claimed, progress, retry, completed, dead, cancelled, expired (a lease taken back),
---      refused (a commit refused), released, bounced (handed back), requeued
+--      refused (a commit refused), released, bounced (handed back), requeued, purged
 --   r  the run id
 --   i  what the event adds, fields joined by '|' (the last one may hold '|'; jobqueue/store/
 --      events.py parses it): '<due ms>|<task>' (created), '<task>' (waiting), '<due ms>'
 --      (replaced), '<attempt>|<worker>' (claimed, expired, released), '<attempt>|<due ms>'
 --      (retry), '<attempt>|<error head>' (dead), '<attempt>' (completed), '<hand-backs>|
 --      <worker>' (bounced), '<progress>|<message head>' (progress), '<reason>' (refused,
---      cancelled), '<state it had>' (requeued), '' (ready)
+--      cancelled), '<state it had>' (requeued), '' (ready, purged)
 -- The stream is trimmed at every write to about maxlen entries (MAXLEN ~: whole nodes, so up
 -- to one node of entries more) and, once per call, to the entries of the last age_ms (MINID ~,
 -- from the new entry's own id: the stream's clock, whatever `now` the call was given).
 -- jq:{q#p}:events:conf (hash, optional) configures it: off = '1' writes none, maxlen,
--- age_ms. Never a reason to refuse a transition: a conf or stream key of another type, or an
--- ACL without XADD and XTRIM, means no event (jobqueue check reports the first two).
+-- age_ms. Never a reason to refuse a transition: a conf key of another type means the
+-- defaults; a stream key of another type, or an ACL without XADD and XTRIM, means no event
+-- (jobqueue events and the dashboard report a log of another type; waits read the records).
 local EVENTS_MAXLEN, EVENTS_AGE_MS = 10000, 86400000
 local EVENT_TEXT = 200 -- bytes of an error or progress text kept in an event
 

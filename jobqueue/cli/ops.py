@@ -366,9 +366,9 @@ def queue_events(
     as_json: bool,
 ) -> None:
     """Queue NAME's event log (`jobqueue events`): on or off, how many events and how long
-    each partition keeps. Without options, shows them. Memory: about 40 to 60 bytes per
-    event (`bench/core.py --events` measures it), so the default 10000 per partition is
-    about 0.5 MB."""
+    each partition keeps. Without options, shows them. Memory: about 100 bytes per
+    event (`bench/core.py` measures it), so the default 10000 per partition is about
+    1 MB."""
     validate_queue_name(name)
     jq = state.jq()
     now = jq.queue_events(name)
