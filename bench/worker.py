@@ -6,8 +6,9 @@
 
 Phases, each on a freshly flushed server:
 
-* drain, one process and then ``--processes 2``, each with the queue's event log on and then
-  off (``set_queue_events``), in the same sitting: N no-op runs are created due at one instant
+* drain, one process and then ``--processes 2``, each with the queue's event log on and
+  off (``set_queue_events``), interleaved, the order flipped each round, best of
+  max(R, 2) rounds: N no-op runs are created due at one instant
   D a few seconds ahead (server clock), the worker is started and idles until D, then drains
   them. The rate is N / (last finish - D), both read from Redis (the done index's scores are
   finish times): process start-up and enqueueing are outside the figure, and the clock is
@@ -297,13 +298,13 @@ def chain_ns(calls: int = 300_000, rounds: int = 5) -> tuple[float, float]:
     jq = JobQueue()
     task = jq.task(lambda: None, name="noop")
     ctx = RunContext("r", 1, 1, 3, "noop", "default", "", None)
-    run_sync, call_args = executing._run_sync, executing._call_args
+    run_sync = executing._run_sync
     chain = Hooks([Middleware()])
 
     def without_chain() -> Any:  # _run_sync as it was before the hooks
         token = bind(ctx)
         try:
-            return task(**call_args(task, ctx, {}))
+            return task.call_with(ctx, [], {})
         finally:
             unbind(token)
 
@@ -392,21 +393,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             say()
             say(baseline_table(baselines))
             pipelined = baselines.write_pipelined
+            best: dict[tuple[int, bool], Sample] = {}
+            for round_ in range(max(args.repeat, 2)):
+                # The log on and off interleaved, the order flipped each round, so that the
+                # machine's drift (on a shared host, larger than the cost measured) hits
+                # both alike; best of the rounds.
+                order = (True, False) if round_ % 2 == 0 else (False, True)
+                for processes in (1, 2):
+                    for events in order:
+                        sample = bench_drain(server, n, args.concurrency, processes, None,
+                                             limit, events)
+                        key = (processes, events)
+                        if key not in best or sample.seconds < best[key].seconds:
+                            best[key] = sample
             measurements = []
             for processes in (1, 2):
-                for events in (True, False):  # the queue's event log on, then off
-                    sample = min(
-                        (
-                            bench_drain(server, n, args.concurrency, processes, None, limit,
-                                        events)
-                            for _ in range(args.repeat)
-                        ),
-                        key=lambda s: s.seconds,
-                    )
+                for events in (True, False):
                     label = ("drain, 1 worker process" if processes == 1
                              else "drain, --processes 2") + (", events on" if events
                                                               else ", events off")
-                    measurements.append(Measurement(label, n, sample, TARGET_DRAIN, pipelined))
+                    measurements.append(Measurement(label, n, best[(processes, events)],
+                                                    TARGET_DRAIN, pipelined))
             latencies = bench_latency(server, args.latency_runs, args.concurrency, limit)
             rates = bench_hooks(server, n, args.concurrency, args.repeat, args.base_src)
     except (BenchError, JobQueueError, redis.exceptions.RedisError, OSError) as exc:

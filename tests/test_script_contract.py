@@ -43,6 +43,7 @@ from jobqueue.store.runs import (
     FENCED_WRITE,
     HEARTBEAT,
     PROGRESS,
+    READ_RECORDS,
     RELEASE,
     REQUEUE,
     Beats,
@@ -51,6 +52,7 @@ from jobqueue.store.runs import (
     Deduped,
     FencedWrite,
     Outcome,
+    Record,
     RunSpec,
     StateChange,
 )
@@ -113,6 +115,7 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "flow_tidy": lambda: FLOW_TIDY.call(PK, 10),
     "flow_commit": lambda: FLOW_COMMIT.call(PK, "F", '["q","h","n1"]', "h", 1, 1000, 5000),
     "flow_abort": lambda: FLOW_ABORT.call(PK, "F", '["q","h","n1"]', "h"),
+    "read_records": lambda: READ_RECORDS.call(PK, ["r", "s"]),
 }
 
 
@@ -644,6 +647,19 @@ def parses_relayed(runner: ScriptRunner, redis_client: Any) -> None:
     assert RELAYED.parse(runner.run(call)) == 1  # s changed since it was read: it stays
 
 
+def parses_read_records(runner: ScriptRunner, redis_client: Any) -> None:
+    create(runner, "a", "b")
+    (a,) = claim(runner, limit=1)
+    redis_client.set(P.run("foreign"), "x")
+    reply = runner.run(READ_RECORDS.call(P, ["a", "gone", "foreign", "b"], now=NOW))
+    got, gone, foreign, b = READ_RECORDS.parse(reply)
+    assert got.fields is not None and got.fields["state"] == "running"
+    assert got.fields["fence"] == str(a.fence)
+    assert gone == Record({}, [])
+    assert foreign == Record(None, None)
+    assert b.fields is not None and b.fields["state"] == "pending"
+
+
 REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "flow_create": parses_flow_create,
     "attach": parses_attach,
@@ -676,6 +692,7 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "sched_release": parses_sched_release,
     "sched_unhold": parses_sched_unhold,
     "sched_lease": parses_sched_lease,
+    "read_records": parses_read_records,
 }
 
 

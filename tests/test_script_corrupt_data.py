@@ -73,6 +73,7 @@ from jobqueue.store.runs import (
     FENCED_WRITE,
     HEARTBEAT,
     PROGRESS,
+    READ_RECORDS,
     RELEASE,
     REQUEUE,
     RunSpec,
@@ -497,6 +498,14 @@ def progress(runner: ScriptRunner) -> Call:
     return PROGRESS.call(PK, "a", fence, 50, "half", now=NOW)
 
 
+def read_records(runner: ScriptRunner) -> Call:
+    """A waiter's listener reads a run with a history, a dead one and a pending one."""
+    running_with_history(runner, "a", NOW - 3_000)
+    dead_with_history(runner, "b", NOW - 2_000)
+    enqueue(runner, spec("c"), now=NOW - 1_000)
+    return READ_RECORDS.call(PK, ["a", "b", "c"], now=NOW)
+
+
 def purge(runner: ScriptRunner) -> Call:
     """Two dead runs (one with a history) and a pending one (refused)."""
     dead_with_history(runner, "a", NOW - 3_000)
@@ -776,6 +785,8 @@ SCENARIOS = {
         Scenario("fenced_write", "fenced_write", fenced_write, FENCED_WRITE.parse),
         Scenario("progress", "progress", progress, PROGRESS.parse),
         Scenario("purge", "purge", purge, PURGE.parse),
+        Scenario("read_records", "read_records", read_records, READ_RECORDS.parse,
+                 writes=False),
         Scenario("repair", "repair", repair, REPAIR.parse),
         Scenario("claim-paused", "claim", claim_a_paused_partition, CLAIM.parse,
                  writes=False),

@@ -43,8 +43,9 @@ from jobqueue.anomalies import is_wrong_type
 from jobqueue.client.base import read_run
 from jobqueue.errors import ConnectionFailed, JobQueueError
 from jobqueue.store.events import FINISHED, Losses, entry_key
-from jobqueue.store.io import Steps, cmd, commands
+from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import READ_RECORDS
 
 log = logging.getLogger("jobqueue.client")
 T = TypeVar("T")
@@ -176,16 +177,17 @@ def states_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[States]:
 
 def records_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[dict[str, Any]]:
     """The records (as Runs; None for one gone) of runs whose finishing event was read, in
-    one round trip for all of them."""
-    replies = yield commands(*(
-        c for run_id in run_ids
-        for c in (cmd("hgetall", keys.run(run_id)), cmd("lrange", keys.history(run_id), 0, -1))
-    ))
+    one script call for all of them (read_records.lua: one reply to parse, not two a run).
+    A run whose keys hold another type, or whose record does not read, is left out: its
+    waiter reads it itself, and says so."""
+    (reply,) = yield Scripts([READ_RECORDS.call(keys, run_ids)])
     out = {}
-    for i, run_id in enumerate(run_ids):
+    for run_id, record in zip(run_ids, READ_RECORDS.parse(reply), strict=True):
+        if record.fields is None:
+            continue
         try:
-            out[run_id] = read_run(keys, run_id, replies[2 * i], replies[2 * i + 1])
-        except Exception:  # (an error reply: the waiter reads it, and says so)
+            out[run_id] = read_run(keys, run_id, record.fields, record.history)
+        except Exception:
             continue
     return out
 

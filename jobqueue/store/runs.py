@@ -550,6 +550,49 @@ PROGRESS = Contract(
     parse=_outcome,
 )
 
+# -- read_records ------------------------------------------------------------------------------
+
+
+class Record(NamedTuple):
+    """A run's record as read_records.lua gives it: its fields (empty when there is none) and
+    its history; None for both when either key holds another type."""
+
+    fields: dict[str, str] | None
+    history: list[str] | None
+
+
+def _read_records(pk: PartitionKeys, run_ids: Sequence[str], now: NowArg = None) -> Wire:
+    if not run_ids:
+        raise ValueError("read_records needs at least one run")
+    return Wire(
+        {"run": pk.run(run_ids[0])},
+        {"now": now_arg(now), "prefix": pk.prefix},
+        list(run_ids),
+    )
+
+
+def _parse_read_records(reply: Sequence[Any]) -> list[Record]:
+    out = []
+    for i in range(0, len(reply), 2):
+        flat, history = reply[i], reply[i + 1]
+        if flat is None or history is None:
+            out.append(Record(None, None))
+            continue
+        if (flat and isinstance(flat[0], bytes)) or (history and isinstance(history[0], bytes)):
+            flat, history = [text(v) for v in flat], [text(h) for h in history]
+        out.append(Record(dict(zip(flat[0::2], flat[1::2], strict=True)), history))
+    return out
+
+
+READ_RECORDS = Contract(
+    "read_records",
+    keys=("run",),
+    args=("now", "prefix"),
+    tail="run_ids",
+    build=_read_records,
+    parse=_parse_read_records,
+)
+
 # -- dedupe ------------------------------------------------------------------------------------
 
 
@@ -610,5 +653,5 @@ DEDUPE = Contract(
 
 CONTRACTS = (
     CREATE_RUN, DEDUPE, CLAIM, HEARTBEAT, COMPLETE, FAIL, RELEASE, BOUNCE, CANCEL, REQUEUE,
-    FENCED_WRITE, PROGRESS,
+    FENCED_WRITE, PROGRESS, READ_RECORDS,
 )

@@ -67,6 +67,7 @@ SCRIPT_NAMES = (
     "flow_tidy",
     "flow_commit",
     "flow_abort",
+    "read_records",
 )
 PRELUDE = "_prelude"
 
