@@ -49,6 +49,7 @@ from jobqueue.store.runs import (
     FENCED_WRITE,
     HEARTBEAT,
     PROGRESS,
+    READ_RECORDS,
     RELEASE,
     REQUEUE,
     ClaimedRun,
@@ -553,6 +554,8 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
                 runner.run(REQUEUE.call(p, c.run_id))
         dead = [c.run_id for i, c in enumerate(got) if i % 4 == 1]
         runner.run(PURGE.call(p, [*dead, "never-existed"]))
+        if got:  # what a waiting client's listener reads at finishing events
+            runner.run(READ_RECORDS.call(p, [*(c.run_id for c in got), "never-existed"]))
         runner.run(REPAIR.call(p, [c.run_id for c in got]))
         runner.run(PAUSE.call(p, True))
         runner.run(PAUSE.call(p, False))
