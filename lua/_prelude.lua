@@ -421,18 +421,21 @@ local function event_log(prefix)
   return {key = key, maxlen = int(maxlen), age = age, last = nil}
 end
 
--- Phase 2: one entry (`log` from event_log; nil writes nothing).
+-- Phase 2: one entry (`log` from event_log; nil writes nothing). By pcall, after the
+-- transition's own writes: an XADD the log refuses (a foreign stream whose last id cannot
+-- grow) costs the event, never the rest of the transition (waits find it by their sweep).
 local function emit(log, event, run_id, info)
-  if not log then return end
-  log.last = redis.call('XADD', log.key, 'MAXLEN', '~', log.maxlen, '*', 'e', event,
-                        'r', run_id, 'i', info or '')
+  if not log or log.refused then return end
+  local id = redis.pcall('XADD', log.key, 'MAXLEN', '~', log.maxlen, '*', 'e', event,
+                         'r', run_id, 'i', info or '')
+  if type(id) == 'table' then log.refused = true else log.last = id end
 end
 
 -- Phase 2, once per call after its last emit: the age trim.
 local function trim_events(log)
   if not log or not log.last then return end
   local ms = tonumber(string.match(log.last, '^(%d+)'))
-  if ms and ms > log.age then redis.call('XTRIM', log.key, 'MINID', '~', int(ms - log.age)) end
+  if ms and ms > log.age then redis.pcall('XTRIM', log.key, 'MINID', '~', int(ms - log.age)) end
 end
 
 -- -- workflows: a finished run's parents hear of it through the outbox ---------------------

@@ -157,6 +157,21 @@ def test_a_foreign_key_in_place_of_a_log_is_reported_not_raised(
     assert [a.key for a in found.anomalies] == [keys.events]
 
 
+def test_a_log_that_refuses_entries_costs_the_event_never_the_transition(
+    app: JobQueue, redis_client: Any
+) -> None:
+    """A foreign stream whose last id is the largest there is: XADD '*' fails there, after
+    the transition's own writes; the transition stands whole and the next ones go on."""
+    handle = app.enqueue(app.resolve_task("add").with_options(run_id="r"), 1, 2)
+    keys = app.keys_for("default", handle.run_id)
+    redis_client.xadd(keys.events, {"x": "y"}, id="18446744073709551615-18446744073709551615")
+    run_due(app)
+    run = app.get_run("r")
+    assert (run.state, run.result) == ("done", 3)
+    assert redis_client.zscore(keys.done, "r") is not None and redis_client.zcard(keys.leases) == 0
+    assert redis_client.xlen(keys.events) == 2  # created, and the foreign entry: no more
+
+
 def test_switched_off_a_queue_writes_no_event_and_on_again_it_does(
     app: JobQueue, redis_client: Any
 ) -> None:

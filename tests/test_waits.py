@@ -16,9 +16,11 @@ import pytest
 from counting_proxy import CountingProxy
 from helpers import make_worker, running, wait_for
 
+from jobqueue.client import waits
 from jobqueue.client.aio import AsyncJobQueue, AsyncRunHandle
 from jobqueue.client.sync import JobQueue, RunHandle
 from jobqueue.client.waits import (
+    OFF,
     Arming,
     ListenerState,
     Read,
@@ -27,8 +29,9 @@ from jobqueue.client.waits import (
 )
 from jobqueue.errors import RunTimeout
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.events import Losses
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CLAIM, COMPLETE
+from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, RunSpec
 from jobqueue.store.scripts import scripts
 
 PK = PartitionKeys("default", 0)
@@ -77,6 +80,12 @@ def listener_blocked(client: Any) -> int:
     return found
 
 
+def record_reads(client: Any) -> int:
+    """HGETALLs the server has run (a waiter's read of its run's record is one)."""
+    stats = client.info("commandstats").get("cmdstat_hgetall", {})
+    return int(stats.get("calls", 0))
+
+
 # -- the listener's decisions (no I/O) ------------------------------------------------------
 
 
@@ -120,11 +129,87 @@ def test_where_the_log_cannot_be_trusted_every_waiter_reads_again(happening: str
     assert set(map(id, woken)) == {id(w["a"]), id(w["b"])}
 
 
-def test_a_sweep_after_quiet_reads_the_states_and_wakes_the_finished() -> None:
+def test_a_sweep_every_5_s_reads_the_states_and_wakes_the_finished() -> None:
     state, w = state_with("a", "b")
     assert not state.sweep_due(4.0) and state.sweep_due(5.0)
     assert state.swept(States(False, {"b"}), 5.0) == [w["b"]]
-    assert state.swept(States(True, set()), 6.0) == [] and state.need_arm  # turned off: arm
+    assert not state.sweep_due(9.0) and state.sweep_due(10.0)
+    assert state.swept(States(True, set()), 10.0) == [] and state.need_arm  # turned off: arm
+
+
+def test_the_sweep_comes_every_5_s_however_busy_the_log_is() -> None:
+    """A finish whose event was never written (the log off for a moment, a writer whose ACL
+    lacks XADD) must not hide behind other runs' events."""
+    state, _ = state_with("a")
+    for t in range(1, 50):
+        info = {"entries-added": 10 + t, "last-generated-id": f"{5 + t}-0"}
+        state.read(Read([(f"{5 + t}-0", "other", "created")], info, False, False), t / 10)
+    assert state.sweep_due(5.0)
+
+
+def test_a_log_found_off_is_polled_and_armed_again_once_switched_on() -> None:
+    state, w = state_with("a")
+    state.need_arm = True
+    assert state.armed(Arming("poll", "0-0", OFF), 1.0, first=False) == [w["a"]]
+    assert state.sweep_due(1.0)  # polling: every pause
+    state.swept(States(True, set()), 1.1)
+    assert not state.need_arm
+    state.swept(States(False, set()), 1.2)
+    assert state.need_arm
+
+
+def test_a_foreign_log_is_polled_without_every_waiter_reading_again() -> None:
+    """Foreign data (or an ACL refusal) at the log: the listener reads the watched runs'
+    states, and looks at the log again every 5 s without waking the waiters for it."""
+    state, w = state_with("a", "b")
+    state.need_arm = True
+    state.armed(Arming("poll", "0-0", "foreign data"), 1.0, first=False)
+    assert state.swept(States(False, set()), 1.1) == [] and not state.need_arm
+    assert state.swept(States(False, {"a"}), 3.0) == [w["a"]] and not state.need_arm
+    state.swept(States(False, set()), 6.0)
+    assert state.need_arm
+    assert state.armed(Arming("poll", "0-0", "foreign data"), 6.1, first=False) == []
+
+
+# -- the log's losses (no I/O) -----------------------------------------------------------------
+
+
+def caught_up_at(added: int, last: str) -> Losses:
+    losses = Losses()
+    losses.caught_up({"entries-added": added, "last-generated-id": last})
+    return losses
+
+
+def test_entries_trimmed_before_a_read_are_a_loss() -> None:
+    losses = caught_up_at(10, "5-0")
+    info = {"entries-added": 12, "last-generated-id": "7-0"}
+    assert losses.check(info, ["7-0"], "5-0", 1_000)  # 6-0 was added, and never read
+
+
+def test_a_full_read_that_reaches_the_logs_end_still_tells_a_trim() -> None:
+    losses = caught_up_at(10, "5-0")
+    info = {"entries-added": 15, "last-generated-id": "10-0"}
+    assert losses.check(info, ["9-0", "10-0"], "5-0", 2)  # 6-0 to 8-0 gone
+
+
+def test_a_log_made_again_is_a_loss() -> None:
+    losses = caught_up_at(100, "5-0")
+    assert losses.check({"entries-added": 1, "last-generated-id": "6-0"}, [], "6-0", 1_000)
+
+
+def test_a_log_gone_back_behind_the_readers_place_is_a_loss_told_once() -> None:
+    losses = caught_up_at(10, "9-0")
+    info = {"entries-added": 8, "last-generated-id": "7-0"}
+    assert losses.check(info, [], "9-0", 1_000)
+    assert not losses.check(info, [], "9-0", 1_000)
+
+
+def test_entries_all_read_are_no_loss() -> None:
+    losses = caught_up_at(10, "5-0")
+    info = {"entries-added": 12, "last-generated-id": "7-0"}
+    assert not losses.check(info, ["6-0", "7-0"], "5-0", 1_000)
+    info = {"entries-added": 13, "last-generated-id": "8-0"}
+    assert not losses.check(info, ["8-0"], "7-0", 1_000)
 
 
 # -- against a server: each fault forced in one transaction --------------------------------
@@ -193,6 +278,93 @@ def test_a_wait_on_a_queue_whose_events_are_off_reads_the_record(
     thread.join(6)
     assert out and out[0].result == 3
     assert redis_client.xlen(PK.events) == 0  # none written meanwhile
+
+
+@pytest.mark.real_only
+def test_a_wait_reads_the_record_again_when_the_log_was_deleted_and_made_again(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    """The run completes, the log is deleted, and another run's enqueue makes a new one, in
+    one transaction, while the listener blocks: the new log's count of entries tells it
+    (before the 5 s sweep, after the wait's timeout)."""
+    handle = jq.enqueue("add", 1, 2)
+    run_id, fence = claim_one(jq)
+    reads = record_reads(redis_client)
+    thread, out = waiting(jq, handle.run_id, timeout=4)
+    listener_blocked(redis_client)
+    wait_for(lambda: record_reads(redis_client) > reads, what="the waiter's first read")
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.evalsha(*_call(jq, COMPLETE.call(PK, [(run_id, fence, "3")], 60_000)))  # type: ignore[arg-type]
+    pipe.delete(PK.events)
+    pipe.evalsha(*_call(jq, CREATE_RUN.call(PK, [RunSpec("another", "add", "[1,1]")])))  # type: ignore[arg-type]
+    pipe.execute()
+    thread.join(6)
+    assert out and not isinstance(out[0], Exception), out
+    assert out[0].result == 3
+
+
+@pytest.mark.real_only
+def test_a_finish_without_its_event_is_found_by_the_sweep_while_other_events_flow(
+    jq: JobQueue, redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log is off for the moment the run completes, and on again; other runs' events keep
+    coming: the sweep still comes (SWEEP_S made short here) and finds the finish."""
+    monkeypatch.setattr(waits, "SWEEP_S", 0.3)
+    handle = jq.enqueue("add", 1, 2)
+    run_id, fence = claim_one(jq)
+    reads = record_reads(redis_client)
+    thread, out = waiting(jq, handle.run_id, timeout=4)
+    listener_blocked(redis_client)
+    wait_for(lambda: record_reads(redis_client) > reads, what="the waiter's first read")
+    jq.set_queue_events("default", enabled=False)
+    jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
+    jq.set_queue_events("default", enabled=True)
+    deadline = time.monotonic() + 5
+    while thread.is_alive() and time.monotonic() < deadline:
+        jq.scripts.run(CREATE_RUN.call(PK, [RunSpec(f"busy-{time.monotonic()}", "add", "[]")]))
+        time.sleep(0.05)
+    thread.join(1)
+    assert out and not isinstance(out[0], Exception), out
+    assert out[0].result == 3
+
+
+@pytest.mark.real_only
+def test_a_wait_after_the_client_was_closed_still_returns(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    before = jq.enqueue("add", 0, 0)  # a client that waited before: its listeners made
+    run_id, fence = claim_one(jq)
+    jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "0")], 60_000))
+    assert before.wait(timeout=2).result == 0
+    jq.close()
+    handle = jq.enqueue("add", 1, 2)
+    run_id, fence = claim_one(jq)
+    thread, out = waiting(jq, handle.run_id, timeout=4)
+    listener_blocked(redis_client)
+    jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
+    thread.join(6)
+    assert out and not isinstance(out[0], Exception), out
+    assert out[0].result == 3
+
+
+@pytest.mark.real_only
+def test_a_wait_in_progress_when_the_client_is_closed_goes_on_and_returns(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    """close() marks the client's listeners closed and wakes their waiters: each registers
+    with a new listener and reads its record again (the client goes on after close, as
+    redis-py's does)."""
+    handle = jq.enqueue("add", 1, 2)
+    run_id, fence = claim_one(jq)
+    reads = record_reads(redis_client)
+    thread, out = waiting(jq, handle.run_id, timeout=4)
+    listener_blocked(redis_client)
+    wait_for(lambda: record_reads(redis_client) > reads, what="the waiter's first read")
+    jq.close()
+    jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
+    thread.join(6)
+    assert out and not isinstance(out[0], Exception), out
+    assert out[0].result == 3
 
 
 def test_a_wait_times_out_saying_the_runs_state(jq: JobQueue) -> None:

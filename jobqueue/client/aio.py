@@ -373,15 +373,21 @@ class AsyncJobQueue(ClientCore):
                 keys = await self.run_steps(self._wait_keys(run_id, queue))
                 waits = self._wait_hub()
                 watch = await waits.watch(keys, run_id, poll)
-                pause = RETRY_FIRST_S
+                pause, registered = RETRY_FIRST_S, True
                 try:
                     while True:
                         watch.woken.clear()
-                        handed: Run | None = watch.run
-                        watch.run = None
-                        if handed is not None and handed.finished:  # (read by its listener)
-                            return handed
                         try:
+                            if waits.closed or not registered:  # close(): the client goes
+                                waits.unwatch(keys, watch)      # on, with new listeners
+                                registered = False
+                                waits = self._wait_hub()
+                                watch = await waits.watch(keys, run_id, poll)
+                                registered = True
+                            handed: Run | None = watch.run
+                            watch.run = None
+                            if handed is not None and handed.finished:  # (read by its
+                                return handed                           # listener)
                             run = await self.run_steps(self._read(keys, run_id))
                         except Exception as exc:  # a failover, Redis restarting: read again
                             if not retriable(exc):
@@ -403,9 +409,10 @@ class AsyncJobQueue(ClientCore):
 
     def _wait_hub(self) -> AsyncWaits:
         loop = asyncio.get_running_loop()
-        if self._waits is None or self._waits.loop is not loop:
-            self._waits = AsyncWaits(self.run_steps)
-        return self._waits
+        waits = self._waits
+        if waits is None or waits.loop is not loop or waits.closed:
+            waits = self._waits = AsyncWaits(self.run_steps)
+        return waits
 
     async def get_run(self, run_id: str, queue: str | None = None) -> Run:
         return await self.run_steps(self._get_run(run_id, queue))

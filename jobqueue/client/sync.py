@@ -302,16 +302,24 @@ class JobQueue(ClientCore):
             watch = waits.watch(keys, run_id, poll, deadline)
         except TimeoutError:
             raise timed_out(run_id, "unfinished", timeout) from None
-        state, pause = "unfinished", RETRY_FIRST_S
+        state, pause, registered = "unfinished", RETRY_FIRST_S, True
         try:
             while True:
                 watch.woken.clear()  # before the read: a wake-up during it is kept
-                handed: Run | None = watch.run
-                watch.run = None
-                if handed is not None and handed.finished:  # (read by its listener)
-                    return handed
                 try:
+                    if waits.closed or not registered:  # close() (it marks the hub, then
+                        waits.unwatch(keys, watch)      # wakes every waiter): the client
+                        registered = False              # goes on, with new listeners
+                        waits = self._wait_hub()
+                        watch = waits.watch(keys, run_id, poll, deadline)
+                        registered = True
+                    handed: Run | None = watch.run
+                    watch.run = None
+                    if handed is not None and handed.finished:  # (read by its listener)
+                        return handed
                     run = self.run_steps(self._read(keys, run_id))
+                except TimeoutError:  # (registering again, past the deadline)
+                    raise timed_out(run_id, state, timeout) from None
                 except Exception as exc:  # a failover, Redis restarting: read again
                     left = None if deadline is None else deadline - time.monotonic()
                     if not retriable(exc) or (left is not None and left <= pause):
@@ -333,11 +341,11 @@ class JobQueue(ClientCore):
 
     def _wait_hub(self) -> SyncWaits:
         waits = self._waits
-        if waits is None or waits.pid != os.getpid():  # none yet, or forked: its threads
-            with self._connect_lock:                  # stayed in the parent
-                if self._waits is None or self._waits.pid != os.getpid():
-                    self._waits = SyncWaits(self.run_steps)
+        if waits is None or waits.pid != os.getpid() or waits.closed:  # none yet, forked (its
+            with self._connect_lock:         # threads stayed in the parent), or closed
                 waits = self._waits
+                if waits is None or waits.pid != os.getpid() or waits.closed:
+                    waits = self._waits = SyncWaits(self.run_steps)
         return waits
 
     # -- events (docs/events.md) -----------------------------------------------------------

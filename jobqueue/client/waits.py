@@ -16,11 +16,13 @@ records again, which is always right (the record is the truth, the log a notice)
   failover to a replica that lagged, or away, in a restart) and every waiter reads again;
 - when entries were removed (trimmed) before it read them: it fell behind by a whole log, or
   somebody trimmed it by hand (``jobqueue.store.events.Losses``: the log's count of entries
-  ever added, from XINFO STREAM, against the entries read);
-- when no entry arrived for ``SWEEP_S``: one pipelined read of the watched runs' states
-  (the log may be turned off for the queue, or the server's ACL may lack XADD, in which
-  case the scripts write no event). A partition whose log is off, or holds foreign data,
-  is watched that way only, at the waiters' polling pace (5 ms, doubling to ``poll``).
+  ever added, from XINFO STREAM, against the entries read), or when the log is not the one
+  read before (made again, gone back);
+- every ``SWEEP_S``, whatever the log brought: one pipelined read of the watched runs'
+  states, for a finish whose event was never written (the log turned off and on, a server
+  whose ACL lacks XADD) or a change of the log the checks above cannot see. A partition
+  whose log is off, or holds foreign data, is watched that way only, at the waiters'
+  polling pace (5 ms, doubling to ``poll``).
 
 The steps (what is sent, what a reply means) are written once here (``ListenerState``);
 the sync client runs a listener in a thread, the asyncio client in a task.
@@ -42,7 +44,7 @@ import redis
 from jobqueue.anomalies import is_wrong_type
 from jobqueue.client.base import read_run
 from jobqueue.errors import ConnectionFailed, JobQueueError
-from jobqueue.store.events import FINISHED, Losses, entry_key
+from jobqueue.store.events import FINISHED, Losses
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import READ_RECORDS
@@ -52,12 +54,16 @@ T = TypeVar("T")
 
 BLOCK_MS = 2_000  # one blocking read; below the connections' 10 s socket timeout
 READ_COUNT = 1_000  # entries per read (a full read is followed by the next at once)
+# Runs per read_records call (several calls go in one round trip): a record can be 1 MiB
+# (payload and result), and one call builds its whole reply in the server's memory at once.
+RECORDS_PER_CALL = 100
 SWEEP_S = 5.0  # no entry for this long: the watched runs' states are read once
 FIRST_POLL_S = 0.005
 RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0
 # Besides the finishing events, a purge ends a wait (the record is gone: RunNotFound).
 WAKING = FINISHED | {"purged"}
 FINISHED_STATES = ("done", "dead", "cancelled")
+OFF = "events are off for this queue"
 
 
 class Arming(NamedTuple):
@@ -110,7 +116,7 @@ def arm_steps(keys: PartitionKeys) -> Steps[Arming]:
         if isinstance(reply, Exception) and not is_wrong_type(reply):
             raise reply
     if _off(conf):
-        return Arming("poll", "0-0", "events are off for this queue")
+        return Arming("poll", "0-0", OFF)
     if kind == "none":
         return Arming("stream", "0-0")
     if kind != "stream":
@@ -150,8 +156,9 @@ def read_steps(keys: PartitionKeys, pos: str, block_ms: int) -> Steps[Read]:
                 entries.append((entry_id, str(fields.get("r", "")), str(fields.get("e", ""))))
             else:
                 entries.append((entry_id, "", ""))
-    if kind == "none":  # no log (yet, or any more: deleted, or lost in a failover)
-        return Read(entries, None, pos != "0-0" and not entries, False)
+    if kind == "none":  # no log (yet, or any more: deleted, or lost in a failover; entries
+        # then come from a log made again during the read, after others were lost)
+        return Read(entries, None, pos != "0-0", False)
     if isinstance(info, Exception):
         raise info
     return Read(entries, info, False, False)
@@ -177,12 +184,15 @@ def states_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[States]:
 
 def records_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[dict[str, Any]]:
     """The records (as Runs; None for one gone) of runs whose finishing event was read, in
-    one script call for all of them (read_records.lua: one reply to parse, not two a run).
+    one round trip (read_records.lua, 100 runs a call: a reply to parse per 100, not two a
+    run).
     A run whose keys hold another type, or whose record does not read, is left out: its
     waiter reads it itself, and says so."""
-    (reply,) = yield Scripts([READ_RECORDS.call(keys, run_ids)])
+    chunks = [run_ids[i:i + RECORDS_PER_CALL] for i in range(0, len(run_ids), RECORDS_PER_CALL)]
+    replies = yield Scripts([READ_RECORDS.call(keys, chunk) for chunk in chunks])
+    records = [record for reply in replies for record in READ_RECORDS.parse(reply)]
     out = {}
-    for run_id, record in zip(run_ids, READ_RECORDS.parse(reply), strict=True):
+    for run_id, record in zip(run_ids, records, strict=True):
         if record.fields is None:
             continue
         try:
@@ -219,7 +229,9 @@ class ListenerState:
     mode: str = ""  # '' until armed, then 'stream' or 'poll'
     pos: str = "0-0"
     need_arm: bool = True
-    quiet_since: float = 0.0  # monotonic time of the last entry or sweep
+    why: str = ""  # why 'poll' (Arming.why)
+    last_sweep: float = 0.0  # monotonic time of the last sweep (or arming)
+    armed_at: float = 0.0
     poll_pause: float = FIRST_POLL_S
     losses: Losses = field(default_factory=Losses)
     exact: bool = False  # (read: the waiters woken were woken by their runs' own events)
@@ -239,18 +251,18 @@ class ListenerState:
         return [w for group in self.watchers.values() for w in group]
 
     def armed(self, arming: Arming, now: float, first: bool) -> list[Watch]:
-        """Armed (again): every waiter reads again after a re-arm (the log may have gone
-        back or away), none after the first (they read after registering)."""
-        if arming.mode == "poll" and self.mode != "poll":
+        """Armed (again), reading from the log's end now: every waiter reads again after a
+        re-arm (the log may have gone back or away, and what came before this position is
+        not read), none after the first (they read after registering), none from polling to
+        polling (the states read covers them)."""
+        if arming.mode == "poll" and self.why != arming.why:
             log.debug("waits on %s read the run records (%s)", self.keys.prefix, arming.why)
-        fresh = first or self.mode != "stream" or arming.mode != "stream"
-        if fresh or entry_key(arming.pos) < entry_key(self.pos):  # new, or gone back
-            self.pos = arming.pos
-            self.losses.caught_up(arming.info)
-        else:
-            self.losses = Losses()  # (it reads on from where it was: counted once caught up)
-        self.mode, self.need_arm, self.quiet_since = arming.mode, False, now
-        return [] if first else self.everyone()
+        wake = not first and not (self.mode == "poll" and arming.mode == "poll")
+        self.pos = arming.pos
+        self.losses.caught_up(arming.info)
+        self.mode, self.why, self.need_arm = arming.mode, arming.why, False
+        self.last_sweep = self.armed_at = now
+        return self.everyone() if wake else []
 
     def read(self, result: Read, now: float) -> list[Watch]:
         """The waiters to wake; ``self.exact`` says whether they were woken by their own
@@ -265,8 +277,6 @@ class ListenerState:
             if event in WAKING:
                 woken.extend(self.watchers.get(run_id, ()))
             self.pos = entry_id
-        if result.entries:
-            self.quiet_since = now
         if result.gone:
             self.need_arm = True
             return self.everyone()
@@ -279,14 +289,22 @@ class ListenerState:
         return woken
 
     def sweep_due(self, now: float) -> bool:
-        return self.mode == "poll" or now - self.quiet_since >= SWEEP_S
+        """Every SWEEP_S whatever the log brought: a finish whose event never came (the log
+        turned off and on again, a writer whose ACL lacks XADD, a log made again between two
+        reads, a connection the client re-made without telling) is found by it."""
+        return self.mode == "poll" or now - self.last_sweep >= SWEEP_S
 
     def swept(self, states: States, now: float) -> list[Watch]:
-        self.quiet_since = now
-        if states.off != (self.mode == "poll"):
-            self.need_arm = True  # switched on or off meanwhile
+        if self.mode == "stream":
+            self.need_arm = states.off  # switched off meanwhile
+        elif self.why == OFF:
+            self.need_arm = not states.off  # switched on again
+        elif now - self.armed_at >= SWEEP_S:
+            self.need_arm = True  # foreign data or the ACL: fixed since?
         if self.mode == "poll":
             self.poll_pause = min(self.poll_pause * 2, self.poll_cap())
+        if not self.need_arm:
+            self.last_sweep = now
         return [w for run_id in states.ended for w in self.watchers.get(run_id, ())]
 
     def poll_cap(self) -> float:

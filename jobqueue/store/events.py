@@ -169,25 +169,37 @@ class Losses:
 
     base: int | None = None  # entries ever added, when the reader was last caught up
     read: int = 0  # entries read since
+    ahead: str | None = None  # a position found past the log's last id (told once)
 
     def check(self, info: Any, returned: Sequence[str], pos_before: str, count: int) -> bool:
         """After a read of at most ``count`` entries from ``pos_before`` that gave
         ``returned`` (ids, in order), ``info`` taken just before it: True when some were
-        lost (a full read says nothing: more may follow)."""
+        lost (a full read that did not reach the log's last id says nothing: more may
+        follow), or when the log is not the one read before (made again, or gone back).
+        A log deleted and made again during the blocking read itself is not seen here:
+        the waits' sweep covers that."""
         added = info.get("entries-added") if isinstance(info, Mapping) else None
         last = info.get("last-generated-id") if isinstance(info, Mapping) else None
         if not isinstance(added, int) or not isinstance(last, str):
             self.base = None
             return False
         upto = sum(1 for i in returned if entry_key(i) <= entry_key(last))
-        lost = self.base is not None and added >= self.base and len(returned) < count and (
-            upto < added - self.base - self.read
+        # A read that came to the log's last id (then) is complete, even at ``count``.
+        complete = len(returned) < count or (
+            bool(returned) and entry_key(returned[-1]) >= entry_key(last)
+        )
+        gone_back = entry_key(last) < entry_key(pos_before)  # a failover, a restore
+        told = gone_back and self.ahead == pos_before
+        self.ahead = pos_before if gone_back else None
+        lost = (gone_back and not told) or (
+            self.base is not None and (
+                added < self.base  # a new log (deleted, made again)
+                or (complete and upto < added - self.base - self.read)
+            )
         )
         self.read += len(returned)
         pos = returned[-1] if returned else pos_before
-        if entry_key(pos) >= entry_key(last) or lost or (
-            self.base is not None and added < self.base  # a new log (deleted, made again)
-        ):
+        if entry_key(pos) >= entry_key(last) or lost:
             self.base, self.read = added, len(returned) - upto
         return lost
 
