@@ -65,7 +65,7 @@ def _untag(form: Any) -> Any:
         if len(form) > 2 and value.tzinfo is not None:
             try:
                 return value.astimezone(ZoneInfo(form[2]))
-            except (ZoneInfoNotFoundError, ValueError, TypeError):
+            except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
                 return value  # a zone this machine does not know: the same instant, its offset
         return value
     if kind == "date":

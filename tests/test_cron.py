@@ -149,6 +149,12 @@ def test_an_unknown_time_zone_is_rejected_by_name(tz: str) -> None:
     assert str(error.value) == f"unknown time zone '{tz}'"
 
 
+def test_a_time_zone_name_longer_than_a_file_name_is_rejected_by_its_start() -> None:
+    with pytest.raises(ScheduleError) as error:
+        cron("0 9 * * *", "x" * 400)
+    assert str(error.value) == f"unknown time zone '{'x' * 60}'"
+
+
 def test_schedule_errors_are_value_errors() -> None:
     assert issubclass(ScheduleError, ValueError)
 

@@ -156,9 +156,10 @@ def _every_to_ms(every: float) -> int:
 def _zone(tz: str) -> ZoneInfo:
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
-        # ValueError: keys like "../etc" or "" that cannot even be looked up.
-        raise ScheduleError(f"unknown time zone {tz!r}") from None
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # ValueError: keys like "../etc" or "" that cannot even be looked up; OSError: a name
+        # the file system refuses (longer than a file name may be).
+        raise ScheduleError(f"unknown time zone {tz[:60]!r}") from None
 
 
 def _check_cron(cron: str) -> None:
