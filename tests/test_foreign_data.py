@@ -366,8 +366,10 @@ def test_runs_marks_a_record_of_another_type_and_lists_the_others(
     assert listed(result) == [
         f"anomaly: {P0.run('waiting')}: holds another type, not a hash (not a run record)"
     ]
-    header, *rows = result.stdout.splitlines()
+    table, _, footer = result.stdout.partition("\n\n")
+    header, *rows = table.splitlines()
     assert header.endswith("ANOMALY") and len(rows) == 2
+    assert footer.startswith("2 shown of 2")
 
 
 def test_dead_retry_of_a_record_of_another_type_is_refused_not_a_traceback(

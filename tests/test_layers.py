@@ -42,6 +42,7 @@ CLIENT_ONLY_MODULES = (
     "jobqueue.store.schedules",
     "jobqueue.store.admin",
     "jobqueue.store.catalog",
+    "jobqueue.store.pages",
     "jobqueue.store.contract",
     "jobqueue.store.scripts",
 )

@@ -32,6 +32,7 @@ from jobqueue.store.flows import (
     NodeSpec,
 )
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
+from jobqueue.store.pages import INDEX_PAGE, IndexPage
 from jobqueue.store.runs import (
     BOUNCE,
     CANCEL,
@@ -116,6 +117,7 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "flow_commit": lambda: FLOW_COMMIT.call(PK, "F", '["q","h","n1"]', "h", 1, 1000, 5000),
     "flow_abort": lambda: FLOW_ABORT.call(PK, "F", '["q","h","n1"]', "h"),
     "read_records": lambda: READ_RECORDS.call(PK, ["r", "s"]),
+    "index_page": lambda: INDEX_PAGE.call(PK.done, "desc", "1", "2", ("1", "r"), True, 5),
 }
 
 
@@ -231,7 +233,8 @@ def test_the_builder_passes_the_keys_the_header_names_in_its_order(name: str) ->
     assert call.script == name
     assert len(call.keys) == len(header.keys)
     for key, key_name in zip(call.keys, header.keys, strict=True):
-        named = {"defs": "def", "resource": "fenced:res", "run": "run:r", "dedupe": "dedupe:k"}
+        named = {"defs": "def", "resource": "fenced:res", "run": "run:r", "dedupe": "dedupe:k",
+                 "index": "done"}
         suffix = named.get(key_name, key_name)
         assert key.endswith(":" + suffix), (key, key_name)
 
@@ -660,6 +663,14 @@ def parses_read_records(runner: ScriptRunner, redis_client: Any) -> None:
     assert b.fields is not None and b.fields["state"] == "pending"
 
 
+def parses_index_page(runner: ScriptRunner, redis_client: Any) -> None:
+    redis_client.zadd(P.done, {"a": 1, "b": 2, "c": 2, "d": 3})
+    page = INDEX_PAGE.parse(runner.run(INDEX_PAGE.call(P.done, "desc", "2", "3", ("3", "d"))))
+    assert page == IndexPage(3, [("c", "2"), ("b", "2")])
+    redis_client.set(P.due, "x")
+    assert INDEX_PAGE.parse(runner.run(INDEX_PAGE.call(P.due, "asc"))) is None
+
+
 REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "flow_create": parses_flow_create,
     "attach": parses_attach,
@@ -693,6 +704,7 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "sched_unhold": parses_sched_unhold,
     "sched_lease": parses_sched_lease,
     "read_records": parses_read_records,
+    "index_page": parses_index_page,
 }
 
 

@@ -62,6 +62,7 @@ from jobqueue.store.flows import (
     NodeSpec,
 )
 from jobqueue.store.keys import PartitionKeys, SchedKeys
+from jobqueue.store.pages import INDEX_PAGE
 from jobqueue.store.runs import (
     BOUNCE,
     CANCEL,
@@ -506,6 +507,13 @@ def read_records(runner: ScriptRunner) -> Call:
     return READ_RECORDS.call(PK, ["a", "b", "c"], now=NOW)
 
 
+def index_page(runner: ScriptRunner) -> Call:
+    """A listing pages through the dead index after a place whose run left it."""
+    dead_with_history(runner, "a", NOW - 3_000)
+    dead_with_history(runner, "b", NOW - 2_000)
+    return INDEX_PAGE.call(PK.dead, "desc", after=(str(NOW - 1_000), "gone"), now=NOW)
+
+
 def purge(runner: ScriptRunner) -> Call:
     """Two dead runs (one with a history) and a pending one (refused)."""
     dead_with_history(runner, "a", NOW - 3_000)
@@ -787,6 +795,7 @@ SCENARIOS = {
         Scenario("purge", "purge", purge, PURGE.parse),
         Scenario("read_records", "read_records", read_records, READ_RECORDS.parse,
                  writes=False),
+        Scenario("index_page", "index_page", index_page, INDEX_PAGE.parse, writes=False),
         Scenario("repair", "repair", repair, REPAIR.parse),
         Scenario("claim-paused", "claim", claim_a_paused_partition, CLAIM.parse,
                  writes=False),

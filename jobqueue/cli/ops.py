@@ -29,9 +29,11 @@ from jobqueue.cli.format import table as table
 from jobqueue.client import coverage, health, queries
 from jobqueue.client import workers as worker_registry
 from jobqueue.client.capacity import measure_bytes_per_run
+from jobqueue.client.listing import RunPage, RunQuery, iter_runs, runs_page
 from jobqueue.errors import OperationRefused
 from jobqueue.policy.capacity import PERSISTENCE, CapacityInputs, estimate
 from jobqueue.policy.health import Limits
+from jobqueue.policy.timeutil import when_to_ms
 from jobqueue.scheduler.checks import checks as scheduler_checks
 from jobqueue.settings import Settings
 from jobqueue.store.keys import PartitionKeys, validate_queue_name
@@ -155,28 +157,89 @@ def leases(
     )
 
 
+def listing_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The filters and paging every run listing takes (``runs``, ``dead list``, and the
+    ``--all`` of ``dead retry`` and ``dead purge``)."""
+    for option in reversed(
+        [
+            click.option("--queue"),
+            click.option("--task", help="Runs of this task."),
+            click.option("--job", help="Runs of this recurring job (run ids job@...)."),
+            click.option("--prefix", help="Runs whose id starts with this."),
+            click.option("--error", "error_text", help="Runs whose error holds this text "
+                         "(any case)."),
+            click.option("--since", help="From this time on: 10m (ago), 2h, 1d, or an ISO "
+                         "time (UTC unless it says). The time each listing is sorted by."),
+            click.option("--until", help="Up to this time (the same forms as --since)."),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def paging_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option("--order", type=click.Choice(["asc", "desc"]),
+                         help="Oldest or newest first (default: pending, running and "
+                         "waiting runs oldest first; dead and finished newest first)."),
+            click.option("--limit", default=50, show_default=True,
+                         type=click.IntRange(1, 10_000)),
+            click.option("--cursor", help="Where the previous page ended (it prints it)."),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def run_query(jq: Any, state: str | None, filters: dict[str, Any]) -> RunQuery:
+    """The query of a listing's options (``filters``: the options' values by name)."""
+    now = jq.server_time_ms() if filters.get("since") or filters.get("until") else 0
+    return RunQuery(
+        state=state,
+        queue=filters.get("queue"),
+        task=filters.get("task"),
+        job=filters.get("job"),
+        prefix=filters.get("prefix"),
+        error=filters.get("error_text"),
+        since_ms=when_to_ms(filters["since"], now, "--since") if filters.get("since") else None,
+        until_ms=when_to_ms(filters["until"], now, "--until") if filters.get("until") else None,
+        order=filters.get("order"),
+    )
+
+
+def page_footer(page: RunPage, as_json: bool) -> None:
+    """Under a table, what the page is of the whole and the cursor of the next one. Beside
+    JSON (whose stdout stays the list of runs) only the cursor, on stderr, when there is a
+    next page."""
+    cursor = f"next page: --cursor {page.next_cursor}" if page.next_cursor else ""
+    if as_json:
+        if cursor:
+            click.echo(cursor, err=True)
+        return
+    click.echo("\n" + page.summary() + ("\n" + cursor if cursor else ""))
+
+
 @click.command()
 @click.option(
     "--state",
     "state_filter",
     type=click.Choice(["pending", "running", "waiting", "done", "dead", "cancelled"]),
 )
-@click.option("--queue")
-@click.option("--job", help="Runs of this recurring job (run ids job@...).")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@listing_options
+@paging_options
 @json_option
 @pass_state
 def runs(
-    state: Any,
-    state_filter: str | None,
-    queue: str | None,
-    job: str | None,
-    limit: int,
-    as_json: bool,
+    state: Any, /, state_filter: str | None, limit: int, cursor: str | None, as_json: bool,
+    **filters: Any,
 ) -> None:
-    """Runs by state, newest finished first."""
+    """Runs by state and filters, a page at a time.
+
+    Running, pending, waiting, dead, then finished runs; the last lines say how many the
+    listing holds and give the next page's --cursor."""
     jq = state.jq()
-    found = queries.runs(jq, state=state_filter, queue=queue, job=job, limit=limit)
+    page = runs_page(jq, run_query(jq, state_filter, filters), cursor=cursor, limit=limit)
     now = jq.server_time_ms()
     rows = [
         [
@@ -190,11 +253,11 @@ def runs(
             when(r.finished_ms, now),
             (r.error or "").strip().splitlines()[-1][:60] if (r.error or "").strip() else "",
         ]
-        for r in found
+        for r in page
     ]
     emit(
         as_json,
-        [r.to_dict() for r in found],
+        [r.to_dict() for r in page],
         rows,
         [
             "RUN",
@@ -207,9 +270,10 @@ def runs(
             "FINISHED (UTC)",
             "ERROR",
         ],
-        "no runs",
-        found,
+        "no runs" + (" on this page" if page.next_cursor else ""),
+        page,
     )
+    page_footer(page, as_json)
 
 
 @click.command()
@@ -571,14 +635,16 @@ def dead() -> None:
 
 
 @dead.command("list")
-@click.option("--queue")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@listing_options
+@paging_options
 @json_option
 @pass_state
-def dead_list(state: Any, queue: str | None, limit: int, as_json: bool) -> None:
-    """Dead runs, most recent first, with the last line of their error."""
+def dead_list(
+    state: Any, /, limit: int, cursor: str | None, as_json: bool, **filters: Any
+) -> None:
+    """Dead runs, most recent first, with the last line of their error, a page at a time."""
     jq = state.jq()
-    found = queries.runs(jq, state="dead", queue=queue, limit=limit)
+    page = runs_page(jq, run_query(jq, "dead", filters), cursor=cursor, limit=limit)
     now = jq.server_time_ms()
     rows = [
         [
@@ -589,45 +655,57 @@ def dead_list(state: Any, queue: str | None, limit: int, as_json: bool) -> None:
             when(r.finished_ms, now),
             (r.error or "").splitlines()[-1][:80] if r.error else "",
         ]
-        for r in found
+        for r in page
     ]
     emit(
         as_json,
-        [r.to_dict() for r in found],
+        [r.to_dict() for r in page],
         rows,
         ["RUN", "QUEUE", "TASK", "ATTEMPTS", "DIED (UTC)", "ERROR"],
-        "no dead runs",
-        found,
+        "no dead runs" + (" on this page" if page.next_cursor else ""),
+        page,
     )
+    page_footer(page, as_json)
 
 
-def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None) -> list[str]:
-    if run_ids and all_:
-        raise click.UsageError("give run ids or --all, not both")
+def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, filters: dict[str, Any]
+              ) -> list[str]:
+    chosen = {k: v for k, v in filters.items() if v}
+    if run_ids and (all_ or chosen):
+        raise click.UsageError("give run ids, or --all (with filters), not both")
+    if chosen and not all_:
+        raise click.UsageError("filters choose among every dead run: add --all")
     if not run_ids and not all_:
-        raise click.UsageError("give run ids, or --all for every dead run")
+        raise click.UsageError("give run ids, or --all for every dead run (of the filters)")
     if run_ids:
         return list(dict.fromkeys(run_ids))
-    found = queries.runs(jq, state="dead", queue=queue, limit=100_000)
-    warn_anomalies(queries.all_anomalies(found))
-    return [r.run_id for r in found]
+    # Every page to the end: the whole filter, never the first page of it.
+    ids: list[str] = []
+    found: list[Anomaly] = []
+    for run in iter_runs(jq, run_query(jq, "dead", filters), page_size=BULK_CHUNK):
+        ids.append(run.run_id)
+        found.extend(run.anomalies)
+    warn_anomalies(found)
+    return list(dict.fromkeys(ids))
 
 
 @dead.command("retry")
 @click.argument("run_ids", nargs=-1)
-@click.option("--all", "all_", is_flag=True, help="Every dead run (of --queue, if given).")
-@click.option("--queue")
+@click.option("--all", "all_", is_flag=True,
+              help="Every dead run the filters choose (all of them without filters).")
+@listing_options
 @click.option("--yes", is_flag=True, help="Do not ask (--all asks first).")
 @pass_state
 def dead_retry(
-    state: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None, yes: bool
+    state: Any, /, run_ids: tuple[str, ...], all_: bool, yes: bool, **filters: Any
 ) -> None:
     """Put dead runs back to pending, attempts reset.
 
     Idempotent: a run already back to pending is reported, not retried twice. A run in another
     state (done, running, unknown) is refused: exit 1."""
     jq = state.jq()
-    ids = _dead_ids(jq, run_ids, all_, queue)
+    queue = filters.get("queue")
+    ids = _dead_ids(jq, run_ids, all_, filters)
     if not ids:
         click.echo("no dead runs to retry")
         return
@@ -673,16 +751,18 @@ def dead_retry(
 
 @dead.command("purge")
 @click.argument("run_ids", nargs=-1)
-@click.option("--all", "all_", is_flag=True)
-@click.option("--queue")
+@click.option("--all", "all_", is_flag=True,
+              help="Every dead run the filters choose (all of them without filters).")
+@listing_options
 @click.option("--yes", is_flag=True, help="Do not ask.")
 @pass_state
 def dead_purge(
-    state: Any, run_ids: tuple[str, ...], all_: bool, queue: str | None, yes: bool
+    state: Any, /, run_ids: tuple[str, ...], all_: bool, yes: bool, **filters: Any
 ) -> None:
     """Delete dead runs for good (only runs still dead are touched)."""
     jq = state.jq()
-    ids = _dead_ids(jq, run_ids, all_, queue)
+    queue = filters.get("queue")
+    ids = _dead_ids(jq, run_ids, all_, filters)
     if not ids:
         click.echo("no dead runs to purge")
         return

@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "jobqueue.cli.repartition", "repartition", "Change QUEUE's partition count: move every...",
     ),
     "requeue": ("jobqueue.cli.core", "requeue", "Put a dead or cancelled run back to..."),
-    "runs": ("jobqueue.cli.ops", "runs", "Runs by state, newest finished first."),
+    "runs": ("jobqueue.cli.ops", "runs", "Runs by state and filters, a page at a time."),
     "schedule": (
         "jobqueue.cli.schedules", "schedule", "Recurring jobs: list (the default), show,...",
     ),

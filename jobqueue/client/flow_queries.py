@@ -16,7 +16,8 @@ from typing import Any
 
 from jobqueue.anomalies import Anomaly, Listing, checked, is_wrong_type, score_ms, unique
 from jobqueue.client.base import NOT_A_RECORD
-from jobqueue.client.queries import PARTITION_CHUNK, RECORD_CHUNK, partitions_of, pipelined
+from jobqueue.client.partitions import partitions_of
+from jobqueue.client.queries import PARTITION_CHUNK, RECORD_CHUNK, pipelined
 from jobqueue.client.sync import JobQueue
 from jobqueue.store.flows import parse_dep_spec
 from jobqueue.store.keys import PartitionKeys

@@ -19,18 +19,16 @@ from jobqueue.anomalies import (
     Anomaly,
     Listing,
     checked,
-    is_wrong_type,
     score_ms,
     stored_int,
     unique,
 )
-from jobqueue.client.base import NOT_A_RECORD, not_a_record
+from jobqueue.client.listing import RunPage, RunQuery, runs_page
+from jobqueue.client.partitions import partitions_of
 from jobqueue.client.sync import JobQueue
-from jobqueue.errors import UnknownQueue
-from jobqueue.models import Run
 from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
 from jobqueue.store.admin import limits_of, parse_rate
-from jobqueue.store.keys import WORKERS_KEY, PartitionKeys, validate_queue_name
+from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
 STALE_AFTER_BEATS = 3
@@ -121,28 +119,6 @@ class WorkerInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def partitions_of(jq: JobQueue, queue: str | None) -> tuple[list[PartitionKeys], list[Anomaly]]:
-    """The partitions to read, from the counts recorded in Redis, and the anomalies of
-    ``jq:queues`` (a queue whose count is not usable has no partitions to read: never
-    ``range(99999999)``)."""
-    if queue is not None:
-        validate_queue_name(queue)  # bad input (exit 2), not an unknown queue (exit 1)
-    table = jq.queue_table()
-    if queue is None:
-        queues = table.counts
-    elif queue in table.counts:
-        queues = {queue: table.counts[queue]}
-    elif queue in table.unusable:
-        return [], [table.unusable[queue]]
-    elif not table.readable:  # jq:queues cannot be read: nothing says the queue is unknown
-        return [], table.anomalies
-    else:
-        known = ", ".join(sorted(table.counts)) or "none yet"
-        raise UnknownQueue(f"no queue {queue!r} in Redis (known: {known})")
-    parts = [k for q in sorted(queues) for k in table.partitions(q)]
-    return parts, (table.anomalies if queue is None else [])
 
 
 def pipelined(
@@ -440,77 +416,15 @@ def runs(
     queue: str | None = None,
     job: str | None = None,
     limit: int = 50,
-) -> Listing[Run]:
-    """Runs from the indexes (newest finished first; pending by due time), read in pipelines.
-    A job filter matches the job id (the run id before '@'). Records are read a chunk at a
-    time until ``limit`` rows are found, so many partitions never mean millions of reads."""
-    indexes = [_STATE_INDEX[state]] if state else ["leases", "due", "waiting", "dead", "done"]
-    parts, found = partitions_of(jq, queue)
-    # Scan further than limit when filtering, still bounded.
-    window = limit * 20 if (job or state == "cancelled" or state == "done") else limit
-
-    def add(pipe: Any, k: PartitionKeys) -> None:
-        for index in indexes:
-            key = getattr(k, index)
-            if index in ("done", "dead"):
-                pipe.zrevrange(key, 0, window - 1)
-            else:
-                pipe.zrange(key, 0, window - 1)
-
-    ids = []
-    for k, replies in zip(parts, pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
-        for index, rows in zip(indexes, replies, strict=True):
-            for rid in checked(rows, getattr(k, index), "sorted set", found, []):
-                ids.append((k, index, rid))
-    if job:
-        ids = [(k, i, rid) for k, i, rid in ids if rid.rpartition("@")[0] == job or rid == job]
-    out: list[tuple[PartitionKeys, str, dict[str, str], list[Anomaly]]] = []
-    for start in range(0, len(ids), RECORD_CHUNK):
-        chunk = ids[start : start + RECORD_CHUNK]
-        pipe = jq.redis.pipeline(transaction=False)
-        for k, _, rid in chunk:
-            pipe.hgetall(k.run(rid))
-        for (k, index, rid), reply in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
-            # A listed key that is not a run record (claim.lua dead-letters such keys) is
-            # shown, so that an operator can purge the listing, instead of failing it all.
-            mine = []
-            if is_wrong_type(reply):
-                mine.append(Anomaly(k.run(rid), NOT_A_RECORD))
-            fields = not_a_record(reply, "dead" if index == "dead" else "unknown")
-            if not fields or (state and fields.get("state") != state):
-                continue
-            out.append((k, rid, fields, mine))
-            if len(out) >= limit:
-                break
-        if len(out) >= limit:
-            break
-    # The history of the runs that have one (the record's 'hist' flag), in one more round
-    # trip: a listing shows the same run as `show` does, its timeline included.
-    pipe = jq.redis.pipeline(transaction=False)
-    with_history = [(k, rid, mine) for k, rid, fields, mine in out if fields.get("hist")]
-    for k, rid, _ in with_history:
-        pipe.lrange(k.history(rid), 0, -1)
-    histories = {
-        (k.queue, k.partition, rid): checked(lines, k.history(rid), "list", mine, [])
-        for (k, rid, mine), lines in zip(
-            with_history, pipe.execute(raise_on_error=False) if with_history else [], strict=True
-        )
-    }
-    return Listing(
-        [
-            Run.from_hash(
-                rid,
-                k.partition,
-                f,
-                histories.get((k.queue, k.partition, rid), []),
-                k.queue,
-                tuple(mine),
-                key=k.run(rid),
-            )
-            for k, rid, f, mine in out
-        ],
-        unique(found),
-    )
+    cursor: str | None = None,
+    **filters: Any,
+) -> RunPage:
+    """A page of runs (newest finished first; pending by due time): ``listing.runs_page``
+    with its filters (``task``, ``prefix``, ``error``, ``since_ms``, ``until_ms``,
+    ``order``) by keyword. The page says how many runs the listing holds and gives the
+    cursor of the next page: it never stops short without saying so."""
+    query = RunQuery(state=state, queue=queue, job=job, **filters)
+    return runs_page(jq, query, cursor=cursor, limit=limit)
 
 
 def schedules(

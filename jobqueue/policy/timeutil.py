@@ -53,6 +53,28 @@ def instant_to_ms(at: Instant) -> int:
     return _finite_ms(at, "at")
 
 
+_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_AGO_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def when_to_ms(text: str, now_ms: int, what: str = "time") -> int:
+    """A time a person types, in ms: a duration ago ('90s', '10m', '2h', '1d', '1w'), or an
+    ISO 8601 time ('2026-12-04T10:00', UTC unless it names its zone). ConfigError names
+    what is wrong."""
+    value = text.strip()
+    ago = _AGO.fullmatch(value)
+    if ago:
+        return now_ms - _finite_ms(float(ago.group(1)) * _AGO_SECONDS[ago.group(2)], what)
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"{what}: {text[:60]!r} is neither a duration ago (10m, 2h, 1d) nor an ISO time "
+            "(2026-12-04T10:00)"
+        ) from None
+    return int((at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
 def seconds_to_ms(value: float, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"{what} must be a positive number of seconds, not {value!r}")

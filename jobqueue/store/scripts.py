@@ -68,6 +68,7 @@ SCRIPT_NAMES = (
     "flow_commit",
     "flow_abort",
     "read_records",
+    "index_page",
 )
 PRELUDE = "_prelude"
 
