@@ -82,6 +82,7 @@ def test_runs_filters_by_task_error_prefix_and_time(jq: JobQueue) -> None:
     assert ids("--error", "timeout") == ["new-1", "old-1"]
     assert ids("--task", "mail") == ["new-1"]
     assert ids("--prefix", "new-") == ["new-1", "new-2"]
+    assert ids("--contains", "w-") == ["new-1", "new-2"]
     assert ids("--since", "10m") == ["new-1", "new-2"]
     assert ids("--until", "30m", "--state", "dead") == ["old-1"]
 

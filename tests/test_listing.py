@@ -31,7 +31,8 @@ def enqueue(jq: JobQueue, ids: Iterable[str], task: str = "report", queue: str =
 
 def finish(jq: JobQueue, ids: list[str], at_ms: int, *, fail: bool = False,
            queue: str = "default", task: str = "report", error: str = "boom") -> None:
-    """Create runs and finish them at ``at_ms`` (done, or dead with ``error``)."""
+    """Create runs and finish them at ``at_ms`` (done, or dead with ``error``). The claim
+    takes the oldest due runs: call it while no other run is due."""
     enqueue(jq, ids, task, queue)
     for keys in {jq.keys_for(queue, rid) for rid in ids}:
         claimed = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, len(ids), "w", 30_000, DAY)))
@@ -316,3 +317,10 @@ def test_a_query_that_cannot_be_answered_is_refused(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         runs_page(jq, query)
+
+
+def test_a_part_of_a_run_id_finds_every_run_that_holds_it(jq: JobQueue) -> None:
+    finish(jq, ["invoice-42", "receipt-7", "old-invoice"], jq.server_time_ms(), fail=True)
+    page = runs_page(jq, RunQuery(contains="invoice"))
+    assert sorted(r.run_id for r in page) == ["invoice-42", "old-invoice"]
+    assert not page.total_exact

@@ -166,6 +166,7 @@ def listing_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             click.option("--task", help="Runs of this task."),
             click.option("--job", help="Runs of this recurring job (run ids job@...)."),
             click.option("--prefix", help="Runs whose id starts with this."),
+            click.option("--contains", help="Runs whose id holds this."),
             click.option("--error", "error_text", help="Runs whose error holds this text "
                          "(any case)."),
             click.option("--since", help="From this time on: 10m (ago), 2h, 1d, or an ISO "
@@ -201,6 +202,7 @@ def run_query(jq: Any, state: str | None, filters: dict[str, Any]) -> RunQuery:
         task=filters.get("task"),
         job=filters.get("job"),
         prefix=filters.get("prefix"),
+        contains=filters.get("contains"),
         error=filters.get("error_text"),
         since_ms=when_to_ms(filters["since"], now, "--since") if filters.get("since") else None,
         until_ms=when_to_ms(filters["until"], now, "--until") if filters.get("until") else None,

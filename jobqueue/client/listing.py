@@ -93,6 +93,7 @@ class RunQuery:
     task: str | None = None
     job: str | None = None
     prefix: str | None = None
+    contains: str | None = None
     error: str | None = None
     since_ms: int | None = None
     until_ms: int | None = None
@@ -135,6 +136,8 @@ class RunQuery:
 
     def matches_id(self, run_id: str) -> bool:
         if self.prefix and not run_id.startswith(self.prefix):
+            return False
+        if self.contains and self.contains not in run_id:
             return False
         return not self.job or run_id == self.job or run_id.rpartition("@")[0] == self.job
 
@@ -288,14 +291,15 @@ def _page_steps(
     scanned = 0
     counted: dict[str, int] = {}
     foreign: set[str] = set()
+    growth = 1  # x4 after each round that left the page short (its filters drop entries)
     while place is not None and len(rows) < limit and scanned < scan_limit:
         index, order = place.index, query.order_of(place.index)
         desc = order == "desc"
         want = limit - len(rows)
         # One more than the page needs: a partition that holds no more says so by giving
         # fewer, and the page knows it is the last.
-        fetch = max(1, min(FETCH_MAX, scan_limit - scanned, want * 4 if query.reads_records
-                           else want + 1))
+        fetch = max(1, min(FETCH_MAX, scan_limit - scanned, (want + 1) * growth))
+        growth *= 4
         live = [k for k in parts if getattr(k, index) not in foreign]
         calls = [
             INDEX_PAGE.call(
@@ -359,7 +363,7 @@ def _page_steps(
         unique(found),
         next_cursor=place.encode() if place is not None else None,
         total=total,
-        total_exact=not (query.reads_records or query.job or query.prefix),
+        total_exact=not (query.reads_records or query.job or query.prefix or query.contains),
         scanned=scanned,
     )
 

@@ -35,7 +35,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jobqueue.client import flow_queries, queries
+from jobqueue.client import flow_queries, listing, queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.charts import Series, svg_chart
 from jobqueue.dashboard.flow_drawing import draw
@@ -49,8 +49,8 @@ from jobqueue.errors import (
     OperationRefused,
     UnknownQueue,
 )
-from jobqueue.models import STATES, split_entry
-from jobqueue.policy.timeutil import abs_time, duration, instants_shown, relative
+from jobqueue.models import STATES, Run, split_entry
+from jobqueue.policy.timeutil import abs_time, duration, instants_shown, relative, when_to_ms
 from jobqueue.store.events import KINDS
 
 HERE = Path(__file__).parent
@@ -240,38 +240,86 @@ def leases_page(request: Request) -> Response:
     )
 
 
-def runs_page(request: Request) -> Response:
+PAGE_SIZES = (25, 50, 100, 500)
+# The filters a listing's URL and a bulk action's form carry (the CLI's options).
+FILTER_FIELDS = ("state", "queue", "task", "job", "q", "error", "since", "until",
+                 "since_ms", "until_ms", "order")
+
+
+def _run_query(jq: JobQueue, p: Any, state: str | None = None) -> listing.RunQuery:
+    """The listing a page's parameters (or a bulk form's fields) ask for; ConfigError (a 400)
+    names a bad one. ``since``/``until`` take what the CLI's do (10m, 2h, an ISO time);
+    ``since_ms``/``until_ms`` are those resolved, as a confirmation form carries them."""
+    def instant(name: str) -> int | None:
+        exact = p.get(f"{name}_ms") or ""
+        if exact:
+            if not (exact.isascii() and exact.isdigit()) or len(exact) > 16:
+                raise ConfigError(f"{name}_ms must be a time in ms")
+            return int(exact)
+        text = (p.get(name) or "").strip()
+        return when_to_ms(text, jq.server_time_ms(), name) if text else None
+
+    chosen = state or p.get("state") or None
+    if chosen is not None and chosen not in STATES:
+        raise ConfigError(f"unknown state {chosen!r}")
+    return listing.RunQuery(
+        state=chosen,
+        queue=p.get("queue") or None,
+        task=p.get("task") or None,
+        job=p.get("job") or None,
+        contains=(p.get("q") or "").strip() or None,
+        error=p.get("error") or None,
+        since_ms=instant("since"),
+        until_ms=instant("until"),
+        order=p.get("order") or None,
+    )
+
+
+def _limit(p: Any) -> int:
+    try:
+        return max(1, min(1000, int(p.get("limit") or 50)))
+    except ValueError:
+        raise ConfigError("limit must be a number") from None
+
+
+def _listing(request: Request, path: str, state: str | None = None) -> dict[str, Any]:
+    """A page of a run listing, the links to the next and first pages (every filter kept),
+    and the filter itself, for the bulk actions' forms."""
     jq = _settings(request).jq
     p = request.query_params
-    state = p.get("state") or None
-    if state is not None and state not in STATES:
-        return PlainTextResponse(f"unknown state {state!r}", 400)
-    queue, job, search = p.get("queue") or None, p.get("job") or None, p.get("q", "").strip()
-    try:
-        limit = max(1, min(1000, int(p.get("limit") or 100)))
-    except ValueError:
-        return PlainTextResponse("limit must be a number", 400)
-    if search:
+    query = _run_query(jq, p, state)
+    page = listing.runs_page(jq, query, cursor=p.get("cursor") or None, limit=_limit(p))
+    kept = [(k, v) for k, v in p.multi_items() if k != "cursor" and v]
+    here = _root(request) + path
+    return {
+        "page": page,
+        "runs": page,
+        "params": p,
+        "query": query,
+        "first_url": here + ("?" + urlencode(kept) if kept else "") if p.get("cursor") else "",
+        "next_url": here + "?" + urlencode([*kept, ("cursor", page.next_cursor)])
+        if page.next_cursor else "",
+        "filters": [(k, v) for k, v in kept if k in FILTER_FIELDS],
+        "here": here + ("?" + urlencode(p.multi_items()) if p else ""),
+        "page_sizes": PAGE_SIZES,
+        "queues": sorted(jq.queues()),
+        "anomalies": list(page.anomalies) + queries.all_anomalies(list(page)),
+        "live": {"queue": query.queue},
+    }
+
+
+def runs_page(request: Request) -> Response:
+    jq = _settings(request).jq
+    search = request.query_params.get("q", "").strip()
+    if search and not request.query_params.get("cursor"):
         try:
-            exact = jq.find_run(search, queue)
-        except InvalidRunId:  # no run can have that id: search for it inside ids instead
+            exact = jq.find_run(search, request.query_params.get("queue") or None)
+        except InvalidRunId:  # no run can have that id: it is a prefix to look for
             exact = None
         if exact is not None:
             target = f"/run?id={quote(exact.run_id, safe='')}&queue={quote(exact.queue)}"
             return RedirectResponse(_root(request) + target, status_code=303)
-    found = queries.runs(jq, state=state, queue=queue, job=job, limit=limit)
-    anomalies = queries.all_anomalies(found)
-    shown = [r for r in found if search in r.run_id] if search else found
-    return render(
-        request,
-        "runs.html",
-        runs=shown,
-        params=p,
-        search=search,
-        queues=sorted(jq.queues()),
-        anomalies=anomalies,
-        live={"queue": queue},
-    )
+    return render(request, "runs.html", search=search, **_listing(request, "/runs"))
 
 
 def run_page(request: Request) -> Response:
@@ -325,14 +373,7 @@ def schedules_page(request: Request) -> Response:
 
 
 def dead_page(request: Request) -> Response:
-    p = request.query_params
-    found = queries.runs(
-        _settings(request).jq, state="dead", queue=p.get("queue") or None, limit=500
-    )
-    return render(
-        request, "dead.html", runs=found, params=p, anomalies=queries.all_anomalies(found),
-        live={"queue": p.get("queue") or None},
-    )
+    return render(request, "dead.html", **_listing(request, "/dead", "dead"))
 
 
 def workers_page(request: Request) -> Response:
@@ -465,6 +506,62 @@ def _trigger(jq: JobQueue, form: Form) -> str:
     return f"created {handle.run_id} in queue {handle.queue}"
 
 
+# Bulk actions on a filter: each acts on the runs the filter lists whose state allows it.
+BULK_OPS: dict[str, tuple[frozenset[str], str]] = {
+    "retry": (frozenset({"dead", "cancelled"}), "retry"),
+    "cancel": (frozenset({"pending", "waiting", "running"}), "cancel"),
+    "purge": (frozenset({"dead"}), "delete for good"),
+}
+MAX_BULK = 100_000  # runs one bulk action takes at most (a narrower filter for more)
+
+
+def _bulk_targets(jq: JobQueue, form: Form) -> tuple[str, list[Run], listing.RunQuery]:
+    """The bulk action asked for and the runs it would act on now: every page of its
+    filter, those in a state it applies to."""
+    op = _one(form, "op")
+    if op not in BULK_OPS:
+        raise ValueError(f"unknown bulk action {op!r}")
+    allowed = BULK_OPS[op][0]
+    query = _run_query(jq, dict(form))
+    targets = []
+    for run in listing.iter_runs(jq, query, page_size=500):
+        if run.state in allowed:
+            targets.append(run)
+            if len(targets) > MAX_BULK:
+                raise OperationRefused(
+                    f"more than {MAX_BULK:,} runs match: narrow the filter, or use the CLI"
+                )
+    return op, targets, query
+
+
+def _bulk(jq: JobQueue, form: Form) -> str:
+    op, targets, _ = _bulk_targets(jq, form)
+    done, refused = 0, 0
+    if op == "retry":
+        for start in range(0, len(targets), 500):
+            chunk = [(r.run_id, jq.keys_for(r.queue, r.run_id))
+                     for r in targets[start : start + 500]]
+            for changed, _previous in jq.requeue_located(chunk):
+                done, refused = done + changed, refused + (not changed)
+    elif op == "cancel":
+        for r in targets:
+            try:
+                jq.cancel(r.run_id, queue=r.queue, reason="cancelled from the dashboard")
+                done += 1
+            except JobQueueError:
+                refused += 1  # finished meanwhile
+    else:
+        by_queue: dict[str, list[str]] = {}
+        for r in targets:
+            by_queue.setdefault(r.queue, []).append(r.run_id)
+        for queue, ids in by_queue.items():
+            purged = jq.purge_dead(ids, queue)
+            done, refused = done + purged, refused + len(ids) - purged
+    verb = {"retry": "retried", "cancel": "cancelled", "purge": "deleted"}[op]
+    message = f"{verb} {done:,} of {len(targets):,} matching run(s)"
+    return message + (f"; {refused:,} had changed state meanwhile" if refused else "")
+
+
 # Actions that delete for good: the first POST only shows what would go; the second, with
 # confirm=yes, does it.
 CONFIRMED_ACTIONS = frozenset({"purge"})
@@ -478,6 +575,7 @@ ACTIONS: dict[str, Callable[[JobQueue, Form], str]] = {
     "pause-queue": _pause_queue,
     "resume-queue": _resume_queue,
     "trigger": _trigger,
+    "bulk": _bulk,
 }
 
 
@@ -517,6 +615,22 @@ async def action(request: Request) -> Response:
     handler = ACTIONS.get(name)
     if handler is None:
         return PlainTextResponse(f"unknown action {name!r}", 404)
+    if name == "bulk" and ("confirm", "yes") not in form:
+        # Every bulk action is confirmed, on a page that says how many runs it takes now;
+        # the times of the filter are fixed there, so "10m" means the same on both POSTs.
+        try:
+            op, targets, query = await run_in_threadpool(_bulk_targets, s.jq, form)
+        except (JobQueueError, ValueError) as exc:
+            return PlainTextResponse(f"bulk refused: {exc}"[:300], 400)
+        fields = [(k, v) for k, v in form
+                  if k in FILTER_FIELDS and k not in ("since", "until") and v]
+        fields += [(f"{k}_ms", str(v)) for k, v in
+                   (("since", query.since_ms), ("until", query.until_ms)) if v is not None]
+        fields += [("op", op), ("next", _back(form, _root(request) + "/runs"))]
+        return render(request, "confirm_bulk.html", op=op, what=BULK_OPS[op][1],
+                      allowed=sorted(BULK_OPS[op][0]), ids=[r.run_id for r in targets[:50]],
+                      count=len(targets), fields=fields,
+                      back=_back(form, _root(request) + "/runs"))
     if name in CONFIRMED_ACTIONS and ("confirm", "yes") not in form:
         # Destructive: a page that says what will go, whose button re-posts with confirm=yes
         # (no JavaScript dialog; `jobqueue dead purge` asks for --yes the same way).
