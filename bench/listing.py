@@ -25,6 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from _common import (
     QUICK_BASELINE_REQUESTS,
@@ -39,7 +40,7 @@ from _common import (
 
 from jobqueue import JobQueue
 from jobqueue.client.base import Request
-from jobqueue.client.listing import RunPage, RunQuery, runs_page
+from jobqueue.client.listing import RunQuery, runs_page
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 DEFAULT_N, QUICK_N = 1_000_000, 100_000
@@ -89,15 +90,25 @@ def fill(jq: JobQueue, n: int) -> tuple[int, int]:
     return started, jq.server_time_ms()
 
 
-def walk(jq: JobQueue, query: RunQuery, page: int) -> tuple[list[float], list[RunPage]]:
-    """Every page to the end: each page's seconds, and the pages (their counts)."""
+class Seen(NamedTuple):
+    """What a page said (the page itself is dropped: a million runs kept alive would make the
+    collector's work, and so the later pages, grow with the depth)."""
+
+    rows: int
+    total: int
+    total_exact: bool
+    scanned: int
+
+
+def walk(jq: JobQueue, query: RunQuery, page: int) -> tuple[list[float], list[Seen]]:
+    """Every page to the end: each page's seconds, and what each said."""
     times, pages = [], []
     cursor = None
     while True:
         t = time.perf_counter()
         got = runs_page(jq, query, cursor=cursor, limit=page)
         times.append(time.perf_counter() - t)
-        pages.append(got)
+        pages.append(Seen(len(got), got.total, got.total_exact, got.scanned))
         if got.next_cursor is None:
             return times, pages
         cursor = got.next_cursor
@@ -158,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(exc))
     serial = baselines.write_serial
     rtt = 1 / serial.ops_per_s if serial is not None and serial.ops_per_s else None
-    listed = sum(len(p) for p in done_pages)
+    listed = sum(p.rows for p in done_pages)
     tenth = max(1, len(done_t) // 10)
     head, tail = statistics.mean(done_t[:tenth]), statistics.mean(done_t[-tenth:])
     rows = []
@@ -168,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("walk state=dead error~timeout", error_t, error_pages),
     ):
         rows.append([
-            name, f"{len(times):,}", f"{sum(len(p) for p in pages):,}", ms(pct(times, 0.5)),
+            name, f"{len(times):,}", f"{sum(p.rows for p in pages):,}", ms(pct(times, 0.5)),
             ms(pct(times, 0.99)), ms(max(times)), f"{sum(times):.1f}",
             f"{pct(times, 0.5) / rtt:,.0f}" if rtt else "-",
         ])
@@ -184,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say()
     say(f"done listing: {listed:,} rows over {len(done_t):,} pages; counted "
         f"{done_pages[0].total:,} on its first page (exact: {done_pages[0].total_exact})")
-    say(f"cancelled: {sum(len(p) for p in cancelled_pages):,} found in "
+    say(f"cancelled: {sum(p.rows for p in cancelled_pages):,} found in "
         f"{sum(p.scanned for p in cancelled_pages):,} entries looked at")
     say(f"time range: counted {window_page.total:,} exactly ({window_page.total_exact}); "
         f"every state: counted {everything.total:,}")
@@ -193,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{ratio:.2f}x (target <= {TARGET_DEPTH_RATIO}x) "
         f"{'PASS' if ratio <= TARGET_DEPTH_RATIO else 'MISS'}")
     cancelled = -(-n // BATCH)  # one a batch
-    found = sum(len(p) for p in cancelled_pages)
+    found = sum(p.rows for p in cancelled_pages)
     if listed != n - cancelled or found != cancelled:
         return fail(f"the walks listed {listed:,} done and {found:,} cancelled runs, not "
                     f"{n - cancelled:,} and {cancelled:,}")

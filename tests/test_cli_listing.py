@@ -128,6 +128,11 @@ def test_dead_purge_all_of_an_error_asks_with_the_count(jq: JobQueue) -> None:
     assert jq.find_run("t1") is None and jq.get_run("k1").state == "dead"
 
 
+def test_dead_retry_of_run_ids_takes_their_queue(jq: JobQueue) -> None:
+    finish(jq, ["x1"], jq.server_time_ms(), fail=True)
+    assert "retried 1 of 1" in ok(invoke(jq, "dead", "retry", "x1", "--queue", "default"))
+
+
 @pytest.mark.parametrize(
     "args", [["x1", "--all"], ["x1", "--task", "mail"], ["--task", "mail"], []]
 )

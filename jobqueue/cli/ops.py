@@ -672,7 +672,8 @@ def dead_list(
 
 def _dead_ids(jq: Any, run_ids: tuple[str, ...], all_: bool, filters: dict[str, Any]
               ) -> list[str]:
-    chosen = {k: v for k, v in filters.items() if v}
+    # --queue also says where the given run ids are; the other filters only choose.
+    chosen = {k: v for k, v in filters.items() if v and k != "queue"}
     if run_ids and (all_ or chosen):
         raise click.UsageError("give run ids, or --all (with filters), not both")
     if chosen and not all_:
