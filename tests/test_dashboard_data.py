@@ -1,11 +1,10 @@
 """The data behind the dashboard's charts: queries.throughput and queries.queue_totals (shared
-with the CLI) and the in-memory sampler of depth and lateness."""
+with the CLI). The history of depth and lateness is tests/test_dashboard_history.py's."""
 
 from __future__ import annotations
 
 from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
-from jobqueue.dashboard.sampler import Sampler
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 MIN = 60_000
@@ -66,42 +65,3 @@ def test_queue_totals_sum_partitions_and_keep_the_latest_due_run() -> None:
     (total,) = queries.queue_totals([part(0, 5, 100), part(1, 2, None), part(2, 1, 900)])
     assert (total.partitions, total.due_now, total.running, total.done_last_hour) == (3, 8, 6, 12)
     assert total.oldest_due_age_ms == 900
-
-
-def test_sampler_keeps_at_most_one_point_per_interval() -> None:
-    sampler = Sampler(every_s=10)
-    row = queries.QueueTotals("q", 1, 3, 0, 1, 0, 0, 0, 0, 2_000)
-    assert sampler.record(0, [row]) is True
-    assert sampler.record(5_000, [row]) is False
-    assert sampler.record(10_000, [row]) is True
-    assert sampler.depth("q", 10_000) == [(0, 3), (10_000, 3)]
-    assert sampler.lateness_s("q", 10_000) == [(0, 2.0), (10_000, 2.0)]
-
-
-def test_sampler_forgets_points_older_than_its_window() -> None:
-    sampler = Sampler(every_s=10, window_s=60)
-    row = queries.QueueTotals("q", 1, 1, 0, 0, 0, 0, 0, 0, None)
-    for t in range(0, 200_000, 10_000):
-        sampler.record(t, [row])
-    points = sampler.depth("q", 190_000)
-    assert points[0][0] >= 130_000 and len(points) <= 7
-
-
-def test_sampler_reads_the_cli_stats_from_redis(jq: JobQueue) -> None:
-    jq.declare_task("report")
-    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
-    jq.enqueue(jq.resolve_task("report").with_options(run_id="r2"))
-    sampler = Sampler(every_s=10)
-    assert sampler.sample(jq) is True
-    now = jq.server_time_ms()
-    ((_, depth),) = sampler.depth("default", now)
-    assert depth == 2
-
-
-def test_sampler_ends_the_line_with_the_current_reading() -> None:
-    sampler = Sampler(every_s=10)
-    old = queries.QueueTotals("q", 1, 3, 0, 0, 0, 0, 0, 0, None)
-    new = queries.QueueTotals("q", 1, 5, 0, 0, 0, 0, 0, 0, None)
-    sampler.record(0, [old])
-    assert sampler.depth("q", 4_000, new) == [(0, 3), (4_000, 5)]
-    assert sampler.depth("fresh-queue", 4_000, new) == [(4_000, 5)]

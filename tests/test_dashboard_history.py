@@ -1,18 +1,25 @@
-"""The history of the queues' gauges in Redis (jobqueue.client.gauges): a point per minute
-for the last hour and per hour for the last week, one per minute whatever the number of
-writers, bounded, and read over foreign data without an error."""
+"""The history of the queues' gauges in Redis (jobqueue.client.gauges) and the dashboard's
+sampler that writes it: a point per minute for the last hour and per hour for the last week,
+one per minute whatever the number of dashboards, shared by all of them and kept through a
+restart, bounded, and read over foreign data without an error."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from typing import Any
 
 import pytest
+from starlette.testclient import TestClient
 
 from jobqueue.client import gauges
 from jobqueue.client.gauges import HOURS, MINUTES, GaugePoint
 from jobqueue.client.queries import QueueTotals
 from jobqueue.client.sync import JobQueue
+from jobqueue.dashboard.app import create_app
+from jobqueue.dashboard.sampler import Sampler
+from jobqueue.runtime.clock import FakeClock
 
 MIN = 60_000
 HOUR = 60 * MIN
@@ -155,3 +162,93 @@ def test_fields_that_are_not_points_are_anomalies_and_the_rest_is_read(
         "field '99' is not a slot (0 to 59)",
         "field 'x' is not a slot (0 to 59)",
     ]
+
+
+# -- the sampler --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def queued(jq: JobQueue) -> JobQueue:
+    jq.declare_task("report")
+    for run_id in ("r1", "r2"):
+        jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
+    return jq
+
+
+def test_a_sampler_writes_the_queues_as_redis_holds_them(queued: JobQueue) -> None:
+    clock = FakeClock(now_ms=T0)
+    assert Sampler(queued, clock=clock).sample() is True
+    assert [p.due_now for p in points(queued, MINUTES, T0, "default")] == [2]
+
+
+def test_of_two_dashboards_looking_in_one_minute_only_the_first_writes(queued: JobQueue) -> None:
+    clock = FakeClock(now_ms=T0)
+    first, second = Sampler(queued, clock=clock), Sampler(queued, clock=clock)
+    assert first.sample() is True
+    clock.advance(20)
+    assert second.sample() is False
+    assert first.sample() is False  # nor the first again
+    assert [p.at_ms for p in points(queued, MINUTES, T0 + MIN, "default")] == [T0]
+    clock.advance(40)  # the next minute: whoever looks first
+    assert second.sample() is True
+    assert first.sample() is False
+    assert [p.at_ms for p in points(queued, MINUTES, T0 + MIN, "default")] == [T0, T0 + MIN]
+
+
+# -- the pages -------------------------------------------------------------------------------------
+
+pages = pytest.mark.real_only  # what the pages show does not depend on the backend
+
+
+def depth_points(page: str, queue: str = "default") -> int:
+    """How many points the 'due now' line of a queue's depth chart has."""
+    chart = re.search(rf'<svg[^>]*id="chart-depth-{queue}".*?</svg>', page, re.S)
+    assert chart, "no depth chart"
+    line = re.search(r'<polyline points="([^"]+)"', chart.group(0))
+    if line:
+        return len(line.group(1).split())
+    return len(re.findall(r"<circle", chart.group(0))) // 2  # a lone point: a dot per series
+
+
+def wait_for_a_point(jq: JobQueue, queue: str = "default") -> None:
+    deadline = time.monotonic() + 10
+    while not gauges.history(jq, [queue], MINUTES, jq.server_time_ms())[0].points:
+        assert time.monotonic() < deadline, "no point was written within 10 s"
+        time.sleep(0.02)
+
+
+@pages
+def test_two_dashboards_show_the_same_history(queued: JobQueue) -> None:
+    sampling = TestClient(create_app(queued))
+    assert sampling.get("/workers").status_code == 200  # its first request starts its sampler
+    wait_for_a_point(queued)
+    other = TestClient(create_app(queued, sample_every_s=None))  # samples nothing itself
+    # the point the first wrote, then the page's own reading
+    assert depth_points(other.get("/queues").text) == 2
+
+
+@pages
+def test_a_dashboard_started_again_shows_the_history_recorded_before(queued: JobQueue) -> None:
+    before = create_app(queued)
+    TestClient(before).get("/workers")
+    wait_for_a_point(queued)
+    del before
+    again = TestClient(create_app(queued, sample_every_s=None))
+    assert depth_points(again.get("/queues").text) == 2
+
+
+@pages
+def test_a_page_alone_has_only_its_own_reading(queued: JobQueue) -> None:
+    """The control of the two tests above: with no history, the line is one point."""
+    alone = TestClient(create_app(queued, sample_every_s=None))
+    assert depth_points(alone.get("/queues").text) == 1
+
+
+@pages
+def test_a_foreign_history_key_is_an_anomaly_on_the_page_not_an_error(
+    queued: JobQueue, redis_client: Any
+) -> None:
+    redis_client.set("jq:gauges:m:default", "foreign")
+    reply = TestClient(create_app(queued, sample_every_s=None)).get("/queues")
+    assert reply.status_code == 200
+    assert "<code>jq:gauges:m:default</code>: holds another type, not a hash" in reply.text

@@ -54,7 +54,8 @@ def is_loopback(host: str) -> bool:
     default=DEFAULT_SAMPLE_EVERY_S,
     show_default=True,
     type=FiniteFloat(1),
-    help="Seconds between samples of queue depth and lateness (kept in memory for an hour).",
+    help="Seconds between the history sampler's looks: the first dashboard to look in a minute "
+    "writes that minute's point of each queue's depth and lateness to Redis.",
 )
 @click.option(
     "--connect-timeout",

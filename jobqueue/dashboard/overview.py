@@ -1,0 +1,71 @@
+"""What the queues page shows, from what was read (pure: no Redis call): each queue's
+charts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from jobqueue.client.gauges import MINUTES, GaugePoint, point_of
+from jobqueue.client.queries import QueueTotals, Throughput
+from jobqueue.dashboard.charts import Series, svg_chart
+
+
+def _line(
+    points: Sequence[GaugePoint], now: int, current: QueueTotals | None,
+    value: Callable[[GaugePoint], float],
+) -> list[tuple[float, float]]:  # fmt: skip
+    rows = [(float(p.at_ms), value(p)) for p in points]
+    if current is not None and (not rows or rows[-1][0] < now):
+        rows.append((float(now), value(point_of(current, now))))  # the page's own reading
+    return rows
+
+
+def _gauge_charts(
+    queue: str, points: Sequence[GaugePoint], now: int, current: QueueTotals | None,
+    common: dict[str, Any], suffix: str, note: str,
+) -> dict[str, str]:  # fmt: skip
+    return {
+        "depth": svg_chart(
+            [
+                Series("due now", _line(points, now, current, lambda p: p.due_now)),
+                Series("running", _line(points, now, current, lambda p: p.running)),
+            ],
+            title="depth" + note,
+            element_id=f"chart-depth{suffix}-{queue}",
+            **common,
+        ),
+        "lateness": svg_chart(
+            [Series("oldest due, s", _line(points, now, current, lambda p: p.late_ms / 1000))],
+            title="lateness" + note,
+            element_id=f"chart-lateness{suffix}-{queue}",
+            **common,
+        ),
+    }
+
+
+def hour_charts(
+    current: QueueTotals, now: int, flow: Throughput | None, points: Sequence[GaugePoint]
+) -> dict[str, str]:
+    """The last hour: throughput per minute (from the finish times), depth and lateness
+    (the minute points in Redis, ended by the page's own reading)."""
+    q = current.queue
+    labels = [(now - m * 60_000, f"-{m}m" if m else "now") for m in (60, 45, 30, 15, 0)]
+    common: dict[str, Any] = {"x_min": now - MINUTES.window_ms, "x_max": now, "x_labels": labels}
+    finished: list[tuple[float, float]] = []
+    dead: list[tuple[float, float]] = []
+    if flow is not None:
+        # Bar i ends at its bucket's end, so the last bar sits at "now".
+        ends = [flow.start_ms + (i + 1) * flow.bucket_ms for i in range(len(flow.finished))]
+        finished = list(zip(ends, flow.finished, strict=True))
+        dead = list(zip(ends, flow.dead, strict=True))
+    charts = {
+        "throughput": svg_chart(
+            [Series("finished/min", finished), Series("dead/min", dead)],
+            title="throughput",
+            bars=True,
+            element_id=f"chart-throughput-{q}",
+            **common,
+        ),
+    }
+    return charts | _gauge_charts(q, points, now, current, common, "", "")
