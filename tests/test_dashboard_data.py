@@ -1,10 +1,19 @@
-"""The data behind the dashboard's charts: queries.throughput and queries.queue_totals (shared
-with the CLI). The history of depth and lateness is tests/test_dashboard_history.py's."""
+"""The data behind the dashboard's charts and totals: queries.throughput and
+queries.queue_totals (shared with the CLI), the home page's totals over every queue and what it
+reads of the Redis servers (server_info). The history of depth and lateness is
+tests/test_dashboard_history.py's."""
 
 from __future__ import annotations
 
-from jobqueue.client import queries
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue.client import queries, server_info
 from jobqueue.client.sync import JobQueue
+from jobqueue.dashboard.overview import Overall, overall
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 MIN = 60_000
@@ -65,3 +74,46 @@ def test_queue_totals_sum_partitions_and_keep_the_latest_due_run() -> None:
     (total,) = queries.queue_totals([part(0, 5, 100), part(1, 2, None), part(2, 1, 900)])
     assert (total.partitions, total.due_now, total.running, total.done_last_hour) == (3, 8, 6, 12)
     assert total.oldest_due_age_ms == 900
+
+
+def test_the_overall_totals_add_up_every_partition_of_every_queue() -> None:
+    def part(queue: str, p: int, counters: dict[str, int]) -> queries.PartitionStats:
+        return queries.PartitionStats(queue, p, due_now=1, scheduled_later=2, running=3,
+                                      expired_leases=0, dead=4, done_last_minute=0,
+                                      done_last_hour=0, oldest_due_age_ms=None,
+                                      counters=counters, waiting=5)  # fmt: skip
+
+    rows = [part("a", 0, {"completed": 10, "failed": 1}), part("a", 1, {"completed": 5}),
+            part("b", 0, {"failed": 2, "dead": 7})]  # fmt: skip
+    assert overall(rows) == Overall(processed=15, failed=3, busy=9, enqueued=3, scheduled=6,
+                                    waiting=15, dead=12)  # fmt: skip
+
+
+class _Refusing:
+    """A node's connection whose user may not run INFO."""
+
+    def info(self) -> dict[str, Any]:
+        raise redis.exceptions.NoPermissionError("this user has no permissions to run 'info'")
+
+
+class _Cluster:
+    """What server_info reads of a cluster client: its masters and a connection to each."""
+
+    def __init__(self, masters: dict[str, Any]) -> None:
+        self.masters = masters
+
+    def get_primaries(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name=name) for name in self.masters]
+
+    def get_redis_connection(self, node: SimpleNamespace) -> Any:
+        return self.masters[node.name]
+
+
+@pytest.mark.real_only
+def test_a_clusters_servers_are_read_one_row_per_master(redis_client: Any) -> None:
+    cluster = _Cluster({"10.0.0.2:7000": _Refusing(), "10.0.0.1:7000": redis_client})
+    rows = server_info.servers(SimpleNamespace(redis=cluster))  # type: ignore[arg-type]
+    assert [r.address for r in rows] == ["10.0.0.1:7000", "10.0.0.2:7000"]
+    assert rows[0].error is None and rows[0].version == redis_client.info()["redis_version"]
+    assert rows[1].version is None
+    assert rows[1].error == "INFO: this user has no permissions to run 'info'"

@@ -141,7 +141,7 @@ def mounted(queued: JobQueue) -> TestClient:
     return TestClient(host, follow_redirects=False)
 
 
-PAGES = ["/queues", "/runs", "/run?id=r1", "/leases", "/flows", "/schedules", "/dead",
+PAGES = ["/", "/queues", "/runs", "/run?id=r1", "/leases", "/flows", "/schedules", "/dead",
          "/workers", "/events"]  # fmt: skip
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import re
 import time
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+import redis
 from markupsafe import escape
 from starlette.testclient import TestClient
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
+from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import WORKERS_KEY
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
@@ -61,8 +64,66 @@ def post(client: TestClient, action: str, page: str, **fields: str) -> str:
     return reply.headers["location"]
 
 
-def test_root_goes_to_the_queues_page(client: TestClient) -> None:
-    assert client.get("/").headers["location"] == "/queues"
+def totals_shown(page: str) -> dict[str, int]:
+    return {name: int(n) for name, n in
+            re.findall(r"<dt>(\w+)</dt><dd>(?:<a [^>]*>)?(\d+)", page)}  # fmt: skip
+
+
+def test_the_home_page_totals_every_queue(jq: JobQueue, client: TestClient) -> None:
+    report = jq.resolve_task("report")
+    jq.enqueue(report.with_options(run_id="done"))
+    keys = jq.keys_for("default", "done")
+    jq.scripts.run(COMPLETE.call(keys, [("done", claim(jq, "done"), "null")], 60_000))
+    jq.declare_task("flaky", max_attempts=3)
+    jq.enqueue(jq.resolve_task("flaky").with_options(run_id="flaky"))
+    keys = jq.keys_for("default", "flaky")
+    jq.scripts.run(FAIL.call(keys, "flaky", claim(jq, "flaky"), "boom", 60_000, 60_000))
+    kill(jq, "gone")  # a failed attempt too
+    jq.enqueue(report.with_options(run_id="busy"))
+    claim(jq, "busy")
+    jq.enqueue(report.with_options(run_id="after-busy", depends_on=["busy"]))
+    jq.enqueue(report.with_options(run_id="now"))
+    jq.enqueue(report.with_options(run_id="mail-now", queue="emails"))
+    jq.enqueue(report.with_options(run_id="mail-later", queue="emails", delay=600))
+    page = client.get("/").text
+    assert totals_shown(page) == {"processed": 1, "failed": 2, "busy": 1, "enqueued": 2,
+                                  "scheduled": 2, "waiting": 1, "dead": 1}  # fmt: skip
+    assert "Over 2 queue(s)" in page
+
+
+def test_the_home_page_shows_what_redis_says_of_itself(
+    redis_client: Any, client: TestClient
+) -> None:
+    info = redis_client.info()
+    page = client.get("/").text
+    (row,) = re.findall(r"<tbody>(.*?)</tbody>", page.split('id="servers"')[1], re.S)
+    cells = [c.strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    assert cells[1].endswith(" " + (info.get("valkey_version") or info["redis_version"]))
+    assert cells[2] == info["used_memory_human"] or cells[2].endswith(("K", "M"))
+    assert cells[3] == ("no limit" if not info["maxmemory"] else info["maxmemory_human"])
+    assert cells[4] == info["maxmemory_policy"]
+    assert int(cells[5]) >= 1 and cells[6] == str(info["evicted_keys"])
+
+
+def test_a_redis_user_refused_info_sees_why_on_the_home_page(
+    jq: JobQueue, redis_client: Any, real_server: EmbeddedServer
+) -> None:
+    redis_client.acl_setuser("no-info", enabled=True, passwords=["+pw"], keys=["*"],
+                             channels=["*"], commands=["+@all", "-info"])  # fmt: skip
+    try:
+        limited = redis.Redis.from_url(real_server.url, username="no-info", password="pw",
+                                       decode_responses=True)  # fmt: skip
+        page = TestClient(create_app(JobQueue(limited), sample_every_s=None)).get("/")
+        limited.close()
+    finally:
+        redis_client.acl_deluser("no-info")
+    assert page.status_code == 200
+    assert re.search(r'<td colspan="7" class="warn">INFO: [^<]*permissions', page.text)
+
+
+def test_the_queues_page_is_still_there_for_the_links_to_it(client: TestClient) -> None:
+    assert client.get("/queues").status_code == 200
+    assert '<a href="/queues">Queues</a>' in client.get("/").text
 
 
 def test_queues_page_shows_totals_and_three_charts_per_queue(

@@ -464,7 +464,7 @@ def test_every_dashboard_page_renders_over_foreign_data_and_writes_nothing(
     before = keyspace(redis_client)
     # Pages write nothing; the app's history sampler (off here) writes its own keys only.
     client = TestClient(create_app(jq, sample_every_s=None))
-    for page in ["/queues", "/runs", "/leases", "/dead", "/workers", "/schedules", "/flows",
+    for page in ["/", "/queues", "/runs", "/leases", "/dead", "/workers", "/schedules", "/flows",
                  "/run?id=seed-dead", "/runs?q=seed"]:  # fmt: skip
         reply = client.get(page)
         # 409: what was asked cannot be read (e.g. the scheduler partition count); 404: the

@@ -37,7 +37,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jobqueue.client import flow_queries, gauges, queries
+from jobqueue.client import flow_queries, gauges, queries, server_info
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard import overview
 from jobqueue.dashboard.flow_drawing import draw
@@ -154,6 +154,21 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
 
 
 # -- pages -----------------------------------------------------------------------------------
+
+
+def home_page(request: Request) -> Response:
+    """Totals over every queue, and what the Redis server (each master) says of itself."""
+    jq = _settings(request).jq
+    per_partition = queries.stats(jq)
+    return render(
+        request,
+        "home.html",
+        overall=overview.overall(per_partition),
+        queues=len(queries.queue_totals(per_partition)),
+        servers=server_info.servers(jq),
+        anomalies=queries.all_anomalies(per_partition),
+        live={},
+    )
 
 
 def queues_page(request: Request) -> Response:
@@ -561,10 +576,7 @@ def create_app(
         middleware.append(Middleware(AuthGate, credentials=credentials, secret=secret))
     app = Starlette(
         routes=[
-            Route(
-                "/",
-                lambda request: RedirectResponse(_root(request) + "/queues", status_code=303),
-            ),
+            Route("/", home_page),
             Route("/queues", queues_page),
             Route("/leases", leases_page),
             Route("/runs", runs_page),

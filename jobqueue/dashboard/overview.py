@@ -1,14 +1,42 @@
-"""What the queues page shows, from what was read (pure: no Redis call): each queue's
-charts."""
+"""What the home and queues pages show, from what was read (pure: no Redis call): totals
+over all queues and each queue's charts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from jobqueue.client.gauges import MINUTES, GaugePoint, point_of
-from jobqueue.client.queries import QueueTotals, Throughput
+from jobqueue.client.queries import PartitionStats, QueueTotals, Throughput
 from jobqueue.dashboard.charts import Series, svg_chart
+
+
+@dataclass(frozen=True)
+class Overall:
+    """Every queue added up. The first two are the partitions' counters (since each was
+    created; a repartition folds a removed partition's into the ones left); the others are
+    the indexes now."""
+
+    processed: int  # attempts that completed (counter 'completed')
+    failed: int  # attempts that raised (counter 'failed'), retried or not
+    busy: int  # running: holding a lease
+    enqueued: int  # pending and due now
+    scheduled: int  # pending, due later (delays and retries' backoff)
+    waiting: int  # workflow runs waiting for their dependencies
+    dead: int  # in the dead-letter sets
+
+
+def overall(per_partition: Sequence[PartitionStats]) -> Overall:
+    return Overall(
+        processed=sum(s.counters.get("completed", 0) for s in per_partition),
+        failed=sum(s.counters.get("failed", 0) for s in per_partition),
+        busy=sum(s.running for s in per_partition),
+        enqueued=sum(s.due_now for s in per_partition),
+        scheduled=sum(s.scheduled_later for s in per_partition),
+        waiting=sum(s.waiting for s in per_partition),
+        dead=sum(s.dead for s in per_partition),
+    )
 
 
 def _line(
