@@ -13,7 +13,7 @@ import redis
 
 from jobqueue.client import queries, server_info
 from jobqueue.client.sync import JobQueue
-from jobqueue.dashboard.overview import Overall, overall
+from jobqueue.dashboard.overview import Overall, is_active, overall
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 MIN = 60_000
@@ -87,6 +87,23 @@ def test_the_overall_totals_add_up_every_partition_of_every_queue() -> None:
             part("b", 0, {"failed": 2, "dead": 7})]  # fmt: skip
     assert overall(rows) == Overall(processed=15, failed=3, busy=9, enqueued=3, scheduled=6,
                                     waiting=15, dead=12)  # fmt: skip
+
+
+def test_a_queue_with_nothing_due_running_or_finished_in_the_hour_is_idle(jq: JobQueue) -> None:
+    jq.register_queue("quiet")
+    (flow,) = queries.throughput(jq, "quiet")
+    (row,) = queries.queue_totals(queries.stats(jq, "quiet"))
+    assert is_active(row, flow, []) is False
+
+
+def test_a_queue_that_finished_a_run_in_the_hour_is_active(jq: JobQueue) -> None:
+    jq.declare_task("report", max_attempts=1)
+    now = jq.server_time_ms()
+    finish(jq, "a", now - 30 * MIN)
+    (flow,) = queries.throughput(jq, now_ms=now)
+    (row,) = queries.queue_totals(queries.stats(jq))
+    assert (row.due_now, row.running) == (0, 0)
+    assert is_active(row, flow, []) is True
 
 
 class _Refusing:

@@ -224,7 +224,7 @@ def test_two_dashboards_show_the_same_history(queued: JobQueue) -> None:
     wait_for_a_point(queued)
     other = TestClient(create_app(queued, sample_every_s=None))  # samples nothing itself
     # the point the first wrote, then the page's own reading
-    assert depth_points(other.get("/queues").text) == 2
+    assert depth_points(other.get("/queue?name=default").text) == 2
 
 
 @pages
@@ -241,14 +241,18 @@ def test_a_dashboard_started_again_shows_the_history_recorded_before(queued: Job
 def test_a_page_alone_has_only_its_own_reading(queued: JobQueue) -> None:
     """The control of the two tests above: with no history, the line is one point."""
     alone = TestClient(create_app(queued, sample_every_s=None))
-    assert depth_points(alone.get("/queues").text) == 1
+    assert depth_points(alone.get("/queue?name=default").text) == 1
 
 
 @pages
+@pytest.mark.parametrize("page", ["/queues", "/queue?name=default"])
 def test_a_foreign_history_key_is_an_anomaly_on_the_page_not_an_error(
-    queued: JobQueue, redis_client: Any
+    queued: JobQueue, redis_client: Any, page: str
 ) -> None:
     redis_client.set("jq:gauges:m:default", "foreign")
-    reply = TestClient(create_app(queued, sample_every_s=None)).get("/queues")
+    redis_client.hset("jq:gauges:h:default", "3", "{garbage")
+    reply = TestClient(create_app(queued, sample_every_s=None)).get(page)
     assert reply.status_code == 200
     assert "<code>jq:gauges:m:default</code>: holds another type, not a hash" in reply.text
+    if page.startswith("/queue?"):  # the week's chart reads the hours
+        assert "<code>jq:gauges:h:default</code>: field &#39;3&#39; is" in reply.text

@@ -141,8 +141,8 @@ def mounted(queued: JobQueue) -> TestClient:
     return TestClient(host, follow_redirects=False)
 
 
-PAGES = ["/", "/queues", "/runs", "/run?id=r1", "/leases", "/flows", "/schedules", "/dead",
-         "/workers", "/events"]  # fmt: skip
+PAGES = ["/", "/queues", "/queue?name=default", "/runs", "/run?id=r1", "/leases", "/flows",
+         "/schedules", "/dead", "/workers", "/events"]  # fmt: skip
 
 
 @pytest.mark.parametrize("page", PAGES)

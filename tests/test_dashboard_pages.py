@@ -126,18 +126,42 @@ def test_the_queues_page_is_still_there_for_the_links_to_it(client: TestClient) 
     assert '<a href="/queues">Queues</a>' in client.get("/").text
 
 
-def test_queues_page_shows_totals_and_three_charts_per_queue(
+def test_queues_page_shows_totals_and_three_charts_per_active_queue(
     jq: JobQueue, client: TestClient
 ) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r2", delay=600))
     page = client.get("/queues").text
-    row = re.search(r"<tr>\s*<td><a href=\"/runs\?queue=default\">default</a>.*?</tr>", page, re.S)
+    row = re.search(r'<tr>\s*<td><a href="/queue\?name=default">default</a>.*?</tr>', page, re.S)
     assert row
-    cells = re.findall(r'<td class="num[^"]*">(\d+)</td>', row.group(0))
+    cells = re.findall(r'<td class="num[^"]*">(?:<a [^>]*>)?(\d+)', row.group(0))
     assert cells[:3] == ["1", "1", "1"]  # partitions, due now, later
     for chart in ("throughput", "depth", "lateness"):
         assert f'id="chart-{chart}-default"' in page
+
+
+def test_an_idle_queue_is_listed_without_charts_which_are_a_click_away(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    jq.register_queue("quiet")
+    page = client.get("/queues").text
+    assert '<a href="/queue?name=quiet">quiet</a>' in page.split('id="queues"')[1]
+    assert 'id="chart-depth-quiet"' not in page and 'id="chart-depth-default"' in page
+    idle = re.search(r'<p class="note" id="idle">.*?</p>', page, re.S)
+    assert idle and '<a href="/queue?name=quiet">quiet</a>' in idle.group(0)
+    own = client.get("/queue?name=quiet").text
+    for chart in ("throughput", "depth", "lateness", "depth-week", "lateness-week"):
+        assert f'id="chart-{chart}-quiet"' in own
+
+
+@pytest.mark.parametrize(("query", "status"), [("?name=nope", 404), ("?name=bad%20name", 400),
+                                               ("", 400)])  # fmt: skip
+def test_a_queue_page_naming_no_usable_queue_says_so(
+    client: TestClient, query: str, status: int
+) -> None:
+    reply = client.get("/queue" + query)
+    assert reply.status_code == status and reply.text
 
 
 def test_run_ids_payloads_and_errors_are_escaped(jq: JobQueue, client: TestClient) -> None:

@@ -172,7 +172,8 @@ def home_page(request: Request) -> Response:
 
 
 def queues_page(request: Request) -> Response:
-    """Every queue in a table, and its charts of the last hour."""
+    """Every queue in a table; the charts of the last hour for those that did something in
+    it (an idle queue's are on its own page, a click away)."""
     jq = _settings(request).jq
     now = jq.server_time_ms()
     per_partition = queries.stats(jq)
@@ -180,18 +181,51 @@ def queues_page(request: Request) -> Response:
     flowing = queries.throughput(jq, now_ms=now)
     flows = {t.queue: t for t in flowing}
     kept = gauges.history(jq, [t.queue for t in totals], gauges.MINUTES, now)
-    charts = [
-        {"queue": t.queue, **overview.hour_charts(t, now, flows.get(t.queue), h.points)}
-        for t, h in zip(totals, kept, strict=True)
-    ]
+    charts, idle = [], []
+    for t, h in zip(totals, kept, strict=True):
+        if overview.is_active(t, flows.get(t.queue), h.points):
+            charts.append({"queue": t.queue,
+                           **overview.hour_charts(t, now, flows.get(t.queue), h.points)})
+        else:
+            idle.append(t.queue)
     return render(
         request,
         "queues.html",
         now=now,
         totals=totals,
         charts=charts,
+        idle=idle,
         anomalies=queries.all_anomalies(per_partition, flowing, kept),
         live={},
+    )
+
+
+def queue_page(request: Request) -> Response:
+    """One queue: its row, its charts of the last hour and of the last week."""
+    jq = _settings(request).jq
+    name = request.query_params.get("name", "")
+    if not name:
+        return PlainTextResponse("name the queue: /queue?name=Q", 400)
+    now = jq.server_time_ms()
+    per_partition = queries.stats(jq, name)  # an unknown queue: 404; a malformed name: 400
+    totals = queries.queue_totals(per_partition)
+    if not totals:  # its partition count is not usable: the anomaly says why
+        return render(request, "missing.html", status_code=404, what=f"queue {name!r}",
+                      why="its partition count cannot be read",
+                      anomalies=queries.all_anomalies(per_partition))  # fmt: skip
+    (t,) = totals
+    flowing = queries.throughput(jq, name, now_ms=now)
+    minutes = gauges.history(jq, [name], gauges.MINUTES, now)
+    hours = gauges.history(jq, [name], gauges.HOURS, now)
+    return render(
+        request,
+        "queue.html",
+        now=now,
+        t=t,
+        hour=overview.hour_charts(t, now, flowing[0] if flowing else None, minutes[0].points),
+        week=overview.week_charts(name, now, hours[0].points),
+        anomalies=queries.all_anomalies(per_partition, flowing, minutes, hours),
+        live={"queue": name},
     )
 
 
@@ -578,6 +612,7 @@ def create_app(
         routes=[
             Route("/", home_page),
             Route("/queues", queues_page),
+            Route("/queue", queue_page),
             Route("/leases", leases_page),
             Route("/runs", runs_page),
             Route("/run", run_page),

@@ -1,5 +1,5 @@
-"""What the home and queues pages show, from what was read (pure: no Redis call): totals
-over all queues and each queue's charts."""
+"""What the home, queues and queue pages show, from what was read (pure: no Redis call):
+totals over all queues, each queue's charts, and whether a queue did anything in the hour."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobqueue.client.gauges import MINUTES, GaugePoint, point_of
+from jobqueue.client.gauges import HOURS, MINUTES, GaugePoint, point_of
 from jobqueue.client.queries import PartitionStats, QueueTotals, Throughput
 from jobqueue.dashboard.charts import Series, svg_chart
+
+DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,16 @@ def overall(per_partition: Sequence[PartitionStats]) -> Overall:
         waiting=sum(s.waiting for s in per_partition),
         dead=sum(s.dead for s in per_partition),
     )
+
+
+def is_active(current: QueueTotals, flow: Throughput | None, points: Sequence[GaugePoint]) -> bool:
+    """Whether a queue did anything in the hour: runs finished or died, or runs were due or
+    running at a sample or now. An idle queue's charts would be flat lines."""
+    if current.due_now or current.running:
+        return True
+    if flow is not None and (any(flow.finished) or any(flow.dead)):
+        return True
+    return any(p.due_now or p.running or p.late_ms for p in points)
 
 
 def _line(
@@ -97,3 +109,10 @@ def hour_charts(
         ),
     }
     return charts | _gauge_charts(q, points, now, current, common, "", "")
+
+
+def week_charts(queue: str, now: int, points: Sequence[GaugePoint]) -> dict[str, str]:
+    """The last week: each hour's largest depth and lateness (the hour points in Redis)."""
+    labels = [(now - d * DAY_MS, f"-{d}d" if d else "now") for d in range(7, -1, -1)]
+    common: dict[str, Any] = {"x_min": now - HOURS.window_ms, "x_max": now, "x_labels": labels}
+    return _gauge_charts(queue, points, now, None, common, "-week", ", largest per hour")
