@@ -42,7 +42,14 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard import overview
 from jobqueue.dashboard.flow_drawing import draw
 from jobqueue.dashboard.sampler import DEFAULT_SAMPLE_EVERY_S, Sampler, StartsSampler
-from jobqueue.dashboard.security import CSRF_FIELD, SESSION_COOKIE, AuthGate, Credentials, Csrf
+from jobqueue.dashboard.security import (
+    CSRF_FIELD,
+    SESSION_COOKIE,
+    AuthGate,
+    Credentials,
+    Csrf,
+    ReadOnlyGate,
+)
 from jobqueue.errors import (
     ConfigError,
     ConnectionFailed,
@@ -76,6 +83,7 @@ class Settings:
     jq: JobQueue
     csrf: Csrf
     templates: jinja2.Environment
+    read_only: bool = False  # no action buttons; every change refused (ReadOnlyGate)
 
 
 def _environment() -> jinja2.Environment:
@@ -143,6 +151,7 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
         anomalies=anomalies,
         root=_root(request),
         live_url=live_url,
+        read_only=s.read_only,
         **context,
     )
     response = HTMLResponse(body, status_code=status_code)
@@ -575,12 +584,15 @@ def create_app(
     allowed_hosts: list[str] | None = None,
     secret: bytes | None = None,
     events_stream_s: float = STREAM_S,
+    read_only: bool = False,
 ) -> Starlette:
     """The dashboard for ``jq``. ``allowed_hosts`` (Host header check) guards a loopback
     dashboard against DNS rebinding; ``secret`` signs CSRF tokens (random if not given);
     ``events_stream_s``: how long one live-update stream lasts before the browser reconnects
     (from the last event it got); ``sample_every_s``: seconds between the history sampler's
-    looks (None: this app samples nothing, and shows what other dashboards recorded).
+    looks (None: this app samples nothing, and shows what other dashboards recorded);
+    ``read_only``: no action buttons, and every request but a GET or a HEAD (every action)
+    is refused with a 403.
 
     The sampler starts with the app's first request, so it runs where the host never runs
     the app's lifespan (mounted in Starlette, FastAPI or a Django ASGI router); it also starts
@@ -604,6 +616,8 @@ def create_app(
     if sampler is not None:  # outermost: every request that reaches the app starts it
         middleware.append(Middleware(StartsSampler, sampler=sampler))
     middleware.append(Middleware(BaseHTTPMiddleware, dispatch=_add_headers))
+    if read_only:  # before anything else looks at a change: refused, whoever asks
+        middleware.append(Middleware(ReadOnlyGate))
     if allowed_hosts:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
     if credentials is not None and credentials.required:
@@ -637,6 +651,6 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    app.state.settings = Settings(jq, Csrf(secret), _environment())
+    app.state.settings = Settings(jq, Csrf(secret), _environment(), read_only)
     app.state.stream_s = events_stream_s
     return app
