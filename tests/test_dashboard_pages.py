@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -405,3 +406,52 @@ def test_a_run_id_in_two_queues_asks_for_the_queue(jq: JobQueue, client: TestCli
     reply = client.get("/run?id=twin")
     assert reply.status_code == 409 and "name the queue" in reply.text
     assert client.get("/run?id=twin&queue=emails").status_code == 200
+
+
+# -- a phone's screen --------------------------------------------------------------------------
+
+STYLESHEET = Path(__file__).resolve().parent.parent / "jobqueue/dashboard/static/style.css"
+PAGES = ["/", "/queues", "/queue?name=default", "/runs", "/run?id=r1", "/leases", "/flows",
+         "/schedules", "/dead", "/workers", "/events"]  # fmt: skip
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_is_laid_out_for_the_device_width_with_the_stylesheet_only(
+    jq: JobQueue, client: TestClient, page: str
+) -> None:
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    text = client.get(page).text
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in text
+    assert not re.search(r"<style|\sstyle=", text)  # the CSP's style-src 'self': no inline style
+
+
+@pytest.mark.parametrize("page", ["/", "/queues", "/queue?name=default", "/run?id=r1",
+                                  "/leases", "/schedules", "/events"])  # fmt: skip
+def test_a_pages_tables_scroll_inside_their_own_box(
+    jq: JobQueue, client: TestClient, page: str
+) -> None:
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    claim(jq, "r1")  # a lease to list
+    jq.schedule("nightly", "report", every=3600)
+    text = client.get(page).text
+    tables = re.findall(r"(.{0,40})<table", text, re.S)
+    assert tables and all(before.rstrip().endswith('<div class="scroll">') for before in tables)
+
+
+def rules(css: str) -> dict[str, str]:
+    """selector -> declarations (comments left out)."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    return {sel.strip(): body for sel, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css)}
+
+
+def test_on_a_phone_the_navigation_wraps_and_a_wide_table_scrolls_not_the_page() -> None:
+    css = STYLESHEET.read_text()
+    phone = re.search(r"@media \(max-width: 640px\) \{(.*?)\n\}", css, re.S)
+    assert phone, "no rules for narrow screens"
+    wide = rules(css.replace(phone.group(0), ""))
+    assert "flex-wrap: wrap" in wide["nav"]
+    assert "overflow-x: auto" in wide[".scroll"]
+    narrow = rules(phone.group(1))
+    # the tables of pages that have no .scroll box scroll inside themselves
+    assert "overflow-x: auto" in narrow["main > table, main > form > table"]
+    assert "flex-basis: 100%" in narrow["nav .clock"]  # the clock takes a line of its own
