@@ -1,11 +1,19 @@
-"""The data behind the dashboard's charts: queries.throughput and queries.queue_totals (shared
-with the CLI) and the in-memory sampler of depth and lateness."""
+"""The data behind the dashboard's charts and totals: queries.throughput and
+queries.queue_totals (shared with the CLI), the home page's totals over every queue and what it
+reads of the Redis servers (server_info). The history of depth and lateness is
+tests/test_dashboard_history.py's."""
 
 from __future__ import annotations
 
-from jobqueue.client import queries
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+
+from jobqueue.client import queries, server_info
 from jobqueue.client.sync import JobQueue
-from jobqueue.dashboard.sampler import Sampler
+from jobqueue.dashboard.overview import Overall, is_active, overall
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 MIN = 60_000
@@ -68,40 +76,61 @@ def test_queue_totals_sum_partitions_and_keep_the_latest_due_run() -> None:
     assert total.oldest_due_age_ms == 900
 
 
-def test_sampler_keeps_at_most_one_point_per_interval() -> None:
-    sampler = Sampler(every_s=10)
-    row = queries.QueueTotals("q", 1, 3, 0, 1, 0, 0, 0, 0, 2_000)
-    assert sampler.record(0, [row]) is True
-    assert sampler.record(5_000, [row]) is False
-    assert sampler.record(10_000, [row]) is True
-    assert sampler.depth("q", 10_000) == [(0, 3), (10_000, 3)]
-    assert sampler.lateness_s("q", 10_000) == [(0, 2.0), (10_000, 2.0)]
+def test_the_overall_totals_add_up_every_partition_of_every_queue() -> None:
+    def part(queue: str, p: int, counters: dict[str, int]) -> queries.PartitionStats:
+        return queries.PartitionStats(queue, p, due_now=1, scheduled_later=2, running=3,
+                                      expired_leases=0, dead=4, done_last_minute=0,
+                                      done_last_hour=0, oldest_due_age_ms=None,
+                                      counters=counters, waiting=5)  # fmt: skip
+
+    rows = [part("a", 0, {"completed": 10, "failed": 1}), part("a", 1, {"completed": 5}),
+            part("b", 0, {"failed": 2, "dead": 7})]  # fmt: skip
+    assert overall(rows) == Overall(processed=15, failed=3, busy=9, enqueued=3, scheduled=6,
+                                    waiting=15, dead=12)  # fmt: skip
 
 
-def test_sampler_forgets_points_older_than_its_window() -> None:
-    sampler = Sampler(every_s=10, window_s=60)
-    row = queries.QueueTotals("q", 1, 1, 0, 0, 0, 0, 0, 0, None)
-    for t in range(0, 200_000, 10_000):
-        sampler.record(t, [row])
-    points = sampler.depth("q", 190_000)
-    assert points[0][0] >= 130_000 and len(points) <= 7
+def test_a_queue_with_nothing_due_running_or_finished_in_the_hour_is_idle(jq: JobQueue) -> None:
+    jq.register_queue("quiet")
+    (flow,) = queries.throughput(jq, "quiet")
+    (row,) = queries.queue_totals(queries.stats(jq, "quiet"))
+    assert is_active(row, flow, []) is False
 
 
-def test_sampler_reads_the_cli_stats_from_redis(jq: JobQueue) -> None:
-    jq.declare_task("report")
-    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
-    jq.enqueue(jq.resolve_task("report").with_options(run_id="r2"))
-    sampler = Sampler(every_s=10)
-    assert sampler.sample(jq) is True
+def test_a_queue_that_finished_a_run_in_the_hour_is_active(jq: JobQueue) -> None:
+    jq.declare_task("report", max_attempts=1)
     now = jq.server_time_ms()
-    ((_, depth),) = sampler.depth("default", now)
-    assert depth == 2
+    finish(jq, "a", now - 30 * MIN)
+    (flow,) = queries.throughput(jq, now_ms=now)
+    (row,) = queries.queue_totals(queries.stats(jq))
+    assert (row.due_now, row.running) == (0, 0)
+    assert is_active(row, flow, []) is True
 
 
-def test_sampler_ends_the_line_with_the_current_reading() -> None:
-    sampler = Sampler(every_s=10)
-    old = queries.QueueTotals("q", 1, 3, 0, 0, 0, 0, 0, 0, None)
-    new = queries.QueueTotals("q", 1, 5, 0, 0, 0, 0, 0, 0, None)
-    sampler.record(0, [old])
-    assert sampler.depth("q", 4_000, new) == [(0, 3), (4_000, 5)]
-    assert sampler.depth("fresh-queue", 4_000, new) == [(4_000, 5)]
+class _Refusing:
+    """A node's connection whose user may not run INFO."""
+
+    def info(self) -> dict[str, Any]:
+        raise redis.exceptions.NoPermissionError("this user has no permissions to run 'info'")
+
+
+class _Cluster:
+    """What server_info reads of a cluster client: its masters and a connection to each."""
+
+    def __init__(self, masters: dict[str, Any]) -> None:
+        self.masters = masters
+
+    def get_primaries(self) -> list[SimpleNamespace]:
+        return [SimpleNamespace(name=name) for name in self.masters]
+
+    def get_redis_connection(self, node: SimpleNamespace) -> Any:
+        return self.masters[node.name]
+
+
+@pytest.mark.real_only
+def test_a_clusters_servers_are_read_one_row_per_master(redis_client: Any) -> None:
+    cluster = _Cluster({"10.0.0.2:7000": _Refusing(), "10.0.0.1:7000": redis_client})
+    rows = server_info.servers(SimpleNamespace(redis=cluster))  # type: ignore[arg-type]
+    assert [r.address for r in rows] == ["10.0.0.1:7000", "10.0.0.2:7000"]
+    assert rows[0].error is None and rows[0].version == redis_client.info()["redis_version"]
+    assert rows[1].version is None
+    assert rows[1].error == "INFO: this user has no permissions to run 'info'"

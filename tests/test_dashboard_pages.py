@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+import redis
 from markupsafe import escape
 from starlette.testclient import TestClient
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
+from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import WORKERS_KEY
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
@@ -61,22 +65,104 @@ def post(client: TestClient, action: str, page: str, **fields: str) -> str:
     return reply.headers["location"]
 
 
-def test_root_goes_to_the_queues_page(client: TestClient) -> None:
-    assert client.get("/").headers["location"] == "/queues"
+def totals_shown(page: str) -> dict[str, int]:
+    return {name: int(n) for name, n in
+            re.findall(r"<dt>(\w+)</dt><dd>(?:<a [^>]*>)?(\d+)", page)}  # fmt: skip
 
 
-def test_queues_page_shows_totals_and_three_charts_per_queue(
+def test_the_home_page_totals_every_queue(jq: JobQueue, client: TestClient) -> None:
+    report = jq.resolve_task("report")
+    jq.enqueue(report.with_options(run_id="done"))
+    keys = jq.keys_for("default", "done")
+    jq.scripts.run(COMPLETE.call(keys, [("done", claim(jq, "done"), "null")], 60_000))
+    jq.declare_task("flaky", max_attempts=3)
+    jq.enqueue(jq.resolve_task("flaky").with_options(run_id="flaky"))
+    keys = jq.keys_for("default", "flaky")
+    jq.scripts.run(FAIL.call(keys, "flaky", claim(jq, "flaky"), "boom", 60_000, 60_000))
+    kill(jq, "gone")  # a failed attempt too
+    jq.enqueue(report.with_options(run_id="busy"))
+    claim(jq, "busy")
+    jq.enqueue(report.with_options(run_id="after-busy", depends_on=["busy"]))
+    jq.enqueue(report.with_options(run_id="now"))
+    jq.enqueue(report.with_options(run_id="mail-now", queue="emails"))
+    jq.enqueue(report.with_options(run_id="mail-later", queue="emails", delay=600))
+    page = client.get("/").text
+    assert totals_shown(page) == {"processed": 1, "failed": 2, "busy": 1, "enqueued": 2,
+                                  "scheduled": 2, "waiting": 1, "dead": 1}  # fmt: skip
+    assert "Over 2 queue(s)" in page
+
+
+def test_the_home_page_shows_what_redis_says_of_itself(
+    redis_client: Any, client: TestClient
+) -> None:
+    info = redis_client.info()
+    page = client.get("/").text
+    (row,) = re.findall(r"<tbody>(.*?)</tbody>", page.split('id="servers"')[1], re.S)
+    cells = [c.strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+    assert cells[1].endswith(" " + (info.get("valkey_version") or info["redis_version"]))
+    assert cells[2] == info["used_memory_human"] or cells[2].endswith(("K", "M"))
+    assert cells[3] == ("no limit" if not info["maxmemory"] else info["maxmemory_human"])
+    assert cells[4] == info["maxmemory_policy"]
+    assert int(cells[5]) >= 1 and cells[6] == str(info["evicted_keys"])
+
+
+def test_a_redis_user_refused_info_sees_why_on_the_home_page(
+    jq: JobQueue, redis_client: Any, real_server: EmbeddedServer
+) -> None:
+    redis_client.acl_setuser("no-info", enabled=True, passwords=["+pw"], keys=["*"],
+                             channels=["*"], commands=["+@all", "-info"])  # fmt: skip
+    try:
+        limited = redis.Redis.from_url(real_server.url, username="no-info", password="pw",
+                                       decode_responses=True)  # fmt: skip
+        page = TestClient(create_app(JobQueue(limited), sample_every_s=None)).get("/")
+        limited.close()
+    finally:
+        redis_client.acl_deluser("no-info")
+    assert page.status_code == 200
+    assert re.search(r'<td colspan="7" class="warn">INFO: [^<]*permissions', page.text)
+
+
+def test_the_queues_page_is_still_there_for_the_links_to_it(client: TestClient) -> None:
+    assert client.get("/queues").status_code == 200
+    assert '<a href="/queues">Queues</a>' in client.get("/").text
+
+
+def test_queues_page_shows_totals_and_three_charts_per_active_queue(
     jq: JobQueue, client: TestClient
 ) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r2", delay=600))
     page = client.get("/queues").text
-    row = re.search(r"<tr>\s*<td><a href=\"/runs\?queue=default\">default</a>.*?</tr>", page, re.S)
+    row = re.search(r'<tr>\s*<td><a href="/queue\?name=default">default</a>.*?</tr>', page, re.S)
     assert row
-    cells = re.findall(r'<td class="num[^"]*">(\d+)</td>', row.group(0))
+    cells = re.findall(r'<td class="num[^"]*">(?:<a [^>]*>)?(\d+)', row.group(0))
     assert cells[:3] == ["1", "1", "1"]  # partitions, due now, later
     for chart in ("throughput", "depth", "lateness"):
         assert f'id="chart-{chart}-default"' in page
+
+
+def test_an_idle_queue_is_listed_without_charts_which_are_a_click_away(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    jq.register_queue("quiet")
+    page = client.get("/queues").text
+    assert '<a href="/queue?name=quiet">quiet</a>' in page.split('id="queues"')[1]
+    assert 'id="chart-depth-quiet"' not in page and 'id="chart-depth-default"' in page
+    idle = re.search(r'<p class="note" id="idle">.*?</p>', page, re.S)
+    assert idle and '<a href="/queue?name=quiet">quiet</a>' in idle.group(0)
+    own = client.get("/queue?name=quiet").text
+    for chart in ("throughput", "depth", "lateness", "depth-week", "lateness-week"):
+        assert f'id="chart-{chart}-quiet"' in own
+
+
+@pytest.mark.parametrize(("query", "status"), [("?name=nope", 404), ("?name=bad%20name", 400),
+                                               ("", 400)])  # fmt: skip
+def test_a_queue_page_naming_no_usable_queue_says_so(
+    client: TestClient, query: str, status: int
+) -> None:
+    reply = client.get("/queue" + query)
+    assert reply.status_code == status and reply.text
 
 
 def test_run_ids_payloads_and_errors_are_escaped(jq: JobQueue, client: TestClient) -> None:
@@ -320,3 +406,52 @@ def test_a_run_id_in_two_queues_asks_for_the_queue(jq: JobQueue, client: TestCli
     reply = client.get("/run?id=twin")
     assert reply.status_code == 409 and "name the queue" in reply.text
     assert client.get("/run?id=twin&queue=emails").status_code == 200
+
+
+# -- a phone's screen --------------------------------------------------------------------------
+
+STYLESHEET = Path(__file__).resolve().parent.parent / "jobqueue/dashboard/static/style.css"
+PAGES = ["/", "/queues", "/queue?name=default", "/runs", "/run?id=r1", "/leases", "/flows",
+         "/schedules", "/dead", "/workers", "/events"]  # fmt: skip
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_is_laid_out_for_the_device_width_with_the_stylesheet_only(
+    jq: JobQueue, client: TestClient, page: str
+) -> None:
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    text = client.get(page).text
+    assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in text
+    assert not re.search(r"<style|\sstyle=", text)  # the CSP's style-src 'self': no inline style
+
+
+@pytest.mark.parametrize("page", ["/", "/queues", "/queue?name=default", "/run?id=r1",
+                                  "/leases", "/schedules", "/events"])  # fmt: skip
+def test_a_pages_tables_scroll_inside_their_own_box(
+    jq: JobQueue, client: TestClient, page: str
+) -> None:
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    claim(jq, "r1")  # a lease to list
+    jq.schedule("nightly", "report", every=3600)
+    text = client.get(page).text
+    tables = re.findall(r"(.{0,40})<table", text, re.S)
+    assert tables and all(before.rstrip().endswith('<div class="scroll">') for before in tables)
+
+
+def rules(css: str) -> dict[str, str]:
+    """selector -> declarations (comments left out)."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    return {sel.strip(): body for sel, body in re.findall(r"([^{}]+)\{([^{}]*)\}", css)}
+
+
+def test_on_a_phone_the_navigation_wraps_and_a_wide_table_scrolls_not_the_page() -> None:
+    css = STYLESHEET.read_text()
+    phone = re.search(r"@media \(max-width: 640px\) \{(.*?)\n\}", css, re.S)
+    assert phone, "no rules for narrow screens"
+    wide = rules(css.replace(phone.group(0), ""))
+    assert "flex-wrap: wrap" in wide["nav"]
+    assert "overflow-x: auto" in wide[".scroll"]
+    narrow = rules(phone.group(1))
+    # the tables of pages that have no .scroll box scroll inside themselves
+    assert "overflow-x: auto" in narrow["main > table, main > form > table"]
+    assert "flex-basis: 100%" in narrow["nav .clock"]  # the clock takes a line of its own

@@ -20,6 +20,7 @@ from jobqueue.cli.dashboard import is_loopback
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.dashboard.security import SESSION_COOKIE, TOKEN_COOKIE, Credentials
+from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM, FAIL
 
 # What this module checks does not depend on the backend: run on the real server only
@@ -259,3 +260,55 @@ def test_a_non_ascii_auth_cookie_is_refused_not_a_crash(jq: JobQueue) -> None:
     client = TestClient(create_app(jq, credentials=Credentials(token="t0k")))
     raw = f"{TOKEN_COOKIE}=\u00e9t\u00e9".encode()
     assert client.get("/queues", headers={"cookie": raw}).status_code == 401
+
+
+# -- read-only ---------------------------------------------------------------------------------
+
+ACTION_NAMES = ["retry", "purge", "cancel", "pause", "resume", "pause-queue", "resume-queue",
+                "trigger", "no-such-action"]  # fmt: skip
+
+
+@pytest.fixture
+def read_only(jq: JobQueue) -> TestClient:
+    return TestClient(create_app(jq, read_only=True, secret=b"s" * 32), follow_redirects=False)
+
+
+def test_a_read_only_dashboard_shows_no_action_button(jq: JobQueue, read_only: TestClient) -> None:
+    dead_run(jq, "gone")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="due"))
+    jq.schedule("nightly", "report", every=3600)
+    for page in ("/queues", "/queue?name=default", "/schedules", "/run?id=gone", "/run?id=due"):
+        text = read_only.get(page).text
+        assert "read-only</span>" in text, page
+        assert "/actions/" not in text and 'method="post"' not in text, page
+
+
+@pytest.mark.parametrize("name", ACTION_NAMES)
+def test_a_read_only_dashboard_refuses_every_action_whatever_its_token(
+    jq: JobQueue, read_only: TestClient, name: str
+) -> None:
+    dead_run(jq, "r1")
+    # A valid session and token, as a dashboard with the same secret hands out.
+    same_secret = TestClient(create_app(jq, secret=b"s" * 32))
+    token = csrf_token(same_secret)
+    session = same_secret.cookies[SESSION_COOKIE]
+    reply = read_only.post(f"/actions/{name}", headers={**FORM, "cookie": f"jq_session={session}"},
+                           content=f"csrf_token={token}&run_id=r1&confirm=yes&queue=default")
+    assert reply.status_code == 403
+    assert reply.text.startswith("this dashboard is read-only")
+    assert jq.get_run("r1").state == "dead" and not jq.queue_paused("default")
+
+
+def test_jobqueue_dashboard_read_only_serves_a_read_only_dashboard(
+    jq: JobQueue, real_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    result = CliRunner().invoke(main, ["--redis-url", real_server.url, "dashboard", "--read-only"])
+    assert result.exit_code == 0, result.output
+    (app,) = served
+    client = TestClient(app, base_url="http://127.0.0.1")  # a loopback dashboard checks Host
+    reply = client.post("/actions/retry", content="run_id=x", headers=FORM)
+    assert reply.status_code == 403 and "read-only" in reply.text

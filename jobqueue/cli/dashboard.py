@@ -54,7 +54,14 @@ def is_loopback(host: str) -> bool:
     default=DEFAULT_SAMPLE_EVERY_S,
     show_default=True,
     type=FiniteFloat(1),
-    help="Seconds between samples of queue depth and lateness (kept in memory for an hour).",
+    help="Seconds between the history sampler's looks: the first dashboard to look in a minute "
+    "writes that minute's point of each queue's depth and lateness to Redis.",
+)
+@click.option(
+    "--read-only",
+    is_flag=True,
+    help="Show no action button and refuse every change (403): a dashboard to look, not to "
+    "retry, purge, cancel or pause.",
 )
 @click.option(
     "--connect-timeout",
@@ -71,6 +78,7 @@ def dashboard(
     token: str | None,
     insecure: bool,
     sample_every: float,
+    read_only: bool,
     connect_timeout: float | None,
 ) -> None:
     """Serve the web dashboard: queues with charts, leases, runs, schedules, dead runs,
@@ -99,7 +107,11 @@ def dashboard(
     # rebinding (a name of theirs resolving to 127.0.0.1).
     allowed = ["127.0.0.1", "localhost", "::1", "[::1]", host] if loopback else None
     app = create_app(
-        jq, credentials=credentials, sample_every_s=sample_every, allowed_hosts=allowed
+        jq,
+        credentials=credentials,
+        sample_every_s=sample_every,
+        allowed_hosts=allowed,
+        read_only=read_only,
     )
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"jobqueue dashboard on http://{shown}:{port}/", err=True)

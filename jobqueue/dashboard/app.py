@@ -3,7 +3,9 @@
 
 Pages are GETs with no side effect; every change is a POST to ``/actions/<name>``, one route,
 so no action can skip the CSRF check. Handlers are plain functions run in Starlette's thread
-pool: the Redis client is synchronous and thread-safe.
+pool: the Redis client is synchronous and thread-safe. Besides the pages, the app runs one
+background task, the sampler (``sampler.py``), which writes the history of the queues' gauges
+(``jobqueue.client.gauges``) that the charts read.
 """
 
 from __future__ import annotations
@@ -35,12 +37,19 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jobqueue.client import flow_queries, listing, queries
+from jobqueue.client import flow_queries, gauges, listing, queries, server_info
 from jobqueue.client.sync import JobQueue
-from jobqueue.dashboard.charts import Series, svg_chart
+from jobqueue.dashboard import overview
 from jobqueue.dashboard.flow_drawing import draw
-from jobqueue.dashboard.sampler import DEFAULT_SAMPLE_EVERY_S, Sampler
-from jobqueue.dashboard.security import CSRF_FIELD, SESSION_COOKIE, AuthGate, Credentials, Csrf
+from jobqueue.dashboard.sampler import DEFAULT_SAMPLE_EVERY_S, Sampler, StartsSampler
+from jobqueue.dashboard.security import (
+    CSRF_FIELD,
+    SESSION_COOKIE,
+    AuthGate,
+    Credentials,
+    Csrf,
+    ReadOnlyGate,
+)
 from jobqueue.errors import (
     ConfigError,
     ConnectionFailed,
@@ -55,7 +64,6 @@ from jobqueue.store.events import KINDS
 
 HERE = Path(__file__).parent
 FLASH_COOKIE = "jq_flash"
-HOUR_MS = 3_600_000
 MAX_FORM_BYTES = 256 * 1024
 # One script, ours (static/live.js: live updates from the event logs); every page works
 # without it. Framing is refused (clickjacking on buttons).
@@ -74,8 +82,8 @@ SECURITY_HEADERS = {
 class Settings:
     jq: JobQueue
     csrf: Csrf
-    sampler: Sampler
     templates: jinja2.Environment
+    read_only: bool = False  # no action buttons; every change refused (ReadOnlyGate)
 
 
 def _environment() -> jinja2.Environment:
@@ -143,6 +151,7 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
         anomalies=anomalies,
         root=_root(request),
         live_url=live_url,
+        read_only=s.read_only,
         **context,
     )
     response = HTMLResponse(body, status_code=status_code)
@@ -156,72 +165,76 @@ def render(request: Request, name: str, status_code: int = 200, **context: Any) 
 # -- pages -----------------------------------------------------------------------------------
 
 
-def _minute_labels(now: int) -> list[tuple[float, str]]:
-    return [(now - m * 60_000, f"-{m}m" if m else "now") for m in (60, 45, 30, 15, 0)]
+def home_page(request: Request) -> Response:
+    """Totals over every queue, and what the Redis server (each master) says of itself."""
+    jq = _settings(request).jq
+    per_partition = queries.stats(jq)
+    return render(
+        request,
+        "home.html",
+        overall=overview.overall(per_partition),
+        queues=len(queries.queue_totals(per_partition)),
+        servers=server_info.servers(jq),
+        anomalies=queries.all_anomalies(per_partition),
+        live={},
+    )
 
 
 def queues_page(request: Request) -> Response:
-    s = _settings(request)
-    jq = s.jq
+    """Every queue in a table; the charts of the last hour for those that did something in
+    it (an idle queue's are on its own page, a click away)."""
+    jq = _settings(request).jq
     now = jq.server_time_ms()
     per_partition = queries.stats(jq)
     totals = queries.queue_totals(per_partition)
-    s.sampler.record(now, totals)
     flowing = queries.throughput(jq, now_ms=now)
     flows = {t.queue: t for t in flowing}
-    labels = _minute_labels(now)
-    charts = []
-    for t in totals:
-        flow = flows.get(t.queue)
-        # Bar i ends at its bucket's end, so the last bar sits at "now".
-        ends = (
-            []
-            if flow is None
-            else [flow.start_ms + (i + 1) * flow.bucket_ms for i in range(len(flow.finished))]
-        )
-        common: dict[str, Any] = {"x_min": now - HOUR_MS, "x_max": now, "x_labels": labels}
-        charts.append(
-            {
-                "queue": t.queue,
-                "throughput": svg_chart(
-                    [
-                        Series(
-                            "finished/min",
-                            list(zip(ends, flow.finished, strict=True)) if flow else [],
-                        ),
-                        Series("dead/min", list(zip(ends, flow.dead, strict=True)) if flow else []),
-                    ],
-                    title="throughput",
-                    bars=True,
-                    element_id=f"chart-throughput-{t.queue}",
-                    **common,
-                ),
-                "depth": svg_chart(
-                    [
-                        Series("due now", s.sampler.depth(t.queue, now, t)),
-                        Series("running", s.sampler.running(t.queue, now, t)),
-                    ],
-                    title="depth",
-                    element_id=f"chart-depth-{t.queue}",
-                    **common,
-                ),
-                "lateness": svg_chart(
-                    [Series("oldest due, s", s.sampler.lateness_s(t.queue, now, t))],
-                    title="lateness",
-                    element_id=f"chart-lateness-{t.queue}",
-                    **common,
-                ),
-            }
-        )
+    kept = gauges.history(jq, [t.queue for t in totals], gauges.MINUTES, now)
+    charts, idle = [], []
+    for t, h in zip(totals, kept, strict=True):
+        if overview.is_active(t, flows.get(t.queue), h.points):
+            charts.append({"queue": t.queue,
+                           **overview.hour_charts(t, now, flows.get(t.queue), h.points)})
+        else:
+            idle.append(t.queue)
     return render(
         request,
         "queues.html",
         now=now,
         totals=totals,
         charts=charts,
-        every_s=s.sampler.every_ms / 1000,
-        anomalies=queries.all_anomalies(per_partition, flowing),
+        idle=idle,
+        anomalies=queries.all_anomalies(per_partition, flowing, kept),
         live={},
+    )
+
+
+def queue_page(request: Request) -> Response:
+    """One queue: its row, its charts of the last hour and of the last week."""
+    jq = _settings(request).jq
+    name = request.query_params.get("name", "")
+    if not name:
+        return PlainTextResponse("name the queue: /queue?name=Q", 400)
+    now = jq.server_time_ms()
+    per_partition = queries.stats(jq, name)  # an unknown queue: 404; a malformed name: 400
+    totals = queries.queue_totals(per_partition)
+    if not totals:  # its partition count is not usable: the anomaly says why
+        return render(request, "missing.html", status_code=404, what=f"queue {name!r}",
+                      why="its partition count cannot be read",
+                      anomalies=queries.all_anomalies(per_partition))  # fmt: skip
+    (t,) = totals
+    flowing = queries.throughput(jq, name, now_ms=now)
+    minutes = gauges.history(jq, [name], gauges.MINUTES, now)
+    hours = gauges.history(jq, [name], gauges.HOURS, now)
+    return render(
+        request,
+        "queue.html",
+        now=now,
+        t=t,
+        hour=overview.hour_charts(t, now, flowing[0] if flowing else None, minutes[0].points),
+        week=overview.week_charts(name, now, hours[0].points),
+        anomalies=queries.all_anomalies(per_partition, flowing, minutes, hours),
+        live={"queue": name},
     )
 
 
@@ -681,48 +694,53 @@ def create_app(
     jq: JobQueue,
     *,
     credentials: Credentials | None = None,
-    sample_every_s: float = DEFAULT_SAMPLE_EVERY_S,
+    sample_every_s: float | None = DEFAULT_SAMPLE_EVERY_S,
     allowed_hosts: list[str] | None = None,
     secret: bytes | None = None,
     events_stream_s: float = STREAM_S,
+    read_only: bool = False,
 ) -> Starlette:
     """The dashboard for ``jq``. ``allowed_hosts`` (Host header check) guards a loopback
     dashboard against DNS rebinding; ``secret`` signs CSRF tokens (random if not given);
     ``events_stream_s``: how long one live-update stream lasts before the browser reconnects
-    (from the last event it got)."""
+    (from the last event it got); ``sample_every_s``: seconds between the history sampler's
+    looks (None: this app samples nothing, and shows what other dashboards recorded);
+    ``read_only``: no action buttons, and every request but a GET or a HEAD (every action)
+    is refused with a 403.
+
+    The sampler starts with the app's first request, so it runs where the host never runs
+    the app's lifespan (mounted in Starlette, FastAPI or a Django ASGI router); it also starts
+    at the lifespan's startup when one runs, and stops at its shutdown."""
     secret = secret or secrets.token_bytes(32)
-    sampler = Sampler(every_s=sample_every_s)
+    sampler = None if sample_every_s is None else Sampler(jq, every_s=sample_every_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async def loop() -> None:
-            while True:
-                with contextlib.suppress(Exception):  # Redis down: the pages say so
-                    await run_in_threadpool(sampler.sample, jq)
-                await asyncio.sleep(sample_every_s)
-
-        task = asyncio.create_task(loop())
+        if sampler is not None:
+            sampler.ensure_running()
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if sampler is not None:
+                await sampler.stop()
 
     from starlette.middleware.base import BaseHTTPMiddleware
 
-    middleware = [Middleware(BaseHTTPMiddleware, dispatch=_add_headers)]
+    middleware = []
+    if sampler is not None:  # outermost: every request that reaches the app starts it
+        middleware.append(Middleware(StartsSampler, sampler=sampler))
+    middleware.append(Middleware(BaseHTTPMiddleware, dispatch=_add_headers))
+    if read_only:  # before anything else looks at a change: refused, whoever asks
+        middleware.append(Middleware(ReadOnlyGate))
     if allowed_hosts:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
     if credentials is not None and credentials.required:
         middleware.append(Middleware(AuthGate, credentials=credentials, secret=secret))
     app = Starlette(
         routes=[
-            Route(
-                "/",
-                lambda request: RedirectResponse(_root(request) + "/queues", status_code=303),
-            ),
+            Route("/", home_page),
             Route("/queues", queues_page),
+            Route("/queue", queue_page),
             Route("/leases", leases_page),
             Route("/runs", runs_page),
             Route("/run", run_page),
@@ -747,6 +765,6 @@ def create_app(
         },
         lifespan=lifespan,
     )
-    app.state.settings = Settings(jq, Csrf(secret), sampler, _environment())
+    app.state.settings = Settings(jq, Csrf(secret), _environment(), read_only)
     app.state.stream_s = events_stream_s
     return app

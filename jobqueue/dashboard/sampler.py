@@ -1,82 +1,134 @@
-"""The last hour of queue depth and lateness, sampled by the dashboard process.
+"""The dashboard's background sampler: every ``every_s`` seconds it looks whether the current
+minute has its point of the queues' gauges in Redis yet, and if no dashboard took that minute,
+reads ``queries.stats`` and writes it (``jobqueue.client.gauges``).
 
-Redis keeps no time series of gauges (how many runs are due, how late the oldest is): the
-indexes hold only the present. Throughput needs no sampler (``queries.throughput`` counts
-the done and dead indexes, scored by finish time), but depth and lateness do: every
-``every_s`` seconds the dashboard reads ``queries.stats`` (the CLI's function) and keeps one
-point per queue in a ring bounded to the window. The ring lives in memory: it starts empty
-when the dashboard starts and costs nothing in Redis. Page loads record too (they read the
-same stats anyway), at most one point per ``every_s``.
+It must not depend on the host's lifespan: an app mounted in another (Starlette's ``Mount``,
+FastAPI's ``app.mount``, a Django ASGI router) never gets its lifespan run. So the app starts
+it on its first request (``ensure_running``, from a middleware), and also at its lifespan's
+startup when one runs; a lifespan shutdown stops it.
+
+Why an asyncio task on the serving loop rather than a thread: the task ends with its loop, so
+nothing outlives the server that served the app (a thread would go on writing after a test's
+or a reloaded server's loop is gone); the blocking Redis calls run in the loop's thread pool.
+A task whose loop stopped is replaced by one on the loop of the next request (a TestClient
+runs a loop per request), and each task checks at every look that it is still its sampler's
+current one: at most one samples per app, whatever the loops. The task holds its sampler
+only by a weak reference between looks, so an app dropped by its host is not kept alive: its
+task ends at its next look.
 """
 
 from __future__ import annotations
 
-import math
+import asyncio
+import contextlib
 import threading
-from collections import deque
-from dataclasses import dataclass
+import weakref
 
-from jobqueue.client import queries
+from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from jobqueue.client import gauges, queries
 from jobqueue.client.sync import JobQueue
+from jobqueue.runtime.clock import REAL_CLOCK, Clock
 
-
-@dataclass(frozen=True)
-class Sample:
-    at_ms: int  # server time
-    totals: dict[str, queries.QueueTotals]
-
-
-# Seconds between samples unless `jobqueue dashboard --sample-every` says otherwise.
+# Seconds between looks unless `jobqueue dashboard --sample-every` says otherwise. A look
+# costs one TIME (and one SET NX per minute); only the dashboard that takes a minute reads
+# the queues' stats.
 DEFAULT_SAMPLE_EVERY_S = 10.0
+# The name of the sampler's asyncio task (asyncio.all_tasks() shows it on the serving loop).
+TASK_NAME = "jobqueue-dashboard-sampler"
 
 
 class Sampler:
-    def __init__(self, every_s: float = DEFAULT_SAMPLE_EVERY_S, window_s: float = 3600.0) -> None:
-        self.every_ms = int(every_s * 1000)
-        self.window_ms = int(window_s * 1000)
-        self._ring: deque[Sample] = deque(maxlen=math.ceil(window_s / every_s) + 1)
-        self._lock = threading.Lock()  # the loop and page threads both record
+    def __init__(
+        self, jq: JobQueue, every_s: float = DEFAULT_SAMPLE_EVERY_S, clock: Clock = REAL_CLOCK
+    ) -> None:
+        self.jq = jq
+        self.every_s = every_s
+        self.clock = clock  # whose now_ms() None means the server's time (tests: a fake one)
+        self._lock = threading.Lock()  # loops in several threads may serve one app
+        self._task: asyncio.Task[None] | None = None
+        self._minute_seen: int | None = None  # the last minute this one tried to take
 
-    def record(self, at_ms: int, totals: list[queries.QueueTotals]) -> bool:
-        """Keep a point unless the last one is younger than ``every_s``; True if kept."""
+    @property
+    def running(self) -> bool:
+        task = self._task
+        return task is not None and not task.done() and task.get_loop().is_running()
+
+    def ensure_running(self) -> None:
+        """Start the sampler on the running loop unless one runs already (on any loop)."""
         with self._lock:
-            if self._ring and at_ms - self._ring[-1].at_ms < self.every_ms:
-                return False
-            self._ring.append(Sample(at_ms, {t.queue: t for t in totals}))
-            return True
+            if self.running:
+                return
+            self._task = asyncio.get_running_loop().create_task(
+                _loop(weakref.ref(self)), name=TASK_NAME
+            )
 
-    def sample(self, jq: JobQueue) -> bool:
-        now = jq.server_time_ms()
-        return self.record(now, queries.queue_totals(queries.stats(jq)))
-
-    def samples(self, now_ms: int) -> list[Sample]:
+    async def stop(self) -> None:
+        """Stop it (a lifespan's shutdown); the next request starts it again."""
         with self._lock:
-            return [s for s in self._ring if now_ms - s.at_ms <= self.window_ms]
+            task, self._task = self._task, None
+        if task is None or task.done():
+            return
+        if task.get_loop() is asyncio.get_running_loop():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # A task on another loop sees at its next look that it is no longer the current one.
 
-    def _rows(
-        self, queue: str, now_ms: int, current: queries.QueueTotals | None
-    ) -> list[tuple[int, queries.QueueTotals]]:
-        rows = [(s.at_ms, s.totals[queue]) for s in self.samples(now_ms) if queue in s.totals]
-        if current is not None and (not rows or rows[-1][0] < now_ms):
-            rows.append((now_ms, current))  # the page's own reading ends the line at "now"
-        return rows
+    def is_current(self, task: asyncio.Task[None] | None) -> bool:
+        return task is not None and task is self._task
 
-    def depth(
-        self, queue: str, now_ms: int, current: queries.QueueTotals | None = None
-    ) -> list[tuple[float, float]]:
-        """(ms, runs due now) points; a queue absent from a sample had no partitions yet."""
-        return [(t, row.due_now) for t, row in self._rows(queue, now_ms, current)]
+    def sample(self) -> bool:
+        """One look (blocking): take the current minute if no dashboard did, and write its
+        point of every queue. True if this call wrote."""
+        now = self.clock.now_ms()
+        if now is None:
+            now = self.jq.server_time_ms()
+        minute = now // gauges.MINUTE_MS
+        if minute == self._minute_seen:
+            return False
+        taken = gauges.claim_minute(self.jq, now)
+        self._minute_seen = minute
+        if not taken:
+            return False
+        gauges.record(self.jq, now, queries.queue_totals(queries.stats(self.jq)))
+        return True
 
-    def running(
-        self, queue: str, now_ms: int, current: queries.QueueTotals | None = None
-    ) -> list[tuple[float, float]]:
-        return [(t, row.running) for t, row in self._rows(queue, now_ms, current)]
 
-    def lateness_s(
-        self, queue: str, now_ms: int, current: queries.QueueTotals | None = None
-    ) -> list[tuple[float, float]]:
-        """(ms, seconds the oldest due run has waited past its due time; 0 when none)."""
-        return [
-            (t, (row.oldest_due_age_ms or 0) / 1000)
-            for t, row in self._rows(queue, now_ms, current)
-        ]
+async def _loop(ref: weakref.ref[Sampler]) -> None:
+    me = asyncio.current_task()
+    while True:
+        sampler = ref()
+        if sampler is None or not sampler.is_current(me):
+            return
+        every = sampler.every_s
+        del sampler  # only the weak reference is held between looks
+        await run_in_threadpool(_look, ref)
+        await asyncio.sleep(every)
+
+
+def _look(ref: weakref.ref[Sampler]) -> None:
+    """One look, in a worker thread. The thread is given the weak reference, not the sampler:
+    an idle worker keeps the last function it ran (and its exception) until its next job,
+    which would keep a dropped app's sampler alive."""
+    sampler = ref()
+    if sampler is None:
+        return
+    try:
+        sampler.sample()
+    except Exception:  # Redis down, or refusing: the pages say so; the next look tries again
+        return
+
+
+class StartsSampler:
+    """ASGI middleware: each request makes sure the app's sampler runs (the hook that does
+    not need the host to run the app's lifespan)."""
+
+    def __init__(self, app: ASGIApp, sampler: Sampler) -> None:
+        self.app, self.sampler = app, sampler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            self.sampler.ensure_running()
+        await self.app(scope, receive, send)

@@ -145,3 +145,23 @@ class AuthGate:
             headers = {"WWW-Authenticate": 'Basic realm="jobqueue"'} if creds.user else {}
             response = PlainTextResponse("authentication required", 401, headers=headers)
         await response(scope, receive, send)
+
+
+READ_ONLY_REFUSAL = (
+    "this dashboard is read-only: it changes nothing (started with --read-only, or "
+    "create_app(read_only=True))"
+)
+
+
+class ReadOnlyGate:
+    """ASGI middleware of a read-only dashboard: only GET and HEAD pass; anything else (every
+    POST /actions/<name>, whatever its token) is a 403 saying why, before any handler runs."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD"):
+            await PlainTextResponse(READ_ONLY_REFUSAL, 403)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)

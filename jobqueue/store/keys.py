@@ -57,6 +57,14 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
                                    (the tags {q#p}) or '16 spread' (global, plain commands)
     jq:queues:moving        hash   queue -> target count while a repartition is in progress
     jq:workers              hash   worker id -> registry entry (global)
+    jq:gauges:m:<queue>     hash   the dashboards' minute points of the queue's gauges: slot
+                                   (minute % 60) -> JSON {t, due, running, late_ms}; at most
+                                   60 fields, expires an hour after its last write
+    jq:gauges:h:<queue>     hash   the same per hour (slot: hour % 168, each gauge the
+                                   largest of the hour's minute points); at most 168 fields,
+                                   expires a week after its last write
+    jq:gauges:sampled:<minute>  string  the dashboard that samples that minute (SET NX;
+                                   expires after 2 minutes): one sampler per minute
 
 Recurring jobs have their own partitions (``jq:{sched#k}:...``, ``SchedKeys``; see
 ``jobqueue/schedules/recurring.py``), and their runs have the run ids of ``fire_run_id``.
@@ -89,6 +97,9 @@ from jobqueue.policy.hashing import fnv1a_32
 
 QUEUES_KEY = "jq:queues"
 WORKERS_KEY = "jq:workers"
+# The dashboards' history of queue gauges (jobqueue.client.gauges): plain single-key
+# commands, so each key may sit on any slot of a cluster.
+GAUGES_PREFIX = "jq:gauges:"
 # worker id -> the server time (ms) from which its registry entry may be pruned: its last
 # heartbeat plus PRUNE_AFTER_BEATS of its beats (a worker killed without withdrawing)
 WORKERS_SEEN_KEY = "jq:workers:seen"
@@ -107,6 +118,16 @@ SPREAD = "spread"
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_RUN_ID_LENGTH = 512
+
+
+def gauges_key(queue: str, resolution: str) -> str:
+    """A queue's gauge points at one resolution ('m': minutes, 'h': hours)."""
+    return f"{GAUGES_PREFIX}{resolution}:{queue}"
+
+
+def gauges_claim_key(minute: int) -> str:
+    """Taken (SET NX) by the one dashboard that samples minute ``minute`` (ms // 60000)."""
+    return f"{GAUGES_PREFIX}sampled:{minute}"
 
 
 def validate_queue_name(name: str) -> str:
