@@ -3,7 +3,8 @@ Debian's headless Chromium driven by Playwright (never `playwright install`: no 
 downloaded; CI installs the chromium package in .ci/run). No skip: a missing browser fails.
 
 Every page (tests/dashboard_sample.py's PAGES, over its realistic data) is also checked for
-accessibility by axe-core run inside the browser (fetched by bin/test, never at test time)."""
+accessibility by axe-core run inside the browser (fetched by bin/test, never at test time), and
+on a phone's 390 px wide screen: no sideways scrolling, the navigation all on screen."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.slow
 
 BAR_RGB = (0x25, 0x63, 0xEB)  # charts.PALETTE[0]: the finished/min bars
 SHOTS = Path("/tmp/jobqueue-dashboard-shots")
+PHONE = {"width": 390, "height": 844}
 # Impacts that fail the test; moderate and minor ones are not checked.
 FAILING_IMPACTS = ("serious", "critical")
 AXE_TIMEOUT_MS = 20_000
@@ -87,6 +89,15 @@ def audited(chromium: Browser) -> Iterator[BrowserContext]:
     context.close()
 
 
+@pytest.fixture(scope="module")
+def phone(chromium: Browser) -> Iterator[BrowserContext]:
+    """A phone's screen, 390 x 844 CSS px, as a mobile browser lays pages out (the viewport
+    meta tag honoured; without one a page is laid out 980 px wide)."""
+    context = new_context(chromium, viewport=PHONE, is_mobile=True, has_touch=True)
+    yield context
+    context.close()
+
+
 @pytest.fixture
 def page(browser: BrowserContext) -> Iterator[Page]:
     p = browser.new_page()
@@ -97,6 +108,13 @@ def page(browser: BrowserContext) -> Iterator[Page]:
 @pytest.fixture
 def audited_page(audited: BrowserContext) -> Iterator[Page]:
     p = audited.new_page()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def phone_page(phone: BrowserContext) -> Iterator[Page]:
+    p = phone.new_page()
     yield p
     p.close()
 
@@ -252,7 +270,7 @@ def test_the_events_page_adds_each_event_as_it_comes(
     assert page.locator("#events tbody tr").first.inner_text().split("\t")[2] == "cancelled"
 
 
-# -- every page: accessibility ------------------------------------------------------------------
+# -- every page: accessibility, and a phone's screen -------------------------------------------
 
 AXE_RUN = """async ([failing, timeoutMs]) => {
   const late = new Promise((_, fail) =>
@@ -283,3 +301,33 @@ def test_every_page_has_no_serious_or_critical_accessibility_violation(
     open_page(audited_page, base_url, name)
     violations = audited_page.evaluate(AXE_RUN, [list(FAILING_IMPACTS), AXE_TIMEOUT_MS])
     assert not violations, f"axe on the {name} page ({audited_page.url}):\n" + described(violations)
+
+
+@pytest.mark.usefixtures("sample")
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_fits_a_390px_screen_without_scrolling_sideways(
+    name: str, phone_page: Page, base_url: str
+) -> None:
+    open_page(phone_page, base_url, name)
+    width = phone_page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"] + 1, f"the {name} page is {width} px wide on a 390 px screen"
+
+
+@pytest.mark.usefixtures("sample")
+@pytest.mark.parametrize("name", PAGES)
+def test_every_navigation_link_is_on_a_390px_screen(
+    name: str, phone_page: Page, base_url: str
+) -> None:
+    open_page(phone_page, base_url, name)
+    links = phone_page.locator("nav a")
+    assert links.count() > 0
+    off_screen = []
+    for link in links.all():
+        box = link.bounding_box()
+        if box is None or not link.is_visible():
+            off_screen.append(f"{link.inner_text()!r} (hidden)")
+        elif box["x"] < 0 or box["x"] + box["width"] > PHONE["width"]:
+            off_screen.append(
+                f"{link.inner_text()!r} at x {box['x']:.0f}..{box['x'] + box['width']:.0f}"
+            )
+    assert not off_screen, f"on the {name} page, off a 390 px screen: " + ", ".join(off_screen)
