@@ -70,6 +70,9 @@ class PaymentDeclinedError(Exception):
     pass
 
 
+PaymentDeclinedError.__module__ = "payments"  # shown as an application's error would be
+
+
 def _register_tasks(jq: JobQueue) -> None:
     @jq.task(name="send_invoice", queue="billing")
     def send_invoice(customer: str, amount_cents: int) -> dict[str, Any]:
