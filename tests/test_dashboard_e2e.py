@@ -1,13 +1,14 @@
 """The dashboard end to end: uvicorn serving it on a loopback port, a real Redis server, and
 Debian's headless Chromium driven by Playwright (never `playwright install`: no browser is
-downloaded; CI installs the chromium package in .ci/run). No skip: a missing browser fails."""
+downloaded; CI installs the chromium package in .ci/run). No skip: a missing browser fails.
+
+Every page (tests/dashboard_sample.py's PAGES, over its realistic data) is also checked for
+accessibility by axe-core run inside the browser (fetched by bin/test, never at test time), and
+on a phone's 390 px wide screen: no sideways scrolling, the navigation all on screen."""
 
 from __future__ import annotations
 
-import socket
 import struct
-import threading
-import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -16,29 +17,21 @@ from typing import Any
 
 import pytest
 import redis
-import uvicorn
-from playwright.sync_api import BrowserContext, Page, sync_playwright
+from dashboard_sample import AXE, PAGES, fill, launch, open_page, serving
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
 from jobqueue.client.sync import JobQueue
-from jobqueue.dashboard.app import create_app
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 pytestmark = pytest.mark.slow
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 BAR_RGB = (0x25, 0x63, 0xEB)  # charts.PALETTE[0]: the finished/min bars
 SHOTS = Path("/tmp/jobqueue-dashboard-shots")
+PHONE = {"width": 390, "height": 844}
+# Impacts that fail the test; moderate and minor ones are not checked.
+FAILING_IMPACTS = ("serious", "critical")
+AXE_TIMEOUT_MS = 20_000
 
 
 @pytest.fixture(scope="module")
@@ -52,42 +45,76 @@ def jq(real_server: EmbeddedServer) -> Iterator[JobQueue]:
 
 @pytest.fixture(scope="module")
 def base_url(jq: JobQueue) -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # a free loopback port, held from the start: no race
-    port = sock.getsockname()[1]
-    app = create_app(jq, allowed_hosts=["127.0.0.1"])
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start within 10 s"
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
+    with serving(jq) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrowserContext]:
-    assert CHROMIUM.exists(), "Debian's chromium is needed: apt-get install -y chromium"
+def sample(jq: JobQueue) -> None:
+    """tests/dashboard_sample.py's realistic data, in queues of its own."""
+    fill(jq)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Browser]:
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")),  # a new, empty user data dir
-            executable_path=str(CHROMIUM),
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
-        )
-        context.set_default_timeout(10_000)
-        yield context
-        context.close()
+        browser = launch(pw)
+        yield browser
+        browser.close()
+
+
+def new_context(chromium: Browser, **options: Any) -> BrowserContext:
+    context = chromium.new_context(**options)
+    context.set_default_timeout(10_000)
+    return context
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: Browser) -> Iterator[BrowserContext]:
+    """A desktop browser, under the pages' own Content-Security-Policy."""
+    context = new_context(chromium, viewport={"width": 1400, "height": 1000})
+    yield context
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def audited(chromium: Browser) -> Iterator[BrowserContext]:
+    """A desktop browser in which every page has axe-core loaded. An init script is run by the
+    browser itself, as the page starts, so the pages' CSP (script-src 'self') still holds: axe
+    sees each page as a user gets it."""
+    assert AXE.exists(), f"axe-core is missing at {AXE}: bin/test fetches it (npm)"
+    context = new_context(chromium, viewport={"width": 1280, "height": 900})
+    context.add_init_script(path=str(AXE))
+    yield context
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def phone(chromium: Browser) -> Iterator[BrowserContext]:
+    """A phone's screen, 390 x 844 CSS px, as a mobile browser lays pages out (the viewport
+    meta tag honoured; without one a page is laid out 980 px wide)."""
+    context = new_context(chromium, viewport=PHONE, is_mobile=True, has_touch=True)
+    yield context
+    context.close()
 
 
 @pytest.fixture
 def page(browser: BrowserContext) -> Iterator[Page]:
     p = browser.new_page()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def audited_page(audited: BrowserContext) -> Iterator[Page]:
+    p = audited.new_page()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def phone_page(phone: BrowserContext) -> Iterator[Page]:
+    p = phone.new_page()
     yield p
     p.close()
 
@@ -241,3 +268,66 @@ def test_the_events_page_adds_each_event_as_it_comes(
     jq.cancel(rid)
     page.locator("#events tr", has_text="cancelled").filter(has_text=rid).wait_for()
     assert page.locator("#events tbody tr").first.inner_text().split("\t")[2] == "cancelled"
+
+
+# -- every page: accessibility, and a phone's screen -------------------------------------------
+
+AXE_RUN = """async ([failing, timeoutMs]) => {
+  const late = new Promise((_, fail) =>
+    setTimeout(() => fail(new Error(`axe did not finish within ${timeoutMs} ms`)), timeoutMs));
+  const result = await Promise.race([axe.run(document, {resultTypes: ["violations"]}), late]);
+  return result.violations.filter((v) => failing.includes(v.impact)).map((v) => ({
+    id: v.id, impact: v.impact, help: v.help, helpUrl: v.helpUrl,
+    nodes: v.nodes.map((n) => ({target: n.target.join(" "), html: n.html.slice(0, 160)})),
+  }));
+}"""
+
+
+def described(violations: list[dict[str, Any]]) -> str:
+    lines = []
+    for v in violations:
+        lines.append(f"{v['id']} ({v['impact']}): {v['help']} [{v['helpUrl']}]")
+        lines.extend(f"    {n['target']}: {n['html']}" for n in v["nodes"][:10])
+        if len(v["nodes"]) > 10:
+            lines.append(f"    ... and {len(v['nodes']) - 10} more")
+    return "\n".join(lines)
+
+
+@pytest.mark.usefixtures("sample")
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_has_no_serious_or_critical_accessibility_violation(
+    name: str, audited_page: Page, base_url: str
+) -> None:
+    open_page(audited_page, base_url, name)
+    violations = audited_page.evaluate(AXE_RUN, [list(FAILING_IMPACTS), AXE_TIMEOUT_MS])
+    assert not violations, f"axe on the {name} page ({audited_page.url}):\n" + described(violations)
+
+
+@pytest.mark.usefixtures("sample")
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_fits_a_390px_screen_without_scrolling_sideways(
+    name: str, phone_page: Page, base_url: str
+) -> None:
+    open_page(phone_page, base_url, name)
+    width = phone_page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"] + 1, f"the {name} page is {width} px wide on a 390 px screen"
+
+
+@pytest.mark.usefixtures("sample")
+@pytest.mark.parametrize("name", PAGES)
+def test_every_navigation_link_is_on_a_390px_screen(
+    name: str, phone_page: Page, base_url: str
+) -> None:
+    open_page(phone_page, base_url, name)
+    links = phone_page.locator("nav a")
+    assert links.count() > 0
+    off_screen = []
+    for link in links.all():
+        box = link.bounding_box()
+        if box is None or not link.is_visible():
+            off_screen.append(f"{link.inner_text()!r} (hidden)")
+        elif box["x"] < 0 or box["x"] + box["width"] > PHONE["width"]:
+            off_screen.append(
+                f"{link.inner_text()!r} at x {box['x']:.0f}..{box['x'] + box['width']:.0f}"
+            )
+    assert not off_screen, f"on the {name} page, off a 390 px screen: " + ", ".join(off_screen)

@@ -97,6 +97,19 @@ def test_a_run_pages_stream_gives_that_runs_events_only(
     ]
 
 
+@pytest.mark.parametrize("path", ["/queues", "/leases", "/flows", "/workers"])
+def test_a_page_that_reloads_itself_does_so_only_without_javascript(
+    client: TestClient, path: str
+) -> None:
+    """With JavaScript the page follows its stream; a timed reload (meta refresh) would send
+    a keyboard or screen reader user back to the top every few seconds (WCAG 2.2.1)."""
+    page = client.get(path).text
+    live_url(page)
+    head = page[: page.index("</head>")]
+    assert 'http-equiv="refresh"' in head
+    assert 'http-equiv="refresh"' not in re.sub(r"<noscript>.*?</noscript>", "", head, flags=re.S)
+
+
 @pytest.mark.parametrize("query", ["since=garbage", "kind=nope", "queue=bad%20name"])
 def test_a_bad_stream_request_is_refused_with_a_clear_400(client: TestClient, query: str) -> None:
     response = client.get(f"/events/stream?{query}")

@@ -391,7 +391,8 @@ def dead_page(request: Request) -> Response:
 
 def workers_page(request: Request) -> Response:
     found = queries.workers(_settings(request).jq)
-    return render(request, "workers.html", workers=found, anomalies=queries.all_anomalies(found))
+    return render(request, "workers.html", workers=found, anomalies=queries.all_anomalies(found),
+                  live={})
 
 
 def events_page(request: Request) -> Response:
