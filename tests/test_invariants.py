@@ -39,6 +39,7 @@ from jobqueue.payload import decode_payload
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, SchedKeys
+from jobqueue.store.pages import INDEX_PAGE
 from jobqueue.store.runs import (
     BOUNCE,
     CANCEL,
@@ -556,6 +557,9 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
         runner.run(PURGE.call(p, [*dead, "never-existed"]))
         if got:  # what a waiting client's listener reads at finishing events
             runner.run(READ_RECORDS.call(p, [*(c.run_id for c in got), "never-existed"]))
+        # what a listing reads: a page of each index, after a place whose run left
+        for index in (p.due, p.leases, p.waiting, p.dead, p.done):
+            runner.run(INDEX_PAGE.call(index, "desc", after=("1", "gone"), count=5))
         runner.run(REPAIR.call(p, [c.run_id for c in got]))
         runner.run(PAUSE.call(p, True))
         runner.run(PAUSE.call(p, False))
