@@ -50,8 +50,8 @@ CHROMIUM_ARGS = [
 # screenshots take: the GET pages by path, then the purge's confirmation (reached by a POST)
 # and the page of a run that does not exist.
 PAGES = (
-    "queues", "leases", "runs", "run", "flows", "flow", "schedules", "dead", "workers",
-    "events", "confirm", "missing",
+    "overview", "queues", "queue", "leases", "runs", "run", "flows", "flow", "schedules",
+    "dead", "workers", "events", "confirm", "missing",
 )  # fmt: skip
 DEAD_RUN = "charge-1042"  # the run page shown, and the run whose purge is asked for
 FLOW = "onboard-acme"
@@ -59,7 +59,10 @@ PATHS = {
     "run": f"/run?id={DEAD_RUN}&queue=billing",
     "flow": f"/flow?id={FLOW}",
     "missing": "/run?id=no-such-run",
-    **{name: f"/{name}" for name in PAGES if name not in ("run", "flow", "confirm", "missing")},
+    "overview": "/",
+    "queue": "/queue?name=billing",
+    **{name: f"/{name}" for name in PAGES
+       if name not in ("run", "flow", "confirm", "missing", "overview", "queue")},
 }
 RUNNING_WORKER = "media-7f9c4d:2817:9f3a"
 STALE_WORKER = "billing-5b2e81:3120:1c7e"

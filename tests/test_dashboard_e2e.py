@@ -9,6 +9,7 @@ on a phone's 390 px wide screen: no sideways scrolling, the navigation all on sc
 from __future__ import annotations
 
 import struct
+import time
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -268,6 +269,26 @@ def test_the_events_page_adds_each_event_as_it_comes(
     jq.cancel(rid)
     page.locator("#events tr", has_text="cancelled").filter(has_text=rid).wait_for()
     assert page.locator("#events tbody tr").first.inner_text().split("\t")[2] == "cancelled"
+
+
+def test_the_run_page_shows_its_times_in_the_browsers_zone(
+    jq: JobQueue, chromium: Browser, base_url: str
+) -> None:
+    rid = run_id("zone")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id=rid), 1)
+    created = jq.get_run(rid).created_ms
+    assert created is not None
+    context = new_context(chromium, timezone_id="Asia/Kathmandu")  # UTC+05:45, no DST
+    try:
+        tab = context.new_page()
+        tab.goto(f"{base_url}/run?id={rid}")
+        first = tab.locator("time").first
+        local = time.strftime("%Y-%m-%d %H:%M", time.gmtime(created / 1000 + 5 * 3600 + 2700))
+        shown = first.inner_text()
+        assert shown.startswith(local) and "Asia/Kat" in shown  # ICU spells it Katmandu
+        assert (first.get_attribute("title") or "").endswith(" UTC")
+    finally:
+        context.close()
 
 
 # -- every page: accessibility, and a phone's screen -------------------------------------------

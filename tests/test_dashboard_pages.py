@@ -455,3 +455,46 @@ def test_on_a_phone_the_navigation_wraps_and_a_wide_table_scrolls_not_the_page()
     # the tables of pages that have no .scroll box scroll inside themselves
     assert "overflow-x: auto" in narrow["main > table, main > form > table"]
     assert "flex-basis: 100%" in narrow["nav .clock"]  # the clock takes a line of its own
+
+
+def test_the_run_page_gives_its_times_for_the_browsers_zone_and_its_durations(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.declare_task("report", max_attempts=2)
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    claim_expiring(jq, "r1")
+    claim(jq, "r1")
+    run = jq.get_run("r1")
+    page = client.get("/run", params={"id": "r1"}).text
+    created = re.search(r'<time datetime="([^"]+)">([^<]+)</time>', page)
+    assert created and created.group(1).endswith("+00:00") and created.group(2).endswith(" UTC")
+    assert "<th>waited</th>" in page and "<th>ran</th>" in page and "so far" in page
+    history = re.search(r'<table id="history">.*?</table>', page, re.S)
+    assert history
+    gaps = re.findall(r'<td class="num">([^<]*)</td>', history.group(0))
+    assert len(gaps) == len(run.timeline()) and gaps[0] == ""
+    assert all(g.endswith("s") or g.endswith("m") or g.endswith("h") for g in gaps[1:])
+
+
+def test_the_run_page_links_the_runs_waiting_on_it(jq: JobQueue, client: TestClient) -> None:
+    jq.declare_task("mail")
+    first = jq.resolve_task("report").with_options(run_id="first")
+    jq.chain(first.s(), jq.resolve_task("mail").with_options(run_id="then").s())
+    page = client.get("/run", params={"id": "first"}).text
+    assert re.search(r"<th>waited on by</th><td><a href=\"/run\?id=then&amp;queue=default\">",
+                     page)
+    assert "<th>waits on</th><td>1 run(s)" in client.get("/run", params={"id": "then"}).text
+
+
+def test_the_workers_page_names_the_runs_each_worker_holds(
+    jq: JobQueue, client: TestClient
+) -> None:
+    now = jq.server_time_ms()
+    info = {"id": "w-1", "host": "h", "pid": 1, "queues": ["default"], "concurrency": 8,
+            "in_flight": 1, "started_ms": now, "last_seen_ms": now}
+    jq.redis.hset(WORKERS_KEY, "w-1", json.dumps(info))
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="busy"))
+    claim(jq, "busy")  # owner w-1
+    row = re.search(r"<tr[^>]*>\s*<td><a href=\"/leases\?worker=w-1\">.*?</tr>",
+                    client.get("/workers").text, re.S)
+    assert row and 'href="/run?id=busy&amp;queue=default"' in row.group(0)

@@ -16,6 +16,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
@@ -94,9 +95,20 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["abs_time"] = abs_time
     env.filters["duration"] = duration
+    env.filters["iso"] = _iso
     env.filters["q"] = lambda s: quote(str(s), safe="")
     env.filters["pretty_json"] = _pretty_json
     return env
+
+
+def _iso(ms: int | None) -> str:
+    """An instant for a <time datetime>: live.js shows it in the browser's own zone."""
+    if ms is None:
+        return ""
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return ""  # a time no date can show: the page shows the number (an anomaly)
 
 
 def _pretty_json(text: str | None) -> str:
@@ -351,10 +363,16 @@ def run_page(request: Request) -> Response:
         ok = stamp.isascii() and stamp.isdigit()
         if tb is not None:
             kept[(int(stamp) if ok else None, text if ok else line)] = tb
-    history = [
-        (ms, instants_shown(text, lambda t: abs_time(t) + " UTC"), kept.get((ms, text)))
-        for ms, text in run.timeline()
-    ]
+    history = []
+    previous: int | None = None
+    for ms, text in run.timeline():
+        # How long after the entry before: how long each attempt waited and ran.
+        since = ms - previous if ms is not None and previous is not None else None
+        history.append(
+            (ms, instants_shown(text, lambda t: abs_time(t) + " UTC"), kept.get((ms, text)),
+             since)
+        )
+        previous = ms if ms is not None else previous
     return render(request, "run.html", run=run, history=history, anomalies=list(run.anomalies),
                   live={"run": run.run_id, "queue": run.queue})
 
@@ -389,10 +407,21 @@ def dead_page(request: Request) -> Response:
     return render(request, "dead.html", **_listing(request, "/dead", "dead"))
 
 
+WORKER_RUNS_SHOWN = 5  # runs named per worker; the rest are a link to its leases
+
+
 def workers_page(request: Request) -> Response:
-    found = queries.workers(_settings(request).jq)
-    return render(request, "workers.html", workers=found, anomalies=queries.all_anomalies(found),
-                  live={})
+    """The registry, each worker with the runs it holds now (from the leases, 1,000 at most
+    read: a worker past them shows its in-flight count and a link to its leases)."""
+    jq = _settings(request).jq
+    found = queries.workers(jq)
+    held = queries.leases(jq, limit=1000)
+    by_owner: dict[str, list[queries.Lease]] = {}
+    for lease in held:
+        by_owner.setdefault(lease.owner, []).append(lease)
+    return render(request, "workers.html", workers=found, held=by_owner,
+                  shown=WORKER_RUNS_SHOWN,
+                  anomalies=queries.all_anomalies(found, held), live={})
 
 
 def events_page(request: Request) -> Response:

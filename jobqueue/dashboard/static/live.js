@@ -3,6 +3,21 @@
 // when an event comes and its <main> swapped in. Without this script every page still works.
 "use strict";
 (function () {
+  // Times written <time datetime="..."> in UTC are shown in the browser's own zone (UTC
+  // stays in the tooltip); the server cannot know the reader's zone.
+  function localTimes(within) {
+    for (const el of within.querySelectorAll("time[datetime]")) {
+      const at = new Date(el.getAttribute("datetime"));
+      if (isNaN(at)) continue;
+      if (!el.title) el.title = el.textContent;
+      const pad = (n) => String(n).padStart(2, "0");
+      const zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "local";
+      el.textContent = at.getFullYear() + "-" + pad(at.getMonth() + 1) + "-" +
+        pad(at.getDate()) + " " + pad(at.getHours()) + ":" + pad(at.getMinutes()) + ":" +
+        pad(at.getSeconds()) + " " + zone;
+    }
+  }
+  localTimes(document);
   const main = document.querySelector("main[data-live]");
   if (!main || !window.EventSource) return;
   const badge = document.getElementById("live");
@@ -49,7 +64,7 @@
       if (!response.ok) return;
       const page = new DOMParser().parseFromString(await response.text(), "text/html");
       const fresh = page.querySelector("main");
-      if (fresh) main.replaceChildren(...fresh.childNodes);
+      if (fresh) { main.replaceChildren(...fresh.childNodes); localTimes(main); }
     } catch (e) { /* the next event tries again */ }
   }
 })();
