@@ -48,11 +48,17 @@ class Anomaly:
 class Listing(list[T]):
     """A reading function's rows, plus ``anomalies``: what it met but could not show as a row
     (a definition that is not JSON, a key of the wrong type, a queue whose partition count is
-    not usable). A list, so callers that only want the rows need not change."""
+    not usable), and ``truncated``: whether its limit left rows out. A list, so callers that
+    only want the rows need not change."""
 
-    def __init__(self, rows: Iterable[T] = (), anomalies: Iterable[Anomaly] = ()) -> None:
+    def __init__(
+        self, rows: Iterable[T] = (), anomalies: Iterable[Anomaly] = (), truncated: bool = False
+    ) -> None:
         super().__init__(rows)
         self.anomalies: list[Anomaly] = list(anomalies)
+        # True when more rows exist than the listing's limit let it show: a caller says so
+        # (a top-N listing never passes for the whole).
+        self.truncated = truncated
 
 
 def stored_int(value: Any) -> int | None:

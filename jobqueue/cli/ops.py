@@ -57,6 +57,9 @@ def emit(
     every anomaly goes to stderr, and when rows carry some, the table gets an ANOMALY column
     marking them."""
     warn_anomalies(queries.all_anomalies(found))
+    if getattr(found, "truncated", False):
+        click.echo(f"note: more than {len(data):,} exist: only the first {len(data):,} are "
+                   "shown (raise --limit)", err=True)
     if as_json:
         click.echo(json.dumps(data, default=str))
     elif not rows:

@@ -331,6 +331,9 @@ def schedules_list(state: State, limit: int, as_json: bool) -> None:
     jq = state.jq()
     infos = read_schedules(jq, limit=limit)
     warn_anomalies(all_anomalies(infos))
+    if infos.truncated:
+        click.echo(f"note: more than {len(infos):,} recurring jobs exist: only "
+                   f"{len(infos):,} of them are shown (raise --limit)", err=True)
     now = jq.server_time_ms()
     if as_json:
         click.echo(json.dumps([_schedule_dict(i, now) for i in infos]))

@@ -93,18 +93,22 @@ def flows(jq: JobQueue, queue: str | None = None, limit: int = 20) -> Listing[Fl
     each with all its runs counted, in whatever queue they live."""
     parts, found = partitions_of(jq, queue)
     newest: dict[str, int | None] = {}
+    full = False  # a partition gave all the limit asked: it may hold older ones
     for k, (reply,) in zip(parts, pipelined(
-        jq, parts, lambda pipe, k: pipe.zrevrange(k.flows, 0, limit - 1, withscores=True),
+        jq, parts, lambda pipe, k: pipe.zrevrange(k.flows, 0, limit, withscores=True),
         PARTITION_CHUNK,
     ), strict=True):
-        for fid, score in checked(reply, k.flows, "sorted set", found, []):
+        listed = checked(reply, k.flows, "sorted set", found, [])
+        if len(listed) > limit:
+            full, listed = True, listed[:limit]
+        for fid, score in listed:
             # (created when its first run was, in whichever partition)
             at, before = score_ms(score), newest.get(fid)
             newest[fid] = at if before is None else before if at is None else min(at, before)
     chosen = sorted(newest, key=lambda f: (newest[f] or 0, f), reverse=True)[:limit]
     everywhere = parts if queue is None else partitions_of(jq, None)[0]
     rows = _summaries(jq, chosen, everywhere, newest, found)
-    return Listing(rows, unique(found))
+    return Listing(rows, unique(found), full or len(newest) > limit)
 
 
 def flow(jq: JobQueue, flow_id: str) -> FlowDetail | None:

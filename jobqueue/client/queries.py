@@ -208,14 +208,19 @@ def leases(
     parts, found = partitions_of(jq, queue)
 
     def add(pipe: Any, k: PartitionKeys) -> None:
+        # One more than the limit: a partition holding more says so.
         if expired_only:
-            pipe.zrangebyscore(k.leases, "-inf", now, start=0, num=limit, withscores=True)
+            pipe.zrangebyscore(k.leases, "-inf", now, start=0, num=limit + 1, withscores=True)
         else:
-            pipe.zrange(k.leases, 0, limit - 1, withscores=True)
+            pipe.zrange(k.leases, 0, limit, withscores=True)
 
     entries = []
+    truncated = False
     for k, (rows,) in zip(parts, pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
-        for rid, score in checked(rows, k.leases, "sorted set", found, []):
+        rows = checked(rows, k.leases, "sorted set", found, [])
+        if len(rows) > limit:
+            truncated, rows = True, rows[:limit]
+        for rid, score in rows:
             until = score_ms(score)
             if until is None:
                 found.append(Anomaly(k.leases, f"member {rid!r} has score {score!r}"))
@@ -258,7 +263,7 @@ def leases(
             )
         )
     out.sort(key=lambda lease: lease.remaining_ms)
-    return Listing(out[:limit], unique(found))
+    return Listing(out[:limit], unique(found), truncated or len(out) > limit)
 
 
 def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:

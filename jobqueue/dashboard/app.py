@@ -300,9 +300,9 @@ def _run_query(jq: JobQueue, p: Any, state: str | None = None) -> listing.RunQue
     )
 
 
-def _limit(p: Any) -> int:
+def _limit(p: Any, default: int = 50) -> int:
     try:
-        return max(1, min(1000, int(p.get("limit") or 50)))
+        return max(1, min(1000, int(p.get("limit") or default)))
     except ValueError:
         raise ConfigError("limit must be a number") from None
 
@@ -379,7 +379,8 @@ def run_page(request: Request) -> Response:
 
 def flows_page(request: Request) -> Response:
     p = request.query_params
-    found = flow_queries.flows(_settings(request).jq, p.get("queue") or None, limit=20)
+    found = flow_queries.flows(_settings(request).jq, p.get("queue") or None,
+                               limit=max(1, min(1000, _limit(p, 20))))
     return render(request, "flows.html", flows=found, anomalies=queries.all_anomalies(found),
                   live={})
 

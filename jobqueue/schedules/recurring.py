@@ -975,7 +975,12 @@ class RecurringSteps:
                     break
             if len(out) >= wanted:
                 break
-        return Listing(sorted(out, key=lambda i: i.job_id), unique(found))
+        truncated = False
+        if len(out) >= wanted:  # stopped at the limit: say whether definitions were left
+            keys = yield from self.all_keys_steps()
+            sizes = yield commands(*(cmd("hlen", sk.defs) for sk in keys))
+            truncated = sum(n for n in sizes if isinstance(n, int)) > len(seen)
+        return Listing(sorted(out, key=lambda i: i.job_id), unique(found), truncated)
 
     # -- writing ---------------------------------------------------------------------------
 
