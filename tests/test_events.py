@@ -267,3 +267,57 @@ def test_jobqueue_queue_events_shows_and_changes_the_settings(real_server: Any) 
     }
     back = CliRunner().invoke(main, ["--redis-url", url, "queue", "events", "q", "--default"])
     assert "events on, about 10000 per partition" in back.output
+
+
+def test_a_follower_of_every_queue_made_before_any_queue_hears_the_first_ones(
+    jq: JobQueue,
+) -> None:
+    stream = jq.events(block=0.05)
+    assert stream.read_batch() == []  # no queue yet: a wait, then a look for queues
+    jq.declare_task("t")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="first"))
+    got: list[Any] = []
+    for _ in range(40):
+        got += stream.read_batch()
+        if got:
+            break
+    assert [(e.kind, e.run_id) for e in got[:1]] == [("created", "first")]
+
+
+def test_iterating_every_queue_before_any_queue_hears_the_first_ones(jq: JobQueue) -> None:
+    stream = jq.events(block=0.05)
+    jq.declare_task("t")
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(next(stream, None)))
+    reader.start()
+    time.sleep(0.2)
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="first"))
+    reader.join(10)
+    stream.close()  # a reader still looking stops at its next turn
+    reader.join(10)
+    assert got and got[0] is not None and (got[0].kind, got[0].run_id) == ("created", "first")
+
+
+def test_the_asyncio_follower_of_every_queue_hears_the_first_ones(
+    jq: JobQueue, async_redis_client: Any
+) -> None:
+    jq.declare_task("t")
+
+    async def main_() -> Any:
+        ajq = AsyncJobQueue(async_redis_client, tasks=jq)
+        try:
+            stream = ajq.events(block=0.05)
+
+            async def later() -> None:
+                await asyncio.sleep(0.2)
+                jq.enqueue(jq.resolve_task("t").with_options(run_id="first"))
+
+            task = asyncio.create_task(later())
+            first = await asyncio.wait_for(stream.__anext__(), 10)
+            await task
+            return first
+        finally:
+            await ajq.close()
+
+    first = asyncio.run(main_())
+    assert (first.kind, first.run_id) == ("created", "first")

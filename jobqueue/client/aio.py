@@ -29,6 +29,7 @@ from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.client.events import (
     AsyncEventStream,
     EventSettings,
+    Reader,
     Since,
     check_event_settings,
     check_kinds,
@@ -436,7 +437,10 @@ class AsyncJobQueue(ClientCore):
         """``async for ev in ajq.events("default"): ...`` (see :meth:`JobQueue.events`)."""
         chosen = check_kinds(kinds)
         start = reader_steps(self, queue_list(queue), since, run_id, chosen, self.on_cluster)
-        return AsyncEventStream(self.run_steps, start, follow, block)
+        again: Callable[[], Steps[Reader]] | None = None
+        if queue is None and run_id is None:  # every queue: those made later too
+            again = lambda: reader_steps(self, None, "0", None, chosen, self.on_cluster)  # noqa: E731
+        return AsyncEventStream(self.run_steps, start, follow, block, again)
 
     async def recent_events(
         self,

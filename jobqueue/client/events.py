@@ -418,8 +418,12 @@ class EventStream:
         start: Steps[Reader],
         follow: bool,
         block_s: float,
+        again: Callable[[], Steps[Reader]] | None = None,
     ) -> None:
         self._run, self._start, self._follow = run_steps, start, follow
+        # Every queue, none made yet: a reader of no log, which a follower makes again (from
+        # the logs' start: a queue made since is all news) after each wait.
+        self._again = again
         self._block_ms = max(1, round(block_s * 1000))
         self.block_s = self._block_ms / 1000
         self.reader: Reader | None = None
@@ -454,10 +458,21 @@ class EventStream:
         (following) or not at all; empty when none came. Errors are raised, not retried."""
         self.start()
         assert self.reader is not None
+        if self._waits_for_a_queue():
+            return []
         got: list[Event] = self._run(
             read_steps(self.reader, self._block_ms if self._follow else None)
         )
         return got
+
+    def _waits_for_a_queue(self) -> bool:
+        """A follower of every queue while none exists: wait as a read would (never a loop
+        that spins), then look for queues again."""
+        if self.reader is None or self.reader.streams or not self._follow or not self._again:
+            return False
+        time.sleep(self.block_s)
+        self.reader = self._run(self._again())
+        return True
 
     def __next__(self) -> Event:
         if self.reader is None:
@@ -467,6 +482,8 @@ class EventStream:
             if self._closed:
                 raise StopIteration
             try:
+                if self._waits_for_a_queue():
+                    continue
                 got = self._run(read_steps(self.reader, self._block_ms if self._follow else None))
                 retry = RETRY_FIRST_S
             except Exception as exc:
@@ -491,8 +508,10 @@ class AsyncEventStream:
         start: Steps[Reader],
         follow: bool,
         block_s: float,
+        again: Callable[[], Steps[Reader]] | None = None,
     ) -> None:
         self._run, self._start, self._follow = run_steps, start, follow
+        self._again = again  # as EventStream's
         self._block_ms = max(1, round(block_s * 1000))
         self.reader: Reader | None = None
         self._buffer: list[Event] = []
@@ -522,6 +541,10 @@ class AsyncEventStream:
             if self._closed:
                 raise StopAsyncIteration
             try:
+                if self._follow and self._again and not self.reader.streams:
+                    await asyncio.sleep(self._block_ms / 1000)
+                    self.reader = await self._run(self._again())
+                    continue
                 got = await self._run(
                     read_steps(self.reader, self._block_ms if self._follow else None)
                 )

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar, overload
 
 import redis.cluster
@@ -18,6 +18,7 @@ from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.client.events import (
     EventSettings,
     EventStream,
+    Reader,
     Since,
     check_event_settings,
     check_kinds,
@@ -373,7 +374,10 @@ class JobQueue(ClientCore):
         longest single wait for more, in seconds (a follower checks ``close()`` then)."""
         chosen = check_kinds(kinds)
         start = reader_steps(self, queue_list(queue), since, run_id, chosen, self.on_cluster)
-        return EventStream(self.run_steps, start, follow, block)
+        again: Callable[[], Steps[Reader]] | None = None
+        if queue is None and run_id is None:  # every queue: those made later too
+            again = lambda: reader_steps(self, None, "0", None, chosen, self.on_cluster)  # noqa: E731
+        return EventStream(self.run_steps, start, follow, block, again)
 
     def recent_events(
         self,

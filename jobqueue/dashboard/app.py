@@ -461,26 +461,17 @@ async def events_stream(request: Request) -> Response:
     length = request.app.state.stream_s
 
     async def body() -> AsyncIterator[str]:
-        nonlocal stream
         yield "retry: 1000\n\n"
         end = asyncio.get_running_loop().time() + length
         quiet = 0.0
         while asyncio.get_running_loop().time() < end:
             if await request.is_disconnected():
                 return
-            began = asyncio.get_running_loop().time()
             try:
+                # (Of every queue while none exists, a read waits, then looks for queues.)
                 batch = await run_in_threadpool(stream.read_batch)
             except (JobQueueError, redis.exceptions.RedisError):
                 return  # the browser comes back in a second, from its last id
-            if not batch and not stream.cursor:
-                # No log to follow yet (no queue when the page was read): wait as a read
-                # would, then look for queues again, from their logs' start (every event
-                # of a queue made since is news to the page).
-                waited = asyncio.get_running_loop().time() - began
-                await asyncio.sleep(max(0.0, stream.block_s - waited))
-                stream = jq.events(queue, since="0", run_id=run_id,
-                                   kinds=[kind] if kind else None)
             for ev in batch:
                 yield f"id: {ev.cursor}\ndata: {json.dumps(ev.to_dict(), default=str)}\n\n"
             quiet = 0.0 if batch else quiet + stream.block_s
