@@ -14,6 +14,11 @@ with errors, and 10,000 left pending, in a queue of ``--partitions`` partitions.
 * time range: a window of a tenth of the fill, counted exactly, its first page;
 * all states: the first page without a filter, and its count.
 
+With ``--bullmq`` the same server then runs BullMQ's side (bench/bullmq/bench.mjs ``list``,
+Node.js): ``--bullmq-n`` jobs (100,000) drained with completed jobs kept, then every page of
+``getJobs(['completed'], start, end)`` of the same page size, each page timed; our own walk of
+the done runs is timed again at that size for the comparison (both fills flushed first).
+
 Target (issue 32): the last page of a 1 M-run listing costs what the first does (bounded per
 page, not growing with the depth). Run ``python bench/listing.py`` (``--quick`` for 100,000
 runs, ``--tcp`` for loopback).
@@ -37,6 +42,7 @@ from _common import (
     run_baselines,
     say,
 )
+from vs_bullmq import ensure_bullmq, node
 
 from jobqueue import JobQueue
 from jobqueue.client.base import Request
@@ -132,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-n", type=int, help=f"runs (default {DEFAULT_N:,})")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--page", type=int, default=100, help="rows a page (100)")
+    parser.add_argument("--bullmq", action="store_true",
+                        help="also BullMQ's getJobs pages, on the same server")
+    parser.add_argument("--bullmq-n", type=int, default=100_000,
+                        help="runs for the comparison with BullMQ (100,000)")
     args = parser.parse_args(argv)
     n = args.n or (QUICK_N if args.quick else DEFAULT_N)
     try:
@@ -165,6 +175,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 everything_s = time.perf_counter() - t
             finally:
                 jq.close()
+            compared: tuple[list[float], list[float]] | None = None
+            if args.bullmq:
+                ensure_bullmq()
+                server.flush()
+                ours_jq = JobQueue.from_url(server.url, partitions={"default": args.partitions})
+                ours_jq.declare_task("report", max_attempts=1)
+                try:
+                    fill(ours_jq, args.bullmq_n)
+                    ours_times, _ = walk(ours_jq, RunQuery(state="done"), args.page)
+                finally:
+                    ours_jq.close()
+                server.flush()
+                bull = node("list", server.url, str(args.bullmq_n), str(args.page))
+                compared = (ours_times, [t / 1000 for t in bull["times"]])
     except (BenchError, OSError) as exc:
         return fail(str(exc))
     serial = baselines.write_serial
@@ -203,6 +227,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"  last tenth of the pages / first tenth: {ms(tail)} ms / {ms(head)} ms = "
         f"{ratio:.2f}x (target <= {TARGET_DEPTH_RATIO}x) "
         f"{'PASS' if ratio <= TARGET_DEPTH_RATIO else 'MISS'}")
+    if compared is not None:
+        ours_t, bull_t = compared
+        say()
+        rows = []
+        for name, times in (("jobqueue runs_page", ours_t), ("BullMQ getJobs(completed)", bull_t)):
+            k = max(1, len(times) // 10)
+            rows.append([name, f"{len(times):,}", ms(pct(times, 0.5)), ms(pct(times, 0.99)),
+                         ms(statistics.mean(times[:k])), ms(statistics.mean(times[-k:])),
+                         f"{statistics.mean(times[-k:]) / statistics.mean(times[:k]):.2f}x"])
+        say(format_table([f"{args.bullmq_n:,} finished, {args.page} a page", "pages", "p50 ms",
+                          "p99 ms", "first tenth ms", "last tenth ms", "last / first"], rows))
+        say(f"  BullMQ's p50 page over ours: {pct(bull_t, 0.5) / pct(ours_t, 0.5):.2f}x "
+            "(above 1.00x ours is faster)")
     cancelled = -(-n // BATCH)  # one a batch
     found = sum(p.rows for p in cancelled_pages)
     if listed != n - cancelled or found != cancelled:

@@ -324,3 +324,16 @@ def test_a_part_of_a_run_id_finds_every_run_that_holds_it(jq: JobQueue) -> None:
     page = runs_page(jq, RunQuery(contains="invoice"))
     assert sorted(r.run_id for r in page) == ["invoice-42", "old-invoice"]
     assert not page.total_exact
+
+
+def test_a_run_whose_history_holds_another_type_is_listed_with_the_anomaly(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    finish(jq, ["a", "b"], jq.server_time_ms(), fail=True)
+    keys = jq.keys_for("default", "a")
+    redis_client.delete(keys.history("a"))
+    redis_client.set(keys.history("a"), "foreign")
+    page = runs_page(jq, RunQuery(state="dead"))
+    assert sorted(r.run_id for r in page) == ["a", "b"]
+    (a,) = [r for r in page if r.run_id == "a"]
+    assert any("holds another type" in str(x) for x in a.anomalies)

@@ -17,6 +17,11 @@
 //                                               getChildrenValues(); the same timing, to the
 //                                               parent's completion (bench/workflows.py)
 //
+//   node bench.mjs list <url> <n> <page>      n no-op jobs drained (bulk adds, concurrency 50,
+//                                               completed jobs kept), then every page of
+//                                               getJobs(['completed']) of <page> jobs; prints
+//                                               each page's ms (bench/listing.py)
+//
 // <url> is redis://host:port or unix:///path/to/socket. <task> is noop or incr (one INCR on
 // the task's own connection: the I/O a real task does).
 import { FlowProducer, Queue, Worker } from 'bullmq';
@@ -140,6 +145,32 @@ async function flow(url, n, concurrency) {
   await producer.close();
 }
 
+async function list(url, n, size) {
+  const queue = new Queue(QUEUE, { connection: connection(url) });
+  await queue.waitUntilReady();
+  let done = 0;
+  let finish;
+  const finished = new Promise((resolve) => { finish = resolve; });
+  for (let i = 0; i < n; i += BATCH) await queue.addBulk(jobs(i, Math.min(i + BATCH, n), 'noop'));
+  const worker = new Worker(QUEUE, async (job) => job.data.i, {
+    connection: connection(url), concurrency: 50,
+  });
+  worker.on('completed', () => { done += 1; if (done === n) finish(); });
+  await finished;
+  await worker.close();
+  const times = [];
+  let rows = 0;
+  for (let start = 0; ; start += size) {
+    const t = process.hrtime.bigint();
+    const page = await queue.getJobs(['completed'], start, start + size - 1);
+    times.push(Number(process.hrtime.bigint() - t) / 1e6);
+    rows += page.length;
+    if (page.length < size) break;
+  }
+  say({ times, rows, total: await queue.getCompletedCount() });
+  await queue.close();
+}
+
 const [command, url, a, b] = process.argv.slice(2);
 const commands = {
   enqueue: () => enqueue(url, Number(a)),
@@ -148,9 +179,10 @@ const commands = {
   worker: () => work(url, Number(a), b),
   drain: () => drain(url, Number(a), Number(b)),
   flow: () => flow(url, Number(a), Number(b)),
+  list: () => list(url, Number(a), Number(b)),
 };
 if (!commands[command] || !url) {
-  process.stderr.write('usage: node bench.mjs enqueue|bulk|fill|worker|drain|flow <url> ...\n');
+  process.stderr.write('usage: node bench.mjs enqueue|bulk|fill|worker|drain|flow|list <url> ...\n');
   process.exit(2);
 }
 commands[command]().then(

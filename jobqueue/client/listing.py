@@ -38,6 +38,7 @@ from jobqueue.models import STATES, Run
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.pages import INDEX_PAGE, IndexPage
+from jobqueue.store.runs import READ_RECORDS
 
 # The indexes a listing without a state filter goes through, in this order.
 INDEXES = ("leases", "due", "waiting", "dead", "done")
@@ -72,8 +73,9 @@ SORTED_BY = {
 # limit there, with a cursor to go on); entries one partition gives per round trip at most.
 SCAN_LIMIT = 10_000
 FETCH_MAX = 1_000
-# Records read per round trip.
+# Records read per round trip of the rare records of another type; runs a read_records call.
 RECORD_CHUNK = 500
+RECORDS_PER_CALL = 100
 MAX_LIMIT = 10_000
 CURSOR_PREFIX = "c1."
 MAX_CURSOR_CHARS = 4_096
@@ -320,7 +322,7 @@ def _page_steps(
                 found.append(Anomaly(getattr(k, index), "holds another type, not a sorted set"))
             else:
                 pages.append((k, page))
-        if not place.score:  # at the index's start: the range's count, for the total
+        if index not in counted:  # the range's count (wherever the place): for the total
             counted[index] = sum(page.in_range for _, page in pages)
         # Entries up to the horizon can be taken in order: past the last entry of a partition
         # that gave a full page, that partition may hold entries not read yet.
@@ -371,10 +373,37 @@ def _page_steps(
 def _records_steps(
     wanted: list[tuple[str, PartitionKeys]], index: str, found: list[Anomaly]
 ) -> Steps[dict[tuple[str, str], Run]]:
-    """The runs of these index entries, by (queue, run id): records RECORD_CHUNK a round
-    trip, then the histories of those that have one (the record's 'hist' flag) in one more.
-    An entry without a record is left out (``jobqueue repair`` tells of those); a key of
-    another type is shown as a run that says so, so that an operator can purge it."""
+    """The runs of these index entries, by (queue, run id), records and histories together
+    in one round trip (read_records.lua, RECORDS_PER_CALL runs a call: a reply to parse per
+    call, not two a run). An entry without a record is left out (``jobqueue repair`` tells
+    of those); one whose keys hold another type is read again alone, and shown as a run
+    that says so, so that an operator can purge it."""
+    by_partition: dict[PartitionKeys, list[str]] = {}
+    for rid, k in wanted:
+        by_partition.setdefault(k, []).append(rid)
+    chunks = [(k, ids[i : i + RECORDS_PER_CALL]) for k, ids in by_partition.items()
+              for i in range(0, len(ids), RECORDS_PER_CALL)]
+    replies = (yield Scripts([READ_RECORDS.call(k, ids) for k, ids in chunks])) if chunks else []
+    runs: dict[tuple[str, str], Run] = {}
+    odd: list[tuple[str, PartitionKeys]] = []
+    for (k, ids), reply in zip(chunks, replies, strict=True):
+        for rid, record in zip(ids, READ_RECORDS.parse(reply), strict=True):
+            if record.fields is None or record.history is None:
+                odd.append((rid, k))
+            elif record.fields:
+                runs[(k.queue, rid)] = Run.from_hash(
+                    rid, k.partition, record.fields, record.history, k.queue, key=k.run(rid)
+                )
+    if odd:
+        runs.update((yield from _foreign_records_steps(odd, index, found)))
+    return runs
+
+
+def _foreign_records_steps(
+    wanted: list[tuple[str, PartitionKeys]], index: str, found: list[Anomaly]
+) -> Steps[dict[tuple[str, str], Run]]:
+    """Runs whose record or history holds another type, read command by command: what can
+    be read is shown, with the anomaly."""
     records: list[tuple[str, PartitionKeys, dict[str, str], list[Anomaly]]] = []
     for start in range(0, len(wanted), RECORD_CHUNK):
         chunk = wanted[start : start + RECORD_CHUNK]
