@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
+from test_listing import enqueue
 
 from jobqueue.cli.core import State, main
 from jobqueue.client import flow_queries, queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.store.runs import CLAIM
-from test_listing import enqueue
 
 pytestmark = pytest.mark.real_only
 
