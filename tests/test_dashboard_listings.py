@@ -13,6 +13,7 @@ from test_listing import MIN, enqueue, finish
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
+from jobqueue.store.runs import CLAIM
 
 pytestmark = pytest.mark.real_only
 
@@ -146,3 +147,13 @@ def test_a_bulk_action_without_the_csrf_token_is_refused(
     finish(jq, ["d1"], jq.server_time_ms(), fail=True)
     reply = client.post("/actions/bulk", data={"op": "purge", "confirm": "yes"})
     assert reply.status_code == 403 and jq.find_run("d1") is not None
+
+
+def test_a_bulk_cancel_of_a_listing_ordered_newest_first_takes_the_running_runs_too(
+    jq: JobQueue, client: TestClient
+) -> None:
+    enqueue(jq, ["p1"])
+    jq.scripts.run(CLAIM.call(jq.keys_for("default", "p1"), 1, "w", 30_000, 60_000))
+    enqueue(jq, ["p2"])
+    form = {"csrf_token": token(client), "op": "cancel", "order": "desc"}
+    assert "<strong>2</strong>" in client.post("/actions/bulk", data=form).text

@@ -15,7 +15,7 @@ import contextlib
 import json
 import secrets
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -568,14 +568,20 @@ def _bulk_targets(jq: JobQueue, form: Form) -> tuple[str, list[Run], listing.Run
         raise ValueError(f"unknown bulk action {op!r}")
     allowed = BULK_OPS[op][0]
     query = _run_query(jq, dict(form))
+    # Only the listings of the states the action applies to are read (a retry of "every
+    # state" never reads the pending or running indexes).
+    states = [query.state] if query.state else sorted(allowed)
     targets = []
-    for run in listing.iter_runs(jq, query, page_size=500):
-        if run.state in allowed:
-            targets.append(run)
-            if len(targets) > MAX_BULK:
-                raise OperationRefused(
-                    f"more than {MAX_BULK:,} runs match: narrow the filter, or use the CLI"
-                )
+    for state in states:
+        # (the order matters not here, and running runs have one only)
+        for run in listing.iter_runs(jq, replace(query, state=state, order=None),
+                                     page_size=500):
+            if run.state in allowed:
+                targets.append(run)
+                if len(targets) > MAX_BULK:
+                    raise OperationRefused(
+                        f"more than {MAX_BULK:,} runs match: narrow the filter, or use the CLI"
+                    )
     return op, targets, query
 
 
