@@ -8,6 +8,7 @@ all logic but the I/O.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -15,7 +16,7 @@ import re
 import select
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -34,6 +35,7 @@ from jobqueue.errors import (
     ServerRefused,
 )
 from jobqueue.store.connection import exhausted, pool_exhausted
+from jobqueue.store.twin import ClusterTwin, ListWaits
 
 SCRIPT_NAMES = (
     "create_run",
@@ -641,22 +643,51 @@ def _acknowledged(answer: Any, wait: tuple[Any, ...], replicas: int, fsync: bool
 
 
 class AsyncScriptRunner:
-    """The same as ScriptRunner, for redis.asyncio clients."""
+    """ScriptRunner for asyncio clients: a redis.asyncio.Redis (or FakeAsyncRedis), a
+    ``ClusterTwin`` (see ``twin``: one pipeline per master, as ScriptRunner on a cluster),
+    or redis.asyncio's RedisCluster (AsyncJobQueue's; run and run_many only). The twin of a
+    sync client comes from ``twin.async_twin``."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self._sources = _Sources()
+        self._twin: ClusterTwin | None = client if isinstance(client, ClusterTwin) else None
+        self._native_cluster = self._twin is None and hasattr(client, "get_node_from_key")
+        self._waits: ListWaits | None = None
 
-    async def load(self, names: Sequence[str] | None = None) -> None:
-        for name in names or SCRIPT_NAMES:
+    async def aclose(self) -> None:
+        """Close what the runner opened (its blocking-wait connections); the client is the
+        caller's."""
+        if self._waits is not None:
+            await self._waits.aclose()
+
+    async def load(self, names: Sequence[str] | None = None, keys: Sequence[str] = ()) -> None:
+        """Load the scripts. On a twinned cluster: on the masters serving ``keys`` (the ones
+        that answered NOSCRIPT), every master when none are given."""
+        names = list(names or SCRIPT_NAMES)
+        if self._twin is None:
+            await self._load_on(self.client, names)
+            return
+        twin = self._twin
+        targets = [twin.node_of(key) for key in keys] if keys else twin.masters()
+        nodes = {node.name: node for node in targets}
+        await _gather_or_raise(
+            [self._load_on(twin.client_for(node), names) for node in nodes.values()]
+        )
+
+    async def _load_on(self, client: Any, names: Sequence[str]) -> None:
+        for name in names:
             try:
-                await self.client.script_load(self._sources.source(name))
+                await client.script_load(self._sources.source(name))
             except redis.exceptions.ResponseError as exc:
                 if not self._sources.learn(exc):
                     raise
-                await self.client.script_load(self._sources.source(name))
+                await client.script_load(self._sources.source(name))
 
     async def run(self, call: Call) -> Any:
+        if self._twin is not None:
+            (reply,) = await self.run_many([call])
+            return reply
         try:
             for attempt in range(_RECOVERIES + 1):
                 try:
@@ -670,42 +701,137 @@ class AsyncScriptRunner:
             raise translate_error(call, exc) from exc
 
     async def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
+        if self._twin is not None:
+            return await self._pipelined_on_masters(self._twin, calls)
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             pipe.execute_command("EVALSHA", *self._sources.evalsha_args(call))
         return list(await pipe.execute(raise_on_error=False))
 
+    async def _pipelined_on_masters(self, twin: ClusterTwin, calls: Sequence[Call]) -> list[Any]:
+        """ScriptRunner._pipelined_on_masters, every master's pipeline at once. When one
+        fails the others still finish (their replies are read) before its error is raised."""
+        replies: list[Any] = [None] * len(calls)
+
+        async def send(indexes: list[int]) -> None:
+            node = twin.node_of(calls[indexes[0]].keys[0])
+            pipe = twin.client_for(node).pipeline(transaction=False)
+            for i in indexes:
+                pipe.execute_command("EVALSHA", *self._sources.evalsha_args(calls[i]))
+            try:
+                got = await pipe.execute(raise_on_error=False)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                await twin.refresh_slots()
+                raise
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+
+        await _gather_or_raise([send(indexes) for indexes in self._by_node(calls)])
+        return replies
+
+    async def _refresh_slots(self) -> None:
+        if self._twin is not None:
+            await self._twin.refresh_slots()
+
     async def run_many(self, calls: Sequence[Call]) -> list[Any]:
+        """ScriptRunner.run_many: one pipelined round trip (one per master on a twinned
+        cluster); the first error reply is raised (a ServerRefused carries every reply)."""
+        if not calls:
+            return []
+        replies = await self.run_many_replies(calls)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                if isinstance(reply, ServerRefused):
+                    reply.replies = replies
+                raise reply
+        return replies
+
+    async def run_many_replies(self, calls: Sequence[Call]) -> list[Any]:
+        """ScriptRunner.run_many_replies: each error reply translated and returned in its
+        call's place; a lost connection raises. Calls that did not run (NOSCRIPT, a shebang
+        refused, MOVED) are sent again, those alone."""
         if not calls:
             return []
         try:
-            replies = await self._pipelined(calls)
+            replies: list[Any] = await self._pipelined(calls)
             for _ in range(_RECOVERIES):
                 again = _not_run(replies, self._sources)
-                if not again:
+                moved = _redirected(replies)
+                if not again and not moved:
                     break
-                await self.load(sorted({calls[i].script for i in again}))
-                _fill(replies, again, await self._pipelined([calls[i] for i in again]))
+                if moved:
+                    await self._refresh_slots()
+                if again:
+                    await self.load(
+                        sorted({calls[i].script for i in again}),
+                        keys=[calls[i].keys[0] for i in again],
+                    )
+                resend = sorted(set(again) | set(moved))
+                _fill(replies, resend, await self._pipelined([calls[i] for i in resend]))
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(calls[0], exc) from exc
-        return _checked(calls, replies)
+        return [
+            translate_error(call, reply) if isinstance(reply, Exception) else reply
+            for call, reply in zip(calls, replies, strict=True)
+        ]
+
+    async def run_each(self, calls: Sequence[Call]) -> list[Any]:
+        """ScriptRunner.run_each: every call's reply, or the jobqueue error it met, as a
+        value. On a twinned cluster each master's calls go out in a pipeline of their own,
+        all masters at once: one that is down, refuses or times out fails its calls only."""
+        self._refuse_native_cluster("run_each")
+        if not calls:
+            return []
+        out: list[Any] = [None] * len(calls)
+
+        async def group(indexes: list[int]) -> None:
+            part = [calls[i] for i in indexes]
+            try:
+                replies = await self.run_many_replies(part)
+            except (ConnectionFailed, ScriptError) as exc:
+                replies = [exc] * len(part)
+            for i, reply in zip(indexes, replies, strict=True):
+                out[i] = reply
+
+        await asyncio.gather(*(group(indexes) for indexes in self._by_node(calls)))
+        return out
 
     async def run_durable(
         self, calls: Sequence[Call], replicas: int, fsync: bool, timeout_ms: int
     ) -> tuple[list[Any], bool]:
-        """ScriptRunner.run_durable on one server: the calls, then WAIT, on one connection
-        (an asyncio pipeline keeps to one)."""
-        if hasattr(self.client, "get_node_from_key"):
+        """ScriptRunner.run_durable: per master on a twinned cluster (all at once), the
+        calls then WAIT (or WAITAOF) on one connection (an asyncio pipeline keeps to one)."""
+        if self._native_cluster:
             raise ConfigError(
                 "durable writes (Settings.durable_replicas/durable_fsync) from the asyncio "
                 "client need a single server; on a Redis Cluster enqueue with the sync JobQueue"
             )
         if not calls:
             return [], True
+        replies: list[Any] = [None] * len(calls)
+        acked: list[bool] = []
+
+        async def group(indexes: list[int]) -> None:
+            got, ok = await self._durable_group(
+                [calls[i] for i in indexes], replicas, fsync, timeout_ms
+            )
+            acked.append(ok)
+            for i, reply in zip(indexes, got, strict=True):
+                replies[i] = reply
+
+        await _gather_or_raise([group(indexes) for indexes in self._by_node(calls)])
+        return _checked(calls, replies), all(acked)
+
+    async def _durable_group(
+        self, calls: Sequence[Call], replicas: int, fsync: bool, timeout_ms: int
+    ) -> tuple[list[Any], bool]:
         wait = _wait_command(replicas, fsync, timeout_ms)
         try:
+            client = self.client
+            if self._twin is not None:
+                client = self._twin.client_for(self._twin.node_of(calls[0].keys[0]))
             for _ in range(_RECOVERIES + 1):
-                pipe = self.client.pipeline(transaction=False)
+                pipe = client.pipeline(transaction=False)
                 for command in _durable_commands(calls, wait, self._sources):
                     pipe.execute_command(*command)
                 replies = list(await pipe.execute(raise_on_error=False))
@@ -713,8 +839,43 @@ class AsyncScriptRunner:
                 again = _not_run(replies[:-1], self._sources)
                 if not again:
                     break
-                await self.load(sorted({calls[i].script for i in again}))
+                await self.load(
+                    sorted({calls[i].script for i in again}), keys=[calls[0].keys[0]]
+                )
         except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
             raise translate_error(calls[0], exc) from exc
-        acked = _acknowledged(replies[-1], wait, replicas, fsync)
-        return _checked(calls, list(replies[:-1])), acked
+        return list(replies[:-1]), _acknowledged(replies[-1], wait, replicas, fsync)
+
+    async def wait_on_lists(self, keys: list[str], timeout: float) -> str | None:
+        """Block until a token is pushed to one of ``keys`` (wake lists): the key it was
+        popped from, or None after ``timeout`` seconds. One BLPOP over every key on a single
+        server; on a twinned cluster see ``ListWaits.wait``. On a connection of its own:
+        cancelling the awaiting task leaves the client's pool clean."""
+        self._refuse_native_cluster("wait_on_lists")
+        if self._waits is None:
+            self._waits = ListWaits(self.client)
+        try:
+            return await self._waits.wait(keys, timeout)
+        except (redis.exceptions.RedisError, *_CLUSTER_ERRORS) as exc:
+            raise translate_error(Call("wait_on_lists", tuple(keys), ()), exc) from exc
+
+    def _by_node(self, calls: Sequence[Call]) -> list[list[int]]:
+        if self._twin is None:
+            return [list(range(len(calls)))]
+        return self._twin.group_by_node([c.keys[0] for c in calls])
+
+    def _refuse_native_cluster(self, what: str) -> None:
+        if self._native_cluster:
+            raise ConfigError(
+                f"{what} on a Redis Cluster needs the asyncio twin of a sync RedisCluster "
+                "(jobqueue.store.twin.async_twin), not redis.asyncio's RedisCluster"
+            )
+
+
+async def _gather_or_raise(steps: Sequence[Coroutine[Any, Any, Any]]) -> None:
+    """Run every step to its end, then raise the first error met (none is abandoned midway:
+    a pipeline cut off with its replies unread would leave calls that ran unreported)."""
+    results = await asyncio.gather(*steps, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
