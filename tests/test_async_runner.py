@@ -14,6 +14,7 @@ import fakeredis
 import pytest
 import redis
 import redis.asyncio
+import redis.asyncio.connection
 from test_tls_acl import TlsServer, start_tls_server
 
 from jobqueue.errors import ConfigError, ScriptError
@@ -175,6 +176,16 @@ def test_a_client_type_the_twin_cannot_mirror_is_a_config_error() -> None:
         async_twin(Custom())
     with pytest.raises(ConfigError, match="no asyncio twin"):
         async_twin(object())
+
+
+def test_a_tls_setting_the_asyncio_connection_lacks_is_refused_never_dropped() -> None:
+    sync = redis.Redis(host="127.0.0.1", port=1, ssl=True, ssl_validate_ocsp=True)
+    with pytest.raises(ConfigError, match="ssl_validate_ocsp"):
+        async_twin(sync)
+    unset = redis.Redis(host="127.0.0.1", port=1, ssl=True, ssl_validate_ocsp=False)
+    pool = async_twin(unset).connection_pool
+    assert pool.connection_class is redis.asyncio.connection.SSLConnection
+    assert "ssl_validate_ocsp" not in pool.connection_kwargs
 
 
 def test_run_each_is_refused_on_redis_asyncios_own_cluster_client() -> None:
