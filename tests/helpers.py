@@ -7,10 +7,12 @@ test's ``runner`` fixture, or ``jq.scripts``).
 Workers: for the tests that run a Worker in-process: ``Worker.run()`` in a thread (no signal
 handlers), stopped with ``worker.stop()``, watched only through its public surface (``stats``,
 ``in_flight()``, ``state``, ``unhealthy``). Tests about time (leases, heartbeats, timeouts,
-self-fencing) give the worker a FakeClock (the ``clock`` fixture) and move it themselves."""
+self-fencing) give the worker a FakeClock (the ``clock`` fixture) and move it themselves. Tests
+of faults put ``intercept_worker_calls`` between the worker's event loop and Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -25,8 +27,9 @@ from jobqueue.settings import Settings
 from jobqueue.store.io import Request, Scripts, Steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, CREATE_RUN, ClaimedRun, ClaimResult, RunSpec
-from jobqueue.store.scripts import ScriptRunner
+from jobqueue.store.scripts import Call, ScriptRunner
 from jobqueue.worker import RunPhase, RunView, Worker
+from jobqueue.worker.redis_io import RedisIO
 
 # -- scripts ----------------------------------------------------------------------------------
 
@@ -295,3 +298,26 @@ def resume(steps: Steps[Any], request: Request) -> Steps[Any]:
                 request = steps.send(reply)
     except StopIteration as done:
         return done.value
+
+
+Send = Callable[[list[Call]], list[Any]]
+
+
+def intercept_worker_calls(
+    monkeypatch: Any, intercept: Callable[[list[Call], Send], list[Any]]
+) -> None:
+    """Every batch of script calls a worker's event loop sends (claims, heartbeats, commits,
+    releases) goes through ``intercept(calls, send)`` instead, on a thread of its own: it may
+    block (a stall of that call only, the loop goes on), change the replies ``send(calls)``
+    gives (errors are values, as RedisIO.run_each returns them) or raise."""
+    real = RedisIO.run_each
+
+    async def run_each(self: RedisIO, calls: Any) -> list[Any]:
+        loop = asyncio.get_running_loop()
+
+        def send(some: list[Call]) -> list[Any]:
+            return asyncio.run_coroutine_threadsafe(real(self, list(some)), loop).result()
+
+        return await asyncio.to_thread(intercept, list(calls), send)
+
+    monkeypatch.setattr(RedisIO, "run_each", run_each)

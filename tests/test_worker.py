@@ -6,6 +6,7 @@ why not. Tests about leases, heartbeats and timeouts run the worker on a fake cl
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -14,14 +15,17 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from helpers import (
     FAST,
+    Send,
     busy_slots,
     finished,
     held,
+    intercept_worker_calls,
     make_worker,
     phase_of,
     running,
@@ -37,9 +41,14 @@ from jobqueue.runtime.clock import REAL_CLOCK, FakeClock
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.store.keys import WORKERS_KEY, partition_of
 from jobqueue.store.runs import CLAIM, FENCED_WRITE, ClaimedRun
+from jobqueue.store.scripts import Call
 from jobqueue.worker import RunPhase
 from jobqueue.worker.claiming import Claimer
-from jobqueue.worker.runs import RunTable
+from jobqueue.worker.config import WorkerConfig
+from jobqueue.worker.redis_io import RedisIO
+from jobqueue.worker.registry import WorkerTasks
+from jobqueue.worker.runs import RunTable, WorkerStats
+from jobqueue.worker.shared import Shared
 
 # What this module checks does not depend on the backend: run on the real server only
 # (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
@@ -500,13 +509,12 @@ def test_a_worker_asks_its_partitions_in_one_pipelined_round_not_one_claim_each(
         return None
 
     rounds: list[int] = []
-    real_run_each = jq.scripts.run_each
 
-    def run_each(calls: Any) -> list[Any]:
+    def run_each(calls: list[Call], send: Send) -> list[Any]:
         rounds.append(sum(c.script == "claim" for c in calls))
-        return real_run_each(calls)
+        return send(calls)
 
-    monkeypatch.setattr(jq.scripts, "run_each", run_each)
+    intercept_worker_calls(monkeypatch, run_each)
     with running(make_worker(jq, concurrency=32, idle_wait=8.0)):
         wait_for(lambda: 16 in rounds, what="one round trip with a claim of every partition")
 
@@ -523,24 +531,28 @@ def test_a_partition_with_a_backlog_gets_the_room_the_others_one_run_claims_leav
     backlog = [r for r in (f"b-{i}" for i in range(4000)) if partition_of(r, 16) == 5][:120]
     jq.enqueue_many(Request(noop, run_id=r) for r in backlog)
     started: list[str] = []
-    claimer = Claimer(
-        jq,
-        "w-backlog",
-        ["default"],
-        RunTable(64),
-        lambda run, keys, now_ms, sent: started.append(run.run_id),
-        NO_METRICS,
-        REAL_CLOCK,
-        lease_ms=60_000,
-        stopping=threading.Event(),
-        commits_refused=threading.Event(),
-    )
-    claimer.set_partitions(jq.all_partition_keys("default"))
+    executor = SimpleNamespace(start=lambda run, keys, now_ms, sent: started.append(run.run_id))
+
+    async def two_claims() -> tuple[int, int]:
+        shared = Shared(
+            jq=jq, io=RedisIO(jq.redis), config=WorkerConfig(concurrency=64),
+            worker_id="w-backlog", queues=["default"], lease_ms=60_000, tasks=WorkerTasks(jq),
+            table=RunTable(64), stats=WorkerStats(), metrics=NO_METRICS, clock=REAL_CLOCK,
+            hooks=None,
+        )
+        claimer = Claimer(shared, executor)  # type: ignore[arg-type]
+        claimer.set_partitions(jq.all_partition_keys("default"))
+        try:
+            return (await claimer.claim(64))[0], (await claimer.claim(64))[0]
+        finally:
+            await shared.io.aclose()
+
+    first, second = asyncio.run(two_claims())
     # Nothing known yet: the 64 slots are shared by the 16 partitions, 4 each.
-    assert claimer.claim(64)[0] == 4
+    assert first == 4
     # It gave all it was asked for: the others before it in the rotation are asked for one
     # run each, and it for the rest of the room.
-    assert claimer.claim(64)[0] >= 64 - 15
+    assert second >= 64 - 15
     assert set(started) <= set(backlog)
 
 
@@ -618,16 +630,15 @@ def test_stale_attempt_is_told_it_was_fenced_out_when_its_own_worker_reclaimed_t
         return "second"
 
     paused = threading.Event()
-    real_run_each = fast_jq.scripts.run_each
 
-    def run_each(calls: Any) -> list[Any]:
+    def run_each(calls: list[Call], send: Send) -> list[Any]:
         if not paused.is_set():
-            return real_run_each(calls)
-        replies = iter(real_run_each([c for c in calls if c.script != "heartbeat"]))
+            return send(calls)
+        replies = iter(send([c for c in calls if c.script != "heartbeat"]))
         stalled = ConnectionFailed("stalled")
         return [stalled if c.script == "heartbeat" else next(replies) for c in calls]
 
-    monkeypatch.setattr(fast_jq.scripts, "run_each", run_each)
+    intercept_worker_calls(monkeypatch, run_each)
     worker = make_worker(fast_jq, lease=0.3, clock=clock)
     with running(worker):
         handle = fast_jq.enqueue(patient)
@@ -651,16 +662,15 @@ def test_an_unexpected_error_in_a_claim_does_not_end_the_claim_loop(
     def echo(x: int) -> int:
         return x
 
-    real_run = fast_jq.scripts.run
     failures: list[str] = []
 
-    def flaky(call: Any) -> Any:
-        if call.script == "claim" and not failures:
-            failures.append(call.script)
+    def flaky(calls: list[Call], send: Send) -> list[Any]:
+        if any(c.script == "claim" for c in calls) and not failures:
+            failures.append("claim")
             raise RuntimeError("a bug, not a Redis error")
-        return real_run(call)
+        return send(calls)
 
-    monkeypatch.setattr(fast_jq.scripts, "run", flaky)
+    intercept_worker_calls(monkeypatch, flaky)
     with running(make_worker(fast_jq)):
         run = finished(fast_jq, fast_jq.enqueue(echo, 7).run_id)
     assert failures and (run.state, run.result) == ("done", 7)
@@ -677,15 +687,14 @@ def test_a_finished_run_whose_commit_is_still_in_flight_at_stop_is_committed_not
         return "ran"
 
     in_commit = threading.Event()
-    real_run_each = fast_jq.scripts.run_each
 
-    def slow_commits(calls: Any) -> Any:
+    def slow_commits(calls: list[Call], send: Send) -> list[Any]:
         if any(c.script == "complete" for c in calls):
             in_commit.set()
             time.sleep(0.5)  # the commit is on its way while the worker is told to stop
-        return real_run_each(calls)
+        return send(calls)
 
-    monkeypatch.setattr(fast_jq.scripts, "run_each", slow_commits)
+    intercept_worker_calls(monkeypatch, slow_commits)
     worker = make_worker(fast_jq, grace=0.1)
     handle = fast_jq.enqueue(quick)
     with running(worker):

@@ -21,10 +21,12 @@ import redis
 from helpers import (
     FAST,
     Exited,
+    Send,
     advance_until,
     busy_slots,
     finished,
     held,
+    intercept_worker_calls,
     make_worker,
     phase_of,
     running,
@@ -35,7 +37,7 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed
 from jobqueue.runtime.clock import FakeClock
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
-from jobqueue.store.scripts import translate_error
+from jobqueue.store.scripts import Call, translate_error
 from jobqueue.worker import EXIT_UNHEALTHY, MAX_REJECTED_KEPT, RunPhase, WorkerStats, supervisor
 
 # What this module checks does not depend on the backend: run on the real server only
@@ -138,14 +140,12 @@ def test_a_result_arriving_after_its_timeout_does_not_win_over_the_timeouts_fail
     def quick() -> str:
         return "first"
 
-    real_run_each = fast_jq.scripts.run_each
-
-    def run_each(calls: Any) -> list[Any]:
+    def run_each(calls: list[Call], send: Send) -> list[Any]:
         if any(c.script == "complete" and "blocker" in c.args for c in calls):
             released.wait(5)  # the committer is busy meanwhile
-        return real_run_each(calls)
+        return send(calls)
 
-    monkeypatch.setattr(fast_jq.scripts, "run_each", run_each)
+    intercept_worker_calls(monkeypatch, run_each)
     with running(worker):
         handle = fast_jq.enqueue(slow)
         assert started.wait(5)
@@ -386,17 +386,16 @@ def test_a_commit_refused_for_now_by_redis_is_retried_not_abandoned(
 ) -> None:
     """OOM (and READONLY, BUSY, ...) at commit time: the calls that were refused are sent
     again until Redis takes them; the others are not sent twice. The refusals are injected
-    as error replies of the runner's pipeline (the real-server OOM case is in the next test)."""
+    as error replies of the worker's pipeline (the real-server OOM case is in the next test)."""
     refusals = [2]
-    real_replies = fast_jq.scripts.run_many_replies
 
-    def run_many_replies(calls: Any) -> list[Any]:
+    def run_many_replies(calls: list[Call], send: Send) -> list[Any]:
         if refusals[0] <= 0 or not any(c.script == "complete" for c in calls):
-            return real_replies(calls)
+            return send(calls)
         refusals[0] -= 1
         # The completes are refused (not run); the other calls of the pipeline run.
         others = [c for c in calls if c.script != "complete"]
-        ran = iter(real_replies(others) if others else [])
+        ran = iter(send(others) if others else [])
         oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory")
         return [translate_error(c, oom) if c.script == "complete" else next(ran) for c in calls]
 
@@ -404,7 +403,7 @@ def test_a_commit_refused_for_now_by_redis_is_retried_not_abandoned(
     def fine() -> str:
         return "ok"
 
-    monkeypatch.setattr(fast_jq.scripts, "run_many_replies", run_many_replies)
+    intercept_worker_calls(monkeypatch, run_many_replies)
     worker = make_worker(fast_jq)
     with running(worker):
         refusals[0] = 2

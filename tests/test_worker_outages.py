@@ -1,7 +1,7 @@
 """The worker when Redis answers some calls and not others (a master down, memory full): it
 stops a run whose lease ran out without a heartbeat reaching Redis (self-fencing), and it
-claims nothing while Redis refuses its commits. The worker runs in a thread over a client
-that fails chosen script calls (tests/helpers.py); real server only (the client is a
+claims nothing while Redis refuses its commits. The worker runs in a thread; the app's client
+and the worker's calls fail chosen script calls; real server only (the client is a
 redis.Redis subclass)."""
 
 from __future__ import annotations
@@ -13,12 +13,20 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import fake_clock, make_worker, phase_of, running, wait_for
+from helpers import (
+    Send,
+    fake_clock,
+    intercept_worker_calls,
+    make_worker,
+    phase_of,
+    running,
+    wait_for,
+)
 
 from jobqueue import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.store.embedded import EmbeddedServer
-from jobqueue.store.scripts import scripts
+from jobqueue.store.scripts import Call, scripts, translate_error
 from jobqueue.worker import RunPhase
 
 Failure = Callable[[str], Exception | None]  # script name -> the error to answer, or None
@@ -68,10 +76,23 @@ class FailingClient(redis.Redis):
 
 
 @pytest.fixture
-def client(real_server: EmbeddedServer) -> Iterator[FailingClient]:
+def client(real_server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[FailingClient]:
+    """The app's client; the worker's own calls (its event loop's) fail the same way."""
     c = FailingClient.from_url(real_server.url, decode_responses=True)
     c.flushall()
     c.sent = []
+
+    def failing(calls: list[Call], send: Send) -> list[Any]:
+        errors = [c.fail(call.script) for call in calls]
+        ran = iter(send([call for call, e in zip(calls, errors, strict=True) if e is None]))
+        now = time.monotonic()  # when the worker learns the answers
+        c.sent += [(now, call.script, e is not None) for call, e in zip(calls, errors, strict=True)]
+        return [
+            translate_error(call, e) if e is not None else next(ran)
+            for call, e in zip(calls, errors, strict=True)
+        ]
+
+    intercept_worker_calls(monkeypatch, failing)
     yield c
     c.close()
 
@@ -89,6 +110,9 @@ def test_a_run_whose_heartbeats_cannot_reach_redis_is_stopped_when_its_lease_run
 
     @jq.task
     def patient(ctx: RunContext) -> None:
+        if ctx.attempt > 1:  # the run claimed again once its lease ran out: not the one told
+            ctx.cancelled.wait(10)
+            return
         started.set()
         told["at"] = clock.monotonic() if ctx.cancelled.wait(10) else None
         told["reason"] = ctx.cancel_reason

@@ -1,11 +1,11 @@
 """A claimed run's lifecycle in the worker: one phase at a time (jobqueue.worker.runs), moved
-only along the allowed transitions, and the table every thread of the worker asks which runs
+only along the allowed transitions, and the table the worker's event loop asks which runs
 hold a slot, need a heartbeat, or wait for their commit."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-import threading
 
 import pytest
 
@@ -179,76 +179,21 @@ def test_a_lease_needs_renewing_a_third_of_it_after_it_was_granted() -> None:
     assert table.renewal_due(since=100.1) is None  # granted before the last round
 
 
-class _Watched:
-    """The table's condition, watched: when a waiter starts waiting, and every notify."""
-
-    def __init__(self, table: RunTable) -> None:
-        self.waiting = threading.Event()
-        self.notifies = 0
-        cond = table.changed
-        wait, notify_all = cond.wait, cond.notify_all
-
-        def watched_wait(timeout: float | None = None) -> bool:
-            self.waiting.set()
-            return wait(timeout)
-
-        def watched_notify_all() -> None:
-            self.notifies += 1
-            notify_all()
-
-        cond.wait = watched_wait  # type: ignore[method-assign]
-        cond.notify_all = watched_notify_all  # type: ignore[method-assign]
-
-
-def _wait_in_thread(
-    table: RunTable, batch: int, linger: float
-) -> tuple[threading.Thread, list[int]]:
-    got: list[int] = []
-    t = threading.Thread(
-        target=lambda: got.append(table.wait_for_room(threading.Event(), batch, linger))
-    )
-    t.start()
-    return t, got
-
-
-def test_a_claim_loop_waiting_for_a_batch_is_woken_once_the_batch_is_free_not_per_run() -> None:
-    table = RunTable(4)
-    runs = [claimed(f"r{i}") for i in range(4)]
-    for e in runs:
-        table.add(e)
-    table.returned(runs[0])
-    watched = _Watched(table)
-    waiter, got = _wait_in_thread(table, batch=3, linger=60.0)
-    assert watched.waiting.wait(10)
-    table.returned(runs[1])  # 2 free of the 3 waited for: no wake-up
-    assert watched.notifies == 0
-    table.returned(runs[2])
-    waiter.join(10)
-    assert (watched.notifies, got) == (1, [3])
-
-
-def test_the_last_run_returning_wakes_a_waiter_short_of_its_batch() -> None:
-    table, entry = RunTable(4), claimed()
-    table.add(entry)
-    table.add(other := claimed("other"))
-    table.returned(other)
-    watched = _Watched(table)
-    waiter, got = _wait_in_thread(table, batch=8, linger=60.0)
-    assert watched.waiting.wait(10)
-    table.returned(entry)  # the table is idle: the drain waits for that
-    waiter.join(10)
-    assert got == [4]
-
-
-def test_waiting_for_a_batch_claims_what_is_free_after_the_linger() -> None:
-    table = RunTable(4)
-    table.add(claimed("a"))
-    table.add(claimed("b"))
-    assert table.wait_for_room(threading.Event(), batch=4, linger=0.01) == 2
-
-
 def test_waiting_for_room_gives_no_slots_once_stopping() -> None:
-    table, stop = RunTable(1), threading.Event()
+    table = RunTable(1)
     table.add(claimed())
-    stop.set()
-    assert table.wait_for_room(stop, batch=1, linger=0.01) == 0
+    assert asyncio.run(table.wait_for_room(lambda: True)) == 0
+
+
+def test_a_returning_run_wakes_the_claim_loop_waiting_for_room() -> None:
+    table, entry = RunTable(1), claimed()
+    table.add(entry)
+
+    async def wait_then_return() -> int:
+        waiting = asyncio.ensure_future(table.wait_for_room(lambda: False))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()  # no room: it waits
+        table.returned(entry)
+        return await asyncio.wait_for(waiting, 10)
+
+    assert asyncio.run(wait_then_return()) == 1

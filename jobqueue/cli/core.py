@@ -75,8 +75,8 @@ from jobqueue.settings import Settings  # noqa: E402
 from jobqueue.store.connection import redact  # noqa: E402
 from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name  # noqa: E402
 from jobqueue.tasks import Dedupe  # noqa: E402
-from jobqueue.worker.daemon import DEFAULT_CONCURRENCY  # noqa: E402
-from jobqueue.worker.supervisor import DEFAULT_GRACE_S, SUPERVISED_ENV  # noqa: E402
+from jobqueue.worker.config import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S  # noqa: E402
+from jobqueue.worker.supervisor import SUPERVISED_ENV  # noqa: E402
 
 # Runs per enqueue_many call of `enqueue --from-file` (enqueue_many pipelines its script
 # calls): one progress step each.

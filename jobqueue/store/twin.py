@@ -68,7 +68,7 @@ def async_twin(client: Any) -> Any:
         return _fake_twin(client)
     if isinstance(client, redis.cluster.RedisCluster):
         return ClusterTwin(client)
-    if type(client) is redis.Redis:
+    if isinstance(client, redis.Redis):  # (a subclass's overrides are not mirrored)
         return _AsyncRedis.from_pool(_async_pool(client.connection_pool))
     raise ConfigError(
         f"no asyncio twin for a {type(client).__module__}.{type(client).__qualname__}: "

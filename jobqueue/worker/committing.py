@@ -1,16 +1,17 @@
-"""Committing outcomes: one batched ``complete`` call per partition plus the ``fail`` calls, in
-one round trip (one per master on a cluster), each checked against its run's fence in Redis.
-Commits Redis did not take (a master down, a refusal) wait and are sent again with back-off,
-alone, while every other commit goes on: one master down holds back its own runs only."""
+"""Committing outcomes, on the worker's event loop: what finished while the last commit was on
+its way goes out together, one batched ``complete`` call per partition plus the ``fail``
+calls, in one round trip (one per master on a cluster), each checked against its run's fence
+in Redis. Commits Redis did not take (a master down, a refusal) wait and are sent again with
+back-off, alone, while every other commit goes on: one master down holds back its own runs
+only. The workflow relays and audits use the sync client, on a thread."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import queue as queue_mod
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from jobqueue.client.relay import (
     Committed,
@@ -20,21 +21,17 @@ from jobqueue.client.relay import (
     settle_staged_steps,
     tidy_flows_steps,
 )
-from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed, ServerRefused
-from jobqueue.hooks import Hooks
 from jobqueue.policy.backoff import Backoff
 from jobqueue.policy.timeutil import abs_time
-from jobqueue.runtime.clock import Clock
 from jobqueue.runtime.logs import log_with_traceback, run_fields
-from jobqueue.runtime.metrics import Metrics
 from jobqueue.settings import to_ms
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import BOUNCE, COMPLETE, FAIL, Bounced, Outcome
 from jobqueue.store.scripts import Call
-from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.relaying import CommitRelay
-from jobqueue.worker.runs import Finished, RunTable, WorkerStats, run_event
+from jobqueue.worker.runs import Finished, run_event
+from jobqueue.worker.shared import Shared, in_thread
 
 log = logging.getLogger("jobqueue.worker")
 
@@ -66,10 +63,6 @@ class _Deferred:
         self.not_before = now + self.backoff.next()
         self.reason = reason
         return self
-
-
-# The committer woke up to send deferred commits again, with nothing new to commit.
-_NOTHING: Any = object()
 
 
 def _log_finished(item: Finished, status: str) -> None:
@@ -128,41 +121,23 @@ def _log_handed_back(item: Finished, outcome: Outcome) -> None:
 
 
 class Committer:
-    def __init__(
-        self,
-        jq: JobQueue,
-        tasks: WorkerTasks,
-        table: RunTable,
-        stats: WorkerStats,
-        metrics: Metrics,
-        clock: Clock,
-        stopped: threading.Event,
-        shutdown_left: Callable[[], float],
-        hooks: Hooks | None = None,
-        worker_id: str = "?",
-    ) -> None:
-        self._jq = jq
-        self._worker_id = worker_id
-        # None without middleware: one identity test per run on this hot path
-        self._hooks = hooks if hooks else None
-        self._tasks = tasks
-        self._table = table
-        self._stats = stats
-        self._metrics = metrics
-        self._clock = clock
-        self._stopped = stopped
+    def __init__(self, shared: Shared, shutdown_left: Callable[[], float]) -> None:
+        self._s = shared
+        self._jq = shared.jq
+        self._hooks = shared.hooks
+        self._stats = shared.stats
+        self._metrics = shared.metrics
         self._shutdown_left = shutdown_left
-        self._queue: queue_mod.SimpleQueue[Finished | None] = queue_mod.SimpleQueue()
-        # Redis refuses commits for now (OOM, READONLY): no new claims until one goes through,
-        # or the worker would lease runs whose outcomes it cannot write.
-        self.refused = threading.Event()
+        self._items: list[Finished] = []
+        self._ready = asyncio.Event()
+        self._closing = False
         # The partitions whose outboxes this worker sweeps (set_partitions) and when next.
         self._swept: list[PartitionKeys] = []
         self._next_sweep = 0.0
         # Every Settings.flow_audit_s: the waiting runs' audit (a rank per partition, going
         # round each waiting index) and the flows index's tidy.
         self._next_audit = 0.0
-        self._carry = CommitRelay(jq)
+        self._carry = CommitRelay(shared.jq)
         self._audit_from: dict[PartitionKeys, int] = {}
         self._staged_from: dict[PartitionKeys, int] = {}  # (the staged runs' audit, as above)
 
@@ -172,51 +147,47 @@ class Committer:
         self._swept = list(partitions)
 
     def put(self, item: Finished) -> None:
-        self._queue.put(item)
+        self._items.append(item)
+        self._ready.set()
 
     def close(self) -> None:
-        """Commit what is queued, then end (the thread: see run)."""
-        self._queue.put(None)
+        """Commit what is queued, then end (see run)."""
+        self._closing = True
+        self._ready.set()
 
-    def run(self) -> None:
-        """Commit what finished, batch after batch, until closed (and, stopping, until what
+    async def run(self) -> None:
+        """Commit what finished, batch after batch, until closed (and, closing, until what
         waits to be sent again is sent or the shutdown deadline passes)."""
+        clock = self._s.clock
         later: list[_Deferred] = []
-        get, get_nowait = self._queue.get, self._queue.get_nowait
         while True:
-            wait = None
-            if later:
-                wait = max(min(d.not_before for d in later) - self._clock.monotonic(), 0.0)
-            if self._swept:
-                until_sweep = max(self._next_sweep - self._clock.monotonic(), 0.0)
-                wait = until_sweep if wait is None else min(wait, until_sweep)
-            try:
-                item = get(timeout=wait)
-            except queue_mod.Empty:
-                item = None if self._stopped.is_set() and not later else _NOTHING
-            if item is None:
-                if self._carry.pending:  # (closing: what rides along goes now)
-                    try:
-                        self._carry.flush()
-                    except Exception as exc:
-                        log.warning("relaying completions failed for now: %s", exc)
-                return
-            batch = [] if item is _NOTHING else [item]
-            while len(batch) < MAX_COMMIT_BATCH:
-                try:
-                    nxt = get_nowait()
-                except queue_mod.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)
-                    break
-                batch.append(nxt)
-            now = self._clock.monotonic()
+            if not self._items and not self._closing:
+                wait = None
+                if later:
+                    wait = max(min(d.not_before for d in later) - clock.monotonic(), 0.0)
+                if self._swept:
+                    until_sweep = max(self._next_sweep - clock.monotonic(), 0.0)
+                    wait = until_sweep if wait is None else min(wait, until_sweep)
+                self._ready.clear()
+                if wait is None:
+                    await self._ready.wait()
+                elif wait > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._ready.wait(), wait)
+            if self._closing and not self._items and (not later or self._shutdown_left() <= 0):
+                await self._flush_relay(clearing=True)  # (what was committed is told)
+                return  # what is left in `later` expires and is claimed again
+            batch, self._items = self._items[:MAX_COMMIT_BATCH], self._items[MAX_COMMIT_BATCH:]
+            now = clock.monotonic()
             due = [d for d in later if d.not_before <= now]
             later = [d for d in later if d.not_before > now]
+            if self._closing and not batch and not due and later:
+                # closing, waiting only for resends: wait for the first, not spin
+                await self._s.pause(min(d.not_before for d in later) - now)
+                continue
             answered: list[Finished] = []
             try:
-                later += self._commit(batch, due, answered)
+                later += await self._commit(batch, due, answered)
             except Exception:
                 # Not a connection problem (those wait in `later`): the outcome is unknown.
                 # Stop heartbeating these runs and free their slots; their leases expire and
@@ -228,30 +199,21 @@ class Committer:
                 self._abandon(lost)
                 answered = items
             try:
-                self._table.answered(answered)
-            except Exception:  # this thread commits every run: it must not die of a bug
+                self._s.table.answered(answered)
+            except Exception:  # the commit loop commits every run: it must not die of a bug
                 log.exception("forgetting %d committed runs failed", len(answered))
-            if self._swept and self._clock.monotonic() >= self._next_sweep:
-                self._next_sweep = self._clock.monotonic() + RELAY_SWEEP_S
-                self._flush_relay(clearing=True)  # (before the sweep reads the outboxes)
-                self._sweep()
-            if self._stopped.is_set() and later and self._shutdown_left() <= 0:
-                self._flush_relay(clearing=True)  # (what was committed is told)
-                return  # their leases expire and the runs are claimed again
+            if self._swept and clock.monotonic() >= self._next_sweep:
+                self._next_sweep = clock.monotonic() + RELAY_SWEEP_S
+                await self._flush_relay(clearing=True)  # (before the sweep reads the outboxes)
+                await in_thread(self._sweep)
 
-    def _answer_carried(self, replies: list[Any]) -> None:
-        try:
-            self._carry.answer(replies)
-        except Exception as exc:  # (their outbox entries stay: the sweep relays them)
-            log.warning("relaying completions failed for now: %s", exc)
-
-    def _flush_relay(self, *, clearing: bool) -> None:
+    async def _flush_relay(self, *, clearing: bool) -> None:
         """The carried deliveries (and with ``clearing`` the clearings of the outbox entries
         delivered), sent now unless more commits are queued: they ride along with those."""
-        if not self._carry.pending or not self._queue.empty():
+        if not self._carry.pending or self._items:
             return
         try:
-            self._carry.flush(clearing=clearing)
+            await in_thread(lambda: self._carry.flush(clearing=clearing))
         except Exception as exc:
             log.warning("relaying completions failed for now: %s", exc)
 
@@ -262,7 +224,8 @@ class Committer:
             log.warning("relaying the outbox of %s failed for now: %s", keys.tag, exc)
 
     def _sweep(self) -> None:
-        """Relay the served partitions whose outboxes hold entries (one pipelined read)."""
+        """On a thread: relay the served partitions whose outboxes hold entries (one
+        pipelined read), and now and then audit them."""
         try:
             pipe = self._jq.redis.pipeline(transaction=False)
             for keys in self._swept:
@@ -274,9 +237,10 @@ class Committer:
         for keys, size in zip(self._swept, sizes, strict=True):
             if isinstance(size, int) and size > 0:
                 self._relay(keys)
-        if self._clock.monotonic() >= self._next_audit:  # (the first sweep too)
+        clock = self._s.clock
+        if clock.monotonic() >= self._next_audit:  # (the first sweep too)
             every = self._jq.settings.flow_audit_s
-            self._next_audit = self._clock.monotonic() + every
+            self._next_audit = clock.monotonic() + every
             self._audit(round(every * 1000))
 
     def _audit(self, min_age_ms: int) -> None:
@@ -314,7 +278,7 @@ class Committer:
 
     def _fail_call(self, item: Finished) -> Call:
         run, keys, settings = item.entry.run, item.entry.keys, self._jq.settings
-        delay = self._tasks.retry_delay_ms(run.task, run.attempt) if item.retry else None
+        delay = self._s.tasks.retry_delay_ms(run.task, run.attempt) if item.retry else None
         # An exception's text may hold lone surrogates (undecodable bytes): not UTF-8, so it
         # could not be sent, and the whole commit batch would fail with it.
         error = item.error.encode("utf-8", "replace").decode("utf-8")
@@ -325,7 +289,7 @@ class Committer:
             error,
             delay,
             settings.dead_retention_ms,
-            now=self._clock.now_ms(),
+            now=self._s.clock.now_ms(),
             traceback=item.traceback,
         )
 
@@ -336,17 +300,17 @@ class Committer:
             keys,
             run.run_id,
             run.fence,
-            self._worker_id,
+            self._s.worker_id,
             item.error.encode("utf-8", "replace").decode("utf-8"),
             delay_ms=to_ms(settings.unknown_task_delay_s),
             delay_cap_ms=to_ms(settings.unknown_task_delay_cap_s),
             window_ms=settings.unknown_task_window_ms,
             dead_retention_ms=settings.dead_retention_ms,
             min_hand_backs=settings.unknown_task_min_hand_backs,
-            now=self._clock.now_ms(),
+            now=self._s.clock.now_ms(),
         )
 
-    def _commit(
+    async def _commit(
         self, batch: list[Finished], retries: list[_Deferred], answered: list[Finished]
     ) -> list[_Deferred]:
         """One complete call per partition for the successes (one script call for many runs
@@ -364,11 +328,11 @@ class Committer:
                 groups.append(_Deferred([item]))
         groups = [_Deferred(items) for items in done.values()] + groups + retries
         if not groups:
-            self._flush_relay(clearing=True)
+            await self._flush_relay(clearing=True)
             return []
         settings = self._jq.settings
         retention = settings.done_retention_ms
-        now_ms = self._clock.now_ms()
+        now_ms = self._s.clock.now_ms()
         calls = [
             COMPLETE.call(
                 g.items[0].entry.keys,
@@ -385,15 +349,18 @@ class Committer:
             for g in groups
         ]
         carried = self._carry.calls() if self._carry.pending else []
-        replies = self._jq.scripts.run_each(calls + carried)
+        replies = await self._s.io.run_each(calls + carried)
         if carried:
             replies, carried_replies = replies[: len(calls)], replies[len(calls):]
-            self._answer_carried(carried_replies)
+            try:  # (rarely, an answer relays the slow way: sync calls, on a thread)
+                await in_thread(self._carry.answer, carried_replies)
+            except Exception as exc:  # (their outbox entries stay: the sweep relays them)
+                log.warning("relaying completions failed for now: %s", exc)
         relay: dict[PartitionKeys, None] = {}
         committed: list[Committed] = []  # completions others wait on: the fast path
         later: list[_Deferred] = []
         refused = None
-        now = self._clock.monotonic()
+        now = self._s.clock.monotonic()
         for group, reply in zip(groups, replies, strict=True):
             if isinstance(reply, ConnectionFailed):  # ServerRefused included
                 if isinstance(reply, ServerRefused):
@@ -432,19 +399,21 @@ class Committer:
         # round trip when more commits are queued, else now (jobqueue.worker.relaying).
         if committed:
             try:
-                if self._jq.settings.durable:  # (deliveries WAIT for the replicas first)
-                    self._jq.run_steps(relay_committed_steps(self._jq, committed))
+                if settings.durable:  # (deliveries WAIT for the replicas first)
+                    await in_thread(
+                        self._jq.run_steps, relay_committed_steps(self._jq, committed)
+                    )
                 else:
-                    self._carry.add(committed)
+                    await in_thread(self._carry.add, committed)
             except Exception as exc:  # (their outbox entries stay: the sweep relays them)
                 log.warning("relaying %d completions failed for now: %s", len(committed), exc)
-        self._flush_relay(clearing=False)
+        await self._flush_relay(clearing=False)
         for keys in relay:
-            self._relay(keys)
+            await in_thread(self._relay, keys)
         if refused is not None:
-            self.refused.set()  # no new claims until commits land again
+            self._s.commits_refused = True  # no new claims until commits land again
         elif answered:
-            self.refused.clear()
+            self._s.commits_refused = False
         if later:
             log.warning(
                 "%d commits not taken (%s); sending them again in %.1fs at the latest, the "

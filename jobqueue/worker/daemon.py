@@ -1,20 +1,25 @@
-"""The worker daemon: claims runs in batches, executes them, keeps their leases alive, and
-commits each with its fence. ``Worker`` wires its collaborators, each with one job:
+"""The worker daemon: one asyncio event loop owns claiming, heartbeats, commits and timeouts;
+``async def`` tasks run on that loop, sync tasks on at most ``concurrency`` threads that hand
+their outcomes back to it. ``Worker`` wires its parts, each with one job and one ``Shared``:
 
-- ``claiming.Claimer``, the claim loop, its thread ("jq-claim", which also runs short sync
-  tasks: ``inline.InlineLane``; the caller's thread waits for it);
-- ``executing.Executor``, the pool of task threads, the event loop thread for ``async def``
-  tasks, and the timeouts;
-- ``committing.Committer``, its thread: complete/fail commits in one round trip per master;
-- ``leases.LeaseKeeper``, its thread: heartbeats, self-fencing, the registry entry;
-- ``runs.RunTable``, what they share: every run held, in its ``RunPhase``, and the slots.
+- ``claiming.Claimer``: claims up to the free slots, a round trip per master, and waits on
+  the wake lists when nothing is due;
+- ``executing.Executor``: starts each claimed run, turns what its code returned or raised
+  into the outcome to commit, and enforces task timeouts;
+- ``committing.Committer``: commits what finished while the last commit was on its way,
+  together, each outcome fenced;
+- ``leases.LeaseKeeper``: heartbeats, self-fencing, the registry entry;
+- ``runs.RunTable``: every run held, in its ``RunPhase``, and the slots.
 
-A run whose heartbeat is refused (fenced out, cancelled) has ``ctx.cancelled`` set; its commit
-is refused by the fence in any case, so a stalled worker can never overwrite a newer attempt.
+A run whose heartbeat is refused (fenced out, cancelled) has ``ctx.cancelled`` set (an async
+run's task is cancelled); its commit is refused by the fence in any case, so a stalled worker
+can never overwrite a newer attempt.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -22,35 +27,45 @@ import signal
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from types import FrameType
 from typing import Any, Literal
 
 import redis
 
 from jobqueue.client.sync import JobQueue
-from jobqueue.errors import ConnectionFailed, JobQueueError, ServerRefused
+from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.hooks import Middleware
 from jobqueue.policy.backoff import Backoff
 from jobqueue.runtime.clock import REAL_CLOCK, Clock
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.runtime.signals import SignalRelay
 from jobqueue.settings import to_ms
-from jobqueue.worker.claiming import MAX_IDLE_WAIT_S, Claimer
+from jobqueue.worker.claiming import Claimer
 from jobqueue.worker.committing import Committer
+from jobqueue.worker.config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_STUCK_LIMIT_S,
+    MAX_IDLE_WAIT_S,
+    SHUTDOWN_MARGIN_S,
+    WorkerConfig,
+)
 from jobqueue.worker.executing import Executor
 from jobqueue.worker.leases import LeaseKeeper, Presence
+from jobqueue.worker.redis_io import RedisIO
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import MAX_REJECTED_KEPT, RunTable, RunView, WorkerStats
-from jobqueue.worker.supervisor import DEFAULT_GRACE_S
+from jobqueue.worker.shared import Shared, in_thread
 
 __all__ = [
+    "DEFAULT_CONCURRENCY",
     "DEFAULT_STUCK_LIMIT_S",
     "EXIT_UNHEALTHY",
     "MAX_IDLE_WAIT_S",
     "MAX_REJECTED_KEPT",
     "SHUTDOWN_MARGIN_S",
     "Worker",
+    "WorkerConfig",
     "WorkerState",
     "WorkerStats",
     "until_redis_answers",
@@ -58,18 +73,11 @@ __all__ = [
 
 log = logging.getLogger("jobqueue.worker")
 
-DEFAULT_CONCURRENCY = 8
-
 DRAIN_COMMIT_WAIT_S = 5.0
-# The whole shutdown (drain, commits, release, unregister) ends this long after the grace
-# period at the latest, even when Redis hangs; a daemon process then exits regardless.
-SHUTDOWN_MARGIN_S = 6.0
 STOPPED_BY_SECOND_SIGNAL = 1
-# The worker cannot go on (its event loop thread died, stuck code holds its slots): it exits
-# with this code so that the supervisor or the orchestrator starts a clean process.
+# The worker cannot go on (stuck code holds its slots): it exits with this code so that the
+# supervisor or the orchestrator starts a clean process.
 EXIT_UNHEALTHY = 4  # not 3: the CLI says "Redis unreachable" with that
-# Stuck code (timed out, never returned) holding more than half the slots this long.
-DEFAULT_STUCK_LIMIT_S = 60.0
 # Calls retried until Redis answers (startup): the first pause, doubling up to the cap.
 REDIS_RETRY_S = 0.1
 REDIS_RETRY_CAP_S = 5.0
@@ -114,56 +122,88 @@ def until_redis_answers(
             clock.wait(give_up or never, pause)
 
 
+def _new_loop(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop factory: uvloop's when asked for or ("auto") installed."""
+    if choice != "asyncio":
+        try:
+            import uvloop  # type: ignore[import-not-found]
+        except ImportError:
+            if choice == "uvloop":
+                from jobqueue.errors import ConfigError
+
+                raise ConfigError("event_loop='uvloop' needs uvloop: pip install uvloop") from None
+        else:
+            return uvloop.new_event_loop  # type: ignore[no-any-return]
+    return asyncio.new_event_loop
+
+
 class Worker:
     """Runs the tasks registered on ``jq`` for the runs of ``queues`` (default: the queues
     those tasks name; the default queue when they name none) until stopped. A run of a task
     it has no code for is handed back for a worker that has (see Settings.unknown_task_*).
 
-    To watch one run in-process (tests, embedding): ``stats`` (counters), ``in_flight()``
-    (the runs held and their phases), ``state`` and ``unhealthy``. ``clock`` is the time
-    it measures leases, heartbeats, timeouts and back-off by (a fake one in tests)."""
+    Settings come from ``config`` (a WorkerConfig), or from the keyword arguments of the
+    same names. To watch one run in-process (tests, embedding): ``stats`` (counters),
+    ``in_flight()`` (the runs held and their phases), ``state`` and ``unhealthy``. ``clock``
+    is the time it measures leases, heartbeats, timeouts and back-off by (a fake one in
+    tests)."""
 
     def __init__(
         self,
         jq: JobQueue,
         queues: Iterable[str] | None = None,
         *,
-        concurrency: int = DEFAULT_CONCURRENCY,
+        config: WorkerConfig | None = None,
+        concurrency: int | None = None,
         lease: float | None = None,
-        grace: float = DEFAULT_GRACE_S,
+        grace: float | None = None,
+        stuck_limit: float | None = None,
+        idle_wait: float | None = None,
+        shutdown_margin: float | None = None,
+        burst: bool | None = None,
+        max_runs: int | None = None,
+        max_memory_mb: float | None = None,
         worker_id: str | None = None,
         install_signal_handlers: bool = True,
         metrics: Metrics = NO_METRICS,
-        stuck_limit: float = DEFAULT_STUCK_LIMIT_S,
         clock: Clock = REAL_CLOCK,
-        idle_wait: float = MAX_IDLE_WAIT_S,
-        shutdown_margin: float = SHUTDOWN_MARGIN_S,
-        burst: bool = False,
         middleware: Iterable[Middleware] = (),
     ) -> None:
         """``burst``: run what is due, then stop (``run()`` returns 0) once nothing is due
         and no run is held (``jobqueue worker --burst``, tests)."""
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
+        given = {
+            "concurrency": concurrency, "lease_s": lease, "grace_s": grace,
+            "stuck_limit_s": stuck_limit, "idle_wait_s": idle_wait,
+            "shutdown_margin_s": shutdown_margin, "burst": burst, "max_runs": max_runs,
+            "max_memory_mb": max_memory_mb,
+        }
+        base = config or WorkerConfig()
+        cfg = WorkerConfig(**{
+            **{f: getattr(base, f) for f in base.__dataclass_fields__},
+            **{k: v for k, v in given.items() if v is not None},
+        })
+        self.config = cfg
         self.jq = jq
         tasks = WorkerTasks(jq)
         # With no queues given, those the app's tasks name: a worker of one app never claims
         # another app's runs from a queue it has no task for.
-        given = list(queues or [])
-        self.queues = given or tasks.queues() or [jq.settings.default_queue]
+        chosen = list(queues or [])
+        self.queues = chosen or tasks.queues() or [jq.settings.default_queue]
         self._queues_chosen = (
-            "given" if given else "named by its tasks" if tasks.queues() else "the default"
+            "given" if chosen else "named by its tasks" if tasks.queues() else "the default"
         )
-        self.concurrency = concurrency
-        self.lease_ms = to_ms(lease or jq.settings.default_lease_s)
-        self.grace = grace
+        self.concurrency = cfg.concurrency
+        self.lease_ms = to_ms(cfg.lease_s or jq.settings.default_lease_s)
+        self.grace = cfg.grace_s
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.install_signal_handlers = install_signal_handlers
         self.stats = WorkerStats()
         self.metrics = metrics
-        self.stuck_limit = stuck_limit
         self.clock = clock
-        self.shutdown_margin = shutdown_margin
+        # the queue's middleware, then this worker's own (jobqueue.hooks)
+        self.hooks = jq.hooks.plus(middleware)
+        self._tasks = tasks
+        self._shared: Shared | None = None  # made on the loop, by run()
 
         self._stopping = threading.Event()
         self._stopped = threading.Event()
@@ -176,37 +216,8 @@ class Worker:
         self._stop_at: float | None = None
         self._unhealthy: str | None = None
         self._owns_process = False  # run() installed the signal handlers: a daemon process
-
-        self._table = RunTable(concurrency)
-        # the queue's middleware, then this worker's own (jobqueue.hooks)
-        self.hooks = jq.hooks.plus(middleware)
-        self._committer = Committer(
-            jq, tasks, self._table, self.stats, metrics, clock, self._stopped,
-            self._shutdown_left, self.hooks, worker_id=self.id,
-        )
-        self._executor = Executor(
-            jq, tasks, self._table, self.stats, clock, self._committer.put, self._die,
-            self._stopping, concurrency=concurrency, stuck_limit=stuck_limit, hooks=self.hooks,
-        )
-        self._presence = Presence(
-            jq, self.id, self.queues, concurrency, self.lease_ms, self._table, self._stopping,
-            tasks=tasks.names(),
-        )
-        self._task_names = tasks.names()
-        self._keeper = LeaseKeeper(
-            jq, self._table, self.stats, metrics, clock, self._presence,
-            lease_ms=self.lease_ms, stopped=self._stopped,
-            on_tick=self._executor.enforce_timeouts, stop_code=self._executor.cancel_async,
-            hooks=self.hooks,
-        )
-        self._claimer = Claimer(
-            jq, self.id, self.queues, self._table, self._executor.start, metrics, clock,
-            lease_ms=self.lease_ms, stopping=self._stopping,
-            commits_refused=self._committer.refused, idle_wait=idle_wait,
-            drained=self._burst_done if burst else None,
-            launch=self._executor.launch_started, run_inline=self._executor.run_inline,
-        )
-        self._executor.watch_inline(self._claimer.take_over)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._table = RunTable(cfg.concurrency)
 
     # -- what can be watched -------------------------------------------------------------
 
@@ -236,50 +247,110 @@ class Worker:
 
     def run(self) -> int:
         """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code: 0, or
-        EXIT_UNHEALTHY when the worker gave up (see the log for why)."""
+        EXIT_UNHEALTHY when the worker gave up (see the log for why). Blocks; the worker's
+        event loop runs on a thread of its own, "jq-async" (see ``serve`` to run the worker
+        on an event loop of yours)."""
         self._run_called = True
         self._signal_relay.start()
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.on_signal)
             signal.signal(signal.SIGINT, self.on_signal)
             self._owns_process = True
-        threads: list[threading.Thread] = []
+        result: list[int] = []
+        failure: list[BaseException] = []
+
+        def loop_thread() -> None:
+            try:
+                with asyncio.Runner(loop_factory=_new_loop(self.config.event_loop)) as runner:
+                    result.append(runner.run(self.serve()))
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=loop_thread, name="jq-async", daemon=True)
+        try:
+            thread.start()
+            while thread.is_alive():
+                thread.join(0.5)
+        except BaseException:
+            # The caller leaves (KeyboardInterrupt): the loop must not claim on, leasing runs
+            # nobody heartbeats or commits.
+            self.stop()
+            raise
+        finally:
+            self._stopped.set()
+            self._signal_relay.close()
+        if result:
+            return result[0]
+        # The loop itself died (SystemExit from a callback of task code, a bug): nothing can
+        # drain on it. The leases expire and other workers reclaim the runs; a clean process
+        # is what this one's supervisor or orchestrator starts next.
+        self._unhealthy = self._unhealthy or "the asyncio event loop thread died"
+        log.critical("worker %s: the asyncio event loop thread died: %r", self.id,
+                     failure[0] if failure else None,
+                     exc_info=failure[0] if failure else None)
+        return EXIT_UNHEALTHY
+
+    async def serve(self) -> int:
+        """The worker on the running event loop, until stopped; the exit code, as run()."""
+        self._run_called = True
+        self._loop = asyncio.get_running_loop()
+        s = self._shared = Shared(
+            jq=self.jq, io=RedisIO(self.jq.redis), config=self.config, worker_id=self.id,
+            queues=self.queues, lease_ms=self.lease_ms, tasks=self._tasks, table=self._table,
+            stats=self.stats, metrics=self.metrics, clock=self.clock,
+            hooks=self.hooks if self.hooks else None, stopping=self._stopping,
+        )
+        if self._stopping.is_set():
+            s.stop_event.set()
+        committer = Committer(s, self._shutdown_left)
+        executor = Executor(s, committer.put, self._die)
+        executor.bind_loop(self._loop)
+        presence = Presence(s)
+        keeper = LeaseKeeper(s, executor, presence)
+        claimer = Claimer(s, executor)
+        self._claimer = claimer
+        background: list[asyncio.Task[Any]] = []
+        started = False
         try:
             try:
-                self._prepare()
+                await self._prepare(claimer, committer, presence)
             except GaveUp:
                 log.info("worker %s stopped before it could start", self.id)
                 return 0
-            threads = [
-                threading.Thread(target=self._committer.run, name="jq-commit", daemon=True),
-                threading.Thread(target=self._keeper.run, name="jq-keeper", daemon=True),
+            started = True
+            background = [
+                asyncio.ensure_future(committer.run()),
+                asyncio.ensure_future(keeper.run()),
             ]
-            for t in threads:
-                t.start()
             log.info(
                 "worker %s started: queues=%s (%s) tasks=%s concurrency=%d lease=%.1fs",
                 self.id,
                 ",".join(self.queues),
                 self._queues_chosen,
-                ",".join(self._task_names) or "none",
+                ",".join(self._tasks.names()) or "none",
                 self.concurrency,
                 self.lease_ms / 1000,
             )
             self._running.set()
-            self._claimer.run()
-            self._drain()
+            await claimer.run()
+            if self.config.burst and not self._stopping.is_set():
+                self._burst_done()
+            await self._drain(keeper)
         finally:
             self._stopped.set()
-            self._committer.close()
-            for t in threads:
-                t.join(timeout=max(0.1, min(5.0, self._shutdown_left())))
-            self._executor.shutdown()
-            if threads:
-                self._bounded(
-                    functools.partial(self._presence.withdraw, self._claimer.own_wake_key),
-                    "unregistering",
-                )
-            self._signal_relay.close()
+            committer.close()
+            if background:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        asyncio.shield(background[0]),
+                        max(0.1, min(5.0, self._shutdown_left())),
+                    )
+            for t in background:
+                t.cancel()
+            executor.shutdown()
+            if started:
+                await self._bounded(presence.withdraw, "unregistering")
+            await s.io.aclose()
         log.info(
             "worker %s stopped: claimed=%d completed=%d failed=%d released=%d fenced_out=%d",
             self.id,
@@ -303,20 +374,28 @@ class Worker:
         self.stop()
 
     def stop(self) -> None:
-        """Graceful: stop claiming, let in-flight runs finish within the grace period."""
+        """Graceful: stop claiming, let in-flight runs finish within the grace period. From
+        any thread."""
         first = not self._stopping.is_set()
         if self._stop_at is None:
             self._stop_at = self.clock.monotonic()
         self._stopping.set()
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to wake
+                loop.call_soon_threadsafe(self._stop_on_loop)
+        if first and self._owns_process:
+            # A daemon process always ends: past grace + margin it exits whatever hangs
+            # (its leases expire and other workers reclaim the runs).
+            threading.Thread(target=self._watchdog, name="jq-watchdog", daemon=True).start()
+
+    def _stop_on_loop(self) -> None:
+        if self._shared is not None:
+            self._shared.stop_event.set()
         self._table.wake()
-        if first:
-            # Wake the claim loop from its blocking wait at once (not up to the idle wait
-            # later). From a thread: the wake is a Redis call, which may hang.
-            threading.Thread(target=self._claimer.wake, name="jq-stop", daemon=True).start()
-            if self._owns_process:
-                # A daemon process always ends: past grace + margin it exits whatever hangs
-                # (its leases expire and other workers reclaim the runs).
-                threading.Thread(target=self._watchdog, name="jq-watchdog", daemon=True).start()
+        claimer = getattr(self, "_claimer", None)
+        if claimer is not None:
+            claimer.wake()
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         """The SIGTERM/SIGINT handler run() installs: the first signal drains, a second one
@@ -344,21 +423,20 @@ class Worker:
             log.error("worker %s cannot go on: %s; stopping", self.id, reason)
         self.stop()
 
-    def _prepare(self) -> None:
+    async def _prepare(self, claimer: Claimer, committer: Committer, presence: Presence) -> None:
         retry = functools.partial(until_redis_answers, clock=self.clock, give_up=self._stopping)
         for q in self.queues:
-            retry(functools.partial(self.jq.register_queue, q))
+            await in_thread(retry, functools.partial(self.jq.register_queue, q))
         served = [k for q in self.queues for k in self.jq.all_partition_keys(q)]
-        self._claimer.set_partitions(served)
-        self._committer.set_partitions(served)
-        self._presence.started_ms = retry(self.jq.server_time_ms)
-        self._executor.start_loop(self._stopped)
+        claimer.set_partitions(served)
+        committer.set_partitions(served)
+        presence.started_ms = await in_thread(retry, self.jq.server_time_ms)
 
     # -- shutting down -------------------------------------------------------------------
 
     def _shutdown_deadline(self) -> float:
         start = self._stop_at if self._stop_at is not None else self.clock.monotonic()
-        return start + self.grace + self.shutdown_margin
+        return start + self.grace + self.config.shutdown_margin_s
 
     def _shutdown_left(self) -> float:
         return self._shutdown_deadline() - self.clock.monotonic()
@@ -370,21 +448,41 @@ class Worker:
             "worker %s: shutdown still not done %.0fs after the grace period (Redis not "
             "answering?); exiting now, in-flight runs will be reclaimed",
             self.id,
-            self.shutdown_margin,
+            self.config.shutdown_margin_s,
         )
         logging.shutdown()
         os._exit(STOPPED_BY_SECOND_SIGNAL)
 
-    def _bounded(self, fn: Callable[[], Any], what: str) -> None:
-        """Run a shutdown call, waiting for it until the shutdown deadline at most (Redis may
-        hang; the call then goes on in a daemon thread that dies with the process)."""
-        t = threading.Thread(target=fn, name=f"jq-{what}", daemon=True)
-        t.start()
-        t.join(max(self._shutdown_left(), 0.1))
-        if t.is_alive():
+    async def _bounded(self, fn: Callable[[], Any], what: str) -> None:
+        """Run a sync shutdown call on a thread, waiting for it until the shutdown deadline
+        at most (Redis may hang; the call then goes on in a thread that dies with the
+        process)."""
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"jq-{what}", daemon=True).start()
+        deadline = max(self._shutdown_left(), 0.1)
+        waited = 0.0
+        while not done.is_set() and waited < deadline:
+            await asyncio.sleep(0.01)
+            waited += 0.01
+        if not done.is_set():
             log.warning("%s did not finish before the shutdown deadline; giving up", what)
 
-    def _drain(self) -> None:
+    async def _awaited(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
+        """``coro``, given up at the shutdown deadline."""
+        try:
+            return await asyncio.wait_for(coro, max(self._shutdown_left(), 0.1))
+        except TimeoutError:
+            log.warning("%s did not finish before the shutdown deadline; giving up", what)
+            return None
+
+    async def _drain(self, keeper: LeaseKeeper) -> None:
         """Let in-flight runs finish within the grace period, let their commits land, then
         hand the rest back."""
         clock, table = self.clock, self._table
@@ -394,32 +492,26 @@ class Worker:
         # while to notice it: a claim call waiting on a slow Redis).
         deadline = self._stop_at + self.grace
         shutdown_deadline = self._shutdown_deadline()
-        table.wait_until(table.idle, deadline, clock.monotonic)
+        await table.wait_until(table.idle, deadline, clock.monotonic)
         # Finished runs' commits take a round trip; a Redis outage must not hold the
         # shutdown forever (their leases expire and other workers reclaim them).
         commit_deadline = min(
             max(deadline, clock.monotonic() + DRAIN_COMMIT_WAIT_S), shutdown_deadline - 2.0
         )
-        table.wait_until(table.committed, commit_deadline, clock.monotonic)
+        await table.wait_until(table.committed, commit_deadline, clock.monotonic)
         leftover = table.release_unfinished()
         if not leftover:
             return
         for e in leftover:
-            e.ctx.cancel("worker shutting down")
+            e.stop_code("worker shutting down")
         if clock.monotonic() >= shutdown_deadline - 1.0:
             log.warning(
                 "no time left to release %d runs; their leases will expire", len(leftover)
             )
             return
-        calls = self._keeper.release_calls(leftover)
-        got: list[list[Any]] = []
-
-        def release() -> None:
-            try:
-                got.append(self.jq.scripts.run_many(calls))
-            except JobQueueError as exc:
-                log.warning("release failed (%s); the leases will expire and be reclaimed", exc)
-
-        self._bounded(release, "release")
-        if got:
-            self._keeper.report_released(leftover, got[0])
+        assert self._shared is not None
+        replies = await self._awaited(
+            self._shared.io.run_each(keeper.release_calls(leftover)), "release"
+        )
+        if replies is not None:
+            keeper.report_released(leftover, replies)

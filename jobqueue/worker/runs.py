@@ -1,17 +1,18 @@
 """The runs a worker holds, from claim until their code has returned and their commit has been
 answered: each run's phase (one explicit state, moved only along the transitions listed here),
-and the table of them, with the slot and commit counts, that every thread of the worker asks.
+and the table of them, with the slot and commit counts.
 
 A slot is taken while a run's code runs (a pool thread, a task on the event loop) and frees
 when the code returns, so claiming overlaps committing. Outcomes not committed yet are bounded
-too (backpressure when Redis is slow).
+too (backpressure when Redis is slow). Every move happens on the worker's event loop, so the
+table needs no lock; ``views`` may be read from any thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,10 +94,15 @@ class InFlight:
     granted: float = 0.0
     lease_deadline: float = 0.0
     phase: RunPhase = RUNNING
-    is_async: bool = False
     task: asyncio.Task[Any] | None = None  # an async run's task, on the worker's loop
-    cancel_requested: bool = False  # cancel the async task as soon as it exists
     lost_reported: bool = False  # on_cancelled / on_lease_lost told already (by the heartbeat)
+
+    def stop_code(self, reason: str) -> None:
+        """Tell the run's code to stop: ``ctx.cancelled`` for any run, and an async run's task
+        is cancelled (a sync run's thread cannot be)."""
+        self.ctx.cancel(reason)
+        if self.task is not None:
+            self.task.cancel()
 
     def move(self, to: RunPhase) -> None:
         if to not in TRANSITIONS[self.phase]:
@@ -170,227 +176,183 @@ class RunTable:
     a stale attempt of a run and, having reclaimed it, the current one; both need heartbeats
     (the stale one to learn it was fenced out and stop) and both hold a slot.
 
-    One lock for all of it; ``changed`` is notified when slots free up to what the claim loop
-    waits for (see wait_for_room), when the last run returns, when commits are answered and on
-    stop, for the claim loop and the drain to wait on. Not on every slot freed: with short
-    tasks that woke the claim thread once per run only for it to wait again, a thread
-    hand-off (and a GIL transfer) per run for nothing."""
+    ``_changed`` is set whenever slots free up, commits are answered, and on stop: what the
+    claim loop and the drain wait on."""
 
     def __init__(self, concurrency: int) -> None:
         self.concurrency = concurrency
-        self._lock = threading.Lock()
-        self.changed = threading.Condition(self._lock)
-        self._waiting = 0  # threads in _wait: a run returning notifies only if there are some
         self._runs: dict[tuple[str, int], InFlight] = {}
         self._busy = 0
         self._pending = 0
         # Room for one batch being committed while the next one runs: claiming then overlaps
         # committing on the server too.
         self._max_pending = 2 * concurrency
-        # Free slots the claim loop waits for: returned() notifies once there are this many.
-        self._room_wanted = 1
+        self._changed = asyncio.Event()
 
     # -- reading -------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._runs)
+        return len(self._runs)
 
     def views(self) -> list[RunView]:
-        with self._lock:
-            return [
-                RunView(e.run.run_id, e.run.fence, e.run.attempt, e.phase, e.lease_deadline)
-                for e in self._runs.values()
-            ]
+        # list() of a dict's values is one step under the GIL: safe from another thread
+        return [
+            RunView(e.run.run_id, e.run.fence, e.run.attempt, e.phase, e.lease_deadline)
+            for e in list(self._runs.values())
+        ]
 
     def in_phase(self, phases: Iterable[RunPhase]) -> list[InFlight]:
         wanted = tuple(phases)
-        with self._lock:
-            return [e for e in self._runs.values() if e.phase in wanted]
+        return [e for e in self._runs.values() if e.phase in wanted]
 
     def renewal_due(self, since: float) -> float | None:
         """When the first lease granted at ``since`` or later needs renewing: a third of it
         after it was granted (so two heartbeats may be lost before it expires)."""
-        with self._lock:
-            return min(
-                (
-                    e.granted + e.lease_ms / 3000
-                    for e in self._runs.values()
-                    if e.granted >= since and e.phase in HEARTBEATED
-                ),
-                default=None,
-            )
+        return min(
+            (
+                e.granted + e.lease_ms / 3000
+                for e in self._runs.values()
+                if e.granted >= since and e.phase in HEARTBEATED
+            ),
+            default=None,
+        )
 
     def shortest_lease_ms(self) -> int | None:
-        with self._lock:
-            return min((e.lease_ms for e in self._runs.values()), default=None)
+        return min((e.lease_ms for e in self._runs.values()), default=None)
 
-    # -- slots ---------------------------------------------------------------------------
-
-    def _full(self) -> bool:
-        return self._busy >= self.concurrency or self._pending >= self._max_pending
+    @property
+    def busy(self) -> int:
+        """Slots taken: runs whose code has not returned."""
+        return self._busy
 
     def free_slots(self) -> int:
-        with self._lock:
-            return self._free()
-
-    def wait_for_room(self, stop: threading.Event, batch: int = 1, linger: float = 0.0) -> int:
-        """Wait until a slot is free (or ``stop``); then, while fewer than ``batch`` are free
-        and some runs are still running, up to ``linger`` seconds more for ``batch`` to be
-        free, so that one claim fetches a batch instead of one round trip per finished run.
-        Returns the free slots (0 when stopping, or outcomes awaiting commit filled the room)."""
-        batch = max(1, min(batch, self.concurrency))
-        with self._lock:
-            while self._full() and not stop.is_set():
-                self._wait(1.0)
-            if linger > 0 and not stop.is_set() and 0 < self._free() < batch:
-                self._room_wanted = batch
-                try:
-                    self._wait(linger)
-                finally:
-                    self._room_wanted = 1
-            return 0 if stop.is_set() else self._free()
-
-    def _wait(self, seconds: float) -> None:
-        # under the lock
-        self._waiting += 1
-        try:
-            self.changed.wait(seconds)
-        finally:
-            self._waiting -= 1
-
-    def _free(self) -> int:
-        # under the lock
+        """Slots free, or 0 while outcomes awaiting commit fill the room."""
         if self._pending >= self._max_pending:
             return 0
         return self.concurrency - self._busy
 
-    def wait_for_change(self, seconds: float) -> None:
-        """Up to ``seconds`` for a notification of ``changed`` (burst mode's wait while a
-        held run finishes)."""
-        with self._lock:
-            self._wait(seconds)
-
-    def wake(self) -> None:
-        with self._lock:
-            self.changed.notify_all()
-
-    def wait_until(
-        self, done: Callable[[], bool], deadline: float, now: Callable[[], float]
-    ) -> None:
-        """Wait until ``done()`` (called under the lock) or ``now()`` passes ``deadline``."""
-        with self._lock:
-            while not done() and now() < deadline:
-                self._wait(min(0.1, max(deadline - now(), 0.001)))
-
     def idle(self) -> bool:
-        # under the lock (see wait_until)
         return self._busy == 0
 
     def committed(self) -> bool:
-        # under the lock (see wait_until)
         return self._pending == 0
+
+    # -- waiting (on the loop) -----------------------------------------------------------
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    async def wait_for_change(self, seconds: float | None = None) -> None:
+        """Until the next change (or ``seconds`` of real time)."""
+        self._changed.clear()
+        if seconds is None:
+            await self._changed.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), seconds)
+
+    async def wait_for_room(self, stopping: Callable[[], bool]) -> int:
+        """Until a slot is free (or stopping: 0); the free slots."""
+        while not stopping():
+            free = self.free_slots()
+            if free > 0:
+                return free
+            await self.wait_for_change()
+        return 0
+
+    async def wait_until(
+        self, done: Callable[[], bool], deadline: float, now: Callable[[], float]
+    ) -> None:
+        """Until ``done()`` or ``now()`` passes ``deadline`` (a fake clock's time is looked
+        at every 0.1 s of real time at most)."""
+        while not done() and now() < deadline:
+            await self.wait_for_change(min(0.1, max(deadline - now(), 0.001)))
 
     # -- moves ---------------------------------------------------------------------------
 
     def add(self, entry: InFlight) -> None:
-        with self._lock:
-            self._runs[(entry.run.run_id, entry.run.fence)] = entry
-            self._busy += 1
+        self._runs[(entry.run.run_id, entry.run.fence)] = entry
+        self._busy += 1
 
     def returned(self, entry: InFlight) -> bool:
         """The run's code has returned: its slot frees. True when its outcome is to be
         committed; False when it is discarded (timed out: the timeout's fail stands;
         handed back at shutdown)."""
-        with self._lock:
-            phase = entry.phase
-            if not phase.holds_slot:
-                raise PhaseError(f"run {entry.run.run_id} returned twice ({phase.value})")
-            self._busy -= 1
-            if self._waiting and (
-                self._busy == 0 or self.concurrency - self._busy >= self._room_wanted
-            ):
-                self.changed.notify_all()
-            if phase is RUNNING:
-                entry.move(COMMITTING)
-            elif phase is LEASE_LOST:
-                entry.move(COMMITTING_UNLEASED)
-            elif phase is TIMED_OUT:
-                entry.move(COMMITTING_UNLEASED)  # its fail has not been answered yet
-                return False
-            else:  # OVERRUN, RELEASED
-                entry.move(DONE)
-                del self._runs[(entry.run.run_id, entry.run.fence)]
-                return False
-            self._pending += 1
-            return True
+        phase = entry.phase
+        if not phase.holds_slot:
+            raise PhaseError(f"run {entry.run.run_id} returned twice ({phase.value})")
+        self._busy -= 1
+        self._changed.set()
+        if phase is RUNNING:
+            entry.move(COMMITTING)
+        elif phase is LEASE_LOST:
+            entry.move(COMMITTING_UNLEASED)
+        elif phase is TIMED_OUT:
+            entry.move(COMMITTING_UNLEASED)  # its fail has not been answered yet
+            return False
+        else:  # OVERRUN, RELEASED
+            entry.move(DONE)
+            del self._runs[(entry.run.run_id, entry.run.fence)]
+            return False
+        self._pending += 1
+        return True
 
     def timed_out(self, now: float) -> tuple[list[InFlight], int]:
         """Runs whose code has run over its timeout, now TIMED_OUT (their fails are counted
         as pending commits: the caller queues them); and how many slots timed-out code
         holds."""
-        with self._lock:
-            expired = [
-                e
-                for e in self._runs.values()
-                if e.timeout_s is not None
-                and e.phase in UNFINISHED
-                and now - e.started > e.timeout_s
-            ]
-            for e in expired:
-                # Under the lock: an outcome arriving from now on is dropped (returned()).
-                e.move(TIMED_OUT)
-            self._pending += len(expired)
-            stuck = sum(1 for e in self._runs.values() if e.phase in (TIMED_OUT, OVERRUN))
+        expired = [
+            e
+            for e in self._runs.values()
+            if e.timeout_s is not None and e.phase in UNFINISHED and now - e.started > e.timeout_s
+        ]
+        for e in expired:
+            e.move(TIMED_OUT)  # an outcome arriving from now on is dropped (returned())
+        self._pending += len(expired)
+        stuck = sum(1 for e in self._runs.values() if e.phase in (TIMED_OUT, OVERRUN))
         return expired, stuck
 
     def lease_ran_out(self, now: float) -> list[InFlight]:
         """RUNNING runs whose lease deadline has passed, now LEASE_LOST. Runs whose code has
         returned are left to their commit, which the fence judges."""
-        with self._lock:
-            passed = [
-                e for e in self._runs.values() if e.phase is RUNNING and e.lease_deadline < now
-            ]
-            for e in passed:
-                e.move(LEASE_LOST)
+        passed = [e for e in self._runs.values() if e.phase is RUNNING and e.lease_deadline < now]
+        for e in passed:
+            e.move(LEASE_LOST)
         return passed
 
     def lost(self, entry: InFlight, reason: str) -> bool:
         """A heartbeat of the run was refused for ``reason``. True when that is news: the run
         now stops being heartbeated and its code must be told."""
-        with self._lock:
-            if entry.phase is RUNNING:
-                entry.move(LEASE_LOST)
-                return True
-            if entry.phase is COMMITTING and reason not in ("finished", "not-running"):
-                # ("finished", "not-running": our own commit landed between this heartbeat's
-                # read of the table and its reply: nothing was lost.)
-                entry.move(COMMITTING_UNLEASED)
-                return True
-            return False
+        if entry.phase is RUNNING:
+            entry.move(LEASE_LOST)
+            return True
+        if entry.phase is COMMITTING and reason not in ("finished", "not-running"):
+            # ("finished", "not-running": our own commit landed between this heartbeat's
+            # read of the table and its reply: nothing was lost.)
+            entry.move(COMMITTING_UNLEASED)
+            return True
+        return False
 
     def answered(self, items: Iterable[Finished]) -> None:
-        """Commits answered (accepted, refused or given up on): one lock and one wake-up for
-        the whole batch. A timed-out run's entry stays until its code returns."""
-        with self._lock:
-            count = 0
-            for item in items:
-                count += 1
-                entry = item.entry
-                if entry.phase is TIMED_OUT:
-                    entry.move(OVERRUN)
-                    continue
-                entry.move(DONE)
-                del self._runs[(entry.run.run_id, entry.run.fence)]
-            self._pending -= count
-            self.changed.notify_all()
+        """Commits answered (accepted, refused or given up on). A timed-out run's entry stays
+        until its code returns."""
+        count = 0
+        for item in items:
+            count += 1
+            entry = item.entry
+            if entry.phase is TIMED_OUT:
+                entry.move(OVERRUN)
+                continue
+            entry.move(DONE)
+            del self._runs[(entry.run.run_id, entry.run.fence)]
+        self._pending -= count
+        self._changed.set()
 
     def release_unfinished(self) -> list[InFlight]:
         """Runs whose code still runs with no outcome yet, now RELEASED (to hand back). A run
         whose outcome waits for the committer is not handed back: its commit would then be
         refused."""
-        with self._lock:
-            leftover = [e for e in self._runs.values() if e.phase in UNFINISHED]
-            for e in leftover:
-                e.move(RELEASED)
+        leftover = [e for e in self._runs.values() if e.phase in UNFINISHED]
+        for e in leftover:
+            e.move(RELEASED)
         return leftover

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from jobqueue.policy.backoff import Backoff
+from jobqueue.worker.config import DEFAULT_GRACE_S
 
 log = logging.getLogger("jobqueue.supervisor")
 
@@ -33,9 +34,6 @@ _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 # A child that has not drained this long after the grace period is killed (its worker's own
 # watchdog exits it at grace + 9 s; this is for one that hangs even so).
 KILL_MARGIN_S = 15.0
-# What in-flight runs get to finish on SIGTERM unless --grace says otherwise (the Worker's
-# default too; defined here, where the supervisor reads its children's --grace).
-DEFAULT_GRACE_S = 30.0
 
 
 def cpu_count() -> int:
