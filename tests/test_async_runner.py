@@ -169,13 +169,20 @@ def test_the_twin_of_a_url_client_blocks_for_a_free_connection_like_it() -> None
 
 
 def test_a_client_type_the_twin_cannot_mirror_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="no asyncio twin"):
+        async_twin(object())
+
+
+def test_the_twin_of_a_redis_subclass_mirrors_its_connection_options() -> None:
+    """A subclass (an app's instrumented client) keeps working with the worker: its pool's
+    options are mirrored; its overridden methods are not."""
+
     class Custom(redis.Redis):  # type: ignore[type-arg]
         pass
 
-    with pytest.raises(ConfigError, match="no asyncio twin"):
-        async_twin(Custom())
-    with pytest.raises(ConfigError, match="no asyncio twin"):
-        async_twin(object())
+    twin = async_twin(Custom(host="127.0.0.1", port=1, db=3))
+    assert isinstance(twin, redis.asyncio.Redis)
+    assert twin.connection_pool.connection_kwargs["db"] == 3
 
 
 def test_a_tls_setting_the_asyncio_connection_lacks_is_refused_never_dropped() -> None:

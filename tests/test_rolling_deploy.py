@@ -10,11 +10,21 @@ import logging
 from typing import Any
 
 import pytest
-from helpers import advance_until, fake_clock, finished, make_worker, running, wait_for
+from helpers import (
+    Send,
+    advance_until,
+    fake_clock,
+    finished,
+    intercept_worker_calls,
+    make_worker,
+    running,
+    wait_for,
+)
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConnectionFailed
 from jobqueue.settings import Settings
+from jobqueue.store.scripts import Call
 
 # What this module checks does not depend on the backend: run on the real server only
 # (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
@@ -199,17 +209,16 @@ def test_a_hand_back_whose_reply_was_lost_and_that_buried_the_run_is_counted_dea
         settings=Settings(unknown_task_window_s=0, unknown_task_min_hand_backs=1),
     )
     lost: list[str] = []
-    real_run_each = old.scripts.run_each
 
-    def run_each(calls: Any) -> list[Any]:
-        replies = real_run_each(calls)
+    def run_each(calls: list[Call], send: Send) -> list[Any]:
+        replies = send(calls)
         if not lost and any(c.script == "bounce" for c in calls):
             lost.append("bounce")
             return [ConnectionFailed("reply lost") if c.script == "bounce" else r
                     for c, r in zip(calls, replies, strict=True)]  # fmt: skip
         return replies
 
-    monkeypatch.setattr(old.scripts, "run_each", run_each)
+    intercept_worker_calls(monkeypatch, run_each)
     new = new_app(redis_client)
     with caplog.at_level(logging.INFO, logger="jobqueue.worker"), running(
         make_worker(old)

@@ -315,8 +315,14 @@ class Claimer:
                 raise  # the loop itself is being cancelled
             return None
         # RedisClusterException (not a RedisError): a slot without a known master mid-failover.
-        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        except (
+            JobQueueError, redis.exceptions.RedisError, redis.exceptions.RedisClusterException
+        ) as exc:
             log.warning("waiting for work failed (%s)", exc)
+            await self._s.pause(WAKE_FAILED_S)
+            return None
+        except Exception:  # a surprise must not end the claim loop
+            log.exception("waiting for work failed")
             await self._s.pause(WAKE_FAILED_S)
             return None
         finally:

@@ -332,7 +332,11 @@ class Worker:
                 self.lease_ms / 1000,
             )
             self._running.set()
-            await claimer.run()
+            try:
+                await claimer.run()
+            except Exception as exc:  # a bug: still drain what is held, then exit unhealthy
+                log.exception("the claim loop failed")
+                self._die(f"the claim loop failed: {exc!r}")
             if self.config.burst and not self._stopping.is_set():
                 self._burst_done()
             await self._drain(keeper)

@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 import redis.cluster
 import redis.commands.cluster
+from redis.crc import key_slot
+
+from jobqueue.store.twin import ListWaits
 
 
 @dataclass
@@ -74,4 +77,17 @@ def record_cluster_commands(monkeypatch: pytest.MonkeyPatch) -> CommandLog:
     monkeypatch.setattr(
         redis.commands.cluster.ClusterMultiKeyCommands, "_partition_keys_by_slot", partition
     )
+
+    # The worker's event loop waits for work through its asyncio twin (jobqueue.store.twin),
+    # on the master of each wake list: one BLPOP per node, whose keys must share its slot.
+    blpop = ListWaits._blpop
+
+    async def blpop_hooked(self: Any, pool: Any, name: str, keys: list[str], *rest: Any) -> Any:
+        slots = {key_slot(k.encode()) for k in keys}
+        if len(slots) > 1:
+            log.split.append(tuple(keys))
+        log.commands += [("BLPOP", slot) for slot in slots]
+        return await blpop(self, pool, name, keys, *rest)
+
+    monkeypatch.setattr(ListWaits, "_blpop", blpop_hooked)
     return log

@@ -24,7 +24,7 @@ from redis.crc import key_slot
 
 from jobqueue import JobQueue, Request
 from jobqueue.store.keys import partition_of, queue_partition
-from jobqueue.store.scripts import ScriptRunner, scripts
+from jobqueue.store.scripts import AsyncScriptRunner, ScriptRunner, scripts
 from jobqueue.worker.daemon import Worker
 
 RUNS = 600
@@ -85,6 +85,14 @@ def test_a_killed_master_fails_over_and_the_worker_loses_no_run(
         original_load(self, names)
 
     monkeypatch.setattr(ScriptRunner, "load", load)
+    original_aload = AsyncScriptRunner.load  # (the worker's event loop loads through this)
+
+    async def aload(self: AsyncScriptRunner, names: Any = None, keys: Any = ()) -> None:
+        if killed.is_set():
+            loads_after_kill.append(list(names or []))
+        await original_aload(self, names, keys)
+
+    monkeypatch.setattr(AsyncScriptRunner, "load", aload)
 
     worker = Worker(jq, concurrency=8, lease=4, grace=5, install_signal_handlers=False)
     thread = threading.Thread(target=worker.run, name="failover-worker", daemon=True)
