@@ -1132,7 +1132,6 @@ def survey_connection(real_server: EmbeddedServer) -> Iterator[ScriptRunner]:
     client = redis.Redis.from_url(real_server.url, decode_responses=True, encoding_errors="replace")
     runner = ScriptRunner(client)
     yield runner
-    runner.close()
     client.close()
 
 

@@ -33,9 +33,8 @@ Failure = Callable[[str], Exception | None]  # script name -> the error to answe
 
 
 class FailingClient(redis.Redis):
-    """A client whose script calls fail as ``fail`` says (a subclass: jobqueue's direct lane
-    serves redis.Redis itself only, so every call takes the paths below). Records the time,
-    script name and failure of every call it sends."""
+    """A client whose script calls fail as ``fail`` says (every call takes the paths below).
+    Records the time, script name and failure of every call it sends."""
 
     fail: Failure = staticmethod(lambda name: None)
     sent: list[tuple[float, str, bool]]

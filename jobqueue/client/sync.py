@@ -150,8 +150,6 @@ class JobQueue(ClientCore):
     def close(self) -> None:
         if self._waits is not None:
             self._waits.close()
-        if self._scripts is not None:
-            self._scripts.close()
         if self._client is not None:
             self._client.close()
 

@@ -11,11 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
 import re
-import select
-import threading
-import weakref
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -23,10 +19,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import redis
-from redis.utils import HIREDIS_AVAILABLE
-
-if HIREDIS_AVAILABLE:
-    import hiredis
 
 from jobqueue.errors import (
     ConfigError,
@@ -218,136 +210,6 @@ def _checked(calls: Sequence[Call], replies: list[Any]) -> list[Any]:
     return replies
 
 
-# Connection classes whose send/read we drive directly (redis-py's own TCP, TLS and unix
-# socket connections); anything else (fakeredis, cluster, custom pools) takes the normal path.
-_DIRECT_CLASSES = (
-    redis.connection.Connection,
-    redis.connection.SSLConnection,
-    redis.connection.UnixDomainSocketConnection,
-)
-_TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-# The peer closed (or reset) the connection: a readiness event on a connection with no
-# request outstanding. Not plain POLLIN: a TLS 1.3 server may send a session ticket.
-_CLOSED_EVENTS = getattr(select, "POLLRDHUP", 0x2000) | select.POLLHUP | select.POLLERR
-
-
-class _NotSent(Exception):
-    """The lane failed before any byte of the call reached the server: safe to re-send."""
-
-
-def _pack(conn: Any, args: tuple[Any, ...]) -> list[bytes]:
-    # hiredis packs str, bytes, int and float itself; redis-py's wrapper around it first
-    # re-examines every argument (a fifth of a single call's client time).
-    if HIREDIS_AVAILABLE:
-        return [hiredis.pack_command(args)]
-    return list(conn.pack_command(*args))
-
-
-class DirectLane:
-    """A private connection per thread for script calls.
-
-    redis-py's command path (pool checkout, retry wrapper, observability hooks, response
-    callbacks) costs 20-45 us of Python per call here, more than the round trip itself; a
-    send and a read on a connection the thread already holds cost about 8 us. The first
-    attempt goes this way. A failure before the call was sent (connecting, a connection the
-    server closed while idle, a refused write) drops the connection and the caller falls back
-    to the client's normal path. A failure after it was sent (a timeout, a connection lost
-    while waiting for the reply) is raised: the call may have run, and a script call is not
-    sent twice (a re-sent claim would lease runs that nobody starts).
-    """
-
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
-        self._local = threading.local()
-        self._all: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._lock = threading.Lock()
-
-    @classmethod
-    def for_client(cls, client: Any) -> DirectLane | None:
-        pool = getattr(client, "connection_pool", None)
-        if type(client) is not redis.Redis or type(pool) is not redis.ConnectionPool:
-            return None
-        if pool.connection_class not in _DIRECT_CLASSES:
-            return None
-        return cls(pool)
-
-    def _connection(self) -> Any:
-        held = getattr(self._local, "held", None)
-        pid = os.getpid()
-        if held is None or held[0] != pid:  # first use in this thread, or a forked child
-            conn = self._pool.connection_class(**self._pool.connection_kwargs)
-            with self._lock:
-                self._all.add(conn)
-            held = self._local.held = (pid, conn)
-        return held[1]
-
-    def _ready(self) -> Any:
-        """This thread's connection, connected and not closed by the server; raises _NotSent."""
-        conn = self._connection()
-        try:
-            sock = conn._sock
-            if sock is not None:
-                poller = select.poll()
-                poller.register(sock, _CLOSED_EVENTS)
-                if poller.poll(0):  # closed while idle (server restart, CLIENT KILL, timeout)
-                    conn.disconnect()
-                    sock = None
-            if sock is None:
-                conn.connect()
-        except (*_TRANSIENT, OSError) as exc:
-            self.drop()
-            raise _NotSent(str(exc)) from exc
-        return conn
-
-    def _send(self, conn: Any, packed: list[bytes]) -> None:
-        try:
-            conn.send_packed_command(packed)
-        except redis.exceptions.TimeoutError:
-            self.drop()  # part of it may have been sent
-            raise
-        except redis.exceptions.ConnectionError as exc:
-            self.drop()  # a refused write: the server did not get a whole command
-            raise _NotSent(str(exc)) from exc
-
-    def execute(self, *args: Any) -> Any:
-        conn = self._ready()
-        self._send(conn, _pack(conn, args))
-        try:
-            return conn.read_response()
-        except _TRANSIENT:
-            self.drop()
-            raise
-
-    def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """Pipelined: every reply, error replies as exception values."""
-        conn = self._ready()
-        self._send(conn, [b"".join(b for c in commands for b in _pack(conn, c))])
-        replies: list[Any] = []
-        try:
-            for _ in commands:
-                try:
-                    replies.append(conn.read_response())
-                except redis.exceptions.ResponseError as exc:
-                    replies.append(exc)
-        except _TRANSIENT:
-            self.drop()
-            raise
-        return replies
-
-    def drop(self) -> None:
-        """Forget this thread's connection (after an error it may be half-read)."""
-        held = getattr(self._local, "held", None)
-        self._local.held = None
-        if held is not None:
-            held[1].disconnect()
-
-    def close(self) -> None:
-        with self._lock:
-            conns = list(self._all)
-        for conn in conns:
-            conn.disconnect()
-
-
 def _shebang_refused(exc: BaseException) -> bool:
     """The server cannot parse a '#!lua' line (fakeredis, Redis before 7): use plain sources."""
     return isinstance(exc, redis.exceptions.ResponseError) and "near '#'" in str(exc)
@@ -383,13 +245,8 @@ class ScriptRunner:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._lane = DirectLane.for_client(client)
         self._sources = _Sources()
         self._cluster = isinstance(client, redis.cluster.RedisCluster)
-
-    def close(self) -> None:
-        if self._lane is not None:
-            self._lane.close()
 
     def load(self, names: Sequence[str] | None = None) -> None:
         for name in names or SCRIPT_NAMES:
@@ -401,13 +258,7 @@ class ScriptRunner:
                 self.client.script_load(self._sources.source(name))
 
     def _evalsha(self, call: Call) -> Any:
-        args = self._sources.evalsha_args(call)
-        if self._lane is not None:
-            try:
-                return self._lane.execute("EVALSHA", *args)
-            except _NotSent:
-                pass  # the client's own path below retries with back-off
-        return self.client.evalsha(*args)
+        return self.client.evalsha(*self._sources.evalsha_args(call))
 
     def run(self, call: Call) -> Any:
         try:
@@ -425,13 +276,6 @@ class ScriptRunner:
             raise translate_error(call, exc) from exc
 
     def _pipelined(self, calls: Sequence[Call]) -> list[Any]:
-        if self._lane is not None:
-            try:
-                return self._lane.execute_many(
-                    [("EVALSHA", *self._sources.evalsha_args(c)) for c in calls]
-                )
-            except _NotSent:
-                pass
         if self._cluster:
             return self._pipelined_on_masters(calls)
         pipe = self.client.pipeline(transaction=False)
@@ -559,11 +403,6 @@ class ScriptRunner:
         return list(replies[:-1]), _acknowledged(replies[-1], wait, replicas, fsync)
 
     def _on_one_connection(self, commands: Sequence[tuple[Any, ...]], first: Call) -> list[Any]:
-        if self._lane is not None:
-            try:
-                return self._lane.execute_many(commands)
-            except _NotSent:
-                pass
         if self._cluster:
             node = self.client.get_node_from_key(first.keys[0])
             pipe = self.client.get_redis_connection(node).pipeline(transaction=False)

@@ -18,8 +18,7 @@ COMMIT_DELAY_S = float(os.environ.get("SLOW_COMMIT_DELAY_S", "0.03"))
 
 
 class SlowPipelines(redis.Redis):
-    """A subclass: jobqueue's direct lane serves only redis.Redis itself, so every pipeline
-    takes this path."""
+    """Every pipeline (the worker's commits) is held back COMMIT_DELAY_S before it is sent."""
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
         pipe = super().pipeline(transaction, shard_hint)
