@@ -13,6 +13,7 @@ default), ``empty`` (one Middleware overriding nothing: the chain's own cost) or
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import redis
@@ -72,3 +73,9 @@ async def aincr(i: int = 0) -> None:
 @jq.task
 def cpu(i: int = 0) -> int:
     return sum(k * k for k in range(34_000))
+
+
+@jq.task
+def stamp(i: int = 0) -> float:
+    """Returns when it started (the wall clock, seconds): vs_bullmq.py's idle-start latency."""
+    return time.time()

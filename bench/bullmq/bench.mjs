@@ -7,6 +7,10 @@
 //   node bench.mjs worker <url> <concurrency> <task>
 //                                               resume the queue once ready, print {"t0": ms},
 //                                               work until SIGTERM
+//   node bench.mjs latency <url> <n> <gap ms>   with a `worker ... stamp` running idle: add n jobs
+//                                               one at a time, <gap ms> apart; prints each one's
+//                                               {"start": ms from before its add to its handler's
+//                                               start, "claim": processedOn - timestamp}
 //   node bench.mjs drain <url> <n> <concurrency>
 //                                               add n no-op jobs (bulk) and work them off in
 //                                               this process; prints {"seconds": ...} from the
@@ -23,8 +27,8 @@
 //                                               each page's ms (bench/listing.py)
 //
 // <url> is redis://host:port or unix:///path/to/socket. <task> is noop or incr (one INCR on
-// the task's own connection: the I/O a real task does).
-import { FlowProducer, Queue, Worker } from 'bullmq';
+// the task's own connection: the I/O a real task does) or stamp (returns when it started, ms).
+import { FlowProducer, Job, Queue, Worker } from 'bullmq';
 import IORedis from 'ioredis';
 
 const QUEUE = 'bench';
@@ -36,6 +40,10 @@ function connection(url) {
   if (url.startsWith('unix://')) return new IORedis({ ...options, path: url.slice('unix://'.length) });
   return new IORedis(url, options);
 }
+
+function now() { return performance.timeOrigin + performance.now(); } // wall clock, ms
+
+const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
 
 function say(obj) { process.stdout.write(JSON.stringify(obj) + '\n'); }
 
@@ -78,6 +86,7 @@ async function work(url, concurrency, task) {
   const handlers = {
     noop: async () => null,
     incr: async () => io.incr(COUNTER),
+    stamp: async () => now(),
   };
   const handler = handlers[task];
   if (!handler) throw new Error(`unknown task ${task}`);
@@ -95,6 +104,31 @@ async function work(url, concurrency, task) {
   };
   process.on('SIGTERM', stop);
   process.on('SIGINT', stop);
+}
+
+async function latency(url, n, gapMs) {
+  const queue = new Queue(QUEUE, { connection: connection(url) });
+  await queue.waitUntilReady();
+  const sent = [];
+  for (let i = 0; i < n; i++) {
+    const t = now();
+    sent.push([t, (await queue.add('stamp', { i })).id]);
+    await sleep(gapMs);
+  }
+  const deadline = Date.now() + 30000;
+  while ((await queue.getCompletedCount()) < n) {
+    if (Date.now() > deadline) throw new Error('latency: the jobs were not all done in 30 s');
+    await sleep(20);
+  }
+  const start = [];
+  const claim = [];
+  for (const [t, id] of sent) {
+    const job = await Job.fromId(queue, id);
+    start.push(job.returnvalue - t);
+    claim.push(job.processedOn - job.timestamp);
+  }
+  say({ start, claim });
+  await queue.close();
 }
 
 async function drain(url, n, concurrency) {
@@ -177,12 +211,13 @@ const commands = {
   bulk: () => bulk(url, Number(a)),
   fill: () => fill(url, Number(a), b),
   worker: () => work(url, Number(a), b),
+  latency: () => latency(url, Number(a), Number(b)),
   drain: () => drain(url, Number(a), Number(b)),
   flow: () => flow(url, Number(a), Number(b)),
   list: () => list(url, Number(a), Number(b)),
 };
 if (!commands[command] || !url) {
-  process.stderr.write('usage: node bench.mjs enqueue|bulk|fill|worker|drain|flow|list <url> ...\n');
+  process.stderr.write('usage: node bench.mjs enqueue|bulk|fill|worker|latency|drain|flow|list <url> ...\n');
   process.exit(2);
 }
 commands[command]().then(
