@@ -30,6 +30,9 @@ from jobqueue.worker.shared import Shared
 log = logging.getLogger("jobqueue.worker")
 
 MAX_CLAIM_BATCH = 500
+# A busy claim loop waits this long at most for a batch's worth of free slots (a quarter of
+# them, 64 at most) before claiming fewer: one claim per batch, not one per finished run.
+BATCH_LINGER_S = 0.002
 # A partition whose claim failed is skipped this long, doubling up to the cap, while the
 # others go on.
 PARTITION_COOLDOWN_S = 0.5
@@ -79,6 +82,7 @@ class Claimer:
         # so a round gives them the free slots the others' one-run claims leave.
         self._hot: set[PartitionKeys] = set()
         self._waiting: asyncio.Task[Any] | None = None  # the blocking wait for work
+        self._batch = max(1, min(shared.config.concurrency // 4, 64))
 
     def set_partitions(self, partitions: list[PartitionKeys]) -> None:
         self._partitions = partitions
@@ -99,7 +103,7 @@ class Claimer:
             if s.commits_refused:
                 await s.pause(REFUSED_POLL_S)  # cleared once a commit lands
                 continue
-            free = await table.wait_for_room(stopping)
+            free = await table.wait_for_room(stopping, self._batch, BATCH_LINGER_S)
             if free <= 0 or s.commits_refused:
                 continue
             try:

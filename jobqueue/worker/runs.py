@@ -251,14 +251,27 @@ class RunTable:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), seconds)
 
-    async def wait_for_room(self, stopping: Callable[[], bool]) -> int:
-        """Until a slot is free (or stopping: 0); the free slots."""
+    async def wait_for_room(
+        self, stopping: Callable[[], bool], batch: int = 1, linger: float = 0.0
+    ) -> int:
+        """Until a slot is free (or stopping: 0); then, while fewer than ``batch`` are free
+        and runs still run, up to ``linger`` seconds more, so that one claim fetches a batch
+        instead of one round trip per finished run. The free slots."""
         while not stopping():
             free = self.free_slots()
             if free > 0:
-                return free
+                break
             await self.wait_for_change()
-        return 0
+        else:
+            return 0
+        if linger > 0 and self._busy > 0 and self.free_slots() < batch:
+            deadline = asyncio.get_running_loop().time() + linger
+            while not stopping() and self._busy > 0 and self.free_slots() < batch:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                await self.wait_for_change(left)
+        return 0 if stopping() else self.free_slots()
 
     async def wait_until(
         self, done: Callable[[], bool], deadline: float, now: Callable[[], float]
