@@ -140,8 +140,12 @@ class Committer:
         shutdown_left: Callable[[], float],
         hooks: Hooks | None = None,
         worker_id: str = "?",
+        on_answered: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_answered(n)``: after each batch of commits answered, with the number of runs
+        answered (the worker's recycling check, jobqueue.worker.recycling)."""
         self._jq = jq
+        self._on_answered = on_answered
         self._worker_id = worker_id
         # None without middleware: one identity test per run on this hot path
         self._hooks = hooks if hooks else None
@@ -231,6 +235,11 @@ class Committer:
                 self._table.answered(answered)
             except Exception:  # this thread commits every run: it must not die of a bug
                 log.exception("forgetting %d committed runs failed", len(answered))
+            if answered and self._on_answered is not None:
+                try:
+                    self._on_answered(len(answered))
+                except Exception:
+                    log.exception("the check after %d committed runs failed", len(answered))
             if self._swept and self._clock.monotonic() >= self._next_sweep:
                 self._next_sweep = self._clock.monotonic() + RELAY_SWEEP_S
                 self._flush_relay(clearing=True)  # (before the sweep reads the outboxes)

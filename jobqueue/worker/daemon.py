@@ -40,12 +40,14 @@ from jobqueue.worker.claiming import MAX_IDLE_WAIT_S, Claimer
 from jobqueue.worker.committing import Committer
 from jobqueue.worker.executing import Executor
 from jobqueue.worker.leases import LeaseKeeper, Presence
+from jobqueue.worker.recycling import EXIT_RECYCLED, MB, Recycling
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import MAX_REJECTED_KEPT, RunTable, RunView, WorkerStats
 from jobqueue.worker.supervisor import DEFAULT_GRACE_S
 
 __all__ = [
     "DEFAULT_STUCK_LIMIT_S",
+    "EXIT_RECYCLED",
     "EXIT_UNHEALTHY",
     "MAX_IDLE_WAIT_S",
     "MAX_REJECTED_KEPT",
@@ -140,11 +142,22 @@ class Worker:
         shutdown_margin: float = SHUTDOWN_MARGIN_S,
         burst: bool = False,
         middleware: Iterable[Middleware] = (),
+        max_runs: int | None = None,
+        max_memory_mb: float | None = None,
     ) -> None:
         """``burst``: run what is due, then stop (``run()`` returns 0) once nothing is due
-        and no run is held (``jobqueue worker --burst``, tests)."""
+        and no run is held (``jobqueue worker --burst``, tests). ``max_runs`` /
+        ``max_memory_mb``: once that many runs are answered, or the process's resident
+        memory is over that many MB after runs finished, stop claiming, drain, and have
+        ``run()`` return EXIT_RECYCLED (``--max-runs-per-child`` and
+        ``--max-memory-per-child``: the supervisor starts a replacement)."""
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        self._recycling: Recycling | None = None
+        if max_runs is not None or max_memory_mb is not None:
+            self._recycling = Recycling(
+                max_runs, None if max_memory_mb is None else round(max_memory_mb * MB)
+            )
         self.jq = jq
         tasks = WorkerTasks(jq)
         # With no queues given, those the app's tasks name: a worker of one app never claims
@@ -175,6 +188,7 @@ class Worker:
         # clock.monotonic() of the stop request: the grace period counts from it.
         self._stop_at: float | None = None
         self._unhealthy: str | None = None
+        self._recycled: str | None = None
         self._owns_process = False  # run() installed the signal handlers: a daemon process
 
         self._table = RunTable(concurrency)
@@ -183,6 +197,7 @@ class Worker:
         self._committer = Committer(
             jq, tasks, self._table, self.stats, metrics, clock, self._stopped,
             self._shutdown_left, self.hooks, worker_id=self.id,
+            on_answered=self._answered if self._recycling is not None else None,
         )
         self._executor = Executor(
             jq, tasks, self._table, self.stats, clock, self._committer.put, self._die,
@@ -227,6 +242,12 @@ class Worker:
         """Why the worker gave up (it then exits EXIT_UNHEALTHY), or None."""
         return self._unhealthy
 
+    @property
+    def recycled(self) -> str | None:
+        """Why the worker recycles (max_runs or max_memory_mb reached: it then exits
+        EXIT_RECYCLED), or None."""
+        return self._recycled
+
     def in_flight(self) -> list[RunView]:
         """The runs this worker holds now, each with its phase: claimed and not yet both
         returned by its code and answered by Redis."""
@@ -235,8 +256,9 @@ class Worker:
     # -- running and stopping ------------------------------------------------------------
 
     def run(self) -> int:
-        """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code: 0, or
-        EXIT_UNHEALTHY when the worker gave up (see the log for why)."""
+        """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code: 0,
+        EXIT_UNHEALTHY when the worker gave up (see the log for why), or EXIT_RECYCLED when
+        it stopped for ``max_runs`` or ``max_memory_mb`` (``recycled`` says which)."""
         self._run_called = True
         self._signal_relay.start()
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
@@ -292,6 +314,8 @@ class Worker:
         if self._unhealthy is not None:
             log.error("worker %s exits with %d: %s", self.id, EXIT_UNHEALTHY, self._unhealthy)
             return EXIT_UNHEALTHY
+        if self._recycled is not None:
+            return EXIT_RECYCLED
         return 0
 
     def _burst_done(self) -> None:
@@ -336,6 +360,18 @@ class Worker:
             "signal %s: draining (grace %.0fs); a second signal exits at once", signum, self.grace
         )
         self.stop()
+
+    def _answered(self, n: int) -> None:
+        """The committer's thread, after each batch of ``n`` runs answered: recycle (stop
+        claiming, drain, exit EXIT_RECYCLED) once Recycling says why. Not a worker already
+        stopping for another reason (a signal, stop(), giving up): it exits as it would."""
+        if self._recycling is None or self._stopping.is_set():
+            return
+        reason = self._recycling.answered(n)
+        if reason is not None:
+            self._recycled = reason
+            log.info("worker %s recycles: %s; stops claiming and drains", self.id, reason)
+            self.stop()
 
     def _die(self, reason: str) -> None:
         """Give up: log why, stop claiming, exit EXIT_UNHEALTHY after the drain."""
