@@ -1,12 +1,17 @@
 """jobqueue.worker.recycling: when a worker child recycles (--max-runs-per-child,
---max-memory-per-child), and the supervisor's pipe for its reason. No Redis."""
+--max-memory-per-child), and the supervisor's pipe for its reason (no Redis); the Worker's
+hook (Worker(max_runs=, max_memory_mb=), in-process, both backends)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 
 import pytest
+from helpers import Exited, make_worker, running, wait_for
 
+from jobqueue.client.sync import JobQueue
 from jobqueue.worker import recycling
 from jobqueue.worker.recycling import EXIT_RECYCLED, MB, Recycling, rss_bytes
 
@@ -130,3 +135,71 @@ def test_without_a_supervisor_s_pipe_the_report_is_a_no_op(
 ) -> None:
     monkeypatch.delenv(recycling.REPORT_FD_ENV, raising=False)
     recycling.report_to_supervisor("anything")  # no error
+
+
+# -- the Worker's hook -----------------------------------------------------------------------
+
+WAIT_S = 20.0
+
+
+def test_a_worker_with_max_runs_drains_what_it_holds_and_returns_exit_recycled(
+    fast_jq: JobQueue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_runs=5, concurrency 3: once 5 runs are answered it stops claiming; the runs it
+    holds then finish and commit (none released), the rest stay pending for the next child."""
+    gate = threading.Event()
+
+    @fast_jq.task
+    def step(i: int) -> int:
+        if i >= 4:
+            gate.wait(WAIT_S)  # held while the fifth commit is answered
+        return i
+
+    handles = [fast_jq.enqueue(step, i) for i in range(20)]
+    worker = make_worker(fast_jq, concurrency=3, max_runs=5)
+    with caplog.at_level(logging.INFO, logger="jobqueue.worker"):
+        exited = Exited(worker)
+        try:
+            wait_for(lambda: worker.stats.completed >= 4, WAIT_S, "four runs done")
+            gate.set()
+            code = exited.join(WAIT_S)
+        finally:
+            gate.set()
+            exited.close()
+    assert code == recycling.EXIT_RECYCLED
+    assert worker.recycled is not None and "runs done (max 5 per child)" in worker.recycled
+    states = [fast_jq.get_run(h.run_id) for h in handles]
+    done = [r for r in states if r.state == "done"]
+    assert 5 <= len(done) <= 5 - 1 + 2 * 3  # what it held when it reached 5 finished too
+    assert {r.state for r in states} == {"done", "pending"}
+    assert all(r.attempt == 1 for r in done) and worker.stats.released == 0
+    assert any(f"worker {worker.id} recycles: " in m for m in caplog.messages)
+
+
+def test_a_worker_over_max_memory_recycles(fast_jq: JobQueue) -> None:
+    @fast_jq.task
+    def nothing() -> None:
+        return None
+
+    # RSS is surely above 1 MB: the first run answered recycles the worker.
+    worker = make_worker(fast_jq, concurrency=1, max_memory_mb=1)
+    exited = Exited(worker)
+    try:
+        fast_jq.enqueue(nothing)
+        code = exited.join(WAIT_S)
+    finally:
+        exited.close()
+    assert code == recycling.EXIT_RECYCLED
+    assert worker.recycled is not None and "over the max of 1 MB per child" in worker.recycled
+
+
+def test_a_worker_stopped_for_another_reason_is_not_recycled(fast_jq: JobQueue) -> None:
+    @fast_jq.task
+    def nothing() -> None:
+        return None
+
+    worker = make_worker(fast_jq, concurrency=1, max_runs=1000)
+    with running(worker):
+        h = fast_jq.enqueue(nothing)
+        wait_for(lambda: fast_jq.get_run(h.run_id).state == "done", WAIT_S, "the run done")
+    assert worker.recycled is None  # stopped by stop(): run() returned 0
