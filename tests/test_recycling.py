@@ -170,7 +170,9 @@ def test_a_worker_with_max_runs_drains_what_it_holds_and_returns_exit_recycled(
     assert worker.recycled is not None and "runs done (max 5 per child)" in worker.recycled
     states = [fast_jq.get_run(h.run_id) for h in handles]
     done = [r for r in states if r.state == "done"]
-    assert 5 <= len(done) <= 5 - 1 + 2 * 3  # what it held when it reached 5 finished too
+    # What it held when it reached 5 finished too: running, or awaiting its commit (up to
+    # twice the concurrency).
+    assert 5 <= len(done) <= 5 + 3 * 3
     assert {r.state for r in states} == {"done", "pending"}
     assert all(r.attempt == 1 for r in done) and worker.stats.released == 0
     assert any(f"worker {worker.id} recycles: " in m for m in caplog.messages)

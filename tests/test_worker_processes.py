@@ -947,8 +947,9 @@ def test_max_runs_per_child_under_load_recycles_children_and_runs_every_run_exac
     per_pid: dict[int, int] = {}
     for v in runs.values():
         per_pid[v.result] = per_pid.get(v.result, 0) + 1
-    # A child stops claiming once 50 runs are answered: what it held then still finishes.
-    assert max(per_pid.values()) <= per_child + 2 * concurrency, per_pid
+    # A child stops claiming once 50 runs are answered: what it held then still finishes
+    # (running, or awaiting its commit: up to twice the concurrency).
+    assert max(per_pid.values()) <= per_child + 3 * concurrency, per_pid
     lines = recycles(supervisor)
     assert len(lines) >= 10, supervisor.text()[-3000:]
     assert all(f"runs done (max {per_child} per child); RSS " in line for line in lines), lines

@@ -173,6 +173,7 @@ class ProcessCount(click.IntRange):
 @click.option(
     "--max-runs-per-child",
     type=click.IntRange(1),
+    metavar="K",
     help="Recycle a worker process once it has finished this many runs: it stops claiming, "
     "lets its runs finish and commit, exits, and the supervisor starts a new one at once "
     "(for task code that leaks). Implies a supervisor (--processes 1 unless given).",

@@ -143,7 +143,8 @@ class Committer:
         on_answered: Callable[[int], None] | None = None,
     ) -> None:
         """``on_answered(n)``: after each batch of commits answered, with the number of runs
-        answered (the worker's recycling check, jobqueue.worker.recycling)."""
+        answered, before their slots are freed (the worker's recycling check,
+        jobqueue.worker.recycling)."""
         self._jq = jq
         self._on_answered = on_answered
         self._worker_id = worker_id
@@ -231,15 +232,16 @@ class Committer:
                 log.exception("commit of %d runs failed; their leases will expire", len(lost))
                 self._abandon(lost)
                 answered = items
-            try:
-                self._table.answered(answered)
-            except Exception:  # this thread commits every run: it must not die of a bug
-                log.exception("forgetting %d committed runs failed", len(answered))
             if answered and self._on_answered is not None:
+                # (before their slots are freed: a worker that recycles claims none into them)
                 try:
                     self._on_answered(len(answered))
                 except Exception:
                     log.exception("the check after %d committed runs failed", len(answered))
+            try:
+                self._table.answered(answered)
+            except Exception:  # this thread commits every run: it must not die of a bug
+                log.exception("forgetting %d committed runs failed", len(answered))
             if self._swept and self._clock.monotonic() >= self._next_sweep:
                 self._next_sweep = self._clock.monotonic() + RELAY_SWEEP_S
                 self._flush_relay(clearing=True)  # (before the sweep reads the outboxes)
