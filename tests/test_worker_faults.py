@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -38,7 +39,14 @@ from jobqueue.errors import ConnectionFailed
 from jobqueue.runtime.clock import FakeClock
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 from jobqueue.store.scripts import Call, translate_error
-from jobqueue.worker import EXIT_UNHEALTHY, MAX_REJECTED_KEPT, RunPhase, WorkerStats, supervisor
+from jobqueue.worker import (
+    EXIT_UNHEALTHY,
+    MAX_REJECTED_KEPT,
+    RunPhase,
+    WorkerStats,
+    recycling,
+    supervisor,
+)
 
 # What this module checks does not depend on the backend: run on the real server only
 # (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
@@ -562,3 +570,56 @@ def test_a_stop_while_redis_hangs_ends_within_the_grace_and_a_small_margin() -> 
     finally:
         server.process.send_signal(signal.SIGCONT)
         server.stop()
+
+
+# A recycled child: reports why on the supervisor's pipe (as the CLI does), exits 5.
+_RECYCLED_CHILD = (
+    "import os, sys; from jobqueue.worker import recycling; "
+    "recycling.report_to_supervisor('3 runs done (max 3 per child); RSS 1.0 MB'); "
+    "sys.exit(recycling.EXIT_RECYCLED)"
+)
+
+
+def test_a_supervisor_replaces_recycled_children_at_once_with_no_crash_back_off(
+    restored_signals: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No Redis. Two children exit EXIT_RECYCLED one after the other; the crash back-off is
+    made 60 s long: had a recycle taken that path, the third child would come a minute later.
+    Each recycle is one INFO line with the child's reason; draining then is a clean exit."""
+    monkeypatch.setattr(supervisor, "_RESTART_BACKOFF_S", 60.0)
+    monkeypatch.setattr(supervisor, "_RESTART_BACKOFF_MAX_S", 60.0)
+    spawned: list[subprocess.Popen[bytes]] = []
+
+    def spawn(argv: list[str], url: str) -> subprocess.Popen[bytes]:
+        report = int(os.environ[recycling.REPORT_FD_ENV])  # (what spawn_child passes on)
+        code = _RECYCLED_CHILD if len(spawned) < 2 else _NAPPING_CHILD
+        child = subprocess.Popen(
+            [sys.executable, "-c", code], preexec_fn=supervisor.child_setup, pass_fds=(report,)
+        )
+        spawned.append(child)
+        if len(spawned) == 3:
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return child
+
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.INFO, logger="jobqueue.supervisor"):
+            code = supervisor.supervise(1, ["jobqueue", "worker"], "", grace=1.0, spawn_child=spawn)
+        took = time.monotonic() - started
+        assert code == 0
+        assert len(spawned) == 3 and took < 20
+        assert [c.returncode for c in spawned] == [5, 5, -signal.SIGTERM]
+        lines = [r.getMessage() for r in caplog.records if "recycled" in r.getMessage()]
+        assert lines == [
+            f"recycled worker pid {spawned[0].pid} (3 runs done (max 3 per child); RSS 1.0 MB); "
+            f"started worker pid {spawned[1].pid} (recycles: 1)",
+            f"recycled worker pid {spawned[1].pid} (3 runs done (max 3 per child); RSS 1.0 MB); "
+            f"started worker pid {spawned[2].pid} (recycles: 2)",
+        ]
+        assert not any("restarting" in r.getMessage() for r in caplog.records)
+        assert recycling.REPORT_FD_ENV not in os.environ  # (put back as it was)
+    finally:
+        for c in spawned:
+            with contextlib.suppress(OSError):
+                c.kill()
+            c.wait()

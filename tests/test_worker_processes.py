@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import json
 import os
 import random
@@ -877,3 +878,223 @@ def test_a_sigkilled_worker_is_pruned_from_the_registry_by_a_live_one(
     wait_for(lambda: victim.pid not in registered_pids(r), 20, "the victim's entry pruned")
     assert survivor.pid in registered_pids(r)
     assert stop_gracefully(survivor, r) == 0
+
+
+# -- recycling children (--max-runs-per-child, --max-memory-per-child) -----------------------
+
+RECYCLE_APP = "recycle_app:jq"  # tests/apps/recycle_app.py
+RECYCLED_LINE = "recycled worker pid "
+
+
+def recycle_client(url: str) -> JobQueue:
+    jq = JobQueue(redis.Redis.from_url(url, decode_responses=True))
+    jq.declare_task("record", max_attempts=5)
+    jq.declare_task("leak", max_attempts=5)
+    return jq
+
+
+def recycles(supervisor: Proc) -> list[str]:
+    """The supervisor's INFO lines, one per recycled child."""
+    return [line for line in supervisor.text().splitlines() if RECYCLED_LINE in line]
+
+
+def executions(r: redis.Redis) -> dict[str, int]:
+    return {k: int(v) for k, v in r.hgetall("recycle:executions").items()}
+
+
+def child_pids(r: redis.Redis, procs: Procs) -> set[int]:
+    """Every child that ran a run (and every one registered now), noted for the teardown."""
+    pids = {int(p) for p in r.smembers("recycle:pids")} | registered_pids(r)
+    procs.extra_pids |= pids
+    return pids
+
+
+def stop_supervisor(supervisor: Proc, r: redis.Redis, procs: Procs, timeout: float = 30) -> int:
+    child_pids(r, procs)
+    supervisor.popen.send_signal(signal.SIGTERM)
+    return supervisor.popen.wait(timeout)
+
+
+def test_max_runs_per_child_under_load_recycles_children_and_runs_every_run_exactly_once(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """--processes 2 --max-runs-per-child 50, 1,000 short runs each counting its executions
+    by run id: every run done exactly once (a recycled child drains and commits its runs, it
+    never leaves one to a lease expiry), each child stopped claiming near 50, and the
+    supervisor replaced children many times, never with the back-off of a crash."""
+    n_runs, per_child, concurrency = 1000, 50, 4
+    procs = procs_factory(server.url)
+    jq = recycle_client(server.url)
+    r = jq.redis
+    run_ids = [f"rec-{i:04d}" for i in range(n_runs)]
+    jq.enqueue_many(Request("record", (), run_id=run_id) for run_id in run_ids)
+    started = time.monotonic()
+    supervisor = procs.worker(
+        "--processes", "2", "--max-runs-per-child", str(per_child),
+        "--concurrency", str(concurrency), "--lease", "5", "--grace", "10", app=RECYCLE_APP,
+    )
+    wait_for(lambda: done_count(r) >= n_runs or not supervisor.alive(), 180, "every run done")
+    took = time.monotonic() - started
+    assert supervisor.alive(), supervisor.text()[-3000:]
+    pids = child_pids(r, procs)
+    assert stop_supervisor(supervisor, r, procs) == 0, supervisor.text()[-3000:]
+
+    counted = executions(r)
+    assert len(counted) == n_runs and set(counted.values()) == {1}  # none lost, none twice
+    runs = read_runs(r, run_ids)
+    assert {v.state for v in runs.values()} == {"done"}
+    assert {v.attempt for v in runs.values()} == {1}  # no lease expired, no release
+    per_pid: dict[int, int] = {}
+    for v in runs.values():
+        per_pid[v.result] = per_pid.get(v.result, 0) + 1
+    # A child stops claiming once 50 runs are answered: what it held then still finishes
+    # (running, or awaiting its commit: up to twice the concurrency).
+    assert max(per_pid.values()) <= per_child + 3 * concurrency, per_pid
+    lines = recycles(supervisor)
+    assert len(lines) >= 10, supervisor.text()[-3000:]
+    assert all(f"runs done (max {per_child} per child); RSS " in line for line in lines), lines
+    assert "restarting in" not in supervisor.text()  # no crash, no back-off
+    print(
+        f"\nrecycle: runs={n_runs} processes=2 max_runs_per_child={per_child} "
+        f"took={took:.1f}s recycles={len(lines)} children={len(pids)} "
+        f"runs_per_child min={min(per_pid.values())} max={max(per_pid.values())}"
+    )
+
+
+def test_max_memory_per_child_recycles_a_leaking_child_and_every_run_is_done(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """A task that keeps 8 MB more each run; --max-memory-per-child 160 without --processes
+    (one supervised child): children are recycled once their RSS passes 160 MB, every run
+    done once."""
+    n_runs, leak_mb, max_mb = 60, 8, 160
+    procs = procs_factory(server.url)
+    jq = recycle_client(server.url)
+    r = jq.redis
+    run_ids = [f"leak-{i:02d}" for i in range(n_runs)]
+    jq.enqueue_many(Request("leak", (leak_mb,), run_id=run_id) for run_id in run_ids)
+    started = time.monotonic()
+    supervisor = procs.worker(
+        "--max-memory-per-child", str(max_mb), "--concurrency", "2", "--lease", "5",
+        app=RECYCLE_APP,
+    )
+    wait_for(lambda: done_count(r) >= n_runs or not supervisor.alive(), 120, "every run done")
+    took = time.monotonic() - started
+    assert supervisor.alive(), supervisor.text()[-3000:]
+    assert stop_supervisor(supervisor, r, procs) == 0, supervisor.text()[-3000:]
+
+    counted = executions(r)
+    assert len(counted) == n_runs and set(counted.values()) == {1}
+    runs = read_runs(r, run_ids)
+    assert {v.state for v in runs.values()} == {"done"}
+    kept = max(v.result["kept_mb"] for v in runs.values())
+    assert kept < 2 * max_mb  # no child went on far past the limit
+    lines = recycles(supervisor)
+    assert len(lines) >= 2, supervisor.text()[-3000:]
+    assert all(f"over the max of {max_mb} MB per child" in line for line in lines), lines
+    assert "restarting in" not in supervisor.text()
+    print(
+        f"\nrecycle (memory): runs={n_runs} leak={leak_mb}MB/run max={max_mb}MB "
+        f"took={took:.1f}s recycles={len(lines)} most_kept_by_a_child={kept}MB"
+    )
+
+
+def test_a_recycled_child_is_replaced_at_once_a_sigkilled_one_after_the_crash_back_off(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """Exit code 5 (recycled) and a death by SIGKILL take different paths in the supervisor:
+    the first is replaced without a pause and is no crash (the back-off is untouched), the
+    second is logged as a crash and replaced after the back-off."""
+    procs = procs_factory(server.url)
+    jq = recycle_client(server.url)
+    r = jq.redis
+    supervisor = procs.worker(
+        "--max-runs-per-child", "5", "--concurrency", "1", "--lease", "2", "--grace", "1",
+        app=RECYCLE_APP,
+    )
+    first = wait_for(lambda: registered_pids(r), 20, "the first child")
+    jq.enqueue_many(Request("record", (), run_id=f"first-{i}") for i in range(5))
+    wait_for(lambda: recycles(supervisor), 30, "the first child to recycle")
+    line = recycles(supervisor)[0]
+    (first_pid,) = first
+    assert f"{RECYCLED_LINE}{first_pid} (5 runs done (max 5 per child)" in line, line
+    second = wait_for(
+        lambda: (x := {p for p in registered_pids(r) if pid_alive(p)} - first) and x,
+        20,
+        "the replacement",
+    )
+    (second_pid,) = second
+    assert f"started worker pid {second_pid} (recycles: 1)" in line
+    assert "restarting in" not in supervisor.text()
+    procs.extra_pids |= first | second
+
+    os.kill(second_pid, signal.SIGKILL)
+    third = wait_for(
+        lambda: (x := {p for p in registered_pids(r) if pid_alive(p)} - first - second) and x,
+        20,
+        "the crashed child's replacement",
+    )
+    procs.extra_pids |= third
+    text = supervisor.text()
+    assert f"worker pid {second_pid} exited with -9; restarting in 0.5s" in text, text[-3000:]
+    assert len(recycles(supervisor)) == 1  # the crash is not counted as a recycle
+    jq.enqueue_many(Request("record", (), run_id=f"then-{i}") for i in range(3))
+    wait_for(lambda: done_count(r) >= 8, 20, "the runs enqueued after the crash, done")
+    assert set(executions(r).values()) == {1}
+    assert stop_supervisor(supervisor, r, procs) == 0, supervisor.text()[-3000:]
+
+
+def test_a_supervised_child_sigkilled_holding_runs_is_replaced_and_its_runs_reclaimed(
+    server: EmbeddedServer, procs_factory: Callable[[str], Procs]
+) -> None:
+    """--processes 2: a child SIGKILLed while it holds runs is replaced (after the crash
+    back-off), and the runs it held are claimed again once their leases (2 s) expire, by the
+    other child or the replacement; every run ends done. (The supervisor test above kills a
+    child holding nothing.)"""
+    procs = procs_factory(server.url)
+    jq = client_for(server.url)
+    r = jq.redis
+    supervisor = procs.worker(
+        "--processes", "2", "--concurrency", "4", "--lease", "2", "--grace", "1"
+    )
+
+    def live_children() -> set[int]:
+        alive = {p for p in registered_pids(r) if pid_alive(p)}
+        procs.extra_pids |= alive
+        return alive
+
+    children = wait_for(lambda: len(x := live_children()) == 2 and x, 30, "two workers")
+    handles = jq.enqueue_many(Request("work", (0.2, 0.4)) for _ in range(60))
+    victim, held = 0, dict[str, int]()
+    deadline = time.monotonic() + 20
+    while not held:  # stop a child and look: kill it if it holds runs, else go on
+        assert time.monotonic() < deadline, "no child was seen holding runs"
+        for pid in sorted(children):
+            os.kill(pid, signal.SIGSTOP)
+            wait_for(functools.partial(stopped, pid), 5, f"child {pid} to stop")
+            r.ping()
+            held = held_by(r, pid)
+            if held:
+                victim = pid
+                break
+            os.kill(pid, signal.SIGCONT)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(
+        lambda: len(x := live_children()) == 2 and victim not in x, 30, "a replacement worker"
+    )
+    wait_for(lambda: done_count(r) >= len(handles), 60, "every run done")
+    assert f"worker pid {victim} exited with -9; restarting in" in supervisor.text()
+
+    runs = read_runs(r, [h.run_id for h in handles])
+    assert {v.state for v in runs.values()} == {"done"}
+    for run_id, fence in held.items():
+        v = runs[run_id]
+        assert v.fence > fence and v.attempt == 2, v.history  # claimed again, an attempt more
+        assert v.count("expired") == 1, v.history  # after its lease expired
+        assert owner_pid(v.claim_owners()[0]) == victim
+        assert v.result != victim and owner_pid(v.fields["owner"]) == v.result
+    survivors = live_children()
+    supervisor.popen.send_signal(signal.SIGTERM)
+    assert supervisor.popen.wait(30) == 0, supervisor.text()[-3000:]
+    assert not any(pid_alive(p) for p in survivors)
+    print(f"\nsupervised kill: runs={len(handles)} reclaimed_from_the_killed_child={len(held)}")

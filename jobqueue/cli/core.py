@@ -170,6 +170,22 @@ class ProcessCount(click.IntRange):
     help="Worker processes under one supervisor that restarts dead children; auto: one per "
     "CPU this process may run on.",
 )
+@click.option(
+    "--max-runs-per-child",
+    type=click.IntRange(1),
+    metavar="K",
+    help="Recycle a worker process once it has finished this many runs: it stops claiming, "
+    "lets its runs finish and commit, exits, and the supervisor starts a new one at once "
+    "(for task code that leaks). Implies a supervisor (--processes 1 unless given).",
+)
+@click.option(
+    "--max-memory-per-child",
+    type=FiniteFloat(0, min_open=True),
+    metavar="MB",
+    help="Recycle a worker process as above once its resident memory exceeds this many MB "
+    "after a run finished (checked at most every 0.1 s; Linux: current RSS, elsewhere the "
+    "peak). Implies a supervisor (--processes 1 unless given).",
+)
 @_metrics_port
 @_metrics_host
 @click.option(
@@ -195,6 +211,8 @@ def worker(
     lease: float | None,
     grace: float,
     processes: int,
+    max_runs_per_child: int | None,
+    max_memory_per_child: float | None,
     metrics_port: int | None,
     metrics_host: str,
     burst: bool,
@@ -207,6 +225,15 @@ def worker(
 
     if burst and processes > 1:
         raise ConfigError("--burst drains in one process: use it with --processes 1")
+    recycling = max_runs_per_child is not None or max_memory_per_child is not None
+    if burst and recycling:
+        given = "--max-runs-per-child" if max_runs_per_child is not None else (
+            "--max-memory-per-child"
+        )
+        raise ConfigError(
+            f"{given} recycles the supervised processes of a worker that runs until stopped; "
+            "--burst exits once nothing is due: not both"
+        )
     if reload:
         _reload_worker(burst, processes)
         return
@@ -223,7 +250,7 @@ def worker(
         validate_queue_name(name)  # as enqueue --queue does: before anything connects
     app = load_app(app_spec)
     jq = state.jq(app, patient=True, timeout=connect_timeout)
-    if processes > 1 and not os.environ.get(SUPERVISED_ENV):
+    if (processes > 1 or recycling) and not os.environ.get(SUPERVISED_ENV):
         from jobqueue.worker.supervisor import supervise
 
         sys.exit(supervise(processes, sys.argv, jq.url or "", grace=grace))
@@ -237,10 +264,14 @@ def worker(
     try:
         daemon = Worker(
             jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m,
-            burst=burst,
+            burst=burst, max_runs=max_runs_per_child, max_memory_mb=max_memory_per_child,
         )
         served.extend(daemon.queues)
         code = daemon.run()
+        if daemon.recycled is not None:
+            from jobqueue.worker.recycling import report_to_supervisor
+
+            report_to_supervisor(daemon.recycled)
     finally:
         if restore is not None:
             restore()

@@ -1,6 +1,7 @@
 """The worker daemon and its supervisor (``--processes``)."""
 
 from jobqueue.worker.daemon import (
+    EXIT_RECYCLED,
     EXIT_UNHEALTHY,
     MAX_REJECTED_KEPT,
     Worker,
@@ -8,4 +9,12 @@ from jobqueue.worker.daemon import (
 )
 from jobqueue.worker.runs import RunPhase, RunView
 
-__all__ = ["EXIT_UNHEALTHY", "MAX_REJECTED_KEPT", "RunPhase", "RunView", "Worker", "WorkerStats"]
+__all__ = [
+    "EXIT_RECYCLED",
+    "EXIT_UNHEALTHY",
+    "MAX_REJECTED_KEPT",
+    "RunPhase",
+    "RunView",
+    "Worker",
+    "WorkerStats",
+]

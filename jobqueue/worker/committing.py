@@ -121,8 +121,16 @@ def _log_handed_back(item: Finished, outcome: Outcome) -> None:
 
 
 class Committer:
-    def __init__(self, shared: Shared, shutdown_left: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        shared: Shared,
+        shutdown_left: Callable[[], float],
+        on_answered: Callable[[int], None] | None = None,
+    ) -> None:
+        """``on_answered(n)``: after each batch of commits answered, with the number of runs
+        answered, before their slots are freed (the worker's recycling check)."""
         self._s = shared
+        self._on_answered = on_answered
         self._jq = shared.jq
         self._hooks = shared.hooks
         self._stats = shared.stats
@@ -198,6 +206,12 @@ class Committer:
                 log.exception("commit of %d runs failed; their leases will expire", len(lost))
                 self._abandon(lost)
                 answered = items
+            if answered and self._on_answered is not None:
+                # (before their slots free: a worker that recycles claims none into them)
+                try:
+                    self._on_answered(len(answered))
+                except Exception:
+                    log.exception("the check after %d committed runs failed", len(answered))
             try:
                 self._s.table.answered(answered)
             except Exception:  # the commit loop commits every run: it must not die of a bug

@@ -52,6 +52,7 @@ from jobqueue.worker.config import (
 )
 from jobqueue.worker.executing import Executor
 from jobqueue.worker.leases import LeaseKeeper, Presence
+from jobqueue.worker.recycling import EXIT_RECYCLED, MB, Recycling
 from jobqueue.worker.redis_io import RedisIO
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import MAX_REJECTED_KEPT, RunTable, RunView, WorkerStats
@@ -60,6 +61,7 @@ from jobqueue.worker.shared import Shared, in_thread
 __all__ = [
     "DEFAULT_CONCURRENCY",
     "DEFAULT_STUCK_LIMIT_S",
+    "EXIT_RECYCLED",
     "EXIT_UNHEALTHY",
     "MAX_IDLE_WAIT_S",
     "MAX_REJECTED_KEPT",
@@ -183,6 +185,11 @@ class Worker:
             **{k: v for k, v in given.items() if v is not None},
         })
         self.config = cfg
+        self._recycling: Recycling | None = None
+        if cfg.max_runs is not None or cfg.max_memory_mb is not None:
+            memory = None if cfg.max_memory_mb is None else round(cfg.max_memory_mb * MB)
+            self._recycling = Recycling(cfg.max_runs, memory)
+        self._recycled: str | None = None
         self.jq = jq
         tasks = WorkerTasks(jq)
         # With no queues given, those the app's tasks name: a worker of one app never claims
@@ -238,6 +245,12 @@ class Worker:
         """Why the worker gave up (it then exits EXIT_UNHEALTHY), or None."""
         return self._unhealthy
 
+    @property
+    def recycled(self) -> str | None:
+        """Why the worker recycles (max_runs or max_memory_mb reached: it then exits
+        EXIT_RECYCLED), or None."""
+        return self._recycled
+
     def in_flight(self) -> list[RunView]:
         """The runs this worker holds now, each with its phase: claimed and not yet both
         returned by its code and answered by Redis."""
@@ -246,10 +259,11 @@ class Worker:
     # -- running and stopping ------------------------------------------------------------
 
     def run(self) -> int:
-        """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code: 0, or
-        EXIT_UNHEALTHY when the worker gave up (see the log for why). Blocks; the worker's
-        event loop runs on a thread of its own, "jq-async" (see ``serve`` to run the worker
-        on an event loop of yours)."""
+        """Work until stopped (SIGTERM/SIGINT or ``stop()``); returns the exit code: 0,
+        EXIT_UNHEALTHY when the worker gave up (see the log for why), or EXIT_RECYCLED when
+        it stopped for ``max_runs`` or ``max_memory_mb`` (``recycled`` says which). Blocks;
+        the worker's event loop runs on a thread of its own, "jq-async" (see ``serve`` to
+        run the worker on an event loop of yours)."""
         self._run_called = True
         self._signal_relay.start()
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
@@ -302,7 +316,9 @@ class Worker:
         )
         if self._stopping.is_set():
             s.stop_event.set()
-        committer = Committer(s, self._shutdown_left)
+        committer = Committer(
+            s, self._shutdown_left, self._answered if self._recycling is not None else None
+        )
         executor = Executor(s, committer.put, self._die)
         executor.bind_loop(self._loop)
         presence = Presence(s)
@@ -367,7 +383,21 @@ class Worker:
         if self._unhealthy is not None:
             log.error("worker %s exits with %d: %s", self.id, EXIT_UNHEALTHY, self._unhealthy)
             return EXIT_UNHEALTHY
+        if self._recycled is not None:
+            return EXIT_RECYCLED
         return 0
+
+    def _answered(self, n: int) -> None:
+        """On the loop, after each batch of ``n`` runs answered: recycle (stop claiming,
+        drain, exit EXIT_RECYCLED) once Recycling says why. Not a worker already stopping for
+        another reason (a signal, stop(), giving up): it exits as it would."""
+        if self._recycling is None or self._stopping.is_set():
+            return
+        reason = self._recycling.answered(n)
+        if reason is not None:
+            self._recycled = reason
+            log.info("worker %s recycles: %s; stops claiming and drains", self.id, reason)
+            self.stop()
 
     def _burst_done(self) -> None:
         log.info(
@@ -386,8 +416,15 @@ class Worker:
         self._stopping.set()
         loop = self._loop
         if loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to wake
-                loop.call_soon_threadsafe(self._stop_on_loop)
+            try:
+                here = asyncio.get_running_loop()
+            except RuntimeError:
+                here = None
+            if here is loop:  # (at once: nothing is claimed after a stop from the loop)
+                self._stop_on_loop()
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to wake
+                    loop.call_soon_threadsafe(self._stop_on_loop)
         if first and self._owns_process:
             # A daemon process always ends: past grace + margin it exits whatever hangs
             # (its leases expire and other workers reclaim the runs).

@@ -5,10 +5,16 @@ Each child runs in its own process group, so a Ctrl-C at a terminal (SIGINT to t
 foreground group) reaches the children once, through the supervisor; were they in its group,
 they would get it twice and take the second as "exit at once". A child whose supervisor dies
 (even by SIGKILL) gets SIGTERM and drains, rather than working on unsupervised.
+
+A child that exits EXIT_RECYCLED (``--max-runs-per-child``, ``--max-memory-per-child``: it
+drained and committed its runs) is replaced at once, without the back-off of a crash and
+without counting as one; it tells why through a pipe (jobqueue.worker.recycling), and the
+supervisor logs one INFO line per recycle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -21,6 +27,7 @@ from types import FrameType
 
 from jobqueue.policy.backoff import Backoff
 from jobqueue.worker.config import DEFAULT_GRACE_S
+from jobqueue.worker.recycling import EXIT_RECYCLED, REPORT_FD_ENV
 
 log = logging.getLogger("jobqueue.supervisor")
 
@@ -61,8 +68,12 @@ def spawn_child(argv: list[str], url: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, SUPERVISED_ENV: "1"}
     if url:
         env["JOBQUEUE_REDIS_URL"] = url  # children share the parent's (possibly embedded) server
+    report = env.get(REPORT_FD_ENV)  # (set by supervise(): the pipe for recycling reasons)
     return subprocess.Popen(
-        [sys.executable, "-m", "jobqueue.cli", *argv[1:]], env=env, preexec_fn=child_setup
+        [sys.executable, "-m", "jobqueue.cli", *argv[1:]],
+        env=env,
+        preexec_fn=child_setup,
+        pass_fds=(int(report),) if report else (),
     )
 
 
@@ -84,8 +95,45 @@ def _grace_from(argv: list[str]) -> float:
 
 def _clean(code: int, stopping: bool) -> bool:
     # A child signalled before its interpreter installed its handler dies of the signal;
-    # it held no run then, so once we are stopping that is a clean exit too.
-    return code == 0 or (stopping and code in (-signal.SIGTERM, -signal.SIGINT))
+    # it held no run then, so once we are stopping that is a clean exit too. A child that
+    # recycled itself as the signal came drained its runs too.
+    return code in (0, EXIT_RECYCLED) or (stopping and code in (-signal.SIGTERM, -signal.SIGINT))
+
+
+class _Reports:
+    """The pipe recycled children write their reason to (one line each, ``<pid> <reason>``,
+    atomic: under PIPE_BUF), its write end passed to each child in REPORT_FD_ENV; both ends
+    non-blocking: a child never waits on it, the supervisor reads what is there."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self.write_fd, False)  # (the children's end shares this flag)
+        self._saved = os.environ.get(REPORT_FD_ENV)
+        os.environ[REPORT_FD_ENV] = str(self.write_fd)
+        self._buffer = b""
+        self._reasons: dict[int, str] = {}
+
+    def reason(self, pid: int) -> str | None:
+        """What child ``pid`` reported, if it did (read once it exited: its line is in)."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(self.read_fd, 65536):
+                self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            head, _, text = line.decode("utf-8", "replace").partition(" ")
+            with contextlib.suppress(ValueError):
+                self._reasons[int(head)] = text
+        return self._reasons.pop(pid, None)
+
+    def close(self) -> None:
+        if self._saved is None:
+            os.environ.pop(REPORT_FD_ENV, None)
+        else:
+            os.environ[REPORT_FD_ENV] = self._saved
+        for fd in (self.read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def supervise(
@@ -133,26 +181,56 @@ def supervise(
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    reports = _Reports()
+    try:
+        return _supervise(processes, children, spawn, lambda: stopping, signals, reports,
+                          grace_s + kill_margin)
+    finally:
+        reports.close()
+
+
+def _supervise(
+    processes: int,
+    children: list[subprocess.Popen[bytes]],
+    spawn: Callable[[], subprocess.Popen[bytes] | None],
+    is_stopping: Callable[[], bool],
+    signals: list[int],
+    reports: _Reports,
+    wait_s: float,
+) -> int:
     for _ in range(processes):
         spawn()
     log.info("supervising %d worker processes: %s", processes, [c.pid for c in children])
     # Children dying one after another are restarted ever more slowly; while they live, the
-    # pause shrinks back.
+    # pause shrinks back. A recycled child is no crash: replaced at once, the pause untouched.
     backoff = Backoff(_RESTART_BACKOFF_S, _RESTART_BACKOFF_MAX_S, jitter=False)
-    while not stopping:
+    recycled = 0
+    while not is_stopping():
         for child in list(children):
             code = child.poll()
             if code is None:
                 backoff.relax(0.9)
+                continue
+            if code == EXIT_RECYCLED:
+                children.remove(child)
+                new = spawn()
+                recycled += 1
+                log.info(
+                    "recycled worker pid %d (%s); started worker pid %s (recycles: %d)",
+                    child.pid,
+                    reports.reason(child.pid) or "no reason reported",
+                    new.pid if new is not None else "none: stopping",
+                    recycled,
+                )
                 continue
             pause = backoff.next()
             log.warning(
                 "worker pid %d exited with %s; restarting in %.1fs", child.pid, code, pause
             )
             deadline = time.monotonic() + pause
-            while not stopping and time.monotonic() < deadline:
+            while not is_stopping() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if stopping:
+            if is_stopping():
                 break  # a signal came during the backoff: do not start a child it missed
             children.remove(child)  # the dead child: forward() need not signal it again
             new = spawn()
@@ -160,7 +238,7 @@ def supervise(
                 log.info("started worker pid %d", new.pid)
         time.sleep(0.2)
     log.info("signal %s: waiting for %d workers to drain", signals[0], len(children))
-    codes = _wait_all(children, grace_s + kill_margin)
+    codes = _wait_all(children, wait_s)
     failed = {pid: code for pid, code in codes.items() if not _clean(code, True)}
     if failed:
         log.warning("workers exited uncleanly: %s", failed)
