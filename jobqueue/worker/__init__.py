@@ -5,6 +5,7 @@ from jobqueue.worker.daemon import (
     EXIT_UNHEALTHY,
     MAX_REJECTED_KEPT,
     Worker,
+    WorkerConfig,
     WorkerStats,
 )
 from jobqueue.worker.runs import RunPhase, RunView
@@ -16,5 +17,6 @@ __all__ = [
     "RunPhase",
     "RunView",
     "Worker",
+    "WorkerConfig",
     "WorkerStats",
 ]
