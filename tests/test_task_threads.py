@@ -1,0 +1,67 @@
+"""The threads sync tasks run on (jobqueue.worker.executing.TaskThreads): as many runs at
+once as there are slots, never more threads than that, and a short job run by a thread
+already awake."""
+
+from __future__ import annotations
+
+import threading
+
+from jobqueue.worker.executing import TaskThreads
+
+
+def test_as_many_jobs_as_slots_run_at_once() -> None:
+    """Eight jobs that each wait for all eight: they end only if eight threads run them."""
+    pool = TaskThreads(8, "t")
+    barrier = threading.Barrier(8, timeout=10)
+    ended = threading.Semaphore(0)
+
+    def job() -> None:
+        barrier.wait()
+        ended.release()
+
+    for _ in range(8):
+        pool.submit(job)
+    assert all(ended.acquire(timeout=10) for _ in range(8))
+    assert pool.threads == 8
+    pool.shutdown()
+
+
+def test_no_more_threads_than_slots_however_many_jobs_wait() -> None:
+    pool = TaskThreads(3, "t")
+    release, done = threading.Event(), threading.Semaphore(0)
+
+    def job() -> None:
+        release.wait(10)
+        done.release()
+
+    for _ in range(10):
+        pool.submit(job)
+    assert pool.threads == 3
+    release.set()
+    assert all(done.acquire(timeout=10) for _ in range(10))
+    pool.shutdown()
+
+
+def test_jobs_one_after_the_other_are_run_by_the_thread_already_started() -> None:
+    pool = TaskThreads(8, "t")
+    names: list[str] = []
+    for _ in range(50):
+        ran = threading.Event()
+        pool.submit(lambda ran=ran: (names.append(threading.current_thread().name), ran.set()))
+        assert ran.wait(10)
+    assert pool.threads == 1 and len(set(names)) == 1
+    pool.shutdown()
+
+
+def test_a_job_that_raises_does_not_end_its_thread() -> None:
+    pool = TaskThreads(1, "t")
+    ran = threading.Event()
+
+    def bad() -> None:
+        raise RuntimeError("a bug in a job")
+
+    pool.submit(bad)
+    pool.submit(ran.set)
+    assert ran.wait(10)
+    assert pool.threads == 1
+    pool.shutdown()
