@@ -197,3 +197,44 @@ def test_a_returning_run_wakes_the_claim_loop_waiting_for_room() -> None:
         return await asyncio.wait_for(waiting, 10)
 
     assert asyncio.run(wait_then_return()) == 1
+
+
+def test_waiting_for_a_batch_claims_what_is_free_after_the_linger() -> None:
+    table = RunTable(4)
+    table.add(claimed("a"))
+    table.add(claimed("b"))
+    assert asyncio.run(table.wait_for_room(lambda: False, batch=4, linger=0.01)) == 2
+
+
+def test_a_claim_loop_waiting_for_a_batch_goes_on_once_the_batch_is_free() -> None:
+    table = RunTable(4)
+    runs = [claimed(f"r{i}") for i in range(4)]
+    for e in runs:
+        table.add(e)
+    table.returned(runs[0])
+
+    async def waiter() -> int:
+        waiting = asyncio.ensure_future(table.wait_for_room(lambda: False, batch=3, linger=60))
+        await asyncio.sleep(0.01)
+        table.returned(runs[1])  # 2 free of the 3 waited for: it waits on
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        table.returned(runs[2])
+        return await asyncio.wait_for(waiting, 10)
+
+    assert asyncio.run(waiter()) == 3
+
+
+def test_the_last_run_returning_ends_the_wait_of_a_claim_loop_short_of_its_batch() -> None:
+    table, entry = RunTable(4), claimed()
+    table.add(entry)
+    table.add(other := claimed("other"))
+    table.returned(other)
+
+    async def waiter() -> int:
+        waiting = asyncio.ensure_future(table.wait_for_room(lambda: False, batch=8, linger=60))
+        await asyncio.sleep(0.01)
+        table.returned(entry)  # the table is idle: nothing more will free up
+        return await asyncio.wait_for(waiting, 10)
+
+    assert asyncio.run(waiter()) == 4
