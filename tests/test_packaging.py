@@ -100,7 +100,7 @@ def test_the_wheel_carries_the_license_and_its_classifiers(wheel: Path) -> None:
 
 def test_the_wheel_offers_users_no_test_tools(wheel: Path) -> None:
     extras = set(re.findall(r"^Provides-Extra: (\S+)$", _metadata(wheel), re.M))
-    assert extras == {"embedded", "metrics", "dashboard", "reload", "sentry", "otel"}
+    assert extras == {"embedded", "metrics", "dashboard", "reload", "sentry", "otel", "uvloop"}
     required = " ".join(re.findall(r"^Requires-Dist: (.+)$", _metadata(wheel), re.M))
     for tool in ("pytest", "fakeredis", "mypy", "playwright", "hypothesis", "pyright"):
         assert tool not in required
