@@ -47,6 +47,7 @@ from jobqueue.worker import (
     recycling,
     supervisor,
 )
+from jobqueue.worker.committing import Committer
 
 # What this module checks does not depend on the backend: run on the real server only
 # (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
@@ -91,6 +92,25 @@ def test_a_worker_whose_event_loop_thread_died_stops_and_exits_non_zero(
         fast_jq.enqueue(kill_the_loop)
         assert exited.join(10) == EXIT_UNHEALTHY
         assert worker.unhealthy == "the asyncio event loop thread died"
+    finally:
+        exited.close()
+
+
+def test_a_worker_whose_committer_dies_stops_and_exits_non_zero(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug that ends the commit loop would leave every finished run heartbeated and never
+    committed: the worker gives up instead, and its supervisor starts a clean process."""
+
+    async def broken(self: Committer) -> None:
+        raise RuntimeError("a bug in the commit loop")
+
+    monkeypatch.setattr(Committer, "run", broken)
+    worker = make_worker(fast_jq, grace=0.5)
+    exited = Exited(worker)
+    try:
+        assert exited.join(10) == EXIT_UNHEALTHY
+        assert worker.unhealthy is not None and "committer" in worker.unhealthy
     finally:
         exited.close()
 

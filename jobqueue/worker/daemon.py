@@ -338,6 +338,8 @@ class Worker:
                 asyncio.ensure_future(committer.run()),
                 asyncio.ensure_future(keeper.run()),
             ]
+            for part, name in zip(background, ("committer", "keeper"), strict=True):
+                part.add_done_callback(functools.partial(self._part_ended, name))
             log.info(
                 "worker %s started: queues=%s (%s) tasks=%s concurrency=%d lease=%.1fs",
                 self.id,
@@ -398,6 +400,17 @@ class Worker:
             self._recycled = reason
             log.info("worker %s recycles: %s; stops claiming and drains", self.id, reason)
             self.stop()
+
+    def _part_ended(self, name: str, part: asyncio.Task[Any]) -> None:
+        """The committer or the keeper ended before the worker stopped (a bug): its leases
+        would no longer be renewed or its outcomes committed, so the worker gives up."""
+        if part.cancelled() or self._stopped.is_set():
+            return
+        error = part.exception()
+        if error is None and name == "committer" and self._stopping.is_set():
+            return  # (closed by the drain)
+        log.critical("the worker's %s ended: %r", name, error, exc_info=error)
+        self._die(f"the worker's {name} ended: {error!r}")
 
     def _burst_done(self) -> None:
         log.info(
