@@ -54,7 +54,7 @@ _GUARDED = frozenset({"username", "password", "credential_provider"})
 # A blocking pop's reply may come this much after its own timeout before the wait gives up
 # on the connection (when the client has no socket timeout of its own).
 _REPLY_GRACE_S = 5.0
-# On a cluster, one list at a time is waited on this long (CLUSTER_WAKE_S of the worker).
+# On a cluster, one wake list at a time is waited on this long, in rotation.
 CLUSTER_WAKE_S = 0.5
 
 
