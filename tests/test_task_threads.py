@@ -65,3 +65,23 @@ def test_a_job_that_raises_does_not_end_its_thread() -> None:
     assert ran.wait(10)
     assert pool.threads == 1
     pool.shutdown()
+
+
+def test_jobs_submitted_while_a_woken_thread_has_not_started_each_get_a_thread() -> None:
+    """One idle thread, being woken, and eight long jobs: all eight run at once (a pool that
+    only chained wake-ups through idle threads ran them one after the other)."""
+    pool = TaskThreads(8, "t")
+    warm = threading.Event()
+    pool.submit(warm.set)
+    assert warm.wait(10)
+    barrier = threading.Barrier(8, timeout=10)
+    ended = threading.Semaphore(0)
+
+    def job() -> None:
+        barrier.wait()
+        ended.release()
+
+    for _ in range(8):
+        pool.submit(job)
+    assert all(ended.acquire(timeout=10) for _ in range(8))
+    pool.shutdown()

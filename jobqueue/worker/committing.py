@@ -190,8 +190,9 @@ class Committer:
             due = [d for d in later if d.not_before <= now]
             later = [d for d in later if d.not_before > now]
             if self._closing and not batch and not due and later:
-                # closing, waiting only for resends: wait for the first, not spin
-                await self._s.pause(min(d.not_before for d in later) - now)
+                # closing, waiting only for resends: wait for the first (a stop does not end
+                # this wait: the worker is stopping already), never spin
+                await self._s.sleep(min(d.not_before for d in later) - now)
                 continue
             answered: list[Finished] = []
             try:

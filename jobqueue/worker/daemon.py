@@ -214,6 +214,7 @@ class Worker:
 
         self._stopping = threading.Event()
         self._stopped = threading.Event()
+        self._exited = threading.Event()  # the whole shutdown is over (the watchdog's end)
         self._running = threading.Event()  # claiming has begun
         self._run_called = False
         self._signals = 0
@@ -272,10 +273,11 @@ class Worker:
             self._owns_process = True
         result: list[int] = []
         failure: list[BaseException] = []
+        new_loop = _new_loop(self.config.event_loop)  # (a ConfigError is raised here)
 
         def loop_thread() -> None:
             try:
-                with asyncio.Runner(loop_factory=_new_loop(self.config.event_loop)) as runner:
+                with asyncio.Runner(loop_factory=new_loop) as runner:
                     result.append(runner.run(self.serve()))
             except BaseException as exc:
                 failure.append(exc)
@@ -287,11 +289,13 @@ class Worker:
                 thread.join(0.5)
         except BaseException:
             # The caller leaves (KeyboardInterrupt): the loop must not claim on, leasing runs
-            # nobody heartbeats or commits.
+            # nobody heartbeats or commits; the drain gets until the shutdown deadline.
             self.stop()
+            thread.join(max(self._shutdown_left(), 0.0))
             raise
         finally:
             self._stopped.set()
+            self._exited.set()
             self._signal_relay.close()
         if result:
             return result[0]
@@ -373,6 +377,7 @@ class Worker:
             if started:
                 await self._bounded(presence.withdraw, "unregistering")
             await s.io.aclose()
+            self._exited.set()
         log.info(
             "worker %s stopped: claimed=%d completed=%d failed=%d released=%d fenced_out=%d",
             self.id,
@@ -496,7 +501,7 @@ class Worker:
         return self._shutdown_deadline() - self.clock.monotonic()
 
     def _watchdog(self) -> None:
-        if self.clock.wait(self._stopped, max(self._shutdown_left(), 0.0) + 0.5):
+        if self.clock.wait(self._exited, max(self._shutdown_left(), 0.0) + 0.5):
             return
         log.error(
             "worker %s: shutdown still not done %.0fs after the grace period (Redis not "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import threading
@@ -70,6 +71,7 @@ class TaskThreads:
         self._threads = 0
         self._idle = 0  # threads waiting for a job
         self._waking = False  # an idle thread was woken and has not taken a job yet
+        self._starting = 0  # threads started that have not reached their loop yet
         self._closed = False
 
     @property
@@ -77,20 +79,41 @@ class TaskThreads:
         return self._threads
 
     def submit(self, job: Callable[[], None]) -> None:
+        """Queue ``job``; RuntimeError when no thread at all could be started for it."""
         with self._ready:
             self._jobs.append(job)
-            if self._idle > 0:
-                if not self._waking:  # (else the woken thread wakes the next: the chain)
-                    self._waking = True
-                    self._ready.notify()
-            elif self._threads < self._size:
-                self._threads += 1
+            try:
+                self._dispatch()
+            except RuntimeError:
+                if self._threads == 0:  # nothing will ever take it
+                    self._jobs.remove(job)
+                    raise
+
+    def _dispatch(self) -> None:
+        """Under the lock: an idle thread woken for the queued jobs (one at a time: the one
+        woken wakes the next), and a new thread for each queued job beyond the idle ones, up
+        to ``size``: a queued job never waits for a busy thread while the pool may grow."""
+        if not self._jobs:
+            return
+        if self._idle > 0 and not self._waking:
+            self._waking = True
+            self._ready.notify()
+        while len(self._jobs) > self._idle + self._starting and self._threads < self._size:
+            self._threads += 1
+            self._starting += 1
+            try:
                 threading.Thread(
                     target=self._work, name=f"{self._name}-{self._threads}", daemon=True
                 ).start()
+            except RuntimeError:  # no thread to be had: the ones there take the jobs
+                self._threads -= 1
+                self._starting -= 1
+                raise
 
     def _work(self) -> None:
         ready, jobs = self._ready, self._jobs
+        with ready:
+            self._starting -= 1
         while True:
             with ready:
                 while not jobs and not self._closed:
@@ -101,9 +124,9 @@ class TaskThreads:
                 if not jobs:
                     return  # closed
                 job = jobs.popleft()
-                if jobs and self._idle > 0:  # more queued: wake one more, the chain goes on
-                    self._waking = True
-                    ready.notify()
+                if jobs:  # more queued: wake one more (the chain goes on), or start one
+                    with contextlib.suppress(RuntimeError):
+                        self._dispatch()
             try:
                 job()
             except BaseException:  # a job reports its own outcome; this is a bug
@@ -212,7 +235,11 @@ class Executor:
             entry.task = t
             t.add_done_callback(functools.partial(self._async_done, entry))
         else:
-            self._threads.submit(lambda: self._run_in_thread(entry, task, args, kwargs))
+            try:
+                self._threads.submit(lambda: self._run_in_thread(entry, task, args, kwargs))
+            except RuntimeError as exc:  # no thread could be started for it
+                error = f"Fatal: could not start the run: {type(exc).__name__}: {exc}"
+                self._finish(self._outcome(entry, None, _StartFailed(error)))
 
     def _async_done(self, entry: InFlight, t: asyncio.Task[Any]) -> None:
         if t.cancelled():
@@ -226,10 +253,17 @@ class Executor:
     def _run_in_thread(
         self, entry: InFlight, task: Task[Any, Any], args: list[Any], kwargs: dict[str, Any]
     ) -> None:
-        try:
-            value, error = _run_sync(task, entry.ctx, args, kwargs, self._s.hooks), None
-        except BaseException as exc:
-            value, error = None, exc
+        value: Any
+        error: BaseException | None
+        if entry.ctx.cancelled.is_set():
+            # told to stop before a thread took it (its lease lost, the worker shutting
+            # down): its code never starts
+            value, error = None, concurrent.futures.CancelledError()
+        else:
+            try:
+                value, error = _run_sync(task, entry.ctx, args, kwargs, self._s.hooks), None
+            except BaseException as exc:
+                value, error = None, exc
         item = self._outcome(entry, value, error)  # (the result is encoded here, not on the loop)
         with self._returned_lock:
             self._returned.append(item)
@@ -246,7 +280,10 @@ class Executor:
         with self._returned_lock:
             items, self._returned = self._returned, []
         for item in items:
-            self._finish(item)
+            try:
+                self._finish(item)
+            except Exception:  # one bad outcome must not strand the others of the batch
+                log.exception("finishing run_id=%s failed", item.entry.run.run_id)
 
     # -- outcomes ------------------------------------------------------------------------
 

@@ -54,18 +54,20 @@ class Shared:
         """Wait ``seconds`` of the worker's clock, or until ``until`` is set (a stop does
         not end it)."""
         if isinstance(self.clock, RealClock):
-            if until is None:
+            if until is None or seconds <= 0 or until.is_set():
                 await asyncio.sleep(max(seconds, 0.0))
-            elif seconds > 0 and not until.is_set():
+            else:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(until.wait(), seconds)
             return
         deadline = self.clock.monotonic() + seconds
+        await asyncio.sleep(0)  # (a wait already over still lets the loop run others)
         while self.clock.monotonic() < deadline and not (until and until.is_set()):
             await asyncio.sleep(_FAKE_CLOCK_POLL_S)
 
     async def pause(self, seconds: float) -> bool:
         """Wait ``seconds`` of the worker's clock, or until the worker stops (True)."""
+        await asyncio.sleep(0)  # (a wait already over still lets the loop run others)
         if isinstance(self.clock, RealClock):
             if seconds > 0 and not self.stop_event.is_set():
                 with contextlib.suppress(TimeoutError):
@@ -78,5 +80,27 @@ class Shared:
 
 
 async def in_thread(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on a thread: the sync client's rare calls must not block the loop."""
-    return await asyncio.to_thread(fn, *args)
+    """``fn(*args)`` on a daemon thread of its own: the sync client's rare calls must not
+    block the loop, and one that hangs (Redis not answering) must not keep the process from
+    exiting at the shutdown deadline (asyncio's default executor joins its threads)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(value)
+
+    def call() -> None:
+        try:
+            value, error = fn(*args), None
+        except BaseException as exc:
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=call, name="jq-call", daemon=True).start()
+    return await done
