@@ -71,7 +71,6 @@ class TaskThreads:
         self._threads = 0
         self._idle = 0  # threads waiting for a job
         self._waking = False  # an idle thread was woken and has not taken a job yet
-        self._starting = 0  # threads started that have not reached their loop yet
         self._closed = False
 
     @property
@@ -82,38 +81,31 @@ class TaskThreads:
         """Queue ``job``; RuntimeError when no thread at all could be started for it."""
         with self._ready:
             self._jobs.append(job)
-            try:
-                self._dispatch()
-            except RuntimeError:
-                if self._threads == 0:  # nothing will ever take it
-                    self._jobs.remove(job)
-                    raise
+            if self._idle > 0:
+                if not self._waking:  # (else the woken thread wakes the next: the chain)
+                    self._waking = True
+                    self._ready.notify()
+            elif self._threads < self._size:
+                try:
+                    self._start()
+                except RuntimeError:
+                    if self._threads == 0:  # nothing will ever take it
+                        self._jobs.remove(job)
+                        raise
 
-    def _dispatch(self) -> None:
-        """Under the lock: an idle thread woken for the queued jobs (one at a time: the one
-        woken wakes the next), and a new thread for each queued job beyond the idle ones, up
-        to ``size``: a queued job never waits for a busy thread while the pool may grow."""
-        if not self._jobs:
-            return
-        if self._idle > 0 and not self._waking:
-            self._waking = True
-            self._ready.notify()
-        while len(self._jobs) > self._idle + self._starting and self._threads < self._size:
-            self._threads += 1
-            self._starting += 1
-            try:
-                threading.Thread(
-                    target=self._work, name=f"{self._name}-{self._threads}", daemon=True
-                ).start()
-            except RuntimeError:  # no thread to be had: the ones there take the jobs
-                self._threads -= 1
-                self._starting -= 1
-                raise
+    def _start(self) -> None:
+        # under the lock
+        self._threads += 1
+        try:
+            threading.Thread(
+                target=self._work, name=f"{self._name}-{self._threads}", daemon=True
+            ).start()
+        except RuntimeError:  # no thread to be had: the ones there take the jobs
+            self._threads -= 1
+            raise
 
     def _work(self) -> None:
         ready, jobs = self._ready, self._jobs
-        with ready:
-            self._starting -= 1
         while True:
             with ready:
                 while not jobs and not self._closed:
@@ -124,9 +116,13 @@ class TaskThreads:
                 if not jobs:
                     return  # closed
                 job = jobs.popleft()
-                if jobs:  # more queued: wake one more (the chain goes on), or start one
-                    with contextlib.suppress(RuntimeError):
-                        self._dispatch()
+                if jobs:  # more queued: wake an idle thread (the chain goes on), or start one
+                    if self._idle > 0:
+                        self._waking = True
+                        ready.notify()
+                    elif self._threads < self._size:
+                        with contextlib.suppress(RuntimeError):
+                            self._start()
             try:
                 job()
             except BaseException:  # a job reports its own outcome; this is a bug
