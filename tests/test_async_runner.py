@@ -6,8 +6,7 @@ waits that a cancel does not leave half-read in a pool."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
-from pathlib import Path
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import fakeredis
@@ -15,7 +14,7 @@ import pytest
 import redis
 import redis.asyncio
 import redis.asyncio.connection
-from test_tls_acl import TlsServer, start_tls_server
+from test_tls_acl import TlsServer, tls_server  # noqa: F401  (the fixture, shared)
 
 from jobqueue.errors import ConfigError, ScriptError
 from jobqueue.store.connection import sync_client
@@ -204,17 +203,8 @@ def test_run_each_is_refused_on_redis_asyncios_own_cluster_client() -> None:
         run(AsyncScriptRunner(NativeCluster()).run_each([CLAIM.call(A, 1, "w", 1, 1)]))
 
 
-@pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[TlsServer]:
-    tls = start_tls_server(tmp_path, require_client_cert=False)
-    try:
-        yield tls
-    finally:
-        tls.server.stop()
-
-
 def test_the_twin_of_a_tls_url_with_an_acl_user_runs_scripts_and_waits(
-    tls_server: TlsServer,
+    tls_server: TlsServer,  # noqa: F811
 ) -> None:
     sync = sync_client(tls_server.url())
 

@@ -9,19 +9,24 @@ import threading
 from jobqueue.worker.executing import TaskThreads
 
 
-def test_as_many_jobs_as_slots_run_at_once() -> None:
-    """Eight jobs that each wait for all eight: they end only if eight threads run them."""
-    pool = TaskThreads(8, "t")
-    barrier = threading.Barrier(8, timeout=10)
+def _all_run_at_once(pool: TaskThreads, n: int) -> bool:
+    """Submit ``n`` jobs that each wait for all ``n``: they end only if ``n`` threads run
+    them at once."""
+    barrier = threading.Barrier(n, timeout=10)
     ended = threading.Semaphore(0)
 
     def job() -> None:
         barrier.wait()
         ended.release()
 
-    for _ in range(8):
+    for _ in range(n):
         pool.submit(job)
-    assert all(ended.acquire(timeout=10) for _ in range(8))
+    return all(ended.acquire(timeout=10) for _ in range(n))
+
+
+def test_as_many_jobs_as_slots_run_at_once() -> None:
+    pool = TaskThreads(8, "t")
+    assert _all_run_at_once(pool, 8)
     assert pool.threads == 8
     pool.shutdown()
 
@@ -74,14 +79,5 @@ def test_jobs_submitted_while_a_woken_thread_has_not_started_each_get_a_thread()
     warm = threading.Event()
     pool.submit(warm.set)
     assert warm.wait(10)
-    barrier = threading.Barrier(8, timeout=10)
-    ended = threading.Semaphore(0)
-
-    def job() -> None:
-        barrier.wait()
-        ended.release()
-
-    for _ in range(8):
-        pool.submit(job)
-    assert all(ended.acquire(timeout=10) for _ in range(8))
+    assert _all_run_at_once(pool, 8)
     pool.shutdown()

@@ -210,6 +210,17 @@ def _checked(calls: Sequence[Call], replies: list[Any]) -> list[Any]:
     return replies
 
 
+def _raise_first_error(replies: list[Any]) -> list[Any]:
+    """The replies, or the first error among them raised (a ServerRefused carrying every
+    reply: the caller re-sends only the calls that did not run)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            if isinstance(reply, ServerRefused):
+                reply.replies = replies
+            raise reply
+    return replies
+
+
 def _shebang_refused(exc: BaseException) -> bool:
     """The server cannot parse a '#!lua' line (fakeredis, Redis before 7): use plain sources."""
     return isinstance(exc, redis.exceptions.ResponseError) and "near '#'" in str(exc)
@@ -319,12 +330,7 @@ class ScriptRunner:
         if not calls:
             return []
         replies = self.run_many_replies(calls)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                if isinstance(reply, ServerRefused):
-                    reply.replies = replies
-                raise reply
-        return replies
+        return _raise_first_error(replies)
 
     def run_each(self, calls: Sequence[Call]) -> list[Any]:
         """Every call's reply, or the jobqueue error it met, as a value: nothing is raised.
@@ -578,12 +584,7 @@ class AsyncScriptRunner:
         if not calls:
             return []
         replies = await self.run_many_replies(calls)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                if isinstance(reply, ServerRefused):
-                    reply.replies = replies
-                raise reply
-        return replies
+        return _raise_first_error(replies)
 
     async def run_many_replies(self, calls: Sequence[Call]) -> list[Any]:
         """ScriptRunner.run_many_replies: each error reply translated and returned in its
