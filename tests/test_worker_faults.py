@@ -227,9 +227,11 @@ def test_timed_out_code_holding_most_slots_makes_the_worker_stop_and_exit_non_ze
     fast_jq: JobQueue, clock: FakeClock
 ) -> None:
     release = threading.Event()
+    started = threading.Semaphore(0)
 
     @fast_jq.task(timeout=0.1, max_attempts=1)
     def stuck() -> None:
+        started.release()
         release.wait(10)  # never checks ctx.cancelled
 
     worker = make_worker(fast_jq, concurrency=2, grace=0.2, stuck_limit=0.3, clock=clock)
@@ -237,7 +239,11 @@ def test_timed_out_code_holding_most_slots_makes_the_worker_stop_and_exit_non_ze
     try:
         for _ in range(2):
             fast_jq.enqueue(stuck)
-        wait_for(lambda: busy_slots(worker) == 2, what="both runs to start")
+        # Both codes running (a run timed out before its thread took it never starts, and
+        # then holds no slot: on a loaded machine a thread may take a while to start).
+        for _ in range(2):
+            assert started.acquire(timeout=10), "both codes to start"
+        assert busy_slots(worker) == 2
         clock.advance(0.15)  # both time out: timed-out code holds every slot...
         wait_for(lambda: worker.stats.timeouts == 2, what="the timeouts")
         assert worker.unhealthy is None
