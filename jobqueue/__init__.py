@@ -15,6 +15,7 @@ if TYPE_CHECKING:
         FlowAborted,
         FlowConflict,
         FlowFinished,
+        GroupFull,
         JobQueueError,
         NotDurable,
         OperationRefused,
@@ -52,7 +53,7 @@ _HOMES = {
         name: "jobqueue.errors"
         for name in (
             "ConfigError", "ConnectionFailed", "FlowAborted", "FlowConflict", "FlowFinished",
-            "JobQueueError", "NotDurable",
+            "GroupFull", "JobQueueError", "NotDurable",
             "OperationRefused", "PayloadError", "PoolExhausted", "RunCancelled", "RunFailed",
             "RunNotFound", "RunTimeout", "ServerRefused", "UnknownTask",
         )
@@ -81,6 +82,7 @@ __all__ = [
     "FlowAborted",
     "FlowConflict",
     "FlowFinished",
+    "GroupFull",
     "JobQueue",
     "JobQueueError",
     "NotDurable",

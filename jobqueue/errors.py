@@ -87,6 +87,11 @@ class UnknownQueue(OperationRefused, LookupError):
     """A queue name no run or worker ever used: most likely a typo, never shown as empty."""
 
 
+class GroupFull(OperationRefused):
+    """An enqueue would make a group hold more waiting runs than its ``max_size``
+    (``JobQueue.set_group``); nothing of that call was created."""
+
+
 class CorruptData(OperationRefused, ValueError):
     """Data in one of jobqueue's own keys that jobqueue never writes (a key of another type, a
     garbage field, a partition count out of range) stands in the way of an operation: refused

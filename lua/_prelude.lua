@@ -287,6 +287,49 @@ local function prio_score(level, due)
   return int((PRIORITY_MAX - level) * PRIORITY_SPAN + due)
 end
 
+-- Fair shares between groups (claim.lua's ring), a queue's setting (jq:{q#p}:gconf field
+-- 'fair', group_set.lua). A run's group is its limit_key, '' for none. In a partition with
+-- fair shares on, every pending run
+-- waits in its group's queue too: jq:{q#p}:gq:<group> (zset run_id -> prio_score(level, due):
+-- priority first within a group, then due time), and jq:{q#p}:gof (hash run_id -> group)
+-- marks the due entries the ring serves. The due set stays the index of every pending run: a
+-- group-queue entry is a hint, like prio's, checked against it when read. The ring:
+-- jq:{q#p}:gready (zset group -> pass) holds the groups whose first run was due when last
+-- looked at, jq:{q#p}:gwait (zset group -> when to look again) the others. A script that puts
+-- a run back in the due set without these (older code, a workflow's release) leaves it to
+-- claim, which adopts it into its group when it meets it near the head of the due set.
+local GROUP_STEP, GROUP_WEIGHT_MAX = 1000000, 1000 -- a claim adds GROUP_STEP / weight to a pass
+local function fair_partition(prefix)
+  return read('HGET', prefix .. 'gconf', 'fair') ~= false
+end
+
+-- Phase 1: the group a pending run with this limit_key waits in (nil when fair shares are
+-- off), its keys' types checked.
+local group_keys_checked = {}
+local function group_of(prefix, limit_key, fair)
+  if not fair then return nil end
+  local group = limit_key or ''
+  if not group_keys_checked[group] then
+    expect(prefix .. 'gq:' .. group, 'zset')
+    if not group_keys_checked[true] then
+      expect(prefix .. 'gof', 'hash')
+      expect(prefix .. 'gwait', 'zset')
+      group_keys_checked[true] = true
+    end
+    group_keys_checked[group] = true
+  end
+  return group
+end
+
+-- Phase 2: the run waits in its group's queue; the ring looks at the group by its due time
+-- at the latest (ZADD LT: a member's score only moves earlier; claim promotes it once due).
+-- (score: prio_score(level, due), or prio_slot_score for runs created in one ms.)
+local function group_enter(prefix, group, run_id, score, due)
+  redis.call('ZADD', prefix .. 'gq:' .. group, score, run_id)
+  redis.call('HSET', prefix .. 'gof', run_id, group)
+  redis.call('ZADD', prefix .. 'gwait', 'LT', int(math.floor(due)), group)
+end
+
 -- A fire's run id, '<job_id>@<fire instant>': the same as jobqueue.store.keys.fire_run_id
 -- (tests/test_script_prelude.py checks that the two agree).
 local function fire_run_id(job, instant)
@@ -702,7 +745,11 @@ end
 -- is built from the prefix; its type is checked in phase 1 when level > 0.
 local function unpark(prefix, due_key, u)
   redis.call('ZADD', due_key, u.due, u.id)
-  if u.level > 0 then redis.call('ZADD', prefix .. 'prio', prio_score(u.level, u.due), u.id) end
+  if u.group then -- (a partition with groups: back in its group's queue)
+    group_enter(prefix, u.group, u.id, prio_score(u.level, u.due), u.due)
+  elseif u.level > 0 then
+    redis.call('ZADD', prefix .. 'prio', prio_score(u.level, u.due), u.id)
+  end
   redis.call('HDEL', prefix .. 'run:' .. u.id, 'parked')
 end
 
@@ -716,22 +763,32 @@ local function slot_freer(prefix, due_key, parked_key)
   local function pick(group)
     local g = f.groups[group]
     if not g then
-      if #f.order == 0 then expect(parked_key, 'zset') end
+      if #f.order == 0 then
+        expect(parked_key, 'zset')
+        f.fair = fair_partition(prefix)
+      end
       local pkey = prefix .. 'parked:' .. group
       g = {held = prefix .. 'held:' .. group, parked = pkey, entries = read('ZRANGE', pkey, 0,
            UNPARK_LOOK - 1), pos = 0, unpark = {}, drop = {}, gone = {}}
       expect(g.held, 'set')
+      if f.fair and string.sub(group, 1, 4) == 'key:' then
+        g.ring_group = string.sub(group, 5) -- held back whole while full: looked at again now
+        expect(prefix .. 'gwait', 'zset')
+      end
       f.groups[group] = g
       f.order[#f.order + 1] = group
     end
     while g.pos < #g.entries do
       g.pos = g.pos + 1
       local id = g.entries[g.pos]
-      local r = load_run(prefix .. 'run:' .. id, 'state', 'parked', 'due', 'priority')
+      local r = load_run(prefix .. 'run:' .. id, 'state', 'parked', 'due', 'priority',
+                         'limit_key')
       if r and r.state == 'pending' and r.parked == group and read('ZSCORE', due_key, id) then
         local level = priority_of(r.priority)
-        if level > 0 then expect(prefix .. 'prio', 'zset') end
-        g.unpark[#g.unpark + 1] = {id = id, due = whole_or(r.due, 0, 0), level = level}
+        local in_group = group_of(prefix, r.limit_key, f.fair)
+        if level > 0 and not in_group then expect(prefix .. 'prio', 'zset') end
+        g.unpark[#g.unpark + 1] = {id = id, due = whole_or(r.due, 0, 0), level = level,
+                                   group = in_group}
         return g
       end
       g.drop[#g.drop + 1] = id
@@ -757,6 +814,7 @@ local function free_slots(f, prefix, due_key, parked_key)
   local n = 0
   for _, group in ipairs(f.order) do
     local g = f.groups[group]
+    if g.ring_group then redis.call('ZADD', prefix .. 'gwait', 'XX', 0, g.ring_group) end
     local ids, all = {}, {}
     for _, u in ipairs(g.unpark) do
       unpark(prefix, due_key, u)

@@ -102,6 +102,7 @@ local now = clock(ARGV[1])
 local prefix, limit, owner = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local default_lease, dead_retention = tonumber(ARGV[5]), tonumber(ARGV[6])
 local ORPHANS_PER_CALL = 10
+local RING_LOOK = 64 -- groups looked at per call beyond the claim's limit
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
                 'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until',
@@ -165,6 +166,7 @@ local ok, plan = reading(function()
   end
   local task_capped = count(limits[5], 1)
   local flow = kcap or krate_n or task_capped
+  local fair = fair_partition(prefix)
   if count(cap, 0) then
     -- Live leases hold a slot each; expired ones free theirs (taken back below, they count
     -- as new claims against the room).
@@ -194,7 +196,7 @@ local ok, plan = reading(function()
   -- One entry past the limit of each index: after this call's removals, the first entry left
   -- tells the next wake-up without reading after a write. Under per-key or per-task limits a
   -- few more due entries: held-back runs do not use up the limit.
-  local due_read = flow and limit + 64 or limit
+  local due_read = (flow or fair) and limit + 64 or limit
   local leases = read('ZRANGE', KEYS[2], 0, limit, 'WITHSCORES')
   local due = read('ZRANGE', KEYS[1], 0, due_read, 'WITHSCORES')
   -- Slots freed by burials (and pruned): the freer, made when first needed.
@@ -257,7 +259,9 @@ local ok, plan = reading(function()
     end
     -- May this sound pending run be taken now? If not, it is parked or moved later (p.park,
     -- p.later) and stays in the due set. `at` is its due score.
-    admit = function(run, at)
+    -- (From the ring, `ring` true: a full key group holds its whole group back, 'full',
+    -- instead of parking the run; otherwise false, 'parked' or 'later'.)
+    admit = function(run, at, ring)
       local gs = {}
       if task_capped then
         local c = task_cap(run.task)
@@ -266,13 +270,14 @@ local ok, plan = reading(function()
       if kcap and run.limit_key then gs[#gs + 1] = group('key:' .. run.limit_key, kcap) end
       for _, g in ipairs(gs) do
         if not has_room(g) then
+          if ring and g.name == 'key:' .. run.limit_key then return false, 'full' end
           expect(prefix .. 'parked:' .. g.name, 'zset')
           if run.parked and run.parked ~= g.name then
             expect(prefix .. 'parked:' .. run.parked, 'zset')
           end
           p.park[#p.park + 1] = {id = run.id, group = g.name, due = whole_or(run.due, 0, at),
                                  level = priority_of(run.priority), was = run.parked}
-          return false
+          return false, 'parked'
         end
       end
       if krate_n and run.limit_key then
@@ -288,7 +293,7 @@ local ok, plan = reading(function()
                           w.held - 1
           if free_at <= now then free_at = now + w.held end
           p.later[#p.later + 1] = {id = run.id, due = free_at, level = priority_of(run.priority)}
-          return false
+          return false, 'later', free_at
         end
         run.window = w
         w.fences[#w.fences + 1] = false -- its fence, once issued
@@ -350,6 +355,136 @@ local ok, plan = reading(function()
   p.handled, p.unhint, p.rehint = {}, {}, {}
   local hinted = {}
   local hints_held = read('ZCARD', KEYS[10]) -- read whatever happens: step 3 may write it
+  -- 1b. The ring (a partition with groups, see the header): one run at a time from the group
+  -- of lowest pass, priority first within the group.
+  if fair then
+    local ring = {vt = whole_or(read('GET', prefix .. 'gvt'), 0, 0), list = {}, by = {},
+                  gq_add = {}, gq_rem = {}, gof_drop = {}}
+    p.ring = ring
+    expect(prefix .. 'gready', 'zset')
+    expect(prefix .. 'gpass', 'hash')
+    expect(prefix .. 'gserved', 'hash')
+    group_of(prefix, '', true) -- (gof, gwait)
+    local function candidate(name, pass)
+      local g = ring.by[name]
+      if g then return g end
+      local conf = read('HMGET', prefix .. 'gconf', 'w:' .. name, 'p:' .. name)
+      g = {name = name, key = prefix .. 'gq:' .. name, pass = pass, served = 0,
+           weight = count(conf[1], 1) and math.min(tonumber(conf[1]), GROUP_WEIGHT_MAX) or 1,
+           paused = conf[2] ~= false and conf[2] ~= nil}
+      expect(g.key, 'zset')
+      ring.by[name] = g
+      ring.list[#ring.list + 1] = g
+      return g
+    end
+    -- Groups whose time to look again has come join at their saved pass, but never below the
+    -- ring's virtual time (the pass of the latest claim): no credit for time spent idle.
+    local due_groups = read('ZRANGE', prefix .. 'gwait', '-inf', int(now), 'BYSCORE', 'LIMIT',
+                            0, RING_LOOK)
+    ring.more = #due_groups == RING_LOOK
+    for _, name in ipairs(due_groups) do
+      local saved = whole_or(read('HGET', prefix .. 'gpass', name), 0, 0)
+      candidate(name, math.max(saved, ring.vt)).waited = true
+    end
+    local ready = read('ZRANGE', prefix .. 'gready', 0, limit + RING_LOOK - 1, 'WITHSCORES')
+    for i = 1, #ready, 2 do
+      local g = candidate(ready[i], tonumber(ready[i + 1]))
+      g.pass, g.ready = tonumber(ready[i + 1]), true
+    end
+    local first = read('ZRANGE', prefix .. 'gwait', '(' .. int(now), '+inf', 'BYSCORE', 'LIMIT',
+                       0, 1, 'WITHSCORES')
+    ring.next_wait = whole_or(first[2], 0, nil)
+    local function drop(g, id, gone)
+      ring.gq_rem[#ring.gq_rem + 1] = {g.key, id}
+      if gone then ring.gof_drop[#ring.gof_drop + 1] = id end
+    end
+    local function later(g, at)
+      if not g.next_at or at < g.next_at then g.next_at = at end
+    end
+    -- The group's next due, sound, pending run (and its due score), walking its queue level
+    -- by level; stale entries are dropped or moved. nil when none is due: g.next_at says when
+    -- one will be, g.empty that none is left.
+    local function next_run(g)
+      if g.level == nil then
+        local head = read('ZRANGE', g.key, 0, 0, 'WITHSCORES')
+        if #head == 0 then g.empty = true; return nil end
+        local top = PRIORITY_MAX - math.floor(tonumber(head[2]) / PRIORITY_SPAN)
+        g.level, g.off = math.max(math.min(top, PRIORITY_MAX), 0), 0
+      end
+      while g.level >= 0 do
+        local base = (PRIORITY_MAX - g.level) * PRIORITY_SPAN
+        local e = read('ZRANGE', g.key, int(base), '(' .. int(base + PRIORITY_SPAN), 'BYSCORE',
+                       'LIMIT', g.off, 1, 'WITHSCORES')
+        local hint_at = e[2] and tonumber(e[2]) - base
+        if not hint_at or math.floor(hint_at) > now then
+          if hint_at then later(g, hint_at) end
+          g.level, g.off = g.level - 1, 0
+        else
+          g.off = g.off + 1
+          local id = e[1]
+          local at = tonumber(read('ZSCORE', KEYS[1], id))
+          local run = at and record(id)
+          if not run or run.state ~= 'pending' or (run.limit_key or '') ~= g.name then
+            drop(g, id, not (run and run.state == 'pending'))
+          elseif math.floor(at) > now then -- its due time moved later
+            ring.gq_add[#ring.gq_add + 1] = {g.key, prio_score(priority_of(run.priority), at), id}
+            later(g, at)
+          elseif priority_of(run.priority) ~= g.level then
+            ring.gq_add[#ring.gq_add + 1] = {g.key, prio_score(priority_of(run.priority), at), id}
+            later(g, now)
+          elseif corrupt(run) then
+            drop(g, id, true) -- step 3 dead-letters it
+          else
+            run.id = id
+            return run, at
+          end
+        end
+      end
+      if not g.next_at then g.empty = true end
+      return nil
+    end
+    while taking < limit do
+      local g = nil
+      for _, c in ipairs(ring.list) do
+        if not c.out and not c.paused and
+           (not g or c.pass < g.pass or (c.pass == g.pass and c.name < g.name)) then g = c end
+      end
+      if not g then break end
+      local run, at = next_run(g)
+      if not run then
+        g.out = true
+      else
+        local ok, why, when = true, nil, nil
+        if admit then ok, why, when = admit(run, at, true) end
+        if ok then
+          taking = taking + 1
+          p.take[#p.take + 1] = run
+          p.handled[#p.handled + 1] = run.id
+          hinted[run.id] = true
+          drop(g, run.id, true)
+          if run.priority then p.unhint[#p.unhint + 1] = run.id end
+          dedupe_ends(p, run)
+          if g.pass > ring.vt then ring.vt = g.pass end
+          g.pass = g.pass + math.floor(GROUP_STEP / g.weight)
+          g.served = g.served + 1
+        elseif why == 'full' then -- its key's slots are all held: until one frees (free_slots)
+          g.out = true
+          later(g, now + default_lease)
+        elseif why == 'parked' then -- held back by its task's cap: unparked into its group
+          hinted[run.id] = true
+          p.park[#p.park].ring = true
+          drop(g, run.id, true)
+        else -- 'later': its key's rate moves it, and its group, to when the window has room
+          hinted[run.id] = true
+          p.later[#p.later].ring = true
+          ring.gq_add[#ring.gq_add + 1] = {g.key, prio_score(priority_of(run.priority), when),
+                                           run.id}
+          g.out = true
+          later(g, when)
+        end
+      end
+    end
+  end
   -- One hint: true when its run is taken or held back by a cap or key rate.
   local function hint(level, run_id)
     local at = tonumber(read('ZSCORE', KEYS[1], run_id))
@@ -381,7 +516,7 @@ local ok, plan = reading(function()
   -- behind: then the level's next page is read, up to 64 more entries in all (as step 3 reads
   -- 64 more due entries).
   local extra_hints = flow and 64 or 0
-  if taking < limit and hints_held > 0 then
+  if taking < limit and hints_held > 0 and not fair then
     for level = PRIORITY_MAX, 1, -1 do
       if taking >= limit then break end
       local base = (PRIORITY_MAX - level) * PRIORITY_SPAN
@@ -405,12 +540,21 @@ local ok, plan = reading(function()
       end
     end
   end
-  -- 3. Due runs: every entry handled here leaves the due set.
+  -- 3. Due runs: every entry handled here leaves the due set. (With groups, the ring's runs
+  -- are skipped, and a sound pending run is adopted into its group instead of taken.)
   p.next_due = #due == 2 * (due_read + 1) and now or nil
+  local served = {}
+  if fair and #due > 0 then
+    local ids = {}
+    for i = 1, #due, 2 do ids[#ids + 1] = due[i] end
+    local groups = read('HMGET', prefix .. 'gof', unpack(ids))
+    for i, id in ipairs(ids) do if groups[i] then served[id] = true end end
+    p.adopt = {}
+  end
   for i = 1, #due, 2 do
     local run_id, at = due[i], tonumber(due[i + 1])
-    if not hinted[run_id] then -- (one taken or held back in step 2 is done with)
-      if math.floor(at) > now or taking >= limit then p.next_due = at; break end
+    if not hinted[run_id] and not served[run_id] then -- (done with in steps 1b and 2)
+      if math.floor(at) > now or (taking >= limit and not fair) then p.next_due = at; break end
       local run = record(run_id)
       if not run then
         p.handled[#p.handled + 1] = run_id
@@ -427,6 +571,10 @@ local ok, plan = reading(function()
             expect(prefix .. 'parked:' .. run.parked, 'zset')
             run.unpark = true
           end
+        elseif fair then
+          local level = priority_of(run.priority)
+          p.adopt[#p.adopt + 1] = {group = group_of(prefix, run.limit_key, true), id = run_id,
+                                   score = prio_score(level, at), due = at}
         elseif not admit or admit(run, at) then
           p.handled[#p.handled + 1] = run_id
           taking = taking + 1
@@ -570,7 +718,9 @@ local unparked = 0
 if plan.flow then
   for _, r in ipairs(plan.park) do
     redis.call('ZADD', KEYS[1], recheck, r.id)
-    if r.level > 0 then redis.call('ZADD', KEYS[10], prio_score(r.level, recheck), r.id) end
+    if r.level > 0 and not r.ring then
+      redis.call('ZADD', KEYS[10], prio_score(r.level, recheck), r.id)
+    end
     redis.call('HSET', prefix .. 'run:' .. r.id, 'parked', r.group)
     redis.call('ZADD', prefix .. 'parked:' .. r.group, r.due, r.id)
     redis.call('ZADD', KEYS[11], r.due, r.id)
@@ -578,7 +728,9 @@ if plan.flow then
   -- Held back by its key's rate: due when the window has room.
   for _, r in ipairs(plan.later) do
     redis.call('ZADD', KEYS[1], r.due, r.id)
-    if r.level > 0 then redis.call('ZADD', KEYS[10], prio_score(r.level, r.due), r.id) end
+    if r.level > 0 and not r.ring then
+      redis.call('ZADD', KEYS[10], prio_score(r.level, r.due), r.id)
+    end
   end
   for _, name in ipairs(plan.group_order) do
     local g = plan.groups[name]
@@ -596,6 +748,40 @@ if plan.flow then
       if ARGV[1] == '' then redis.call('PEXPIRE', w.key, plan.krate_w) end
     end
   end
+end
+-- The ring: group queues, then the groups' places (adds before removals), the virtual time.
+local ring = plan.ring
+if ring then
+  for _, e in ipairs(ring.gq_add) do redis.call('ZADD', e[1], e[2], e[3]) end
+  for _, a in ipairs(plan.adopt or {}) do group_enter(prefix, a.group, a.id, a.score, a.due) end
+  local gready, gwait, gpass = prefix .. 'gready', prefix .. 'gwait', prefix .. 'gpass'
+  for _, g in ipairs(ring.list) do
+    if g.served > 0 then redis.call('HINCRBY', prefix .. 'gserved', g.name, g.served) end
+    if g.paused then
+      redis.call('ZADD', gwait, '+inf', g.name) -- until resumed (group_set.lua)
+      redis.call('HSET', gpass, g.name, int(g.pass))
+    elseif g.empty then
+    elseif g.out then -- nothing due now: looked at again when its next run is
+      redis.call('ZADD', gwait, int(g.next_at), g.name)
+      redis.call('HSET', gpass, g.name, int(g.pass))
+    elseif g.waited or g.served > 0 then
+      redis.call('ZADD', gready, int(g.pass), g.name)
+    end
+  end
+  for _, e in ipairs(ring.gq_rem) do redis.call('ZREM', e[1], e[2]) end
+  if #ring.gof_drop > 0 then bulk('HDEL', prefix .. 'gof', ring.gof_drop, 1000) end
+  for _, g in ipairs(ring.list) do
+    if g.empty and not g.paused then
+      redis.call('ZREM', gready, g.name)
+      redis.call('ZREM', gwait, g.name)
+      redis.call('HDEL', gpass, g.name)
+    elseif (g.paused or g.out) and g.ready then
+      redis.call('ZREM', gready, g.name)
+    elseif not g.paused and not g.out and g.waited then
+      redis.call('ZREM', gwait, g.name)
+    end
+  end
+  redis.call('SET', prefix .. 'gvt', int(ring.vt))
 end
 if plan.freer then
   -- A parked run taken in this call used the slot it would have been unparked into.
@@ -710,6 +896,14 @@ earlier(next_lease_added)
 for _, r in ipairs(plan.later or {}) do earlier(r.due) end
 if plan.park and #plan.park > 0 then earlier(recheck) end
 if unparked > 0 then earlier(now) end
+if ring then
+  earlier(ring.next_wait)
+  if ring.more or (plan.adopt and #plan.adopt > 0) then earlier(now) end
+  for _, g in ipairs(ring.list) do
+    if g.out and not g.empty and not g.paused then earlier(g.next_at)
+    elseif not g.out and not g.paused then earlier(now) end -- (due work left: the limit)
+  end
+end
 for _, r in ipairs(plan.restore) do earlier(r[2]) end
 
 local result = {now, next_wake, #plan.take}

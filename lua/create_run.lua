@@ -26,6 +26,10 @@
 -- A created run is pending, in the due zset at due_at or now + delay_ms, and wake tokens are
 -- pushed so that idle workers blocked on the list claim at once. A run above priority 0 is
 -- also in the prio zset at its level and due time: claim takes those first (claim.lua).
+-- A run with a limit_key, and any run of a partition with groups, waits in its group's queue
+-- instead of the prio zset (group_enter, _prelude.lua): claim serves the groups in turn.
+-- Refused whole ('ERR jobqueue: group full: ...') when a run would make its group hold more
+-- waiting runs than its max_size (gconf max:<group>, set by group_set.lua).
 --
 -- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') per run created.
 --
@@ -46,6 +50,10 @@ local ok, plan = reading(function()
   p.stats = counters(KEYS[3], 'created')
   p.seq = sequencer(KEYS[5], now)
   p.log = event_log(prefix)
+  -- Groups (fair claims; _prelude.lua): the group each new run waits in, and the groups'
+  -- max_size (gconf max:<group>: at most that many runs waiting in the group).
+  p.group, p.fair = {}, fair_partition(prefix)
+  local waiting = {}
   local i, seen = 3, {}
   while i <= #ARGV do
     local count = tonumber(ARGV[i])
@@ -55,6 +63,24 @@ local ok, plan = reading(function()
       -- The same id twice in one call: the first creates it.
       p.exists[j] = seen[run_id] or read('EXISTS', prefix .. 'run:' .. run_id) == 1
       seen[run_id] = true
+      local group = not p.exists[j] and group_of(prefix, ARGV[j + 7], p.fair)
+      if group then
+        p.group[j] = group
+        if waiting[group] == nil then
+          local max = read('HGET', prefix .. 'gconf', 'max:' .. group)
+          waiting[group] = whole(max, 0) and {max = tonumber(max),
+                                              n = read('ZCARD', prefix .. 'gq:' .. group)}
+                           or false
+        end
+        local w = waiting[group]
+        if w then
+          if w.n >= w.max then
+            refuse('ERR jobqueue: group full: group ' .. group .. ' of this queue has ' .. w.n ..
+                   ' runs waiting, its max_size is ' .. w.max .. '; nothing was created')
+          end
+          w.n = w.n + 1
+        end
+      end
       j = j + STRIDE
     end
     i = j
@@ -85,8 +111,10 @@ while i <= #ARGV do
       if ARGV[j + 6] ~= '' then redis.call('HSET', key, 'meta', ARGV[j + 6]) end
       if ARGV[j + 7] ~= '' then redis.call('HSET', key, 'limit_key', ARGV[j + 7]) end
       local slot = next_slot(plan.seq)
-      if level > 0 then
-        redis.call('HSET', key, 'priority', level)
+      if level > 0 then redis.call('HSET', key, 'priority', level) end
+      if plan.group[j] then -- (the ring orders its group by priority: no prio hint)
+        group_enter(prefix, plan.group[j], run_id, prio_slot_score(level, due, slot), due)
+      elseif level > 0 then
         prio_pairs[#prio_pairs + 1] = prio_slot_score(level, due, slot)
         prio_pairs[#prio_pairs + 1] = run_id
       end

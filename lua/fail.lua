@@ -22,7 +22,8 @@
 -- ARGV[8]  traceback          the attempt's traceback ('' for none), kept with its history
 --                             entry after a newline and RS ('\n\030'), cut at 64 KiB
 -- Returns  {1, 'retry', due} when the run goes back to pending at due (and, above the
---          default priority, to the prio zset: it keeps its priority);
+--          default priority, to the prio zset: it keeps its priority; with fair shares on,
+--          to its group's queue instead, group_enter in _prelude.lua);
 --          {1, 'dead'} when attempts are exhausted (or no retry was asked) and it is buried
 --          ({1, 'dead', 1} when runs wait on it: it went to the outbox, see finish_record in
 --          _prelude.lua; an outbox of another type refuses the call whole);
@@ -71,6 +72,7 @@ local ok, plan = reading(function()
     local cap = checked(redis.pcall('HGET', KEYS[6], 'concurrency'), KEYS[6], true)
     p.capped = count(cap, 0)
     p.hist = history_ok(prefix, run_id)
+    p.group = group_of(prefix, p.run.limit_key, fair_partition(prefix))
     p.freer = slot_freer(prefix, KEYS[1], KEYS[8])
     p.freer.free(run_id, held_groups(p.run))
     local attempt = tonumber(p.run.attempt) or 0
@@ -106,7 +108,11 @@ if delay and attempt < max_attempts then
   end
   redis.call('ZADD', KEYS[1], due, run_id)
   local level = priority_of(run.priority)
-  if level > 0 then redis.call('ZADD', KEYS[7], prio_score(level, due), run_id) end
+  if plan.group then -- (fair shares: back in its group's queue, _prelude.lua)
+    group_enter(prefix, plan.group, run_id, prio_score(level, due), due)
+  elseif level > 0 then
+    redis.call('ZADD', KEYS[7], prio_score(level, due), run_id)
+  end
   redis.call('ZREM', KEYS[2], run_id)
   bump(plan.stats, 'failed', 1)
   bump(plan.stats, 'retried', 1)

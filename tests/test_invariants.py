@@ -38,6 +38,7 @@ from jobqueue.client.relay import settle_staged_steps, tidy_flows_steps
 from jobqueue.payload import decode_payload
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.groups import GROUP_SET
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, SchedKeys
 from jobqueue.store.pages import INDEX_PAGE
 from jobqueue.store.runs import (
@@ -568,6 +569,13 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
         runner.run(SET_LIMIT.call(p, "concurrency", None))
         runner.run(SET_LIMIT.call(p, "rate", "1 60000"))
         runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
+        runner.run(SET_LIMIT.call(p, "rate", None))
+        # fair shares: the ring's keys (group_set, then create and claim through groups)
+        runner.run(GROUP_SET.call(p, True, "tenant", 2))
+        runner.run(CREATE_RUN.call(p, [RunSpec(f"fair-{p.partition}", "t", "{}",
+                                               limit_key="tenant")]))
+        runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
+        runner.run(GROUP_SET.call(p, False))
     jq.cancel("elsewhere")
     jq.requeue("elsewhere")
     flow(runner, jq)

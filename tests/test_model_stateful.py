@@ -627,14 +627,14 @@ MUTANTS = {
     # claim.lua claiming in due order only, priorities ignored
     "claim-ignores-priorities": (
         "claim",
-        "  if taking < limit and hints_held > 0 then",
+        "  if taking < limit and hints_held > 0 and not fair then",
         "  if false then",
     ),
     # fail.lua retrying a run without its place in the prio zset
     "fail-forgets-the-priority": (
         "fail",
-        "  if level > 0 then redis.call('ZADD', KEYS[7], prio_score(level, due), run_id) end",
-        "",
+        "    redis.call('ZADD', KEYS[7], prio_score(level, due), run_id)\n  end",
+        "  end",
     ),
     # claim.lua without the clock floor: fences fall behind the clock
     "claim-without-the-clock-floor": (
@@ -859,9 +859,10 @@ CAP_MUTANTS = {
     # claim.lua stopping at the first run of a full group: the runs behind it stall
     "claim-stalls-behind-a-full-key": (
         "claim",
-        "      if math.floor(at) > now or taking >= limit then p.next_due = at; break end",
-        "      if math.floor(at) > now or taking >= limit or #p.park > 0 then p.next_due = at; "
+        "      if math.floor(at) > now or (taking >= limit and not fair) then p.next_due = at; "
         "break end",
+        "      if math.floor(at) > now or (taking >= limit and not fair) or #p.park > 0 then "
+        "p.next_due = at; break end",
     ),
     # complete.lua keeping the slot of a completed run
     "complete-keeps-the-slot": (

@@ -31,6 +31,7 @@ from jobqueue.store.flows import (
     FlowCommit,
     NodeSpec,
 )
+from jobqueue.store.groups import GROUP_SET
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_run_id
 from jobqueue.store.pages import INDEX_PAGE, IndexPage
 from jobqueue.store.runs import (
@@ -97,6 +98,7 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "repair": lambda: REPAIR.call(PK, ["r"]),
     "pause": lambda: PAUSE.call(PK, True),
     "set_limit": lambda: SET_LIMIT.call(PK, "concurrency", 3),
+    "group_set": lambda: GROUP_SET.call(PK, True, "g", 2),
     "sched_due": lambda: SCHED_DUE.call(SK, 1, 1),
     "advance": lambda: ADVANCE.call(SK, [((1, 2, 1, 0, 0, 0, "", 1, ""), ["j"])], token=7),
     "sched_define": lambda: SCHED_DEFINE.call(
@@ -320,13 +322,20 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
     see dedupe.lua): a key per record, like the record itself; and the keys of the per-key
     and per-task caps a run's record names (held:, parked: <group>, and in claim krate:<key>),
     which the scripts that take or free a slot reach the same way, and the prio index a run put
-    back in line (unparked) is re-hinted in."""
+    back in line (unparked) is re-hinted in; and the keys of fair shares, a queue's opt-in
+    setting (gconf; the group queues gq:<group>, named by a run's limit_key like held:; the
+    ring gready, gwait, gpass, gvt, gserved and gof), which every script that puts a run in
+    line reaches through the prelude, by the prefix, in the partition's slot."""
     built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", code(name))
     allowed = {"run:", "hist:"} | ({"dedupe:", "held:", "krate:"} if name == "claim" else set())
     if name in ("claim", "cancel", "set_limit"):
         allowed |= {"parked:"}
     if name == "set_limit":
         allowed |= {"prio"}
+    if name in ("create_run", "claim"):
+        allowed |= {"gconf", "gq:"}
+    if name == "claim":
+        allowed |= {"gready", "gwait", "gpass", "gvt", "gserved", "gof"}
     if name in ("flow_create", "extend", "deliver", "relayed", "flow_commit", "flow_abort",
                 "complete"):
         allowed |= {"deps:", "got:"}  # a waiting run's own keys, named like its record
@@ -575,6 +584,11 @@ def parses_set_limit(runner: ScriptRunner, redis_client: Any) -> None:
     assert [SET_LIMIT.parse(runner.run(call)), SET_LIMIT.parse(runner.run(call))] == [True, False]
 
 
+def parses_group_set(runner: ScriptRunner, redis_client: Any) -> None:
+    call = GROUP_SET.call(P, True, "g", 3, now=NOW)
+    assert [GROUP_SET.parse(runner.run(call)), GROUP_SET.parse(runner.run(call))] == [True, False]
+
+
 def _flow(runner: ScriptRunner) -> None:
     nodes = [NodeSpec("w", "t", "{}", deps=[Edge("r", "q")]), NodeSpec("r", "t", "{}")]
     assert FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(P, nodes, now=NOW))) == [True, True]
@@ -696,6 +710,7 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "repair": parses_repair,
     "pause": parses_pause,
     "set_limit": parses_set_limit,
+    "group_set": parses_group_set,
     "sched_due": parses_sched_due,
     "advance": parses_advance,
     "sched_define": parses_sched_define,

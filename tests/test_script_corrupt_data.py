@@ -61,6 +61,7 @@ from jobqueue.store.flows import (
     Edge,
     NodeSpec,
 )
+from jobqueue.store.groups import GROUP_SET
 from jobqueue.store.keys import PartitionKeys, SchedKeys
 from jobqueue.store.pages import INDEX_PAGE
 from jobqueue.store.runs import (
@@ -707,6 +708,23 @@ def set_limit_raise(runner: ScriptRunner) -> Call:
     return SET_LIMIT.call(PK, "concurrency", 5, now=NOW)
 
 
+def group_set_resume(runner: ScriptRunner) -> Call:
+    """A paused group of a fair partition with runs in line is resumed."""
+    runner.run(GROUP_SET.call(PK, True, "g", 2, 10, True, now=NOW - 2))
+    runner.run(CREATE_RUN.call(PK, [RunSpec("g1", "t", "{}", limit_key="g")], now=NOW - 2))
+    runner.run(CLAIM.call(PK, 10, "w", 30_000, 3_600_000, now=NOW - 1))
+    return GROUP_SET.call(PK, None, "g", paused=False, now=NOW)
+
+
+def claim_fair(runner: ScriptRunner) -> Call:
+    """A claim of a fair partition: two groups with runs in line, one run without a group."""
+    runner.run(GROUP_SET.call(PK, True, "a", 3, now=NOW - 2))
+    runner.run(CREATE_RUN.call(PK, [RunSpec(f"a{i}", "t", "{}", limit_key="a") for i in range(3)]
+                               + [RunSpec("b1", "t", "{}", limit_key="b"),
+                                  RunSpec("n1", "t", "{}")], now=NOW - 1))
+    return CLAIM.call(PK, 2, "w", 30_000, 3_600_000, now=NOW)
+
+
 def set_limit_remove(runner: ScriptRunner) -> Call:
     claim_a_busy_partition(runner)
     assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "concurrency", 1, now=NOW - 1)))
@@ -811,6 +829,8 @@ SCENARIOS = {
         Scenario("set_limit-raise", "set_limit", set_limit_raise, SET_LIMIT.parse),
         Scenario("set_limit-remove", "set_limit", set_limit_remove, SET_LIMIT.parse),
         Scenario("resume", "pause", resume, PAUSE.parse),
+        Scenario("group_set-resume", "group_set", group_set_resume, GROUP_SET.parse),
+        Scenario("claim-fair", "claim", claim_fair, CLAIM.parse),
         Scenario("claim-key-capped", "claim", claim_under_key_caps, CLAIM.parse),
         Scenario("complete-key-holder", "complete", complete_a_key_holder, COMPLETE.parse),
         Scenario("cancel-parked", "cancel", cancel_a_parked_run, CANCEL.parse),

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "enqueue": ("jobqueue.cli.core", "enqueue", "Enqueue one run of TASK (or one per line..."),
     "events": ("jobqueue.cli.events", "events", "What happened to runs, from the queues'..."),
     "flows": ("jobqueue.cli.flows", "flows", "Workflows and batches, newest first, with..."),
+    "groups": ("jobqueue.cli.groups", "groups", "Fair shares between a queue's groups:..."),
     "jitter": ("jobqueue.cli.core", "jitter", "How a herd of JOBS job ids (<prefix>N)..."),
     "leases": ("jobqueue.cli.ops", "leases", "Which worker holds which run, and for how..."),
     "queue": ("jobqueue.cli.ops", "queue", "Pause or resume a queue's claims; limit..."),

@@ -41,6 +41,7 @@ from jobqueue.client.events import (
     set_events_steps,
 )
 from jobqueue.client.flows import create_flow, dependencies_steps
+from jobqueue.client.groups import read_groups, set_groups
 from jobqueue.client.relay import purge_dead_steps, relay_cascade_steps
 from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, AsyncWaits, retriable
 from jobqueue.context import RunContext
@@ -66,6 +67,7 @@ from jobqueue.store.connection import (
 )
 from jobqueue.store.embedded import resolve_url
 from jobqueue.store.events import Event
+from jobqueue.store.groups import GroupInfo
 from jobqueue.store.io import Steps, run_steps_async, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import AsyncScriptRunner
@@ -297,6 +299,36 @@ class AsyncJobQueue(ClientCore):
     ) -> bool:
         """See :meth:`JobQueue.set_queue_concurrency`."""
         return await self.run_steps(self._set_concurrency(queue, limit, per_key, task))
+
+    # -- fair shares between groups ------------------------------------------------------
+
+    async def set_fair_shares(self, queue: str, on: bool = True) -> bool:
+        """See :meth:`JobQueue.set_fair_shares`."""
+        return await self.run_steps(set_groups(self, queue, fair=on))
+
+    async def set_group(
+        self, queue: str, group: str, *, weight: int | None = None, max_size: int | None = None
+    ) -> bool:
+        """See :meth:`JobQueue.set_group`."""
+        return await self.run_steps(
+            set_groups(self, queue, group=group, weight=weight, max_size=max_size)
+        )
+
+    async def pause_group(self, queue: str, group: str) -> bool:
+        """See :meth:`JobQueue.pause_group`."""
+        return await self.run_steps(set_groups(self, queue, group=group, paused=True))
+
+    async def resume_group(self, queue: str, group: str) -> bool:
+        """See :meth:`JobQueue.resume_group`."""
+        return await self.run_steps(set_groups(self, queue, group=group, paused=False))
+
+    async def groups(self, queue: str) -> list[GroupInfo]:
+        """See :meth:`JobQueue.groups`."""
+        return (await self.run_steps(read_groups(self, queue)))[1]
+
+    async def fair_shares(self, queue: str) -> bool:
+        """See :meth:`JobQueue.fair_shares`."""
+        return (await self.run_steps(read_groups(self, queue)))[0]
 
     async def set_queue_rate(
         self,

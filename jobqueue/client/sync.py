@@ -30,6 +30,7 @@ from jobqueue.client.events import (
     set_events_steps,
 )
 from jobqueue.client.flows import create_flow, dependencies_steps
+from jobqueue.client.groups import read_groups, set_groups
 from jobqueue.client.relay import purge_dead_steps, relay_until_quiet
 from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, SyncWaits, retriable
 from jobqueue.errors import ConfigError, JobQueueError
@@ -48,6 +49,7 @@ from jobqueue.settings import Settings
 from jobqueue.store.connection import check, redact, sync_client
 from jobqueue.store.embedded import configured_url, resolve_url
 from jobqueue.store.events import Event
+from jobqueue.store.groups import GroupInfo
 from jobqueue.store.io import Steps, run_steps, server_time_steps
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.scripts import ScriptRunner
@@ -203,6 +205,44 @@ class JobQueue(ClientCore):
         10,000); a run held back waits, parked, without holding up the rest of the queue.
         ``None`` removes the limit. True when this call changed it."""
         return self.run_steps(self._set_concurrency(queue, limit, per_key, task))
+
+    # -- fair shares between groups ------------------------------------------------------
+
+    def set_fair_shares(self, queue: str, on: bool = True) -> bool:
+        """Turn fair shares on (or off) for ``queue``: claims then serve its groups (a run's
+        group is its limit_key; runs without one form the group '') in weighted turns,
+        priority first within a group (docs/concepts.md#groups-and-fair-shares). True when
+        this call changed it."""
+        return self.run_steps(set_groups(self, queue, fair=on))
+
+    def set_group(
+        self, queue: str, group: str, *, weight: int | None = None, max_size: int | None = None
+    ) -> bool:
+        """A group's ``weight`` (1 to 1,000, default 1: its share of claims against the
+        other groups with due runs) and ``max_size`` (the most runs waiting in it: an enqueue
+        past it raises GroupFull; 0 removes the limit); None leaves a setting as it is. True
+        when this call changed one."""
+        return self.run_steps(
+            set_groups(self, queue, group=group, weight=weight, max_size=max_size)
+        )
+
+    def pause_group(self, queue: str, group: str) -> bool:
+        """Stop claims of ``group``'s runs (enqueues go on; its runs wait in line). True
+        when this call paused it."""
+        return self.run_steps(set_groups(self, queue, group=group, paused=True))
+
+    def resume_group(self, queue: str, group: str) -> bool:
+        """Claims of ``group``'s runs go on. True when this call resumed it."""
+        return self.run_steps(set_groups(self, queue, group=group, paused=False))
+
+    def groups(self, queue: str) -> list[GroupInfo]:
+        """The groups of ``queue`` (with settings, runs in line or runs served), summed over
+        its partitions: weight, max_size, paused, waiting, running and served."""
+        return self.run_steps(read_groups(self, queue))[1]
+
+    def fair_shares(self, queue: str) -> bool:
+        """Whether fair shares are on for ``queue``."""
+        return self.run_steps(read_groups(self, queue))[0]
 
     def set_queue_rate(
         self,

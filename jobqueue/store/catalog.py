@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobqueue.store import admin, flows, pages, runs, schedules
+from jobqueue.store import admin, flows, groups, pages, runs, schedules
 from jobqueue.store.contract import Contract
 
 CONTRACTS: dict[str, Contract[..., Any]] = {
     c.name: c for c in (*runs.CONTRACTS, *flows.CONTRACTS, *schedules.CONTRACTS, *admin.CONTRACTS,
-              *pages.CONTRACTS)
+              *pages.CONTRACTS, *groups.CONTRACTS)
 }

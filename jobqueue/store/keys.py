@@ -338,6 +338,31 @@ class PartitionKeys:
         return self.prefix + "prio"
 
     @cached_property
+    def gconf(self) -> str:
+        """Fair shares' settings (group_set.lua): 'fair' while on; per group w:<group>,
+        max:<group>, p:<group>."""
+        return self.prefix + "gconf"
+
+    @cached_property
+    def gwait(self) -> str:
+        """The fair-share ring's waiting groups, group -> when claim looks at it again."""
+        return self.prefix + "gwait"
+
+    @cached_property
+    def gready(self) -> str:
+        """The fair-share ring's groups with due runs, group -> pass (claim.lua)."""
+        return self.prefix + "gready"
+
+    @cached_property
+    def gserved(self) -> str:
+        """Runs claimed per group while fair shares were on, group -> count."""
+        return self.prefix + "gserved"
+
+    def gq(self, group: str) -> str:
+        """A group's queue: its pending runs, by priority then due time (claim.lua)."""
+        return self.prefix + "gq:" + group
+
+    @cached_property
     def parked(self) -> str:
         """The runs held back by a per-key or per-task cap, run_id -> original due time
         (claim.lua parks them; a freed slot unparks them)."""

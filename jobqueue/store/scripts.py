@@ -23,6 +23,7 @@ import redis
 from jobqueue.errors import (
     ConfigError,
     ConnectionFailed,
+    GroupFull,
     ScriptError,
     ServerRefused,
 )
@@ -32,6 +33,7 @@ from jobqueue.store.twin import ClusterTwin, ListWaits
 SCRIPT_NAMES = (
     "create_run",
     "claim",
+    "group_set",
     "heartbeat",
     "complete",
     "fail",
@@ -186,6 +188,9 @@ def translate_error(call: Call, exc: BaseException) -> Exception:
         # Also redis-py's own "TTL exhausted" (redirected too often: a slot moving) and a
         # slot with no known master yet.
         return ConnectionFailed(f"Redis Cluster unavailable during {call.script}: {exc}")
+    text = str(exc)
+    if "jobqueue: group full: " in text:
+        return GroupFull(text.split("jobqueue: group full: ", 1)[1])
     return ScriptError(f"script {call.script} failed: {exc}")
 
 

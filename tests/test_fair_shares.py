@@ -1,0 +1,353 @@
+"""Fair shares between groups (claim.lua's ring): with fair shares on, claims serve a queue's
+groups (a run's group is its limit_key) in weighted turns, priority first within a group.
+The bound of docs/guarantees.md: while a group g has a due run that no cap, rate or pause
+holds back, at most sum over the other groups j of (ceil(w_j / w_g) + 1) runs of other groups
+are claimed in its partition before one of g's. Explicit clock throughout."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobqueue import GroupFull, JobQueue, RunNotFound
+from jobqueue.store.admin import SET_LIMIT
+from jobqueue.store.groups import GROUP_SET
+from jobqueue.store.keys import PartitionKeys
+from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, FAIL, ClaimResult, RunSpec
+from jobqueue.store.scripts import Script, ScriptRunner, scripts
+
+PAYLOAD = '{"args":[],"kwargs":{}}'
+LEASE = 30_000
+RETENTION = 3_600_000
+
+
+def create(
+    runner: ScriptRunner, pk: PartitionKeys, group: str, *run_ids: str, now: int = 0,
+    priority: int = 0, delay: int = 0,
+) -> None:
+    specs = [
+        RunSpec(r, "t", PAYLOAD, limit_key=group, priority=priority, delay_ms=delay)
+        for r in run_ids
+    ]
+    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
+
+
+def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, limit: int = 1) -> ClaimResult:
+    return CLAIM.parse(runner.run(CLAIM.call(pk, limit, "w1", LEASE, RETENTION, now=now)))
+
+
+def ids(result: ClaimResult) -> list[str]:
+    return [r.run_id for r in result.runs]
+
+
+def fair(runner: ScriptRunner, pk: PartitionKeys, on: bool = True) -> None:
+    runner.run(GROUP_SET.call(pk, on, now=0))
+
+
+def group(runner: ScriptRunner, pk: PartitionKeys, name: str, **settings: Any) -> None:
+    runner.run(GROUP_SET.call(pk, None, name, now=0, **settings))
+
+
+def served_groups(runner: ScriptRunner, pk: PartitionKeys, claims: int, now: int) -> list[str]:
+    """The group (run id prefix before '-') of each run taken by ``claims`` claims of one."""
+    out = []
+    for i in range(claims):
+        out += [r.split("-")[0] for r in ids(claim(runner, pk, now=now + i))]
+    return out
+
+
+@pytest.fixture
+def on(runner: ScriptRunner, pk: PartitionKeys) -> Iterator[None]:
+    fair(runner, pk)
+    yield
+
+
+# -- turns -----------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("on")
+def test_a_group_that_floods_does_not_delay_a_new_groups_run(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", *[f"a-{i}" for i in range(500)], now=0)
+    assert served_groups(runner, pk, 3, now=1_000) == ["a", "a", "a"]
+    create(runner, pk, "b", "b-0", now=2_000)
+    # one other group with due runs: b is served within 1 + 1 claims
+    assert "b" in served_groups(runner, pk, 2, now=3_000)
+
+
+@pytest.mark.usefixtures("on")
+def test_groups_of_equal_weight_are_served_in_turn(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    for g in "abc":
+        create(runner, pk, g, *[f"{g}-{i}" for i in range(20)], now=0)
+    got = served_groups(runner, pk, 30, now=1_000)
+    assert Counter(got) == {"a": 10, "b": 10, "c": 10}
+    for start in range(0, 30, 3):
+        assert sorted(got[start : start + 3]) == ["a", "b", "c"]
+
+
+@pytest.mark.usefixtures("on")
+@pytest.mark.parametrize("limit", [1, 7])
+def test_weights_give_each_group_its_share_of_claims(
+    runner: ScriptRunner, pk: PartitionKeys, limit: int
+) -> None:
+    group(runner, pk, "a", weight=3)
+    create(runner, pk, "a", *[f"a-{i}" for i in range(400)], now=0)
+    create(runner, pk, "b", *[f"b-{i}" for i in range(400)], now=0)
+    got: list[str] = []
+    now = 1_000
+    while len(got) < 200:
+        got += [r.split("-")[0] for r in ids(claim(runner, pk, now=now, limit=limit))]
+        now += 1
+    shares = Counter(got[:200])
+    assert abs(shares["a"] - 150) <= 1 and abs(shares["b"] - 50) <= 1
+
+
+@pytest.mark.usefixtures("on")
+def test_runs_without_a_limit_key_form_a_group_of_their_own(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", *[f"a-{i}" for i in range(50)], now=0)
+    create(runner, pk, "", "none-0", now=10)
+    assert "none" in served_groups(runner, pk, 2, now=1_000)
+
+
+@pytest.mark.usefixtures("on")
+def test_the_bound_holds_under_random_weights_arrivals_and_batches(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    """Model check of the stated bound: between a group's arrival (or its previous claim)
+    and its next claim, while it has due runs all along, other groups' claims number at
+    most sum_j (ceil(w_j / w_g) + 1)."""
+    rng = random.Random(7)
+    names = [f"g{i}" for i in range(6)]
+    weights = {g: rng.choice([1, 1, 2, 3, 5]) for g in names}
+    for g, w in weights.items():
+        group(runner, pk, g, weight=w)
+    waiting: Counter[str] = Counter()
+    others_since: dict[str, int] = {}  # claims of other groups while g had due runs
+    made = 0
+    now = 1_000
+    for _ in range(400):
+        now += 1
+        if rng.random() < 0.5:
+            g = rng.choice(names)
+            n = rng.randint(1, 5)
+            create(runner, pk, g, *[f"{g}-{made + i}" for i in range(n)], now=now)
+            made += n
+            if waiting[g] == 0:
+                others_since[g] = 0
+            waiting[g] += n
+        for run_id in ids(claim(runner, pk, now=now, limit=rng.randint(1, 4))):
+            g = run_id.split("-")[0]
+            waiting[g] -= 1
+            others_since[g] = 0
+            for h in names:
+                if h != g and waiting[h] > 0:
+                    others_since[h] += 1
+                    bound = sum(
+                        math.ceil(weights[j] / weights[h]) + 1 for j in names if j != h
+                    )
+                    assert others_since[h] <= bound, (h, others_since[h], bound)
+    assert made > 300
+
+
+# -- within a group ---------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("on")
+def test_priority_orders_the_runs_within_a_group_not_across_groups(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", "a-low", now=0)
+    create(runner, pk, "a", "a-high", now=1, priority=9)
+    create(runner, pk, "b", "b-low", now=2)
+    got = [ids(claim(runner, pk, now=1_000 + i)) for i in range(3)]
+    assert got[0] == ["a-high"]  # a's turn first (its name), its highest priority first
+    assert got[1] == ["b-low"]  # then b's turn, before a's lower priority run
+    assert got[2] == ["a-low"]
+
+
+@pytest.mark.usefixtures("on")
+def test_a_group_whose_runs_are_not_due_yet_waits_without_holding_up_the_others(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", "a-0", now=0, delay=10_000)
+    create(runner, pk, "b", "b-0", "b-1", now=0)
+    assert ids(claim(runner, pk, now=1_000, limit=5)) == ["b-0", "b-1"]
+    assert ids(claim(runner, pk, now=5_000)) == []
+    assert ids(claim(runner, pk, now=10_000)) == ["a-0"]
+
+
+@pytest.mark.usefixtures("on")
+def test_a_retried_run_goes_back_to_its_group(runner: ScriptRunner, pk: PartitionKeys) -> None:
+    create(runner, pk, "a", "a-0", now=0)
+    (run,) = claim(runner, pk, now=1_000).runs
+    runner.run(FAIL.call(pk, run.run_id, run.fence, "boom", 100, RETENTION, now=1_100))
+    assert ids(claim(runner, pk, now=2_000)) == ["a-0"]
+
+
+# -- pause, max_size, caps ----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("on")
+def test_a_paused_group_is_passed_over_until_resumed(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    group(runner, pk, "a", paused=True)
+    create(runner, pk, "a", "a-0", now=0)
+    create(runner, pk, "b", "b-0", now=0)
+    assert ids(claim(runner, pk, now=1_000, limit=5)) == ["b-0"]
+    assert ids(claim(runner, pk, now=2_000, limit=5)) == []
+    group(runner, pk, "a", paused=False)
+    assert ids(claim(runner, pk, now=3_000, limit=5)) == ["a-0"]
+
+
+def test_max_size_refuses_an_enqueue_past_it_and_creates_nothing(jq: JobQueue) -> None:
+    @jq.task
+    def t() -> None: ...
+
+    tenant = t.with_options(limit_key="tenant")
+    jq.set_fair_shares("default")
+    jq.set_group("default", "tenant", max_size=2)
+    jq.enqueue(tenant)
+    jq.enqueue(tenant)
+    with pytest.raises(GroupFull, match=r"group tenant .* max_size is 2"):
+        jq.enqueue(tenant.with_options(run_id="third"))
+    with pytest.raises(RunNotFound):
+        jq.get_run("third")
+    jq.enqueue(t.with_options(limit_key="other"))  # another group has room
+    (info,) = [g for g in jq.groups("default") if g.name == "tenant"]
+    assert (info.max_size, info.waiting) == (2, 2)
+
+
+def test_group_settings_are_read_back_summed_over_partitions(redis_client: Any) -> None:
+    jq = JobQueue(redis_client, partitions={"wide": 4})
+
+    @jq.task(queue="wide")
+    def t() -> None: ...
+
+    jq.set_fair_shares("wide")
+    jq.set_group("wide", "a", weight=3)
+    jq.pause_group("wide", "b")
+    for i in range(8):
+        jq.enqueue(t.with_options(limit_key="a", run_id=f"a{i}"))
+    assert jq.fair_shares("wide")
+    got = {g.name: g for g in jq.groups("wide")}
+    assert (got["a"].weight, got["a"].waiting, got["a"].paused) == (3, 8, False)
+    assert got["b"].paused
+
+
+@pytest.mark.usefixtures("on")
+def test_a_group_at_its_key_cap_waits_and_comes_back_when_a_slot_frees(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    runner.run(SET_LIMIT.call(pk, "key_concurrency", 1, now=0))
+    create(runner, pk, "a", "a-0", "a-1", "a-2", now=0)
+    create(runner, pk, "b", "b-0", "b-1", now=0)
+    first = claim(runner, pk, now=1_000, limit=10)
+    assert sorted(ids(first)) == ["a-0", "b-0"]  # one slot per key; the rest wait in line
+    a0 = next(r for r in first.runs if r.run_id == "a-0")
+    runner.run(COMPLETE.call(pk, [("a-0", a0.fence, "1")], RETENTION, now=1_100))
+    assert ids(claim(runner, pk, now=1_200, limit=10)) == ["a-1"]
+
+
+def test_runs_enqueued_before_fair_shares_were_on_are_adopted_and_served(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", *[f"a-{i}" for i in range(5)], now=0)
+    create(runner, pk, "b", "b-0", now=1)
+    fair(runner, pk)
+    taken: list[str] = []
+    for i in range(10):
+        taken += ids(claim(runner, pk, now=1_000 + i))
+    assert sorted(taken) == sorted([*[f"a-{i}" for i in range(5)], "b-0"])
+
+
+def test_with_fair_shares_off_claims_go_in_due_order(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    fair(runner, pk)
+    create(runner, pk, "a", "a-0", "a-1", now=0)
+    create(runner, pk, "b", "b-0", now=1)
+    fair(runner, pk, on=False)
+    assert ids(claim(runner, pk, now=1_000, limit=5)) == ["a-0", "a-1", "b-0"]
+
+
+# -- the checks are not vacuous ------------------------------------------------------------------
+
+MUTANTS = {
+    # the ring ignores weights: every group advances its pass by the same step
+    "weight-ignored": ("g.pass = g.pass + math.floor(GROUP_STEP / g.weight)",
+                       "g.pass = g.pass + GROUP_STEP"),
+    # the ring serves the group of highest pass: a flooding group keeps its turn
+    "group-skipped": ("(not g or c.pass < g.pass or (c.pass == g.pass and c.name < g.name))",
+                      "(not g or c.pass > g.pass or (c.pass == g.pass and c.name < g.name))"),
+}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_the_fair_share_checks_catch_a_broken_claim(
+    mutant: str, runner: ScriptRunner, pk: PartitionKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old, new = MUTANTS[mutant]
+    good = scripts()["claim"]
+    source, plain = good.source.replace(old, new), good.plain.replace(old, new)
+    assert source != good.source
+    monkeypatch.setitem(scripts(), "claim", Script(
+        "claim", source, hashlib.sha1(source.encode()).hexdigest(),
+        plain, hashlib.sha1(plain.encode()).hexdigest(),
+    ))
+    fair(runner, pk)
+    checks = (test_weights_give_each_group_its_share_of_claims,
+              test_the_bound_holds_under_random_weights_arrivals_and_batches)
+    failed = 0
+    for check in checks:
+        runner.client.flushall()
+        fair(runner, pk)
+        try:
+            if check is test_weights_give_each_group_its_share_of_claims:
+                check(runner, pk, 1)  # type: ignore[call-arg]
+            else:
+                check(runner, pk)  # type: ignore[call-arg]
+        except AssertionError:
+            failed += 1
+    assert failed >= 1
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+
+def test_the_cli_turns_fair_shares_on_sets_a_group_and_lists_it(jq: JobQueue) -> None:
+    from click.testing import CliRunner
+
+    from jobqueue.cli.core import State, main
+
+    def invoke(*args: str) -> str:
+        result = CliRunner().invoke(main, list(args), obj=State(None, jq))
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    @jq.task
+    def t() -> None: ...
+
+    assert "fair shares on" in invoke("groups", "fair", "default", "on")
+    assert "set" in invoke("groups", "set", "default", "acme", "--weight", "4")
+    assert "paused" in invoke("groups", "pause", "default", "acme")
+    jq.enqueue(t.with_options(limit_key="acme"))
+    listing = invoke("groups", "list", "default")
+    assert "fair shares on" in listing
+    row = next(line for line in listing.splitlines() if line.startswith("acme"))
+    assert row.split() == ["acme", "4", "-", "yes", "1", "0", "0"]
+    assert "resumed" in invoke("groups", "resume", "default", "acme")
+    bad = CliRunner().invoke(main, ["groups", "set", "default", "acme", "--weight", "0"],
+                             obj=State(None, jq))
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
