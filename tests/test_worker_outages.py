@@ -6,6 +6,7 @@ redis.Redis subclass)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -130,6 +131,41 @@ def test_a_run_whose_heartbeats_cannot_reach_redis_is_stopped_when_its_lease_run
         wait_for(lambda: "reason" in told, what="the run to be told")
     assert told["reason"] == "lease expired: no heartbeat reached Redis"
     assert told["at"] is not None and 1.0 <= told["at"] - claimed_at < 3.0  # the 1 s lease
+
+
+def test_a_run_stopped_because_its_lease_ran_out_is_retried_not_dead_lettered(
+    client: FailingClient,
+) -> None:
+    """Its heartbeats not reaching Redis, an async run is cancelled when its lease runs out
+    (self-fencing). Nobody else took it meanwhile, so the worker's fail is accepted: the
+    attempt counts and the run is retried, as an expired lease taken back by a claim would
+    be, never dead-lettered on its first of 5 attempts. (A loaded machine got here with
+    sync runs whose lease ran out before a thread took them: the same outcome.)"""
+    jq = JobQueue(client)
+    clock = fake_clock(jq)
+    started = threading.Event()
+    stalled = threading.Event()
+
+    @jq.task(max_attempts=5)
+    async def patient(ctx: RunContext) -> None:
+        started.set()
+        await asyncio.sleep(60)  # cancelled when the lease runs out
+
+    client.fail = lambda name: (
+        redis.exceptions.ConnectionError("stalled")
+        if stalled.is_set() and name in ("heartbeat", "claim")
+        else None
+    )
+    worker = make_worker(jq, concurrency=1, lease=1.0, grace=1, clock=clock)
+    handle = jq.enqueue(patient)
+    with running(worker):
+        assert started.wait(10)
+        stalled.set()
+        clock.advance(1.1)  # past the lease: the run is stopped, its fail committed
+        wait_for(lambda: jq.get_run(handle.run_id).error is not None, what="the fail")
+        run = jq.get_run(handle.run_id)
+    assert (run.state, run.attempt) == ("pending", 1), (run.state, run.error)
+    assert run.error == "lease expired: no heartbeat reached Redis"
 
 
 def test_no_claim_is_sent_while_redis_refuses_the_workers_commits(

@@ -295,10 +295,16 @@ class AsyncJobQueue(ClientCore):
         return await self.run_steps(self._pause(queue, False))
 
     async def set_queue_concurrency(
-        self, queue: str, limit: int | None, *, per_key: bool = False, task: str | None = None
+        self,
+        queue: str,
+        limit: int | None,
+        *,
+        per_key: bool = False,
+        task: str | None = None,
+        exact: bool = False,
     ) -> bool:
         """See :meth:`JobQueue.set_queue_concurrency`."""
-        return await self.run_steps(self._set_concurrency(queue, limit, per_key, task))
+        return await self.run_steps(self._set_concurrency(queue, limit, per_key, task, exact))
 
     # -- fair shares between groups ------------------------------------------------------
 
@@ -338,9 +344,10 @@ class AsyncJobQueue(ClientCore):
         *,
         per_key: bool = False,
         margin: float = 0.0,
+        exact: bool = False,
     ) -> bool:
         """See :meth:`JobQueue.set_queue_rate`."""
-        return await self.run_steps(self._set_rate(queue, limit, per, per_key, margin))
+        return await self.run_steps(self._set_rate(queue, limit, per, per_key, margin, exact))
 
     async def queue_limits(self, queue: str) -> QueueLimits:
         """See :meth:`JobQueue.queue_limits`."""

@@ -37,6 +37,7 @@ from jobqueue.schedules.recurring import (
     trigger_spec,
 )
 from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, limits_of, rate_value
+from jobqueue.store.exact import GLOBAL_LIMIT, ExactKeys
 from jobqueue.store.io import (
     DurableScripts,
     Scripts,
@@ -141,13 +142,21 @@ class ClientCore(ClientBase):
         return any([PAUSE.parse(reply) for reply in replies])
 
     def _set_concurrency(
-        self, queue: str, limit: int | None, per_key: bool = False, task: str | None = None
+        self,
+        queue: str,
+        limit: int | None,
+        per_key: bool = False,
+        task: str | None = None,
+        exact: bool = False,
     ) -> Steps[bool]:
         """Set (or with None remove) the concurrency limit of every partition of a queue:
         of the whole queue, or with ``per_key`` of each limit_key, or with ``task`` of that
-        task's runs; True when a partition changed."""
+        task's runs; with ``exact``, the queue's exact limit (across its partitions, in the
+        limit's own slot); True when a partition changed."""
         if per_key and task is not None:
             raise ConfigError("a concurrency limit is per key or per task, not both")
+        if exact and (per_key or task is not None):
+            raise ConfigError("an exact concurrency limit is for the whole queue only")
         if task is not None and (not isinstance(task, str) or not task):
             raise ConfigError(f"task must be a task name, not {task!r}")
         top = MAX_LIMIT if not per_key and task is None else MAX_SLOT_CAP
@@ -160,6 +169,9 @@ class ClientCore(ClientBase):
             )
         name = "key_concurrency" if per_key else "concurrency" if task is None else f"task:{task}"
         yield from self._register_queue(queue)
+        if exact:
+            (reply,) = yield Scripts([GLOBAL_LIMIT.call(ExactKeys(queue), "concurrency", limit)])
+            return bool(GLOBAL_LIMIT.parse(reply))
         calls = [SET_LIMIT.call(keys, name, limit) for keys in self.all_partition_keys(queue)]
         replies = yield Scripts(calls)
         return any([SET_LIMIT.parse(reply) for reply in replies])
@@ -171,6 +183,7 @@ class ClientCore(ClientBase):
         per: float,
         per_key: bool = False,
         margin: float = 0.0,
+        exact: bool = False,
     ) -> Steps[bool]:
         """Set (or with None remove) the rate limit of every partition of a queue: at most
         ``limit`` claims (with ``per_key``: of each limit_key) in any ``per`` + ``margin``
@@ -188,7 +201,12 @@ class ClientCore(ClientBase):
             if not 1 <= window_ms <= MAX_RATE_WINDOW_MS:
                 raise ConfigError("rate window 'per' must be from 1 ms to 1 day")
             value = rate_value(limit, window_ms)
+        if exact and per_key:
+            raise ConfigError("an exact rate limit is for the whole queue only")
         yield from self._register_queue(queue)
+        if exact:
+            (reply,) = yield Scripts([GLOBAL_LIMIT.call(ExactKeys(queue), "rate", value)])
+            return bool(GLOBAL_LIMIT.parse(reply))
         name = "key_rate" if per_key else "rate"
         calls = [SET_LIMIT.call(keys, name, value) for keys in self.all_partition_keys(queue)]
         replies = yield Scripts(calls)

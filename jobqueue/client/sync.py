@@ -195,7 +195,13 @@ class JobQueue(ClientCore):
         return self.run_steps(self._pause(queue, False))
 
     def set_queue_concurrency(
-        self, queue: str, limit: int | None, *, per_key: bool = False, task: str | None = None
+        self,
+        queue: str,
+        limit: int | None,
+        *,
+        per_key: bool = False,
+        task: str | None = None,
+        exact: bool = False,
     ) -> bool:
         """At most ``limit`` runs of ``queue`` running at once in each of its partitions
         (exact for a queue of one partition, the default), enforced by the claim script: a
@@ -203,8 +209,13 @@ class JobQueue(ClientCore):
         With ``per_key=True``: at most ``limit`` runs of each limit_key at once (up to
         10,000); with ``task="name"``: at most ``limit`` runs of that task at once (up to
         10,000); a run held back waits, parked, without holding up the rest of the queue.
-        ``None`` removes the limit. True when this call changed it."""
-        return self.run_steps(self._set_concurrency(queue, limit, per_key, task))
+        ``None`` removes the limit. True when this call changed it.
+
+        With ``exact=True``: at most ``limit`` runs of the whole queue at once across all
+        its partitions and masters, through permits leased from the limit's own slot
+        (docs/concepts.md#exact-limits); it adds a permit round trip to each claim and
+        commit of the queue, and workers see a new exact limit within 5 s."""
+        return self.run_steps(self._set_concurrency(queue, limit, per_key, task, exact))
 
     # -- fair shares between groups ------------------------------------------------------
 
@@ -252,6 +263,7 @@ class JobQueue(ClientCore):
         *,
         per_key: bool = False,
         margin: float = 0.0,
+        exact: bool = False,
     ) -> bool:
         """At most ``limit`` claims of ``queue`` (with ``per_key=True``: of each limit_key)
         in any ``per`` seconds, in each of its partitions (exact for a queue of one
@@ -264,8 +276,12 @@ class JobQueue(ClientCore):
         batch, behind the runs claimed with it). ``margin`` (seconds) widens the window to
         ``per + margin``: when no start lags its claim by more than the margin, at most
         ``limit`` starts fall in any ``per`` seconds too (docs/operations.md, "Rate
-        limits")."""
-        return self.run_steps(self._set_rate(queue, limit, per, per_key, margin))
+        limits").
+
+        With ``exact=True``: at most ``limit`` claims of the whole queue in any ``per``
+        seconds across all its partitions and masters, through permits (see
+        set_queue_concurrency); not with ``per_key``."""
+        return self.run_steps(self._set_rate(queue, limit, per, per_key, margin, exact))
 
     def queue_limits(self, queue: str) -> QueueLimits:
         """``queue``'s flow limits (concurrency, rate as (count, window in ms), and per key

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobqueue.store import admin, flows, groups, pages, runs, schedules
+from jobqueue.store import admin, exact, flows, groups, pages, runs, schedules
 from jobqueue.store.contract import Contract
 
 CONTRACTS: dict[str, Contract[..., Any]] = {
     c.name: c for c in (*runs.CONTRACTS, *flows.CONTRACTS, *schedules.CONTRACTS, *admin.CONTRACTS,
-              *pages.CONTRACTS, *groups.CONTRACTS)
+              *pages.CONTRACTS, *groups.CONTRACTS,
+              *exact.CONTRACTS)
 }

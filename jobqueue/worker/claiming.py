@@ -22,9 +22,10 @@ import redis
 from jobqueue.errors import JobQueueError
 from jobqueue.policy.backoff import Backoff
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CLAIM
+from jobqueue.store.runs import CLAIM, ClaimedRun
 from jobqueue.store.scripts import Call
 from jobqueue.worker.executing import Executor
+from jobqueue.worker.permits import Permits
 from jobqueue.worker.shared import Shared
 
 log = logging.getLogger("jobqueue.worker")
@@ -46,6 +47,10 @@ REFUSED_POLL_S = 0.2
 WAKE_FAILED_S = 0.5
 
 
+# A queue at its exact limit is asked again this often (ms) for permits: one given back
+# brings no wake token.
+PERMIT_POLL_MS = 50
+
 # Burst mode: how long to wait for a held run to finish before claiming again.
 BURST_POLL_S = 0.05
 
@@ -63,8 +68,11 @@ class _Cooling:
 class Claimer:
     def __init__(self, shared: Shared, executor: Executor) -> None:
         """Claimed runs go to ``executor.start``; in burst mode (config.burst) the claim
-        loop ends once nothing is due and nothing is held."""
+        loop ends once nothing is due and nothing is held. A queue with exact limits is
+        claimed from only with permits taken first (jobqueue.worker.permits)."""
         self._s = shared
+        self._permits = Permits(shared)
+        shared.permits = self._permits
         self._jq = shared.jq
         self._start = executor.start
         self._partitions: list[PartitionKeys] = []
@@ -168,6 +176,10 @@ class Claimer:
         now = clock.monotonic()
         dead_retention_ms = self._jq.settings.dead_retention_ms
         asking: list[PartitionKeys] = []
+        try:
+            await self._permits.refresh()
+        except (JobQueueError, redis.exceptions.RedisError) as exc:
+            log.warning("reading the queues' exact limits failed (%s)", exc)
         for keys in order:
             cooling = self._cooling.get(keys)
             if cooling is not None and cooling.until > now:
@@ -183,12 +195,24 @@ class Claimer:
             same = [k for k in asking if k.queue == queue]
             batch, wants = self._plan(same, free - claimed)
             asking = [k for k in asking if k not in batch]
+            token, granted = "", 0
+            if queue in self._permits.limited:
+                wanted = sum(wants)
+                token, granted, free_in = await self._permits.take(queue, wanted)
+                batch, wants = _within(batch, wants, granted)
+                if granted < wanted:
+                    # A permit given back brings no wake token: look again soon.
+                    poll = PERMIT_POLL_MS if free_in is None else min(free_in, PERMIT_POLL_MS)
+                    wait_ms = poll if wait_ms is None else min(wait_ms, poll)
+                if not batch:
+                    continue
             calls = [
                 CLAIM.call(keys, want, s.worker_id, s.lease_ms, dead_retention_ms,
                            now=clock.now_ms())
                 for keys, want in zip(batch, wants, strict=True)
             ]
             sent = clock.monotonic()
+            to_start: list[tuple[PartitionKeys, ClaimedRun, int]] = []
             for keys, want, reply in zip(batch, wants, await self._send_all(calls), strict=True):
                 try:
                     if isinstance(reply, Exception):
@@ -204,13 +228,7 @@ class Claimer:
                     del self._cooling[keys]
                     log.info("claims in %s work again", keys.prefix)
                 s.metrics.claimed(keys.queue, result.runs, result.now_ms)
-                for run in result.runs:
-                    try:
-                        self._start(run, keys, result.now_ms, sent)
-                    except Exception:
-                        # One bad run must not keep the rest of the batch from starting
-                        # (it is not in flight: its lease expires, it is claimed again).
-                        log.exception("starting run_id=%s failed", run.run_id)
+                to_start += [(keys, run, result.now_ms) for run in result.runs]
                 claimed += len(result.runs)
                 if len(result.runs) >= want:
                     self._hot.add(keys)  # it may hold more
@@ -222,6 +240,20 @@ class Claimer:
                     self._due[keys] = sent + gap / 1000
                 else:
                     self._due.pop(keys, None)
+            refused: set[str] = set()
+            if token:
+                refused = await self._permits.bind(
+                    queue, token, granted, [(k, r) for k, r, _ in to_start]
+                )
+            for keys, run, now_ms in to_start:
+                if run.run_id in refused:
+                    continue  # no permit: its lease expires, a claim with one takes it
+                try:
+                    self._start(run, keys, now_ms, sent)
+                except Exception:
+                    # One bad run must not keep the rest of the batch from starting (it is
+                    # not in flight: its lease expires, it is claimed again).
+                    log.exception("starting run_id=%s failed", run.run_id)
         if failure is not None and answered == 0:
             raise failure  # no partition answered: the caller's back-off applies
         if focus is not None:
@@ -332,3 +364,18 @@ class Claimer:
         finally:
             self._waiting = None
         return woken if woken in wake_keys else None
+
+
+def _within(
+    batch: list[PartitionKeys], wants: list[int], granted: int
+) -> tuple[list[PartitionKeys], list[int]]:
+    """The round cut down to ``granted`` runs in all (the first partitions keep theirs)."""
+    out_batch, out_wants = [], []
+    for keys, want in zip(batch, wants, strict=True):
+        if granted <= 0:
+            break
+        take = min(want, granted)
+        out_batch.append(keys)
+        out_wants.append(take)
+        granted -= take
+    return out_batch, out_wants

@@ -195,6 +195,7 @@ class Committer:
                 await self._s.sleep(min(d.not_before for d in later) - now)
                 continue
             answered: list[Finished] = []
+            settled = answered  # (the commits Redis answered: their permits go back)
             try:
                 later += await self._commit(batch, due, answered)
             except Exception:
@@ -202,6 +203,7 @@ class Committer:
                 # Stop heartbeating these runs and free their slots; their leases expire and
                 # they are claimed again, so nothing is lost and nothing stays leased forever.
                 done = {id(i) for i in answered}
+                settled = list(answered)
                 items = batch + [i for d in due for i in d.items]
                 lost = [i for i in items if id(i) not in done]
                 log.exception("commit of %d runs failed; their leases will expire", len(lost))
@@ -215,6 +217,8 @@ class Committer:
                     log.exception("the check after %d committed runs failed", len(answered))
             try:
                 self._s.table.answered(answered)
+                if self._s.permits is not None and self._s.permits.limited:
+                    self._s.permits.give_back(item.entry for item in settled)
             except Exception:  # the commit loop commits every run: it must not die of a bug
                 log.exception("forgetting %d committed runs failed", len(answered))
             if self._swept and clock.monotonic() >= self._next_sweep:

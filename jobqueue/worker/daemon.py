@@ -574,3 +574,6 @@ class Worker:
         )
         if replies is not None:
             keeper.report_released(leftover, replies)
+            permits = self._shared.permits
+            if permits is not None and permits.limited:
+                await self._awaited(permits.give_back_now(leftover), "returning permits")

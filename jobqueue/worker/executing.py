@@ -29,7 +29,7 @@ from jobqueue.runtime.tracebacks import format_traceback
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import FENCED_WRITE, PROGRESS, ClaimedRun
 from jobqueue.tasks import Task
-from jobqueue.worker.runs import LEASE_LOST, Finished, InFlight
+from jobqueue.worker.runs import Finished, InFlight
 from jobqueue.worker.shared import Shared
 
 log = logging.getLogger("jobqueue.worker")
@@ -315,8 +315,12 @@ class Executor:
         if isinstance(error, _NoCode):
             return Finished(entry, ok=False, error=str(error), retry=False, bounce=True)
         if isinstance(error, concurrent.futures.CancelledError | asyncio.CancelledError):
+            # Stopped: its lease lost or ran out (self-fencing), or the run cancelled. Where
+            # nobody took the run meanwhile the fence accepts this fail: the attempt counts
+            # and the run is retried, as a claim taking back its expired lease would do (a
+            # cancelled run's fail is refused: its record says cancelled).
             reason = entry.ctx.cancel_reason or "cancelled"
-            return Finished(entry, ok=False, error=reason, retry=entry.phase is not LEASE_LOST)
+            return Finished(entry, ok=False, error=reason, retry=True)
         if isinstance(error, Fatal):
             tb = self._traceback(error)
             return Finished(entry, ok=False, error=f"Fatal: {error}", retry=False, traceback=tb)

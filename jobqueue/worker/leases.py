@@ -172,6 +172,7 @@ class LeaseKeeper:
         if calls:
             s.metrics.heartbeat(time.perf_counter() - started)
         failures: list[Exception] = []
+        renewed: list[InFlight] = []
         for es, reply in zip(groups.values(), replies, strict=True):
             if isinstance(reply, Exception):
                 failures.append(reply)
@@ -184,6 +185,7 @@ class LeaseKeeper:
                 else:
                     e.granted = sent
                     e.lease_deadline = sent + (answer - server_now) / 1000
+                    renewed.append(e)
         if failures:
             if len(failures) == len(calls):
                 raise failures[0]
@@ -194,6 +196,8 @@ class LeaseKeeper:
                 len(calls),
                 failures[0],
             )
+        if renewed and s.permits is not None and s.permits.limited:
+            await s.permits.extend(renewed)  # (exact limits: their permits live on too)
         await in_thread(self._presence.announce, server_now)
 
     def _lost(self, entry: InFlight, reason: str) -> None:

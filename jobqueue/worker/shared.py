@@ -8,7 +8,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.hooks import Hooks
@@ -18,6 +18,9 @@ from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.redis_io import RedisIO
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import RunTable, WorkerStats
+
+if TYPE_CHECKING:
+    from jobqueue.worker.permits import Permits
 
 T = TypeVar("T")
 
@@ -49,6 +52,8 @@ class Shared:
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     # Redis refuses commits for now (OOM, READONLY): nothing is claimed until one lands.
     commits_refused: bool = False
+    # The permits of the queues' exact limits (set by the claimer; jobqueue.worker.permits).
+    permits: Permits | None = None
 
     async def sleep(self, seconds: float, until: asyncio.Event | None = None) -> None:
         """Wait ``seconds`` of the worker's clock, or until ``until`` is set (a stop does
