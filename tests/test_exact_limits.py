@@ -10,7 +10,7 @@ import threading
 from typing import Any
 
 import pytest
-from helpers import make_worker, running, wait_for
+from helpers import Send, intercept_worker_calls, make_worker, running, wait_for
 
 from jobqueue import JobQueue
 from jobqueue.errors import ConfigError
@@ -22,7 +22,7 @@ from jobqueue.store.exact import (
     Settled,
     Taken,
 )
-from jobqueue.store.scripts import Script, ScriptRunner, scripts
+from jobqueue.store.scripts import Call, Script, ScriptRunner, scripts
 
 Q = ExactKeys("q")
 
@@ -197,3 +197,67 @@ def test_the_scripts_expired_permits_check_catches_a_script_that_keeps_them(
     ))
     with pytest.raises(AssertionError):
         test_a_permit_whose_worker_died_expires_and_frees_its_place(runner)
+
+
+def test_an_exact_rate_holds_across_partitions_in_every_window(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 claims per second over 4 partitions and 2 workers: the permits used by claims,
+    each at its grant's time on the limit's clock (as the replies say), number at most 20 in
+    any second (a permit no claim used is dropped and leaves the count), so 50 runs' claims
+    spread over more than a second."""
+    jq = JobQueue(redis_client, partitions={"wide": 4})
+    granted_at: dict[str, int] = {}  # token -> grant time
+    used: list[str] = []  # the token of each permit a claim bound
+
+    def record(calls: list[Call], send: Send) -> list[Any]:
+        replies = send(calls)
+        for call, reply in zip(calls, replies, strict=True):
+            if isinstance(reply, Exception):
+                continue
+            if call.script == "permit_take" and int(reply[1]) > 0:
+                granted_at[str(call.args[3])] = int(reply[0])
+            if call.script == "permit_settle":
+                binds = int(call.args[2])
+                refused = {str(r) for r in reply[3:]}
+                pairs = call.args[3 : 3 + 2 * binds]
+                used.extend(
+                    str(taken).rsplit(":", 1)[0]
+                    for taken, member in zip(pairs[::2], pairs[1::2], strict=True)
+                    if str(member) not in refused
+                )
+        return replies
+
+    @jq.task(queue="wide")
+    def quick() -> None: ...
+
+    assert jq.set_queue_rate("wide", 20, 1.0, exact=True)
+    intercept_worker_calls(monkeypatch, record)
+    handles = [jq.enqueue(quick) for _ in range(50)]
+    workers = [make_worker(jq, queues=["wide"], concurrency=8) for _ in range(2)]
+    with running(workers[0]), running(workers[1]):
+        wait_for(lambda: all(jq.get_run(h.run_id, "wide").state == "done" for h in handles),
+                 timeout=60, what="every run done")
+    assert len(used) == 50
+    times = sorted(granted_at[token] for token in used)
+    for i, t in enumerate(times):
+        assert sum(1 for u in times[: i + 1] if u > t - 1_000) <= 20, t
+    starts = sorted(jq.get_run(h.run_id, "wide").started_ms or 0 for h in handles)
+    assert starts[-1] - starts[0] >= 1_000
+
+
+def test_the_cli_sets_exact_limits_and_refuses_them_per_key(jq: JobQueue) -> None:
+    from click.testing import CliRunner
+
+    from jobqueue.cli.core import State, main
+
+    def invoke(*args: str) -> Any:
+        return CliRunner().invoke(main, list(args), obj=State(None, jq))
+
+    ok = invoke("queue", "concurrency", "q", "5", "--exact")
+    assert ok.exit_code == 0 and "exact concurrency limit 5" in ok.output
+    assert "already" in invoke("queue", "concurrency", "q", "5", "--exact").output
+    rate = invoke("queue", "rate", "q", "100", "--per", "1", "--exact")
+    assert rate.exit_code == 0 and "exact rate limit 100 per 1s" in rate.output
+    bad = invoke("queue", "concurrency", "q", "5", "--exact", "--per-key")
+    assert bad.exit_code == 2 and "Traceback" not in bad.output

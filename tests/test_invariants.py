@@ -38,6 +38,7 @@ from jobqueue.client.relay import settle_staged_steps, tidy_flows_steps
 from jobqueue.payload import decode_payload
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.exact import GLOBAL_LIMIT, PERMIT_SETTLE, PERMIT_TAKE, ExactKeys
 from jobqueue.store.groups import GROUP_SET
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys, SchedKeys
 from jobqueue.store.pages import INDEX_PAGE
@@ -576,6 +577,13 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
                                                limit_key="tenant")]))
         runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
         runner.run(GROUP_SET.call(p, False))
+    # exact limits: the permits of the queue, in the limit's own slot
+    exact = ExactKeys("default")
+    runner.run(GLOBAL_LIMIT.call(exact, "concurrency", 5))
+    runner.run(GLOBAL_LIMIT.call(exact, "rate", "10 1000"))
+    runner.run(PERMIT_TAKE.call(exact, 2, 30_000, "tok"))
+    runner.run(PERMIT_SETTLE.call(exact, 30_000, [("tok:1", "p|r|1")], ["tok:2"], ["p|r|1"]))
+    runner.run(PERMIT_SETTLE.call(exact, 30_000, returns=["p|r|1"]))
     jq.cancel("elsewhere")
     jq.requeue("elsewhere")
     flow(runner, jq)
@@ -667,8 +675,11 @@ def test_inv5_every_stored_key_carries_its_partitions_hash_tag(redis_client: Any
     jq = JobQueue(redis_client, partitions={"default": 4})
     jq.declare_task("t")
     lifecycle(ScriptRunner(redis_client), jq, RUN_IDS)
-    # Partitions 1-3 of a queue (and of the scheduler store) are placed by a tag suffix.
-    tag = re.compile(r"^jq:(\{(?:default#[0-3]|other#0|sched#[0-2])(?:~[0-9A-Za-z]{3})?\}):")
+    # Partitions 1-3 of a queue (and of the scheduler store) are placed by a tag suffix; a
+    # queue's exact limits have a tag of their own.
+    tag = re.compile(
+        r"^jq:(\{(?:default#[0-3]|other#0|sched#[0-2])(?:~[0-9A-Za-z]{3})?\}|\{default#exact\}):"
+    )
     keys = list(redis_client.scan_iter("*"))
     assert len(keys) > 40
     used = set()
@@ -680,7 +691,7 @@ def test_inv5_every_stored_key_carries_its_partitions_hash_tag(redis_client: Any
         assert m, key
         assert key_slot(key.encode()) == key_slot(m.group(1)[1:-1].encode()), key
         used.add(m.group(1))
-    assert len(used) == 8
+    assert len(used) == 9
 
 
 def test_inv5_keys_touched_inside_each_script_share_one_slot(real_client: Any) -> None:

@@ -17,6 +17,7 @@ import pytest
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT, Purged, Repaired
 from jobqueue.store.catalog import CONTRACTS
 from jobqueue.store.contract import Contract, ContractError, Header, Wire, headers, parse_header
+from jobqueue.store.exact import GLOBAL_LIMIT, PERMIT_SETTLE, PERMIT_TAKE, ExactKeys, Settled
 from jobqueue.store.flows import (
     ATTACH,
     DELIVER,
@@ -99,6 +100,9 @@ BUILDERS: dict[str, Callable[[], Call]] = {
     "pause": lambda: PAUSE.call(PK, True),
     "set_limit": lambda: SET_LIMIT.call(PK, "concurrency", 3),
     "group_set": lambda: GROUP_SET.call(PK, True, "g", 2),
+    "permit_take": lambda: PERMIT_TAKE.call(ExactKeys("q"), 2, 1_000, "t"),
+    "permit_settle": lambda: PERMIT_SETTLE.call(ExactKeys("q"), 1_000, [("t:1", "p|r|1")]),
+    "global_limit": lambda: GLOBAL_LIMIT.call(ExactKeys("q"), "concurrency", 3),
     "sched_due": lambda: SCHED_DUE.call(SK, 1, 1),
     "advance": lambda: ADVANCE.call(SK, [((1, 2, 1, 0, 0, 0, "", 1, ""), ["j"])], token=7),
     "sched_define": lambda: SCHED_DEFINE.call(
@@ -589,6 +593,29 @@ def parses_group_set(runner: ScriptRunner, redis_client: Any) -> None:
     assert [GROUP_SET.parse(runner.run(call)), GROUP_SET.parse(runner.run(call))] == [True, False]
 
 
+def parses_permit_take(runner: ScriptRunner, redis_client: Any) -> None:
+    assert GLOBAL_LIMIT.parse(runner.run(GLOBAL_LIMIT.call(ExactKeys("q"), "concurrency", 2)))
+    taken = PERMIT_TAKE.parse(runner.run(PERMIT_TAKE.call(ExactKeys("q"), 3, 1_000, "t", NOW)))
+    assert (taken.now_ms, taken.granted, taken.limited) == (NOW, 2, True)
+    again = PERMIT_TAKE.parse(runner.run(PERMIT_TAKE.call(ExactKeys("q"), 1, 1_000, "u", NOW)))
+    assert (again.granted, again.next_ms) == (0, NOW + 1_000)  # when the first may free
+
+
+def parses_permit_settle(runner: ScriptRunner, redis_client: Any) -> None:
+    runner.run(GLOBAL_LIMIT.call(ExactKeys("q"), "concurrency", 2))
+    runner.run(PERMIT_TAKE.call(ExactKeys("q"), 1, 1_000, "t", NOW))
+    binds = [("t:1", "p|r|1"), ("t:2", "p|s|1")]
+    call = PERMIT_SETTLE.call(ExactKeys("q"), 1_000, binds, now=NOW)
+    assert PERMIT_SETTLE.parse(runner.run(call)) == Settled(1, 0, 0, ["p|s|1"])
+
+
+def parses_global_limit(runner: ScriptRunner, redis_client: Any) -> None:
+    call = GLOBAL_LIMIT.call(ExactKeys("q"), "rate", "5 1000", now=NOW)
+    assert [GLOBAL_LIMIT.parse(runner.run(call)), GLOBAL_LIMIT.parse(runner.run(call))] == [
+        True, False,
+    ]
+
+
 def _flow(runner: ScriptRunner) -> None:
     nodes = [NodeSpec("w", "t", "{}", deps=[Edge("r", "q")]), NodeSpec("r", "t", "{}")]
     assert FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(P, nodes, now=NOW))) == [True, True]
@@ -711,6 +738,9 @@ REPLIES: dict[str, Callable[[ScriptRunner, Any], None]] = {
     "pause": parses_pause,
     "set_limit": parses_set_limit,
     "group_set": parses_group_set,
+    "permit_take": parses_permit_take,
+    "permit_settle": parses_permit_settle,
+    "global_limit": parses_global_limit,
     "sched_due": parses_sched_due,
     "advance": parses_advance,
     "sched_define": parses_sched_define,

@@ -48,6 +48,7 @@ from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.contract import headers
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.exact import GLOBAL_LIMIT, PERMIT_SETTLE, PERMIT_TAKE, ExactKeys
 from jobqueue.store.flows import (
     ATTACH,
     DELIVER,
@@ -716,6 +717,32 @@ def group_set_resume(runner: ScriptRunner) -> Call:
     return GROUP_SET.call(PK, None, "g", paused=False, now=NOW)
 
 
+EXACT = ExactKeys("default")
+
+
+def permit_take(runner: ScriptRunner) -> Call:
+    """A queue at its exact cap with a permit about to expire is asked for two more."""
+    runner.run(GLOBAL_LIMIT.call(EXACT, "concurrency", 2, now=NOW - 2))
+    runner.run(GLOBAL_LIMIT.call(EXACT, "rate", "5 1000", now=NOW - 2))
+    runner.run(PERMIT_TAKE.call(EXACT, 2, 1, "old", NOW - 2))
+    return PERMIT_TAKE.call(EXACT, 2, 30_000, "new", NOW)
+
+
+def permit_settle(runner: ScriptRunner) -> Call:
+    """A worker binds one permit, drops one, extends a run's and gives one back."""
+    runner.run(GLOBAL_LIMIT.call(EXACT, "concurrency", 4, now=NOW - 2))
+    runner.run(PERMIT_TAKE.call(EXACT, 2, 30_000, "a", NOW - 2))
+    runner.run(PERMIT_SETTLE.call(EXACT, 30_000, [("a:1", "p|r1|1")], now=NOW - 1))
+    runner.run(PERMIT_TAKE.call(EXACT, 2, 30_000, "b", NOW - 1))
+    return PERMIT_SETTLE.call(EXACT, 30_000, [("b:1", "p|r2|1")], ["b:2"], ["p|r1|1"],
+                              ["a:2"], now=NOW)
+
+
+def global_limit(runner: ScriptRunner) -> Call:
+    runner.run(GLOBAL_LIMIT.call(EXACT, "concurrency", 2, now=NOW - 1))
+    return GLOBAL_LIMIT.call(EXACT, "concurrency", 3, now=NOW)
+
+
 def claim_fair(runner: ScriptRunner) -> Call:
     """A claim of a fair partition: two groups with runs in line, one run without a group."""
     runner.run(GROUP_SET.call(PK, True, "a", 3, now=NOW - 2))
@@ -831,6 +858,9 @@ SCENARIOS = {
         Scenario("resume", "pause", resume, PAUSE.parse),
         Scenario("group_set-resume", "group_set", group_set_resume, GROUP_SET.parse),
         Scenario("claim-fair", "claim", claim_fair, CLAIM.parse),
+        Scenario("permit_take", "permit_take", permit_take, PERMIT_TAKE.parse),
+        Scenario("permit_settle", "permit_settle", permit_settle, PERMIT_SETTLE.parse),
+        Scenario("global_limit", "global_limit", global_limit, GLOBAL_LIMIT.parse),
         Scenario("claim-key-capped", "claim", claim_under_key_caps, CLAIM.parse),
         Scenario("complete-key-holder", "complete", complete_a_key_holder, COMPLETE.parse),
         Scenario("cancel-parked", "cancel", cancel_a_parked_run, CANCEL.parse),

@@ -476,9 +476,14 @@ _LIMIT_ARGS = {"ignore_unknown_options": True}
 @click.argument("limit")
 @click.option("--per-key", is_flag=True, help="At most LIMIT runs of each limit_key at once.")
 @click.option("--task", "task", help="At most LIMIT runs of this task at once.")
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Across all the queue's partitions and masters (permits in the limit's own slot).",
+)
 @pass_state
 def queue_concurrency(
-    state: Any, name: str, limit: str, per_key: bool, task: str | None
+    state: Any, name: str, limit: str, per_key: bool, task: str | None, exact: bool
 ) -> None:
     """At most LIMIT runs of queue NAME running at once, per partition (exact for a queue of
     one partition, the default); LIMIT `none` removes the limit. With --per-key: at most LIMIT
@@ -487,14 +492,18 @@ def queue_concurrency(
 
     Enforced by the claim script across all workers: a run holds its slot from its claim until
     its commit, its cancel or its lease's expiry (a killed worker's slot frees when its lease
-    expires). Idempotent: setting the limit it has exits 0."""
+    expires). Idempotent: setting the limit it has exits 0. With --exact: at most LIMIT of
+    the whole queue across all its partitions and masters (workers take a permit per run
+    from the limit's own slot; they see a new exact limit within 5 s)."""
     if per_key and task is not None:
         raise click.UsageError("--per-key or --task, not both")
+    if exact and (per_key or task is not None):
+        raise click.UsageError("--exact is for the whole queue: not with --per-key or --task")
     value = _limit_value(limit)
-    kind = "per-key " if per_key else "" if task is None else f"task {task} "
+    kind = "exact " if exact else "per-key " if per_key else "" if task is None else f"task {task} "
     what = f"no {kind}concurrency limit" if value is None else f"{kind}concurrency limit {value}"
     _note_if_new(state.jq(), name)
-    if state.jq().set_queue_concurrency(name, value, per_key=per_key, task=task):
+    if state.jq().set_queue_concurrency(name, value, per_key=per_key, task=task, exact=exact):
         click.echo(f"queue {name}: {what}")
     else:
         click.echo(f"queue {name} already has {what} (nothing to do)")
@@ -519,9 +528,14 @@ def queue_concurrency(
     help="Seconds added to the window, so that at most LIMIT task starts (not only claims) "
     "fall in any --per seconds: at least the longest lag of a start behind its claim.",
 )
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Across all the queue's partitions and masters (permits in the limit's own slot).",
+)
 @pass_state
 def queue_rate(
-    state: Any, name: str, limit: str, per: float, per_key: bool, margin: float
+    state: Any, name: str, limit: str, per: float, per_key: bool, margin: float, exact: bool
 ) -> None:
     """At most LIMIT runs of queue NAME claimed in any --per seconds, per partition (exact for
     a queue of one partition, the default); LIMIT `none` removes the limit. With --per-key: at
@@ -530,7 +544,11 @@ def queue_rate(
     --per seconds too.
 
     Enforced by the claim script across all workers, on the server's clock: a run over the
-    limit stays pending, and idle workers sleep until the window has room. Idempotent."""
+    limit stays pending, and idle workers sleep until the window has room. Idempotent. With
+    --exact: at most LIMIT claims of the whole queue across all its partitions and masters
+    (not with --per-key or --margin)."""
+    if exact and (per_key or margin):
+        raise click.UsageError("--exact is for the whole queue: not with --per-key or --margin")
     value = _limit_value(limit)
     ctx = click.get_current_context()
     if value is None and ctx.get_parameter_source("per") is not ParameterSource.DEFAULT:
@@ -538,12 +556,12 @@ def queue_rate(
             "a window without a limit: 'none' removes the limit", param_hint="--per"
         )
     jq = state.jq()
-    kind = "per-key " if per_key else ""
+    kind = "exact " if exact else "per-key " if per_key else ""
     what = f"no {kind}rate limit" if value is None else f"{kind}rate limit {value} per {per:g}s"
     if value is not None and margin:
         what += f" (+{margin:g}s margin: a window of {per + margin:g}s)"
     _note_if_new(jq, name)
-    if jq.set_queue_rate(name, value, per, per_key=per_key, margin=margin):
+    if jq.set_queue_rate(name, value, per, per_key=per_key, margin=margin, exact=exact):
         click.echo(f"queue {name}: {what}")
     else:
         click.echo(f"queue {name} already has {what} (nothing to do)")
