@@ -753,7 +753,6 @@ end
 local ring = plan.ring
 if ring then
   for _, e in ipairs(ring.gq_add) do redis.call('ZADD', e[1], e[2], e[3]) end
-  for _, a in ipairs(plan.adopt or {}) do group_enter(prefix, a.group, a.id, a.score, a.due) end
   local gready, gwait, gpass = prefix .. 'gready', prefix .. 'gwait', prefix .. 'gpass'
   for _, g in ipairs(ring.list) do
     if g.served > 0 then redis.call('HINCRBY', prefix .. 'gserved', g.name, g.served) end
@@ -782,6 +781,8 @@ if ring then
     end
   end
   redis.call('SET', prefix .. 'gvt', int(ring.vt))
+  -- Adopted last: a group emptied above takes its place in the ring again.
+  for _, a in ipairs(plan.adopt or {}) do group_enter(prefix, a.group, a.id, a.score, a.due) end
 end
 if plan.freer then
   -- A parked run taken in this call used the slot it would have been unparked into.

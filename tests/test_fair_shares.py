@@ -351,3 +351,16 @@ def test_the_cli_turns_fair_shares_on_sets_a_group_and_lists_it(jq: JobQueue) ->
     bad = CliRunner().invoke(main, ["groups", "set", "default", "acme", "--weight", "0"],
                              obj=State(None, jq))
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_a_run_adopted_into_a_group_that_a_claim_just_emptied_is_served(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    """One claim takes the group's last run from its queue and, in the same call, adopts a
+    run of that group put back without its group (here: created before fair shares): the
+    group must stay in the ring."""
+    create(runner, pk, "a", "a-old", now=0)  # not in a's queue: fair shares were off
+    fair(runner, pk)
+    create(runner, pk, "a", "a-new", now=10)
+    assert ids(claim(runner, pk, now=1_000, limit=2)) == ["a-new"]  # and a-old adopted
+    assert ids(claim(runner, pk, now=1_001)) == ["a-old"]
