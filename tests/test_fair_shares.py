@@ -29,10 +29,11 @@ RETENTION = 3_600_000
 
 def create(
     runner: ScriptRunner, pk: PartitionKeys, group: str, *run_ids: str, now: int = 0,
-    priority: int = 0, delay: int = 0,
+    priority: int = 0, delay: int = 0, attempts: int = 3,
 ) -> None:
     specs = [
-        RunSpec(r, "t", PAYLOAD, limit_key=group, priority=priority, delay_ms=delay)
+        RunSpec(r, "t", PAYLOAD, limit_key=group, priority=priority, delay_ms=delay,
+                max_attempts=attempts)
         for r in run_ids
     ]
     assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
@@ -364,3 +365,72 @@ def test_a_run_adopted_into_a_group_that_a_claim_just_emptied_is_served(
     create(runner, pk, "a", "a-new", now=10)
     assert ids(claim(runner, pk, now=1_000, limit=2)) == ["a-new"]  # and a-old adopted
     assert ids(claim(runner, pk, now=1_001)) == ["a-old"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_groups_caps_pauses_and_failures_lose_no_run_and_break_no_cap(
+    runner: ScriptRunner, pk: PartitionKeys, seed: int
+) -> None:
+    """A random mix, with fair shares turned on part-way: runs in groups and without one,
+    delayed and with priorities; claims of random sizes; completions, failures (retried)
+    and lease expiries; a per-key cap; groups paused and resumed. No run is held by two
+    claims at once, no group runs more than its cap, and once everything is resumed every
+    run is claimed and completed: none is stranded out of the ring. (A paused group's run
+    whose lease expired is still taken back: pausing holds the runs in line, not those
+    already started.)"""
+    rng = random.Random(seed)
+    runner.run(SET_LIMIT.call(pk, "key_concurrency", 2, now=0))
+    names = ["a", "b", "c", ""]
+    made: list[str] = []
+    held: dict[str, tuple[int, str]] = {}  # run id -> (fence, group)
+    done: set[str] = set()
+    paused: set[str] = set()
+    orphaned: set[str] = set()
+    now = 1_000
+    for step in range(300):
+        now += rng.randint(1, 400)
+        if step == 40:
+            fair(runner, pk)
+        roll = rng.random()
+        if roll < 0.3:
+            g = rng.choice(names)
+            run_id = f"{g or 'none'}-{len(made)}"
+            create(runner, pk, g, run_id, now=now, priority=rng.choice([0, 0, 5]),
+                   delay=rng.choice([0, 0, 2_000]), attempts=1_000)  # never dead-lettered
+            made.append(run_id)
+        elif roll < 0.35:
+            g = rng.choice(names)
+            group(runner, pk, g, paused=g not in paused)
+            paused ^= {g}
+        else:
+            for r in claim(runner, pk, now=now, limit=rng.randint(1, 4)).runs:
+                g = r.run_id.split("-")[0]
+                assert r.run_id not in held, r.run_id
+                if step > 40 and r.run_id not in orphaned:
+                    assert g.replace("none", "") not in paused, r.run_id
+                held[r.run_id] = (r.fence, g)
+                if g != "none":
+                    assert sum(1 for _, h in held.values() if h == g) <= 2
+            for run_id, (fence, _) in list(held.items()):
+                fate = rng.random()
+                if fate < 0.4:
+                    runner.run(COMPLETE.call(pk, [(run_id, fence, "1")], RETENTION, now=now))
+                    done.add(run_id)
+                    del held[run_id]
+                elif fate < 0.5:
+                    runner.run(FAIL.call(pk, run_id, fence, "boom", 10, RETENTION, now=now))
+                    del held[run_id]
+                elif fate < 0.55:
+                    del held[run_id]  # its worker died: the lease expires, a claim retakes it
+                    orphaned.add(run_id)
+    for g in paused:
+        group(runner, pk, g, paused=False)
+    for _ in range(2_000):
+        if done == set(made):
+            break
+        now += LEASE + 1
+        held.clear()  # every lease has expired by now
+        for r in claim(runner, pk, now=now, limit=8).runs:
+            runner.run(COMPLETE.call(pk, [(r.run_id, r.fence, "1")], RETENTION, now=now))
+            done.add(r.run_id)
+    assert done == set(made), sorted(set(made) - done)
