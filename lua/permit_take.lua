@@ -79,8 +79,9 @@ if plan.room > 0 then
   bulk('ZADD', KEYS[1], permits, 2000)
   if plan.rated then bulk('ZADD', KEYS[3], grants, 2000) end
 end
--- (after the adds: the key is never emptied and then written in one call)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now)) -- expired: their runs are free
+-- Expired permits go (after the adds: the key is never emptied and then written in one
+-- call); one expiring at now itself counts for nothing already and goes next time.
+trim_index(KEYS[1], now, 1)
 if plan.rated then
   trim_index(KEYS[3], now, plan.rate_w)
   if ARGV[1] == '' then redis.call('PEXPIRE', KEYS[3], plan.rate_w) end

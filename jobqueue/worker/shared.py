@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.hooks import Hooks
@@ -17,15 +17,25 @@ from jobqueue.runtime.metrics import Metrics
 from jobqueue.worker.config import WorkerConfig
 from jobqueue.worker.redis_io import RedisIO
 from jobqueue.worker.registry import WorkerTasks
-from jobqueue.worker.runs import RunTable, WorkerStats
-
-if TYPE_CHECKING:
-    from jobqueue.worker.permits import Permits
+from jobqueue.worker.runs import InFlight, RunTable, WorkerStats
 
 T = TypeVar("T")
 
 # A fake clock's time is looked at this often (real time) by a wait on it.
 _FAKE_CLOCK_POLL_S = 0.005
+
+
+class ExactPermits(Protocol):
+    """What the keeper and the committer use of jobqueue.worker.permits.Permits (named
+    here, not imported: it builds on Shared)."""
+
+    limited: set[str]
+
+    async def extend(self, entries: Iterable[InFlight]) -> None: ...
+
+    def give_back(self, entries: Iterable[InFlight]) -> None: ...
+
+    async def give_back_now(self, entries: Iterable[InFlight]) -> None: ...
 
 
 @dataclass(eq=False)
@@ -53,7 +63,7 @@ class Shared:
     # Redis refuses commits for now (OOM, READONLY): nothing is claimed until one lands.
     commits_refused: bool = False
     # The permits of the queues' exact limits (set by the claimer; jobqueue.worker.permits).
-    permits: Permits | None = None
+    permits: ExactPermits | None = None
 
     async def sleep(self, seconds: float, until: asyncio.Event | None = None) -> None:
         """Wait ``seconds`` of the worker's clock, or until ``until`` is set (a stop does
