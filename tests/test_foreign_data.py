@@ -688,6 +688,25 @@ def test_the_dashboard_marks_the_run_whose_record_has_a_garbage_field(
     assert 'title="jq:{default#0}:run:waiting: field &#39;fence&#39; is &#39;abc&#39;' in page
 
 
+def test_the_queue_page_lists_a_gconf_of_another_type_and_still_shows_the_groups(
+    grouped: JobQueue, redis_client: Any
+) -> None:
+    redis_client.delete(P0.gconf)
+    redis_client.set(P0.gconf, "foreign")
+    reply = TestClient(create_app(grouped)).get("/queue?name=default")
+    assert reply.status_code == 200, reply.text
+    box = reply.text.split('id="anomalies"')[1].split("</section>")[0]
+    assert P0.gconf in box and 'id="groups-table"' in reply.text
+
+
+def test_the_dashboard_marks_the_group_whose_setting_is_garbage(
+    grouped: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(P0.gconf, "w:a", "heavy")
+    page = TestClient(create_app(grouped)).get("/queue?name=default").text
+    assert "<td>a <span class=\"anomaly\" title=\"jq:{default#0}:gconf: field &#39;w:a&#39;" in page
+
+
 # -- metrics --------------------------------------------------------------------------------------
 
 
