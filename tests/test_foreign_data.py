@@ -726,3 +726,19 @@ def test_metrics_refresh_logs_each_anomaly_once_and_counts_the_readable_queues(
     for state in ("due", "running"):
         labels = {"queue": "default", "state": state}
         assert metrics.registry.get_sample_value("jobqueue_queue_runs", labels) == 1
+
+
+def test_metrics_refresh_logs_a_gconf_of_another_type_once_and_exports_no_groups(
+    grouped: JobQueue, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("prometheus_client")
+    redis_client.delete(P0.gconf)
+    redis_client.set(P0.gconf, "foreign")
+    metrics = PrometheusMetrics("worker")
+    with caplog.at_level(logging.WARNING, logger="jobqueue.metrics"):
+        for _ in range(3):
+            metrics.refresh_depth(grouped, ["default"])
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [f"queue depth: {P0.gconf}: holds another type, not a hash"]
+    labels = {"queue": "default", "group": "a", "state": "waiting"}
+    assert metrics.registry.get_sample_value("jobqueue_group_runs", labels) is None
