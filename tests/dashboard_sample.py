@@ -186,6 +186,13 @@ def fill(jq: JobQueue) -> None:
     jq.enqueue(invoice.with_options(run_id="invoice-2003", delay=3600), "wayne", 250_000)
     jq.enqueue(invoice.with_options(run_id="invoice-2004", delay=7200), "wonka", 9_900)
     jq.cancel("invoice-2004", reason="customer closed the account")
+    # Fair shares in billing, a queue of tenants (limit keys): the groups on its page.
+    jq.set_fair_shares("billing")
+    jq.set_group("billing", "acme", weight=3, max_size=500)
+    jq.pause_group("billing", "initech")
+    for n, (customer, delay) in enumerate([("acme", 1800), ("acme", 1800), ("globex", 5400)]):
+        later = invoice.with_options(run_id=f"invoice-{2005 + n}", delay=delay, limit_key=customer)
+        jq.enqueue(later, customer, 10_000 + n)
 
     jq.schedule("nightly-report", "nightly_report", cron="0 2 * * *", tz="Europe/Paris")
     jq.schedule("sync-crm", "sync_crm", every=300, args=["all"])

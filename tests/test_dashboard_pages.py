@@ -15,6 +15,7 @@ from markupsafe import escape
 from starlette.testclient import TestClient
 
 from jobqueue.client.sync import JobQueue
+from jobqueue.dashboard import app as dashboard_app
 from jobqueue.dashboard.app import create_app
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import WORKERS_KEY
@@ -163,6 +164,92 @@ def test_a_queue_page_naming_no_usable_queue_says_so(
 ) -> None:
     reply = client.get("/queue" + query)
     assert reply.status_code == status and reply.text
+
+
+def group_rows(page: str) -> dict[str, list[str]]:
+    """The queue page's groups table: each group as shown -> its other cells' text."""
+    table = re.search(r'<table id="groups-table">.*?</table>', page, re.S)
+    assert table, "no groups table"
+    rows = {}
+    for row in re.findall(r"<tr[^>]*>(.*?)</tr>", table.group(0), re.S)[1:]:  # the head left out
+        cells = [re.sub(r"<[^>]+>", "", cell).strip()
+                 for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]  # fmt: skip
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def in_group(jq: JobQueue, group: str, *run_ids: str) -> None:
+    for run_id in run_ids:
+        jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id, limit_key=group))
+
+
+def test_the_queue_page_says_fair_shares_are_off_until_they_are_turned_on(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.register_queue("default")
+    assert "Fair shares <strong>off</strong>" in client.get("/queue?name=default").text
+    jq.set_fair_shares("default")
+    assert "Fair shares <strong>on</strong>" in client.get("/queue?name=default").text
+
+
+def test_the_queue_page_lists_each_groups_weight_max_size_pause_and_runs(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.set_fair_shares("default")
+    jq.set_group("default", "a", weight=3, max_size=50)
+    jq.pause_group("default", "b")
+    in_group(jq, "a", "a1", "a2")
+    claim(jq, "a1")
+    rows = group_rows(client.get("/queue?name=default").text)
+    # weight, max size, paused, waiting, running, served
+    assert rows == {"a": ["3", "50", "no", "1", "1", "1"],
+                    "b": ["1", "-", "paused", "0", "0", "0"]}  # fmt: skip
+
+
+def test_the_queue_page_names_the_group_of_the_runs_without_a_limit_key(
+    jq: JobQueue, client: TestClient
+) -> None:
+    jq.set_fair_shares("default")
+    jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
+    rows = group_rows(client.get("/queue?name=default").text)
+    assert rows == {"(no limit_key)": ["1", "-", "no", "1", "0", "0"]}
+
+
+def test_a_queue_without_groups_says_so(jq: JobQueue, client: TestClient) -> None:
+    jq.register_queue("default")
+    page = client.get("/queue?name=default").text
+    assert 'id="groups-table"' not in page and "No groups" in page
+
+
+def test_group_names_are_escaped_on_the_queue_page(jq: JobQueue, client: TestClient) -> None:
+    jq.set_fair_shares("default")
+    in_group(jq, EVIL, "r1")
+    page = client.get("/queue?name=default").text
+    assert EVIL not in page and str(escape(EVIL)) in page
+
+
+def test_the_queue_page_shows_the_busiest_groups_and_says_how_many_more_there_are(
+    jq: JobQueue, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dashboard_app, "GROUPS_SHOWN", 2)
+    jq.set_fair_shares("default")
+    in_group(jq, "quiet", "q1")
+    in_group(jq, "busy", "b1", "b2", "b3")
+    in_group(jq, "middle", "m1", "m2")
+    page = client.get("/queue?name=default").text
+    assert set(group_rows(page)) == {"busy", "middle"}
+    note = re.search(r'<p class="note" id="groups-left-out">(.*?)</p>', page, re.S)
+    assert note and note.group(1).startswith("1 more group is not shown")
+
+
+def test_a_queue_page_reads_no_other_queues_groups(
+    jq: JobQueue, client: TestClient, redis_client: Any
+) -> None:
+    jq.register_queue("default")
+    jq.register_queue("other")
+    redis_client.set("jq:{other#0}:gconf", "foreign")  # any read of it would be an anomaly
+    assert 'id="anomalies"' in client.get("/queue?name=other").text
+    assert 'id="anomalies"' not in client.get("/queue?name=default").text
 
 
 def test_run_ids_payloads_and_errors_are_escaped(jq: JobQueue, client: TestClient) -> None:

@@ -573,6 +573,84 @@ def test_the_first_write_records_the_scheduler_partition_count(
     assert redis_client.hget(SCHED_CONFIG_KEY, "partitions") == "1"
 
 
+# -- groups (fair shares) -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def grouped(jq: JobQueue) -> JobQueue:
+    """Fair shares on in 'default'; group 'a' holds one run waiting and one running."""
+    jq.declare_task("t")
+    jq.set_fair_shares("default")
+    for run_id in ("a-held", "a-waiting"):
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=run_id, limit_key="a"))
+    claimed = CLAIM.parse(jq.scripts.run(CLAIM.call(P0, 1, "w-1", 30_000, 60_000)))
+    assert [r.run_id for r in claimed.runs] == ["a-held"]
+    return jq
+
+
+def test_a_gconf_of_another_type_is_an_anomaly_of_the_groups_listing_which_goes_on(
+    grouped: JobQueue, redis_client: Any
+) -> None:
+    redis_client.delete(P0.gconf)
+    redis_client.set(P0.gconf, "foreign")
+    found = grouped.groups("default")
+    assert [(g.name, g.waiting, g.running, g.served) for g in found] == [("a", 1, 1, 1)]
+    assert [str(a) for a in found.anomalies] == [f"{P0.gconf}: holds another type, not a hash"]
+
+
+def test_fair_shares_over_a_gconf_of_another_type_read_as_off(
+    grouped: JobQueue, redis_client: Any
+) -> None:
+    redis_client.delete(P0.gconf)
+    redis_client.set(P0.gconf, "foreign")
+    assert grouped.fair_shares("default") is False
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "value", "read_as"),
+    [
+        ("gconf", "w:a", "\u00b2", ("weight", 1)),  # str.isdigit() says yes, int() says no
+        ("gconf", "w:a", "0", ("weight", 1)),
+        ("gconf", "max:a", "lots", ("max_size", None)),
+        ("gserved", "a", "\u00b2", ("served", 0)),
+        ("gserved", "a", "-5", ("served", 0)),
+    ],
+)
+def test_a_garbage_group_setting_or_count_marks_its_group_and_reads_as_the_default(
+    grouped: JobQueue, redis_client: Any, key: str, field: str, value: str,
+    read_as: tuple[str, Any],
+) -> None:  # fmt: skip
+    redis_client.hset(getattr(P0, key), field, value)
+    (group,) = grouped.groups("default")
+    assert getattr(group, read_as[0]) == read_as[1]
+    assert [str(a) for a in group.anomalies] == [
+        f"{getattr(P0, key)}: field {field!r} is {value!r}, not a "
+        + {"w": "weight", "max": "max_size"}.get(field.split(":")[0], "count")
+    ]
+
+
+def test_a_group_queue_of_another_type_marks_its_group_and_the_others_are_counted(
+    grouped: JobQueue, redis_client: Any
+) -> None:
+    grouped.enqueue(grouped.resolve_task("t").with_options(run_id="b-1", limit_key="b"))
+    redis_client.delete(P0.gq("a"))
+    redis_client.set(P0.gq("a"), "foreign")
+    got = {g.name: g for g in grouped.groups("default")}
+    assert (got["a"].waiting, got["b"].waiting) == (0, 1)
+    assert [str(a) for a in got["a"].anomalies] == [
+        f"{P0.gq('a')}: holds another type, not a sorted set"
+    ]
+
+
+def test_groups_list_reports_foreign_data_on_stderr_and_lists_the_groups(
+    grouped: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(P0.gserved, "a", "many")
+    result = invoke(grouped, "groups", "list", "default", "--json")
+    assert listed(result) == [f"anomaly: {P0.gserved}: field 'a' is 'many', not a count"]
+    assert [json.loads(line)["group"] for line in result.stdout.splitlines()] == ["a"]
+
+
 # -- the dashboard --------------------------------------------------------------------------------
 
 PAGES = ["/queues", "/runs", "/leases", "/dead", "/workers", "/schedules", "/flows",
@@ -610,6 +688,25 @@ def test_the_dashboard_marks_the_run_whose_record_has_a_garbage_field(
     assert 'title="jq:{default#0}:run:waiting: field &#39;fence&#39; is &#39;abc&#39;' in page
 
 
+def test_the_queue_page_lists_a_gconf_of_another_type_and_still_shows_the_groups(
+    grouped: JobQueue, redis_client: Any
+) -> None:
+    redis_client.delete(P0.gconf)
+    redis_client.set(P0.gconf, "foreign")
+    reply = TestClient(create_app(grouped)).get("/queue?name=default")
+    assert reply.status_code == 200, reply.text
+    box = reply.text.split('id="anomalies"')[1].split("</section>")[0]
+    assert P0.gconf in box and 'id="groups-table"' in reply.text
+
+
+def test_the_dashboard_marks_the_group_whose_setting_is_garbage(
+    grouped: JobQueue, redis_client: Any
+) -> None:
+    redis_client.hset(P0.gconf, "w:a", "heavy")
+    page = TestClient(create_app(grouped)).get("/queue?name=default").text
+    assert "<td>a <span class=\"anomaly\" title=\"jq:{default#0}:gconf: field &#39;w:a&#39;" in page
+
+
 # -- metrics --------------------------------------------------------------------------------------
 
 
@@ -629,3 +726,19 @@ def test_metrics_refresh_logs_each_anomaly_once_and_counts_the_readable_queues(
     for state in ("due", "running"):
         labels = {"queue": "default", "state": state}
         assert metrics.registry.get_sample_value("jobqueue_queue_runs", labels) == 1
+
+
+def test_metrics_refresh_logs_a_gconf_of_another_type_once_and_exports_no_groups(
+    grouped: JobQueue, redis_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("prometheus_client")
+    redis_client.delete(P0.gconf)
+    redis_client.set(P0.gconf, "foreign")
+    metrics = PrometheusMetrics("worker")
+    with caplog.at_level(logging.WARNING, logger="jobqueue.metrics"):
+        for _ in range(3):
+            metrics.refresh_depth(grouped, ["default"])
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [f"queue depth: {P0.gconf}: holds another type, not a hash"]
+    labels = {"queue": "default", "group": "a", "state": "waiting"}
+    assert metrics.registry.get_sample_value("jobqueue_group_runs", labels) is None

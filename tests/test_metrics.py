@@ -24,6 +24,7 @@ from jobqueue.cli.core import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import Fatal
+from jobqueue.runtime import metrics as metrics_module
 from jobqueue.runtime.metrics import NO_METRICS, PrometheusMetrics, serve
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.settings import Settings
@@ -177,6 +178,95 @@ def test_queue_depth_counts_the_workflow_runs_waiting_on_others(
     got = scrape(metrics.port)
     assert value(got, "jobqueue_queue_runs", state="waiting", queue="default") == 2
     assert value(got, "jobqueue_queue_runs", state="due", queue="default") == 1
+
+
+def in_group(jq: JobQueue, group: str, *run_ids: str) -> None:
+    for run_id in run_ids:
+        jq.enqueue(jq.resolve_task("t").with_options(run_id=run_id, limit_key=group))
+
+
+def group_series(samples: Samples, queue: str = "default") -> set[str]:
+    """The groups of ``queue`` that have series of their own."""
+    return {dict(labels)["group"] for (name, labels) in samples
+            if name == "jobqueue_group_served" and dict(labels)["queue"] == queue}  # fmt: skip
+
+
+def test_group_gauges_count_each_groups_runs_waiting_running_and_served(
+    jq: JobQueue, metrics: PrometheusMetrics
+) -> None:
+    jq.declare_task("t")
+    jq.set_fair_shares("default")
+    in_group(jq, "a", "a1", "a2", "a3")
+    in_group(jq, "b", "b1")
+    jq.scripts.run(CLAIM.call(jq.keys_for("default", "a1"), 1, "w1", 60_000, 1000))
+    metrics.refresh_depth(jq, ["default"])
+    got = scrape(metrics.port)
+    a, b = {"queue": "default", "group": "a"}, {"queue": "default", "group": "b"}
+    assert value(got, "jobqueue_group_runs", state="waiting", **a) == 2
+    assert value(got, "jobqueue_group_runs", state="running", **a) == 1
+    assert value(got, "jobqueue_group_served", **a) == 1
+    assert value(got, "jobqueue_group_runs", state="waiting", **b) == 1
+    assert value(got, "jobqueue_group_served", **b) == 0
+    assert value(got, "jobqueue_groups", queue="default") == 2
+
+
+def test_a_queue_without_fair_shares_exports_no_group_series(
+    jq: JobQueue, metrics: PrometheusMetrics
+) -> None:
+    jq.declare_task("t")
+    jq.set_group("default", "a", weight=2)  # a group's settings, fair shares never on
+    in_group(jq, "a", "a1")
+    metrics.refresh_depth(jq, ["default"])
+    got = scrape(metrics.port)
+    assert not [name for (name, _) in got if name.startswith("jobqueue_group")]
+
+
+def test_turning_fair_shares_off_removes_the_queues_group_series(
+    jq: JobQueue, metrics: PrometheusMetrics
+) -> None:
+    jq.declare_task("t")
+    jq.set_fair_shares("default")
+    in_group(jq, "a", "a1")
+    metrics.refresh_depth(jq, ["default"])
+    assert group_series(scrape(metrics.port)) == {"a"}
+    jq.set_fair_shares("default", False)
+    metrics.refresh_depth(jq, ["default"])
+    got = scrape(metrics.port)
+    assert not [name for (name, _) in got if name.startswith("jobqueue_group")]
+
+
+def test_groups_beyond_the_busiest_are_summed_into_the_left_out_gauges(
+    jq: JobQueue, metrics: PrometheusMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics_module, "MAX_GROUP_SERIES", 2)
+    jq.declare_task("t")
+    jq.set_fair_shares("default")
+    in_group(jq, "busy", "b1", "b2", "b3")
+    in_group(jq, "middle", "m1", "m2")
+    in_group(jq, "quiet", "q1")
+    in_group(jq, "quieter", "r1")
+    metrics.refresh_depth(jq, ["default"])
+    got = scrape(metrics.port)
+    assert group_series(got) == {"busy", "middle"}
+    assert value(got, "jobqueue_groups", queue="default") == 4
+    assert value(got, "jobqueue_groups_left_out_runs", queue="default", state="waiting") == 2
+
+
+def test_a_group_no_longer_among_the_busiest_loses_its_series(
+    jq: JobQueue, metrics: PrometheusMetrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metrics_module, "MAX_GROUP_SERIES", 1)
+    jq.declare_task("t")
+    jq.set_fair_shares("default")
+    in_group(jq, "first", "f1")
+    metrics.refresh_depth(jq, ["default"])
+    assert group_series(scrape(metrics.port)) == {"first"}
+    in_group(jq, "second", "s1", "s2")
+    metrics.refresh_depth(jq, ["default"])
+    got = scrape(metrics.port)
+    assert group_series(got) == {"second"}
+    assert ("jobqueue_group_runs", (("group", "first"), ("queue", "default"),
+                                    ("state", "waiting"))) not in got  # fmt: skip
 
 
 def test_scheduler_counts_fires_misses_and_drops(jq: JobQueue) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from jobqueue.cli.common import pass_state
+from jobqueue.cli.common import pass_state, warn_anomalies
 
 
 @click.group()
@@ -29,6 +29,12 @@ def list_groups(state: Any, queue: str, as_json: bool) -> None:
     """QUEUE's groups: weight, max_size, paused, runs waiting, running and served."""
     jq = state.jq()
     found = jq.groups(queue)
+    _print_groups(jq, queue, found, as_json)
+    # Foreign data met: one line each on stderr, the listing as far as it could be read.
+    warn_anomalies([*found.anomalies, *(a for g in found for a in g.anomalies)])
+
+
+def _print_groups(jq: Any, queue: str, found: Any, as_json: bool) -> None:
     if as_json:
         for g in found:
             click.echo(json.dumps({

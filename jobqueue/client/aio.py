@@ -41,7 +41,7 @@ from jobqueue.client.events import (
     set_events_steps,
 )
 from jobqueue.client.flows import create_flow, dependencies_steps
-from jobqueue.client.groups import read_groups, set_groups
+from jobqueue.client.groups import read_fair, read_groups, set_groups
 from jobqueue.client.relay import purge_dead_steps, relay_cascade_steps
 from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, AsyncWaits, retriable
 from jobqueue.context import RunContext
@@ -328,13 +328,13 @@ class AsyncJobQueue(ClientCore):
         """See :meth:`JobQueue.resume_group`."""
         return await self.run_steps(set_groups(self, queue, group=group, paused=False))
 
-    async def groups(self, queue: str) -> list[GroupInfo]:
+    async def groups(self, queue: str) -> Listing[GroupInfo]:
         """See :meth:`JobQueue.groups`."""
         return (await self.run_steps(read_groups(self, queue)))[1]
 
     async def fair_shares(self, queue: str) -> bool:
         """See :meth:`JobQueue.fair_shares`."""
-        return (await self.run_steps(read_groups(self, queue)))[0]
+        return (await self.run_steps(read_fair(self, queue)))[0]
 
     async def set_queue_rate(
         self,

@@ -30,7 +30,7 @@ from jobqueue.client.events import (
     set_events_steps,
 )
 from jobqueue.client.flows import create_flow, dependencies_steps
-from jobqueue.client.groups import read_groups, set_groups
+from jobqueue.client.groups import read_fair, read_groups, set_groups
 from jobqueue.client.relay import purge_dead_steps, relay_until_quiet
 from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, SyncWaits, retriable
 from jobqueue.errors import ConfigError, JobQueueError
@@ -246,14 +246,15 @@ class JobQueue(ClientCore):
         """Claims of ``group``'s runs go on. True when this call resumed it."""
         return self.run_steps(set_groups(self, queue, group=group, paused=False))
 
-    def groups(self, queue: str) -> list[GroupInfo]:
+    def groups(self, queue: str) -> Listing[GroupInfo]:
         """The groups of ``queue`` (with settings, runs in line or runs served), summed over
-        its partitions: weight, max_size, paused, waiting, running and served."""
+        its partitions: weight, max_size, paused, waiting, running and served. Foreign data
+        met is in the listing's ``anomalies`` and its rows'."""
         return self.run_steps(read_groups(self, queue))[1]
 
     def fair_shares(self, queue: str) -> bool:
         """Whether fair shares are on for ``queue``."""
-        return self.run_steps(read_groups(self, queue))[0]
+        return self.run_steps(read_fair(self, queue))[0]
 
     def set_queue_rate(
         self,

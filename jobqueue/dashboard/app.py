@@ -39,6 +39,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobqueue.client import flow_queries, gauges, listing, queries, server_info
+from jobqueue.client.groups import busiest
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard import overview
 from jobqueue.dashboard.flow_drawing import draw
@@ -66,6 +67,9 @@ from jobqueue.store.events import KINDS
 HERE = Path(__file__).parent
 FLASH_COOKIE = "jq_flash"
 MAX_FORM_BYTES = 256 * 1024
+# The most groups a queue's page shows (those with the most runs waiting and running); it
+# says how many more there are (`jobqueue groups list` lists every one).
+GROUPS_SHOWN = 200
 # One script, ours (static/live.js: live updates from the event logs); every page works
 # without it. Framing is refused (clickjacking on buttons).
 SECURITY_HEADERS = {
@@ -222,7 +226,8 @@ def queues_page(request: Request) -> Response:
 
 
 def queue_page(request: Request) -> Response:
-    """One queue: its row, its charts of the last hour and of the last week."""
+    """One queue: its row, its groups (fair shares), its charts of the last hour and of the
+    last week."""
     jq = _settings(request).jq
     name = request.query_params.get("name", "")
     if not name:
@@ -238,14 +243,19 @@ def queue_page(request: Request) -> Response:
     flowing = queries.throughput(jq, name, now_ms=now)
     minutes = gauges.history(jq, [name], gauges.MINUTES, now)
     hours = gauges.history(jq, [name], gauges.HOURS, now)
+    groups = jq.groups(name)  # this queue's only: a page reads no other queue's groups
+    shown, left_out = busiest(groups, GROUPS_SHOWN)
     return render(
         request,
         "queue.html",
         now=now,
         t=t,
+        fair=jq.fair_shares(name),
+        groups=shown,
+        groups_left_out=len(left_out),
         hour=overview.hour_charts(t, now, flowing[0] if flowing else None, minutes[0].points),
         week=overview.week_charts(name, now, hours[0].points),
-        anomalies=queries.all_anomalies(per_partition, flowing, minutes, hours),
+        anomalies=queries.all_anomalies(per_partition, flowing, minutes, hours, groups),
         live={"queue": name},
     )
 

@@ -22,6 +22,10 @@ What is counted where:
   (never on the scrape path, which must stay fast), only in the daemon started with
   ``--queue-gauges``: the values are the queue's, whoever reads
   them, so one exporter is enough (several would be summed into a multiple of the truth);
+* per group of a queue with fair shares on (runs waiting, running, served): ``jq.groups``,
+  in the same refresh, for at most :data:`MAX_GROUP_SERIES` groups per queue (those with the
+  most runs waiting and running); the others are summed into the ``jobqueue_groups_left_out_*``
+  gauges, so the series stay bounded whatever the number of tenants;
 * scheduler fires / misses / drops / skips / conflicts: each tick's report.
 """
 
@@ -41,6 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobqueue.metrics")
 
 DEPTH_REFRESH_S = 5.0
+# The most groups of one queue exported each with series of their own (the busiest: most runs
+# waiting and running); the others are summed into the jobqueue_groups_left_out_* gauges.
+MAX_GROUP_SERIES = 100
 # Distinct anomalies logged by one process (beyond: silence, so a flood cannot fill a disk).
 MAX_LOGGED_ANOMALIES = 1000
 # Lateness from 1 ms to 1 h: a healthy queue starts runs within milliseconds, a backlog or
@@ -211,6 +218,44 @@ class PrometheusMetrics(Metrics):
             q,
             registry=r,
         )
+        g = [*q, "group"]  # a run's group is its limit_key; '' for the runs without one
+        self.group_runs = Gauge(
+            "jobqueue_group_runs",
+            "Runs per group of a queue with fair shares on, and state: waiting (in the "
+            "group's line), running (leased).",
+            [*g, "state"],
+            registry=r,
+        )
+        self.group_served = Gauge(
+            "jobqueue_group_served",
+            "Runs claimed from the group while fair shares were on (all workers).",
+            g,
+            registry=r,
+        )
+        self.groups = Gauge(
+            "jobqueue_groups",
+            "Groups of a queue with fair shares on (those with settings, runs in line or "
+            "runs served), exported or left out.",
+            q,
+            registry=r,
+        )
+        self.groups_left_out_runs = Gauge(
+            "jobqueue_groups_left_out_runs",
+            f"Runs of the groups beyond the {MAX_GROUP_SERIES} busiest of a queue (not "
+            "exported each on its own), summed, per state: waiting, running.",
+            [*q, "state"],
+            registry=r,
+        )
+        self.groups_left_out_served = Gauge(
+            "jobqueue_groups_left_out_served",
+            f"Runs served of the groups beyond the {MAX_GROUP_SERIES} busiest of a queue, "
+            "summed.",
+            q,
+            registry=r,
+        )
+        # What refresh_groups exported last, per queue: the series to remove when a group
+        # leaves the exported ones or fair shares go off.
+        self._group_series: dict[str, set[str]] = {}
         self.sched = {
             name: Counter(f"jobqueue_scheduler_{name}", text, registry=r)
             for name, text in (
@@ -322,6 +367,49 @@ class PrometheusMetrics(Metrics):
                 else first.rate_limit * 1000 / first.rate_window_ms
             )
             self.queue_rate_limit.labels(queue).set(per_s)
+            self.refresh_groups(jq, queue)
+
+    def refresh_groups(self, jq: JobQueue, queue: str) -> None:
+        """The group gauges of one queue: read only while fair shares are on (one HGET
+        otherwise); a queue whose fair shares went off loses its group series."""
+        from jobqueue.client.groups import busiest, read_fair
+
+        fair, found = jq.run_steps(read_fair(jq, queue))
+        for anomaly in found:
+            self._anomaly(str(anomaly))
+        if not fair:
+            self._drop_groups(queue, set())
+            return
+        groups = jq.groups(queue)
+        for anomaly in [*groups.anomalies, *(a for g in groups for a in g.anomalies)]:
+            self._anomaly(str(anomaly))
+        shown, rest = busiest(groups, MAX_GROUP_SERIES)
+        for group in shown:
+            self.group_runs.labels(queue, group.name, "waiting").set(group.waiting)
+            self.group_runs.labels(queue, group.name, "running").set(group.running)
+            self.group_served.labels(queue, group.name).set(group.served)
+        self._drop_groups(queue, {group.name for group in shown})
+        self._group_series[queue] = {group.name for group in shown}
+        self.groups.labels(queue).set(len(groups))
+        self.groups_left_out_runs.labels(queue, "waiting").set(sum(g.waiting for g in rest))
+        self.groups_left_out_runs.labels(queue, "running").set(sum(g.running for g in rest))
+        self.groups_left_out_served.labels(queue).set(sum(g.served for g in rest))
+
+    def _drop_groups(self, queue: str, keep: set[str]) -> None:
+        """Remove the group series of ``queue`` not in ``keep`` (all of them, and the
+        queue's group totals, when ``keep`` is empty: fair shares off)."""
+        had = self._group_series.pop(queue, None)
+        if had is None:
+            return
+        for name in had - keep:
+            for state in ("waiting", "running"):
+                self.group_runs.remove(queue, name, state)
+            self.group_served.remove(queue, name)
+        if not keep:
+            self.groups.remove(queue)
+            for state in ("waiting", "running"):
+                self.groups_left_out_runs.remove(queue, state)
+            self.groups_left_out_served.remove(queue)
 
     def _anomaly(self, text: str) -> None:
         """Log a finding once: the refresh runs every few seconds, the log is read by people."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from jobqueue.anomalies import Anomaly
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg
 from jobqueue.store.keys import PartitionKeys
 
@@ -59,7 +60,8 @@ class GroupInfo:
     """One group of a queue, summed over its partitions. ``waiting``: runs in the group's
     queue (pending, due or not; a cancelled one until a claim passes it); ``served``: runs
     claimed from it while fair shares were on; ``running``: leased runs whose limit_key is
-    the group. ``weight`` 1 and ``max_size`` None are the defaults."""
+    the group. ``weight`` 1 and ``max_size`` None are the defaults. ``anomalies``: foreign
+    data met in the group's own keys and fields (read as the defaults, or as 0)."""
 
     name: str
     weight: int
@@ -68,3 +70,4 @@ class GroupInfo:
     waiting: int
     running: int
     served: int
+    anomalies: tuple[Anomaly, ...] = ()
