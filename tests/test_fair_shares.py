@@ -16,15 +16,20 @@ from typing import Any
 import pytest
 
 from jobqueue import GroupFull, JobQueue, RunNotFound
+from jobqueue.errors import ScriptError
 from jobqueue.store.admin import SET_LIMIT
 from jobqueue.store.groups import GROUP_SET
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
+    BOUNCE,
     CANCEL,
     CLAIM,
     COMPLETE,
     CREATE_RUN,
+    DEDUPE,
     FAIL,
+    RELEASE,
+    REQUEUE,
     ClaimResult,
     RunSpec,
 )
@@ -201,6 +206,53 @@ def test_a_retried_run_goes_back_to_its_group(runner: ScriptRunner, pk: Partitio
     (run,) = claim(runner, pk, now=1_000).runs
     runner.run(FAIL.call(pk, run.run_id, run.fence, "boom", 100, RETENTION, now=1_100))
     assert ids(claim(runner, pk, now=2_000)) == ["a-0"]
+
+
+# A run put back in line (released, requeued, handed back, enqueued or replaced under a
+# deduplication key) goes to its group's queue in the same call, as a retry does: the next
+# claim serves it even while another group's 100 earlier runs fill the head of the due set
+# (adopting it would need it among the due set's first entries).
+FLOOD = [f"f-{i}" for i in range(100)]
+
+
+def put_back(runner: ScriptRunner, pk: PartitionKeys, how: str) -> None:
+    """b-0 put back in line at 2_000 by ``how``, behind the 100 runs of group f due at 0."""
+    if how in ("release", "bounce"):
+        create(runner, pk, "b", "b-0", now=0)
+        create(runner, pk, "f", *FLOOD, now=0)
+        (run,) = claim(runner, pk, now=1_000).runs  # b's turn first (its name)
+        assert run.run_id == "b-0"
+        if how == "release":
+            runner.run(RELEASE.call(pk, "b-0", run.fence, now=2_000))
+        else:
+            runner.run(BOUNCE.call(pk, "b-0", run.fence, "w1", "no code", delay_ms=0,
+                                   delay_cap_ms=0, window_ms=60_000,
+                                   dead_retention_ms=RETENTION, now=2_000))
+    elif how == "requeue":
+        create(runner, pk, "b", "b-0", now=0)
+        create(runner, pk, "f", *FLOOD, now=0)
+        runner.run(CANCEL.call(pk, "b-0", RETENTION, "no", now=500))
+        assert ids(claim(runner, pk, now=1_000)) == ["f-0"]  # (b's stale entry passed)
+        assert REQUEUE.parse(runner.run(REQUEUE.call(pk, "b-0", now=2_000))).changed
+    else:  # dedupe, creating b-0 (or replacing it, due in an hour until then)
+        if how == "dedupe-replace":
+            spec = RunSpec("b-0", "t", PAYLOAD, limit_key="b", delay_ms=3_600_000)
+            runner.run(DEDUPE.call(pk, spec, "k", "debounce", None, now=0))
+        create(runner, pk, "f", *FLOOD, now=0)
+        spec = RunSpec("b-new" if how == "dedupe-replace" else "b-0", "t", PAYLOAD,
+                       limit_key="b")
+        reply = runner.run(DEDUPE.call(pk, spec, "k", "debounce", None, now=2_000))
+        assert DEDUPE.parse(reply).run_id == "b-0"
+
+
+@pytest.mark.usefixtures("on")
+@pytest.mark.parametrize("how", ["release", "requeue", "bounce", "dedupe-create",
+                                 "dedupe-replace"])
+def test_a_run_put_back_in_line_is_served_at_the_next_claim_behind_a_flood(
+    runner: ScriptRunner, pk: PartitionKeys, how: str
+) -> None:
+    put_back(runner, pk, how)
+    assert "b-0" in ids(claim(runner, pk, now=3_000, limit=2))
 
 
 # -- pause, max_size, caps ----------------------------------------------------------------------
@@ -440,6 +492,78 @@ def test_a_claim_that_unparks_into_a_group_it_found_empty_writes_no_key_it_empti
     # while the ring drops a-2, the last entry of a's queue and of gof, and finds a empty
     assert ids(claim(runner, pk, now=1_000 + LEASE + 1)) == []
     assert ids(claim(runner, pk, now=1_000 + LEASE + 2)) == ["a-1"]
+
+
+def test_an_enqueue_under_a_deduplication_key_respects_its_groups_max_size(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    fair(runner, pk)
+    group(runner, pk, "b", max_size=1)
+    create(runner, pk, "b", "b-0", now=0)
+    spec = RunSpec("b-1", "t", PAYLOAD, limit_key="b")
+    with pytest.raises(GroupFull, match=r"group b .* max_size is 1"):
+        runner.run(DEDUPE.call(pk, spec, "k", "throttle", None, now=10))
+    assert not runner.client.exists(pk.prefix + "run:b-1")
+
+
+# Foreign data in a key of the ring refuses the call whole, before any write, in every script
+# that puts a run in line or serves the ring.
+def ring_call(runner: ScriptRunner, pk: PartitionKeys, script: str) -> Any:
+    """The state before ``script``'s call (fair shares on, group a), and the call."""
+    fair(runner, pk)
+    if script == "create_run":
+        return CREATE_RUN.call(pk, [RunSpec("a-0", "t", PAYLOAD, limit_key="a")], now=100)
+    if script == "dedupe":
+        return DEDUPE.call(pk, RunSpec("a-0", "t", PAYLOAD, limit_key="a"), "k", "throttle",
+                           None, now=100)
+    create(runner, pk, "a", "a-0", "a-1", now=0)
+    create(runner, pk, "b", "b-0", now=0)
+    if script == "claim":
+        claim(runner, pk, now=50)  # (gready, gpass, gserved, gvt exist)
+        return CLAIM.call(pk, 2, "w1", LEASE, RETENTION, now=100)
+    if script == "requeue":
+        runner.run(CANCEL.call(pk, "a-0", RETENTION, "no", now=50))
+        claim(runner, pk, now=60)
+        return REQUEUE.call(pk, "a-0", now=100)
+    (run,) = claim(runner, pk, now=50).runs
+    assert run.run_id == "a-0"
+    if script == "release":
+        return RELEASE.call(pk, "a-0", run.fence, now=100)
+    if script == "fail":
+        return FAIL.call(pk, "a-0", run.fence, "boom", 10, RETENTION, now=100)
+    return BOUNCE.call(pk, "a-0", run.fence, "w1", "no code", delay_ms=10, delay_cap_ms=10,
+                       window_ms=60_000, dead_retention_ms=RETENTION, now=100)
+
+
+def snapshot(client: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in client.keys("*"):
+        kind = client.type(key)
+        read = {"string": client.get, "list": lambda k: client.lrange(k, 0, -1),
+                "set": client.smembers, "hash": client.hgetall,
+                "zset": lambda k: client.zrange(k, 0, -1, withscores=True)}.get(kind)
+        out[key] = (kind, read(key) if read else None)
+    return out
+
+
+RING_KEYS = ["gconf", "gq:a", "gof", "gwait"]
+RING_CASES = [(s, k) for s in ("create_run", "dedupe", "release", "requeue", "fail", "bounce")
+              for k in RING_KEYS]
+RING_CASES += [("claim", k) for k in [*RING_KEYS, "gready", "gpass", "gserved", "gvt"]]
+
+
+@pytest.mark.parametrize(("script", "key"), RING_CASES, ids=[f"{s}-{k}" for s, k in RING_CASES])
+def test_foreign_data_in_a_ring_key_refuses_the_call_whole(
+    runner: ScriptRunner, pk: PartitionKeys, script: str, key: str
+) -> None:
+    call = ring_call(runner, pk, script)
+    full = pk.prefix + key
+    runner.client.delete(full)
+    runner.client.sadd(full, "garbage")  # (a type no script writes there)
+    before = snapshot(runner.client)
+    with pytest.raises(ScriptError, match=r"holds (foreign data|a set)"):
+        runner.run(call)
+    assert snapshot(runner.client) == before
 
 
 # -- the checks are not vacuous ------------------------------------------------------------------
