@@ -387,6 +387,8 @@ local ok, plan = reading(function()
       candidate(name, math.max(saved, ring.vt)).waited = true
     end
     local ready = read('ZRANGE', prefix .. 'gready', 0, limit + RING_LOOK - 1, 'WITHSCORES')
+    -- (more ready groups behind: those looked at now may all be held back, and leave)
+    if #ready == 2 * (limit + RING_LOOK) then ring.more = true end
     for i = 1, #ready, 2 do
       -- (a pass is a whole number: a foreign one, -inf say, joins at the virtual time)
       local pass = whole_or(ready[i + 1], 0, ring.vt)

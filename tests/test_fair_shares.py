@@ -413,6 +413,24 @@ def test_a_claim_with_only_held_back_groups_due_does_not_ask_to_be_called_at_onc
 
 
 @pytest.mark.usefixtures("on")
+def test_a_claim_that_looked_at_held_back_groups_only_wakes_for_the_ready_groups_behind(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    names = [f"g{i:02}" for i in range(65)] + ["z"]
+    for g in names:
+        create(runner, pk, g, *[f"{g}-{i}" for i in range(10)], now=0)
+    taken = ids(claim(runner, pk, now=1_000, limit=64)) + ids(claim(runner, pk, now=1_001, limit=2))
+    assert sorted(r.split("-")[0] for r in taken) == sorted(names)  # every group once
+    runner.client.zadd(pk.gready, dict.fromkeys(names, 5_000_000))  # (all at one pass)
+    for g in names[:-1]:
+        group(runner, pk, g, paused=True)
+    # a claim of one looks at 65 ready groups (its limit + 64), all paused: z is behind them
+    first = claim(runner, pk, now=1_200)
+    assert first.runs == [] and first.next_wake_ms == 1_200
+    assert ids(claim(runner, pk, now=1_201))[0].startswith("z-")
+
+
+@pytest.mark.usefixtures("on")
 def test_a_run_due_after_the_prio_spans_end_is_claimed(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
