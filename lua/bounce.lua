@@ -40,7 +40,10 @@
 -- a worker that had the task (fail.lua's retry, release.lua), a claim taking back an expired
 -- lease (its holder may have had it) and a requeue clear them, so a later hand-back starts a
 -- new window. The fence is not changed here: the next claim issues
--- a new one. Slots of per-key or per-task caps are freed as in release.lua.
+-- a new one. Slots of per-key or per-task caps are freed as in release.lua. A run handed back
+-- keeps its priority (the prio zset), or with fair shares on goes back to its group's queue
+-- (group_enter in _prelude.lua; a gconf, gq, gof or gwait key of another type refuses the
+-- call whole).
 -- Events (see event_log in _prelude.lua): 'bounced' ('<hand_backs>|<worker>') or 'dead', and
 -- 'refused' for a refused call whose record exists.
 
@@ -70,6 +73,7 @@ local ok, plan = reading(function()
     expect(KEYS[6], 'zset')
     p.wake = waker(KEYS[5])
     p.hist = history_ok(prefix, run_id)
+    p.group = group_of(prefix, p.run.limit_key, fair_partition(prefix))
     p.freer = slot_freer(prefix, KEYS[1], KEYS[7])
     p.freer.free(run_id, held_groups(p.run))
     -- (read whether or not it is buried: a version nobody uses is harmless)
@@ -128,7 +132,11 @@ if plan.hist then
 end
 redis.call('ZADD', KEYS[1], due, run_id)
 local level = priority_of(run.priority)
-if level > 0 then redis.call('ZADD', KEYS[6], prio_score(level, due), run_id) end
+if plan.group then -- (fair shares: back in its group's queue, _prelude.lua)
+  group_enter(prefix, plan.group, run_id, prio_score(level, due), due)
+elseif level > 0 then
+  redis.call('ZADD', KEYS[6], prio_score(level, due), run_id)
+end
 wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[7]))
 emit(plan.log, 'bounced', run_id, int(n) .. '|' .. owner)
 trim_events(plan.log)

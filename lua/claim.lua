@@ -387,9 +387,13 @@ local ok, plan = reading(function()
       candidate(name, math.max(saved, ring.vt)).waited = true
     end
     local ready = read('ZRANGE', prefix .. 'gready', 0, limit + RING_LOOK - 1, 'WITHSCORES')
+    -- (more ready groups behind: those looked at now may all be held back, and leave)
+    if #ready == 2 * (limit + RING_LOOK) then ring.more = true end
     for i = 1, #ready, 2 do
-      local g = candidate(ready[i], tonumber(ready[i + 1]))
-      g.pass, g.ready = tonumber(ready[i + 1]), true
+      -- (a pass is a whole number: a foreign one, -inf say, joins at the virtual time)
+      local pass = whole_or(ready[i + 1], 0, ring.vt)
+      local g = candidate(ready[i], pass)
+      g.pass, g.ready = pass, true
     end
     local first = read('ZRANGE', prefix .. 'gwait', '(' .. int(now), '+inf', 'BYSCORE', 'LIMIT',
                        0, 1, 'WITHSCORES')
@@ -413,8 +417,10 @@ local ok, plan = reading(function()
       end
       while g.level >= 0 do
         local base = (PRIORITY_MAX - g.level) * PRIORITY_SPAN
-        local e = read('ZRANGE', g.key, int(base), '(' .. int(base + PRIORITY_SPAN), 'BYSCORE',
-                       'LIMIT', g.off, 1, 'WITHSCORES')
+        -- (level 0 has no upper end: a run due past 2^43 ms, the year 2248, scores above it)
+        local upper = g.level == 0 and '+inf' or '(' .. int(base + PRIORITY_SPAN)
+        local e = read('ZRANGE', g.key, int(base), upper, 'BYSCORE', 'LIMIT', g.off, 1,
+                       'WITHSCORES')
         local hint_at = e[2] and tonumber(e[2]) - base
         if not hint_at or math.floor(hint_at) > now then
           if hint_at then later(g, hint_at) end
@@ -425,7 +431,10 @@ local ok, plan = reading(function()
           local at = tonumber(read('ZSCORE', KEYS[1], id))
           local run = at and record(id)
           if not run or run.state ~= 'pending' or (run.limit_key or '') ~= g.name then
-            drop(g, id, not (run and run.state == 'pending'))
+            -- (a pending run of another group, its id reused: its gof entry goes too unless
+            -- it names that group, so that step 3 adopts it there)
+            drop(g, id, not (run and run.state == 'pending') or
+                        read('HGET', prefix .. 'gof', id) ~= (run.limit_key or ''))
           elseif math.floor(at) > now then -- its due time moved later
             ring.gq_add[#ring.gq_add + 1] = {g.key, prio_score(priority_of(run.priority), at), id}
             later(g, at)
@@ -483,6 +492,14 @@ local ok, plan = reading(function()
           later(g, when)
         end
       end
+    end
+    -- The served counts (a field holding garbage is reset, as bump() does).
+    local served_names = {}
+    for _, g in ipairs(ring.list) do
+      if g.served > 0 then served_names[#served_names + 1] = g.name end
+    end
+    if #served_names > 0 then
+      ring.served = counters(prefix .. 'gserved', unpack(served_names))
     end
   end
   -- One hint: true when its run is taken or held back by a cap or key rate.
@@ -542,7 +559,12 @@ local ok, plan = reading(function()
   end
   -- 3. Due runs: every entry handled here leaves the due set. (With groups, the ring's runs
   -- are skipped, and a sound pending run is adopted into its group instead of taken.)
-  p.next_due = #due == 2 * (due_read + 1) and now or nil
+  -- (In a fair partition, a page of due entries all served by the ring (in a group's queue)
+  -- says nothing more: the ring tells its own next look. Only an entry step 3 handled or
+  -- adopted means more may follow behind the page.)
+  local page_full = #due == 2 * (due_read + 1)
+  p.next_due = page_full and not fair and now or nil
+  local met = false
   local served = {}
   if fair and #due > 0 then
     local ids = {}
@@ -555,6 +577,7 @@ local ok, plan = reading(function()
     local run_id, at = due[i], tonumber(due[i + 1])
     if not hinted[run_id] and not served[run_id] then -- (done with in steps 1b and 2)
       if math.floor(at) > now or (taking >= limit and not fair) then p.next_due = at; break end
+      met = true
       local run = record(run_id)
       if not run then
         p.handled[#p.handled + 1] = run_id
@@ -609,6 +632,7 @@ local ok, plan = reading(function()
       end
     end
   end
+  if fair and page_full and met and not p.next_due then p.next_due = now end
   -- Slots pruned from a group (held by no running run) that this call did not fill go to
   -- the group's oldest parked runs.
   for _, name in ipairs(p.group_order or {}) do
@@ -749,40 +773,32 @@ if plan.flow then
     end
   end
 end
--- The ring: group queues, then the groups' places (adds before removals), the virtual time.
+-- The ring: group queues, then the groups' places, then the runs adopted into their group and
+-- those unparked (free_slots): ZADD LT brings a group's next look earlier than its place says.
+-- Removals come after all of these (a key emptied here is not written again), and spare what
+-- they put in: a group found empty that got a run in this call stays in gwait.
 local ring = plan.ring
+local entered = {} -- run_id -> the group it entered in this call
 if ring then
   for _, e in ipairs(ring.gq_add) do redis.call('ZADD', e[1], e[2], e[3]) end
   local gready, gwait, gpass = prefix .. 'gready', prefix .. 'gwait', prefix .. 'gpass'
   for _, g in ipairs(ring.list) do
-    if g.served > 0 then redis.call('HINCRBY', prefix .. 'gserved', g.name, g.served) end
+    if g.served > 0 then bump(ring.served, g.name, g.served) end
     if g.paused then
       redis.call('ZADD', gwait, '+inf', g.name) -- until resumed (group_set.lua)
       redis.call('HSET', gpass, g.name, int(g.pass))
     elseif g.empty then
     elseif g.out then -- nothing due now: looked at again when its next run is
-      redis.call('ZADD', gwait, int(g.next_at), g.name)
+      redis.call('ZADD', gwait, int(math.floor(g.next_at)), g.name)
       redis.call('HSET', gpass, g.name, int(g.pass))
     elseif g.waited or g.served > 0 then
       redis.call('ZADD', gready, int(g.pass), g.name)
     end
   end
-  for _, e in ipairs(ring.gq_rem) do redis.call('ZREM', e[1], e[2]) end
-  if #ring.gof_drop > 0 then bulk('HDEL', prefix .. 'gof', ring.gof_drop, 1000) end
-  for _, g in ipairs(ring.list) do
-    if g.empty and not g.paused then
-      redis.call('ZREM', gready, g.name)
-      redis.call('ZREM', gwait, g.name)
-      redis.call('HDEL', gpass, g.name)
-    elseif (g.paused or g.out) and g.ready then
-      redis.call('ZREM', gready, g.name)
-    elseif not g.paused and not g.out and g.waited then
-      redis.call('ZREM', gwait, g.name)
-    end
+  for _, a in ipairs(plan.adopt or {}) do
+    group_enter(prefix, a.group, a.id, a.score, a.due)
+    entered[a.id] = a.group
   end
-  redis.call('SET', prefix .. 'gvt', int(ring.vt))
-  -- Adopted last: a group emptied above takes its place in the ring again.
-  for _, a in ipairs(plan.adopt or {}) do group_enter(prefix, a.group, a.id, a.score, a.due) end
 end
 if plan.freer then
   -- A parked run taken in this call used the slot it would have been unparked into.
@@ -790,10 +806,43 @@ if plan.freer then
   for _, run in ipairs(plan.take) do taken_now[run.id] = true end
   for _, name in ipairs(plan.freer.order) do
     local g, keep = plan.freer.groups[name], {}
-    for _, u in ipairs(g.unpark) do if not taken_now[u.id] then keep[#keep + 1] = u end end
+    for _, u in ipairs(g.unpark) do
+      if not taken_now[u.id] then
+        keep[#keep + 1] = u
+        if u.group then entered[u.id] = u.group end
+      end
+    end
     g.unpark = keep
   end
   unparked = free_slots(plan.freer, prefix, KEYS[1], KEYS[11])
+end
+if ring then
+  local gready, gwait, gpass = prefix .. 'gready', prefix .. 'gwait', prefix .. 'gpass'
+  local into, gof_drop = {}, {}
+  for _, group in pairs(entered) do into[group] = true end
+  for _, e in ipairs(ring.gq_rem) do
+    if not (entered[e[2]] and prefix .. 'gq:' .. entered[e[2]] == e[1]) then
+      redis.call('ZREM', e[1], e[2])
+    end
+  end
+  for _, id in ipairs(ring.gof_drop) do
+    if not entered[id] then gof_drop[#gof_drop + 1] = id end
+  end
+  if #gof_drop > 0 then bulk('HDEL', prefix .. 'gof', gof_drop, 1000) end
+  for _, g in ipairs(ring.list) do
+    if g.empty and not g.paused then
+      redis.call('ZREM', gready, g.name)
+      if not into[g.name] then
+        redis.call('ZREM', gwait, g.name)
+        redis.call('HDEL', gpass, g.name)
+      end
+    elseif (g.paused or g.out) and g.ready then
+      redis.call('ZREM', gready, g.name)
+    elseif not g.paused and not g.out and g.waited then
+      redis.call('ZREM', gwait, g.name)
+    end
+  end
+  redis.call('SET', prefix .. 'gvt', int(ring.vt))
 end
 if plan.flow then
   for _, name in ipairs(plan.group_order) do

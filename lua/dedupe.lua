@@ -40,6 +40,10 @@
 -- holder's enqueue (the key expires), whatever the holder's state since, except that
 -- debounce can only replace a pending run: past its first claim, a new run takes the key.
 -- A key naming no run record (expired, purged, a key of another type) holds nothing.
+-- With fair shares on, a created run waits in its group's queue (group_enter, _prelude.lua)
+-- and a replaced one moves there to its new due time, instead of the prio zset; a creation
+-- past its group's max_size is refused whole ('ERR jobqueue: group full: ...', as
+-- create_run.lua); a gconf, gq, gof or gwait key of another type refuses the call whole.
 -- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') or 'replaced' ('<due
 -- ms>', for the holder).
 
@@ -57,14 +61,30 @@ local ok, plan = reading(function()
   p.stats = counters(KEYS[3], 'created', 'deduplicated', 'replaced')
   p.seq = sequencer(KEYS[6], now)
   p.holder = read('GET', KEYS[5]) or nil
+  local fair = fair_partition(prefix)
   if p.holder then
-    p.held = load_run(prefix .. 'run:' .. p.holder, 'state', 'priority')
+    p.held = load_run(prefix .. 'run:' .. p.holder, 'state', 'priority', 'limit_key')
     if p.held and p.held.state == 'pending' then
       p.hist = history_ok(prefix, p.holder)
+      p.held_group = group_of(prefix, p.held.limit_key, fair)
     end
   end
   p.exists = read('EXISTS', key) == 1
   p.log = event_log(prefix)
+  local held = p.held and p.held.state ~= nil
+  local folds = p.holder and ((held and p.held.state == 'pending') or
+                              (ttl and held and mode == 'throttle'))
+  if not folds and not p.exists then -- it creates the run: its group, and the group's max_size
+    p.group = group_of(prefix, ARGV[16], fair)
+    local max = p.group and read('HGET', prefix .. 'gconf', 'max:' .. p.group)
+    if whole(max, 0) then
+      local n = read('ZCARD', prefix .. 'gq:' .. p.group)
+      if n >= tonumber(max) then
+        refuse('ERR jobqueue: group full: group ' .. p.group .. ' of this queue has ' .. n ..
+               ' runs waiting, its max_size is ' .. max .. '; nothing was created')
+      end
+    end
+  end
   return p
 end)
 if not ok then return plan end
@@ -86,7 +106,11 @@ if plan.holder and (pending or (ttl and alive and mode == 'throttle')) then
     end
     redis.call('ZADD', KEYS[1], due, plan.holder)
     local level = priority_of(plan.held.priority)
-    if level > 0 then redis.call('ZADD', KEYS[4], prio_score(level, due), plan.holder) end
+    if plan.held_group then -- (fair shares: its group's queue, at its new due time)
+      group_enter(prefix, plan.held_group, plan.holder, prio_score(level, due), due)
+    elseif level > 0 then
+      redis.call('ZADD', KEYS[4], prio_score(level, due), plan.holder)
+    end
     if plan.hist then
       history(prefix, plan.holder, now .. ' replaced by a debounced enqueue, due ' .. int(due))
     end
@@ -105,8 +129,10 @@ if ARGV[15] ~= '' then redis.call('HSET', key, 'meta', ARGV[15]) end
 if ARGV[16] ~= '' then redis.call('HSET', key, 'limit_key', ARGV[16]) end
 local level = priority_of(ARGV[14])
 local slot = next_slot(plan.seq)
-if level > 0 then
-  redis.call('HSET', key, 'priority', level)
+if level > 0 then redis.call('HSET', key, 'priority', level) end
+if plan.group then -- (fair shares: its group's queue, as create_run.lua)
+  group_enter(prefix, plan.group, run_id, prio_slot_score(level, due, slot), due)
+elseif level > 0 then
   redis.call('ZADD', KEYS[4], prio_slot_score(level, due, slot), run_id)
 end
 redis.call('ZADD', KEYS[1], due_score(due, slot), run_id)

@@ -18,7 +18,9 @@
 --
 -- The fence is not changed here: the next claim issues a new one, and until then the run is
 -- pending, so the releasing worker can no longer heartbeat or commit. A run above the
--- default priority goes back to the prio zset too: it keeps its priority.
+-- default priority goes back to the prio zset too: it keeps its priority. With fair shares
+-- on, it goes back to its group's queue instead (group_enter in _prelude.lua; a gconf, gq,
+-- gof or gwait key of another type refuses the call whole).
 --
 -- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
 -- them here, and the oldest parked run of each such group is put back at its original due
@@ -43,6 +45,7 @@ local ok, plan = reading(function()
     expect(KEYS[4], 'zset')
     p.wake = waker(KEYS[3])
     p.hist = history_ok(prefix, run_id)
+    p.group = group_of(prefix, p.run.limit_key, fair_partition(prefix))
     p.freer = slot_freer(prefix, KEYS[1], KEYS[5])
     p.freer.free(run_id, held_groups(p.run))
   end
@@ -67,7 +70,11 @@ if plan.hist then
 end
 redis.call('ZADD', KEYS[1], now, run_id)
 local level = priority_of(plan.run.priority)
-if level > 0 then redis.call('ZADD', KEYS[4], prio_score(level, now), run_id) end
+if plan.group then -- (fair shares: back in its group's queue, _prelude.lua)
+  group_enter(prefix, plan.group, run_id, prio_score(level, now), now)
+elseif level > 0 then
+  redis.call('ZADD', KEYS[4], prio_score(level, now), run_id)
+end
 redis.call('ZREM', KEYS[2], run_id)
 wake(plan.wake, 1 + free_slots(plan.freer, prefix, KEYS[1], KEYS[5]))
 -- the attempt that was given back (not counted: the record's attempt is one less now)

@@ -22,7 +22,9 @@
 -- record keeps no field of the life that ended (result, error, owner, start, finish,
 -- progress): the
 -- history keeps how it ended, so that every earlier attempt stays in the run's story. A run
--- above the default priority goes back to the prio zset too: it keeps its priority. A run
+-- above the default priority goes back to the prio zset too: it keeps its priority (with
+-- fair shares on, its group's queue instead: group_enter in _prelude.lua; a gconf, gq, gof or
+-- gwait key of another type refuses the call whole). A run
 -- cancelled before its due time (a delayed run, or one waiting out a retry's back-off) is
 -- due at that time again, not at once; any other is due now, a held buffer-one run too (its
 -- due field, the far hold time, is past MAX_DUE_MS). A hand-back window (bounce.lua) starts
@@ -35,7 +37,7 @@ local key = prefix .. 'run:' .. run_id
 
 local ok, plan = reading(function()
   local p = {run = load_run(key, 'state', 'attempt', 'owner', 'started', 'finished', 'fence',
-                            'result', 'priority', 'due', 'left', 'staged')}
+                            'result', 'priority', 'due', 'left', 'staged', 'limit_key')}
   local state = p.run and p.run.state
   -- A workflow step that waited on others ('left') has a payload built from what it heard
   -- of them, or none yet: run again alone it would get the wrong arguments. A staged one
@@ -50,6 +52,7 @@ local ok, plan = reading(function()
     p.wake = waker(KEYS[4])
     p.hist = history_ok(prefix, run_id)
     p.log = event_log(prefix)
+    p.group = group_of(prefix, p.run.limit_key, fair_partition(prefix))
   end
   return p
 end)
@@ -91,7 +94,11 @@ if plan.hist then
 end
 redis.call('ZADD', KEYS[1], due, run_id)
 local level = priority_of(run.priority)
-if level > 0 then redis.call('ZADD', KEYS[5], prio_score(level, due), run_id) end
+if plan.group then -- (fair shares: back in its group's queue, _prelude.lua)
+  group_enter(prefix, plan.group, run_id, prio_score(level, due), due)
+elseif level > 0 then
+  redis.call('ZADD', KEYS[5], prio_score(level, due), run_id)
+end
 redis.call('ZREM', KEYS[2], run_id)
 redis.call('ZREM', KEYS[3], run_id)
 wake(plan.wake, 1)

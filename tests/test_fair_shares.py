@@ -16,10 +16,23 @@ from typing import Any
 import pytest
 
 from jobqueue import GroupFull, JobQueue, RunNotFound
+from jobqueue.errors import ScriptError
 from jobqueue.store.admin import SET_LIMIT
 from jobqueue.store.groups import GROUP_SET
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, FAIL, ClaimResult, RunSpec
+from jobqueue.store.runs import (
+    BOUNCE,
+    CANCEL,
+    CLAIM,
+    COMPLETE,
+    CREATE_RUN,
+    DEDUPE,
+    FAIL,
+    RELEASE,
+    REQUEUE,
+    ClaimResult,
+    RunSpec,
+)
 from jobqueue.store.scripts import Script, ScriptRunner, scripts
 
 PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -196,6 +209,53 @@ def test_a_retried_run_goes_back_to_its_group(runner: ScriptRunner, pk: Partitio
     assert ids(claim(runner, pk, now=2_000)) == ["a-0"]
 
 
+# A run put back in line (released, requeued, handed back, enqueued or replaced under a
+# deduplication key) goes to its group's queue in the same call, as a retry does: the next
+# claim serves it even while another group's 100 earlier runs fill the head of the due set
+# (adopting it would need it among the due set's first entries).
+FLOOD = [f"f-{i}" for i in range(100)]
+
+
+def put_back(runner: ScriptRunner, pk: PartitionKeys, how: str) -> None:
+    """b-0 put back in line at 2_000 by ``how``, behind the 100 runs of group f due at 0."""
+    if how in ("release", "bounce"):
+        create(runner, pk, "b", "b-0", now=0)
+        create(runner, pk, "f", *FLOOD, now=0)
+        (run,) = claim(runner, pk, now=1_000).runs  # b's turn first (its name)
+        assert run.run_id == "b-0"
+        if how == "release":
+            runner.run(RELEASE.call(pk, "b-0", run.fence, now=2_000))
+        else:
+            runner.run(BOUNCE.call(pk, "b-0", run.fence, "w1", "no code", delay_ms=0,
+                                   delay_cap_ms=0, window_ms=60_000,
+                                   dead_retention_ms=RETENTION, now=2_000))
+    elif how == "requeue":
+        create(runner, pk, "b", "b-0", now=0)
+        create(runner, pk, "f", *FLOOD, now=0)
+        runner.run(CANCEL.call(pk, "b-0", RETENTION, "no", now=500))
+        assert ids(claim(runner, pk, now=1_000)) == ["f-0"]  # (b's stale entry passed)
+        assert REQUEUE.parse(runner.run(REQUEUE.call(pk, "b-0", now=2_000))).changed
+    else:  # dedupe, creating b-0 (or replacing it, due in an hour until then)
+        if how == "dedupe-replace":
+            spec = RunSpec("b-0", "t", PAYLOAD, limit_key="b", delay_ms=3_600_000)
+            runner.run(DEDUPE.call(pk, spec, "k", "debounce", None, now=0))
+        create(runner, pk, "f", *FLOOD, now=0)
+        spec = RunSpec("b-new" if how == "dedupe-replace" else "b-0", "t", PAYLOAD,
+                       limit_key="b")
+        reply = runner.run(DEDUPE.call(pk, spec, "k", "debounce", None, now=2_000))
+        assert DEDUPE.parse(reply).run_id == "b-0"
+
+
+@pytest.mark.usefixtures("on")
+@pytest.mark.parametrize("how", ["release", "requeue", "bounce", "dedupe-create",
+                                 "dedupe-replace"])
+def test_a_run_put_back_in_line_is_served_at_the_next_claim_behind_a_flood(
+    runner: ScriptRunner, pk: PartitionKeys, how: str
+) -> None:
+    put_back(runner, pk, how)
+    assert "b-0" in ids(claim(runner, pk, now=3_000, limit=2))
+
+
 # -- pause, max_size, caps ----------------------------------------------------------------------
 
 
@@ -281,6 +341,248 @@ def test_with_fair_shares_off_claims_go_in_due_order(
     create(runner, pk, "b", "b-0", now=1)
     fair(runner, pk, on=False)
     assert ids(claim(runner, pk, now=1_000, limit=5)) == ["a-0", "a-1", "b-0"]
+
+
+# -- the ring's failure modes -------------------------------------------------------------------
+
+
+def adopted_later(runner: ScriptRunner, pk: PartitionKeys, group_: str, run_id: str,
+                  now: int) -> None:
+    """A run of ``group_`` put in line without its group's queue (as a workflow's release or
+    code older than groups does): created while fair shares are off."""
+    fair(runner, pk, on=False)
+    create(runner, pk, group_, run_id, now=now)
+    fair(runner, pk)
+
+
+@pytest.mark.usefixtures("on")
+def test_a_run_adopted_into_a_group_the_ring_found_empty_is_served(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", "a-0", now=0)
+    assert ids(claim(runner, pk, now=1_000)) == ["a-0"]  # a stays in the ring, its queue empty
+    adopted_later(runner, pk, "a", "a-1", now=1_100)
+    got: list[str] = []
+    for i in range(3):  # (the claim that found a empty adopted a-1: a must stay in the ring)
+        got += ids(claim(runner, pk, now=2_000 + i))
+    assert got == ["a-1"]
+
+
+@pytest.mark.usefixtures("on")
+def test_an_adopted_run_does_not_wait_for_its_groups_later_runs(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", "a-0", now=0)
+    create(runner, pk, "a", "a-next-week", now=0, delay=7 * 86_400_000)
+    assert ids(claim(runner, pk, now=1_000)) == ["a-0"]
+    adopted_later(runner, pk, "a", "a-1", now=1_100)
+    got: list[str] = []
+    for i in range(3):  # (the claim that adopted a-1 found a's next run a week away)
+        got += ids(claim(runner, pk, now=2_000 + i))
+    assert got == ["a-1"]
+
+
+@pytest.mark.usefixtures("on")
+def test_a_run_whose_id_came_back_in_another_group_is_served(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", "x", now=0)
+    runner.run(CANCEL.call(pk, "x", 1, "no", now=10))
+    runner.client.delete(pk.prefix + "run:x")  # its record expired; the ring has not passed it
+    adopted_later(runner, pk, "b", "x", now=20)
+    got: list[str] = []
+    for i in range(3):
+        got += ids(claim(runner, pk, now=1_000 + i))
+    assert got == ["x"]
+
+
+@pytest.mark.usefixtures("on")
+@pytest.mark.parametrize("held", ["paused", "at-its-cap"])
+def test_a_claim_with_only_held_back_groups_due_does_not_ask_to_be_called_at_once(
+    runner: ScriptRunner, pk: PartitionKeys, held: str
+) -> None:
+    if held == "paused":
+        group(runner, pk, "a", paused=True)
+    else:
+        runner.run(SET_LIMIT.call(pk, "key_concurrency", 1, now=0))
+    create(runner, pk, "a", *[f"a-{i}" for i in range(100)], now=0)
+    claim(runner, pk, now=1_000)
+    claim(runner, pk, now=1_001)
+    again = claim(runner, pk, now=1_002)
+    # (a worker told next_wake = now claims again at once, over and over)
+    assert again.runs == [] and again.next_wake_ms != 1_002
+
+
+@pytest.mark.usefixtures("on")
+def test_a_claim_that_looked_at_held_back_groups_only_wakes_for_the_ready_groups_behind(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    names = [f"g{i:02}" for i in range(65)] + ["z"]
+    for g in names:
+        create(runner, pk, g, *[f"{g}-{i}" for i in range(10)], now=0)
+    taken = ids(claim(runner, pk, now=1_000, limit=64)) + ids(claim(runner, pk, now=1_001, limit=2))
+    assert sorted(r.split("-")[0] for r in taken) == sorted(names)  # every group once
+    runner.client.zadd(pk.gready, dict.fromkeys(names, 5_000_000))  # (all at one pass)
+    for g in names[:-1]:
+        group(runner, pk, g, paused=True)
+    # a claim of one looks at 65 ready groups (its limit + 64), all paused: z is behind them
+    first = claim(runner, pk, now=1_200)
+    assert first.runs == [] and first.next_wake_ms == 1_200
+    assert ids(claim(runner, pk, now=1_201))[0].startswith("z-")
+
+
+@pytest.mark.usefixtures("on")
+def test_a_run_due_after_the_prio_spans_end_is_claimed(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    due = 2**43 + 5_000  # the year 2248: a default-priority score past 10 * 2^43
+    spec = RunSpec("a-0", "t", PAYLOAD, limit_key="a", due_at_ms=due)
+    assert CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [spec], now=0))) == [True]
+    assert ids(claim(runner, pk, now=due - 1)) == []
+    assert ids(claim(runner, pk, now=due)) == ["a-0"]
+
+
+@pytest.mark.usefixtures("on")
+def test_a_served_count_holding_garbage_is_reset_not_a_failed_claim(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    create(runner, pk, "a", "a-0", now=0)
+    runner.client.hset(pk.gserved, "a", "garbage")
+    assert ids(claim(runner, pk, now=1_000)) == ["a-0"]
+    assert runner.client.hget(pk.gserved, "a") == "1"
+
+
+@pytest.mark.usefixtures("on")
+def test_a_foreign_pass_does_not_keep_the_ring_on_one_group(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    for g in "ab":
+        create(runner, pk, g, *[f"{g}-{i}" for i in range(10)], now=0)
+    assert served_groups(runner, pk, 2, now=1_000) == ["a", "b"]
+    runner.client.zadd(pk.gready, {"a": float("-inf")})
+    got = Counter(served_groups(runner, pk, 6, now=2_000))
+    assert got["b"] >= 2 and got["a"] >= 2  # (a rejoins at the virtual time: one turn early)
+
+
+# A claim's phase 2 never writes a key it emptied (on a node migrating the slot, a write to a
+# missing key is refused half-way): checked by a claim whose every redis.call goes through a
+# guard that refuses any command on a key an earlier command of the call emptied.
+EMPTIED_GUARD = """
+local jq_emptied = {}
+local JQ_REMOVES = {ZREM = true, HDEL = true, SREM = true, ZREMRANGEBYSCORE = true, DEL = true}
+local function jq_call(command, key, ...)
+  if key == nil then return redis.call(command) end
+  if jq_emptied[key] then
+    error('jobqueue test: ' .. command .. ' on ' .. key .. ', which this call emptied')
+  end
+  local reply = redis.call(command, key, ...)
+  if JQ_REMOVES[string.upper(command)] and redis.call('EXISTS', key) == 0 then
+    jq_emptied[key] = true
+  end
+  return reply
+end
+"""
+
+
+def guard_emptied_keys(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    good = scripts()[name]
+    plain = EMPTIED_GUARD + good.plain.replace("redis.call(", "jq_call(")
+    source = good.source.split("\n", 1)[0] + "\n" + plain
+    monkeypatch.setitem(scripts(), name, Script(
+        name, source, hashlib.sha1(source.encode()).hexdigest(),
+        plain, hashlib.sha1(plain.encode()).hexdigest(),
+    ))
+
+
+@pytest.mark.usefixtures("on")
+def test_a_claim_that_unparks_into_a_group_it_found_empty_writes_no_key_it_emptied(
+    runner: ScriptRunner, pk: PartitionKeys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner.run(SET_LIMIT.call(pk, "task:t", 1, now=0))
+    once = RunSpec("a-0", "t", PAYLOAD, limit_key="a", max_attempts=1)
+    assert CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [once], now=0))) == [True]
+    assert ids(claim(runner, pk, now=1_000)) == ["a-0"]  # holds task t's one slot
+    create(runner, pk, "a", "a-1", now=1_100)
+    assert ids(claim(runner, pk, now=1_200)) == []  # a-1 parked: t is full
+    create(runner, pk, "a", "a-2", now=1_300)
+    runner.run(CANCEL.call(pk, "a-2", RETENTION, "no", now=1_400))  # stale in a's queue
+    guard_emptied_keys("claim", monkeypatch)
+    # a-0's lease expired on its last attempt: buried, its slot goes to a-1 (unparked into a),
+    # while the ring drops a-2, the last entry of a's queue and of gof, and finds a empty
+    assert ids(claim(runner, pk, now=1_000 + LEASE + 1)) == []
+    assert ids(claim(runner, pk, now=1_000 + LEASE + 2)) == ["a-1"]
+
+
+def test_an_enqueue_under_a_deduplication_key_respects_its_groups_max_size(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    fair(runner, pk)
+    group(runner, pk, "b", max_size=1)
+    create(runner, pk, "b", "b-0", now=0)
+    spec = RunSpec("b-1", "t", PAYLOAD, limit_key="b")
+    with pytest.raises(GroupFull, match=r"group b .* max_size is 1"):
+        runner.run(DEDUPE.call(pk, spec, "k", "throttle", None, now=10))
+    assert not runner.client.exists(pk.prefix + "run:b-1")
+
+
+# Foreign data in a key of the ring refuses the call whole, before any write, in every script
+# that puts a run in line or serves the ring.
+def ring_call(runner: ScriptRunner, pk: PartitionKeys, script: str) -> Any:
+    """The state before ``script``'s call (fair shares on, group a), and the call."""
+    fair(runner, pk)
+    if script == "create_run":
+        return CREATE_RUN.call(pk, [RunSpec("a-0", "t", PAYLOAD, limit_key="a")], now=100)
+    if script == "dedupe":
+        return DEDUPE.call(pk, RunSpec("a-0", "t", PAYLOAD, limit_key="a"), "k", "throttle",
+                           None, now=100)
+    create(runner, pk, "a", "a-0", "a-1", now=0)
+    create(runner, pk, "b", "b-0", now=0)
+    if script == "claim":
+        claim(runner, pk, now=50)  # (gready, gpass, gserved, gvt exist)
+        return CLAIM.call(pk, 2, "w1", LEASE, RETENTION, now=100)
+    if script == "requeue":
+        runner.run(CANCEL.call(pk, "a-0", RETENTION, "no", now=50))
+        claim(runner, pk, now=60)
+        return REQUEUE.call(pk, "a-0", now=100)
+    (run,) = claim(runner, pk, now=50).runs
+    assert run.run_id == "a-0"
+    if script == "release":
+        return RELEASE.call(pk, "a-0", run.fence, now=100)
+    if script == "fail":
+        return FAIL.call(pk, "a-0", run.fence, "boom", 10, RETENTION, now=100)
+    return BOUNCE.call(pk, "a-0", run.fence, "w1", "no code", delay_ms=10, delay_cap_ms=10,
+                       window_ms=60_000, dead_retention_ms=RETENTION, now=100)
+
+
+def snapshot(client: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in client.keys("*"):
+        kind = client.type(key)
+        read = {"string": client.get, "list": lambda k: client.lrange(k, 0, -1),
+                "set": client.smembers, "hash": client.hgetall,
+                "zset": lambda k: client.zrange(k, 0, -1, withscores=True)}.get(kind)
+        out[key] = (kind, read(key) if read else None)
+    return out
+
+
+RING_KEYS = ["gconf", "gq:a", "gof", "gwait"]
+RING_CASES = [(s, k) for s in ("create_run", "dedupe", "release", "requeue", "fail", "bounce")
+              for k in RING_KEYS]
+RING_CASES += [("claim", k) for k in [*RING_KEYS, "gready", "gpass", "gserved", "gvt"]]
+
+
+@pytest.mark.parametrize(("script", "key"), RING_CASES, ids=[f"{s}-{k}" for s, k in RING_CASES])
+def test_foreign_data_in_a_ring_key_refuses_the_call_whole(
+    runner: ScriptRunner, pk: PartitionKeys, script: str, key: str
+) -> None:
+    call = ring_call(runner, pk, script)
+    full = pk.prefix + key
+    runner.client.delete(full)
+    runner.client.sadd(full, "garbage")  # (a type no script writes there)
+    before = snapshot(runner.client)
+    with pytest.raises(ScriptError, match=r"holds (foreign data|a set)"):
+        runner.run(call)
+    assert snapshot(runner.client) == before
 
 
 # -- the checks are not vacuous ------------------------------------------------------------------
