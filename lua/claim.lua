@@ -103,6 +103,7 @@ local prefix, limit, owner = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local default_lease, dead_retention = tonumber(ARGV[5]), tonumber(ARGV[6])
 local ORPHANS_PER_CALL = 10
 local RING_LOOK = 64 -- groups looked at per call beyond the claim's limit
+local RING_STALE_LOOK = 256 -- group-queue entries per call that are not a due run to take
 
 local FIELDS = {'state', 'task', 'payload', 'attempt', 'max_attempts', 'fence', 'lease_ms',
                 'timeout_ms', 'job', 'scheduled_for', 'due', 'owner', 'hist', 'lease_until',
@@ -359,7 +360,7 @@ local ok, plan = reading(function()
   -- of lowest pass, priority first within the group.
   if fair then
     local ring = {vt = whole_or(read('GET', prefix .. 'gvt'), 0, 0), list = {}, by = {},
-                  gq_add = {}, gq_rem = {}, gof_drop = {}}
+                  gq_add = {}, gq_rem = {}, gof_drop = {}, stale = 0}
     p.ring = ring
     expect(prefix .. 'gready', 'zset')
     expect(prefix .. 'gpass', 'hash')
@@ -416,6 +417,10 @@ local ok, plan = reading(function()
         g.level, g.off = math.max(math.min(top, PRIORITY_MAX), 0), 0
       end
       while g.level >= 0 do
+        if ring.stale >= RING_STALE_LOOK then -- (bounded: the next claim goes on from here)
+          later(g, now)
+          return nil
+        end
         local base = (PRIORITY_MAX - g.level) * PRIORITY_SPAN
         -- (level 0 has no upper end: a run due past 2^43 ms, the year 2248, scores above it)
         local upper = g.level == 0 and '+inf' or '(' .. int(base + PRIORITY_SPAN)
@@ -427,6 +432,7 @@ local ok, plan = reading(function()
           g.level, g.off = g.level - 1, 0
         else
           g.off = g.off + 1
+          ring.stale = ring.stale + 1 -- (undone below for the run it returns)
           local id = e[1]
           local at = tonumber(read('ZSCORE', KEYS[1], id))
           local run = at and record(id)
@@ -444,6 +450,7 @@ local ok, plan = reading(function()
           elseif corrupt(run) then
             drop(g, id, true) -- step 3 dead-letters it
           else
+            ring.stale = ring.stale - 1
             run.id = id
             return run, at
           end

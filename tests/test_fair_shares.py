@@ -736,3 +736,21 @@ def test_random_groups_caps_pauses_and_failures_lose_no_run_and_break_no_cap(
             runner.run(COMPLETE.call(pk, [(r.run_id, r.fence, "1")], RETENTION, now=now))
             done.add(r.run_id)
     assert done == set(made), sorted(set(made) - done)
+
+
+@pytest.mark.usefixtures("on")
+def test_a_group_queue_full_of_cancelled_runs_is_walked_a_bounded_part_per_claim(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """1,000 runs of a cancelled (gone from the due set) at the head of its queue: one claim
+    looks at no more than a bounded number of them (the script stays short), and the run
+    behind them is still reached by later claims."""
+    create(runner, pk, "a", *[f"a-{i}" for i in range(1_000)], now=0)
+    create(runner, pk, "a", "a-live", now=1)
+    redis_client.zrem(pk.due, *[f"a-{i}" for i in range(1_000)])  # as cancels leave them
+    calls, got = 0, []
+    while not got and calls < 20:
+        calls += 1
+        got = ids(claim(runner, pk, now=1_000 + calls))
+    assert got == ["a-live"]
+    assert calls >= 1_000 // 256  # a bounded walk per claim, not all at once
