@@ -13,7 +13,7 @@ import pytest
 from helpers import Send, intercept_worker_calls, make_worker, running, wait_for
 
 from jobqueue import JobQueue
-from jobqueue.errors import ConfigError
+from jobqueue.errors import ConfigError, ConnectionFailed
 from jobqueue.store.exact import (
     GLOBAL_LIMIT,
     PERMIT_SETTLE,
@@ -261,3 +261,27 @@ def test_the_cli_sets_exact_limits_and_refuses_them_per_key(jq: JobQueue) -> Non
     assert rate.exit_code == 0 and "exact rate limit 100 per 1s" in rate.output
     bad = invoke("queue", "concurrency", "q", "5", "--exact", "--per-key")
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_a_worker_whose_first_look_at_the_limits_fails_still_takes_permits(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit's master unreachable when the worker starts: its first look at the queue's
+    exact limits fails. It must not claim without permits meanwhile (seen on a cluster: 7
+    runs started beside 5 under a cap of 5, until the next look 5 s later)."""
+    probes: list[int] = []
+
+    def first_probe_fails(calls: list[Call], send: Send) -> list[Any]:
+        replies = send(calls)
+        out = []
+        for call, reply in zip(calls, replies, strict=True):
+            if call.script == "permit_take" and call.args[3] == "probe":
+                probes.append(1)
+                if len(probes) <= 2:  # each worker's first look
+                    reply = ConnectionFailed("the limit's master is down")
+            out.append(reply)
+        return out
+
+    intercept_worker_calls(monkeypatch, first_probe_fails)
+    assert 1 <= drain_under_an_exact_cap(redis_client) <= 3
+    assert len(probes) >= 2

@@ -199,7 +199,7 @@ class Claimer:
             if queue in self._permits.limited:
                 wanted = sum(wants)
                 token, granted, free_in = await self._permits.take(queue, wanted)
-                batch, wants = _within(batch, wants, granted)
+                batch, wants = _within(batch, wants, granted)  # (token '': no limit)
                 if granted < wanted:
                     # A permit given back brings no wake token: look again soon.
                     poll = PERMIT_POLL_MS if free_in is None else min(free_in, PERMIT_POLL_MS)

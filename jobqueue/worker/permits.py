@@ -35,7 +35,10 @@ class Permits:
     def __init__(self, shared: Shared) -> None:
         self._s = shared
         self._keys = {q: ExactKeys(q) for q in shared.queues}
-        self.limited: set[str] = set()
+        # Until a look says otherwise, every queue may have exact limits: a worker whose
+        # first look failed must not claim without permits (a take where there is no limit
+        # grants all it asks for, and says so).
+        self.limited: set[str] = set(shared.queues)
         self._refreshed_at: float | None = None
         self._pending: set[asyncio.Task[Any]] = set()
 
@@ -68,6 +71,9 @@ class Permits:
         if isinstance(reply, Exception):
             raise reply
         taken = PERMIT_TAKE.parse(reply)
+        if not taken.limited:
+            self.limited.discard(queue)  # (no exact limit: nothing to bind)
+            return "", taken.granted, None
         wait = None if taken.next_ms is None else max(taken.next_ms - taken.now_ms, 0)
         return token, taken.granted, wait
 
