@@ -39,6 +39,7 @@ class Permits:
         # first look failed must not claim without permits (a take where there is no limit
         # grants all it asks for, and says so).
         self.limited: set[str] = set(shared.queues)
+        self._seen_limited: set[str] = set()  # (a look found the limits: logged once)
         self._refreshed_at: float | None = None
         self._pending: set[asyncio.Task[Any]] = set()
 
@@ -55,10 +56,12 @@ class Permits:
             if isinstance(reply, Exception):
                 continue  # as it was: a failed probe changes nothing
             if PERMIT_TAKE.parse(reply).limited:
-                if queue not in self.limited:
+                if queue not in self._seen_limited:
                     log.info("queue %s has exact limits: claims take permits", queue)
+                    self._seen_limited.add(queue)
                 self.limited.add(queue)
             else:
+                self._seen_limited.discard(queue)
                 self.limited.discard(queue)
 
     async def take(self, queue: str, want: int) -> tuple[str, int, int | None]:
@@ -73,6 +76,7 @@ class Permits:
         taken = PERMIT_TAKE.parse(reply)
         if not taken.limited:
             self.limited.discard(queue)  # (no exact limit: nothing to bind)
+            self._seen_limited.discard(queue)
             return "", taken.granted, None
         wait = None if taken.next_ms is None else max(taken.next_ms - taken.now_ms, 0)
         return token, taken.granted, wait
