@@ -35,6 +35,10 @@
 -- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
 -- whole.
 -- A parked run cancelled leaves its parked entries.
+-- A pending run of a fair-shares partition (see group_of in _prelude.lua) leaves its group's
+-- queue jq:{q#p}:gq:<group> and jq:{q#p}:gof, so that the group's max_size no longer counts
+-- it; a gof or gq key of another type refuses the call whole. (The group stays in the ring
+-- until a claim finds its queue empty.)
 --
 -- Workflows (see finish_record in _prelude.lua): a run others wait on goes to the outbox
 -- and keeps its record until relayed. A waiting run (its dependencies unfinished) leaves
@@ -68,6 +72,10 @@ local ok, plan = reading(function()
       expect(KEYS[6], 'zset')
       expect(prefix .. 'parked:' .. p.run.parked, 'zset')
     end
+    if p.run.state == 'pending' then
+      p.group = read('HGET', prefix .. 'gof', run_id) or nil
+      if p.group then expect(prefix .. 'gq:' .. p.group, 'zset') end
+    end
     p.wake = waker(KEYS[7])
     p.log = event_log(prefix)
   end
@@ -100,6 +108,10 @@ if run.state == 'running' then wake(plan.wake, free_slots(plan.freer, prefix, KE
 if run.parked then
   redis.call('ZREM', prefix .. 'parked:' .. run.parked, run_id)
   redis.call('ZREM', KEYS[6], run_id)
+end
+if plan.group then
+  redis.call('ZREM', prefix .. 'gq:' .. plan.group, run_id)
+  redis.call('HDEL', prefix .. 'gof', run_id)
 end
 redis.call('ZREM', KEYS[1], run_id)
 redis.call('ZREM', KEYS[2], run_id)

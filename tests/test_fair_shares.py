@@ -290,6 +290,22 @@ def test_max_size_refuses_an_enqueue_past_it_and_creates_nothing(jq: JobQueue) -
     assert (info.max_size, info.waiting) == (2, 2)
 
 
+def test_a_cancelled_run_no_longer_counts_against_its_groups_max_size(jq: JobQueue) -> None:
+    @jq.task
+    def t() -> None: ...
+
+    tenant = t.with_options(limit_key="tenant")
+    jq.set_fair_shares("default")
+    jq.set_group("default", "tenant", max_size=2)
+    first = jq.enqueue(tenant)
+    jq.enqueue(tenant)
+    jq.cancel(first.run_id)
+    jq.enqueue(tenant.with_options(run_id="third"))
+    (info,) = [g for g in jq.groups("default") if g.name == "tenant"]
+    assert (info.max_size, info.waiting) == (2, 2)
+    assert jq.get_run("third").state == "pending"
+
+
 def test_group_settings_are_read_back_summed_over_partitions(redis_client: Any) -> None:
     jq = JobQueue(redis_client, partitions={"wide": 4})
 
@@ -537,6 +553,8 @@ def ring_call(runner: ScriptRunner, pk: PartitionKeys, script: str) -> Any:
                            None, now=100)
     create(runner, pk, "a", "a-0", "a-1", now=0)
     create(runner, pk, "b", "b-0", now=0)
+    if script == "cancel":
+        return CANCEL.call(pk, "a-0", RETENTION, "no", now=100)
     if script == "claim":
         claim(runner, pk, now=50)  # (gready, gpass, gserved, gvt exist)
         return CLAIM.call(pk, 2, "w1", LEASE, RETENTION, now=100)
@@ -568,6 +586,7 @@ def snapshot(client: Any) -> dict[str, Any]:
 RING_KEYS = ["gconf", "gq:a", "gof", "gwait"]
 RING_CASES = [(s, k) for s in ("create_run", "dedupe", "release", "requeue", "fail", "bounce")
               for k in RING_KEYS]
+RING_CASES += [("cancel", k) for k in ["gq:a", "gof"]]
 RING_CASES += [("claim", k) for k in [*RING_KEYS, "gready", "gpass", "gserved", "gvt"]]
 
 
@@ -747,7 +766,7 @@ def test_a_group_queue_full_of_cancelled_runs_is_walked_a_bounded_part_per_claim
     behind them is still reached by later claims."""
     create(runner, pk, "a", *[f"a-{i}" for i in range(1_000)], now=0)
     create(runner, pk, "a", "a-live", now=1)
-    redis_client.zrem(pk.due, *[f"a-{i}" for i in range(1_000)])  # as cancels leave them
+    redis_client.zrem(pk.due, *[f"a-{i}" for i in range(1_000)])  # as older code's cancels leave them
     calls, got = 0, []
     while not got and calls < 20:
         calls += 1

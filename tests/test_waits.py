@@ -329,6 +329,45 @@ def test_a_finish_without_its_event_is_found_by_the_sweep_while_other_events_flo
 
 
 @pytest.mark.real_only
+def test_the_runs_a_sweep_finds_finished_are_read_in_one_call_and_handed_to_their_waiters(
+    jq: JobQueue, redis_client: Any, proxy: CountingProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs complete without their events (the log off for that one transaction): the sweep
+    finds them, and the listener reads their records in one read_records call for all, as
+    for runs whose events it read; no waiter reads its record again by itself. (Under load
+    a sweep mid-way through a backlog of unread events finds hundreds of runs finished: each
+    waiter's own read after it was one HGETALL per run.)"""
+    monkeypatch.setattr(waits, "SWEEP_S", 0.3)
+    n = 3
+    for i in range(n):
+        jq.enqueue("add", i, 1)
+    runs = CLAIM.parse(jq.scripts.run(CLAIM.call(PK, n, "w", 30_000, 60_000))).runs
+    assert len(runs) == n
+    client = JobQueue.from_url(proxy.url())
+    client.register_queue("default")  # (where the runs live: no look-up by the waiters)
+    reads = record_reads(redis_client)
+    waiters = [waiting(client, run.run_id, timeout=10) for run in runs]
+    listener_blocked(redis_client)
+    # Every waiter's first read ran (at the server) before the runs complete.
+    wait_for(lambda: record_reads(redis_client) >= reads + n, what="the waiters' first reads")
+    assert proxy.count(b"HGETALL") == n
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.hset(PK.events_conf, "off", "1")
+    for run in runs:
+        pipe.evalsha(*_call(jq, COMPLETE.call(PK, [(run.run_id, run.fence, "7")], 60_000)))  # type: ignore[arg-type]
+    pipe.hdel(PK.events_conf, "off")
+    pipe.execute()
+    for thread, _ in waiters:
+        thread.join(10)
+    outs = [out for _, out in waiters]
+    assert all(out and not isinstance(out[0], Exception) for out in outs), outs
+    assert [out[0].result for out in outs] == [7] * n
+    assert proxy.count(b"HGETALL") == n  # the reads before the waits, no more
+    assert proxy.count(b"EVALSHA") >= 1  # read_records, for the three
+    client.close()
+
+
+@pytest.mark.real_only
 def test_a_wait_after_the_client_was_closed_still_returns(
     jq: JobQueue, redis_client: Any
 ) -> None:
@@ -393,12 +432,20 @@ def proxy(real_server: EmbeddedServer) -> Iterator[CountingProxy]:
 
 @pytest.mark.real_only
 def test_a_thousand_concurrent_async_waits_all_return_without_polling(
-    jq: JobQueue, proxy: CountingProxy
+    jq: JobQueue, proxy: CountingProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One process awaits 1,000 results while two workers drain: every result arrives, and
     the waiting client reads each record once before its wait and once more at its event,
     in one script call for all the runs whose events one read brought, and nothing more: no
-    poll (a poll every 5 ms doubling to 200 ms would read them many times over)."""
+    poll (a poll every 5 ms doubling to 200 ms would read them many times over).
+
+    The counts are those of the events' path: the listener's 5 s sweep (an HGET of every
+    watched run's state, then their records in one call: its own tests above) is put past
+    the waits' timeout, so that none comes. With it at 5 s, whether one fell within the
+    drain was the machine's speed: under load the drain took 5 to 10 s, and a sweep then
+    read the states of the hundreds of runs still watched (up to 700 HGETs: over 3 * n
+    commands)."""
+    monkeypatch.setattr(waits, "SWEEP_S", 120.0)  # > the waits' timeout (60 s)
     n = 1_000
     handles = [jq.enqueue("add", i, 1) for i in range(n)]
 

@@ -20,9 +20,13 @@ records again, which is always right (the record is the truth, the log a notice)
   read before (made again, gone back);
 - every ``SWEEP_S``, whatever the log brought: one pipelined read of the watched runs'
   states, for a finish whose event was never written (the log turned off and on, a server
-  whose ACL lacks XADD) or a change of the log the checks above cannot see. A partition
-  whose log is off, or holds foreign data, is watched that way only, at the waiters'
-  polling pace (5 ms, doubling to ``poll``).
+  whose ACL lacks XADD) or a change of the log the checks above cannot see. The runs it
+  finds finished have their records read as those of a read's events are, in one call for
+  all (a sweep while the listener is behind the log, e.g. mid-way through a full read's
+  backlog, finds every run whose event is still unread: hundreds of waiters under load,
+  each of which would otherwise read its record by itself). A partition whose log is off,
+  or holds foreign data, is watched that way only, at the waiters' polling pace (5 ms,
+  doubling to ``poll``).
 
 The steps (what is sent, what a reply means) are written once here (``ListenerState``);
 the sync client runs a listener in a thread, the asyncio client in a task.
@@ -183,8 +187,8 @@ def states_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[States]:
 
 
 def records_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[dict[str, Any]]:
-    """The records (as Runs; None for one gone) of runs whose finishing event was read, in
-    one round trip (read_records.lua, 100 runs a call: a reply to parse per 100, not two a
+    """The records (as Runs; None for one gone) of runs whose finishing event was read (or
+    that a sweep found finished), in one round trip (read_records.lua, 100 runs a call: a reply to parse per 100, not two a
     run).
     A run whose keys hold another type, or whose record does not read, is left out: its
     waiter reads it itself, and says so."""
@@ -202,6 +206,10 @@ def records_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[dict[str, An
     return out
 
 
+def _ids(woken: list[Watch]) -> list[str]:
+    return list(dict.fromkeys(w.run_id for w in woken))
+
+
 def _hand_over(records: dict[str, Any], woken: list[Watch]) -> None:
     for w in woken:
         w.run = records.get(w.run_id)
@@ -211,7 +219,8 @@ def _hand_over(records: dict[str, Any], woken: list[Watch]) -> None:
 class Watch:
     """One waiter's registration: ``woken`` is set (by its listener) when its run may have
     finished, and the waiter then reads the record, unless the listener read it already
-    for all the runs its events finished (``run``: one round trip for all of them)."""
+    for all the runs its events (or its sweep) found finished (``run``: one round trip for
+    all of them)."""
 
     run_id: str
     poll_s: float
@@ -366,14 +375,15 @@ class _ThreadListener:
                     states = run(states_steps(state.keys, ids))
                     with lock:
                         woken = state.swept(states, time.monotonic())
+                    if woken:  # (their records in one call, as for their events)
+                        _hand_over(run(records_steps(state.keys, _ids(woken))), woken)
                 else:
                     result = run(read_steps(state.keys, pos, BLOCK_MS))
                     with lock:
                         woken = state.read(result, time.monotonic())
                         exact = state.exact
                     if exact and woken:
-                        ids = list(dict.fromkeys(w.run_id for w in woken))
-                        _hand_over(run(records_steps(state.keys, ids)), woken)
+                        _hand_over(run(records_steps(state.keys, _ids(woken))), woken)
                 retry = RETRY_FIRST_S
             except Exception as exc:
                 if not _retriable(exc):
@@ -487,12 +497,13 @@ class _TaskListener:
                         await asyncio.sleep(state.poll_pause)
                     states = await run(states_steps(state.keys, list(state.watchers)))
                     woken = state.swept(states, time.monotonic())
+                    if woken:  # (their records in one call, as for their events)
+                        _hand_over(await run(records_steps(state.keys, _ids(woken))), woken)
                 else:
                     result = await run(read_steps(state.keys, state.pos, BLOCK_MS))
                     woken = state.read(result, time.monotonic())
                     if state.exact and woken:
-                        ids = list(dict.fromkeys(w.run_id for w in woken))
-                        _hand_over(await run(records_steps(state.keys, ids)), woken)
+                        _hand_over(await run(records_steps(state.keys, _ids(woken))), woken)
                 retry = RETRY_FIRST_S
             except asyncio.CancelledError:
                 self.hub.forget(self)
