@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"
 from cluster_launcher import Cluster, Node, free_ports
 
 from jobqueue import JobQueue, Request
-from jobqueue.client import capacity as measuring
+from jobqueue.ops import capacity as measuring
 from jobqueue.payload import encode_result
 from jobqueue.policy import capacity
 from jobqueue.scheduler.daemon import Scheduler

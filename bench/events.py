@@ -36,8 +36,9 @@ from _common import (
 from worker import Workers, percentile
 
 from jobqueue import JobQueue, Request
-from jobqueue.client.aio import AsyncJobQueue, AsyncRunHandle
+from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.errors import JobQueueError
+from jobqueue.handles import AsyncRunHandle
 
 DEFAULT_N, QUICK_N = 1_000, 200
 CONCURRENCY = 16  # per worker process

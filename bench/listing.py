@@ -46,7 +46,7 @@ from vs_bullmq import ensure_bullmq, node
 
 from jobqueue import JobQueue
 from jobqueue.client.base import Request
-from jobqueue.client.listing import RunQuery, runs_page
+from jobqueue.ops.listing import RunQuery, runs_page
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 DEFAULT_N, QUICK_N = 1_000_000, 100_000

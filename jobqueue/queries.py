@@ -1,8 +1,8 @@
 """The read functions the CLI and the dashboard go through (runs, leases, stats, workers,
 schedules, throughput, top_snapshot): ``jobqueue.queries`` is their documented name; they live
-in jobqueue.client.queries."""
+in jobqueue.ops.queries."""
 
-from jobqueue.client.queries import (
+from jobqueue.ops.queries import (
     PARTITION_CHUNK,
     RECORD_CHUNK,
     STALE_AFTER_BEATS,

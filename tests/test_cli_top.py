@@ -21,8 +21,8 @@ from click.testing import CliRunner, Result
 
 from jobqueue.cli.core import State, main
 from jobqueue.cli.top_view import render
-from jobqueue.client.queries import Lease, PartitionStats, TopSnapshot, WorkerInfo
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops.queries import Lease, PartitionStats, TopSnapshot, WorkerInfo
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM
 

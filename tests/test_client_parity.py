@@ -17,9 +17,10 @@ import pytest
 import redis.asyncio
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.aio import AsyncJobQueue, AsyncRunHandle
+from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.base import Request
-from jobqueue.client.sync import JobQueue, RunHandle
+from jobqueue.client.sync import JobQueue
+from jobqueue.handles import AsyncRunHandle, RunHandle
 from jobqueue.models import Run
 from jobqueue.schedules.recurring import ScheduleInfo
 from jobqueue.store.embedded import EmbeddedServer
@@ -268,7 +269,7 @@ def test_list_schedules_reads_page_by_page_up_to_a_limit(redis_client: Any) -> N
 def test_async_list_schedules_matches_the_clis_listing(
     redis_client: Any, async_factory: Callable[[], Any]
 ) -> None:
-    from jobqueue.client.queries import schedules
+    from jobqueue.ops.queries import schedules
 
     jq = ready(JobQueue(redis_client))
     jq.schedule("good", "report", every=60, now=T0)

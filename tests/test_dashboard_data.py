@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import redis
 
-from jobqueue.client import queries, server_info
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.overview import Overall, is_active, overall
+from jobqueue.ops import queries, server_info
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 
 MIN = 60_000

@@ -1,4 +1,4 @@
-"""The history of the queues' gauges in Redis (jobqueue.client.gauges) and the dashboard's
+"""The history of the queues' gauges in Redis (jobqueue.ops.gauges) and the dashboard's
 sampler that writes it: a point per minute for the last hour and per hour for the last week,
 one per minute whatever the number of dashboards, shared by all of them and kept through a
 restart, bounded, and read over foreign data without an error."""
@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from jobqueue.client import gauges
-from jobqueue.client.gauges import HOURS, MINUTES, GaugePoint
-from jobqueue.client.queries import QueueTotals
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.dashboard.sampler import Sampler
+from jobqueue.ops import gauges
+from jobqueue.ops.gauges import HOURS, MINUTES, GaugePoint
+from jobqueue.ops.queries import QueueTotals
 from jobqueue.runtime.clock import FakeClock
 
 MIN = 60_000

@@ -27,11 +27,11 @@ from starlette.routing import Mount, Route
 from starlette.testclient import TestClient
 from starlette.types import ASGIApp
 
-from jobqueue.client import gauges
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.dashboard.mount import under_prefix
 from jobqueue.dashboard.sampler import TASK_NAME
+from jobqueue.ops import gauges
 
 pytestmark = pytest.mark.real_only
 

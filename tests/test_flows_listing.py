@@ -15,13 +15,13 @@ from starlette.testclient import TestClient
 
 from jobqueue.cli.common import State
 from jobqueue.cli.core import main
-from jobqueue.client import flow_queries
-from jobqueue.client.flow_queries import FlowEdge, FlowRun
 from jobqueue.client.relay import tidy_flows_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.dashboard.flow_drawing import layers
 from jobqueue.errors import Fatal
+from jobqueue.ops import flow_queries
+from jobqueue.ops.flow_queries import FlowEdge, FlowRun
 from jobqueue.testing import run_due
 
 

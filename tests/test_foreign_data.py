@@ -20,11 +20,11 @@ from keyspace import keyspace
 from starlette.testclient import TestClient
 
 from jobqueue.cli.core import State, main
-from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, CorruptData, RunNotFound
+from jobqueue.ops import queries
 from jobqueue.runtime.metrics import PrometheusMetrics
 from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
 from jobqueue.store.embedded import EmbeddedServer

@@ -31,10 +31,10 @@ from keyspace import Keyspace, keyspace
 from starlette.testclient import TestClient
 
 from jobqueue.cli.core import State, main
-from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import JobQueueError
+from jobqueue.ops import queries
 from jobqueue.runtime.metrics import PrometheusMetrics
 from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
 from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys

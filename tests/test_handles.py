@@ -14,9 +14,10 @@ import pytest
 import redis.asyncio
 
 from jobqueue import JobQueue, RunHandle
-from jobqueue.client.aio import AsyncJobQueue, AsyncRunHandle
+from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.context import FROM_WORKER, RunContext
 from jobqueue.errors import Fatal, JobQueueError, RunCancelled, RunFailed, RunTimeout
+from jobqueue.handles import AsyncRunHandle
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.testing import run_due
 

@@ -19,11 +19,11 @@ from starlette.testclient import TestClient
 
 from jobqueue import Dedupe, Request
 from jobqueue.cli.core import State, main
-from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError
 from jobqueue.models import QueueLimits
+from jobqueue.ops import queries
 from jobqueue.runtime.metrics import serve
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM

@@ -26,12 +26,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("jobqueue.schedules", "jobqueue.tasks", "jobqueue.handles", "jobqueue.context",
      "jobqueue.hooks",
      "jobqueue.integrations", "jobqueue.workflows"),
-    # the clients and the public facades over them
-    ("jobqueue.client", "jobqueue.aio", "jobqueue.queries", "jobqueue.inspect"),
+    # the app-facing clients and the facade over the asyncio one
+    ("jobqueue.client", "jobqueue.aio"),
+    # the operators' tooling over the clients (queries, listings, repair, repartition, health,
+    # capacity, gauges) and the facade over its reads
+    ("jobqueue.ops", "jobqueue.queries"),
     # the daemons and what they run with, and the package's facade (it names the Worker too,
     # imported at first use)
     ("jobqueue.worker", "jobqueue.scheduler", "jobqueue.runtime", "jobqueue.__init__",
      "jobqueue.testing"),
+    # jobqueue check's checks of the schedulers (they read the daemons' own records)
+    ("jobqueue.ops.scheduler_checks",),
     # the interfaces
     ("jobqueue.cli", "jobqueue.dashboard", "jobqueue.demo"),
 ]

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from jobqueue.client import queries
 from jobqueue.client.base import Request
-from jobqueue.client.listing import RunQuery, iter_runs, runs_page
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError
+from jobqueue.ops import queries
+from jobqueue.ops.listing import RunQuery, iter_runs, runs_page
 from jobqueue.store.pages import INDEX_PAGE
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 from jobqueue.store.scripts import ScriptRunner

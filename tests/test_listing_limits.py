@@ -9,9 +9,9 @@ from starlette.testclient import TestClient
 from test_listing import enqueue
 
 from jobqueue.cli.core import State, main
-from jobqueue.client import flow_queries, queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
+from jobqueue.ops import flow_queries, queries
 from jobqueue.store.runs import CLAIM
 
 pytestmark = pytest.mark.real_only

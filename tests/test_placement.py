@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from redis.crc import key_slot as redis_key_slot
 
-from jobqueue.client import repartition as rp
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops import repartition as rp
 from jobqueue.store.keys import (
     QUEUES_KEY,
     SLOTS,

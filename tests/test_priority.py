@@ -16,11 +16,11 @@ from starlette.testclient import TestClient
 
 from jobqueue import Request
 from jobqueue.cli.core import State, main
-from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError
+from jobqueue.ops import queries
 from jobqueue.store.scripts import ScriptRunner
 from jobqueue.testing import run_due
 

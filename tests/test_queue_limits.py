@@ -19,11 +19,11 @@ from starlette.testclient import TestClient
 from jobqueue import Request
 from jobqueue.cli.core import State, main
 from jobqueue.cli.top_view import render
-from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError
 from jobqueue.models import QueueLimits
+from jobqueue.ops import queries
 from jobqueue.runtime.clock import FakeClock
 from jobqueue.runtime.metrics import serve
 

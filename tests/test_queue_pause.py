@@ -17,9 +17,9 @@ from starlette.testclient import TestClient
 
 from jobqueue.cli.core import State, main
 from jobqueue.cli.top_view import render
-from jobqueue.client import queries
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
+from jobqueue.ops import queries
 from jobqueue.runtime.metrics import serve
 
 

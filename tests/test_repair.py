@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from jobqueue import JobQueue
 from jobqueue.cli.core import State, main
-from jobqueue.client.repair import repair_queue
+from jobqueue.ops.repair import repair_queue
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, FAIL, RELEASE, RunSpec
 from jobqueue.store.scripts import ScriptRunner

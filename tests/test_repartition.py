@@ -14,10 +14,10 @@ from helpers import claim, make_worker, running, wait_for
 
 from jobqueue import Dedupe
 from jobqueue.cli.core import State, main
-from jobqueue.client import queries
-from jobqueue.client import repartition as rp
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, OperationRefused
+from jobqueue.ops import queries
+from jobqueue.ops import repartition as rp
 from jobqueue.store.keys import (
     QUEUES_KEY,
     WORKERS_KEY,

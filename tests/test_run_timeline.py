@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobqueue import JobQueue
-from jobqueue.client import queries as inspect
+from jobqueue.ops import queries as inspect
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CANCEL, CLAIM, COMPLETE, CREATE_RUN, FAIL, ClaimedRun, RunSpec
 from jobqueue.store.scripts import ScriptRunner

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops.scheduler_checks import checks as scheduler_checks
 from jobqueue.policy.cron import parse_fire_instant
-from jobqueue.scheduler.checks import checks as scheduler_checks
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.scheduler.membership import read_members
 from jobqueue.schedules.recurring import first_fire_after, make_definition

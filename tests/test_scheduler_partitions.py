@@ -16,8 +16,8 @@ from script_calls import Advance, advance_groups
 
 from jobqueue.cli.core import State, main
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops.scheduler_checks import checks as scheduler_checks
 from jobqueue.policy.cron import parse_fire_instant
-from jobqueue.scheduler.checks import checks as scheduler_checks
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.scheduler.membership import SCHEDULERS_KEY, read_members, read_owners
 from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS

@@ -17,8 +17,8 @@ from counting_proxy import CountingProxy
 from helpers import make_worker, running, wait_for
 
 from jobqueue.client import waits
-from jobqueue.client.aio import AsyncJobQueue, AsyncRunHandle
-from jobqueue.client.sync import JobQueue, RunHandle
+from jobqueue.client.aio import AsyncJobQueue
+from jobqueue.client.sync import JobQueue
 from jobqueue.client.waits import (
     OFF,
     Arming,
@@ -28,6 +28,7 @@ from jobqueue.client.waits import (
     Watch,
 )
 from jobqueue.errors import RunTimeout
+from jobqueue.handles import AsyncRunHandle, RunHandle
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.events import Losses
 from jobqueue.store.keys import PartitionKeys

@@ -14,8 +14,8 @@ from helpers import make_worker, running, wait_for
 from jobqueue import queries
 from jobqueue.cli.common import State
 from jobqueue.cli.core import main
-from jobqueue.client import workers as registry
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops import workers as registry
 from jobqueue.store.embedded import EmbeddedServer
 
 LEASE_MS = 30_000

@@ -22,7 +22,6 @@ import jobqueue.client.relay as relay
 from jobqueue import RunFailed
 from jobqueue.cli.common import State
 from jobqueue.cli.core import main
-from jobqueue.client import queries
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.flows import create_flow
 from jobqueue.client.relay import (
@@ -44,6 +43,7 @@ from jobqueue.errors import (
     ScriptError,
 )
 from jobqueue.handles import AsyncFlowHandle, RunHandle
+from jobqueue.ops import queries
 from jobqueue.settings import Settings
 from jobqueue.store.admin import PURGE
 from jobqueue.store.flows import DELIVER, FLOW_ABORT, FLOW_CREATE, Delivery, Edge, NodeSpec

@@ -10,9 +10,9 @@ import click
 from jobqueue.cli.common import one_line, warn_anomalies
 from jobqueue.cli.format import table, when
 from jobqueue.cli.ops import emit, json_option, pass_state
-from jobqueue.client import flow_queries
-from jobqueue.client.flow_queries import FlowSummary
 from jobqueue.errors import RunNotFound
+from jobqueue.ops import flow_queries
+from jobqueue.ops.flow_queries import FlowSummary
 from jobqueue.store.keys import validate_run_id
 
 

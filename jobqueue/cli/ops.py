@@ -26,15 +26,15 @@ from jobqueue.cli.common import (
 )
 from jobqueue.cli.format import abs_time, duration, rate, when
 from jobqueue.cli.format import table as table
-from jobqueue.client import coverage, health, queries
-from jobqueue.client import workers as worker_registry
-from jobqueue.client.capacity import measure_bytes_per_run
-from jobqueue.client.listing import RunPage, RunQuery, iter_runs, runs_page
 from jobqueue.errors import OperationRefused
+from jobqueue.ops import coverage, health, queries
+from jobqueue.ops import workers as worker_registry
+from jobqueue.ops.capacity import measure_bytes_per_run
+from jobqueue.ops.listing import RunPage, RunQuery, iter_runs, runs_page
+from jobqueue.ops.scheduler_checks import checks as scheduler_checks
 from jobqueue.policy.capacity import PERSISTENCE, CapacityInputs, estimate
 from jobqueue.policy.health import Limits
 from jobqueue.policy.timeutil import when_to_ms
-from jobqueue.scheduler.checks import checks as scheduler_checks
 from jobqueue.settings import Settings
 from jobqueue.store.keys import PartitionKeys, validate_queue_name
 

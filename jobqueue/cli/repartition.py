@@ -1,6 +1,6 @@
 """``jobqueue repartition QUEUE --partitions N``, the migration that changes a queue's
-partition count (the logic is ``jobqueue.client.repartition``), and ``jobqueue repair``, which puts
-every run back in its index (``jobqueue.client.repair``)."""
+partition count (the logic is ``jobqueue.ops.repartition``), and ``jobqueue repair``, which puts
+every run back in its index (``jobqueue.ops.repair``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import click
 
 from jobqueue.cli.common import warn_anomalies
 from jobqueue.cli.ops import progress
-from jobqueue.client import repair as repair_mod
-from jobqueue.client import repartition as rp
+from jobqueue.ops import repair as repair_mod
+from jobqueue.ops import repartition as rp
 from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name
 
 # Commands receive jobqueue.cli.State (ctx.obj).

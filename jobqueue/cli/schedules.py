@@ -325,8 +325,8 @@ _SCHEDULE_HEADERS = [
 def schedules_list(state: State, limit: int, as_json: bool) -> None:
     """Recurring jobs: schedule, policies, next and last fire, counters (missed by misfire
     policy, skipped by overlap policy, dropped by the fire-all cap)."""
-    from jobqueue.client.queries import all_anomalies
-    from jobqueue.client.queries import schedules as read_schedules
+    from jobqueue.ops.queries import all_anomalies
+    from jobqueue.ops.queries import schedules as read_schedules
 
     jq = state.jq()
     infos = read_schedules(jq, limit=limit)

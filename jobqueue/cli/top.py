@@ -24,7 +24,7 @@ import click
 
 from jobqueue.cli.common import FiniteFloat
 from jobqueue.cli.top_view import render
-from jobqueue.client import queries
+from jobqueue.ops import queries
 
 QUIT_KEYS = frozenset(b"qQ\x03")  # \x03: Ctrl-C, should the terminal deliver it as a byte
 

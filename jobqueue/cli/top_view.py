@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from jobqueue.cli.format import abs_time, duration, table_lines, when
 from jobqueue.cli.format import rate as rate_text
-from jobqueue.client.queries import QueueTotals, TopSnapshot, queue_totals
+from jobqueue.ops.queries import QueueTotals, TopSnapshot, queue_totals
 
 SHOWN_ANOMALIES = 3
 

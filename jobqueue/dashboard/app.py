@@ -5,7 +5,7 @@ Pages are GETs with no side effect; every change is a POST to ``/actions/<name>`
 so no action can skip the CSRF check. Handlers are plain functions run in Starlette's thread
 pool: the Redis client is synchronous and thread-safe. Besides the pages, the app runs one
 background task, the sampler (``sampler.py``), which writes the history of the queues' gauges
-(``jobqueue.client.gauges``) that the charts read.
+(``jobqueue.ops.gauges``) that the charts read.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from jobqueue.client import flow_queries, gauges, listing, queries, server_info
 from jobqueue.client.groups import busiest
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard import overview
@@ -61,6 +60,7 @@ from jobqueue.errors import (
     UnknownQueue,
 )
 from jobqueue.models import STATES, Run, split_entry
+from jobqueue.ops import flow_queries, gauges, listing, queries, server_info
 from jobqueue.policy.timeutil import abs_time, duration, instants_shown, relative, when_to_ms
 from jobqueue.store.events import KINDS
 

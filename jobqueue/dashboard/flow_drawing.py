@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jobqueue.client.flow_queries import FlowEdge, FlowRun
+from jobqueue.ops.flow_queries import FlowEdge, FlowRun
 
 MAX_BOXES = 12  # runs drawn one by one in a layer; past it the layer is one box
 MAX_LINES = 400

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from jobqueue.client.gauges import HOURS, MINUTES, GaugePoint, point_of
-from jobqueue.client.queries import PartitionStats, QueueTotals, Throughput
 from jobqueue.dashboard.charts import Series, svg_chart
+from jobqueue.ops.gauges import HOURS, MINUTES, GaugePoint, point_of
+from jobqueue.ops.queries import PartitionStats, QueueTotals, Throughput
 
 DAY_MS = 86_400_000
 

@@ -1,6 +1,6 @@
 """The dashboard's background sampler: every ``every_s`` seconds it looks whether the current
 minute has its point of the queues' gauges in Redis yet, and if no dashboard took that minute,
-reads ``queries.stats`` and writes it (``jobqueue.client.gauges``).
+reads ``queries.stats`` and writes it (``jobqueue.ops.gauges``).
 
 It must not depend on the host's lifespan: an app mounted in another (Starlette's ``Mount``,
 FastAPI's ``app.mount``, a Django ASGI router) never gets its lifespan run. So the app starts
@@ -27,8 +27,8 @@ import weakref
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from jobqueue.client import gauges, queries
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops import gauges, queries
 from jobqueue.runtime.clock import REAL_CLOCK, Clock
 
 # Seconds between looks unless `jobqueue dashboard --sample-every` says otherwise. A look

@@ -12,7 +12,7 @@ M times that, which holds while the partitions spread evenly (``jobqueue.store.k
 Placement). The planning rules on top (``HEADROOM``, ``IMBALANCE``, ``MIN_SCHEDULERS``) are
 choices, stated as such.
 
-The arithmetic is pure; ``jobqueue.client.capacity`` measures a finished run's memory on a
+The arithmetic is pure; ``jobqueue.ops.capacity`` measures a finished run's memory on a
 private server for ``jobqueue capacity --measure``.
 """
 

@@ -1,5 +1,5 @@
 """Whether every run waiting in a queue has a live worker that can run it: ``jobqueue check``'s
-lines about workers and tasks. Pure: the reader (``jobqueue.client.coverage``) gives it the
+lines about workers and tasks. Pure: the reader (``jobqueue.ops.coverage``) gives it the
 task names of a sample of each queue's due runs and the live workers' queues and tasks.
 
 A run whose task no live worker serving its queue registers is handed back by every worker

@@ -4,7 +4,7 @@
 The checks are pure functions of what was read from the nodes (a ``Reading``) and return
 ``Check`` results, one printed line each; the reader that fills a ``Reading`` (INFO, CONFIG GET,
 TIME and SCRIPT LOAD on one server, or on every node ``CLUSTER NODES`` lists) is the client's,
-``jobqueue.client.health``.
+``jobqueue.ops.health``.
 
 Nodes that share a verdict share a line ("... on all 6 nodes"); a node that differs gets its
 own. A ``warn`` means a setting is not as the guarantees need it, or could not be read.

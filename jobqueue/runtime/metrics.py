@@ -334,7 +334,7 @@ class PrometheusMetrics(Metrics):
         Foreign or corrupt data is logged (each finding once per process, not every 5 s) and
         counted as 0 where it stands; a queue that cannot be read at all keeps its last
         values, and the other queues are still refreshed."""
-        from jobqueue.client.queries import all_anomalies, stats
+        from jobqueue.ops.queries import all_anomalies, stats
 
         for queue in queues:
             try:

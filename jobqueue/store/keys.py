@@ -97,7 +97,7 @@ from jobqueue.policy.hashing import fnv1a_32
 
 QUEUES_KEY = "jq:queues"
 WORKERS_KEY = "jq:workers"
-# The dashboards' history of queue gauges (jobqueue.client.gauges): plain single-key
+# The dashboards' history of queue gauges (jobqueue.ops.gauges): plain single-key
 # commands, so each key may sit on any slot of a cluster.
 GAUGES_PREFIX = "jq:gauges:"
 # worker id -> the server time (ms) from which its registry entry may be pruned: its last

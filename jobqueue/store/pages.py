@@ -1,5 +1,5 @@
 """The contract of index_page.lua: a page of one partition's run index from a keyset place
-(the listings of ``jobqueue.client.listing``)."""
+(the listings of ``jobqueue.ops.listing``)."""
 
 from __future__ import annotations
 

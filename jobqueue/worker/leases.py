@@ -19,8 +19,8 @@ from typing import Any
 
 import redis
 
-from jobqueue.client import workers as registry
 from jobqueue.errors import JobQueueError
+from jobqueue.ops import workers as registry
 from jobqueue.runtime.logs import run_fields
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import HEARTBEAT, RELEASE

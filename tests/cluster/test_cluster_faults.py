@@ -21,8 +21,8 @@ from redis.crc import key_slot
 from server_stall import stall
 
 from jobqueue import JobQueue, Request
-from jobqueue.client import queries as inspect
 from jobqueue.errors import ConnectionFailed, Fatal, JobQueueError
+from jobqueue.ops import queries as inspect
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.connection import sync_client
 from jobqueue.store.keys import PartitionKeys, partition_of, queue_partition

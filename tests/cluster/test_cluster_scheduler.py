@@ -10,7 +10,7 @@ from cluster_launcher import Cluster
 from redis.crc import key_slot
 
 from jobqueue import JobQueue
-from jobqueue.client import queries as inspect
+from jobqueue.ops import queries as inspect
 from jobqueue.policy.cron import parse_fire_instant
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS, SCHED_CONFIG_KEY

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from jobqueue import FROM_WORKER, JobQueue, RunContext
 from jobqueue.aio import AsyncJobQueue
-from jobqueue.client.aio import AsyncRunHandle
-from jobqueue.client.sync import RunHandle
+from jobqueue.handles import AsyncRunHandle, RunHandle
 from jobqueue.models import Run
 
 jq = JobQueue()

@@ -23,9 +23,9 @@ from jobqueue.anomalies import (
     stored_int,
     unique,
 )
-from jobqueue.client.listing import RunPage, RunQuery, runs_page
-from jobqueue.client.partitions import partitions_of
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops.listing import RunPage, RunQuery, runs_page
+from jobqueue.ops.partitions import partitions_of
 from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
 from jobqueue.store.admin import limits_of, parse_rate
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys

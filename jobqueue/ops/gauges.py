@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobqueue.anomalies import Anomaly, Listing, checked, is_time, unique
-from jobqueue.client.queries import PARTITION_CHUNK, QueueTotals, pipelined
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops.queries import PARTITION_CHUNK, QueueTotals, pipelined
 from jobqueue.store.keys import gauges_claim_key, gauges_key
 
 MINUTE_MS = 60_000

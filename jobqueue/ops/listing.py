@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 from jobqueue.anomalies import Anomaly, Listing, checked, is_wrong_type, unique
 from jobqueue.client.base import NOT_A_RECORD, not_a_record
-from jobqueue.client.partitions import partitions_of
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError
 from jobqueue.models import STATES, Run
+from jobqueue.ops.partitions import partitions_of
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.pages import INDEX_PAGE, IndexPage

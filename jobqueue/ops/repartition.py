@@ -231,7 +231,7 @@ def _cardinalities(r: Any, keys: list[str]) -> list[int]:
 
 def _refuse_if_busy(jq: JobQueue, queue: str, partitions: Sequence[PartitionKeys]) -> None:
     """Running runs or live workers: a move now could run a run twice or strand runs."""
-    from jobqueue.client.queries import workers
+    from jobqueue.ops.queries import workers
 
     keys = [k.leases for k in partitions]
     running = sum(_cardinalities(jq.redis, keys))

@@ -6,7 +6,7 @@ expires only after its run finished); a flow whose records all expired is forgot
 workers' tidy (lua/flow_tidy.lua) and until then listed with its runs ``expired``.
 
 Foreign data (a key of another type) is an anomaly of the listing, as in
-jobqueue.client.queries."""
+jobqueue.ops.queries."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 
 from jobqueue.anomalies import Anomaly, Listing, checked, is_wrong_type, score_ms, unique
 from jobqueue.client.base import NOT_A_RECORD
-from jobqueue.client.partitions import partitions_of
-from jobqueue.client.queries import PARTITION_CHUNK, RECORD_CHUNK, pipelined
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops.partitions import partitions_of
+from jobqueue.ops.queries import PARTITION_CHUNK, RECORD_CHUNK, pipelined
 from jobqueue.store.flows import parse_dep_spec
 from jobqueue.store.keys import PartitionKeys
 

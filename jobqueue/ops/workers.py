@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from jobqueue.client.queries import PRUNE_AFTER_BEATS, workers
 from jobqueue.client.sync import JobQueue
+from jobqueue.ops.queries import PRUNE_AFTER_BEATS, workers
 from jobqueue.store.keys import WORKERS_KEY, WORKERS_SEEN_KEY
 
 # Entries pruned per round trip by a live worker.

@@ -7,9 +7,9 @@ from collections import Counter
 
 import redis
 
-from jobqueue.client.queries import workers
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import JobQueueError
+from jobqueue.ops.queries import workers
 from jobqueue.policy.coverage import NAME, LiveWorker, coverage
 from jobqueue.policy.health import Check, warn
 
