@@ -1,8 +1,3 @@
-"""The app-facing clients (sync and asyncio, both driving the operations of ``core``) and the
-read and admin operations the CLI and the dashboard go through (queries, repair,
-repartition, health, capacity)."""
-
-from jobqueue.client.sync import JobQueue
-from jobqueue.handles import RunHandle
-
-__all__ = ["JobQueue", "RunHandle"]
+"""The app-facing clients: the sync ``JobQueue`` and the asyncio ``AsyncJobQueue`` (``aio``),
+both driving the operations of ``core``, and what they share (waits, events, flows, groups,
+the relay). What operators use over them is ``jobqueue.ops``."""

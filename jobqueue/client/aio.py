@@ -46,8 +46,7 @@ from jobqueue.client.relay import purge_dead_steps, relay_cascade_steps
 from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, AsyncWaits, retriable
 from jobqueue.context import RunContext
 from jobqueue.errors import JobQueueError
-from jobqueue.handles import DEFAULT_POLL_S, AsyncFlowHandle, timed_out
-from jobqueue.handles import AsyncRunHandle as AsyncRunHandle  # re-exported: its home before
+from jobqueue.handles import DEFAULT_POLL_S, AsyncFlowHandle, AsyncRunHandle, timed_out
 from jobqueue.models import DependencyState, QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (

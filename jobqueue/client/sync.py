@@ -34,8 +34,7 @@ from jobqueue.client.groups import read_fair, read_groups, set_groups
 from jobqueue.client.relay import purge_dead_steps, relay_until_quiet
 from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, SyncWaits, retriable
 from jobqueue.errors import ConfigError, JobQueueError
-from jobqueue.handles import DEFAULT_POLL_S, FlowHandle, timed_out
-from jobqueue.handles import RunHandle as RunHandle  # re-exported: its home before
+from jobqueue.handles import DEFAULT_POLL_S, FlowHandle, RunHandle, timed_out
 from jobqueue.models import DependencyState, QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
 from jobqueue.schedules.recurring import (
