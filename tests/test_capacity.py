@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.policy.capacity import (
     HEADROOM,
     IMBALANCE,

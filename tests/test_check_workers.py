@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from helpers import make_worker, running, wait_for
 
 from jobqueue import queries
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.policy.coverage import LiveWorker, coverage
 from jobqueue.store.embedded import EmbeddedServer

@@ -15,7 +15,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 
 AOF_EVERYSEC = ("--appendonly", "yes", "--appendfsync", "everysec")

@@ -9,7 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.store.embedded import EmbeddedServer
 
 

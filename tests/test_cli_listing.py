@@ -10,8 +10,7 @@ import pytest
 from click.testing import CliRunner, Result
 from test_listing import MIN, enqueue, finish
 
-from jobqueue.cli import State
-from jobqueue.cli.core import main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 
 pytestmark = pytest.mark.real_only

@@ -11,7 +11,7 @@ from pathlib import Path
 import redis
 from click.testing import CliRunner, Result
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL

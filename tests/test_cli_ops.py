@@ -12,7 +12,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM, FAIL

@@ -15,7 +15,7 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.schedules.recurring import JobState
 from jobqueue.store.embedded import EmbeddedServer

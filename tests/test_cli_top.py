@@ -19,7 +19,7 @@ from pathlib import Path
 import redis
 from click.testing import CliRunner, Result
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.cli.top_view import render
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops.queries import Lease, PartitionStats, TopSnapshot, WorkerInfo

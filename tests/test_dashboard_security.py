@@ -15,7 +15,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from starlette.testclient import TestClient
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.cli.dashboard import is_loopback
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app

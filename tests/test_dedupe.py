@@ -16,7 +16,7 @@ from helpers import claim
 from starlette.testclient import TestClient
 
 from jobqueue import Dedupe, Request
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app

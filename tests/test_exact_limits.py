@@ -249,7 +249,7 @@ def test_an_exact_rate_holds_across_partitions_in_every_window(
 def test_the_cli_sets_exact_limits_and_refuses_them_per_key(jq: JobQueue) -> None:
     from click.testing import CliRunner
 
-    from jobqueue.cli.core import State, main
+    from jobqueue.cli import State, main
 
     def invoke(*args: str) -> Any:
         return CliRunner().invoke(main, list(args), obj=State(None, jq))

@@ -651,7 +651,7 @@ def test_the_fair_share_checks_catch_a_broken_claim(
 def test_the_cli_turns_fair_shares_on_sets_a_group_and_lists_it(jq: JobQueue) -> None:
     from click.testing import CliRunner
 
-    from jobqueue.cli.core import State, main
+    from jobqueue.cli import State, main
 
     def invoke(*args: str) -> str:
         result = CliRunner().invoke(main, list(args), obj=State(None, jq))

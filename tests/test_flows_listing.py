@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
+from jobqueue.cli import main
 from jobqueue.cli.common import State
-from jobqueue.cli.core import main
 from jobqueue.client.relay import tidy_flows_steps
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app

@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from keyspace import keyspace
 from starlette.testclient import TestClient
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app

@@ -19,7 +19,7 @@ from helpers import FAST, make_worker, running, wait_for
 from starlette.testclient import TestClient
 
 from jobqueue import JobQueue
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.dashboard.app import create_app
 from jobqueue.store.runs import CLAIM
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from keyspace import keyspace
 
 from jobqueue import JobQueue, Request
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.errors import InvalidRunId, JobQueueError, PayloadError
 from jobqueue.payload import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload
 from jobqueue.store.embedded import EmbeddedServer

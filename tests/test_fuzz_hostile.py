@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from keyspace import Keyspace, keyspace
 from starlette.testclient import TestClient
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import JobQueueError

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from helpers import finished, make_worker, running, wait_for
 from starlette.testclient import TestClient
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue

@@ -13,7 +13,7 @@ from helpers import finished, make_worker, running
 from keyspace import keyspace
 from starlette.testclient import TestClient
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue

@@ -18,7 +18,7 @@ from helpers import make_worker, running, wait_for
 from starlette.testclient import TestClient
 
 from jobqueue import Dedupe, Request
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError

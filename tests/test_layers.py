@@ -35,8 +35,9 @@ LAYERS: list[tuple[str, ...]] = [
     # imported at first use)
     ("jobqueue.worker", "jobqueue.scheduler", "jobqueue.runtime", "jobqueue.__init__",
      "jobqueue.testing"),
-    # jobqueue check's checks of the schedulers (they read the daemons' own records)
-    ("jobqueue.ops.scheduler_checks",),
+    # jobqueue check: its checks of the schedulers (they read the daemons' own records), and
+    # every check together
+    ("jobqueue.ops.scheduler_checks", "jobqueue.ops.check"),
     # the interfaces
     ("jobqueue.cli", "jobqueue.dashboard", "jobqueue.demo"),
 ]
@@ -77,7 +78,7 @@ def modules() -> dict[str, Path]:
 
 
 def package_of(name: str) -> str:
-    return name.rsplit(".", 1)[0]  # of jobqueue.cli.core and of jobqueue.cli.__init__: jobqueue.cli
+    return name.rsplit(".", 1)[0]  # of jobqueue.cli.runs and of jobqueue.cli.__init__: jobqueue.cli
 
 
 def resolve(name: str, known: dict[str, Path]) -> str | None:

@@ -8,7 +8,7 @@ from click.testing import CliRunner, Result
 from starlette.testclient import TestClient
 from test_listing import enqueue
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.ops import flow_queries, queries

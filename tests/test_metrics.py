@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from helpers import fake_clock, make_worker, running, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import Fatal

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from helpers import fake_clock, finished, make_worker, running, wait_for
 from test_metrics import scrape, value
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError
 from jobqueue.runtime.metrics import NO_METRICS, PrometheusMetrics, for_daemon, serve

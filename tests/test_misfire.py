@@ -211,7 +211,7 @@ def test_a_deadline_in_milliseconds_is_honoured_to_the_millisecond() -> None:
 def test_scheduler_grace_help_says_it_is_at_least_two_intervals() -> None:
     from click.testing import CliRunner
 
-    from jobqueue.cli.core import main
+    from jobqueue.cli import main
 
     result = CliRunner().invoke(main, ["scheduler", "--help"], terminal_width=200)
     assert result.exit_code == 0

@@ -15,7 +15,7 @@ from helpers import claim, make_worker, running, wait_for
 from starlette.testclient import TestClient
 
 from jobqueue import Request
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app

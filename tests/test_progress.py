@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import finished, make_worker, running, wait_for
 from starlette.testclient import TestClient
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.dashboard.app import create_app

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from jobqueue import Request
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.cli.top_view import render
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app

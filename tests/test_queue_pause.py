@@ -15,7 +15,7 @@ from helpers import finished, make_worker, running
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.cli.top_view import render
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app

@@ -10,7 +10,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from jobqueue import JobQueue
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.ops.repair import repair_queue
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, FAIL, RELEASE, RunSpec

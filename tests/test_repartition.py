@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import claim, make_worker, running, wait_for
 
 from jobqueue import Dedupe
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, OperationRefused
 from jobqueue.ops import queries

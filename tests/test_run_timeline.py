@@ -109,7 +109,7 @@ def test_show_prints_the_instants_inside_history_entries_as_times(
 ) -> None:
     from click.testing import CliRunner
 
-    from jobqueue.cli.core import State, main
+    from jobqueue.cli import State, main
 
     create(runner, pk, "a", now=1_700_000_000_000)
     c = claim(runner, pk, "w1", now=1_700_000_000_100)

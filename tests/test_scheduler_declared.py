@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError
 from jobqueue.policy.cron import parse_fire_instant

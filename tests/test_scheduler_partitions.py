@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 from script_calls import Advance, advance_groups
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops.scheduler_checks import checks as scheduler_checks
 from jobqueue.policy.cron import parse_fire_instant

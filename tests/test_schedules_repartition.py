@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import OperationRefused
 from jobqueue.scheduler import repartition as srp

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from jobqueue import JobQueue
-from jobqueue.cli.core import State, main
+from jobqueue.cli import State, main
 from jobqueue.errors import Fatal
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.testing import run_due

@@ -36,7 +36,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from jobqueue import JobQueue
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.errors import ConfigError, ConnectionFailed
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.connection import check

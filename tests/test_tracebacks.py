@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from helpers import finished, make_worker, running
 from starlette.testclient import TestClient
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError

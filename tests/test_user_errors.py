@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from jobqueue.cli import core as cli_mod
+from jobqueue.cli import State, main
+from jobqueue.cli import runs as cli_mod
 from jobqueue.cli.common import FiniteFloat
-from jobqueue.cli.core import State, main
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, PayloadError
@@ -290,7 +290,7 @@ def test_ctrl_c_in_a_command_prints_aborted_and_exits_130(
     def interrupted(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("jobqueue.cli.ops.queries.stats", interrupted)
+    monkeypatch.setattr("jobqueue.cli.queues.queries.stats", interrupted)
     result = invoke("queues", jq=jq)
     assert result.exit_code == 130
     assert result.stderr.strip() == "Aborted!"

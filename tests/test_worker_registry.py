@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from helpers import make_worker, running, wait_for
 
 from jobqueue import queries
+from jobqueue.cli import main
 from jobqueue.cli.common import State
-from jobqueue.cli.core import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops import workers as registry
 from jobqueue.store.embedded import EmbeddedServer

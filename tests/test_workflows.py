@@ -20,8 +20,8 @@ from starlette.testclient import TestClient
 
 import jobqueue.client.relay as relay
 from jobqueue import RunFailed
+from jobqueue.cli import main
 from jobqueue.cli.common import State
-from jobqueue.cli.core import main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.flows import create_flow
 from jobqueue.client.relay import (

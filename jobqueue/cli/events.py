@@ -10,8 +10,8 @@ from typing import Any
 
 import click
 
-from jobqueue.cli.common import ms_to_text, one_line, warn_anomalies
-from jobqueue.cli.ops import json_option, pass_state
+from jobqueue.cli.common import ms_to_text, one_line, pass_state, warn_anomalies
+from jobqueue.cli.output import json_option
 from jobqueue.errors import ConfigError
 from jobqueue.store.events import KINDS, Event
 

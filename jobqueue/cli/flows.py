@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from jobqueue.cli.common import one_line, warn_anomalies
+from jobqueue.cli.common import one_line, pass_state, warn_anomalies
 from jobqueue.cli.format import table, when
-from jobqueue.cli.ops import emit, json_option, pass_state
+from jobqueue.cli.output import emit, json_option
 from jobqueue.errors import RunNotFound
 from jobqueue.ops import flow_queries
 from jobqueue.ops.flow_queries import FlowSummary

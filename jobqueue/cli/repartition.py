@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from jobqueue.cli.common import warn_anomalies
-from jobqueue.cli.ops import progress
+from jobqueue.cli.output import progress
 from jobqueue.ops import repair as repair_mod
 from jobqueue.ops import repartition as rp
 from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name

@@ -3,11 +3,24 @@ imported the first time it is run. ``jobqueue --help`` and ``--version`` import 
 nothing of jobqueue's clients, redis-py or the daemons, so they answer at once.
 
 A command's one-line help for the root listing is kept here (``COMMANDS``), so that listing
-them imports none; tests/test_cli_startup.py holds it to each command's own."""
+them imports none; tests/test_cli_startup.py holds it to each command's own.
+
+The commands' modules, by noun: ``daemons`` (worker, scheduler), ``runs`` (enqueue, show,
+cancel, requeue, runs, leases), ``queues`` (queues, stats, queue ...), ``dead``, ``workers``,
+``checks`` (check, capacity, jitter), ``schedules``, ``groups``, ``flows``, ``events``, ``top``,
+``dashboard``, ``repartition`` (repartition, repair).
+
+Exit codes: 0 ok, 1 operation refused (or not found), 2 bad input or usage error, 3 Redis
+unreachable or credentials refused, 130 interrupted. A user's mistake is one line on stderr,
+never a traceback."""
 
 from __future__ import annotations
 
 import importlib
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -16,42 +29,62 @@ from jobqueue import __version__
 
 # name -> (module, attribute, the one-line help the root listing shows)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "cancel": ("jobqueue.cli.core", "cancel", "Cancel a pending or running run (a running..."),
-    "capacity": ("jobqueue.cli.ops", "capacity", "The capacity model for N recurring jobs..."),
-    "check": ("jobqueue.cli.ops", "check", "Is Redis set up as jobqueue's guarantees..."),
+    "cancel": ("jobqueue.cli.runs", "cancel", "Cancel a pending or running run (a running..."),
+    "capacity": ("jobqueue.cli.checks", "capacity", "The capacity model for N recurring jobs..."),
+    "check": ("jobqueue.cli.checks", "check", "Is Redis set up as jobqueue's guarantees..."),
     "dashboard": (
         "jobqueue.cli.dashboard", "dashboard", "Serve the web dashboard: queues with...",
     ),
-    "dead": ("jobqueue.cli.ops", "dead", "Dead runs: list, retry (requeue), purge."),
-    "enqueue": ("jobqueue.cli.core", "enqueue", "Enqueue one run of TASK (or one per line..."),
+    "dead": ("jobqueue.cli.dead", "dead", "Dead runs: list, retry (requeue), purge."),
+    "enqueue": ("jobqueue.cli.runs", "enqueue", "Enqueue one run of TASK (or one per line..."),
     "events": ("jobqueue.cli.events", "events", "What happened to runs, from the queues'..."),
     "flows": ("jobqueue.cli.flows", "flows", "Workflows and batches, newest first, with..."),
     "groups": ("jobqueue.cli.groups", "groups", "Fair shares between a queue's groups:..."),
-    "jitter": ("jobqueue.cli.core", "jitter", "How a herd of JOBS job ids (<prefix>N)..."),
-    "leases": ("jobqueue.cli.ops", "leases", "Which worker holds which run, and for how..."),
-    "queue": ("jobqueue.cli.ops", "queue", "Pause or resume a queue's claims; limit..."),
-    "queues": ("jobqueue.cli.ops", "queues", "Per queue and partition: due now, later,..."),
+    "jitter": ("jobqueue.cli.checks", "jitter", "How a herd of JOBS job ids (<prefix>N)..."),
+    "leases": ("jobqueue.cli.runs", "leases", "Which worker holds which run, and for how..."),
+    "queue": ("jobqueue.cli.queues", "queue", "Pause or resume a queue's claims; limit..."),
+    "queues": ("jobqueue.cli.queues", "queues", "Per queue and partition: due now, later,..."),
     "repair": (
         "jobqueue.cli.repartition", "repair", "Put every run back in the index its state...",
     ),
     "repartition": (
         "jobqueue.cli.repartition", "repartition", "Change QUEUE's partition count: move every...",
     ),
-    "requeue": ("jobqueue.cli.core", "requeue", "Put a dead or cancelled run back to..."),
-    "runs": ("jobqueue.cli.ops", "runs", "Runs by state and filters, a page at a time."),
+    "requeue": ("jobqueue.cli.runs", "requeue", "Put a dead or cancelled run back to..."),
+    "runs": ("jobqueue.cli.runs", "runs", "Runs by state and filters, a page at a time."),
     "schedule": (
         "jobqueue.cli.schedules", "schedule", "Recurring jobs: list (the default), show,...",
     ),
-    "scheduler": ("jobqueue.cli.core", "scheduler", "Run a scheduler: turn recurring jobs into..."),
+    "scheduler": (
+        "jobqueue.cli.daemons", "scheduler", "Run a scheduler: turn recurring jobs into...",
+    ),
     "schedules": (
         "jobqueue.cli.schedules", "schedules", "Recurring jobs: list (the default), show,...",
     ),
-    "show": ("jobqueue.cli.core", "show", "Everything about one run, with its history..."),
-    "stats": ("jobqueue.cli.ops", "stats", "Same as `queues`."),
+    "show": ("jobqueue.cli.runs", "show", "Everything about one run, with its history..."),
+    "stats": ("jobqueue.cli.queues", "stats", "Same as `queues`."),
     "top": ("jobqueue.cli.top", "top", "A live view of queues, throughput,..."),
-    "worker": ("jobqueue.cli.core", "worker", "Run a worker: claim runs, execute them,..."),
-    "workers": ("jobqueue.cli.ops", "workers", "The worker registry (the default: list..."),
+    "worker": ("jobqueue.cli.daemons", "worker", "Run a worker: claim runs, execute them,..."),
+    "workers": ("jobqueue.cli.workers", "workers", "The worker registry (the default: list..."),
 }
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    raise SystemExit(130)  # a Ctrl-C before the command is ready: no traceback of the imports
+
+
+@contextmanager
+def _quiet_ctrl_c() -> Iterator[None]:
+    """While a command's module imports (redis-py and the rest take a few hundred ms), a Ctrl-C
+    exits 130 quietly; the previous handler is restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _interrupted_while_starting)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # Older names, still run but not listed.
@@ -69,7 +102,8 @@ class Root(click.Group):
         found = COMMANDS.get(cmd_name)
         if found is None:
             return None
-        command: click.Command = getattr(importlib.import_module(found[0]), found[1])
+        with _quiet_ctrl_c():
+            command: click.Command = getattr(importlib.import_module(found[0]), found[1])
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

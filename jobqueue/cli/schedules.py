@@ -21,8 +21,8 @@ from jobqueue.cli.common import (
     pass_state,
     warn_anomalies,
 )
-from jobqueue.cli.format import when
-from jobqueue.cli.ops import confirm, progress, table
+from jobqueue.cli.format import table, when
+from jobqueue.cli.output import confirm, progress
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import CorruptData, OperationRefused, UnknownTask
 from jobqueue.policy.cron import fire_times_between

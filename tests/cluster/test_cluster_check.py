@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from cluster_launcher import Cluster
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 
 
 def wait_replicas_online(cluster: Cluster, timeout: float = 30.0) -> None:

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from jobqueue import JobQueue, Request
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.relay import tidy_flows_steps
 from jobqueue.store.runs import CLAIM, FAIL
 

@@ -20,7 +20,7 @@ from redis.crc import key_slot
 from test_invariants import RUN_IDS, lifecycle, record_script_calls, slots_of_call
 
 from jobqueue import ConfigError, ConnectionFailed, Dedupe, JobQueue, OperationRefused, Request
-from jobqueue.cli.core import main as cli_main
+from jobqueue.cli import main as cli_main
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.store.connection import async_client, sync_client

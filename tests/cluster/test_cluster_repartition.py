@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from recorder import record_cluster_commands
 from test_repartition import Q, populate, same_ttl, snapshot
 
-from jobqueue.cli.core import main
+from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops import repartition as rp
 from jobqueue.store.keys import QUEUES_KEY, queue_partition

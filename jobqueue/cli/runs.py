@@ -1,40 +1,18 @@
-"""The ``jobqueue`` command: daemons and the operator's window onto runs and leases.
-
-Exit codes: 0 ok, 1 operation refused (or not found), 2 bad input or usage error, 3 Redis
-unreachable or credentials refused, 130 interrupted. A user's mistake is one line on stderr,
-never a traceback.
-"""
+"""Runs, one at a time and by state: ``jobqueue enqueue``, ``show``, ``cancel``, ``requeue``,
+``runs`` (a page of runs by state and filters, whose options ``jobqueue dead list`` shares) and
+``leases`` (which worker holds which run)."""
 
 from __future__ import annotations
 
-import signal
+import json
 import sys
-import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import IO, Any
 
+import click
 
-def _interrupted_while_starting(signum: int, frame: object) -> None:
-    raise SystemExit(130)  # a Ctrl-C before the CLI is ready: no traceback of the imports
-
-
-# Until this module's imports are done (redis-py and the rest take a few hundred ms), a Ctrl-C
-# exits 130 quietly; the previous handler is restored at the end of this module.
-_MAIN_THREAD = threading.current_thread() is threading.main_thread()
-_previous_sigint = (
-    signal.signal(signal.SIGINT, _interrupted_while_starting) if _MAIN_THREAD else None
-)
-
-import contextlib  # noqa: E402
-import faulthandler  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import shlex  # noqa: E402
-from datetime import datetime  # noqa: E402
-from typing import IO, Any  # noqa: E402
-
-import click  # noqa: E402
-
-from jobqueue.cli.common import (  # noqa: E402
+from jobqueue.cli.common import (
     EXIT_INTERRUPTED,
     FiniteFloat,
     State,
@@ -47,259 +25,27 @@ from jobqueue.cli.common import (  # noqa: E402
     warn_anomalies,
     yes_option,
 )
-from jobqueue.cli.format import rate as rate_text  # noqa: E402
-from jobqueue.cli.format import when  # noqa: E402
-from jobqueue.cli.ops import confirm, progress  # noqa: E402
-from jobqueue.cli.root import main as main  # noqa: E402  # the command, with every subcommand
-from jobqueue.client.base import Request  # noqa: E402
-from jobqueue.client.sync import JobQueue  # noqa: E402
-from jobqueue.errors import (  # noqa: E402
-    ConfigError,
+from jobqueue.cli.format import abs_time, duration, when
+from jobqueue.cli.format import rate as rate_text
+from jobqueue.cli.output import confirm, emit, json_option, progress
+from jobqueue.client.base import Request
+from jobqueue.client.sync import JobQueue
+from jobqueue.errors import (
     InvalidRunId,
     JobQueueError,
     OperationRefused,
     PayloadError,
     UnknownTask,
 )
-from jobqueue.models import PRIORITY_MAX, DependencyState, Run  # noqa: E402
-from jobqueue.policy.misfire import DEFAULT_GRACE_MS  # noqa: E402
-from jobqueue.policy.timeutil import instants_shown  # noqa: E402
-from jobqueue.runtime import logs  # noqa: E402
-from jobqueue.runtime import metrics as metrics_mod  # noqa: E402
-from jobqueue.scheduler.daemon import (  # noqa: E402
-    DEFAULT_BATCH,
-    DEFAULT_INTERVAL_S,
-    DEFAULT_LOOKAHEAD_MS,
-)
-from jobqueue.settings import Settings  # noqa: E402
-from jobqueue.store.connection import redact  # noqa: E402
-from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name  # noqa: E402
-from jobqueue.tasks import Dedupe  # noqa: E402
-from jobqueue.worker.config import DEFAULT_CONCURRENCY, DEFAULT_GRACE_S  # noqa: E402
-from jobqueue.worker.supervisor import SUPERVISED_ENV  # noqa: E402
+from jobqueue.models import PRIORITY_MAX, DependencyState, Run
+from jobqueue.ops import queries
+from jobqueue.ops.listing import RunPage, RunQuery, runs_page
+from jobqueue.policy.timeutil import instants_shown, when_to_ms
+from jobqueue.tasks import Dedupe
 
 # Runs per enqueue_many call of `enqueue --from-file` (enqueue_many pipelines its script
 # calls): one progress step each.
 ENQUEUE_CHUNK = 1000
-
-# --metrics-port / --metrics-host, shared by the two daemons.
-_metrics_port = click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    help="Serve Prometheus metrics on this port (0: any free port; needs prometheus-client, "
-    "the metrics extra of jobqueue-redis).",
-)
-_metrics_host = click.option(
-    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
-)
-_connect_timeout = click.option(
-    "--connect-timeout",
-    type=FiniteFloat(0),
-    help="Seconds to keep trying while Redis is unreachable at start, then exit 3. "
-    "[default: for ever, with a log line per try]",
-)
-_queue_gauges = click.option(
-    "--queue-gauges",
-    is_flag=True,
-    help="Also export the queue gauges (runs due, running, dead; lease expiries; pauses and "
-    "limits) on --metrics-port. Every daemon would export the same values (they are the "
-    "queues', not the daemon's): give this flag to one daemon only.",
-)
-
-def _dump_stacks_on_sigusr1() -> None:
-    """`kill -USR1 PID` prints every thread's stack to stderr: what a daemon that seems stuck
-    is doing, without stopping it."""
-    # The process's own stderr (sys.stderr may be replaced, e.g. by a test runner's capture).
-    stream = sys.__stderr__
-    if stream is None:
-        return
-    with contextlib.suppress(ValueError, OSError):  # no file descriptor: nothing to dump to
-        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
-
-
-class ProcessCount(click.IntRange):
-    """A number of worker processes, 1 to 256, or ``auto``: one per CPU this process may
-    run on (a Python process runs one core's worth of Python at a time)."""
-
-    name = "integer or auto"
-
-    def __init__(self) -> None:
-        super().__init__(1, 256)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and value.strip().lower() == "auto":
-            from jobqueue.worker.supervisor import cpu_count
-
-            return min(cpu_count(), 256)
-        return super().convert(value, param, ctx)
-
-
-@click.command()
-@click.option("--app", "app_spec", required=True, help="module:attribute of your JobQueue.")
-@click.option(
-    "--queue",
-    "queues",
-    multiple=True,
-    help="Queue to serve, in priority order (repeat for several). Default: the queues the "
-    "app's tasks name.",
-)
-@click.option(
-    "--concurrency",
-    default=DEFAULT_CONCURRENCY,
-    show_default=True,
-    type=click.IntRange(1, 10_000),
-)
-@click.option(
-    "--lease",
-    type=FiniteFloat(0.1),
-    help="Lease in seconds; heartbeats every lease/3.  [default: the app's "
-    f"Settings.default_lease_s, {Settings().default_lease_s:g}]",
-)
-@click.option(
-    "--grace",
-    default=DEFAULT_GRACE_S,
-    show_default=True,
-    type=FiniteFloat(0),
-    help="Seconds in-flight runs get to finish on SIGTERM before release.",
-)
-@click.option(
-    "--processes",
-    default="1",
-    show_default=True,
-    type=ProcessCount(),
-    help="Worker processes under one supervisor that restarts dead children; auto: one per "
-    "CPU this process may run on.",
-)
-@click.option(
-    "--max-runs-per-child",
-    type=click.IntRange(1),
-    metavar="K",
-    help="Recycle a worker process once it has finished this many runs: it stops claiming, "
-    "lets its runs finish and commit, exits, and the supervisor starts a new one at once "
-    "(for task code that leaks). Implies a supervisor (--processes 1 unless given).",
-)
-@click.option(
-    "--max-memory-per-child",
-    type=FiniteFloat(0, min_open=True),
-    metavar="MB",
-    help="Recycle a worker process as above once its resident memory exceeds this many MB "
-    "after a run finished (checked at most every 0.1 s; Linux: current RSS, elsewhere the "
-    "peak). Implies a supervisor (--processes 1 unless given).",
-)
-@_metrics_port
-@_metrics_host
-@click.option(
-    "--burst",
-    is_flag=True,
-    help="Run what is due, then exit 0 once nothing is due and no run is held (tests, CI, "
-    "cron-style batches).",
-)
-@click.option(
-    "--reload",
-    is_flag=True,
-    help="Development: restart the worker when a file under the current directory changes "
-    "(needs the reload extra: watchfiles).",
-)
-@_queue_gauges
-@_connect_timeout
-@pass_state
-def worker(
-    state: State,
-    app_spec: str,
-    queues: tuple[str, ...],
-    concurrency: int,
-    lease: float | None,
-    grace: float,
-    processes: int,
-    max_runs_per_child: int | None,
-    max_memory_per_child: float | None,
-    metrics_port: int | None,
-    metrics_host: str,
-    burst: bool,
-    reload: bool,
-    queue_gauges: bool,
-    connect_timeout: float | None,
-) -> None:
-    """Run a worker: claim runs, execute them, heartbeat leases, commit with fences."""
-    from jobqueue.worker.daemon import Worker
-
-    if burst and processes > 1:
-        raise ConfigError("--burst drains in one process: use it with --processes 1")
-    recycling = max_runs_per_child is not None or max_memory_per_child is not None
-    if burst and recycling:
-        given = "--max-runs-per-child" if max_runs_per_child is not None else (
-            "--max-memory-per-child"
-        )
-        raise ConfigError(
-            f"{given} recycles the supervised processes of a worker that runs until stopped; "
-            "--burst exits once nothing is due: not both"
-        )
-    if reload:
-        _reload_worker(burst, processes)
-        return
-    if metrics_port is not None and processes > 1:
-        # Every child would bind the same port: refused before any child is started.
-        raise ConfigError("--metrics-port serves one process: use it with --processes 1")
-    if queue_gauges and metrics_port is None:
-        raise ConfigError("--queue-gauges exports on --metrics-port: give both")
-    # Until the worker installs its draining handler it holds no run: a SIGTERM while the app
-    # imports or Redis connects is a clean exit, not a death by signal.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    _dump_stacks_on_sigusr1()
-    for name in queues:
-        validate_queue_name(name)  # as enqueue --queue does: before anything connects
-    app = load_app(app_spec)
-    jq = state.jq(app, patient=True, timeout=connect_timeout)
-    if (processes > 1 or recycling) and not os.environ.get(SUPERVISED_ENV):
-        from jobqueue.worker.supervisor import supervise
-
-        sys.exit(supervise(processes, sys.argv, jq.url or "", grace=grace))
-    logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
-    served: list[str] = []
-    m = metrics_mod.for_daemon(
-        "worker", metrics_port, metrics_host, jq, lambda: served, queue_gauges
-    )
-    # JSON logs: what tasks print becomes log lines, so the stream stays JSON (docs/operations)
-    restore = logs.capture_task_output() if logs.json_configured() else None
-    try:
-        daemon = Worker(
-            jq, queues or None, concurrency=concurrency, lease=lease, grace=grace, metrics=m,
-            burst=burst, max_runs=max_runs_per_child, max_memory_mb=max_memory_per_child,
-        )
-        served.extend(daemon.queues)
-        code = daemon.run()
-        if daemon.recycled is not None:
-            from jobqueue.worker.recycling import report_to_supervisor
-
-            report_to_supervisor(daemon.recycled)
-    finally:
-        if restore is not None:
-            restore()
-    m.close()
-    sys.exit(code)
-
-
-def _reload_worker(burst: bool, processes: int) -> None:
-    """Run this same command without --reload in a child process, restarted whenever a Python
-    file under the current directory changes (watchfiles' PythonFilter: a log file written
-    there must not restart it)."""
-    try:
-        import watchfiles
-    except ImportError:
-        raise ConfigError(
-            "--reload needs watchfiles: pip install watchfiles (or the reload extra: "
-            "pip install '.[reload]' in a clone)"
-        ) from None
-    if burst:
-        raise ConfigError("--reload restarts a worker that runs until stopped: not with --burst")
-    command = [sys.executable, "-m", "jobqueue.cli", *(a for a in sys.argv[1:] if a != "--reload")]
-    click.echo(f"reloading on changes under {os.getcwd()}", err=True)
-    watchfiles.run_process(
-        os.getcwd(),
-        target=shlex.join(command),
-        target_type="command",
-        watch_filter=watchfiles.PythonFilter(),
-    )
 
 
 @click.command()
@@ -628,7 +374,11 @@ def _show_dependencies(
 
 
 MAX_DEPENDENCIES_SHOWN = 20  # per run of the tree
+
+
 MAX_TREE_DEPTH = 4  # levels of dependencies below the run shown
+
+
 MAX_TREE_NODES = 60  # lines of the tree in all
 
 
@@ -708,152 +458,170 @@ def requeue(state: State, run_id: str, queue: str | None, force: bool, yes: bool
     click.echo(f"requeued {run_id} (was {previous})")
 
 
-# -- recurring jobs: the scheduler daemon, `schedule ...` and `jitter` ----------------------
-
-
 @click.command()
-@click.option("--app", "app_spec", help="module:attribute of your JobQueue (optional).")
-@click.option(
-    "--lookahead",
-    default=DEFAULT_LOOKAHEAD_MS / 1000,
-    show_default=True,
-    type=FiniteFloat(0),
-    help="Create runs this many seconds before their fire time.",
-)
-@click.option(
-    "--interval", default=DEFAULT_INTERVAL_S, show_default=True, type=FiniteFloat(0.01)
-)
-@click.option(
-    "--grace",
-    default=DEFAULT_GRACE_MS / 1000,
-    show_default=True,
-    type=FiniteFloat(0),
-    help="A fire time later than this (at least 2 x --interval) is a misfire (its job's "
-    "policy decides).",
-)
-@click.option(
-    "--batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(1, 100_000)
-)
-@click.option(
-    "--partitions",
-    type=click.IntRange(1, MAX_PARTITIONS),
-    help="Scheduler partitions K (default: what Redis records, else 1 on a single server and "
-    "4 x the masters on a cluster; change it with `jobqueue schedules repartition`).",
-)
-@click.option(
-    "--partition-lease",
-    default=5.0,
-    show_default=True,
-    type=FiniteFloat(0.1),
-    help="Seconds a scheduler's lease on each scheduler partition it owns lasts unrenewed: "
-    "how soon the others take over the partitions of one that died.",
-)
-@click.option(
-    "--max-lookahead",
-    type=FiniteFloat(0),
-    help="How far the lookahead may grow so that a herd is created before it fires, at the "
-    "creation rate measured.  [default: 10 x --lookahead]",
-)
-@click.option(
-    "--create-rate",
-    default=20_000.0,
-    show_default=True,
-    type=FiniteFloat(1),
-    help="Runs/s assumed until this scheduler has measured its own creation rate.",
-)
-@click.option(
-    "--prune",
-    is_flag=True,
-    help="At start, remove the schedules declared in code (--app) that are no longer "
-    "declared; schedules added at run time are never removed.",
-)
-@_metrics_port
-@_metrics_host
-@_queue_gauges
-@_connect_timeout
+@click.option("--queue", help="Only this queue.")
+@click.option("--expired", is_flag=True, help="Only leases past their expiry.")
+@click.option("--worker", help="Only leases held by this worker id (or id prefix).")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(1, 100_000))
+@json_option
 @pass_state
-def scheduler(
-    state: State,
-    app_spec: str | None,
-    lookahead: float,
-    interval: float,
-    grace: float,
-    batch: int,
-    partitions: int | None,
-    partition_lease: float,
-    max_lookahead: float | None,
-    create_rate: float,
-    prune: bool,
-    metrics_port: int | None,
-    metrics_host: str,
-    queue_gauges: bool,
-    connect_timeout: float | None,
+def leases(
+    state: Any, queue: str | None, expired: bool, worker: str | None, limit: int, as_json: bool
 ) -> None:
-    """Run a scheduler: turn recurring jobs into runs. Run several: they share the scheduler
-    partitions (each owns some, under a lease; the others take over those of one that
-    stops). Schedules the app declares in code (@jq.task(cron=...), jq.declare_schedule) are
-    written at start."""
-    from jobqueue.scheduler.daemon import Scheduler
-    from jobqueue.schedules.recurring import Recurring
-
-    if prune and not app_spec:
-        raise click.UsageError("--prune needs --app: the app's declarations say what to keep")
-    # Until the scheduler installs its own handler (in run) a SIGTERM while the app imports
-    # or Redis connects is a clean exit, not a death by signal.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    _dump_stacks_on_sigusr1()
-    jq = state.jq(
-        load_app(app_spec) if app_spec else None, patient=True, timeout=connect_timeout
+    """Which worker holds which run, and for how long still."""
+    found = queries.leases(state.jq(), queue, expired_only=expired, worker=worker, limit=limit)
+    rows = [
+        [
+            lease.run_id,
+            lease.task,
+            lease.owner,
+            lease.host or "?",
+            lease.pid or "?",
+            lease.fence,
+            lease.attempt,
+            duration(lease.remaining_ms) + (" EXPIRED" if lease.expired else ""),
+            abs_time(lease.lease_until_ms),
+            duration(lease.running_for_ms),
+        ]
+        for lease in found
+    ]
+    emit(
+        as_json,
+        [lease.to_dict() for lease in found],
+        rows,
+        [
+            "RUN",
+            "TASK",
+            "OWNER",
+            "HOST",
+            "PID",
+            "FENCE",
+            "ATTEMPT",
+            "LEASE LEFT",
+            "LEASE UNTIL (UTC)",
+            "RUNNING FOR",
+        ],
+        "no leases",
+        found,
     )
-    logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
-    store = Recurring(jq, partitions) if partitions else None
-    m = metrics_mod.for_daemon(
-        "scheduler", metrics_port, metrics_host, jq, lambda: jq.queues(), queue_gauges
-    )
-    daemon = Scheduler(
-        jq,
-        lookahead=lookahead,
-        interval=interval,
-        grace=grace,
-        batch=batch,
-        store=store,
-        metrics=m,
-        prune=prune,
-        partition_lease=partition_lease,
-        max_lookahead=max_lookahead,
-        create_rate=create_rate,
-    )
-    sys.exit(daemon.run())
 
 
+def listing_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The filters and paging every run listing takes (``runs``, ``dead list``, and the
+    ``--all`` of ``dead retry`` and ``dead purge``)."""
+    for option in reversed(
+        [
+            click.option("--queue"),
+            click.option("--task", help="Runs of this task."),
+            click.option("--job", help="Runs of this recurring job (run ids job@...)."),
+            click.option("--prefix", help="Runs whose id starts with this."),
+            click.option("--contains", help="Runs whose id holds this."),
+            click.option("--error", "error_text", help="Runs whose error holds this text "
+                         "(any case)."),
+            click.option("--since", help="From this time on: 10m (ago), 2h, 1d, or an ISO "
+                         "time (UTC unless it says). The time each listing is sorted by."),
+            click.option("--until", help="Up to this time (the same forms as --since)."),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def paging_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option("--order", type=click.Choice(["asc", "desc"]),
+                         help="Oldest or newest first (default: pending, running and "
+                         "waiting runs oldest first; dead and finished newest first)."),
+            click.option("--limit", default=50, show_default=True,
+                         type=click.IntRange(1, 10_000)),
+            click.option("--cursor", help="Where the previous page ended (it prints it)."),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def run_query(jq: Any, state: str | None, filters: dict[str, Any]) -> RunQuery:
+    """The query of a listing's options (``filters``: the options' values by name)."""
+    now = jq.server_time_ms() if filters.get("since") or filters.get("until") else 0
+    return RunQuery(
+        state=state,
+        queue=filters.get("queue"),
+        task=filters.get("task"),
+        job=filters.get("job"),
+        prefix=filters.get("prefix"),
+        contains=filters.get("contains"),
+        error=filters.get("error_text"),
+        since_ms=when_to_ms(filters["since"], now, "--since") if filters.get("since") else None,
+        until_ms=when_to_ms(filters["until"], now, "--until") if filters.get("until") else None,
+        order=filters.get("order"),
+    )
+
+
+def page_footer(page: RunPage, as_json: bool) -> None:
+    """Under a table, what the page is of the whole and the cursor of the next one. Beside
+    JSON (whose stdout stays the list of runs) only the cursor, on stderr, when there is a
+    next page."""
+    cursor = f"next page: --cursor {page.next_cursor}" if page.next_cursor else ""
+    if as_json:
+        if cursor:
+            click.echo(cursor, err=True)
+        return
+    click.echo("\n" + page.summary() + ("\n" + cursor if cursor else ""))
 
 
 @click.command()
 @click.option(
-    "--jobs", default=100_000, show_default=True, type=click.IntRange(0, 10_000_000)
+    "--state",
+    "state_filter",
+    type=click.Choice(["pending", "running", "waiting", "done", "dead", "cancelled"]),
 )
-@click.option("--window", default=60, show_default=True, type=click.IntRange(0))
-@click.option("--prefix", default="job-", show_default=True)
-@click.option("--json", "as_json", is_flag=True)
-def jitter(jobs: int, window: int, prefix: str, as_json: bool) -> None:
-    """How a herd of JOBS job ids (<prefix>N) firing at once spreads over a WINDOW-second
-    jitter."""
-    from jobqueue.policy.jitter import herd_histogram
+@listing_options
+@paging_options
+@json_option
+@pass_state
+def runs(
+    state: Any, /, state_filter: str | None, limit: int, cursor: str | None, as_json: bool,
+    **filters: Any,
+) -> None:
+    """Runs by state and filters, a page at a time.
 
-    counts = herd_histogram(jobs, window, prefix)
-    low, high = min(counts), max(counts)
-    if as_json:
-        click.echo(json.dumps({"jobs": jobs, "window": window, "min": low, "max": high}))
-        return
-    if window <= 0:
-        click.echo(f"no jitter: second 0 gets {jobs:,}")
-        return
-    click.echo(f"jitter = fnv1a(job_id) % {window}: min {low:,}/s, max {high:,}/s")
-
-
-if _MAIN_THREAD:
-    signal.signal(signal.SIGINT, _previous_sigint)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+    Running, pending, waiting, dead, then finished runs; the last lines say how many the
+    listing holds and give the next page's --cursor."""
+    jq = state.jq()
+    page = runs_page(jq, run_query(jq, state_filter, filters), cursor=cursor, limit=limit)
+    now = jq.server_time_ms()
+    rows = [
+        [
+            r.run_id,
+            r.queue,
+            r.task,
+            r.state,
+            f"{r.attempt}/{r.max_attempts}",
+            r.fence,
+            when(r.due_ms, now),
+            when(r.finished_ms, now),
+            (r.error or "").strip().splitlines()[-1][:60] if (r.error or "").strip() else "",
+        ]
+        for r in page
+    ]
+    emit(
+        as_json,
+        [r.to_dict() for r in page],
+        rows,
+        [
+            "RUN",
+            "QUEUE",
+            "TASK",
+            "STATE",
+            "ATTEMPT",
+            "FENCE",
+            "DUE (UTC)",
+            "FINISHED (UTC)",
+            "ERROR",
+        ],
+        "no runs" + (" on this page" if page.next_cursor else ""),
+        page,
+    )
+    page_footer(page, as_json)
