@@ -31,10 +31,11 @@ from dataclasses import dataclass
 
 from jobqueue.anomalies import Anomaly, Listing, checked, is_wrong_type, unique
 from jobqueue.client.base import NOT_A_RECORD, not_a_record
+from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError
 from jobqueue.models import STATES, Run
-from jobqueue.ops.partitions import partitions_of
+from jobqueue.ops.partitions import partitions_steps
 from jobqueue.store.io import Scripts, Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.pages import INDEX_PAGE, IndexPage
@@ -254,6 +255,20 @@ def runs_page(
     scan_limit: int = SCAN_LIMIT,
 ) -> RunPage:
     """One page of the runs ``query`` selects, from ``cursor`` (None: the first page)."""
+    return jq.run_steps(
+        runs_page_steps(jq, query, cursor=cursor, limit=limit, scan_limit=scan_limit)
+    )
+
+
+def runs_page_steps(
+    jq: ClientCore,
+    query: RunQuery | None = None,
+    *,
+    cursor: str | None = None,
+    limit: int = 50,
+    scan_limit: int = SCAN_LIMIT,
+) -> Steps[RunPage]:
+    """:func:`runs_page` as steps, for either client (``await ajq.run_steps(...)``)."""
     query = (query or RunQuery()).checked()
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ConfigError(f"limit must be 1 to {MAX_LIMIT:,}, not {limit!r}")
@@ -262,8 +277,8 @@ def runs_page(
     place = Place.decode(cursor) if cursor is not None else Place(query.indexes[0])
     if place.index not in query.indexes:
         raise ConfigError(f"that cursor is of another listing (its index is {place.index})")
-    parts, found = partitions_of(jq, query.queue)
-    return jq.run_steps(_page_steps(parts, list(found), query, place, limit, scan_limit))
+    parts, found = yield from partitions_steps(jq, query.queue)
+    return (yield from _page_steps(parts, list(found), query, place, limit, scan_limit))
 
 
 def iter_runs(

@@ -1,21 +1,31 @@
 """The partitions a reading function reads: those of one queue, or of every queue, from the
-counts recorded in Redis (``jq:queues``)."""
+counts recorded in Redis (``jq:queues``): as steps either client drives (``partitions_steps``),
+or read on a sync client (``partitions_of``)."""
 
 from __future__ import annotations
 
 from jobqueue.anomalies import Anomaly
+from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import UnknownQueue
+from jobqueue.store.io import Steps
 from jobqueue.store.keys import PartitionKeys, validate_queue_name
 
+Partitions = tuple[list[PartitionKeys], list[Anomaly]]
 
-def partitions_of(jq: JobQueue, queue: str | None) -> tuple[list[PartitionKeys], list[Anomaly]]:
+
+def partitions_of(jq: JobQueue, queue: str | None) -> Partitions:
+    """:func:`partitions_steps` on a sync client."""
+    return jq.run_steps(partitions_steps(jq, queue))
+
+
+def partitions_steps(jq: ClientCore, queue: str | None) -> Steps[Partitions]:
     """The partitions to read, from the counts recorded in Redis, and the anomalies of
     ``jq:queues`` (a queue whose count is not usable has no partitions to read: never
     ``range(99999999)``)."""
     if queue is not None:
         validate_queue_name(queue)  # bad input (exit 2), not an unknown queue (exit 1)
-    table = jq.queue_table()
+    table = yield from jq._queue_table()
     if queue is None:
         queues = table.counts
     elif queue in table.counts:

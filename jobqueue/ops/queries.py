@@ -1,6 +1,12 @@
 """Read-only views of queues, leases, runs and workers: the data behind the ops CLI (and any
 dashboard). Never blocks the server: bounded ZRANGEs and pipelined HMGETs, no KEYS.
 
+Each is written once as steps (``jobqueue.store.io``: ``stats_steps``, ``leases_steps``,
+``workers_steps``, ``runs_steps``, ``schedules_steps``, ``throughput_steps``,
+``top_snapshot_steps``), which either client drives: ``await ajq.run_steps(stats_steps(ajq))``
+on an ``AsyncJobQueue``; the plain functions (``stats(jq)``, ...) drive them on a sync
+``JobQueue``.
+
 Foreign or corrupt data in jobqueue's keys (a key of another type, a garbage field, a queue
 whose partition count is not usable) never fails a listing: each function returns a
 :class:`~jobqueue.anomalies.Listing`, whose rows carry the anomalies found in them and whose
@@ -23,11 +29,13 @@ from jobqueue.anomalies import (
     stored_int,
     unique,
 )
+from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
-from jobqueue.ops.listing import RunPage, RunQuery, runs_page
-from jobqueue.ops.partitions import partitions_of
+from jobqueue.ops.listing import RunPage, RunQuery, runs_page_steps
+from jobqueue.ops.partitions import partitions_steps
 from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
 from jobqueue.store.admin import limits_of, parse_rate
+from jobqueue.store.io import Cmd, Steps, cmd, commands, server_time_steps
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
@@ -121,21 +129,44 @@ class WorkerInfo:
         return asdict(self)
 
 
+class Batch:
+    """What ``add(batch, item)`` queues commands on, as on a pipeline (``batch.zcard(key)``):
+    each call is recorded as a command of one round trip (``jobqueue.store.io.Commands``)."""
+
+    def __init__(self) -> None:
+        self.cmds: list[Cmd] = []
+
+    def __len__(self) -> int:
+        return len(self.cmds)
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        def record(*args: Any, **kwargs: Any) -> None:
+            self.cmds.append(cmd(name, *args, **kwargs))
+
+        return record
+
+
 def pipelined(
     jq: JobQueue, items: Sequence[Any], add: Callable[[Any, Any], None], chunk: int
 ) -> list[list[Any]]:
-    """``add(pipe, item)`` queues each item's commands; returns each item's replies, errors in
-    place (``raise_on_error=False``: the caller decides what a WRONGTYPE means), ``chunk``
-    items per round trip."""
+    """:func:`pipelined_steps` on a sync client."""
+    return jq.run_steps(pipelined_steps(items, add, chunk))
+
+
+def pipelined_steps(
+    items: Sequence[Any], add: Callable[[Any, Any], None], chunk: int
+) -> Steps[list[list[Any]]]:
+    """``add(batch, item)`` queues each item's commands; returns each item's replies, errors
+    in place (the caller decides what a WRONGTYPE means), ``chunk`` items per round trip."""
     out: list[list[Any]] = []
     for start in range(0, len(items), chunk):
-        pipe = jq.redis.pipeline(transaction=False)
+        batch = Batch()
         sizes = []
         for item in items[start : start + chunk]:
-            before = len(pipe)
-            add(pipe, item)
-            sizes.append(len(pipe) - before)
-        replies = pipe.execute(raise_on_error=False) if len(pipe) else []
+            before = len(batch)
+            add(batch, item)
+            sizes.append(len(batch) - before)
+        replies = (yield commands(*batch.cmds)) if batch.cmds else []
         at = 0
         for size in sizes:
             out.append(replies[at : at + size])
@@ -144,14 +175,17 @@ def pipelined(
 
 
 def workers(jq: JobQueue) -> Listing[WorkerInfo]:
+    """:func:`workers_steps` on a sync client."""
+    return jq.run_steps(workers_steps())
+
+
+def workers_steps(now: int | None = None) -> Steps[Listing[WorkerInfo]]:
     """The worker registry; an entry that is not one a worker writes is an anomaly."""
-    now = jq.server_time_ms()
+    now = yield from server_time_steps(now)
     out = []
     found: list[Anomaly] = []
-    try:
-        entries = jq.redis.hgetall(WORKERS_KEY)
-    except redis.exceptions.ResponseError as exc:
-        entries = checked(exc, WORKERS_KEY, "hash", found, {})
+    (reply,) = yield commands(cmd("hgetall", WORKERS_KEY))
+    entries = checked(reply, WORKERS_KEY, "hash", found, {})
     for name, raw in sorted(entries.items()):
         try:
             info = json.loads(raw)
@@ -204,8 +238,24 @@ def leases(
     worker: str | None = None,
     limit: int = 1000,
 ) -> Listing[Lease]:
-    now = jq.server_time_ms()
-    parts, found = partitions_of(jq, queue)
+    """:func:`leases_steps` on a sync client."""
+    return jq.run_steps(
+        leases_steps(jq, queue, expired_only=expired_only, worker=worker, limit=limit)
+    )
+
+
+def leases_steps(
+    jq: ClientCore,
+    queue: str | None = None,
+    *,
+    expired_only: bool = False,
+    worker: str | None = None,
+    limit: int = 1000,
+) -> Steps[Listing[Lease]]:
+    """The runs held by a lease, the least time left first (at most ``limit``; ``worker``:
+    only those whose owner is, or starts with, that id)."""
+    now = yield from server_time_steps()
+    parts, found = yield from partitions_steps(jq, queue)
 
     def add(pipe: Any, k: PartitionKeys) -> None:
         # One more than the limit: a partition holding more says so.
@@ -216,7 +266,9 @@ def leases(
 
     entries = []
     truncated = False
-    for k, (rows,) in zip(parts, pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
+    for k, (rows,) in zip(
+        parts, (yield from pipelined_steps(parts, add, PARTITION_CHUNK)), strict=True
+    ):
         rows = checked(rows, k.leases, "sorted set", found, [])
         if len(rows) > limit:
             truncated, rows = True, rows[:limit]
@@ -231,10 +283,10 @@ def leases(
         k, rid, _ = entry
         pipe.hmget(k.run(rid), "task", "owner", "fence", "attempt", "started")
 
-    hosts = {w.id: w for w in workers(jq)}
+    hosts = {w.id: w for w in (yield from workers_steps())}
     out = []
     for (k, rid, until), (reply,) in zip(
-        entries, pipelined(jq, entries, fields, RECORD_CHUNK), strict=True
+        entries, (yield from pipelined_steps(entries, fields, RECORD_CHUNK)), strict=True
     ):
         key = k.run(rid)
         mine: list[Anomaly] = []
@@ -267,8 +319,15 @@ def leases(
 
 
 def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
-    now = jq.server_time_ms()
-    parts, found = partitions_of(jq, queue)
+    """:func:`stats_steps` on a sync client."""
+    return jq.run_steps(stats_steps(jq, queue))
+
+
+def stats_steps(jq: ClientCore, queue: str | None = None) -> Steps[Listing[PartitionStats]]:
+    """Per partition of ``queue`` (None: of every queue): its runs by index, counters, pause
+    and limits, and on a cluster the master serving it."""
+    now = yield from server_time_steps()
+    parts, found = yield from partitions_steps(jq, queue)
 
     def add(pipe: Any, k: PartitionKeys) -> None:
         # due now: a score below now + 1 (its fraction orders runs of one ms: create_run.lua)
@@ -288,8 +347,11 @@ def stats(jq: JobQueue, queue: str | None = None) -> Listing[PartitionStats]:
         pipe.zcard(k.waiting)
 
     out = []
-    locate = getattr(jq.redis, "get_node_from_key", None)
-    for k, r in zip(parts, pipelined(jq, parts, add, PARTITION_CHUNK), strict=True):
+    # On a cluster client: the master of a key, from its cached slot map (no I/O).
+    locate = getattr(getattr(jq, "redis", None), "get_node_from_key", None)
+    for k, r in zip(
+        parts, (yield from pipelined_steps(parts, add, PARTITION_CHUNK)), strict=True
+    ):
         mine: list[Anomaly] = []
         zset_keys = (k.due, k.due, k.leases, k.leases, k.dead, k.done, k.done)
         counts = [checked(r[i], key, "sorted set", mine, 0) for i, key in enumerate(zset_keys)]
@@ -428,8 +490,24 @@ def runs(
     with its filters (``task``, ``prefix``, ``error``, ``since_ms``, ``until_ms``,
     ``order``) by keyword. The page says how many runs the listing holds and gives the
     cursor of the next page: it never stops short without saying so."""
+    return jq.run_steps(
+        runs_steps(jq, state=state, queue=queue, job=job, limit=limit, cursor=cursor, **filters)
+    )
+
+
+def runs_steps(
+    jq: ClientCore,
+    *,
+    state: str | None = None,
+    queue: str | None = None,
+    job: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+    **filters: Any,
+) -> Steps[RunPage]:
+    """:func:`runs` as steps, for either client."""
     query = RunQuery(state=state, queue=queue, job=job, **filters)
-    return runs_page(jq, query, cursor=cursor, limit=limit)
+    return (yield from runs_page_steps(jq, query, cursor=cursor, limit=limit))
 
 
 def schedules(
@@ -438,7 +516,14 @@ def schedules(
     """Recurring jobs, at most ``limit``, sorted by job id, read page by page (HSCAN) as
     ``jq.list_schedules`` reads them; a definition that is not usable is an anomaly of the
     listing, not a row (shown by the caller, not logged)."""
-    return jq.run_steps(jq.recurring.list_steps(limit, scan_count))
+    return jq.run_steps(schedules_steps(jq, limit=limit, scan_count=scan_count))
+
+
+def schedules_steps(
+    jq: ClientCore, *, limit: int = 1000, scan_count: int = LIST_SCAN_COUNT
+) -> Steps[Listing[ScheduleInfo]]:
+    """:func:`schedules` as steps, for either client."""
+    return (yield from jq.recurring.list_steps(limit, scan_count))
 
 
 @dataclass(frozen=True)
@@ -463,12 +548,19 @@ class TopSnapshot:
 
 
 def top_snapshot(jq: JobQueue, queue: str | None = None, *, lease_limit: int = 10) -> TopSnapshot:
+    """:func:`top_snapshot_steps` on a sync client."""
+    return jq.run_steps(top_snapshot_steps(jq, queue, lease_limit=lease_limit))
+
+
+def top_snapshot_steps(
+    jq: ClientCore, queue: str | None = None, *, lease_limit: int = 10
+) -> Steps[TopSnapshot]:
     """Queue stats, the leases with least time left and the worker registry, in a few
     pipelined round trips (each bounded as in :func:`stats`, :func:`leases`)."""
-    now = jq.server_time_ms()
-    rows = stats(jq, queue)
-    held = leases(jq, queue, limit=lease_limit)
-    registry = workers(jq)
+    now = yield from server_time_steps()
+    rows = yield from stats_steps(jq, queue)
+    held = yield from leases_steps(jq, queue, limit=lease_limit)
+    registry = yield from workers_steps()
     return TopSnapshot(
         now_ms=now,
         stats=rows,
@@ -581,24 +673,40 @@ def throughput(
     bucket_ms: int = 60_000,
     now_ms: int | None = None,
 ) -> Listing[Throughput]:
+    """:func:`throughput_steps` on a sync client."""
+    return jq.run_steps(
+        throughput_steps(jq, queue, window_ms=window_ms, bucket_ms=bucket_ms, now_ms=now_ms)
+    )
+
+
+def throughput_steps(
+    jq: ClientCore,
+    queue: str | None = None,
+    *,
+    window_ms: int = 3_600_000,
+    bucket_ms: int = 60_000,
+    now_ms: int | None = None,
+) -> Steps[Listing[Throughput]]:
     """Per queue, finished and dead runs per bucket over the last ``window_ms``, counted from
     the done and dead indexes (scored by finish time), so the history exists as soon as the
     runs do, with no sampler. One ZCOUNT per index and partition over the whole window, then
     one per bucket only where that found runs (O(log n) each), pipelined: what is read follows
     what Redis holds, not the partition count. The done index is trimmed by retention, so a
     window longer than ``done_retention_s`` undercounts its oldest buckets."""
-    now = jq.server_time_ms() if now_ms is None else now_ms
+    now = yield from server_time_steps(now_ms)
     buckets = max(1, -(-window_ms // bucket_ms))
     start = now - buckets * bucket_ms
     end = f"({start + buckets * bucket_ms}"
-    parts, found = partitions_of(jq, queue)
+    parts, found = yield from partitions_steps(jq, queue)
 
     def whole(pipe: Any, k: PartitionKeys) -> None:
         pipe.zcount(k.done, start, end)
         pipe.zcount(k.dead, start, end)
 
     busy: list[tuple[str, str]] = []  # (queue, index key) with runs in the window
-    for k, (done, dead) in zip(parts, pipelined(jq, parts, whole, PARTITION_CHUNK), strict=True):
+    for k, (done, dead) in zip(
+        parts, (yield from pipelined_steps(parts, whole, PARTITION_CHUNK)), strict=True
+    ):
         if checked(done, k.done, "sorted set", found, 0):
             busy.append((k.queue, k.done))
         if checked(dead, k.dead, "sorted set", found, 0):
@@ -614,7 +722,7 @@ def throughput(
         for k in parts
     }
     for (name, key), counts in zip(
-        busy, pipelined(jq, busy, per_bucket, PARTITION_CHUNK // 8), strict=True
+        busy, (yield from pipelined_steps(busy, per_bucket, PARTITION_CHUNK // 8)), strict=True
     ):
         row = per_queue[name]
         into = row.dead if key.endswith(":dead") else row.finished
