@@ -7,11 +7,13 @@ from collections import Counter
 
 import redis
 
+from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import JobQueueError
 from jobqueue.ops.queries import workers
 from jobqueue.policy.coverage import NAME, LiveWorker, coverage
 from jobqueue.policy.health import Check, warn
+from jobqueue.store.io import Steps, cmd, commands
 
 # Due runs read per partition, and partitions read per queue, at most: the check's cost is
 # bounded whatever the queues hold.
@@ -20,22 +22,23 @@ SAMPLE_PARTITIONS = 64
 
 
 def due_tasks(jq: JobQueue) -> dict[str, Counter[str]]:
+    """:func:`due_tasks_steps` on a sync client."""
+    return jq.run_steps(due_tasks_steps(jq))
+
+
+def due_tasks_steps(jq: ClientCore) -> Steps[dict[str, Counter[str]]]:
     """Queue -> how many of its sampled due runs each task has."""
     out: dict[str, Counter[str]] = {}
-    for queue in sorted(jq.queues()):
+    for queue in sorted((yield from jq._queues())):
         keys = jq.all_partition_keys(queue)[:SAMPLE_PARTITIONS]
-        pipe = jq.redis.pipeline(transaction=False)
-        for pk in keys:
-            pipe.zrange(pk.due, 0, SAMPLE_PER_PARTITION - 1)
-        ids = pipe.execute(raise_on_error=False)
-        pipe = jq.redis.pipeline(transaction=False)
-        asked = 0
-        for pk, found in zip(keys, ids, strict=True):
-            if isinstance(found, list):  # a foreign key of another type: not this check's
-                for run_id in found:
-                    pipe.hget(pk.run(run_id), "task")
-                    asked += 1
-        names = pipe.execute(raise_on_error=False) if asked else []
+        ids = yield commands(*(cmd("zrange", pk.due, 0, SAMPLE_PER_PARTITION - 1) for pk in keys))
+        asked = [
+            cmd("hget", pk.run(run_id), "task")
+            for pk, found in zip(keys, ids, strict=True)
+            if isinstance(found, list)  # a foreign key of another type: not this check's
+            for run_id in found
+        ]
+        names = (yield commands(*asked)) if asked else []
         out[queue] = Counter(n for n in names if isinstance(n, str) and n)
     return out
 

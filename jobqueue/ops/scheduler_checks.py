@@ -18,6 +18,7 @@ from jobqueue.policy.health import Check, ok, warn
 from jobqueue.scheduler.daemon import DEFAULT_CREATE_RATE, LOOKAHEAD_MARGIN, MAX_LOOKAHEAD_FACTOR
 from jobqueue.scheduler.membership import SCHEDULERS_KEY, read_members, read_owners
 from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
+from jobqueue.store.io import Cmd, Steps, cmd, commands, raised
 from jobqueue.store.keys import SchedKeys
 
 if TYPE_CHECKING:
@@ -42,13 +43,16 @@ def _counts(
 ) -> list[int]:
     """Jobs with a next fire in each [lo, hi] window, summed over the partitions (ZCOUNT,
     pipelined)."""
-    pipe = jq.redis.pipeline(transaction=False)
-    for sk in keys:
-        for lo, hi in windows:
-            pipe.zcount(sk.next, lo, hi)
-    replies = pipe.execute()
+    replies = jq.run_steps(
+        _replies([cmd("zcount", sk.next, lo, hi) for sk in keys for lo, hi in windows])
+    )
     n = len(windows)
     return [sum(int(replies[k * n + i]) for k in range(len(keys))) for i in range(n)]
+
+
+def _replies(cmds: list[Cmd]) -> Steps[list[Any]]:
+    """Commands in one round trip; the first error reply raised."""
+    return raised((yield commands(*cmds)))
 
 
 def largest_herd(
