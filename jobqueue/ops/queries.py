@@ -466,16 +466,6 @@ def master_loads(rows: Sequence[PartitionStats], masters: Sequence[str]) -> list
     return sorted(loads, key=lambda m: (-m.partitions, m.node))
 
 
-_STATE_INDEX = {
-    "pending": "due",
-    "running": "leases",
-    "dead": "dead",
-    "done": "done",
-    "cancelled": "done",
-    "waiting": "waiting",  # workflow runs waiting for their dependencies
-}
-
-
 def runs(
     jq: JobQueue,
     *,

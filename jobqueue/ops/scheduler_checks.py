@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from jobqueue.client.sync import JobQueue
 
 DEFAULT_LOOKAHEAD_MS = 60_000
-HERD_HORIZON_MS = 24 * 3_600_000
 HOUR_MS = 3_600_000
 
 

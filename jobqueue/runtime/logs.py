@@ -26,7 +26,6 @@ from jobqueue.errors import JobQueueError
 from jobqueue.store.connection import redact
 
 LogFormat = Literal["text", "json"]
-FORMATS: tuple[LogFormat, ...] = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 RUN_FIELDS = ("run_id", "fence", "attempt")
 # also given as fields of their own in JSON, when a line has them

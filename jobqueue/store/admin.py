@@ -87,8 +87,6 @@ PAUSE = Contract(
     parse=_parse_pause,
 )
 
-LIMIT_NAMES = ("concurrency", "rate")
-
 
 def rate_value(count: int, window_ms: int) -> str:
     """A rate limit as set_limit takes it and claim reads it: count claims in window_ms."""
