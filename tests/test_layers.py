@@ -53,12 +53,30 @@ CLIENT_ONLY_MODULES = (
     "jobqueue.store.scripts",
 )
 CLIENT_ONLY_ATTRIBUTES = frozenset({"pipeline", "scripts", "redis", "execute_command"})
+# The operators' tooling (jobqueue.ops) reads through steps (jobqueue.store.io), which either
+# client drives; these still drive a redis-py pipeline of their own, sync only: a queue's
+# repartition (one-slot transactions, node by node) and the worker registry's writes (made by
+# the worker's lease keeper). A module leaves this list when it goes through steps.
+OPS_WITH_PIPELINES = ("jobqueue.ops.repartition", "jobqueue.ops.workers")
 
 
 def test_the_client_only_modules_exist() -> None:
     """A renamed module would otherwise leave its rule checking nothing."""
     assert [m for m in CLIENT_ONLY_MODULES if m + ".__init__" not in modules()
             and m not in modules()] == []
+
+
+def test_ops_use_no_pipeline_but_the_listed_modules() -> None:
+    found = sorted(
+        name
+        for name, path in modules().items()
+        if name.startswith("jobqueue.ops.")
+        and any(
+            isinstance(node, ast.Attribute) and node.attr == "pipeline"
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    )
+    assert found == sorted(OPS_WITH_PIPELINES)
 
 
 @dataclass(frozen=True)
