@@ -24,7 +24,7 @@ from jobqueue.cli.core import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import Fatal
-from jobqueue.runtime import metrics as metrics_module
+from jobqueue.runtime import queue_gauges
 from jobqueue.runtime.metrics import NO_METRICS, PrometheusMetrics, serve
 from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.settings import Settings
@@ -238,7 +238,7 @@ def test_turning_fair_shares_off_removes_the_queues_group_series(
 def test_groups_beyond_the_busiest_are_summed_into_the_left_out_gauges(
     jq: JobQueue, metrics: PrometheusMetrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metrics_module, "MAX_GROUP_SERIES", 2)
+    monkeypatch.setattr(queue_gauges, "MAX_GROUP_SERIES", 2)
     jq.declare_task("t")
     jq.set_fair_shares("default")
     in_group(jq, "busy", "b1", "b2", "b3")
@@ -255,7 +255,7 @@ def test_groups_beyond_the_busiest_are_summed_into_the_left_out_gauges(
 def test_a_group_no_longer_among_the_busiest_loses_its_series(
     jq: JobQueue, metrics: PrometheusMetrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metrics_module, "MAX_GROUP_SERIES", 1)
+    monkeypatch.setattr(queue_gauges, "MAX_GROUP_SERIES", 1)
     jq.declare_task("t")
     jq.set_fair_shares("default")
     in_group(jq, "first", "f1")
