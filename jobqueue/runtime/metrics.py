@@ -23,9 +23,10 @@ What is counted where:
   ``--queue-gauges``: the values are the queue's, whoever reads
   them, so one exporter is enough (several would be summed into a multiple of the truth);
 * per group of a queue with fair shares on (runs waiting, running, served): ``jq.groups``,
-  in the same refresh, for at most :data:`MAX_GROUP_SERIES` groups per queue (those with the
-  most runs waiting and running); the others are summed into the ``jobqueue_groups_left_out_*``
-  gauges, so the series stay bounded whatever the number of tenants;
+  in the same refresh (jobqueue.runtime.queue_gauges), for at most ``MAX_GROUP_SERIES``
+  groups per queue (those with the most runs waiting and running); the others are summed
+  into the ``jobqueue_groups_left_out_*`` gauges, so the series stay bounded whatever the
+  number of tenants;
 * scheduler fires / misses / drops / skips / conflicts: each tick's report.
 """
 
