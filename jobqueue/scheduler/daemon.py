@@ -117,7 +117,8 @@ ADVANCE_CHUNK = 1000
 MAX_LOOKAHEAD_FACTOR = 10
 LOOKAHEAD_MARGIN = 1.5
 # Runs/s assumed before this scheduler measured its own (--create-rate): a conservative
-# share of what one scheduler process measured here against one Redis (bench/scheduler.py).
+# share of what one scheduler process measured here against one Redis (bench/scheduler.py;
+# its sittings: docs/performance.md).
 DEFAULT_CREATE_RATE = 20_000.0
 # A partition's drain counts as a measurement of the creation rate from this many runs on.
 RATE_SAMPLE_RUNS = 1000
