@@ -17,10 +17,12 @@ from script_calls import Advance, advance_groups
 from jobqueue.cli.core import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.policy.cron import parse_fire_instant
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.definitions import ENV_SCHED_PARTITIONS
+from jobqueue.recurring.membership import read_members, read_owners
+from jobqueue.recurring.registry import SCHEDULERS_KEY
 from jobqueue.scheduler.checks import checks as scheduler_checks
-from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.scheduler.membership import SCHEDULERS_KEY, read_members, read_owners
-from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS
 from jobqueue.store.schedules import ADVANCE, SCHED_LEASE, Moved
 
 # What this module checks does not depend on the backend: run on the real server only
@@ -48,7 +50,8 @@ def store(redis_client: Any) -> JobQueue:
 def scheduler(redis_client: Any, name: str, lookahead: float = 0, **kw: Any) -> Scheduler:
     jq = store(redis_client)
     return Scheduler(
-        jq, lookahead=lookahead, install_signal_handlers=False, scheduler_id=name, **kw
+        jq, SchedulerConfig(lookahead=lookahead, **kw), install_signal_handlers=False,
+        scheduler_id=name,
     )
 
 
