@@ -72,7 +72,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("jobqueue.scheduler")
 
-RedisErrors = (JobQueueError, redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+# What a tick, a start-up or a hand-over may meet and survive: Redis away, refusing, moving.
+TICK_ERRORS = (JobQueueError, redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 
 def retry_delay(failures: int) -> float:
@@ -220,7 +221,7 @@ class Scheduler:
                 continue
             try:
                 self._tick_partition(sk, now, report)
-            except RedisErrors as exc:
+            except TICK_ERRORS as exc:
                 # This partition's master down, its slot moving: skip it a while, the others
                 # go on (a ConfigError of the whole setup is raised by the caller's retry).
                 if isinstance(exc, ConfigError):
@@ -276,7 +277,7 @@ class Scheduler:
         self.drainer.close()
         try:
             self.ownership.leave()
-        except RedisErrors as exc:
+        except TICK_ERRORS as exc:
             log.warning("could not give the scheduler partitions up (%s): they are taken over "
                         "when their leases expire", exc)  # fmt: skip
 
@@ -341,11 +342,7 @@ class Scheduler:
             # Any redis-py error too: a restarting server (ConnectionError), a full one under
             # noeviction (OOM) or a replica after a failover (READONLY) are ResponseErrors or
             # cluster errors from direct reads and writes, and none may end the daemon.
-            except (
-                JobQueueError,
-                redis.exceptions.RedisError,
-                redis.exceptions.RedisClusterException,
-            ) as exc:
+            except TICK_ERRORS as exc:
                 if isinstance(exc, ConfigError) and not started_up:
                     raise  # e.g. partitions configured against what Redis records: no retry
                 failures += 1
