@@ -21,7 +21,7 @@ from jobqueue.client.aio import AsyncJobQueue, AsyncRunHandle
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue, RunHandle
 from jobqueue.models import Run
-from jobqueue.schedules.recurring import ScheduleInfo
+from jobqueue.recurring.info import ScheduleInfo
 from jobqueue.store.embedded import EmbeddedServer
 
 SYNC_ONLY = {

@@ -21,17 +21,20 @@ LAYERS: list[tuple[str, ...]] = [
      "jobqueue.payload"),
     # Redis (keys, scripts, calls, connections) and the pure rules (cron, jitter, ...)
     ("jobqueue.store", "jobqueue.policy"),
-    # what a task, the context it runs with and a recurring job are
-    # and a workflow's steps
-    ("jobqueue.schedules", "jobqueue.tasks", "jobqueue.handles", "jobqueue.context",
+    # what a task, the context it runs with and a recurring job are (its definition, fire
+    # planning, the scheduler's config, the store and registry steps: all of jobqueue.recurring
+    # but the daemon's modules below) and a workflow's steps
+    ("jobqueue.recurring", "jobqueue.tasks", "jobqueue.handles", "jobqueue.context",
      "jobqueue.hooks",
      "jobqueue.integrations", "jobqueue.workflows"),
     # the clients and the public facades over them
     ("jobqueue.client", "jobqueue.aio", "jobqueue.queries", "jobqueue.inspect"),
     # the daemons and what they run with, and the package's facade (it names the Worker too,
     # imported at first use)
-    ("jobqueue.worker", "jobqueue.scheduler", "jobqueue.runtime", "jobqueue.__init__",
-     "jobqueue.testing"),
+    ("jobqueue.worker", "jobqueue.recurring.daemon", "jobqueue.recurring.firing",
+     "jobqueue.recurring.draining", "jobqueue.recurring.held", "jobqueue.recurring.lookahead",
+     "jobqueue.recurring.membership", "jobqueue.recurring.repartition", "jobqueue.scheduler",
+     "jobqueue.runtime", "jobqueue.__init__", "jobqueue.testing"),
     # the interfaces
     ("jobqueue.cli", "jobqueue.dashboard", "jobqueue.demo"),
 ]

@@ -24,9 +24,10 @@ from jobqueue.cli.core import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import Fatal
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.runtime import queue_gauges
 from jobqueue.runtime.metrics import NO_METRICS, PrometheusMetrics, serve
-from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.settings import Settings
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM
@@ -276,7 +277,9 @@ def test_scheduler_counts_fires_misses_and_drops(jq: JobQueue) -> None:
         # are late; fire-all:2 fires the last two and drops the others.
         jq.schedule("report", "report_task", every=60, misfire="fire-all:2", now=120 * S)
         jq.schedule("skipper", "report_task", every=60, misfire="skip", now=120 * S)
-        sched = Scheduler(jq, lookahead=0, install_signal_handlers=False, metrics=metrics)
+        sched = Scheduler(
+            jq, SchedulerConfig(lookahead=0), install_signal_handlers=False, metrics=metrics
+        )
         report = sched.tick(now=370 * S)
         got = scrape(metrics.port)
     finally:
@@ -291,7 +294,7 @@ def test_scheduler_counts_fires_misses_and_drops(jq: JobQueue) -> None:
 
 def test_metrics_off_is_a_no_op_that_serves_nothing(jq: JobQueue) -> None:
     jq.schedule("j", "t", every=60, now=0)
-    sched = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    sched = Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
     assert sched.metrics is NO_METRICS
     assert sched.tick(now=60 * S).runs_created == 1
 

@@ -39,7 +39,8 @@ from redis.retry import Retry
 from jobqueue import JobQueue
 from jobqueue.cli.core import main
 from jobqueue.errors import ConfigError, ConnectionFailed
-from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.connection import check
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 from jobqueue.worker.daemon import Worker
@@ -241,7 +242,7 @@ def test_enqueue_worker_result_and_cli_over_tls_with_a_confined_acl_user(
 
         # A scheduler tick under the same ACL: definitions, due jobs, run creation, advance.
         client.schedule("tls-tick", "add", every=1, args=[20, 22])
-        scheduler = Scheduler(client, lookahead=3.0)
+        scheduler = Scheduler(client, SchedulerConfig(lookahead=3.0))
         deadline = time.monotonic() + 20
         while not scheduler.tick().runs_created:
             assert time.monotonic() < deadline, "the scheduler created no run"

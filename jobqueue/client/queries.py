@@ -26,7 +26,8 @@ from jobqueue.anomalies import (
 from jobqueue.client.listing import RunPage, RunQuery, runs_page
 from jobqueue.client.partitions import partitions_of
 from jobqueue.client.sync import JobQueue
-from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
+from jobqueue.recurring.info import ScheduleInfo
+from jobqueue.recurring.steps import LIST_SCAN_COUNT
 from jobqueue.store.admin import limits_of, parse_rate
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
 

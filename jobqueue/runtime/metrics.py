@@ -57,7 +57,7 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 
 
 class TickLike(Protocol):
-    """The fields of ``scheduler.TickReport`` that are exported."""
+    """The fields of ``recurring.firing.TickReport`` that are exported."""
 
     runs_requested: int
     runs_created: int

@@ -1,5 +1,2 @@
-"""The scheduler daemon."""
-
-from jobqueue.scheduler.daemon import Scheduler, apply_overlap, plan_fires
-
-__all__ = ["Scheduler", "apply_overlap", "plan_fires"]
+"""The schedulers' health checks (``checks``); the scheduler daemon itself is
+``jobqueue.recurring.daemon``."""

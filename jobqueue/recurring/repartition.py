@@ -34,7 +34,7 @@ import redis
 from jobqueue.anomalies import is_wrong_type
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import CorruptData, OperationRefused
-from jobqueue.schedules.recurring import (
+from jobqueue.recurring.definitions import (
     MOVING_FIELD,
     SCHED_CONFIG_KEY,
     sched_keys,
@@ -145,7 +145,7 @@ def _config(jq: JobQueue) -> tuple[tuple[int, bool], tuple[int, bool] | None]:
 def refuse_if_running(jq: JobQueue, partitions: Sequence[SchedKeys]) -> None:
     """Live schedulers, or partitions still leased: a move now would strand jobs or fire
     them from two layouts."""
-    from jobqueue.scheduler.membership import read_members, read_owners
+    from jobqueue.recurring.membership import read_members, read_owners
 
     now = jq.server_time_ms()
     live = [m.id for m in read_members(jq, now) if m.live]
