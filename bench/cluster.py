@@ -46,14 +46,11 @@ from jobqueue import JobQueue, Request
 from jobqueue.ops import capacity as measuring
 from jobqueue.payload import encode_result
 from jobqueue.policy import capacity
-from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.schedules.recurring import (
-    SCHED_CONFIG_KEY,
-    first_fire_after,
-    make_definition,
-    sched_keys,
-    sched_partition_of,
-)
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.declarations import make_definition
+from jobqueue.recurring.definitions import SCHED_CONFIG_KEY, sched_keys, sched_partition_of
+from jobqueue.recurring.fires import first_fire_after
 from jobqueue.store.embedded import find_server_binary
 from jobqueue.store.keys import placement_record
 from jobqueue.store.runs import CLAIM, COMPLETE
@@ -203,7 +200,7 @@ def herd_phase(url: str, partitions: int, n: int, nodes: list[Node]) -> Phase:
             pipe.hset(keys[k].defs, mapping=dict.fromkeys(ids, template.to_json()))
             pipe.zadd(keys[k].next, dict.fromkeys(ids, fire))
         pipe.execute()
-    s = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    s = Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
     s.tick(now=fire - 10_000)  # owns every partition, scripts loaded
     before = server_cpu(nodes)
     start = time.monotonic()
@@ -292,7 +289,7 @@ def measure_memory(single: SingleNode, runs: int, jobs: int) -> Memory:
     for i in range(jobs):
         jq.schedule(f"hourly-{i}", TASK, cron="0 * * * *", jitter=60, now=T0)
     per_job = (int(client.info("memory")["used_memory"]) - before) / jobs
-    s = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    s = Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
     s.tick(now=T0 + 3_600_000)  # every job fires once: its counters are written
     s.close()
     (sk,) = jq.recurring.all_keys()

@@ -8,7 +8,8 @@ Without --url the private server listens on TCP loopback (127.0.0.1, as ``jobque
 is run from a shell; ``--unix``: a unix socket instead). ``--quick`` (N = 1,000, one round,
 no redis-benchmark yardstick) is a smoke run of well under a minute (a worker process takes
 ~3 s to start on a loaded 2-core machine, and each drain starts one); the figures in
-README.md (Benchmarks) are for the defaults (N = 10,000, 5 rounds: 8-9 minutes here). Every phase
+docs/performance.md (What exact limits cost) are for the defaults (N = 10,000, 5 rounds: 8-9
+minutes here). Every phase
 runs once per round, the rounds one after the other, and every round is printed; the
 figures are medians over the rounds, a ratio the median of each round's ratio.
 

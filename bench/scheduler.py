@@ -49,14 +49,11 @@ from _common import (
 
 from jobqueue import JobQueue
 from jobqueue.errors import JobQueueError
-from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.schedules.recurring import (
-    SCHED_CONFIG_KEY,
-    first_fire_after,
-    make_definition,
-    sched_keys,
-    sched_partition_of,
-)
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.declarations import make_definition
+from jobqueue.recurring.definitions import SCHED_CONFIG_KEY, sched_keys, sched_partition_of
+from jobqueue.recurring.fires import first_fire_after
 from jobqueue.store.keys import placement_record
 
 DEFAULT_N = 1_000_000
@@ -113,8 +110,8 @@ def _scheduler(url: str, name: str, fire: int, barrier: Any, go: Any, out: Any) 
     try:
         jq = JobQueue.from_url(url)
         jq.declare_task("report")
-        s = Scheduler(jq, lookahead=0, install_signal_handlers=False, scheduler_id=name,
-                      partition_lease=LEASE_S)  # fmt: skip
+        s = Scheduler(jq, SchedulerConfig(lookahead=0, partition_lease=LEASE_S),
+                      install_signal_handlers=False, scheduler_id=name)  # fmt: skip
         for i in range(SETTLE_ROUNDS):  # nothing due yet: only who owns what settles
             barrier.wait(timeout=120)
             s.tick(now=fire - 10_000 + i)

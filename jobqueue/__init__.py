@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from jobqueue.client.sync import JobQueue
     from jobqueue.context import FROM_WORKER, RunContext, current_run
     from jobqueue.errors import (
+        BackfillInFuture,
         ConfigError,
         ConnectionFailed,
         FlowAborted,
@@ -21,11 +22,13 @@ if TYPE_CHECKING:
         OperationRefused,
         PayloadError,
         PoolExhausted,
+        RecurringError,
         RunCancelled,
         RunFailed,
         RunNotFound,
         RunTimeout,
         ServerRefused,
+        UnknownSchedule,
         UnknownTask,
     )
     from jobqueue.handles import RunHandle
@@ -52,10 +55,11 @@ _HOMES = {
     **{
         name: "jobqueue.errors"
         for name in (
-            "ConfigError", "ConnectionFailed", "FlowAborted", "FlowConflict", "FlowFinished",
-            "GroupFull", "JobQueueError", "NotDurable",
-            "OperationRefused", "PayloadError", "PoolExhausted", "RunCancelled", "RunFailed",
-            "RunNotFound", "RunTimeout", "ServerRefused", "UnknownTask",
+            "BackfillInFuture", "ConfigError", "ConnectionFailed", "FlowAborted", "FlowConflict",
+            "FlowFinished", "GroupFull", "JobQueueError", "NotDurable",
+            "OperationRefused", "PayloadError", "PoolExhausted", "RecurringError", "RunCancelled",
+            "RunFailed", "RunNotFound", "RunTimeout", "ServerRefused", "UnknownSchedule",
+            "UnknownTask",
         )
     },
 }
@@ -76,6 +80,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "FROM_WORKER",
+    "BackfillInFuture",
     "ConfigError",
     "ConnectionFailed",
     "Dedupe",
@@ -89,6 +94,7 @@ __all__ = [
     "OperationRefused",
     "PayloadError",
     "PoolExhausted",
+    "RecurringError",
     "Request",
     "Run",
     "RunCancelled",
@@ -100,6 +106,7 @@ __all__ = [
     "ServerRefused",
     "Settings",
     "Task",
+    "UnknownSchedule",
     "UnknownTask",
     "Worker",
     "WorkerStats",

@@ -142,3 +142,16 @@ class NotDurable(JobQueueError):
     """The write is done on the master, but not acknowledged by the replicas (or the AOF)
     that Settings.durable_* ask for within the timeout: a failover now could lose it. An
     enqueue can be sent again with the same run id (it is idempotent)."""
+
+
+class RecurringError(ConfigError):
+    """A recurring job definition that cannot be accepted: the message names the bad value."""
+
+
+class BackfillInFuture(RecurringError):
+    """A backfill whose end is after the server's now: fire times still to come are the
+    scheduler's to create at their time, not runs to make due now."""
+
+
+class UnknownSchedule(OperationRefused, LookupError):
+    """No recurring job with that id."""

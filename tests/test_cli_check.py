@@ -19,8 +19,8 @@ from jobqueue.cli import main
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 
 AOF_EVERYSEC = ("--appendonly", "yes", "--appendfsync", "everysec")
-# The README's recommended ACL user (tests/test_tls_acl.py runs it over TLS), with and without
-# the two commands check needs besides.
+# The recommended ACL user of docs/operations.md (tests/test_tls_acl.py runs it over TLS),
+# with and without the two commands check needs besides.
 APP_RULE = ["on", "~jq:*", "resetchannels", "-@all", "+ping", "+evalsha", "+script|load", "+time"]
 CHECK_RULE = [*APP_RULE, "+info", "+config|get"]
 

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from jobqueue.cli import main
-from jobqueue.scheduler.daemon import DEFAULT_BATCH, DEFAULT_LOOKAHEAD_MS, Scheduler
+from jobqueue.recurring.config import DEFAULT_BATCH, DEFAULT_LOOKAHEAD_MS
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.worker.daemon import DEFAULT_CONCURRENCY, Worker
 from jobqueue.worker.supervisor import DEFAULT_GRACE_S
@@ -90,7 +91,7 @@ def test_scheduler_options_default_to_the_schedulers_defaults(
             made.append(self)
             return 0
 
-    monkeypatch.setattr("jobqueue.scheduler.daemon.Scheduler", Built)
+    monkeypatch.setattr("jobqueue.recurring.daemon.Scheduler", Built)
     handler = signal.getsignal(signal.SIGTERM)
     result = CliRunner().invoke(main, ["--redis-url", real_server.url, "scheduler"])
     signal.signal(signal.SIGTERM, handler)

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
-from jobqueue.schedules.recurring import JobState
+from jobqueue.recurring.definitions import JobState
 from jobqueue.store.embedded import EmbeddedServer
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")

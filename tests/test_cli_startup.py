@@ -21,7 +21,8 @@ except SystemExit:
     pass
 heavy = sorted(m for m in sys.modules
                if m == "redis" or m.startswith(("jobqueue.client", "jobqueue.worker",
-                                                "jobqueue.scheduler", "jobqueue.store")))
+                                                "jobqueue.scheduler", "jobqueue.recurring",
+                                                "jobqueue.store")))
 print("HEAVY", heavy)
 """
 

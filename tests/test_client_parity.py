@@ -22,7 +22,7 @@ from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
 from jobqueue.handles import AsyncRunHandle, RunHandle
 from jobqueue.models import Run
-from jobqueue.schedules.recurring import ScheduleInfo
+from jobqueue.recurring.info import ScheduleInfo
 from jobqueue.store.embedded import EmbeddedServer
 
 SYNC_ONLY = {

@@ -25,8 +25,8 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import ConfigError, CorruptData, RunNotFound
 from jobqueue.ops import queries
+from jobqueue.recurring.definitions import SCHED_CONFIG_KEY
 from jobqueue.runtime.metrics import PrometheusMetrics
-from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import MAX_PARTITIONS, QUEUES_KEY, WORKERS_KEY, PartitionKeys
 from jobqueue.store.runs import CLAIM

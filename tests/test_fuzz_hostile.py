@@ -35,8 +35,8 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import JobQueueError
 from jobqueue.ops import queries
+from jobqueue.recurring.definitions import SCHED_CONFIG_KEY
 from jobqueue.runtime.metrics import PrometheusMetrics
-from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
 from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, PartitionKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
 

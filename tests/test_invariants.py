@@ -616,11 +616,12 @@ def buffered_job(jq: JobQueue) -> None:
     """The scheduler's overlap scripts: a buffer-one job whose second run is held while the
     first is pending, then released once it completes, and its held entry forgotten
     (sched_create, sched_release, sched_unhold; explicit clock, server-side scripts)."""
-    from jobqueue.scheduler.daemon import Scheduler
+    from jobqueue.recurring.config import SchedulerConfig
+    from jobqueue.recurring.daemon import Scheduler
 
     s = 1000
     jq.schedule("buffered", "t", every=60, overlap="buffer-one", now=0)
-    scheduler = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    scheduler = Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
     scheduler.tick(now=60 * s)
     scheduler.tick(now=120 * s)  # the 60 s run is still pending: the 120 s run is held
     pk = jq.keys_for("default", "buffered@x")

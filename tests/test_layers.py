@@ -21,9 +21,10 @@ LAYERS: list[tuple[str, ...]] = [
      "jobqueue.payload"),
     # Redis (keys, scripts, calls, connections) and the pure rules (cron, jitter, ...)
     ("jobqueue.store", "jobqueue.policy"),
-    # what a task, the context it runs with and a recurring job are
-    # and a workflow's steps
-    ("jobqueue.schedules", "jobqueue.tasks", "jobqueue.handles", "jobqueue.context",
+    # what a task, the context it runs with and a recurring job are (its definition, fire
+    # planning, the scheduler's config, the store and registry steps: all of jobqueue.recurring
+    # but the daemon's modules below) and a workflow's steps
+    ("jobqueue.recurring", "jobqueue.tasks", "jobqueue.handles", "jobqueue.context",
      "jobqueue.hooks",
      "jobqueue.integrations", "jobqueue.workflows"),
     # the app-facing clients and the facade over the asyncio one
@@ -33,8 +34,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("jobqueue.ops", "jobqueue.queries"),
     # the daemons and what they run with, and the package's facade (it names the Worker too,
     # imported at first use)
-    ("jobqueue.worker", "jobqueue.scheduler", "jobqueue.runtime", "jobqueue.__init__",
-     "jobqueue.testing"),
+    ("jobqueue.worker", "jobqueue.recurring.daemon", "jobqueue.recurring.firing",
+     "jobqueue.recurring.draining", "jobqueue.recurring.held", "jobqueue.recurring.lookahead",
+     "jobqueue.recurring.membership", "jobqueue.recurring.repartition",
+     "jobqueue.runtime", "jobqueue.__init__", "jobqueue.testing"),
     # jobqueue check: its checks of the schedulers (they read the daemons' own records), and
     # every check together
     ("jobqueue.ops.scheduler_checks", "jobqueue.ops.check"),

@@ -24,9 +24,10 @@ from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.errors import Fatal
-from jobqueue.runtime import metrics as metrics_module
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.runtime import queue_gauges
 from jobqueue.runtime.metrics import NO_METRICS, PrometheusMetrics, serve
-from jobqueue.scheduler.daemon import Scheduler
 from jobqueue.settings import Settings
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.runs import CLAIM
@@ -238,7 +239,7 @@ def test_turning_fair_shares_off_removes_the_queues_group_series(
 def test_groups_beyond_the_busiest_are_summed_into_the_left_out_gauges(
     jq: JobQueue, metrics: PrometheusMetrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metrics_module, "MAX_GROUP_SERIES", 2)
+    monkeypatch.setattr(queue_gauges, "MAX_GROUP_SERIES", 2)
     jq.declare_task("t")
     jq.set_fair_shares("default")
     in_group(jq, "busy", "b1", "b2", "b3")
@@ -255,7 +256,7 @@ def test_groups_beyond_the_busiest_are_summed_into_the_left_out_gauges(
 def test_a_group_no_longer_among_the_busiest_loses_its_series(
     jq: JobQueue, metrics: PrometheusMetrics, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metrics_module, "MAX_GROUP_SERIES", 1)
+    monkeypatch.setattr(queue_gauges, "MAX_GROUP_SERIES", 1)
     jq.declare_task("t")
     jq.set_fair_shares("default")
     in_group(jq, "first", "f1")
@@ -276,7 +277,9 @@ def test_scheduler_counts_fires_misses_and_drops(jq: JobQueue) -> None:
         # are late; fire-all:2 fires the last two and drops the others.
         jq.schedule("report", "report_task", every=60, misfire="fire-all:2", now=120 * S)
         jq.schedule("skipper", "report_task", every=60, misfire="skip", now=120 * S)
-        sched = Scheduler(jq, lookahead=0, install_signal_handlers=False, metrics=metrics)
+        sched = Scheduler(
+            jq, SchedulerConfig(lookahead=0), install_signal_handlers=False, metrics=metrics
+        )
         report = sched.tick(now=370 * S)
         got = scrape(metrics.port)
     finally:
@@ -291,7 +294,7 @@ def test_scheduler_counts_fires_misses_and_drops(jq: JobQueue) -> None:
 
 def test_metrics_off_is_a_no_op_that_serves_nothing(jq: JobQueue) -> None:
     jq.schedule("j", "t", every=60, now=0)
-    sched = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    sched = Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
     assert sched.metrics is NO_METRICS
     assert sched.tick(now=60 * S).runs_created == 1
 

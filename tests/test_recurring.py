@@ -10,14 +10,16 @@ from typing import Any
 import pytest
 
 from jobqueue.client.sync import JobQueue
-from jobqueue.errors import ConfigError, OperationRefused, PayloadError, UnknownTask
-from jobqueue.schedules.recurring import (
+from jobqueue.errors import (
     BackfillInFuture,
-    Definition,
-    JobState,
+    ConfigError,
+    OperationRefused,
+    PayloadError,
     RecurringError,
     UnknownSchedule,
+    UnknownTask,
 )
+from jobqueue.recurring.definitions import Definition, JobState
 
 T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z, a whole hour
 HOUR = 3_600_000
@@ -203,7 +205,7 @@ def test_list_schedules_returns_every_job_sorted(jq: JobQueue) -> None:
 
 
 def test_scheduler_partitions_are_a_setting_recorded_in_redis(redis_client: Any) -> None:
-    from jobqueue.schedules.recurring import Recurring
+    from jobqueue.recurring.sync import Recurring
 
     jq = JobQueue(redis_client)
     store = Recurring(jq, partitions=4)
@@ -215,7 +217,7 @@ def test_scheduler_partitions_are_a_setting_recorded_in_redis(redis_client: Any)
 
 
 def test_reading_the_scheduler_partition_count_writes_nothing(redis_client: Any) -> None:
-    from jobqueue.schedules.recurring import Recurring
+    from jobqueue.recurring.sync import Recurring
 
     store = Recurring(JobQueue(redis_client), partitions=4)
     assert (store.partitions, store.read_partitions()) == (4, 4)  # as configured

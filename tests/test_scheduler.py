@@ -12,8 +12,10 @@ import pytest
 from jobqueue.client.sync import JobQueue
 from jobqueue.policy.cron import format_fire_instant, parse_fire_instant
 from jobqueue.policy.jitter import jitter_ms
-from jobqueue.scheduler.daemon import Scheduler, apply_overlap, plan_fires
-from jobqueue.schedules.recurring import Definition
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.definitions import Definition
+from jobqueue.recurring.planning import apply_overlap, plan_fires
 from jobqueue.store.keys import SchedKeys
 from jobqueue.store.schedules import HOLD_MS
 
@@ -21,7 +23,7 @@ S = 1000  # ms per second
 
 
 def scheduler(jq: JobQueue, lookahead: float = 0.0, **kw: Any) -> Scheduler:
-    return Scheduler(jq, lookahead=lookahead, install_signal_handlers=False, **kw)
+    return Scheduler(jq, SchedulerConfig(lookahead=lookahead, **kw), install_signal_handlers=False)
 
 
 def fires_of(redis_client: Any, job_id: str) -> list[int]:

@@ -13,10 +13,11 @@ from click.testing import CliRunner
 
 from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
-from jobqueue.errors import ConfigError
+from jobqueue.errors import ConfigError, RecurringError
 from jobqueue.policy.cron import parse_fire_instant
-from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.schedules.recurring import ORIGIN_CODE, RecurringError
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.definitions import ORIGIN_CODE
 
 S = 1000
 
@@ -34,7 +35,7 @@ def fires(redis_client: Any, job_id: str) -> list[int]:
 
 
 def tick(jq: JobQueue, now_s: int) -> None:
-    Scheduler(jq, lookahead=0, install_signal_handlers=False).tick(now=now_s * S)
+    Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False).tick(now=now_s * S)
 
 
 # -- declaring (no Redis involved) ------------------------------------------------------------
@@ -249,7 +250,9 @@ def test_scheduler_syncs_at_start_and_logs_what_it_pruned(
     @new.task(every=3600)
     def hourly() -> None: ...
 
-    daemon = Scheduler(new, prune=True, install_signal_handlers=False, interval=0.01)
+    daemon = Scheduler(
+        new, SchedulerConfig(prune=True, interval=0.01), install_signal_handlers=False
+    )
     with caplog.at_level(logging.INFO, logger="jobqueue.scheduler"):
         assert daemon.run(max_ticks=1) == 0
     assert [i.job_id for i in new.list_schedules()] == ["hourly"]
@@ -274,7 +277,7 @@ def test_a_declaration_with_the_id_of_a_runtime_schedule_is_ignored_with_a_warni
     code = app(redis_client)
     code.declare_task("send_report")
     code.declare_schedule("nightly-report", "send_report", cron="0 3 * * *", misfire="skip")
-    daemon = Scheduler(code, install_signal_handlers=False, interval=0.01)
+    daemon = Scheduler(code, SchedulerConfig(interval=0.01), install_signal_handlers=False)
     with caplog.at_level(logging.INFO, logger="jobqueue.scheduler"):
         assert daemon.run(max_ticks=1) == 0
     after = code.get_schedule("nightly-report")
@@ -297,7 +300,7 @@ def test_prune_never_removes_a_runtime_schedule_a_declaration_once_shared_its_id
     first = app(redis_client)
     first.declare_task("send_report")
     first.declare_schedule("nightly-report", "send_report", every=3600)
-    Scheduler(first, install_signal_handlers=False, interval=0.01).run(max_ticks=1)
+    Scheduler(first, SchedulerConfig(interval=0.01), install_signal_handlers=False).run(max_ticks=1)
     other = app(redis_client)  # a later deployment that declares nothing of the kind
     other.declare_task("t")
     other.declare_schedule("kept", "t", every=60)

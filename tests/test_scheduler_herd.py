@@ -13,9 +13,11 @@ import pytest
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops.scheduler_checks import checks as scheduler_checks
 from jobqueue.policy.cron import parse_fire_instant
-from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.scheduler.membership import read_members
-from jobqueue.schedules.recurring import first_fire_after, make_definition
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.declarations import make_definition
+from jobqueue.recurring.fires import first_fire_after
+from jobqueue.recurring.membership import read_members
 
 # What this module checks does not depend on the backend: run on the real server only
 # (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
@@ -25,7 +27,7 @@ S = 1000
 
 
 def scheduler(jq: JobQueue, **kw: Any) -> Scheduler:
-    return Scheduler(jq, install_signal_handlers=False, **kw)
+    return Scheduler(jq, SchedulerConfig(**kw), install_signal_handlers=False)
 
 
 def bulk_herd(jq: JobQueue, n: int, cron: str = "0 * * * *", after_ms: int = 0) -> int:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from jobqueue.client.sync import JobQueue
-from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.keys import PartitionKeys, SchedKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, ClaimedRun
 from jobqueue.store.schedules import HOLD_MS, SCHED_RELEASE
@@ -18,7 +19,7 @@ PK = PartitionKeys("default", 0)
 
 
 def scheduler(jq: JobQueue) -> Scheduler:
-    return Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    return Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
 
 
 def claim(jq: JobQueue, now_s: float, pk: PartitionKeys = PK) -> list[ClaimedRun]:

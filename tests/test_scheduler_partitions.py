@@ -6,21 +6,27 @@ neither doubles nor loses a fire. Explicit clocks, both backends."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from typing import Any
 
 import pytest
+import redis
 from click.testing import CliRunner, Result
 from script_calls import Advance, advance_groups
 
 from jobqueue.cli import State, main
+from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops.scheduler_checks import checks as scheduler_checks
 from jobqueue.policy.cron import parse_fire_instant
-from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.scheduler.membership import SCHEDULERS_KEY, read_members, read_owners
-from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.definitions import ENV_SCHED_PARTITIONS
+from jobqueue.recurring.membership import read_members, read_owners
+from jobqueue.recurring.registry import SCHEDULERS_KEY, members_steps, owners_steps
+from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.schedules import ADVANCE, SCHED_LEASE, Moved
 
 # What this module checks does not depend on the backend: run on the real server only
@@ -48,7 +54,8 @@ def store(redis_client: Any) -> JobQueue:
 def scheduler(redis_client: Any, name: str, lookahead: float = 0, **kw: Any) -> Scheduler:
     jq = store(redis_client)
     return Scheduler(
-        jq, lookahead=lookahead, install_signal_handlers=False, scheduler_id=name, **kw
+        jq, SchedulerConfig(lookahead=lookahead, **kw), install_signal_handlers=False,
+        scheduler_id=name,
     )
 
 
@@ -231,6 +238,30 @@ def test_membership_and_ownership_are_visible_to_operators(redis_client: Any) ->
     assert Counter(o.owner for o in owners) == Counter({"a": K // 2, "b": K // 2})
     mine = {o.partition for o in owners if o.owner == "a"}
     assert mine == set(next(m.partitions for m in members if m.id == "a"))
+
+
+def test_an_async_client_reads_the_registry_and_the_leases_alike(
+    redis_client: Any, real_server: EmbeddedServer
+) -> None:
+    """The reads are steps (recurring.registry): an AsyncJobQueue drives the same ones."""
+    a, b = scheduler(redis_client, "a"), scheduler(redis_client, "b")
+    for t in (1, 2, 3):
+        a.tick(now=t * S)
+        b.tick(now=t * S)
+    keys = a.store.all_keys()
+
+    async def read() -> tuple[Any, Any]:
+        aio = AsyncJobQueue(redis.asyncio.Redis.from_url(real_server.url, decode_responses=True))
+        try:
+            return (await aio.run_steps(members_steps(3 * S)),
+                    await aio.run_steps(owners_steps(keys)))  # fmt: skip
+        finally:
+            await aio.close()
+
+    members, owners = asyncio.run(read())
+    assert [m.id for m in members] == ["a", "b"]
+    assert members == read_members(a.jq, now_ms=3 * S)
+    assert owners == read_owners(a.jq, keys)
 
 
 # -- what operators see ------------------------------------------------------------------------

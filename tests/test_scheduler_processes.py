@@ -18,8 +18,9 @@ import redis
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.policy.cron import parse_fire_instant
-from jobqueue.scheduler.membership import read_members
-from jobqueue.schedules.recurring import first_fire_after, make_definition
+from jobqueue.recurring.declarations import make_definition
+from jobqueue.recurring.fires import first_fire_after
+from jobqueue.recurring.membership import read_members
 from jobqueue.store.embedded import EmbeddedServer
 
 JOBS = 200
@@ -277,4 +278,4 @@ def test_sigusr1_prints_every_threads_stack_and_the_scheduler_runs_on(
     text = err.decode(errors="replace")
     assert proc.returncode == 0, text
     assert "Current thread" in text or "Thread 0x" in text, text
-    assert "scheduler/daemon.py" in text, text  # the main thread's loop, among the stacks
+    assert "recurring/daemon.py" in text, text  # the main thread's loop, among the stacks

@@ -15,8 +15,9 @@ import pytest
 import redis
 
 from jobqueue.client.sync import JobQueue
-from jobqueue.scheduler import daemon as scheduler_mod
-from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.recurring import daemon as scheduler_mod
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 
 WAIT_S = 10.0  # bound on every wait (the first retry comes after 1 s)
@@ -87,7 +88,7 @@ def test_scheduler_started_while_redis_refuses_writes_retries_until_they_are_acc
     admin = redis.Redis.from_url(server.url, decode_responses=True)
     accept = refuse_writes(admin, fault)
     jq = app(server)
-    daemon = Scheduler(jq, install_signal_handlers=False, interval=0.01)
+    daemon = Scheduler(jq, SchedulerConfig(interval=0.01), install_signal_handlers=False)
     with caplog.at_level(logging.INFO, logger="jobqueue.scheduler"):
         running = Running(daemon)
         warning = wait_for_warning(caplog, running, "start-up failed")
@@ -104,7 +105,7 @@ def test_declared_schedules_sync_refused_by_redis_is_retried_not_fatal(
 ) -> None:
     jq = app(server)
     jq.recurring.sync(jq.declared_schedules)  # stored: the next sync only marks it declared
-    daemon = Scheduler(jq, install_signal_handlers=False, interval=0.01)
+    daemon = Scheduler(jq, SchedulerConfig(interval=0.01), install_signal_handlers=False)
     assert daemon.store.partitions == 1  # known before the fault: the sync meets it first
     admin = redis.Redis.from_url(server.url, decode_responses=True)
     accept = refuse_writes(admin, fault)
@@ -123,7 +124,7 @@ def test_stop_ends_the_back_off_of_a_scheduler_retrying_at_once(
     refuse_writes(admin, "OOM")
     # A back-off far longer than the test's bound: only a stop that interrupts it can end it.
     monkeypatch.setattr(scheduler_mod, "retry_delay", lambda failures: 3600.0)
-    daemon = Scheduler(app(server), install_signal_handlers=False, interval=0.01)
+    daemon = Scheduler(app(server), SchedulerConfig(interval=0.01), install_signal_handlers=False)
     with caplog.at_level(logging.INFO, logger="jobqueue.scheduler"):
         running = Running(daemon)
         wait_for_warning(caplog, running, "OutOfMemoryError")

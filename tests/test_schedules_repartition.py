@@ -14,9 +14,10 @@ from click.testing import CliRunner, Result
 from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import OperationRefused
-from jobqueue.scheduler import repartition as srp
-from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.schedules.recurring import (
+from jobqueue.recurring import repartition as srp
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.definitions import (
     ENV_SCHED_PARTITIONS,
     MOVING_FIELD,
     SCHED_CONFIG_KEY,
@@ -57,7 +58,7 @@ def populate(client: Any) -> JobQueue:
     jq.pause_schedule("paused", now=t0)
     for job in ("slow-1", "slow-2"):
         jq.schedule(job, "t", every=60, overlap="buffer-one", now=t0)
-    s = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    s = Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
     s.tick(now=t0 + 60 * S)
     s.tick(now=t0 + 120 * S)
     s.close()
@@ -67,7 +68,9 @@ def populate(client: Any) -> JobQueue:
 def running(jq: JobQueue) -> None:
     """A scheduler that ticked and did not stop: its leases and registry entry are live."""
     t0 = int(jq.redis.hget(jq.recurring.all_keys()[0].owner, "until") or 0)
-    Scheduler(jq, lookahead=0, install_signal_handlers=False).tick(now=max(t0, start(jq.redis)))
+    Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False).tick(
+        now=max(t0, start(jq.redis))
+    )
 
 
 def snapshot(client: Any) -> dict[str, dict[str, Any]]:
@@ -118,7 +121,9 @@ def test_after_the_move_every_job_fires_once_from_its_new_partition(redis_client
     before = jq.get_schedule("job-7")
     assert before is not None and before.next_fire_ms is not None
     third = before.next_fire_ms  # the herd's third fire
-    report = Scheduler(jq, lookahead=0, install_signal_handlers=False).tick(now=third)
+    report = Scheduler(
+        jq, SchedulerConfig(lookahead=0), install_signal_handlers=False
+    ).tick(now=third)
     assert report.partitions == 8
     # The herd's 60 runs, and the hourly job's when this third fire is on the hour (the tests'
     # clock starts at the server's next minute: run at hh:57, it is).
@@ -140,7 +145,7 @@ def test_refused_while_a_scheduler_runs_and_nothing_moves(redis_client: Any) -> 
 
 def test_a_stopped_scheduler_does_not_block(redis_client: Any) -> None:
     jq = populate(redis_client)
-    s = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    s = Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
     s.tick(now=start(redis_client) + 120 * S)
     s.close()  # gives its partitions up and leaves the registry
     assert srp.repartition(JobQueue(redis_client), 4).new == 4

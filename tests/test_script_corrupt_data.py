@@ -44,7 +44,8 @@ from script_calls import Advance, advance_groups, outcome
 
 from jobqueue import JobQueue
 from jobqueue.errors import ConnectionFailed, ScriptError
-from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT
 from jobqueue.store.contract import headers
 from jobqueue.store.embedded import EmbeddedServer
@@ -175,7 +176,7 @@ def recurring_jobs(runner: ScriptRunner) -> None:
     jq.schedule("hourly", "t", every=3600, now=0)
     for job in ("slow", "policed"):
         jq.schedule(job, "t", every=60, overlap="buffer-one", now=0)
-    scheduler = Scheduler(jq, lookahead=0, install_signal_handlers=False)
+    scheduler = Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
     scheduler.tick(now=60 * S)
     scheduler.tick(now=120 * S)
 

@@ -23,7 +23,7 @@ SCHEDULER_SIGNALLED_HOLDING_ITS_EVENT_LOCK = """
 import os, signal, time
 import fakeredis
 from jobqueue import JobQueue
-from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.recurring.daemon import Scheduler
 
 sched = Scheduler(JobQueue(fakeredis.FakeRedis(decode_responses=True)))
 sched._signals.start()

@@ -1,9 +1,10 @@
 """TLS and ACL end to end: a real Redis server with a TLS port (certificates from a self-signed
 CA made by trustme), its default user disabled, and one ACL user limited to the ``jq:*`` keys
-and the commands jobqueue needs (README, "Recommended ACL"). Through a ``rediss://`` URL:
-enqueue -> a real worker -> result, and the CLI; a wrong password is exit code 3 with one
-line; the password appears in no log line and no CLI output. With mutual TLS, a client
-certificate named in the URL (``ssl_certfile``/``ssl_keyfile``) is what gets a client in.
+and the commands jobqueue needs (docs/operations.md, "A least-privilege ACL user"). Through a
+``rediss://`` URL: enqueue -> a real worker -> result, and the CLI; a wrong password is exit
+code 3 with one line; the password appears in no log line and no CLI output. With mutual TLS,
+a client certificate named in the URL (``ssl_certfile``/``ssl_keyfile``) is what gets a client
+in.
 
 Real server only, and no skip: the server binary the suite uses must support TLS
 (Debian's redis-server does); one that does not fails here loudly.
@@ -38,7 +39,8 @@ from redis.retry import Retry
 from jobqueue import JobQueue
 from jobqueue.cli import main
 from jobqueue.errors import ConfigError, ConnectionFailed
-from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.connection import check
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
 from jobqueue.worker.daemon import Worker
@@ -46,7 +48,8 @@ from jobqueue.worker.daemon import Worker
 ROOT = Path(__file__).resolve().parent.parent
 USER = "jqapp"
 
-# The recommended ACL (README): keys under jq:, no pub/sub channels, and only these commands.
+# The recommended ACL (docs/operations.md): keys under jq:, no pub/sub channels, and only these
+# commands.
 # Client side: the scripts (EVALSHA, SCRIPT LOAD on NOSCRIPT) and the reads of the client, the
 # worker and the ops CLI. Inside the scripts: what lua/*.lua calls (ACLs apply there too).
 # fmt: off
@@ -239,7 +242,7 @@ def test_enqueue_worker_result_and_cli_over_tls_with_a_confined_acl_user(
 
         # A scheduler tick under the same ACL: definitions, due jobs, run creation, advance.
         client.schedule("tls-tick", "add", every=1, args=[20, 22])
-        scheduler = Scheduler(client, lookahead=3.0)
+        scheduler = Scheduler(client, SchedulerConfig(lookahead=3.0))
         deadline = time.monotonic() + 20
         while not scheduler.tick().runs_created:
             assert time.monotonic() < deadline, "the scheduler created no run"
@@ -388,9 +391,9 @@ def test_the_acl_allows_every_command_the_lua_scripts_call() -> None:
         found = re.findall(r"(?:redis\.p?call|\bread)\(\s*'(\w+)'", path.read_text())
         called |= {m.lower() for m in found}
     assert called, "no redis.call found: the pattern is wrong"
-    assert called <= set(ACL_COMMANDS), f"add to the ACL (and README): {called - set(ACL_COMMANDS)}"
+    assert called <= set(ACL_COMMANDS), f"add to the ACL (and docs): {called - set(ACL_COMMANDS)}"
 
 
-def test_the_acl_in_the_readme_is_the_one_tested() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert f"user {USER} " + " ".join(ACL_RULE) + " >CHANGE-ME" in " ".join(readme.split())
+def test_the_acl_in_the_docs_is_the_one_tested() -> None:
+    page = (ROOT / "docs" / "operations.md").read_text()
+    assert f"user {USER} " + " ".join(ACL_RULE) + " >CHANGE-ME" in " ".join(page.split())

@@ -23,14 +23,9 @@ from jobqueue.cli.common import (
 from jobqueue.errors import (
     ConfigError,
 )
-from jobqueue.policy.misfire import DEFAULT_GRACE_MS
+from jobqueue.recurring.config import SchedulerConfig
 from jobqueue.runtime import logs
 from jobqueue.runtime import metrics as metrics_mod
-from jobqueue.scheduler.daemon import (
-    DEFAULT_BATCH,
-    DEFAULT_INTERVAL_S,
-    DEFAULT_LOOKAHEAD_MS,
-)
 from jobqueue.settings import Settings
 from jobqueue.store.connection import redact
 from jobqueue.store.keys import MAX_PARTITIONS, validate_queue_name
@@ -264,28 +259,32 @@ def _reload_worker(burst: bool, processes: int) -> None:
     )
 
 
+# The scheduler's defaults (its options' defaults): SchedulerConfig is their one source.
+_SCHEDULER = SchedulerConfig()
+
+
 @click.command()
 @click.option("--app", "app_spec", help="module:attribute of your JobQueue (optional).")
 @click.option(
     "--lookahead",
-    default=DEFAULT_LOOKAHEAD_MS / 1000,
+    default=_SCHEDULER.lookahead,
     show_default=True,
     type=FiniteFloat(0),
     help="Create runs this many seconds before their fire time.",
 )
 @click.option(
-    "--interval", default=DEFAULT_INTERVAL_S, show_default=True, type=FiniteFloat(0.01)
+    "--interval", default=_SCHEDULER.interval, show_default=True, type=FiniteFloat(0.01)
 )
 @click.option(
     "--grace",
-    default=DEFAULT_GRACE_MS / 1000,
+    default=_SCHEDULER.grace,
     show_default=True,
     type=FiniteFloat(0),
     help="A fire time later than this (at least 2 x --interval) is a misfire (its job's "
     "policy decides).",
 )
 @click.option(
-    "--batch", default=DEFAULT_BATCH, show_default=True, type=click.IntRange(1, 100_000)
+    "--batch", default=_SCHEDULER.batch, show_default=True, type=click.IntRange(1, 100_000)
 )
 @click.option(
     "--partitions",
@@ -295,7 +294,7 @@ def _reload_worker(burst: bool, processes: int) -> None:
 )
 @click.option(
     "--partition-lease",
-    default=5.0,
+    default=_SCHEDULER.partition_lease,
     show_default=True,
     type=FiniteFloat(0.1),
     help="Seconds a scheduler's lease on each scheduler partition it owns lasts unrenewed: "
@@ -309,7 +308,7 @@ def _reload_worker(burst: bool, processes: int) -> None:
 )
 @click.option(
     "--create-rate",
-    default=20_000.0,
+    default=_SCHEDULER.create_rate,
     show_default=True,
     type=FiniteFloat(1),
     help="Runs/s assumed until this scheduler has measured its own creation rate.",
@@ -346,8 +345,7 @@ def scheduler(
     partitions (each owns some, under a lease; the others take over those of one that
     stops). Schedules the app declares in code (@jq.task(cron=...), jq.declare_schedule) are
     written at start."""
-    from jobqueue.scheduler.daemon import Scheduler
-    from jobqueue.schedules.recurring import Recurring
+    from jobqueue.recurring.daemon import Scheduler
 
     if prune and not app_spec:
         raise click.UsageError("--prune needs --app: the app's declarations say what to keep")
@@ -359,21 +357,19 @@ def scheduler(
         load_app(app_spec) if app_spec else None, patient=True, timeout=connect_timeout
     )
     logging.getLogger("jobqueue").info("connected to %s", redact(jq.url or ""))
-    store = Recurring(jq, partitions) if partitions else None
     m = metrics_mod.for_daemon(
         "scheduler", metrics_port, metrics_host, jq, lambda: jq.queues(), queue_gauges
     )
-    daemon = Scheduler(
-        jq,
+    config = SchedulerConfig(
         lookahead=lookahead,
         interval=interval,
         grace=grace,
         batch=batch,
-        store=store,
-        metrics=m,
-        prune=prune,
+        partitions=partitions,
         partition_lease=partition_lease,
         max_lookahead=max_lookahead,
         create_rate=create_rate,
+        prune=prune,
     )
+    daemon = Scheduler(jq, config, metrics=m)
     sys.exit(daemon.run())

@@ -27,15 +27,15 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.errors import CorruptData, OperationRefused, UnknownTask
 from jobqueue.policy.cron import fire_times_between
 from jobqueue.policy.timeutil import instant_to_ms
-from jobqueue.schedules.recurring import (
+from jobqueue.recurring.definitions import (
     DEFAULT_MISFIRE,
     DEFAULT_OVERLAP,
     DEFAULT_TZ,
     MAX_BACKFILL,
     OVERLAP_POLICIES,
-    ScheduleInfo,
     refuse_future_end,
 )
+from jobqueue.recurring.info import ScheduleInfo
 from jobqueue.store.keys import MAX_PARTITIONS
 
 # Fire times per backfill call of `schedules backfill`: one progress step each.
@@ -248,7 +248,7 @@ def _backfill_ranges(
 ) -> Iterator[tuple[datetime, datetime, int]]:
     """[start, end] cut into back-to-back ranges of BACKFILL_CHUNK fire times each (ranges
     cover every instant, so no fire can fall between two), with their fire counts. Anything
-    jobqueue.schedules.recurring would refuse (too many fires, end before start) is one range: its
+    jobqueue.recurring.fires would refuse (too many fires, end before start) is one range: its
     backfill then raises the error it always did."""
     defn = info.definition
     start_ms, end_ms = instant_to_ms(start), instant_to_ms(end)
@@ -432,7 +432,7 @@ def schedules_partitions(state: State, as_json: bool) -> None:
     creation rate it measured. A partition without an owner while schedulers run is named on
     stderr (its jobs do not fire until one takes it)."""
     from jobqueue.cli.format import duration
-    from jobqueue.scheduler.membership import read_members, read_owners
+    from jobqueue.recurring.membership import read_members, read_owners
 
     jq = state.jq()
     keys = jq.recurring.all_keys()
@@ -499,7 +499,7 @@ def schedules_repartition(state: State, count: int, yes: bool, as_json: bool) ->
     schedulers run (stop them first); safe to re-run after an interruption (it finishes the
     move). On a cluster, a multiple of the master count spreads the jobs evenly (4 x the
     masters is the default at install)."""
-    from jobqueue.scheduler import repartition as srp
+    from jobqueue.recurring import repartition as srp
 
     jq = state.jq()
     before = srp.plan(jq, count)

@@ -49,13 +49,9 @@ from jobqueue.errors import JobQueueError
 from jobqueue.handles import DEFAULT_POLL_S, AsyncFlowHandle, AsyncRunHandle, timed_out
 from jobqueue.models import DependencyState, QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
-from jobqueue.schedules.recurring import (
-    DEFAULT_MISFIRE,
-    DEFAULT_OVERLAP,
-    DEFAULT_TZ,
-    RecurringSteps,
-    ScheduleInfo,
-)
+from jobqueue.recurring.definitions import DEFAULT_MISFIRE, DEFAULT_OVERLAP, DEFAULT_TZ
+from jobqueue.recurring.info import ScheduleInfo
+from jobqueue.recurring.steps import RecurringSteps
 from jobqueue.settings import Settings
 from jobqueue.store.connection import (
     async_client,

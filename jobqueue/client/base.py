@@ -25,12 +25,8 @@ from jobqueue.hooks import EnqueueRequest, Hooks, MetaError, Middleware, encode_
 from jobqueue.models import PRIORITY_MAX, Run
 from jobqueue.payload import encode_payload
 from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
-from jobqueue.schedules.recurring import (
-    Definition,
-    add_declarations,
-    declare,
-    declare_task_schedules,
-)
+from jobqueue.recurring.declarations import add_declarations, declare, declare_task_schedules
+from jobqueue.recurring.definitions import Definition
 from jobqueue.settings import Settings
 from jobqueue.store.keys import (
     QUEUES_KEY,

@@ -29,13 +29,10 @@ from jobqueue.client.base import (
 from jobqueue.errors import ConfigError, ConnectionFailed, NotDurable, OperationRefused
 from jobqueue.models import QueueLimits, Run
 from jobqueue.policy.timeutil import Delay, Instant
-from jobqueue.schedules.recurring import (
-    RecurringSteps,
-    ScheduleInfo,
-    backfill_specs,
-    make_definition,
-    trigger_spec,
-)
+from jobqueue.recurring.declarations import make_definition
+from jobqueue.recurring.fires import backfill_specs, trigger_spec
+from jobqueue.recurring.info import ScheduleInfo
+from jobqueue.recurring.steps import RecurringSteps
 from jobqueue.store.admin import PAUSE, PURGE, SET_LIMIT, limits_of, rate_value
 from jobqueue.store.exact import GLOBAL_LIMIT, ExactKeys
 from jobqueue.store.io import (

@@ -37,13 +37,9 @@ from jobqueue.errors import ConfigError, JobQueueError
 from jobqueue.handles import DEFAULT_POLL_S, FlowHandle, RunHandle, timed_out
 from jobqueue.models import DependencyState, QueueLimits, Run
 from jobqueue.policy.timeutil import Instant
-from jobqueue.schedules.recurring import (
-    DEFAULT_MISFIRE,
-    DEFAULT_OVERLAP,
-    DEFAULT_TZ,
-    Recurring,
-    ScheduleInfo,
-)
+from jobqueue.recurring.definitions import DEFAULT_MISFIRE, DEFAULT_OVERLAP, DEFAULT_TZ
+from jobqueue.recurring.info import ScheduleInfo
+from jobqueue.recurring.sync import Recurring
 from jobqueue.settings import Settings
 from jobqueue.store.connection import check, redact, sync_client
 from jobqueue.store.embedded import configured_url, resolve_url
@@ -665,8 +661,8 @@ class JobQueue(ClientCore):
         return self.run_steps(server_time_steps())
 
     # -- recurring jobs --------------------------------------------------------------------
-    # The definitions store is jobqueue.schedules.recurring; the daemon is
-    # jobqueue.scheduler.Scheduler. ``now`` (ms) is for tests; the server clock otherwise.
+    # The definitions store is jobqueue.recurring.steps; the daemon is
+    # jobqueue.recurring.daemon.Scheduler. ``now`` (ms) is for tests; the server clock otherwise.
 
     def schedule(
         self,

@@ -33,7 +33,8 @@ from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops.listing import RunPage, RunQuery, runs_page_steps
 from jobqueue.ops.partitions import partitions_steps
-from jobqueue.schedules.recurring import LIST_SCAN_COUNT, ScheduleInfo
+from jobqueue.recurring.info import ScheduleInfo
+from jobqueue.recurring.steps import LIST_SCAN_COUNT
 from jobqueue.store.admin import limits_of, parse_rate
 from jobqueue.store.io import Cmd, Steps, cmd, commands, server_time_steps
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys

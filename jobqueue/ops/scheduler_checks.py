@@ -15,16 +15,21 @@ import redis
 from jobqueue.errors import JobQueueError
 from jobqueue.policy.cron import format_fire_instant
 from jobqueue.policy.health import Check, ok, warn
-from jobqueue.scheduler.daemon import DEFAULT_CREATE_RATE, LOOKAHEAD_MARGIN, MAX_LOOKAHEAD_FACTOR
-from jobqueue.scheduler.membership import SCHEDULERS_KEY, read_members, read_owners
-from jobqueue.schedules.recurring import SCHED_CONFIG_KEY
+from jobqueue.recurring.config import (
+    DEFAULT_CREATE_RATE,
+    DEFAULT_LOOKAHEAD_MS,
+    LOOKAHEAD_MARGIN,
+    MAX_LOOKAHEAD_FACTOR,
+)
+from jobqueue.recurring.definitions import SCHED_CONFIG_KEY
+from jobqueue.recurring.membership import read_members, read_owners
+from jobqueue.recurring.registry import SCHEDULERS_KEY
 from jobqueue.store.io import Cmd, Steps, cmd, commands, raised
 from jobqueue.store.keys import SchedKeys
 
 if TYPE_CHECKING:
     from jobqueue.client.sync import JobQueue
 
-DEFAULT_LOOKAHEAD_MS = 60_000
 HOUR_MS = 3_600_000
 
 

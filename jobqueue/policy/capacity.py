@@ -28,31 +28,24 @@ class Measured:
     """Per-run costs measured on this machine (2 cores shared by servers and clients,
     redis-server 7.0.15), and the bench that measures each."""
 
-    # Server CPU per run, us, the highest of the rounds measured here. A run created by the
-    # scheduler (sched_due + sched_create + advance): 12.3-14.5 us with a 1,000,000-job herd
-    # on one server (bench/scheduler.py; 7.4-9.2 us with a 40,000-job herd on cluster
-    # masters, bench/cluster.py: the keyspace's size costs more than the cluster's routing).
-    # Its claim + batched complete: 31-40.5 us on the masters of 1-4 master clusters
-    # (bench/cluster.py, 4 client processes, claim limit 100).
+    # Each CPU cost is the highest of the rounds its bench measured, the worker's rate below
+    # the lowest: the model plans for the worst seen. The benches, their rounds and ranges:
+    # docs/performance.md, "The figures the capacity model records".
+    # Server CPU per run, us: created by the scheduler (bench/scheduler.py), and its
+    # claim + batched complete on cluster masters (bench/cluster.py).
     sched_us: float = 14.5
     claim_complete_us: float = 40.5
-    # Server CPU per run with AOF, over none (bench/cluster.py, one plain server, 3 rounds
-    # each compared with its own AOF-off round): everysec 1.14-1.30x, always 1.12-1.59x.
-    # appendfsync always also makes each event-loop turn wait for its fsync, which is not CPU
-    # and depends on the disk: measure yours.
+    # Server CPU per run with AOF, over none (bench/cluster.py).
     aof_everysec: float = 1.30
     aof_always: float = 1.59
-    # Redis memory (bench/cluster.py, INFO used_memory deltas): a scheduled run
-    # ('job-N@<fire instant>', small payload and result) pending and finished (over 20,000
-    # runs), a recurring job with its counters once fired (10,000 jobs via jq.schedule).
+    # Redis memory of a scheduled run pending and finished, and of a recurring job with its
+    # counters (bench/cluster.py).
     bytes_pending: float = 452.0
     bytes_finished: float = 563.0
     bytes_job: float = 366.0
-    # One scheduler process's CPU per run it plans, the highest of 1, 2 and 4 processes
-    # sharing a 1,000,000-job herd (bench/scheduler.py: 1.7-2.1 us).
+    # One scheduler process's CPU per run it plans (bench/scheduler.py).
     scheduler_us: float = 2.1
-    # One worker process draining no-op runs (bench/worker.py, README Benchmarks: 15,396-
-    # 22,371/s; the slower phase).
+    # One worker process draining no-op runs (bench/worker.py; the slower phase).
     worker_runs_per_s: float = 15_000.0
 
 

@@ -23,9 +23,10 @@ What is counted where:
   ``--queue-gauges``: the values are the queue's, whoever reads
   them, so one exporter is enough (several would be summed into a multiple of the truth);
 * per group of a queue with fair shares on (runs waiting, running, served): ``jq.groups``,
-  in the same refresh, for at most :data:`MAX_GROUP_SERIES` groups per queue (those with the
-  most runs waiting and running); the others are summed into the ``jobqueue_groups_left_out_*``
-  gauges, so the series stay bounded whatever the number of tenants;
+  in the same refresh (jobqueue.runtime.queue_gauges), for at most ``MAX_GROUP_SERIES``
+  groups per queue (those with the most runs waiting and running); the others are summed
+  into the ``jobqueue_groups_left_out_*`` gauges, so the series stay bounded whatever the
+  number of tenants;
 * scheduler fires / misses / drops / skips / conflicts: each tick's report.
 """
 
@@ -36,7 +37,8 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jobqueue.errors import ConfigError, JobQueueError
+from jobqueue.errors import ConfigError
+from jobqueue.runtime.queue_gauges import QueueGauges
 
 if TYPE_CHECKING:
     from jobqueue.client.sync import JobQueue
@@ -45,11 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobqueue.metrics")
 
 DEPTH_REFRESH_S = 5.0
-# The most groups of one queue exported each with series of their own (the busiest: most runs
-# waiting and running); the others are summed into the jobqueue_groups_left_out_* gauges.
-MAX_GROUP_SERIES = 100
-# Distinct anomalies logged by one process (beyond: silence, so a flood cannot fill a disk).
-MAX_LOGGED_ANOMALIES = 1000
 # Lateness from 1 ms to 1 h: a healthy queue starts runs within milliseconds, a backlog or
 # a stopped fleet shows up in the upper buckets.
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
@@ -60,7 +57,7 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 
 
 class TickLike(Protocol):
-    """The fields of ``scheduler.TickReport`` that are exported."""
+    """The fields of ``recurring.firing.TickReport`` that are exported."""
 
     runs_requested: int
     runs_created: int
@@ -118,7 +115,6 @@ class PrometheusMetrics(Metrics):
         self.port: int | None = None
         self._server: Any = None
         self._stop = threading.Event()
-        self._logged: set[str] = set()
         q = ["queue"]
         self.runs_claimed = Counter("jobqueue_runs_claimed", "Runs claimed.", q, registry=r)
         self.runs_completed = Counter(
@@ -181,81 +177,7 @@ class PrometheusMetrics(Metrics):
             buckets=LATENESS_BUCKETS,
             registry=r,
         )
-        self.queue_runs = Gauge(
-            "jobqueue_queue_runs",
-            "Runs per queue and state: due (due now, not started), running, dead, waiting "
-            "(workflow runs whose dependencies have not all finished).",
-            [*q, "state"],
-            registry=r,
-        )
-        self.queue_lease_expiries = Gauge(
-            "jobqueue_queue_lease_expiries",
-            "Leases found expired by claim.lua since the queue was created (all workers).",
-            q,
-            registry=r,
-        )
-        self.queue_paused = Gauge(
-            "jobqueue_queue_paused",
-            "Partitions of the queue that are paused (jobqueue queue pause): 0 while it runs.",
-            q,
-            registry=r,
-        )
-        self.queue_concurrency_limit = Gauge(
-            "jobqueue_queue_concurrency_limit",
-            "The most runs of the queue running at once per partition; -1: no limit.",
-            q,
-            registry=r,
-        )
-        self.queue_held_back = Gauge(
-            "jobqueue_queue_held_back",
-            "Due runs of the queue held back (parked) by a full per-key or per-task cap.",
-            q,
-            registry=r,
-        )
-        self.queue_rate_limit = Gauge(
-            "jobqueue_queue_rate_limit",
-            "The queue's rate limit per partition, in claims per second; -1: no limit.",
-            q,
-            registry=r,
-        )
-        g = [*q, "group"]  # a run's group is its limit_key; '' for the runs without one
-        self.group_runs = Gauge(
-            "jobqueue_group_runs",
-            "Runs per group of a queue with fair shares on, and state: waiting (in the "
-            "group's line), running (leased).",
-            [*g, "state"],
-            registry=r,
-        )
-        self.group_served = Gauge(
-            "jobqueue_group_served",
-            "Runs claimed from the group while fair shares were on (all workers).",
-            g,
-            registry=r,
-        )
-        self.groups = Gauge(
-            "jobqueue_groups",
-            "Groups of a queue with fair shares on (those with settings, runs in line or "
-            "runs served), exported or left out.",
-            q,
-            registry=r,
-        )
-        self.groups_left_out_runs = Gauge(
-            "jobqueue_groups_left_out_runs",
-            f"Runs of the groups beyond the {MAX_GROUP_SERIES} busiest of a queue (not "
-            "exported each on its own), summed, per state: waiting, running.",
-            [*q, "state"],
-            registry=r,
-        )
-        self.groups_left_out_served = Gauge(
-            "jobqueue_groups_left_out_served",
-            f"Runs served of the groups beyond the {MAX_GROUP_SERIES} busiest of a queue, "
-            "summed.",
-            q,
-            registry=r,
-        )
-        # What refresh_groups exported last, per queue: the series to remove when a group
-        # leaves the exported ones or fair shares go off.
-        self._group_series: dict[str, set[str]] = {}
+        self.queues = QueueGauges(r)
         self.sched = {
             name: Counter(f"jobqueue_scheduler_{name}", text, registry=r)
             for name, text in (
@@ -329,93 +251,8 @@ class PrometheusMetrics(Metrics):
     # -- queue depth ------------------------------------------------------------------------
 
     def refresh_depth(self, jq: JobQueue, queues: Iterable[str]) -> None:
-        """One refresh of the depth gauges (the thread's body; tests call it directly).
-
-        Foreign or corrupt data is logged (each finding once per process, not every 5 s) and
-        counted as 0 where it stands; a queue that cannot be read at all keeps its last
-        values, and the other queues are still refreshed."""
-        from jobqueue.ops.queries import all_anomalies, stats
-
-        for queue in queues:
-            try:
-                parts = stats(jq, queue)
-            except JobQueueError as exc:  # e.g. no longer in jq:queues
-                self._anomaly(f"queue {queue!r}: {exc}")
-                continue
-            for anomaly in all_anomalies(parts):
-                self._anomaly(str(anomaly))
-            if not parts:  # its partition count is not usable: nothing to count
-                continue
-            due = sum(p.due_now for p in parts)
-            running = sum(p.running for p in parts)
-            dead = sum(p.dead for p in parts)
-            waiting = sum(p.waiting for p in parts)
-            expired = sum(p.counters.get("lease_expired", 0) for p in parts)
-            for state, value in (
-                ("due", due), ("running", running), ("dead", dead), ("waiting", waiting)
-            ):
-                self.queue_runs.labels(queue, state).set(value)
-            self.queue_lease_expiries.labels(queue).set(expired)
-            self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
-            self.queue_held_back.labels(queue).set(sum(p.held_back for p in parts))
-            limits = [p.concurrency_limit for p in parts if p.concurrency_limit is not None]
-            self.queue_concurrency_limit.labels(queue).set(max(limits, default=-1))
-            first = parts[0]
-            per_s = (
-                -1.0
-                if first.rate_limit is None or not first.rate_window_ms
-                else first.rate_limit * 1000 / first.rate_window_ms
-            )
-            self.queue_rate_limit.labels(queue).set(per_s)
-            self.refresh_groups(jq, queue)
-
-    def refresh_groups(self, jq: JobQueue, queue: str) -> None:
-        """The group gauges of one queue: read only while fair shares are on (one HGET
-        otherwise); a queue whose fair shares went off loses its group series."""
-        from jobqueue.client.groups import busiest, read_fair
-
-        fair, found = jq.run_steps(read_fair(jq, queue))
-        for anomaly in found:
-            self._anomaly(str(anomaly))
-        if not fair:
-            self._drop_groups(queue, set())
-            return
-        groups = jq.groups(queue)
-        for anomaly in [*groups.anomalies, *(a for g in groups for a in g.anomalies)]:
-            self._anomaly(str(anomaly))
-        shown, rest = busiest(groups, MAX_GROUP_SERIES)
-        for group in shown:
-            self.group_runs.labels(queue, group.name, "waiting").set(group.waiting)
-            self.group_runs.labels(queue, group.name, "running").set(group.running)
-            self.group_served.labels(queue, group.name).set(group.served)
-        self._drop_groups(queue, {group.name for group in shown})
-        self._group_series[queue] = {group.name for group in shown}
-        self.groups.labels(queue).set(len(groups))
-        self.groups_left_out_runs.labels(queue, "waiting").set(sum(g.waiting for g in rest))
-        self.groups_left_out_runs.labels(queue, "running").set(sum(g.running for g in rest))
-        self.groups_left_out_served.labels(queue).set(sum(g.served for g in rest))
-
-    def _drop_groups(self, queue: str, keep: set[str]) -> None:
-        """Remove the group series of ``queue`` not in ``keep`` (all of them, and the
-        queue's group totals, when ``keep`` is empty: fair shares off)."""
-        had = self._group_series.pop(queue, None)
-        if had is None:
-            return
-        for name in had - keep:
-            for state in ("waiting", "running"):
-                self.group_runs.remove(queue, name, state)
-            self.group_served.remove(queue, name)
-        if not keep:
-            self.groups.remove(queue)
-            for state in ("waiting", "running"):
-                self.groups_left_out_runs.remove(queue, state)
-            self.groups_left_out_served.remove(queue)
-
-    def _anomaly(self, text: str) -> None:
-        """Log a finding once: the refresh runs every few seconds, the log is read by people."""
-        if text not in self._logged and len(self._logged) < MAX_LOGGED_ANOMALIES:
-            self._logged.add(text)
-            log.warning("queue depth: %s", text)
+        """One refresh of the queue and group gauges (the thread's body; tests call it)."""
+        self.queues.refresh(jq, queues)
 
     def watch_queues(self, jq: JobQueue, queues: Callable[[], Iterable[str]]) -> None:
         def loop() -> None:

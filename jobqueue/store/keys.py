@@ -67,7 +67,7 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
                                    expires after 2 minutes): one sampler per minute
 
 Recurring jobs have their own partitions (``jq:{sched#k}:...``, ``SchedKeys``; see
-``jobqueue/schedules/recurring.py``), and their runs have the run ids of ``fire_run_id``.
+``jobqueue/recurring/definitions.py``), and their runs have the run ids of ``fire_run_id``.
 
 Placement. A tag's slot is CRC16(tag) % 16384, so the plain tags ``{q#p}`` land where the hash
 puts them: 16 partitions over 3 masters could land 7/5/4. A queue recorded as ``spread`` (every

@@ -3,7 +3,8 @@ its way goes out together, one batched ``complete`` call per partition plus the 
 calls, in one round trip (one per master on a cluster), each checked against its run's fence
 in Redis. Commits Redis did not take (a master down, a refusal) wait and are sent again with
 back-off, alone, while every other commit goes on: one master down holds back its own runs
-only. The workflow relays and audits use the sync client, on a thread."""
+only. The workflow relays and audits (jobqueue.worker.outboxes) use the sync client, on a
+thread."""
 
 from __future__ import annotations
 
@@ -13,14 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jobqueue.client.relay import (
-    Committed,
-    audit_waiting_steps,
-    relay_committed_steps,
-    relay_until_quiet,
-    settle_staged_steps,
-    tidy_flows_steps,
-)
+from jobqueue.client.relay import Committed, relay_committed_steps
 from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.policy.backoff import Backoff
 from jobqueue.policy.timeutil import abs_time
@@ -29,6 +23,7 @@ from jobqueue.settings import to_ms
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import BOUNCE, COMPLETE, FAIL, Bounced, Outcome
 from jobqueue.store.scripts import Call
+from jobqueue.worker.outboxes import OutboxUpkeep
 from jobqueue.worker.relaying import CommitRelay
 from jobqueue.worker.runs import Finished, run_event
 from jobqueue.worker.shared import Shared, in_thread
@@ -36,12 +31,6 @@ from jobqueue.worker.shared import Shared, in_thread
 log = logging.getLogger("jobqueue.worker")
 
 MAX_COMMIT_BATCH = 500
-# How often the outboxes of the served partitions are looked at (workflows, see
-# jobqueue.client.relay): what a commit did not relay at once waits this long at most.
-RELAY_SWEEP_S = 2.0
-# Chunks (of jobqueue.client.relay.AUDIT_RUNS waiting runs) a worker's audit reads per
-# partition and period at most: 2,000 waiting runs; a longer index takes more periods.
-AUDIT_CHUNKS = 40
 # Commits sent again: first after about this long, doubling up to the cap.
 RESEND_S = 0.1
 RESEND_CAP_S = 5.0
@@ -139,20 +128,13 @@ class Committer:
         self._items: list[Finished] = []
         self._ready = asyncio.Event()
         self._closing = False
-        # The partitions whose outboxes this worker sweeps (set_partitions) and when next.
-        self._swept: list[PartitionKeys] = []
-        self._next_sweep = 0.0
-        # Every Settings.flow_audit_s: the waiting runs' audit (a rank per partition, going
-        # round each waiting index) and the flows index's tidy.
-        self._next_audit = 0.0
         self._carry = CommitRelay(shared.jq)
-        self._audit_from: dict[PartitionKeys, int] = {}
-        self._staged_from: dict[PartitionKeys, int] = {}  # (the staged runs' audit, as above)
+        self._outboxes = OutboxUpkeep(shared.jq, shared.clock)
 
     def set_partitions(self, partitions: list[PartitionKeys]) -> None:
         """The partitions the worker serves: their outboxes are relayed every RELAY_SWEEP_S
         (runs buried by a claim, handed back to death, or left by a relay that failed)."""
-        self._swept = list(partitions)
+        self._outboxes.partitions = list(partitions)
 
     def put(self, item: Finished) -> None:
         self._items.append(item)
@@ -173,8 +155,8 @@ class Committer:
                 wait = None
                 if later:
                     wait = max(min(d.not_before for d in later) - clock.monotonic(), 0.0)
-                if self._swept:
-                    until_sweep = max(self._next_sweep - clock.monotonic(), 0.0)
+                until_sweep = self._outboxes.until_due()
+                if until_sweep is not None:
                     wait = until_sweep if wait is None else min(wait, until_sweep)
                 self._ready.clear()
                 if wait is None:
@@ -221,10 +203,9 @@ class Committer:
                     self._s.permits.give_back(item.entry for item in settled)
             except Exception:  # the commit loop commits every run: it must not die of a bug
                 log.exception("forgetting %d committed runs failed", len(answered))
-            if self._swept and clock.monotonic() >= self._next_sweep:
-                self._next_sweep = clock.monotonic() + RELAY_SWEEP_S
+            if self._outboxes.due():
                 await self._flush_relay(clearing=True)  # (before the sweep reads the outboxes)
-                await in_thread(self._sweep)
+                await in_thread(self._outboxes.sweep)
 
     async def _flush_relay(self, *, clearing: bool) -> None:
         """The carried deliveries (and with ``clearing`` the clearings of the outbox entries
@@ -236,98 +217,9 @@ class Committer:
         except Exception as exc:
             log.warning("relaying completions failed for now: %s", exc)
 
-    def _relay(self, keys: PartitionKeys) -> None:
-        try:
-            relay_until_quiet(self._jq, keys)
-        except Exception as exc:  # (the sweep tries again)
-            log.warning("relaying the outbox of %s failed for now: %s", keys.tag, exc)
-
-    def _sweep(self) -> None:
-        """On a thread: relay the served partitions whose outboxes hold entries (one
-        pipelined read), and now and then audit them."""
-        try:
-            pipe = self._jq.redis.pipeline(transaction=False)
-            for keys in self._swept:
-                pipe.zcard(keys.outbox)
-            sizes = pipe.execute(raise_on_error=False)
-        except Exception as exc:
-            log.warning("reading the outboxes failed for now: %s", exc)
-            return
-        for keys, size in zip(self._swept, sizes, strict=True):
-            if isinstance(size, int) and size > 0:
-                self._relay(keys)
-        clock = self._s.clock
-        if clock.monotonic() >= self._next_audit:  # (the first sweep too)
-            every = self._jq.settings.flow_audit_s
-            self._next_audit = clock.monotonic() + every
-            self._audit(round(every * 1000))
-
-    def _audit(self, min_age_ms: int) -> None:
-        """Outcomes the waiting runs never heard of (audit_waiting_steps), and the flows
-        whose records all expired (tidy_flows_steps)."""
-        for keys in self._swept:
-            try:
-                start = self._audit_from.get(keys, 0)
-                for _ in range(AUDIT_CHUNKS):  # round the index, a chunk at a time
-                    start, _ = self._jq.run_steps(
-                        audit_waiting_steps(self._jq, keys, start, min_age_ms)
-                    )
-                    if start == 0:
-                        break
-                self._audit_from[keys] = start
-            except Exception as exc:  # (one partition's trouble: the others go on)
-                log.warning("auditing the waiting runs of %s failed for now: %s", keys.tag, exc)
-            try:  # workflows whose creator died between their staging and their release
-                stage_ms = round(self._jq.settings.flow_stage_timeout_s * 1000)
-                start = self._staged_from.get(keys, 0)
-                self._staged_from[keys] = self._jq.run_steps(
-                    settle_staged_steps(self._jq, keys, stage_ms, start)
-                )[0]
-            except Exception as exc:
-                log.warning("settling the staged workflows of %s failed for now: %s",
-                            keys.tag, exc)
-        try:
-            self._jq.run_steps(tidy_flows_steps(self._jq, self._swept))
-        except Exception as exc:
-            log.warning("tidying the flows index failed for now: %s", exc)
-
     def _abandon(self, items: list[Finished]) -> None:
         for item in items:
             self._stats.rejected(item.entry.run.run_id, item.entry.run.fence, "error")
-
-    def _fail_call(self, item: Finished) -> Call:
-        run, keys, settings = item.entry.run, item.entry.keys, self._jq.settings
-        delay = self._s.tasks.retry_delay_ms(run.task, run.attempt) if item.retry else None
-        # An exception's text may hold lone surrogates (undecodable bytes): not UTF-8, so it
-        # could not be sent, and the whole commit batch would fail with it.
-        error = item.error.encode("utf-8", "replace").decode("utf-8")
-        return FAIL.call(
-            keys,
-            run.run_id,
-            run.fence,
-            error,
-            delay,
-            settings.dead_retention_ms,
-            now=self._s.clock.now_ms(),
-            traceback=item.traceback,
-        )
-
-    def _bounce_call(self, item: Finished) -> Call:
-        """Hand a run whose task this worker has no code for back (see lua/bounce.lua)."""
-        run, keys, settings = item.entry.run, item.entry.keys, self._jq.settings
-        return BOUNCE.call(
-            keys,
-            run.run_id,
-            run.fence,
-            self._s.worker_id,
-            item.error.encode("utf-8", "replace").decode("utf-8"),
-            delay_ms=to_ms(settings.unknown_task_delay_s),
-            delay_cap_ms=to_ms(settings.unknown_task_delay_cap_s),
-            window_ms=settings.unknown_task_window_ms,
-            dead_retention_ms=settings.dead_retention_ms,
-            min_hand_backs=settings.unknown_task_min_hand_backs,
-            now=self._s.clock.now_ms(),
-        )
 
     async def _commit(
         self, batch: list[Finished], retries: list[_Deferred], answered: list[Finished]
@@ -362,9 +254,9 @@ class Committer:
                 max_bytes=settings.max_results_bytes,
             )
             if g.items[0].ok
-            else self._bounce_call(g.items[0])
+            else bounce_call(self._s, g.items[0])
             if g.items[0].bounce
-            else self._fail_call(g.items[0])
+            else fail_call(self._s, g.items[0])
             for g in groups
         ]
         carried = self._carry.calls() if self._carry.pending else []
@@ -428,7 +320,7 @@ class Committer:
                 log.warning("relaying %d completions failed for now: %s", len(committed), exc)
         await self._flush_relay(clearing=False)
         for keys in relay:
-            await in_thread(self._relay, keys)
+            await in_thread(self._outboxes.relay, keys)
         if refused is not None:
             self._s.commits_refused = True  # no new claims until commits land again
         elif answered:
@@ -502,3 +394,38 @@ class Committer:
                 item.entry.lost_reported = True
                 what = "cancelled" if outcome.status == "cancelled" else "lease-lost"
                 self._hooks.event(run_event(item.entry, what, reason=outcome.status))
+
+
+def fail_call(s: Shared, item: Finished) -> Call:
+    run, keys, settings = item.entry.run, item.entry.keys, s.jq.settings
+    delay = s.tasks.retry_delay_ms(run.task, run.attempt) if item.retry else None
+    # An exception's text may hold lone surrogates (undecodable bytes): not UTF-8, so it
+    # could not be sent, and the whole commit batch would fail with it.
+    error = item.error.encode("utf-8", "replace").decode("utf-8")
+    return FAIL.call(
+        keys,
+        run.run_id,
+        run.fence,
+        error,
+        delay,
+        settings.dead_retention_ms,
+        now=s.clock.now_ms(),
+        traceback=item.traceback,
+    )
+
+def bounce_call(s: Shared, item: Finished) -> Call:
+    """Hand a run whose task this worker has no code for back (see lua/bounce.lua)."""
+    run, keys, settings = item.entry.run, item.entry.keys, s.jq.settings
+    return BOUNCE.call(
+        keys,
+        run.run_id,
+        run.fence,
+        s.worker_id,
+        item.error.encode("utf-8", "replace").decode("utf-8"),
+        delay_ms=to_ms(settings.unknown_task_delay_s),
+        delay_cap_ms=to_ms(settings.unknown_task_delay_cap_s),
+        window_ms=settings.unknown_task_window_ms,
+        dead_retention_ms=settings.dead_retention_ms,
+        min_hand_backs=settings.unknown_task_min_hand_backs,
+        now=s.clock.now_ms(),
+    )

@@ -3,8 +3,9 @@ the ``jobqueue worker`` options and the supervisor all read it."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 EventLoopChoice = Literal["auto", "asyncio", "uvloop"]
 
@@ -52,3 +53,8 @@ class WorkerConfig:
             raise ValueError("max_memory_mb must be above 0")
         if self.event_loop not in ("auto", "asyncio", "uvloop"):
             raise ValueError("event_loop must be auto, asyncio or uvloop")
+
+    def overridden(self, **given: Any) -> WorkerConfig:
+        """This config with the given fields replaced, those given as None left as they are
+        (the Worker's keyword arguments of the same names)."""
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})

@@ -27,16 +27,12 @@ import signal
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Iterable
 from types import FrameType
 from typing import Any, Literal
 
-import redis
-
 from jobqueue.client.sync import JobQueue
-from jobqueue.errors import ConnectionFailed, ServerRefused
 from jobqueue.hooks import Middleware
-from jobqueue.policy.backoff import Backoff
 from jobqueue.runtime.clock import REAL_CLOCK, Clock
 from jobqueue.runtime.metrics import NO_METRICS, Metrics
 from jobqueue.runtime.signals import SignalRelay
@@ -56,7 +52,15 @@ from jobqueue.worker.recycling import EXIT_RECYCLED, MB, Recycling
 from jobqueue.worker.redis_io import RedisIO
 from jobqueue.worker.registry import WorkerTasks
 from jobqueue.worker.runs import MAX_REJECTED_KEPT, RunTable, RunView, WorkerStats
-from jobqueue.worker.shared import Shared, in_thread
+from jobqueue.worker.shared import Shared
+from jobqueue.worker.shutdown import STOPPED_BY_SECOND_SIGNAL, Shutdown
+from jobqueue.worker.startup import (
+    GaveUp,
+    LoopThread,
+    _new_loop,
+    prepare,
+    until_redis_answers,
+)
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -75,69 +79,11 @@ __all__ = [
 
 log = logging.getLogger("jobqueue.worker")
 
-DRAIN_COMMIT_WAIT_S = 5.0
-STOPPED_BY_SECOND_SIGNAL = 1
 # The worker cannot go on (stuck code holds its slots): it exits with this code so that the
 # supervisor or the orchestrator starts a clean process.
 EXIT_UNHEALTHY = 4  # not 3: the CLI says "Redis unreachable" with that
-# Calls retried until Redis answers (startup): the first pause, doubling up to the cap.
-REDIS_RETRY_S = 0.1
-REDIS_RETRY_CAP_S = 5.0
 
 WorkerState = Literal["new", "starting", "running", "stopping", "stopped"]
-
-# What a passing outage raises: a lost connection, a cluster failing over (CLUSTERDOWN, or
-# a slot with no known master yet).
-_OUTAGES = (
-    ConnectionFailed,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ClusterError,
-    redis.exceptions.RedisClusterException,
-)
-
-
-class GaveUp(Exception):
-    """A call retried until Redis answers, abandoned because the worker is stopping."""
-
-
-def until_redis_answers(
-    fn: Callable[[], Any],
-    *,
-    clock: Clock = REAL_CLOCK,
-    give_up: threading.Event | None = None,
-) -> Any:
-    """Call ``fn`` until Redis answers it (startup, reconnects): back-off with jitter between
-    tries, never a crash on an outage. Raises GaveUp once ``give_up`` is set."""
-    backoff = Backoff(REDIS_RETRY_S, REDIS_RETRY_CAP_S)
-    never = threading.Event()
-    while True:
-        if give_up is not None and give_up.is_set():
-            raise GaveUp
-        try:
-            return fn()
-        except _OUTAGES as exc:
-            if isinstance(exc, ServerRefused) and exc.replies is not None:
-                raise  # some calls of a pipeline ran: the caller re-sends only the others
-            pause = backoff.next()
-            log.warning("Redis unavailable (%s); retrying in %.1fs", exc, pause)
-            clock.wait(give_up or never, pause)
-
-
-def _new_loop(choice: str) -> Callable[[], asyncio.AbstractEventLoop]:
-    """The event loop factory: uvloop's when asked for or ("auto") installed."""
-    if choice != "asyncio":
-        try:
-            import uvloop  # type: ignore[import-not-found]
-        except ImportError:
-            if choice == "uvloop":
-                from jobqueue.errors import ConfigError
-
-                raise ConfigError("event_loop='uvloop' needs uvloop: pip install uvloop") from None
-        else:
-            return uvloop.new_event_loop  # type: ignore[no-any-return]
-    return asyncio.new_event_loop
-
 
 class Worker:
     """Runs the tasks registered on ``jq`` for the runs of ``queues`` (default: the queues
@@ -173,17 +119,11 @@ class Worker:
     ) -> None:
         """``burst``: run what is due, then stop (``run()`` returns 0) once nothing is due
         and no run is held (``jobqueue worker --burst``, tests)."""
-        given = {
-            "concurrency": concurrency, "lease_s": lease, "grace_s": grace,
-            "stuck_limit_s": stuck_limit, "idle_wait_s": idle_wait,
-            "shutdown_margin_s": shutdown_margin, "burst": burst, "max_runs": max_runs,
-            "max_memory_mb": max_memory_mb,
-        }
-        base = config or WorkerConfig()
-        cfg = WorkerConfig(**{
-            **{f: getattr(base, f) for f in base.__dataclass_fields__},
-            **{k: v for k, v in given.items() if v is not None},
-        })
+        cfg = (config or WorkerConfig()).overridden(
+            concurrency=concurrency, lease_s=lease, grace_s=grace, stuck_limit_s=stuck_limit,
+            idle_wait_s=idle_wait, shutdown_margin_s=shutdown_margin, burst=burst,
+            max_runs=max_runs, max_memory_mb=max_memory_mb,
+        )
         self.config = cfg
         self._recycling: Recycling | None = None
         if cfg.max_runs is not None or cfg.max_memory_mb is not None:
@@ -214,14 +154,12 @@ class Worker:
 
         self._stopping = threading.Event()
         self._stopped = threading.Event()
-        self._exited = threading.Event()  # the whole shutdown is over (the watchdog's end)
         self._running = threading.Event()  # claiming has begun
         self._run_called = False
         self._signals = 0
         # The signal handler only notifies it (no locks there); its thread logs and stops.
         self._signal_relay = SignalRelay(self._signalled, "jq-signals")
-        # clock.monotonic() of the stop request: the grace period counts from it.
-        self._stop_at: float | None = None
+        self._shutdown = Shutdown(self.id, cfg.grace_s, cfg.shutdown_margin_s, clock)
         self._unhealthy: str | None = None
         self._owns_process = False  # run() installed the signal handlers: a daemon process
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -271,41 +209,27 @@ class Worker:
             signal.signal(signal.SIGTERM, self.on_signal)
             signal.signal(signal.SIGINT, self.on_signal)
             self._owns_process = True
-        result: list[int] = []
-        failure: list[BaseException] = []
-        new_loop = _new_loop(self.config.event_loop)  # (a ConfigError is raised here)
-
-        def loop_thread() -> None:
-            try:
-                with asyncio.Runner(loop_factory=new_loop) as runner:
-                    result.append(runner.run(self.serve()))
-            except BaseException as exc:
-                failure.append(exc)
-
-        thread = threading.Thread(target=loop_thread, name="jq-async", daemon=True)
+        loop = LoopThread(self.serve, _new_loop(self.config.event_loop))  # (a ConfigError)
         try:
-            thread.start()
-            while thread.is_alive():
-                thread.join(0.5)
+            loop.run()
         except BaseException:
             # The caller leaves (KeyboardInterrupt): the loop must not claim on, leasing runs
             # nobody heartbeats or commits; the drain gets until the shutdown deadline.
             self.stop()
-            thread.join(max(self._shutdown_left(), 0.0))
+            loop.join(max(self._shutdown.left(), 0.0))
             raise
         finally:
             self._stopped.set()
-            self._exited.set()
+            self._shutdown.exited.set()
             self._signal_relay.close()
-        if result:
-            return result[0]
+        if loop.result is not None:
+            return loop.result
         # The loop itself died (SystemExit from a callback of task code, a bug): nothing can
         # drain on it. The leases expire and other workers reclaim the runs; a clean process
         # is what this one's supervisor or orchestrator starts next.
         self._unhealthy = self._unhealthy or "the asyncio event loop thread died"
         log.critical("worker %s: the asyncio event loop thread died: %r", self.id,
-                     failure[0] if failure else None,
-                     exc_info=failure[0] if failure else None)
+                     loop.failure, exc_info=loop.failure)
         return EXIT_UNHEALTHY
 
     async def serve(self) -> int:
@@ -321,7 +245,7 @@ class Worker:
         if self._stopping.is_set():
             s.stop_event.set()
         committer = Committer(
-            s, self._shutdown_left, self._answered if self._recycling is not None else None
+            s, self._shutdown.left, self._answered if self._recycling is not None else None
         )
         executor = Executor(s, committer.put, self._die)
         executor.bind_loop(self._loop)
@@ -333,7 +257,8 @@ class Worker:
         started = False
         try:
             try:
-                await self._prepare(claimer, committer, presence)
+                await prepare(self.jq, self.queues, self.clock, self._stopping,
+                              (claimer, committer), presence)
             except GaveUp:
                 log.info("worker %s stopped before it could start", self.id)
                 return 0
@@ -344,15 +269,7 @@ class Worker:
             ]
             for part, name in zip(background, ("committer", "keeper"), strict=True):
                 part.add_done_callback(functools.partial(self._part_ended, name))
-            log.info(
-                "worker %s started: queues=%s (%s) tasks=%s concurrency=%d lease=%.1fs",
-                self.id,
-                ",".join(self.queues),
-                self._queues_chosen,
-                ",".join(self._tasks.names()) or "none",
-                self.concurrency,
-                self.lease_ms / 1000,
-            )
+            _log_started(self)
             self._running.set()
             try:
                 await claimer.run()
@@ -360,8 +277,10 @@ class Worker:
                 log.exception("the claim loop failed")
                 self._die(f"the claim loop failed: {exc!r}")
             if self.config.burst and not self._stopping.is_set():
-                self._burst_done()
-            await self._drain(keeper)
+                log.info("worker %s: nothing claimable and nothing held (burst): stopping (runs "
+                         "held back by a paused queue or a limit stay pending)", self.id)
+                self.stop()
+            await self._shutdown.drain(self._table, s, keeper)
         finally:
             self._stopped.set()
             committer.close()
@@ -369,24 +288,16 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         asyncio.shield(background[0]),
-                        max(0.1, min(5.0, self._shutdown_left())),
+                        max(0.1, min(5.0, self._shutdown.left())),
                     )
             for t in background:
                 t.cancel()
             executor.shutdown()
             if started:
-                await self._bounded(presence.withdraw, "unregistering")
+                await self._shutdown.bounded(presence.withdraw, "unregistering")
             await s.io.aclose()
-            self._exited.set()
-        log.info(
-            "worker %s stopped: claimed=%d completed=%d failed=%d released=%d fenced_out=%d",
-            self.id,
-            self.stats.claimed,
-            self.stats.completed,
-            self.stats.failed,
-            self.stats.released,
-            self.stats.fenced_out,
-        )
+            self._shutdown.exited.set()
+        _log_stopped(self)
         if self._unhealthy is not None:
             log.error("worker %s exits with %d: %s", self.id, EXIT_UNHEALTHY, self._unhealthy)
             return EXIT_UNHEALTHY
@@ -417,20 +328,11 @@ class Worker:
         log.critical("the worker's %s ended: %r", name, error, exc_info=error)
         self._die(f"the worker's {name} ended: {error!r}")
 
-    def _burst_done(self) -> None:
-        log.info(
-            "worker %s: nothing claimable and nothing held (burst): stopping (runs held back "
-            "by a paused queue or a limit stay pending)",
-            self.id,
-        )
-        self.stop()
-
     def stop(self) -> None:
         """Graceful: stop claiming, let in-flight runs finish within the grace period. From
         any thread."""
         first = not self._stopping.is_set()
-        if self._stop_at is None:
-            self._stop_at = self.clock.monotonic()
+        self._shutdown.requested()
         self._stopping.set()
         loop = self._loop
         if loop is not None:
@@ -446,7 +348,7 @@ class Worker:
         if first and self._owns_process:
             # A daemon process always ends: past grace + margin it exits whatever hangs
             # (its leases expire and other workers reclaim the runs).
-            threading.Thread(target=self._watchdog, name="jq-watchdog", daemon=True).start()
+            self._shutdown.start_watchdog()
 
     def _stop_on_loop(self) -> None:
         if self._shared is not None:
@@ -465,8 +367,7 @@ class Worker:
             # Second signal: leave now; our leases expire and other workers reclaim the runs.
             os.write(2, b"second signal: exiting at once, in-flight runs will be reclaimed\n")
             os._exit(STOPPED_BY_SECOND_SIGNAL)
-        if self._stop_at is None:
-            self._stop_at = self.clock.monotonic()  # the grace period counts from the signal
+        self._shutdown.requested()  # the grace period counts from the signal
         self._signal_relay.notify(signum)
 
     def _signalled(self, signum: int) -> None:
@@ -482,98 +383,26 @@ class Worker:
             log.error("worker %s cannot go on: %s; stopping", self.id, reason)
         self.stop()
 
-    async def _prepare(self, claimer: Claimer, committer: Committer, presence: Presence) -> None:
-        retry = functools.partial(until_redis_answers, clock=self.clock, give_up=self._stopping)
-        for q in self.queues:
-            await in_thread(retry, functools.partial(self.jq.register_queue, q))
-        served = [k for q in self.queues for k in self.jq.all_partition_keys(q)]
-        claimer.set_partitions(served)
-        committer.set_partitions(served)
-        presence.started_ms = await in_thread(retry, self.jq.server_time_ms)
 
-    # -- shutting down -------------------------------------------------------------------
+def _log_started(w: Worker) -> None:
+    log.info(
+        "worker %s started: queues=%s (%s) tasks=%s concurrency=%d lease=%.1fs",
+        w.id,
+        ",".join(w.queues),
+        w._queues_chosen,
+        ",".join(w._tasks.names()) or "none",
+        w.concurrency,
+        w.lease_ms / 1000,
+    )
 
-    def _shutdown_deadline(self) -> float:
-        start = self._stop_at if self._stop_at is not None else self.clock.monotonic()
-        return start + self.grace + self.config.shutdown_margin_s
 
-    def _shutdown_left(self) -> float:
-        return self._shutdown_deadline() - self.clock.monotonic()
-
-    def _watchdog(self) -> None:
-        if self.clock.wait(self._exited, max(self._shutdown_left(), 0.0) + 0.5):
-            return
-        log.error(
-            "worker %s: shutdown still not done %.0fs after the grace period (Redis not "
-            "answering?); exiting now, in-flight runs will be reclaimed",
-            self.id,
-            self.config.shutdown_margin_s,
-        )
-        logging.shutdown()
-        os._exit(STOPPED_BY_SECOND_SIGNAL)
-
-    async def _bounded(self, fn: Callable[[], Any], what: str) -> None:
-        """Run a sync shutdown call on a thread, waiting for it until the shutdown deadline
-        at most (Redis may hang; the call then goes on in a thread that dies with the
-        process)."""
-        done = threading.Event()
-
-        def call() -> None:
-            try:
-                fn()
-            finally:
-                done.set()
-
-        threading.Thread(target=call, name=f"jq-{what}", daemon=True).start()
-        deadline = max(self._shutdown_left(), 0.1)
-        waited = 0.0
-        while not done.is_set() and waited < deadline:
-            await asyncio.sleep(0.01)
-            waited += 0.01
-        if not done.is_set():
-            log.warning("%s did not finish before the shutdown deadline; giving up", what)
-
-    async def _awaited(self, coro: Coroutine[Any, Any, Any], what: str) -> Any:
-        """``coro``, given up at the shutdown deadline."""
-        try:
-            return await asyncio.wait_for(coro, max(self._shutdown_left(), 0.1))
-        except TimeoutError:
-            log.warning("%s did not finish before the shutdown deadline; giving up", what)
-            return None
-
-    async def _drain(self, keeper: LeaseKeeper) -> None:
-        """Let in-flight runs finish within the grace period, let their commits land, then
-        hand the rest back."""
-        clock, table = self.clock, self._table
-        if self._stop_at is None:
-            self._stop_at = clock.monotonic()
-        # The grace period counts from the stop request (the claim loop may have taken a
-        # while to notice it: a claim call waiting on a slow Redis).
-        deadline = self._stop_at + self.grace
-        shutdown_deadline = self._shutdown_deadline()
-        await table.wait_until(table.idle, deadline, clock.monotonic)
-        # Finished runs' commits take a round trip; a Redis outage must not hold the
-        # shutdown forever (their leases expire and other workers reclaim them).
-        commit_deadline = min(
-            max(deadline, clock.monotonic() + DRAIN_COMMIT_WAIT_S), shutdown_deadline - 2.0
-        )
-        await table.wait_until(table.committed, commit_deadline, clock.monotonic)
-        leftover = table.release_unfinished()
-        if not leftover:
-            return
-        for e in leftover:
-            e.stop_code("worker shutting down")
-        if clock.monotonic() >= shutdown_deadline - 1.0:
-            log.warning(
-                "no time left to release %d runs; their leases will expire", len(leftover)
-            )
-            return
-        assert self._shared is not None
-        replies = await self._awaited(
-            self._shared.io.run_each(keeper.release_calls(leftover)), "release"
-        )
-        if replies is not None:
-            keeper.report_released(leftover, replies)
-            permits = self._shared.permits
-            if permits is not None and permits.limited:
-                await self._awaited(permits.give_back_now(leftover), "returning permits")
+def _log_stopped(w: Worker) -> None:
+    log.info(
+        "worker %s stopped: claimed=%d completed=%d failed=%d released=%d fenced_out=%d",
+        w.id,
+        w.stats.claimed,
+        w.stats.completed,
+        w.stats.failed,
+        w.stats.released,
+        w.stats.fenced_out,
+    )

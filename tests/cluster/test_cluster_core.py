@@ -22,7 +22,8 @@ from test_invariants import RUN_IDS, lifecycle, record_script_calls, slots_of_ca
 from jobqueue import ConfigError, ConnectionFailed, Dedupe, JobQueue, OperationRefused, Request
 from jobqueue.cli import main as cli_main
 from jobqueue.client.aio import AsyncJobQueue
-from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.connection import async_client, sync_client
 from jobqueue.store.keys import QUEUES_KEY, WORKERS_KEY, partition_of
 from jobqueue.store.runs import CLAIM, COMPLETE
@@ -275,7 +276,7 @@ def test_global_data_never_needs_a_multi_slot_command(
     cjq.cancel("r2")
     cjq.find_run("never-enqueued")  # looked for in every queue's candidate partition
     cjq.schedule("hourly", t, every=3600)
-    tick = Scheduler(cjq, lookahead=3600, install_signal_handlers=False).tick()
+    tick = Scheduler(cjq, SchedulerConfig(lookahead=3600), install_signal_handlers=False).tick()
     assert tick.runs_created == 1  # due at its fire time, within the hour
     worker = Worker(cjq, ["default", "other"], concurrency=4, install_signal_handlers=False)
     thread = threading.Thread(target=worker.run, daemon=True)

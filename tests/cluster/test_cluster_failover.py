@@ -7,7 +7,7 @@ completion the dead master acknowledged but had not yet sent to its replica is l
 Such a run is executed again (its lease expires on the new master): at-least-once, never lost.
 The runs themselves were replicated before the crash (the test waits for the replicas to catch
 up, as an app would with WAIT); an enqueue acknowledged in the last milliseconds before a crash
-is the one write that can vanish, which the README states.
+is the one write that can vanish, which docs/cluster.md states.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from server_stall import stall
 from jobqueue import JobQueue, Request
 from jobqueue.errors import ConnectionFailed, Fatal, JobQueueError
 from jobqueue.ops import queries as inspect
-from jobqueue.scheduler.daemon import Scheduler
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.connection import sync_client
 from jobqueue.store.keys import PartitionKeys, partition_of, queue_partition
 from jobqueue.store.runs import (
@@ -275,7 +276,7 @@ def test_a_slot_migration_under_workers_a_scheduler_and_producers_loses_no_run(
     holders = [r for r in (f"hold-{i}" for i in range(200)) if partition_of(r, 4) == 0][:2]
     jq.enqueue_many(Request(slow, run_id=r) for r in holders)
     enqueued = [h.run_id for h in jq.enqueue_many(Request(work, (f"a{i}",)) for i in range(1500))]
-    scheduler = Scheduler(jq, interval=0.2, install_signal_handlers=False)
+    scheduler = Scheduler(jq, SchedulerConfig(interval=0.2), install_signal_handlers=False)
     workers = [
         Worker(jq, concurrency=8, lease=5, grace=5, install_signal_handlers=False)
         for _ in range(2)
@@ -364,7 +365,9 @@ def test_one_master_down_does_not_stop_the_scheduler_firing_on_the_others(
     jq.declare_task("t")
     for j in range(48):
         jq.schedule(f"beat-{j}", "t", every=1)
-    scheduler = Scheduler(jq, interval=0.2, lookahead=0.2, install_signal_handlers=False)
+    scheduler = Scheduler(
+        jq, SchedulerConfig(interval=0.2, lookahead=0.2), install_signal_handlers=False
+    )
     thread = threading.Thread(target=scheduler.run, daemon=True)
     thread.start()
     sched_master = cluster.master_of_slot(key_slot(b"{sched#0}"))

@@ -12,8 +12,9 @@ from redis.crc import key_slot
 from jobqueue import JobQueue
 from jobqueue.ops import queries as inspect
 from jobqueue.policy.cron import parse_fire_instant
-from jobqueue.scheduler.daemon import Scheduler
-from jobqueue.schedules.recurring import ENV_SCHED_PARTITIONS, SCHED_CONFIG_KEY
+from jobqueue.recurring.config import SchedulerConfig
+from jobqueue.recurring.daemon import Scheduler
+from jobqueue.recurring.definitions import ENV_SCHED_PARTITIONS, SCHED_CONFIG_KEY
 
 S = 1000
 
@@ -51,7 +52,9 @@ def test_two_schedulers_fire_each_recurring_job_once_per_fire_time(
     for _ in range(2):
         jq = JobQueue.from_url(cluster_url, partitions={"default": 16})
         jq.declare_task("t")
-        schedulers.append(Scheduler(jq, lookahead=0, install_signal_handlers=False))
+        schedulers.append(
+            Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
+        )
     for now in (60 * S, 120 * S, 180 * S):
         # Worst interleaving: both read and create before either advances.
         batches = [(s, s.fire(sk, now)) for sk in schedulers[0].store.all_keys()
@@ -86,8 +89,8 @@ def test_k_defaults_to_4_per_master_spread_evenly_and_two_schedulers_share_it(
     thirds = Counter(key_slot(sk.next.encode()) * 3 // 16384 for sk in keys)
     assert thirds == Counter({0: 4, 1: 4, 2: 4})
     schedulers = [
-        Scheduler(JobQueue.from_url(cluster_url), lookahead=0, install_signal_handlers=False,
-                  scheduler_id=name)
+        Scheduler(JobQueue.from_url(cluster_url), SchedulerConfig(lookahead=0),
+                  install_signal_handlers=False, scheduler_id=name)
         for name in ("a", "b")
     ]  # fmt: skip
     for t in (1, 2, 3):

@@ -1,7 +1,7 @@
 """Changing the scheduler partition count K: move every recurring job (definition, next fire,
 counters, held buffer-one entry) to the scheduler partition its id hashes to under the new
 count, with the spread placement, then record the count (``jobqueue schedules
-repartition K``). The pattern of ``jobqueue.client.repartition`` (a queue's P):
+repartition K``). The pattern of ``jobqueue.ops.repartition`` (a queue's P):
 
 * Refused while schedulers run: a registry entry refreshed within its lease, or a partition
   whose lease has not expired. A scheduler started during the move is caught by the same check
@@ -34,7 +34,7 @@ import redis
 from jobqueue.anomalies import is_wrong_type
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import CorruptData, OperationRefused
-from jobqueue.schedules.recurring import (
+from jobqueue.recurring.definitions import (
     MOVING_FIELD,
     SCHED_CONFIG_KEY,
     sched_keys,
@@ -145,7 +145,7 @@ def _config(jq: JobQueue) -> tuple[tuple[int, bool], tuple[int, bool] | None]:
 def refuse_if_running(jq: JobQueue, partitions: Sequence[SchedKeys]) -> None:
     """Live schedulers, or partitions still leased: a move now would strand jobs or fire
     them from two layouts."""
-    from jobqueue.scheduler.membership import read_members, read_owners
+    from jobqueue.recurring.membership import read_members, read_owners
 
     now = jq.server_time_ms()
     live = [m.id for m in read_members(jq, now) if m.live]

@@ -32,25 +32,31 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from jobqueue.anomalies import Anomaly, Listing, checked
+from jobqueue.anomalies import Listing
 from jobqueue.errors import JobQueueError
 from jobqueue.policy.hashing import fnv1a_32
+from jobqueue.recurring.registry import (
+    PartitionOwner,
+    SchedulerInfo,
+    forget_steps,
+    members_steps,
+    owners_steps,
+    register_steps,
+)
 from jobqueue.store.keys import SchedKeys
 from jobqueue.store.schedules import SCHED_LEASE, Lease
 
 if TYPE_CHECKING:
     from jobqueue.client.sync import JobQueue
-    from jobqueue.schedules.recurring import Recurring
+    from jobqueue.recurring.sync import Recurring
 
 log = logging.getLogger("jobqueue.scheduler")
 
-SCHEDULERS_KEY = "jq:schedulers"
-DEFAULT_PARTITION_LEASE_S = 5.0
 # A lease is taken as valid by its holder's own clock for this share of its length after the
 # renewal was sent, so that clock rates and the round trip never make it trust a lease the
 # server already counts as expired.
@@ -60,136 +66,25 @@ TRUSTED_SHARE = 0.75
 FORGET_AFTER_MS = 3_600_000
 
 
-@dataclass(frozen=True)
-class SchedulerInfo:
-    """One registry entry, as ``jobqueue schedules partitions`` shows it."""
-
-    id: str
-    host: str
-    pid: int
-    started_ms: int
-    seen_ms: int
-    lease_ms: int
-    partitions: list[int]
-    lookahead_ms: int  # this tick's (it grows for a herd)
-    rate: float | None  # runs/s this scheduler measured creating a herd (None: not yet)
-    seen_ago_ms: int = 0
-    base_lookahead_ms: int = 0  # --lookahead
-    max_lookahead_ms: int = 0  # --max-lookahead
-
-    @property
-    def live(self) -> bool:
-        return self.seen_ago_ms <= self.lease_ms
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "live": self.live}
-
-
-def parse_member(name: str, raw: Any, now_ms: int) -> SchedulerInfo:
-    """A registry entry; ValueError (and friends) when it is not one a scheduler writes."""
-    info = json.loads(raw)
-    if not isinstance(info, dict):
-        raise TypeError("not a JSON object")
-    parts = info.get("partitions", [])
-    if not isinstance(parts, list) or not all(type(p) is int for p in parts):
-        raise TypeError(f"partitions is {parts!r}, not a list of integers")
-    rate = info.get("rate")
-    if rate is not None and not (isinstance(rate, int | float) and math.isfinite(rate)):
-        raise TypeError(f"rate is {rate!r}, not a number")
-    seen = int(info["seen_ms"])
-    return SchedulerInfo(
-        id=str(info.get("id", name)),
-        host=str(info.get("host", "?")),
-        pid=int(info.get("pid", 0)),
-        started_ms=int(info.get("started_ms", 0)),
-        seen_ms=seen,
-        lease_ms=int(info.get("lease_ms", DEFAULT_PARTITION_LEASE_S * 1000)),
-        partitions=sorted(parts),
-        lookahead_ms=int(info.get("lookahead_ms", 0)),
-        rate=None if rate is None else float(rate),
-        seen_ago_ms=now_ms - seen,
-        base_lookahead_ms=int(info.get("base_lookahead_ms") or info.get("lookahead_ms") or 0),
-        max_lookahead_ms=int(info.get("max_lookahead_ms") or info.get("lookahead_ms") or 0),
-    )
-
-
 def read_members(jq: JobQueue, now_ms: int | None = None) -> Listing[SchedulerInfo]:
-    """The registry; an entry that is not one a scheduler writes is an anomaly."""
-    now = jq.server_time_ms() if now_ms is None else now_ms
-    found: list[Anomaly] = []
-    try:
-        entries = jq.redis.hgetall(SCHEDULERS_KEY)
-    except redis.exceptions.ResponseError as exc:
-        entries = checked(exc, SCHEDULERS_KEY, "hash", found, {})
-    out = []
-    for name, raw in sorted(entries.items()):
-        try:
-            out.append(parse_member(name, raw, now))
-        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
-            what = f"{type(exc).__name__}: {exc}"[:120]
-            found.append(Anomaly(SCHEDULERS_KEY, f"field {name!r} is not a scheduler ({what})"))
-    return Listing(sorted(out, key=lambda m: m.id), found)
-
-
-@dataclass(frozen=True)
-class PartitionOwner:
-    """Who owns one scheduler partition, as read (``jobqueue schedules partitions``)."""
-
-    partition: int
-    prefix: str
-    owner: str  # '' when none
-    token: int
-    until_ms: int
-    jobs: int  # recurring jobs with a next fire in the partition
-    node: str | None = None  # on a cluster: the master serving its slot
-    anomalies: tuple[Anomaly, ...] = ()
-
-    def held(self, now_ms: int) -> bool:
-        return bool(self.owner) and self.until_ms >= now_ms
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["anomalies"] = [a.to_dict() for a in self.anomalies]
-        return d
-
-
-def _whole(value: Any) -> int | None:
-    text = value.decode() if isinstance(value, bytes) else value
-    if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 18:
-        return int(text)
-    return None
+    """The registry (``registry.members_steps``) on a sync client."""
+    return jq.run_steps(members_steps(now_ms))
 
 
 def read_owners(jq: JobQueue, keys: Sequence[SchedKeys]) -> list[PartitionOwner]:
-    """Each partition's lease and job count, pipelined; garbage is an anomaly of its row."""
-    pipe = jq.redis.pipeline(transaction=False)
-    for sk in keys:
-        pipe.hmget(sk.owner, "owner", "token", "until")
-        pipe.zcard(sk.next)
-    replies = pipe.execute(raise_on_error=False)
+    """Each partition's lease and job count (``registry.owners_steps``), and on a cluster the
+    master serving its slot."""
+    owners = jq.run_steps(owners_steps(keys))
     locate = getattr(jq.redis, "get_node_from_key", None)
+    if locate is None:
+        return owners
     out = []
-    for i, sk in enumerate(keys):
-        found: list[Anomaly] = []
-        lease = checked(replies[2 * i], sk.owner, "hash", found, [None, None, None])
-        jobs = checked(replies[2 * i + 1], sk.next, "sorted set", found, 0)
-        owner = lease[0].decode() if isinstance(lease[0], bytes) else (lease[0] or "")
-        token, until = _whole(lease[1]), _whole(lease[2])
-        for name, raw, value in (("token", lease[1], token), ("until", lease[2], until)):
-            if raw is not None and value is None:
-                found.append(Anomaly(sk.owner, f"field {name!r} is {raw!r}, not an integer"))
-        node = None
-        if locate is not None:
-            try:
-                node = str(locate(sk.owner).name)
-            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
-                node = None
-        out.append(
-            PartitionOwner(
-                sk.partition, sk.prefix, str(owner), token or 0, until or 0, int(jobs), node,
-                tuple(found),
-            )
-        )
+    for owner, sk in zip(owners, keys, strict=True):
+        try:
+            node: str | None = str(locate(sk.owner).name)
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
+            node = None
+        out.append(replace(owner, node=node))
     return out
 
 
@@ -255,13 +150,13 @@ class Ownership:
         listing = read_members(self.jq, now_ms)
         forgotten = [m.id for m in listing if m.seen_ago_ms > FORGET_AFTER_MS]
         if forgotten:
-            self.jq.redis.hdel(SCHEDULERS_KEY, *forgotten)
+            self.jq.run_steps(forget_steps(*forgotten))
         live = {m.id for m in listing if m.live} | {self.id}
         return len(live)
 
     def register(self, now_ms: int) -> None:
         """This scheduler's registry entry: what it owns, the server's now as last seen."""
-        self.jq.redis.hset(SCHEDULERS_KEY, self.id, self._entry(now_ms))
+        self.jq.run_steps(register_steps(self.id, self._entry(now_ms)))
 
     def leave(self) -> None:
         """Give every partition up and leave the registry (a graceful stop): the others
@@ -269,7 +164,7 @@ class Ownership:
         self._apply([(sk, "release") for sk in self.owned()], None)
         with self._lock:
             self.held.clear()
-        self.jq.redis.hdel(SCHEDULERS_KEY, self.id)
+        self.jq.run_steps(forget_steps(self.id))
 
     # -- leases ------------------------------------------------------------------------------
 

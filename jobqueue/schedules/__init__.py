@@ -1,1 +1,0 @@
-"""Recurring jobs: their definitions and state in Redis."""
