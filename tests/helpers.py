@@ -83,6 +83,11 @@ def claim(
     return CLAIM.parse(runner.run(call))
 
 
+def ids(result: ClaimResult) -> list[str]:
+    """The run ids a claim took, in the order it took them."""
+    return [r.run_id for r in result.runs]
+
+
 def claim_one(
     runner: ScriptRunner,
     pk: PartitionKeys,
