@@ -203,6 +203,15 @@ def advance_until(
     return wait_for(moved, timeout, what)
 
 
+def server_time_past(jq: JobQueue, ms: int, timeout: float = 10.0) -> int:
+    """Wait until the server's clock (the one that judges leases, due times and ages when no
+    ``now`` is given) reads past ``ms``; that reading."""
+    reading: int = wait_for(
+        lambda: (t := jq.server_time_ms()) > ms and t, timeout, f"the server's clock past {ms}"
+    )
+    return reading
+
+
 def finished(jq: JobQueue, run_id: str, timeout: float = 10.0) -> Run:
     def check() -> Run | None:
         run = jq.get_run(run_id)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
 import redis
 from click.testing import CliRunner
-from helpers import claim
+from helpers import claim, server_time_past
 
 from jobqueue.cli.core import main
 from jobqueue.client.sync import JobQueue
@@ -64,8 +63,9 @@ def test_leases_flags_expired_leases(jq: JobQueue, url: str) -> None:
     claim_as(jq, "w-new")
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     # A 1 ms lease that nobody reclaims (no claim runs after it): expired, not yet taken over.
-    claim_as(jq, "w-old", lease_ms=1, now=jq.server_time_ms())
-    time.sleep(0.01)
+    now = jq.server_time_ms()
+    claim_as(jq, "w-old", lease_ms=1, now=now)
+    server_time_past(jq, now + 1)
     expired = cli_json(url, "leases", "--expired")
     assert [lease["run_id"] for lease in expired] == ["r1"]
     assert expired[0]["remaining_ms"] < 0

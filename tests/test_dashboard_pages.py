@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 import pytest
 import redis
-from helpers import claim_one
+from helpers import claim_one, server_time_past
 from markupsafe import escape
 from starlette.testclient import TestClient
 
@@ -47,7 +47,7 @@ def claim_fence(jq: JobQueue, run_id: str, lease_ms: int = 30_000) -> int:
 def claim_expiring(jq: JobQueue, run_id: str) -> int:
     """Claim with a 1 ms lease, and let it pass: an expired lease nobody reclaimed yet."""
     fence = claim_fence(jq, run_id, lease_ms=1)
-    time.sleep(0.01)
+    server_time_past(jq, jq.server_time_ms() + 1)  # (the claim read the clock before)
     return fence
 
 

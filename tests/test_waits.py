@@ -273,8 +273,9 @@ def test_a_wait_on_a_queue_whose_events_are_off_reads_the_record(
     handle = jq.enqueue("add", 1, 2)
     assert redis_client.xlen(PK.events) == 0
     run_id, fence = claim_due(jq)
+    reads = record_reads(redis_client)
     thread, out = waiting(jq, handle.run_id, timeout=4)
-    time.sleep(0.05)
+    wait_for(lambda: record_reads(redis_client) > reads, what="the waiter's first read")
     jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
     thread.join(6)
     assert out and out[0].result == 3

@@ -9,12 +9,20 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import claim_one, make_worker, resume, running, until_call, until_relayed, wait_for
+from helpers import (
+    claim_one,
+    make_worker,
+    resume,
+    running,
+    server_time_past,
+    until_call,
+    until_relayed,
+    wait_for,
+)
 from keyspace import keyspace as keys
 from starlette.testclient import TestClient
 
@@ -399,7 +407,8 @@ def test_the_workers_audit_delivers_an_outcome_a_failover_lost(redis_client: Any
     total = jq.task(lambda xs: sum(xs), name="total", queue="side")
     flow = jq.chord([add.s(1, 1)], total.receiving())
     lose_the_delivery(jq, flow)
-    time.sleep(0.1)  # (the audit looks at runs that have waited flow_audit_s)
+    # The audit looks at runs that have waited flow_audit_s by the server's clock.
+    server_time_past(jq, jq.server_time_ms() + 50)
     run_due(jq, ["default", "side"])  # a worker audits the partitions it serves at its first
     run_due(jq, ["default", "side"])  # sweep (and may release the callback after its claims)
     assert flow.result(timeout=5) == 2
@@ -847,7 +856,7 @@ def test_the_staged_runs_audit_goes_round_its_index_past_an_attempt_it_cannot_un
     bad = create_flow(app, group_graph([add.s(0, 0), *(side.s(i, i) for i in range(
         STAGED_RUNS))]), "X")  # the oldest entries of side's staged index, all X's
     assert app.run_steps(until_call(bad, "flow_commit")) is not None
-    time.sleep(0.002)
+    server_time_past(app, app.server_time_ms())
     good = create_flow(app, group_graph([add.s(1, 1), side.s(2, 2)]), "Y")
     assert app.run_steps(until_call(good, "flow_commit")) is not None
     redis_client.set(app.keys_for("side", "X:1").history("X:1"), "foreign")
