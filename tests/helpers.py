@@ -174,7 +174,11 @@ class Exited:
         _join(self.worker, self.thread, 10)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 10.0, what: str = "", interval: float = 0.01
+) -> Any:
+    """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
+    ``timeout`` seconds of real time."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -182,7 +186,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = ""
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.01)
+        time.sleep(interval)
 
 
 def advance_until(
