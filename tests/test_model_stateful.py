@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
+from helpers import spec
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -71,7 +72,6 @@ from jobqueue.store.runs import (
     REQUEUE,
     Bounced,
     Outcome,
-    RunSpec,
 )
 from jobqueue.store.scripts import Call, Script, ScriptRunner, scripts
 
@@ -81,7 +81,6 @@ RUN_IDS = ("a", "b", "job@1", "{x} y")
 OWNERS = ("w1", "w2")
 START_MS = 1_700_000_000_000
 RETENTION_MS = 86_400_000  # records must not expire (in real time) during an example
-PAYLOAD = '{"args":[],"kwargs":{}}'
 
 # Each example flushes its server; the real one is shared with the rest of the test session.
 SETTINGS = settings(
@@ -226,7 +225,7 @@ class RunStateMachine(RuleBasedStateMachine):
     )
     def create(self, ids: list[str], delay: int, max_attempts: int, priority: int) -> None:
         specs = [
-            RunSpec(r, "t", PAYLOAD, delay_ms=delay, max_attempts=max_attempts, priority=priority)
+            spec(r, delay_ms=delay, max_attempts=max_attempts, priority=priority)
             for r in ids
         ]
         created = CREATE_RUN.parse(self.run(CREATE_RUN.call(PK, specs, now=self.now)))
@@ -773,7 +772,7 @@ class KeyCapMachine(RuleBasedStateMachine):
         self, ids: list[str], key: str, task: str, delay: int, max_attempts: int, priority: int
     ) -> None:
         specs = [
-            RunSpec(r, task, PAYLOAD, delay_ms=delay, max_attempts=max_attempts,
+            spec(r, task, delay_ms=delay, max_attempts=max_attempts,
                     priority=priority, limit_key=key)
             for r in ids
         ]

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from helpers import claim, create
 
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT, Purged, Repaired
 from jobqueue.store.catalog import CONTRACTS
@@ -370,17 +371,18 @@ NOW = 1_000_000
 P = PartitionKeys("default", 0)
 K = SchedKeys(0)
 
+def create_in_p(runner: ScriptRunner, *run_ids: str) -> None:
+    """Runs of partition P, payload '{}', created at NOW."""
+    create(runner, P, *run_ids, now=NOW, payload="{}")
 
-def create(runner: ScriptRunner, *run_ids: str, now: int = NOW) -> None:
-    runner.run(CREATE_RUN.call(P, [RunSpec(r, "t", "{}") for r in run_ids], now=now))
 
-
-def claim(runner: ScriptRunner, limit: int = 10, now: int = NOW) -> list[ClaimedRun]:
-    return CLAIM.parse(runner.run(CLAIM.call(P, limit, "w", 30_000, 60_000, now=now))).runs
+def claim_in_p(runner: ScriptRunner, limit: int = 10) -> list[ClaimedRun]:
+    """The runs of partition P due at NOW, claimed by 'w'."""
+    return claim(runner, P, NOW, limit, owner="w", retention_ms=60_000).runs
 
 
 def parses_create_run(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "old")
+    create_in_p(runner, "old")
     reply = runner.run(CREATE_RUN.call(P, [RunSpec("new", "t", "{}"), RunSpec("old", "t", "{}")],
                                        now=NOW))
     assert CREATE_RUN.parse(reply) == [True, False]
@@ -411,15 +413,15 @@ def parses_claim(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_heartbeat(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
-    (a,) = claim(runner)
+    create_in_p(runner, "a")
+    (a,) = claim_in_p(runner)
     reply = runner.run(HEARTBEAT.call(P, [("a", a.fence), ("gone", 1)], 40_000, now=NOW + 1))
     assert HEARTBEAT.parse(reply) == Beats(NOW + 1, [NOW + 40_001, "unknown"])
 
 
 def parses_complete(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a", "b")
-    a, b = claim(runner)
+    create_in_p(runner, "a", "b")
+    a, b = claim_in_p(runner)
     call = COMPLETE.call(P, [("a", a.fence, "1"), ("b", b.fence + 1, "2")], 60_000, now=NOW)
     assert COMPLETE.parse(runner.run(call)) == [
         Outcome(True, "done"), Outcome(False, "fenced", current_fence=b.fence)
@@ -427,8 +429,8 @@ def parses_complete(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_fail(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a", "b")
-    a, b = claim(runner)
+    create_in_p(runner, "a", "b")
+    a, b = claim_in_p(runner)
     retry = FAIL.call(P, "a", a.fence, "boom", 2_000, 60_000, now=NOW + 1)
     assert FAIL.parse(runner.run(retry)) == Outcome(True, "retry", retry_at_ms=NOW + 2_001)
     dead = FAIL.call(P, "b", b.fence, "fatal", None, 60_000, now=NOW + 1)
@@ -436,8 +438,8 @@ def parses_fail(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_release(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
-    (a,) = claim(runner)
+    create_in_p(runner, "a")
+    (a,) = claim_in_p(runner)
     assert RELEASE.parse(runner.run(RELEASE.call(P, "a", a.fence, now=NOW))) == Outcome(
         True, "released"
     )
@@ -446,8 +448,8 @@ def parses_release(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_bounce(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a", "b")
-    a, b = claim(runner)
+    create_in_p(runner, "a", "b")
+    a, b = claim_in_p(runner)
 
     def bounce(run_id: str, fence: int, window_ms: int) -> Bounced:
         call = BOUNCE.call(
@@ -464,14 +466,14 @@ def parses_bounce(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_cancel(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
+    create_in_p(runner, "a")
     call = CANCEL.call(P, "a", 60_000, "stop", now=NOW)
     assert CANCEL.parse(runner.run(call)) == StateChange(True, "pending")
     assert CANCEL.parse(runner.run(call)) == StateChange(False, "cancelled")
 
 
 def parses_requeue(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
+    create_in_p(runner, "a")
     runner.run(CANCEL.call(P, "a", 60_000, "stop", now=NOW))
     call = REQUEUE.call(P, "a", now=NOW)
     assert REQUEUE.parse(runner.run(call)) == StateChange(True, "cancelled")
@@ -479,8 +481,8 @@ def parses_requeue(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_fenced_write(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
-    (a,) = claim(runner)
+    create_in_p(runner, "a")
+    (a,) = claim_in_p(runner)
     call = FENCED_WRITE.call(P, "res", a.fence, "v", "a", now=NOW)
     assert FENCED_WRITE.parse(runner.run(call)) == FencedWrite(True, a.fence)
     stale = FENCED_WRITE.call(P, "res", a.fence - 1, "v", "a", now=NOW)
@@ -488,8 +490,8 @@ def parses_fenced_write(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_progress(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
-    (a,) = claim(runner)
+    create_in_p(runner, "a")
+    (a,) = claim_in_p(runner)
     call = PROGRESS.call(P, "a", a.fence, 50, "half", now=NOW)
     assert PROGRESS.parse(runner.run(call)) == Outcome(True, "written")
     stale = PROGRESS.call(P, "a", a.fence - 1, 60, "", now=NOW)
@@ -497,14 +499,14 @@ def parses_progress(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_purge(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "dead", "alive")
-    dead = next(r for r in claim(runner) if r.run_id == "dead")
+    create_in_p(runner, "dead", "alive")
+    dead = next(r for r in claim_in_p(runner) if r.run_id == "dead")
     runner.run(FAIL.call(P, "dead", dead.fence, "boom", None, 60_000, now=NOW))
     assert PURGE.parse(runner.run(PURGE.call(P, ["dead", "alive"], now=NOW))) == Purged(1, 1)
 
 
 def parses_repair(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "lost", "fine")
+    create_in_p(runner, "lost", "fine")
     redis_client.zrem(P.due, "lost")
     call = REPAIR.call(P, ["lost", "fine"], dry_run=True, now=NOW)
     assert REPAIR.parse(runner.run(call)) == Repaired(1, 0, 0, 1)
@@ -559,8 +561,8 @@ def parses_sched_release(runner: ScriptRunner, redis_client: Any) -> None:
     group = RunGroup("t", "{}", 3, 0, 0, 60_000)
     runner.run(SCHED_CREATE.call(P, [(group, ["a", HOLD_MS, "b", HOLD_MS])], now=NOW))
     held = [(fire_run_id("a", 60_000), "", 60_000), (fire_run_id("b", 60_000), "a-running", 1)]
-    create(runner, "a-running")
-    claim(runner)
+    create_in_p(runner, "a-running")
+    claim_in_p(runner)
     replies = runner.run(SCHED_RELEASE.call(P, [*held, ("gone", "", 1)], now=NOW))
     assert SCHED_RELEASE.parse(replies) == [1, 0, 2]
 
@@ -692,8 +694,8 @@ def parses_relayed(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_read_records(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a", "b")
-    (a,) = claim(runner, limit=1)
+    create_in_p(runner, "a", "b")
+    (a,) = claim_in_p(runner, limit=1)
     redis_client.set(P.run("foreign"), "x")
     reply = runner.run(READ_RECORDS.call(P, ["a", "gone", "foreign", "b"], now=NOW))
     got, gone, foreign, b = READ_RECORDS.parse(reply)

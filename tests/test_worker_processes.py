@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import pid_alive
+from helpers import pid_alive, wait_for
 
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
@@ -188,17 +188,6 @@ def held_after_stop(r: redis.Redis, proc: Proc) -> bool:
         return True
     proc.popen.send_signal(signal.SIGCONT)
     return False
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 # -- fixtures ------------------------------------------------------------------------------
