@@ -1,6 +1,8 @@
 -- attach.lua: make existing runs of one partition dependencies of a new waiting run (a
 -- workflow that depends on runs created before it).
 --
+-- uses: core, workflows
+--
 -- KEYS[1]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:

@@ -4,6 +4,8 @@
 -- doubles at each hand-back, and it is buried only when hand-backs have gone on for the whole
 -- window. Only from the holder of the current fence.
 --
+-- uses: core, wake, fences, priority, groups, records, events, workflows, bury, slots
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died

@@ -1,5 +1,7 @@
 -- complete.lua: accept runs' successes, each only from the holder of its current fence.
 --
+-- uses: core, wake, fences, records, sequence, events, workflows, waiting, slots
+--
 -- KEYS[1]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[2]  done      zset    jq:{q#p}:done     run_id -> finish time (ms)
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters

@@ -2,6 +2,8 @@
 -- that holds the key (throttle: this one is dropped; debounce: the holder, still pending,
 -- takes this one's payload, meta and due time).
 --
+-- uses: core, wake, priority, groups, records, sequence, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters

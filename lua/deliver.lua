@@ -1,6 +1,8 @@
 -- deliver.lua: tell waiting runs of one partition that dependencies finished; each run counts
 -- each dependency once, by its run id, whatever the number of deliveries.
 --
+-- uses: core, wake, records, sequence, events, waiting
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes idle workers for a released run

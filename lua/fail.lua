@@ -1,5 +1,7 @@
 -- fail.lua: record a failed attempt, only from the holder of the current fence; retry or bury.
 --
+-- uses: core, wake, fences, priority, groups, records, events, workflows, bury, slots
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died

@@ -4,6 +4,8 @@
 -- decided (the attempt's home run goes: its commit, flow_commit.lua, can no longer happen),
 -- then in its other partitions.
 --
+-- uses: core, events
+--
 -- KEYS[1]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[2]  flows     zset    jq:{q#p}:flows    flow_id -> creation time of its first run here
 -- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died

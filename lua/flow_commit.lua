@@ -4,6 +4,8 @@
 -- home run, where the commit is decided and recorded (jq:{q#p}:flowmark:<flow_id> = the
 -- attempt's nonce: from then on the workflow exists), then in its other partitions.
 --
+-- uses: core, wake, records, sequence, events, workflows, bury
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes idle workers for a released run

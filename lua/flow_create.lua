@@ -2,6 +2,8 @@
 -- its run id: the runs that wait on others ('waiting', with their dependencies), the others
 -- pending.
 --
+-- uses: core, wake, records, sequence, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes idle workers

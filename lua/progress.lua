@@ -1,6 +1,8 @@
 -- progress.lua: record a running task's progress on its run record, only from the holder of
 -- the current fence (ctx.progress).
 --
+-- uses: core, fences, events
+--
 -- KEYS[1]  run       hash    jq:{q#p}:run:<run_id>   the run
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  fence              fence of the writer (the run's current claim)

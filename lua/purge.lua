@@ -1,5 +1,7 @@
 -- purge.lua: delete dead runs for good (record, history and dead-set entry).
 --
+-- uses: core, events
+--
 -- KEYS[1]  dead      zset    jq:{q#p}:dead     run_id -> time it died
 -- KEYS[2]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock (read first, as every

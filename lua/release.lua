@@ -1,6 +1,8 @@
 -- release.lua: hand a running run back to the queue without counting an attempt (graceful
 -- shutdown); only from the holder of the current fence.
 --
+-- uses: core, wake, fences, priority, groups, records, events, slots
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes an idle worker to take it

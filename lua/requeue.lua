@@ -1,6 +1,8 @@
 -- requeue.lua: put a finished run (dead, cancelled, or done when forced) back to pending,
 -- attempts reset.
 --
+-- uses: core, wake, priority, groups, records, sequence, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  dead      zset    jq:{q#p}:dead     run_id -> time it died
 -- KEYS[3]  done      zset    jq:{q#p}:done     run_id -> finish time

@@ -4,6 +4,8 @@
 -- payload and fire instant (a herd) come as one group whose shared fields are sent once, and
 -- each run id '<job_id>@<fire instant>' is built here (fire_run_id).
 --
+-- uses: core, wake, records, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters

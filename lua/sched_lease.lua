@@ -4,6 +4,8 @@
 -- accepts moves only with the current token, so an owner that stalled past its lease cannot
 -- move a job's next fire once another has taken over.
 --
+-- uses: core, fences
+--
 -- KEYS[1]  owner     hash    jq:{sched#k}:owner  owner (scheduler id, '' = none), token
 --                                                (the current fence), until (ms)
 -- ARGV[1]  now                now ms, or '' for the server clock

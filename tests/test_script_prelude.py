@@ -1,6 +1,6 @@
-"""The prelude's vocabulary (lua/_prelude.lua): the steps several scripts share are spelled
-there once, and a fire's run id built in Lua is the one jobqueue.store.keys.fire_run_id
-builds."""
+"""The shared vocabulary (lua/lib/*.lua, which scripts include by their '-- uses:' line): the
+steps several scripts share are spelled there once, and a fire's run id built in Lua is the one
+jobqueue.store.keys.fire_run_id builds."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import pytest
 
 from jobqueue.store.keys import PartitionKeys, fire_instant, fire_run_id
 from jobqueue.store.schedules import SCHED_CREATE, RunGroup
-from jobqueue.store.scripts import PRELUDE, SCRIPT_NAMES, ScriptRunner, lua_dir
+from jobqueue.store.scripts import LIB, SCRIPT_NAMES, ScriptRunner, assemble, lua_dir
 
 PK = PartitionKeys("default", 0)
 LO_MS, HI_MS = -2_208_988_800_000, 253_402_300_799_999  # 1900-01-01 .. 9999-12-31T23:59:59.999
 JOB_CHARS = "abcXYZ019-_.:{}#/ é中🙂"
 
 
-def prelude() -> str:
-    return (lua_dir() / f"{PRELUDE}.lua").read_text()
+def libs() -> str:
+    """Every lib's text (what the prelude was)."""
+    return "\n".join(p.read_text() for p in sorted((lua_dir() / LIB).glob("*.lua")))
 
 
 def code(name: str) -> str:
@@ -42,13 +43,13 @@ def fires(n: int, seed: int) -> list[tuple[str, int]]:
     return out
 
 
-def test_the_prelude_builds_the_run_id_the_python_function_builds(redis_client: Any) -> None:
+def test_the_lib_builds_the_run_id_the_python_function_builds(redis_client: Any) -> None:
     pairs = fires(500, seed=17)
-    script = prelude() + """
+    script = assemble("""-- uses: core, records
 local out = {}
 for i = 1, #ARGV, 2 do out[#out + 1] = fire_run_id(ARGV[i], ARGV[i + 1]) end
 return out
-"""
+""")
     args = [x for job, ms in pairs for x in (job, fire_instant(ms))]
     assert redis_client.eval(script, 0, *args) == [fire_run_id(job, ms) for job, ms in pairs]
 
@@ -102,5 +103,5 @@ def test_the_script_spells_no_shared_step_itself(name: str) -> None:
     ["waker", "wake", "fence_counter", "issue_fence", "save_fences", "lease_until",
      "write_pending", "bury", "trim_index", "fire_run_id", "history", "expire_record", "clock"],
 )
-def test_the_prelude_defines_each_shared_step(helper: str) -> None:
-    assert re.search(rf"^local function {helper}\(", prelude(), re.M), helper
+def test_a_lib_defines_each_shared_step(helper: str) -> None:
+    assert re.search(rf"^local function {helper}\(", libs(), re.M), helper
