@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -109,11 +109,17 @@ def header_of(text: str) -> str:
 
 def uses(text: str, what: str = "script") -> tuple[str, ...]:
     """The libs a file's header names on its '-- uses:' line (one such line, required)."""
-    found = _USES.findall(header_of(text))
-    if len(found) != 1:
+    header = header_of(text).splitlines()
+    at = [i for i, line in enumerate(header) if _USES.match(line)]
+    if len(at) != 1:
         raise ScriptError(f"{what}: its header needs one '-- uses: lib, ...' line "
-                          f"(found {len(found)})")
-    names = tuple(n.strip() for n in found[0].split(",") if n.strip())
+                          f"(found {len(at)})")
+    listed = header[at[0]][len("-- uses:"):].strip()
+    for line in header[at[0] + 1:]:  # a list ending in ',' goes on: '--       more, names'
+        if not listed.endswith(","):
+            break
+        listed += " " + line[2:].strip()
+    names = tuple(n.strip() for n in listed.split(",") if n.strip())
     if names == ("(none)",):
         return ()
     for name in names:
@@ -124,7 +130,9 @@ def uses(text: str, what: str = "script") -> tuple[str, ...]:
     return names
 
 
-def includes(text: str, what: str, read: Any = None) -> list[str]:
+def includes(
+    text: str, what: str, read: Callable[[str, list[str]], str] | None = None
+) -> list[str]:
     """The libs a file needs, transitively, in load order: each after the libs it uses, each
     once. ``read(name)`` gives a lib's text (lua/lib/<name>.lua by default). A lib that does
     not exist, or a cycle, is a ScriptError naming the chain."""
@@ -132,7 +140,7 @@ def includes(text: str, what: str, read: Any = None) -> list[str]:
 
     def text_of(name: str, chain: list[str]) -> str:
         if read is not None:
-            return str(read(name, chain))
+            return read(name, chain)
         assert directory is not None
         path = directory / f"{name}.lua"
         if not path.is_file():
