@@ -46,8 +46,6 @@ def _parse_changed(reply: Any) -> bool:
 
 GROUP_SET = Contract(
     "group_set",
-    keys=("gconf", "gwait", "wake"),
-    args=("now", "prefix", "fair", "group", "weight", "max_size", "paused"),
     build=_group_set,
     parse=_parse_changed,
 )
