@@ -16,7 +16,7 @@
 --
 -- The parent goes into the run's 'parents' list (once). A run that already finished goes
 -- (back) to the outbox and its record stops expiring until relayed (finish_record in
--- _prelude.lua): the waiting run hears of it as of any other.
+-- lib/workflows.lua): the waiting run hears of it as of any other.
 
 local now = clock(ARGV[1])
 local prefix, entry = ARGV[2], ARGV[3]

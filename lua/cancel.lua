@@ -37,16 +37,16 @@
 -- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
 -- whole.
 -- A parked run cancelled leaves its parked entries.
--- A pending run of a fair-shares partition (see group_of in _prelude.lua) leaves its group's
+-- A pending run of a fair-shares partition (see group_of in lib/groups.lua) leaves its group's
 -- queue jq:{q#p}:gq:<group> and jq:{q#p}:gof, so that the group's max_size no longer counts
 -- it; a gof or gq key of another type refuses the call whole. (The group stays in the ring
 -- until a claim finds its queue empty.)
 --
--- Workflows (see finish_record in _prelude.lua): a run others wait on goes to the outbox
+-- Workflows (see finish_record in lib/workflows.lua): a run others wait on goes to the outbox
 -- and keeps its record until relayed. A waiting run (its dependencies unfinished) leaves
 -- the waiting index, and an order '!<run_id>' goes to the outbox: the relay cancels its unfinished dependencies (cancelling a parent cancels its
 -- pending children). A waiting or outbox key of another type refuses the call whole.
--- Events (see event_log in _prelude.lua): 'cancelled' ('<reason head>').
+-- Events (see event_log in lib/events.lua): 'cancelled' ('<reason head>').
 
 local now = clock(ARGV[1])
 local prefix, run_id, retention, reason = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]

@@ -31,7 +31,7 @@
 -- outbox entries. A run of the flow that is not staged by this attempt (shared with another
 -- workflow, created before, or another attempt's) stays. Once no run of the flow is left here, the flow leaves
 -- the flows index.
--- Events (see event_log in _prelude.lua): 'purged' per run deleted.
+-- Events (see event_log in lib/events.lua): 'purged' per run deleted.
 
 local _ = clock(ARGV[1])
 local prefix, flow_id, staged, home = ARGV[2], ARGV[3], ARGV[4], ARGV[5]

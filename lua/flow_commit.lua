@@ -43,7 +43,7 @@
 -- dependencies' results when it receives them; past max_bytes it dies instead (and an order
 -- '!<run_id>' goes to the outbox, as in deliver.lua). Those that died or were skipped meanwhile
 -- only stop being staged.
--- Events (see event_log in _prelude.lua): 'ready' per run released, 'dead' per run that died.
+-- Events (see event_log in lib/events.lua): 'ready' per run released, 'dead' per run that died.
 
 local now = clock(ARGV[1])
 local prefix, flow_id, staged, home = ARGV[2], ARGV[3], ARGV[4], ARGV[5]

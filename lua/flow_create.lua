@@ -9,7 +9,7 @@
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
 -- KEYS[5]  seq       hash    jq:{q#p}:seq      {ms, n}: runs created in the current ms (their
---                                              order, see _prelude.lua)
+--                                              order, see lib/sequence.lua)
 -- KEYS[6]  flows     zset    jq:{q#p}:flows    flow_id -> creation time of its first run here
 -- KEYS[7]  staged    zset    jq:{q#p}:staged   run_id -> creation time: the runs written
 --                                              staged (the audit's index of them)
@@ -56,7 +56,7 @@
 -- makes it, unless staged: a workflow over several partitions is written staged everywhere
 -- (no run of it can run), then committed by one write in its home's partition, then released
 -- (flow_commit.lua); aborted instead (flow_abort.lua), it leaves nothing behind.
--- Events (see event_log in _prelude.lua): 'waiting' ('<task>') per run created waiting,
+-- Events (see event_log in lib/events.lua): 'waiting' ('<task>') per run created waiting,
 -- 'created' ('<due ms>|<task>') per run created pending.
 
 local now = clock(ARGV[1])

@@ -15,7 +15,7 @@
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua; a record of
 --          another type is 'unknown'). Refused whole (an error reply, nothing changed) when
 --          the key is not on this node.
--- Events (see event_log in _prelude.lua): 'progress' ('<progress>|<message head>') when
+-- Events (see event_log in lib/events.lua): 'progress' ('<progress>|<message head>') when
 -- written.
 
 local now = clock(ARGV[1])

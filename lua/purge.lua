@@ -16,7 +16,7 @@
 --          (see claim.lua) loses its listing, never the key, and counts as purged. Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or the dead
 --          index holds another type.
--- Events (see event_log in _prelude.lua): 'purged' per run record deleted.
+-- Events (see event_log in lib/events.lua): 'purged' per run record deleted.
 
 local _ = clock(ARGV[1])
 local prefix = ARGV[2]

@@ -19,7 +19,7 @@
 -- Returns  {now, created}: how many runs this call created (the others existed already and
 --          were left untouched). Refused whole (an error reply, nothing created) when a key
 --          is not on this node or an index key holds another type.
--- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') per run created.
+-- Events (see event_log in lib/events.lua): 'created' ('<due ms>|<task>') per run created.
 
 local now = clock(ARGV[1])
 local run_prefix = ARGV[2] .. 'run:'

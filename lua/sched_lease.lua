@@ -25,7 +25,7 @@
 --          changed) when the key holds another type or is not on this node.
 --
 -- The token is at least the server clock in microseconds and above every token issued
--- before (the prelude's issue_fence): a server that lost part of its history never issues a
+-- before (issue_fence, lib/fences.lua): a server that lost part of its history never issues a
 -- token again. A garbage token or until counts as 0 (overwritten by the next acquire).
 
 local now = clock(ARGV[1])

@@ -766,7 +766,8 @@ def test_a_group_queue_full_of_cancelled_runs_is_walked_a_bounded_part_per_claim
     behind them is still reached by later claims."""
     create(runner, pk, "a", *[f"a-{i}" for i in range(1_000)], now=0)
     create(runner, pk, "a", "a-live", now=1)
-    redis_client.zrem(pk.due, *[f"a-{i}" for i in range(1_000)])  # as older code's cancels leave them
+    # as older code's cancels leave them
+    redis_client.zrem(pk.due, *[f"a-{i}" for i in range(1_000)])
     calls, got = 0, []
     while not got and calls < 20:
         calls += 1

@@ -403,7 +403,7 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
     back in line (unparked) is re-hinted in; and the keys of fair shares, a queue's opt-in
     setting (gconf; the group queues gq:<group>, named by a run's limit_key like held:; the
     ring gready, gwait, gpass, gvt, gserved and gof), which every script that puts a run in
-    line reaches through the prelude, by the prefix, in the partition's slot."""
+    line reaches through the shared libs (lua/lib/), by the prefix, in the partition's slot."""
     built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", own_code(name))
     allowed = {"run:", "hist:"} | ({"dedupe:", "held:", "krate:"} if name == "claim" else set())
     if name in ("claim", "cancel", "set_limit"):

@@ -188,8 +188,8 @@ def states_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[States]:
 
 def records_steps(keys: PartitionKeys, run_ids: list[str]) -> Steps[dict[str, Any]]:
     """The records (as Runs; None for one gone) of runs whose finishing event was read (or
-    that a sweep found finished), in one round trip (read_records.lua, 100 runs a call: a reply to parse per 100, not two a
-    run).
+    that a sweep found finished), in one round trip (read_records.lua, 100 runs a call: a
+    reply to parse per 100, not two a run).
     A run whose keys hold another type, or whose record does not read, is left out: its
     waiter reads it itself, and says so."""
     chunks = [run_ids[i:i + RECORDS_PER_CALL] for i in range(0, len(run_ids), RECORDS_PER_CALL)]

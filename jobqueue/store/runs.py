@@ -14,7 +14,7 @@ from jobqueue.store.contract import Contract, NowArg, Wire, now_arg, text
 from jobqueue.store.keys import PartitionKeys
 
 # A run above the default priority is also in its partition's prio zset, scored by level then
-# due time (lua/_prelude.lua prio_score: the same arithmetic).
+# due time (lua/lib/priority.lua prio_score: the same arithmetic).
 PRIORITY_SPAN = 2**43
 
 

@@ -251,7 +251,7 @@ _CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
 # replicas, a dataset still loading.
 _REFUSED_FOR_NOW = (
     "OOM", "READONLY", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING",
-    "TRYLATER",  # a jobqueue script met a key that is on another node (lua/_prelude.lua)
+    "TRYLATER",  # a jobqueue script met a key that is on another node (lua/lib/core.lua)
 )
 
 

@@ -24,7 +24,7 @@ local function take_hinted(p, call, taking, hints_held)
     if not run or priority_of(run.priority) ~= level then
       -- Not pending here any more, or a new record of the id at another level.
       p.unhint[#p.unhint + 1] = run_id
-    elseif math.floor(at) > now then -- (a score's fraction orders its ms: _prelude.lua)
+    elseif math.floor(at) > now then -- (a score's fraction orders its ms: lib/sequence.lua)
       p.rehint[#p.rehint + 1] = prio_score(level, at) -- its due time moved later
       p.rehint[#p.rehint + 1] = run_id
     elseif run.state == 'pending' and not corrupt(run) then
