@@ -51,7 +51,6 @@
 --          (TRYLATER: a slot migration), or an index key (prio too), the paused or the
 --          limits key (or, under a rate limit, the claims key) holds another type.
 --
---
 -- The steps, each in the lib named: the limits' room (limits), then 1. leases that expired,
 -- taken first (expired); 1b. in a partition with fair shares, the ring (ring); 2. due runs
 -- above the default priority (hints); 3. due runs in due order (due); under per-key or
