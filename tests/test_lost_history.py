@@ -2,7 +2,7 @@
 refuses a writing script whole. Real server only: restarts from an older snapshot and
 maxmemory are the server's own behaviour.
 
-Fences are at least the server clock in microseconds (lua/_prelude.lua, next_fence): a server
+Fences are at least the server clock in microseconds (lua/lib/fences.lua, next_fence): a server
 restarted from an older snapshot (or a replica promoted after it lagged, see
 tests/cluster/test_cluster_faults.py) has its clock ahead of every fence it lost."""
 

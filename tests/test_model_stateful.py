@@ -128,13 +128,14 @@ class Holding:
 
 
 def next_fence(last: int, run_fence: int, now_ms: int) -> int:
-    """lua/_prelude.lua next_fence: above the partition's counter and the run's fence, and
+    """lua/lib/fences.lua next_fence: above the partition's counter and the run's fence, and
     at least the clock in microseconds."""
     return max(max(last, run_fence) + 1, now_ms * 1000)
 
 
 def refusal(run: ModelRun | None, fence: int) -> str | None:
-    """The reason a fenced operation is refused (lua/_prelude.lua), or None if accepted."""
+    """The reason a fenced operation is refused (lua/lib/fences.lua refusal), or None if
+    accepted."""
     if run is None:
         return "unknown"
     if run.state == "cancelled":
@@ -148,7 +149,7 @@ def refusal(run: ModelRun | None, fence: int) -> str | None:
     return None
 
 
-PRIORITY_SPAN = 2**43  # lua/_prelude.lua: a prio score is (9 - level) * span + due
+PRIORITY_SPAN = 2**43  # lua/lib/priority.lua: a prio score is (9 - level) * span + due
 
 
 def zorder(entries: dict[str, float]) -> list[str]:

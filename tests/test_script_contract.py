@@ -7,9 +7,12 @@ production."""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,7 +77,7 @@ from jobqueue.store.schedules import (
     Moved,
     RunGroup,
 )
-from jobqueue.store.scripts import PRELUDE, SCRIPT_NAMES, Call, ScriptRunner, lua_dir
+from jobqueue.store.scripts import LIB, SCRIPT_NAMES, Call, ScriptRunner, includes, lua_dir
 
 PK = PartitionKeys("q", 3)
 SK = SchedKeys(2)
@@ -139,6 +142,22 @@ def code(name: str) -> str:
     return "\n".join(re.sub(r"--.*$", "", line) for line in body(name).splitlines())
 
 
+@cache
+def own_libs(name: str) -> tuple[str, ...]:
+    """The libs no other script includes: the script's own steps, kept in lua/lib/ (claim's
+    steps, say). What they do counts as the script's."""
+    used = {n: set(includes((lua_dir() / f"{n}.lua").read_text(), n)) for n in SCRIPT_NAMES}
+    others = set().union(*(libs for n, libs in used.items() if n != name))
+    return tuple(sorted(used[name] - others))
+
+
+def own_code(name: str) -> str:
+    """The script and its own libs, without any comment."""
+    texts = [body(name)] + [(lua_dir() / LIB / f"{lib}.lua").read_text()
+                            for lib in own_libs(name)]
+    return "\n".join(re.sub(r"--.*$", "", line) for t in texts for line in t.splitlines())
+
+
 def disagreements(contract: Contract[..., Any], header: Header) -> list[str]:
     """How a contract differs from its script's header (nothing, when they agree)."""
     found = []
@@ -157,7 +176,7 @@ def disagreements(contract: Contract[..., Any], header: Header) -> list[str]:
 
 
 def test_every_script_in_lua_has_a_contract() -> None:
-    on_disk = {p.stem for p in lua_dir().glob("*.lua")} - {PRELUDE}
+    on_disk = {p.stem for p in lua_dir().glob("*.lua")}  # (lua/lib/ holds no script)
     assert set(CONTRACTS) == on_disk
 
 
@@ -222,6 +241,53 @@ def test_a_header_whose_tail_does_not_follow_the_fixed_arguments_is_caught() -> 
     )
     assert disagreements(contract, header) != []
     assert disagreements(contract, replace(header, tail_at=2)) == []
+
+
+def test_no_contract_spells_the_keys_or_arguments_its_header_names() -> None:
+    """The header is the one spelling: a contract in jobqueue/store takes its KEYS, ARGV and
+    tail from it."""
+    store = Path(__file__).resolve().parent.parent / "jobqueue" / "store"
+    spelled = []
+    for path in sorted(store.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "Contract"):
+                spelled += [f"{path.name}:{node.lineno} {k.arg}" for k in node.keywords
+                            if k.arg in ("keys", "args", "tail")]
+    assert spelled == []
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_the_builder_names_exactly_what_the_header_names(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A builder's Wire names the header's ARGV (its dict keys) and its KEYS (a dict's keys,
+    or a keys object's attributes), no more and no fewer."""
+    header, contract = headers()[name], CONTRACTS[name]
+    wires: list[Wire] = []
+    build = contract._build
+
+    def spy(*args: Any, **kwargs: Any) -> Wire:
+        wires.append(build(*args, **kwargs))
+        return wires[-1]
+
+    monkeypatch.setattr(contract, "_build", spy)
+    call = BUILDERS[name]()
+    (wire,) = wires
+    assert sorted(wire.args) == sorted(header.args)
+    if isinstance(wire.keys, dict):
+        assert sorted(wire.keys) == sorted(header.keys)
+    else:
+        assert all(hasattr(wire.keys, key) for key in header.keys)
+    assert call.args[: len(header.args)] == tuple(wire.args[a] for a in header.args)
+    assert (header.tail is None) == (len(call.args) == len(header.args))
+
+
+def test_a_contract_of_a_script_in_lua_reads_the_header() -> None:
+    contract = Contract("heartbeat", build=lambda: Wire(PK, {}), parse=lambda reply: reply)
+    header = headers()["heartbeat"]
+    assert (contract.keys, contract.args, contract.tail) == (header.keys, header.args,
+                                                             header.tail)
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
@@ -317,6 +383,14 @@ def test_the_script_uses_every_key_it_declares_and_no_other(name: str) -> None:
     assert used == set(range(1, len(header.keys) + 1)), (used, header.keys)
 
 
+def test_no_lib_reads_keys_or_argv() -> None:
+    """A lib is handed its keys and arguments by the script that includes it (claim's steps
+    get claim's KEYS by name), so each script's header stays the whole of its interface."""
+    for path in sorted((lua_dir() / LIB).glob("*.lua")):
+        text = "\n".join(re.sub(r"--.*$", "", line) for line in path.read_text().splitlines())
+        assert not re.search(r"\b(KEYS|ARGV)\b", text), path.name
+
+
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix(
     name: str,
@@ -330,8 +404,8 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
     back in line (unparked) is re-hinted in; and the keys of fair shares, a queue's opt-in
     setting (gconf; the group queues gq:<group>, named by a run's limit_key like held:; the
     ring gready, gwait, gpass, gvt, gserved and gof), which every script that puts a run in
-    line reaches through the prelude, by the prefix, in the partition's slot."""
-    built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", code(name))
+    line reaches through the shared libs (lua/lib/), by the prefix, in the partition's slot."""
+    built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", own_code(name))
     allowed = {"run:", "hist:"} | ({"dedupe:", "held:", "krate:"} if name == "claim" else set())
     if name in ("claim", "cancel", "set_limit"):
         allowed |= {"parked:"}

@@ -384,7 +384,7 @@ def test_the_acl_allows_every_command_the_lua_scripts_call() -> None:
     """ACLs apply inside scripts too: a script calling a command the ACL lacks fails there."""
     called = set()
     for path in (ROOT / "lua").glob("*.lua"):
-        # redis.call / redis.pcall, and the prelude's read(), which calls what it is given
+        # redis.call / redis.pcall, and lua/lib/core.lua's read(), which calls what it is given
         found = re.findall(r"(?:redis\.p?call|\bread)\(\s*'(\w+)'", path.read_text())
         called |= {m.lower() for m in found}
     assert called, "no redis.call found: the pattern is wrong"
