@@ -517,6 +517,18 @@ def test_a_claim_that_unparks_into_a_group_it_found_empty_writes_no_key_it_empti
     assert ids(claim(runner, pk, now=1_000 + LEASE_MS + 2, limit=1)) == ["a-1"]
 
 
+@pytest.mark.usefixtures("on")
+def test_a_run_without_a_limit_key_held_back_by_a_full_task_cap_is_parked_not_a_failed_claim(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    runner.run(SET_LIMIT.call(pk, "task:t", 1, now=0))
+    create_new(runner, pk, "x-0", "x-1", now=0)  # group '' (no limit_key), task t
+    (held,) = claim(runner, pk, now=1_000, limit=1).runs  # holds task t's one slot
+    assert ids(claim(runner, pk, now=1_100, limit=1)) == []  # the other waits: t is full
+    runner.run(COMPLETE.call(pk, [(held.run_id, held.fence, "1")], RETENTION, now=1_200))
+    assert len(claim(runner, pk, now=1_300, limit=1).runs) == 1
+
+
 def test_an_enqueue_under_a_deduplication_key_respects_its_groups_max_size(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:

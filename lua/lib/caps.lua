@@ -106,7 +106,9 @@ local function cap_admitter(p, call, lim)
       if kcap and run.limit_key then gs[#gs + 1] = group('key:' .. run.limit_key, kcap) end
       for _, g in ipairs(gs) do
         if not has_room(g) then
-          if ring and g.name == 'key:' .. run.limit_key then return false, 'full' end
+          if ring and run.limit_key and g.name == 'key:' .. run.limit_key then
+            return false, 'full'
+          end
           expect(prefix .. 'parked:' .. g.name, 'zset')
           if run.parked and run.parked ~= g.name then
             expect(prefix .. 'parked:' .. run.parked, 'zset')
