@@ -81,7 +81,7 @@ INT_FIELDS = (
     "priority",
 )
 # A run's priority: 0 (the default) .. 9, higher claimed first among due runs (the same bound
-# as lua/_prelude.lua's PRIORITY_MAX).
+# as lua/lib/priority.lua's PRIORITY_MAX).
 PRIORITY_MAX = 9
 TIME_FIELDS = frozenset(
     {"lease_until", "due", "created", "started", "finished", "scheduled_for", "progress_at"}

@@ -4,6 +4,8 @@
 -- next fire, same outcome) come as one group, so the per-job arguments are just the ids, and
 -- each group is read and written with a few multi-key commands, not a few per job.
 --
+-- uses: core
+--
 -- KEYS[1]  next      zset    jq:{sched#k}:next   job_id -> next fire time (ms)
 -- KEYS[2]  state     hash    jq:{sched#k}:state  job_id -> counters and cursors (text)
 -- KEYS[3]  held      hash    jq:{sched#k}:held   buffer-one: the run waiting for its

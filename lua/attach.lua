@@ -1,6 +1,8 @@
 -- attach.lua: make existing runs of one partition dependencies of a new waiting run (a
 -- workflow that depends on runs created before it).
 --
+-- uses: core, workflows
+--
 -- KEYS[1]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
@@ -14,7 +16,7 @@
 --
 -- The parent goes into the run's 'parents' list (once). A run that already finished goes
 -- (back) to the outbox and its record stops expiring until relayed (finish_record in
--- _prelude.lua): the waiting run hears of it as of any other.
+-- lib/workflows.lua): the waiting run hears of it as of any other.
 
 local now = clock(ARGV[1])
 local prefix, entry = ARGV[2], ARGV[3]

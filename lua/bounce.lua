@@ -4,6 +4,8 @@
 -- doubles at each hand-back, and it is buried only when hand-backs have gone on for the whole
 -- window. Only from the holder of the current fence.
 --
+-- uses: core, wake, fences, priority, groups, records, events, workflows, bury, slots
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died
@@ -42,9 +44,9 @@
 -- new window. The fence is not changed here: the next claim issues
 -- a new one. Slots of per-key or per-task caps are freed as in release.lua. A run handed back
 -- keeps its priority (the prio zset), or with fair shares on goes back to its group's queue
--- (group_enter in _prelude.lua; a gconf, gq, gof or gwait key of another type refuses the
+-- (group_enter in lib/groups.lua; a gconf, gq, gof or gwait key of another type refuses the
 -- call whole).
--- Events (see event_log in _prelude.lua): 'bounced' ('<hand_backs>|<worker>') or 'dead', and
+-- Events (see event_log in lib/events.lua): 'bounced' ('<hand_backs>|<worker>') or 'dead', and
 -- 'refused' for a refused call whose record exists.
 
 local now = clock(ARGV[1])
@@ -132,7 +134,7 @@ if plan.hist then
 end
 redis.call('ZADD', KEYS[1], due, run_id)
 local level = priority_of(run.priority)
-if plan.group then -- (fair shares: back in its group's queue, _prelude.lua)
+if plan.group then -- (fair shares: back in its group's queue, lib/groups.lua)
   group_enter(prefix, plan.group, run_id, prio_score(level, due), due)
 elseif level > 0 then
   redis.call('ZADD', KEYS[6], prio_score(level, due), run_id)

@@ -1,6 +1,8 @@
 -- cancel.lua: cancel a pending, waiting or running run; issues a new fence (as claim does, from the
 -- partition's counter) so a running worker is refused at its next heartbeat or commit.
 --
+-- uses: core, wake, fences, groups, records, events, workflows, slots
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  done      zset    jq:{q#p}:done     run_id -> finish time (done and cancelled)
@@ -35,16 +37,16 @@
 -- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
 -- whole.
 -- A parked run cancelled leaves its parked entries.
--- A pending run of a fair-shares partition (see group_of in _prelude.lua) leaves its group's
+-- A pending run of a fair-shares partition (see group_of in lib/groups.lua) leaves its group's
 -- queue jq:{q#p}:gq:<group> and jq:{q#p}:gof, so that the group's max_size no longer counts
 -- it; a gof or gq key of another type refuses the call whole. (The group stays in the ring
 -- until a claim finds its queue empty.)
 --
--- Workflows (see finish_record in _prelude.lua): a run others wait on goes to the outbox
+-- Workflows (see finish_record in lib/workflows.lua): a run others wait on goes to the outbox
 -- and keeps its record until relayed. A waiting run (its dependencies unfinished) leaves
 -- the waiting index, and an order '!<run_id>' goes to the outbox: the relay cancels its unfinished dependencies (cancelling a parent cancels its
 -- pending children). A waiting or outbox key of another type refuses the call whole.
--- Events (see event_log in _prelude.lua): 'cancelled' ('<reason head>').
+-- Events (see event_log in lib/events.lua): 'cancelled' ('<reason head>').
 
 local now = clock(ARGV[1])
 local prefix, run_id, retention, reason = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
@@ -73,8 +75,7 @@ local ok, plan = reading(function()
       expect(prefix .. 'parked:' .. p.run.parked, 'zset')
     end
     if p.run.state == 'pending' then
-      p.group = read('HGET', prefix .. 'gof', run_id) or nil
-      if p.group then expect(prefix .. 'gq:' .. p.group, 'zset') end
+      p.group = group_waited(prefix, run_id)
     end
     p.wake = waker(KEYS[7])
     p.log = event_log(prefix)
@@ -109,10 +110,7 @@ if run.parked then
   redis.call('ZREM', prefix .. 'parked:' .. run.parked, run_id)
   redis.call('ZREM', KEYS[6], run_id)
 end
-if plan.group then
-  redis.call('ZREM', prefix .. 'gq:' .. plan.group, run_id)
-  redis.call('HDEL', prefix .. 'gof', run_id)
-end
+if plan.group then group_leave(prefix, plan.group, run_id) end
 redis.call('ZREM', KEYS[1], run_id)
 redis.call('ZREM', KEYS[2], run_id)
 bump(plan.stats, 'cancelled', 1)

@@ -1,5 +1,7 @@
 -- complete.lua: accept runs' successes, each only from the holder of its current fence.
 --
+-- uses: core, wake, fences, records, sequence, events, workflows, waiting, slots
+--
 -- KEYS[1]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[2]  done      zset    jq:{q#p}:done     run_id -> finish time (ms)
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
@@ -29,7 +31,7 @@
 --          nothing: at most one completion per run is ever accepted. Refused whole (an error
 --          reply, nothing changed) when a key is not on this node or an index key holds
 --          another type.
--- Events (jq:{q#p}:events, see event_log in _prelude.lua): 'completed' per accepted run,
+-- Events (jq:{q#p}:events, see event_log in lib/events.lua): 'completed' per accepted run,
 -- 'refused' per refused one whose record exists; 'ready', 'dead' or 'cancelled' per waiting
 -- run of the partition that this call released, killed or skipped.
 --
@@ -37,11 +39,11 @@
 -- partition. A run others wait on (record field 'parents'): the waiting runs of this
 -- partition hear of it in this call, as deliver.lua would tell them (counted by membership;
 -- released, or dying of a payload past max_bytes, or skipped: see waiting_hear in
--- _prelude.lua); when runs of other partitions wait on it too (or 'parents' is not the list
+-- lib/waiting.lua); when runs of other partitions wait on it too (or 'parents' is not the list
 -- jobqueue writes, or a waiting run's keys hold another type, or its outbox entry of an
 -- earlier life was not relayed yet), it goes to the partition's
 -- outbox (another type there refuses the call whole) and keeps its record until relayed
--- (see finish_record in _prelude.lua), and the relay tells those (the others have counted it
+-- (see finish_record in lib/workflows.lua), and the relay tells those (the others have counted it
 -- already: nothing changes for them). No history entry: the record's state, owner, fence, attempt, started and
 -- finished fields tell a successful attempt; the history keeps what they cannot.
 --

@@ -1,5 +1,7 @@
 -- create_run.lua: create runs with SET NX semantics on the run id; batched for one partition.
 --
+-- uses: core, wake, priority, groups, records, sequence, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
@@ -7,7 +9,7 @@
 --                                              the runs above the default priority
 -- KEYS[5]  seq       hash    jq:{q#p}:seq      {ms, n}: runs created in the current ms, for
 --                                              their order (the n-th: due + n / 2048, see
---                                              _prelude.lua)
+--                                              lib/sequence.lua)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3..] groups            6 header fields shared by the group's runs, then 8 per run:
@@ -27,11 +29,11 @@
 -- pushed so that idle workers blocked on the list claim at once. A run above priority 0 is
 -- also in the prio zset at its level and due time: claim takes those first (claim.lua).
 -- A run with a limit_key, and any run of a partition with groups, waits in its group's queue
--- instead of the prio zset (group_enter, _prelude.lua): claim serves the groups in turn.
+-- instead of the prio zset (group_enter, lib/groups.lua): claim serves the groups in turn.
 -- Refused whole ('ERR jobqueue: group full: ...') when a run would make its group hold more
 -- waiting runs than its max_size (gconf max:<group>, set by group_set.lua).
 --
--- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') per run created.
+-- Events (see event_log in lib/events.lua): 'created' ('<due ms>|<task>') per run created.
 --
 -- The record holds only what differs from the defaults (write_pending): no queue (the key
 -- says it), no attempt or fence (0 until the first claim), no lease_ms, timeout_ms or job when
@@ -50,7 +52,7 @@ local ok, plan = reading(function()
   p.stats = counters(KEYS[3], 'created')
   p.seq = sequencer(KEYS[5], now)
   p.log = event_log(prefix)
-  -- Groups (fair claims; _prelude.lua): the group each new run waits in, and the groups'
+  -- Groups (fair claims; lib/groups.lua): the group each new run waits in, and the groups'
   -- max_size (gconf max:<group>: at most that many runs waiting in the group).
   p.group, p.fair = {}, fair_partition(prefix)
   local waiting = {}

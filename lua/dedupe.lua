@@ -2,6 +2,8 @@
 -- that holds the key (throttle: this one is dropped; debounce: the holder, still pending,
 -- takes this one's payload, meta and due time).
 --
+-- uses: core, wake, priority, groups, records, sequence, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
@@ -40,11 +42,11 @@
 -- holder's enqueue (the key expires), whatever the holder's state since, except that
 -- debounce can only replace a pending run: past its first claim, a new run takes the key.
 -- A key naming no run record (expired, purged, a key of another type) holds nothing.
--- With fair shares on, a created run waits in its group's queue (group_enter, _prelude.lua)
+-- With fair shares on, a created run waits in its group's queue (group_enter, lib/groups.lua)
 -- and a replaced one moves there to its new due time, instead of the prio zset; a creation
 -- past its group's max_size is refused whole ('ERR jobqueue: group full: ...', as
 -- create_run.lua); a gconf, gq, gof or gwait key of another type refuses the call whole.
--- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') or 'replaced' ('<due
+-- Events (see event_log in lib/events.lua): 'created' ('<due ms>|<task>') or 'replaced' ('<due
 -- ms>', for the holder).
 
 local now = clock(ARGV[1])

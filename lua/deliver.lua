@@ -1,6 +1,8 @@
 -- deliver.lua: tell waiting runs of one partition that dependencies finished; each run counts
 -- each dependency once, by its run id, whatever the number of deliveries.
 --
+-- uses: core, wake, records, sequence, events, waiting
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes idle workers for a released run
@@ -49,11 +51,11 @@
 -- dependency's result, 'all' a list of them in the order they were given (null for a failed
 -- one; removed ones left out); its payload becomes '{"args":[' .. results .. args_tail.
 -- A waiting run that dies or finishes tells its own parents through the outbox
--- (finish_record in _prelude.lua). A run whose record says 'staged' (its workflow's
+-- (finish_record in lib/workflows.lua). A run whose record says 'staged' (its workflow's
 -- creation over several partitions is not committed yet) counts and dies as any other but
 -- is not released: flow_commit.lua releases it at the commit ('ready' = 1: a 'continue'
 -- released it early).
--- Events (see event_log in _prelude.lua): 'ready' per run released, 'dead' ('0|<error>') or
+-- Events (see event_log in lib/events.lua): 'ready' per run released, 'dead' ('0|<error>') or
 -- 'cancelled' ('<reason>') per waiting run that dies or is skipped.
 
 local now = clock(ARGV[1])

@@ -2,6 +2,8 @@
 -- dependency of theirs that has not finished (a running step adding runs to its batch: the
 -- runs waiting on it wait on the new ones too, with its edge's policy).
 --
+-- uses: core
+--
 -- KEYS[1]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:

@@ -1,5 +1,7 @@
 -- fail.lua: record a failed attempt, only from the holder of the current fence; retry or bury.
 --
+-- uses: core, wake, fences, priority, groups, records, events, workflows, bury, slots
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died
@@ -23,10 +25,10 @@
 --                             entry after a newline and RS ('\n\030'), cut at 64 KiB
 -- Returns  {1, 'retry', due} when the run goes back to pending at due (and, above the
 --          default priority, to the prio zset: it keeps its priority; with fair shares on,
---          to its group's queue instead, group_enter in _prelude.lua);
+--          to its group's queue instead, group_enter in lib/groups.lua);
 --          {1, 'dead'} when attempts are exhausted (or no retry was asked) and it is buried
 --          ({1, 'dead', 1} when runs wait on it: it went to the outbox, see finish_record in
---          _prelude.lua; an outbox of another type refuses the call whole);
+--          lib/workflows.lua; an outbox of another type refuses the call whole);
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua). Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or an
 --          index key holds another type.
@@ -37,7 +39,7 @@
 -- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
 -- whole.
 -- (A retried run takes a slot again at its next claim.)
--- Events (see event_log in _prelude.lua): 'retry' ('<attempt>|<due>') or 'dead', and 'refused'
+-- Events (see event_log in lib/events.lua): 'retry' ('<attempt>|<due>') or 'dead', and 'refused'
 -- for a refused call whose record exists.
 
 local now = clock(ARGV[1])
@@ -108,7 +110,7 @@ if delay and attempt < max_attempts then
   end
   redis.call('ZADD', KEYS[1], due, run_id)
   local level = priority_of(run.priority)
-  if plan.group then -- (fair shares: back in its group's queue, _prelude.lua)
+  if plan.group then -- (fair shares: back in its group's queue, lib/groups.lua)
     group_enter(prefix, plan.group, run_id, prio_score(level, due), due)
   elseif level > 0 then
     redis.call('ZADD', KEYS[7], prio_score(level, due), run_id)

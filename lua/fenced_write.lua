@@ -1,6 +1,8 @@
 -- fenced_write.lua: write a task's side effect to a resource only from the current holder of
 -- its run's lease, and only if no newer claim has written that resource (ctx.fenced_write).
 --
+-- uses: core
+--
 -- KEYS[1]  resource  hash    jq:{q#p}:fenced:<name>  fields: fence, value, run, at
 -- KEYS[2]  run       hash    jq:{q#p}:run:<run_id>   the writer's run
 -- ARGV[1]  now                now ms, or '' for the server clock

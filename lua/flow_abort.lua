@@ -4,6 +4,8 @@
 -- decided (the attempt's home run goes: its commit, flow_commit.lua, can no longer happen),
 -- then in its other partitions.
 --
+-- uses: core, events
+--
 -- KEYS[1]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[2]  flows     zset    jq:{q#p}:flows    flow_id -> creation time of its first run here
 -- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died
@@ -29,7 +31,7 @@
 -- outbox entries. A run of the flow that is not staged by this attempt (shared with another
 -- workflow, created before, or another attempt's) stays. Once no run of the flow is left here, the flow leaves
 -- the flows index.
--- Events (see event_log in _prelude.lua): 'purged' per run deleted.
+-- Events (see event_log in lib/events.lua): 'purged' per run deleted.
 
 local _ = clock(ARGV[1])
 local prefix, flow_id, staged, home = ARGV[2], ARGV[3], ARGV[4], ARGV[5]

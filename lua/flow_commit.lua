@@ -4,6 +4,8 @@
 -- home run, where the commit is decided and recorded (jq:{q#p}:flowmark:<flow_id> = the
 -- attempt's nonce: from then on the workflow exists), then in its other partitions.
 --
+-- uses: core, wake, records, sequence, events, workflows, bury
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes idle workers for a released run
@@ -41,7 +43,7 @@
 -- dependencies' results when it receives them; past max_bytes it dies instead (and an order
 -- '!<run_id>' goes to the outbox, as in deliver.lua). Those that died or were skipped meanwhile
 -- only stop being staged.
--- Events (see event_log in _prelude.lua): 'ready' per run released, 'dead' per run that died.
+-- Events (see event_log in lib/events.lua): 'ready' per run released, 'dead' per run that died.
 
 local now = clock(ARGV[1])
 local prefix, flow_id, staged, home = ARGV[2], ARGV[3], ARGV[4], ARGV[5]

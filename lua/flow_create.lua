@@ -2,12 +2,14 @@
 -- its run id: the runs that wait on others ('waiting', with their dependencies), the others
 -- pending.
 --
+-- uses: core, wake, records, sequence, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
 -- KEYS[5]  seq       hash    jq:{q#p}:seq      {ms, n}: runs created in the current ms (their
---                                              order, see _prelude.lua)
+--                                              order, see lib/sequence.lua)
 -- KEYS[6]  flows     zset    jq:{q#p}:flows    flow_id -> creation time of its first run here
 -- KEYS[7]  staged    zset    jq:{q#p}:staged   run_id -> creation time: the runs written
 --                                              staged (the audit's index of them)
@@ -54,7 +56,7 @@
 -- makes it, unless staged: a workflow over several partitions is written staged everywhere
 -- (no run of it can run), then committed by one write in its home's partition, then released
 -- (flow_commit.lua); aborted instead (flow_abort.lua), it leaves nothing behind.
--- Events (see event_log in _prelude.lua): 'waiting' ('<task>') per run created waiting,
+-- Events (see event_log in lib/events.lua): 'waiting' ('<task>') per run created waiting,
 -- 'created' ('<due ms>|<task>') per run created pending.
 
 local now = clock(ARGV[1])

@@ -2,6 +2,8 @@
 -- flows index and each flow's set of run ids, see flow_create.lua), a few entries per call,
 -- going round the index.
 --
+-- uses: core
+--
 -- KEYS[1]  flows     zset    jq:{q#p}:flows         flow_id -> creation time of its first run
 -- KEYS[2]  flows_tidy hash   jq:{q#p}:flows_tidy    '' -> the rank in flows to go on from;
 --                                                    flow_id -> a run of it found alive

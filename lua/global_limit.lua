@@ -1,6 +1,8 @@
 -- global_limit.lua: set or remove one exact limit of a queue: one that holds across all its
 -- partitions and masters, through permits in the limit's own slot (permit_take.lua).
 --
+-- uses: core
+--
 -- KEYS[1]  limits    hash    jq:{q#exact}:limits   concurrency = C, rate = 'N W'
 -- ARGV[1]  now                now ms, or '' for the server clock (read first; unused)
 -- ARGV[2]  name               'concurrency' (the most runs running at once in the whole

@@ -1,6 +1,8 @@
 -- group_set.lua: fair shares' settings in one partition of a queue (the client calls it on
 -- every partition): fair shares on or off, and one group's weight, max_size and pause.
 --
+-- uses: core, wake, groups
+--
 -- KEYS[1]  gconf     hash    jq:{q#p}:gconf    fair = '1' while fair shares are on; per group
 --                                              w:<group> (weight), max:<group> (max_size),
 --                                              p:<group> (present while paused)

@@ -1,5 +1,7 @@
 -- heartbeat.lua: extend the leases a worker holds in one partition, fence by fence.
 --
+-- uses: core, fences
+--
 -- KEYS[1]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:

@@ -7,6 +7,8 @@
 --
 -- Flags: no-writes (it runs on a replica and under OOM)
 --
+-- uses: core
+--
 -- KEYS[1]  index     zset    jq:{q#p}:<due|leases|waiting|dead|done>
 -- ARGV[1]  now                now ms, or '' for the server clock (not used: by convention)
 -- ARGV[2]  order              'asc' (lowest score first) or 'desc'

@@ -1,5 +1,7 @@
 -- pause.lua: pause or resume one partition of a queue (pause_queue calls it on every one).
 --
+-- uses: core, wake
+--
 -- KEYS[1]  paused    string  jq:{q#p}:paused   when the queue was paused (ms); absent while
 --                                              it runs
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wake tokens for idle workers

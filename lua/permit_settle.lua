@@ -3,6 +3,8 @@
 -- the permits of the runs it still holds (with their heartbeats) and give back the permits
 -- of the runs it finished.
 --
+-- uses: core
+--
 -- KEYS[1]  permits   zset    jq:{q#exact}:permits  permit -> expiry (ms) (permit_take.lua)
 -- KEYS[2]  grants    zset    jq:{q#exact}:grants   permit -> grant time (ms), under a rate
 -- ARGV[1]  now                now ms, or '' for the server clock (this slot's own)

@@ -1,6 +1,8 @@
 -- permit_take.lua: lease up to N permits of a queue's exact limits, the ones that hold across
 -- all its partitions and masters (a permit lives in the limit's own slot, not a partition's).
 --
+-- uses: core, records
+--
 -- KEYS[1]  permits   zset    jq:{q#exact}:permits  permit -> expiry (ms): one per run a
 --                                                  worker may claim or is running
 -- KEYS[2]  limits    hash    jq:{q#exact}:limits   concurrency = C: at most C live permits;

@@ -1,6 +1,8 @@
 -- progress.lua: record a running task's progress on its run record, only from the holder of
 -- the current fence (ctx.progress).
 --
+-- uses: core, fences, events
+--
 -- KEYS[1]  run       hash    jq:{q#p}:run:<run_id>   the run
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  fence              fence of the writer (the run's current claim)
@@ -13,7 +15,7 @@
 --          {0, reason, current_fence} when refused (reason as in heartbeat.lua; a record of
 --          another type is 'unknown'). Refused whole (an error reply, nothing changed) when
 --          the key is not on this node.
--- Events (see event_log in _prelude.lua): 'progress' ('<progress>|<message head>') when
+-- Events (see event_log in lib/events.lua): 'progress' ('<progress>|<message head>') when
 -- written.
 
 local now = clock(ARGV[1])

@@ -1,5 +1,7 @@
 -- purge.lua: delete dead runs for good (record, history and dead-set entry).
 --
+-- uses: core, events
+--
 -- KEYS[1]  dead      zset    jq:{q#p}:dead     run_id -> time it died
 -- KEYS[2]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock (read first, as every
@@ -14,7 +16,7 @@
 --          (see claim.lua) loses its listing, never the key, and counts as purged. Refused
 --          whole (an error reply, nothing changed) when a key is not on this node or the dead
 --          index holds another type.
--- Events (see event_log in _prelude.lua): 'purged' per run record deleted.
+-- Events (see event_log in lib/events.lua): 'purged' per run record deleted.
 
 local _ = clock(ARGV[1])
 local prefix = ARGV[2]

@@ -5,6 +5,8 @@
 --
 -- Flags: no-writes (it runs on a replica and under OOM)
 --
+-- uses: core, records
+--
 -- KEYS[1]  run       hash    jq:{q#p}:run:<run_id>   the record of the first run named
 -- ARGV[1]  now                now ms, or '' for the server clock (not used: by convention)
 -- ARGV[2]  prefix             key prefix jq:{q#p}:

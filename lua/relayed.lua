@@ -1,6 +1,8 @@
 -- relayed.lua: outbox entries the relay has delivered: remove each (if it is still the
 -- version the relay read) and let the finished record expire at last.
 --
+-- uses: core, records
+--
 -- KEYS[1]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear, and
 --                                              '!<run_id>' orders to cancel a dead or
 --                                              cancelled waiting run's dependencies

@@ -1,6 +1,8 @@
 -- release.lua: hand a running run back to the queue without counting an attempt (graceful
 -- shutdown); only from the holder of the current fence.
 --
+-- uses: core, wake, fences, priority, groups, records, events, slots
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes an idle worker to take it
@@ -19,7 +21,7 @@
 -- The fence is not changed here: the next claim issues a new one, and until then the run is
 -- pending, so the releasing worker can no longer heartbeat or commit. A run above the
 -- default priority goes back to the prio zset too: it keeps its priority. With fair shares
--- on, it goes back to its group's queue instead (group_enter in _prelude.lua; a gconf, gq,
+-- on, it goes back to its group's queue instead (group_enter in lib/groups.lua; a gconf, gq,
 -- gof or gwait key of another type refuses the call whole).
 --
 -- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
@@ -27,7 +29,7 @@
 -- time (waking an idle worker), with its priority hint in jq:{q#p}:prio (reached by the
 -- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
 -- whole.
--- Events (see event_log in _prelude.lua): 'released' ('<attempt given back>|<worker>'), and
+-- Events (see event_log in lib/events.lua): 'released' ('<attempt given back>|<worker>'), and
 -- 'refused' for a refused call whose record exists.
 
 local now = clock(ARGV[1])
@@ -70,7 +72,7 @@ if plan.hist then
 end
 redis.call('ZADD', KEYS[1], now, run_id)
 local level = priority_of(plan.run.priority)
-if plan.group then -- (fair shares: back in its group's queue, _prelude.lua)
+if plan.group then -- (fair shares: back in its group's queue, lib/groups.lua)
   group_enter(prefix, plan.group, run_id, prio_score(level, now), now)
 elseif level > 0 then
   redis.call('ZADD', KEYS[4], prio_score(level, now), run_id)

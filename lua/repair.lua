@@ -2,6 +2,8 @@
 -- repair): after a slot migration, a restore or foreign writes, a record may lack its index
 -- entry (a pending run no claim can see) and an index entry its record.
 --
+-- uses: core
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  leases    zset    jq:{q#p}:leases   run_id -> lease expiry (ms)
 -- KEYS[3]  dead      zset    jq:{q#p}:dead     run_id -> time it died

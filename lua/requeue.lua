@@ -1,6 +1,8 @@
 -- requeue.lua: put a finished run (dead, cancelled, or done when forced) back to pending,
 -- attempts reset.
 --
+-- uses: core, wake, priority, groups, records, sequence, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  dead      zset    jq:{q#p}:dead     run_id -> time it died
 -- KEYS[3]  done      zset    jq:{q#p}:done     run_id -> finish time
@@ -23,13 +25,13 @@
 -- progress): the
 -- history keeps how it ended, so that every earlier attempt stays in the run's story. A run
 -- above the default priority goes back to the prio zset too: it keeps its priority (with
--- fair shares on, its group's queue instead: group_enter in _prelude.lua; a gconf, gq, gof or
+-- fair shares on, its group's queue instead: group_enter in lib/groups.lua; a gconf, gq, gof or
 -- gwait key of another type refuses the call whole). A run
 -- cancelled before its due time (a delayed run, or one waiting out a retry's back-off) is
 -- due at that time again, not at once; any other is due now, a held buffer-one run too (its
 -- due field, the far hold time, is past MAX_DUE_MS). A hand-back window (bounce.lua) starts
 -- anew.
--- Events (see event_log in _prelude.lua): 'requeued' ('<the state it had>').
+-- Events (see event_log in lib/events.lua): 'requeued' ('<the state it had>').
 
 local now = clock(ARGV[1])
 local prefix, run_id, force = ARGV[2], ARGV[3], ARGV[4] == '1'
@@ -94,7 +96,7 @@ if plan.hist then
 end
 redis.call('ZADD', KEYS[1], due, run_id)
 local level = priority_of(run.priority)
-if plan.group then -- (fair shares: back in its group's queue, _prelude.lua)
+if plan.group then -- (fair shares: back in its group's queue, lib/groups.lua)
   group_enter(prefix, plan.group, run_id, prio_score(level, due), due)
 elseif level > 0 then
   redis.call('ZADD', KEYS[5], prio_score(level, due), run_id)

@@ -4,6 +4,8 @@
 -- payload and fire instant (a herd) come as one group whose shared fields are sent once, and
 -- each run id '<job_id>@<fire instant>' is built here (fire_run_id).
 --
+-- uses: core, wake, records, events
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- KEYS[3]  stats     hash    jq:{q#p}:stats    counters
@@ -17,7 +19,7 @@
 -- Returns  {now, created}: how many runs this call created (the others existed already and
 --          were left untouched). Refused whole (an error reply, nothing created) when a key
 --          is not on this node or an index key holds another type.
--- Events (see event_log in _prelude.lua): 'created' ('<due ms>|<task>') per run created.
+-- Events (see event_log in lib/events.lua): 'created' ('<due ms>|<task>') per run created.
 
 local now = clock(ARGV[1])
 local run_prefix = ARGV[2] .. 'run:'

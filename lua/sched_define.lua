@@ -1,6 +1,8 @@
 -- sched_define.lua: write or delete one recurring job's definition, compare-and-set against
 -- what the caller read (so a concurrent change is never overwritten blindly).
 --
+-- uses: core
+--
 -- KEYS[1]  next      zset    jq:{sched#k}:next   job_id -> next fire time (ms)
 -- KEYS[2]  defs      hash    jq:{sched#k}:def    job_id -> definition (JSON)
 -- KEYS[3]  state     hash    jq:{sched#k}:state  job_id -> counters and cursors (text)

@@ -4,6 +4,8 @@
 --
 -- Flags: no-writes (it runs under OOM and could run on a replica)
 --
+-- uses: core
+--
 -- KEYS[1]  next      zset    jq:{sched#k}:next   job_id -> next fire time (ms)
 -- KEYS[2]  defs      hash    jq:{sched#k}:def    job_id -> definition (JSON)
 -- KEYS[3]  state     hash    jq:{sched#k}:state  job_id -> counters and cursors (text)

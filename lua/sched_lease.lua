@@ -4,6 +4,8 @@
 -- accepts moves only with the current token, so an owner that stalled past its lease cannot
 -- move a job's next fire once another has taken over.
 --
+-- uses: core, fences
+--
 -- KEYS[1]  owner     hash    jq:{sched#k}:owner  owner (scheduler id, '' = none), token
 --                                                (the current fence), until (ms)
 -- ARGV[1]  now                now ms, or '' for the server clock
@@ -23,7 +25,7 @@
 --          changed) when the key holds another type or is not on this node.
 --
 -- The token is at least the server clock in microseconds and above every token issued
--- before (the prelude's issue_fence): a server that lost part of its history never issues a
+-- before (issue_fence, lib/fences.lua): a server that lost part of its history never issues a
 -- token again. A garbage token or until counts as 0 (overwritten by the next acquire).
 
 local now = clock(ARGV[1])

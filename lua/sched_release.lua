@@ -7,6 +7,8 @@
 -- the scheduler then reads its state there first and calls this with no predecessor ('')
 -- once it has finished.
 --
+-- uses: core, wake, records
+--
 -- KEYS[1]  due       zset    jq:{q#p}:due      run_id -> due time (ms)
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- ARGV[1]  now                now ms, or '' for the server clock

@@ -1,6 +1,8 @@
 -- sched_unhold.lua: forget buffer-one held entries whose run was released (or is gone),
 -- compare-and-set, so a slow scheduler never drops a newer entry recorded meanwhile.
 --
+-- uses: core
+--
 -- KEYS[1]  held      hash    jq:{sched#k}:held  job_id -> 'fire pred_fire due queue
 --                                               [pred_queue]'
 -- ARGV[1]  now                now ms, or '' for the server clock (unused but for the reply:

@@ -1,6 +1,8 @@
 -- set_limit.lua: set or remove one flow limit of one partition of a queue (set_queue_limit
 -- calls it on every partition).
 --
+-- uses: core, wake, priority, slots
+--
 -- KEYS[1]  limits    hash    jq:{q#p}:limits   the partition's flow limits
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wake tokens for idle workers
 -- KEYS[3]  due       zset    jq:{q#p}:due      run_id -> due time (ms): parked runs go back

@@ -16,12 +16,12 @@ import json
 import logging
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from helpers import wait_for
 from playwright.sync_api import Browser, Page, Playwright
 
 from jobqueue.client.sync import JobQueue
@@ -224,10 +224,7 @@ def serving(jq: JobQueue, **options: Any) -> Iterator[str]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start within 10 s"
-            time.sleep(0.02)
+        wait_for(lambda: server.started, 10, "uvicorn to start", interval=0.02)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True

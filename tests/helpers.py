@@ -83,6 +83,11 @@ def claim(
     return CLAIM.parse(runner.run(call))
 
 
+def ids(result: ClaimResult) -> list[str]:
+    """The run ids a claim took, in the order it took them."""
+    return [r.run_id for r in result.runs]
+
+
 def claim_one(
     runner: ScriptRunner,
     pk: PartitionKeys,
@@ -169,7 +174,11 @@ class Exited:
         _join(self.worker, self.thread, 10)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 10.0, what: str = "", interval: float = 0.01
+) -> Any:
+    """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
+    ``timeout`` seconds of real time."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -177,7 +186,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = ""
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.01)
+        time.sleep(interval)
 
 
 def advance_until(
@@ -196,6 +205,15 @@ def advance_until(
         return value
 
     return wait_for(moved, timeout, what)
+
+
+def server_time_past(jq: JobQueue, ms: int, timeout: float = 10.0) -> int:
+    """Wait until the server's clock (the one that judges leases, due times and ages when no
+    ``now`` is given) reads past ``ms``; that reading."""
+    reading: int = wait_for(
+        lambda: (t := jq.server_time_ms()) > ms and t, timeout, f"the server's clock past {ms}"
+    )
+    return reading
 
 
 def finished(jq: JobQueue, run_id: str, timeout: float = 10.0) -> Run:

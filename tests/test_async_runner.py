@@ -14,17 +14,17 @@ import pytest
 import redis
 import redis.asyncio
 import redis.asyncio.connection
+from helpers import spec
 from test_tls_acl import TlsServer, tls_server  # noqa: F401  (the fixture, shared)
 
 from jobqueue.errors import ConfigError, ScriptError
 from jobqueue.store.connection import sync_client
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CLAIM, CREATE_RUN, HEARTBEAT, RunSpec
+from jobqueue.store.runs import CLAIM, CREATE_RUN, HEARTBEAT
 from jobqueue.store.scripts import AsyncScriptRunner, Call, ScriptRunner
 from jobqueue.store.twin import async_twin
 
 T = TypeVar("T")
-PAYLOAD = '{"args":[],"kwargs":{}}'
 A, B = PartitionKeys("default", 0), PartitionKeys("other", 1)
 BAD = PartitionKeys("bad", 0)  # its due index is a string: claim.lua refuses it
 
@@ -36,7 +36,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 def batches() -> list[list[Call]]:
     """Calls in three rounds, each round's replies depending on the rounds before (a clock
     given explicitly: the replies are the same whoever sends them)."""
-    specs = [RunSpec(f"r{i}", "t", PAYLOAD) for i in range(3)]
+    specs = [spec(f"r{i}") for i in range(3)]
     return [
         [CREATE_RUN.call(A, specs, now=0), CREATE_RUN.call(B, specs[:1], now=0)],
         [
@@ -99,11 +99,11 @@ def test_noscript_after_a_script_flush_is_recovered_by_run_each_and_run_many(
         twin = async_twin(redis_client)
         runner = AsyncScriptRunner(twin)
         try:
-            await runner.run_each([CREATE_RUN.call(A, [RunSpec("x", "t", PAYLOAD)], now=0)])
+            await runner.run_each([CREATE_RUN.call(A, [spec("x")], now=0)])
             redis_client.script_flush()
-            each = await runner.run_each([CREATE_RUN.call(A, [RunSpec("y", "t", PAYLOAD)], now=0)])
+            each = await runner.run_each([CREATE_RUN.call(A, [spec("y")], now=0)])
             redis_client.script_flush()
-            many = await runner.run_many([CREATE_RUN.call(B, [RunSpec("z", "t", PAYLOAD)], now=0)])
+            many = await runner.run_many([CREATE_RUN.call(B, [spec("z")], now=0)])
             return each, many
         finally:
             await runner.aclose()
@@ -214,7 +214,7 @@ def test_the_twin_of_a_tls_url_with_an_acl_user_runs_scripts_and_waits(
         try:
             kwargs = twin.connection_pool.connection_kwargs
             created = await runner.run_each(
-                [CREATE_RUN.call(A, [RunSpec("t1", "t", PAYLOAD)], now=0)]
+                [CREATE_RUN.call(A, [spec("t1")], now=0)]
             )
             await twin.lpush(A.wake, "1")
             woken = await runner.wait_on_lists([B.wake, A.wake], 2)
@@ -273,7 +273,7 @@ def test_a_cancelled_wait_leaves_the_client_usable_and_takes_no_token(
             left = await twin.llen(A.wake)  # the cancelled BLPOP did not take it
             woken = await runner.wait_on_lists([A.wake], 2)
             created = await runner.run_each(
-                [CREATE_RUN.call(A, [RunSpec("c", "t", PAYLOAD)], now=0)]
+                [CREATE_RUN.call(A, [spec("c")], now=0)]
             )
             return ping, left, woken, created
         finally:

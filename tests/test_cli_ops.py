@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
 import redis
 from click.testing import CliRunner
+from helpers import claim, server_time_past
 
 from jobqueue.cli import main
 from jobqueue.client.sync import JobQueue
@@ -42,14 +42,15 @@ def cli_json(url: str, *args: str) -> Any:
     return json.loads(out)
 
 
-def claim(jq: JobQueue, owner: str, lease_ms: int = 30_000, now: int | None = None) -> Any:
+def claim_as(jq: JobQueue, owner: str, lease_ms: int = 30_000, now: int | None = None) -> Any:
+    """Claim the due runs of queue default for ``owner``."""
     keys = jq.keys_for("default", "x")
-    return CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 10, owner, lease_ms, 60_000, now)))
+    return claim(jq.scripts, keys, now, owner=owner, lease_ms=lease_ms, retention_ms=60_000)
 
 
 def test_leases_lists_owner_fence_attempt_and_time_left(jq: JobQueue, url: str) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
-    (claimed,) = claim(jq, "host-a:123:abc").runs
+    (claimed,) = claim_as(jq, "host-a:123:abc").runs
     (lease,) = cli_json(url, "leases")
     assert (lease["run_id"], lease["owner"], lease["fence"], lease["attempt"]) == (
         "r1", "host-a:123:abc", claimed.fence, 1)
@@ -59,11 +60,12 @@ def test_leases_lists_owner_fence_attempt_and_time_left(jq: JobQueue, url: str) 
 
 def test_leases_flags_expired_leases(jq: JobQueue, url: str) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r2"))
-    claim(jq, "w-new")
+    claim_as(jq, "w-new")
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     # A 1 ms lease that nobody reclaims (no claim runs after it): expired, not yet taken over.
-    claim(jq, "w-old", lease_ms=1, now=jq.server_time_ms())
-    time.sleep(0.01)
+    now = jq.server_time_ms()
+    claim_as(jq, "w-old", lease_ms=1, now=now)
+    server_time_past(jq, now + 1)
     expired = cli_json(url, "leases", "--expired")
     assert [lease["run_id"] for lease in expired] == ["r1"]
     assert expired[0]["remaining_ms"] < 0
@@ -73,9 +75,9 @@ def test_leases_flags_expired_leases(jq: JobQueue, url: str) -> None:
 
 def test_leases_filters_by_worker(jq: JobQueue, url: str) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
-    claim(jq, "w-1")
+    claim_as(jq, "w-1")
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r2"))
-    claim(jq, "w-2")
+    claim_as(jq, "w-2")
     assert [lease["run_id"] for lease in cli_json(url, "leases", "--worker", "w-2")] == ["r2"]
 
 
@@ -110,7 +112,7 @@ def test_dead_list_retry_and_purge(jq: JobQueue, url: str) -> None:
     keys = jq.keys_for("default", "x")
     for run_id in ("d1", "d2"):
         jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
-    for r in claim(jq, "w").runs:
+    for r in claim_as(jq, "w").runs:
         jq.scripts.run(FAIL.call(keys, r.run_id, r.fence, "boom", None, 60_000))
     assert {r["run_id"] for r in cli_json(url, "dead", "list")} == {"d1", "d2"}
     code, out, _ = cli(url, "dead", "retry", "d1")
@@ -125,7 +127,7 @@ def test_dead_list_retry_and_purge(jq: JobQueue, url: str) -> None:
 def test_purge_asks_before_deleting(jq: JobQueue, url: str) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="d1"))
     keys = jq.keys_for("default", "x")
-    (r,) = claim(jq, "w").runs
+    (r,) = claim_as(jq, "w").runs
     jq.scripts.run(FAIL.call(keys, r.run_id, r.fence, "boom", None, 60_000))
     code, _, _ = cli(url, "dead", "purge", "d1", input="n\n")
     assert code == 1  # aborted
@@ -166,7 +168,7 @@ def test_check_warns_about_an_evicting_memory_policy(jq: JobQueue, url: str) -> 
 
 def test_leases_json_in_a_real_subprocess(jq: JobQueue, url: str) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="sub-1"))
-    claim(jq, "w-sub")
+    claim_as(jq, "w-sub")
     out = subprocess.run([sys.executable, "-m", "jobqueue.cli", "--redis-url", url, "leases",
                           "--json"], capture_output=True, text=True, check=True).stdout
     assert [(x["run_id"], x["owner"]) for x in json.loads(out)] == [("sub-1", "w-sub")]

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import redis
 from click.testing import CliRunner, Result
+from helpers import claim
 
 from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
 from jobqueue.store.embedded import EmbeddedServer
-from jobqueue.store.runs import CLAIM, COMPLETE, FAIL, ClaimedRun
+from jobqueue.store.runs import COMPLETE, FAIL, ClaimedRun
 
 JOBQUEUE = str(Path(sys.executable).parent / "jobqueue")
 MINUTE = 60_000
@@ -32,10 +33,10 @@ def as_json(jq: JobQueue, *args: str) -> Any:
     return json.loads(result.stdout)
 
 
-def claim(jq: JobQueue, n: int, now: int, lease_ms: int = 60_000) -> list[ClaimedRun]:
+def claim_runs(jq: JobQueue, n: int, now: int, lease_ms: int = 60_000) -> list[ClaimedRun]:
+    """Claim up to ``n`` runs of queue default, for 'w-1'."""
     keys = jq.keys_for("default", "x")
-    call = CLAIM.call(keys, n, "w-1", lease_ms, 3_600_000, now)
-    return CLAIM.parse(jq.scripts.run(call)).runs
+    return claim(jq.scripts, keys, now, n, "w-1", lease_ms, 3_600_000).runs
 
 
 def finish(jq: JobQueue, runs: list[ClaimedRun], now: int, dead: bool = False) -> None:
@@ -56,16 +57,16 @@ def build_state(jq: JobQueue) -> int:
     t = jq.server_time_ms()
     s = t // 1000  # whole seconds: `at` below converts exactly
     jq.enqueue(jq.resolve_task("report").with_options(run_id="done-30m-ago", at=s - 2400))
-    finish(jq, claim(jq, 1, now=t - 30 * MINUTE), now=t - 30 * MINUTE + 5)
+    finish(jq, claim_runs(jq, 1, now=t - 30 * MINUTE), now=t - 30 * MINUTE + 5)
     jq.enqueue(jq.resolve_task("report").with_options(run_id="done-recent-1", at=s - 20))
     jq.enqueue(jq.resolve_task("report").with_options(run_id="done-recent-2", at=s - 20))
-    finish(jq, claim(jq, 2, now=t - 10_000), now=t - 9_000)
+    finish(jq, claim_runs(jq, 2, now=t - 10_000), now=t - 9_000)
     jq.enqueue(jq.resolve_task("report").with_options(run_id="lease-expired", at=s - 20))
-    claim(jq, 1, now=t - 10_000, lease_ms=1_000)  # lease ended at t - 9 s: expired, unclaimed
+    claim_runs(jq, 1, now=t - 10_000, lease_ms=1_000)  # lease ended at t - 9 s: expired, unclaimed
     jq.enqueue(jq.resolve_task("report").with_options(run_id="running", at=s - 20))
-    claim(jq, 1, now=t - 10_000)
+    claim_runs(jq, 1, now=t - 10_000)
     jq.enqueue(jq.resolve_task("report").with_options(run_id="died", at=s - 20))
-    finish(jq, claim(jq, 1, now=t - 10_000), now=t - 9_000, dead=True)
+    finish(jq, claim_runs(jq, 1, now=t - 10_000), now=t - 9_000, dead=True)
     jq.enqueue(jq.resolve_task("report").with_options(run_id="due-2-min-ago", at=s - 120))
     jq.enqueue(jq.resolve_task("report").with_options(run_id="due-now"))
     jq.enqueue(jq.resolve_task("report").with_options(run_id="due-later", delay=600))

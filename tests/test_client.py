@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import claim
 from redis.crc import key_slot
 
 from jobqueue import (
@@ -511,8 +512,7 @@ def test_partition_count_must_be_a_positive_integer(redis_client: Any) -> None:
 
 def claim_all(jq: JobQueue, run_id: str) -> ClaimResult:
     pk = jq.keys_for("default", run_id)
-    call = CLAIM.call(pk, 100, "test-worker", 30_000, 60_000)
-    return CLAIM.parse(jq.scripts.run(call))
+    return claim(jq.scripts, pk, limit=100, owner="test-worker", retention_ms=60_000)
 
 
 def complete_now(jq: JobQueue, run_id: str) -> None:

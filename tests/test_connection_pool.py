@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import wait_for
 
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
@@ -57,10 +58,8 @@ def only_connection_held(client: Any, url: str) -> Iterator[None]:
     thread = threading.Thread(target=client.blpop, args=("pool-test:hold", 0), daemon=True)
     thread.start()
     other = redis.Redis.from_url(url, decode_responses=True)
-    deadline = time.monotonic() + 10
-    while not any(c.get("cmd") == "blpop" for c in other.client_list()):
-        assert time.monotonic() < deadline, "the holding BLPOP never reached the server"
-        time.sleep(0.01)
+    wait_for(lambda: any(c.get("cmd") == "blpop" for c in other.client_list()),
+             what="the holding BLPOP to reach the server")
     try:
         yield
     finally:

@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 import redis
 from dashboard_sample import AXE, PAGES, fill, launch, open_page, serving
+from helpers import claim_one
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.store.embedded import EmbeddedServer
-from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
+from jobqueue.store.runs import COMPLETE, FAIL
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +128,7 @@ def run_id(prefix: str) -> str:
 def claimed(jq: JobQueue, queue: str, rid: str) -> tuple[Any, int]:
     """Claim ``rid``: each test uses its own queue, so it is that queue's only due run."""
     keys = jq.keys_for(queue, rid)
-    (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "e2e", 30_000, 60_000))).runs
+    run = claim_one(jq.scripts, keys, owner="e2e", retention_ms=60_000)
     assert run.run_id == rid
     return keys, run.fence
 

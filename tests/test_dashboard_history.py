@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
 import pytest
+from helpers import wait_for
 from starlette.testclient import TestClient
 
 from jobqueue.client.sync import JobQueue
@@ -211,10 +211,10 @@ def depth_points(page: str, queue: str = "default") -> int:
 
 
 def wait_for_a_point(jq: JobQueue, queue: str = "default") -> None:
-    deadline = time.monotonic() + 10
-    while not gauges.history(jq, [queue], MINUTES, jq.server_time_ms())[0].points:
-        assert time.monotonic() < deadline, "no point was written within 10 s"
-        time.sleep(0.02)
+    wait_for(
+        lambda: gauges.history(jq, [queue], MINUTES, jq.server_time_ms())[0].points,
+        10, "a point to be written", interval=0.02,
+    )
 
 
 @pages

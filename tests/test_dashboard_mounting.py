@@ -12,15 +12,15 @@ import re
 import socket
 import sys
 import threading
-import time
 import types
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import uvicorn
+from helpers import wait_for
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
@@ -50,13 +50,6 @@ def has_history(jq: JobQueue) -> bool:
     return bool(found.points)
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout} s"
-        time.sleep(0.02)
-
-
 @contextmanager
 def serving(app: ASGIApp, lifespan: str) -> Iterator[str]:
     """uvicorn serving ``app`` on a free loopback port, in a thread; its base URL."""
@@ -66,7 +59,7 @@ def serving(app: ASGIApp, lifespan: str) -> Iterator[str]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: server.started, "uvicorn started")
+        wait_for(lambda: server.started, what="uvicorn started", interval=0.02)
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
@@ -129,7 +122,7 @@ def test_a_mounted_dashboard_samples_though_its_lifespan_never_runs(
         assert not has_history(queued)
         status, page = get(base + PREFIX + "/workers")  # a page that writes nothing itself
         assert status == 200 and f'href="{PREFIX}/queues"' in page
-        wait_until(lambda: has_history(queued), "the sampler wrote no point")
+        wait_for(lambda: has_history(queued), what="the sampler to write a point", interval=0.02)
 
 
 # -- a prefix ------------------------------------------------------------------------------------

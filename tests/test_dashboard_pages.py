@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 
 import pytest
 import redis
+from helpers import claim_one, server_time_past
 from markupsafe import escape
 from starlette.testclient import TestClient
 
@@ -19,7 +20,7 @@ from jobqueue.dashboard import app as dashboard_app
 from jobqueue.dashboard.app import create_app
 from jobqueue.store.embedded import EmbeddedServer
 from jobqueue.store.keys import WORKERS_KEY
-from jobqueue.store.runs import CLAIM, COMPLETE, FAIL
+from jobqueue.store.runs import COMPLETE, FAIL
 
 # What this module checks does not depend on the backend: run on the real server only
 # (real_only, tests/conftest.py); the scripts and the client API are tested on fakeredis too.
@@ -35,25 +36,24 @@ def client(jq: JobQueue) -> TestClient:
     return TestClient(create_app(jq), follow_redirects=False)
 
 
-def claim(jq: JobQueue, run_id: str, lease_ms: int = 30_000) -> int:
-    """Claim the one due run (tests keep a single one due at a time)."""
+def claim_fence(jq: JobQueue, run_id: str, lease_ms: int = 30_000) -> int:
+    """Claim the one due run (tests keep a single one due at a time); its fence."""
     keys = jq.keys_for("default", run_id)
-    reply = jq.scripts.run(CLAIM.call(keys, 1, "w-1", lease_ms, 60_000))
-    (run,) = CLAIM.parse(reply).runs
+    run = claim_one(jq.scripts, keys, owner="w-1", lease_ms=lease_ms, retention_ms=60_000)
     assert run.run_id == run_id
     return run.fence
 
 
 def claim_expiring(jq: JobQueue, run_id: str) -> int:
     """Claim with a 1 ms lease, and let it pass: an expired lease nobody reclaimed yet."""
-    fence = claim(jq, run_id, lease_ms=1)
-    time.sleep(0.01)
+    fence = claim_fence(jq, run_id, lease_ms=1)
+    server_time_past(jq, jq.server_time_ms() + 1)  # (the claim read the clock before)
     return fence
 
 
 def kill(jq: JobQueue, run_id: str, error: str = "boom") -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
-    fence = claim(jq, run_id)
+    fence = claim_fence(jq, run_id)
     keys = jq.keys_for("default", run_id)
     jq.scripts.run(FAIL.call(keys, run_id, fence, error, None, 60_000))
 
@@ -75,14 +75,14 @@ def test_the_home_page_totals_every_queue(jq: JobQueue, client: TestClient) -> N
     report = jq.resolve_task("report")
     jq.enqueue(report.with_options(run_id="done"))
     keys = jq.keys_for("default", "done")
-    jq.scripts.run(COMPLETE.call(keys, [("done", claim(jq, "done"), "null")], 60_000))
+    jq.scripts.run(COMPLETE.call(keys, [("done", claim_fence(jq, "done"), "null")], 60_000))
     jq.declare_task("flaky", max_attempts=3)
     jq.enqueue(jq.resolve_task("flaky").with_options(run_id="flaky"))
     keys = jq.keys_for("default", "flaky")
-    jq.scripts.run(FAIL.call(keys, "flaky", claim(jq, "flaky"), "boom", 60_000, 60_000))
+    jq.scripts.run(FAIL.call(keys, "flaky", claim_fence(jq, "flaky"), "boom", 60_000, 60_000))
     kill(jq, "gone")  # a failed attempt too
     jq.enqueue(report.with_options(run_id="busy"))
-    claim(jq, "busy")
+    claim_fence(jq, "busy")
     jq.enqueue(report.with_options(run_id="after-busy", depends_on=["busy"]))
     jq.enqueue(report.with_options(run_id="now"))
     jq.enqueue(report.with_options(run_id="mail-now", queue="emails"))
@@ -199,7 +199,7 @@ def test_the_queue_page_lists_each_groups_weight_max_size_pause_and_runs(
     jq.set_group("default", "a", weight=3, max_size=50)
     jq.pause_group("default", "b")
     in_group(jq, "a", "a1", "a2")
-    claim(jq, "a1")
+    claim_fence(jq, "a1")
     rows = group_rows(client.get("/queue?name=default").text)
     # weight, max size, paused, waiting, running, served
     assert rows == {"a": ["3", "50", "no", "1", "1", "1"],
@@ -304,7 +304,7 @@ def test_run_page_shows_the_history_of_attempts(jq: JobQueue, client: TestClient
     jq.declare_task("report", max_attempts=2)
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     first = claim_expiring(jq, "r1")
-    second = claim(jq, "r1")  # reclaimed: attempt 2
+    second = claim_fence(jq, "r1")  # reclaimed: attempt 2
     page = client.get("/run", params={"id": "r1"}).text
     history = re.search(r'<table id="history">.*?</table>', page, re.S)
     assert history
@@ -323,7 +323,7 @@ def test_an_unknown_run_says_so_with_a_404(client: TestClient) -> None:
 
 def test_a_running_runs_page_shows_its_claim(jq: JobQueue, client: TestClient) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="busy"))
-    fence = claim(jq, "busy")
+    fence = claim_fence(jq, "busy")
     page = client.get("/run", params={"id": "busy"}).text
     assert "No history kept." not in page
     assert f"claimed fence={fence} attempt=1 owner=w-1" in page
@@ -334,7 +334,7 @@ def test_the_run_page_shows_the_instants_in_history_lines_as_times(
 ) -> None:
     jq.declare_task("report", max_attempts=3)
     jq.enqueue(jq.resolve_task("report").with_options(run_id="flaky"))
-    fence = claim(jq, "flaky")
+    fence = claim_fence(jq, "flaky")
     keys = jq.keys_for("default", "flaky")
     reply = jq.scripts.run(FAIL.call(keys, "flaky", fence, "boom", 60_000, 60_000))
     retry_at = FAIL.parse(reply).retry_at_ms
@@ -347,7 +347,7 @@ def test_the_run_page_shows_the_instants_in_history_lines_as_times(
 
 def test_leases_page_highlights_expired_leases(jq: JobQueue, client: TestClient) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="alive"))
-    claim(jq, "alive")
+    claim_fence(jq, "alive")
     jq.enqueue(jq.resolve_task("report").with_options(run_id="stuck"))
     claim_expiring(jq, "stuck")
     page = client.get("/leases").text
@@ -445,7 +445,7 @@ def test_bulk_retry_takes_every_selected_run(jq: JobQueue, client: TestClient) -
 
 def test_run_again_on_a_done_runs_page_requeues_it(jq: JobQueue, client: TestClient) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="d1"))
-    fence = claim(jq, "d1")
+    fence = claim_fence(jq, "d1")
     keys = jq.keys_for("default", "d1")
     jq.scripts.run(COMPLETE.call(keys, [("d1", fence, "null")], 60_000))
     page = "/run?id=d1&queue=default"
@@ -518,7 +518,7 @@ def test_a_pages_tables_scroll_inside_their_own_box(
     jq: JobQueue, client: TestClient, page: str
 ) -> None:
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
-    claim(jq, "r1")  # a lease to list
+    claim_fence(jq, "r1")  # a lease to list
     jq.schedule("nightly", "report", every=3600)
     text = client.get(page).text
     tables = re.findall(r"(.{0,40})<table", text, re.S)
@@ -550,7 +550,7 @@ def test_the_run_page_gives_its_times_for_the_browsers_zone_and_its_durations(
     jq.declare_task("report", max_attempts=2)
     jq.enqueue(jq.resolve_task("report").with_options(run_id="r1"))
     claim_expiring(jq, "r1")
-    claim(jq, "r1")
+    claim_fence(jq, "r1")
     run = jq.get_run("r1")
     page = client.get("/run", params={"id": "r1"}).text
     created = re.search(r'<time datetime="([^"]+)">([^<]+)</time>', page)
@@ -581,7 +581,7 @@ def test_the_workers_page_names_the_runs_each_worker_holds(
             "in_flight": 1, "started_ms": now, "last_seen_ms": now}
     jq.redis.hset(WORKERS_KEY, "w-1", json.dumps(info))
     jq.enqueue(jq.resolve_task("report").with_options(run_id="busy"))
-    claim(jq, "busy")  # owner w-1
+    claim_fence(jq, "busy")  # owner w-1
     row = re.search(r"<tr[^>]*>\s*<td><a href=\"/leases\?worker=w-1\">.*?</tr>",
                     client.get("/workers").text, re.S)
     assert row and 'href="/run?id=busy&amp;queue=default"' in row.group(0)

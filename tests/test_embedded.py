@@ -6,12 +6,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
-from helpers import pid_alive
+from helpers import pid_alive, wait_for
 
 from jobqueue.store.embedded import EmbeddedServer, remove_stale_directories, resolve_url
 
@@ -50,10 +49,8 @@ def test_server_dies_when_its_parent_is_killed_with_sigkill() -> None:
     assert pid_alive(server_pid)
     child.send_signal(signal.SIGKILL)
     child.wait()
-    deadline = time.monotonic() + 5
-    while pid_alive(server_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(server_pid), "embedded redis outlived its SIGKILLed parent"
+    wait_for(lambda: not pid_alive(server_pid), 5,
+             "embedded redis to die with its SIGKILLed parent", interval=0.05)
 
 
 def test_the_directory_of_a_sigkilled_owner_is_removed_by_the_next_server() -> None:
@@ -85,10 +82,7 @@ def test_server_stops_when_its_parent_exits_normally() -> None:
         capture_output=True, text=True, check=True,
     )
     server_pid = int(out.stdout)
-    deadline = time.monotonic() + 5
-    while pid_alive(server_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not pid_alive(server_pid)
+    wait_for(lambda: not pid_alive(server_pid), 5, "the server to stop", interval=0.05)
 
 
 def test_explicit_url_wins_over_environment_and_embedded(

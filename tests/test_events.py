@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers import server_time_past
 
 from jobqueue.cli import main
 from jobqueue.client.aio import AsyncJobQueue
@@ -203,7 +204,8 @@ def test_a_queues_max_age_drops_older_entries_a_node_at_a_time(
     app.set_queue_events("single", max_age=1)
     for i in range(250):
         app.enqueue(app.resolve_task("add").with_options(run_id=f"o{i}", queue="single"), 1, 1)
-    time.sleep(1.1)  # (a real wait: the log's own clock decides; more time only trims more)
+    # The log's own clock (the server's) decides; more time only trims more.
+    server_time_past(app, app.server_time_ms() + 1_000)
     app.enqueue(app.resolve_task("add").with_options(run_id="new", queue="single"), 1, 1)
     keys = app.keys_for("single", "new")
     left = [parse_entry("single", 0, i, f) for i, f in redis_client.xrange(keys.events)]

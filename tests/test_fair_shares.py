@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import LEASE_MS, PAYLOAD, claim, create_new, ids
 
 from jobqueue import GroupFull, JobQueue, RunNotFound
 from jobqueue.errors import ScriptError
@@ -30,34 +31,20 @@ from jobqueue.store.runs import (
     FAIL,
     RELEASE,
     REQUEUE,
-    ClaimResult,
     RunSpec,
 )
 from jobqueue.store.scripts import Script, ScriptRunner, scripts
 
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
 RETENTION = 3_600_000
 
 
-def create(
+def create_in_group(
     runner: ScriptRunner, pk: PartitionKeys, group: str, *run_ids: str, now: int = 0,
     priority: int = 0, delay: int = 0, attempts: int = 3,
 ) -> None:
-    specs = [
-        RunSpec(r, "t", PAYLOAD, limit_key=group, priority=priority, delay_ms=delay,
-                max_attempts=attempts)
-        for r in run_ids
-    ]
-    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, limit: int = 1) -> ClaimResult:
-    return CLAIM.parse(runner.run(CLAIM.call(pk, limit, "w1", LEASE, RETENTION, now=now)))
-
-
-def ids(result: ClaimResult) -> list[str]:
-    return [r.run_id for r in result.runs]
+    """Runs of the group (limit key) ``group``."""
+    create_new(runner, pk, *run_ids, now=now, limit_key=group, priority=priority,
+               delay_ms=delay, max_attempts=attempts)
 
 
 def fair(runner: ScriptRunner, pk: PartitionKeys, on: bool = True) -> None:
@@ -72,7 +59,7 @@ def served_groups(runner: ScriptRunner, pk: PartitionKeys, claims: int, now: int
     """The group (run id prefix before '-') of each run taken by ``claims`` claims of one."""
     out = []
     for i in range(claims):
-        out += [r.split("-")[0] for r in ids(claim(runner, pk, now=now + i))]
+        out += [r.split("-")[0] for r in ids(claim(runner, pk, now=now + i, limit=1))]
     return out
 
 
@@ -89,9 +76,9 @@ def on(runner: ScriptRunner, pk: PartitionKeys) -> Iterator[None]:
 def test_a_group_that_floods_does_not_delay_a_new_groups_run(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", *[f"a-{i}" for i in range(500)], now=0)
+    create_in_group(runner, pk, "a", *[f"a-{i}" for i in range(500)], now=0)
     assert served_groups(runner, pk, 3, now=1_000) == ["a", "a", "a"]
-    create(runner, pk, "b", "b-0", now=2_000)
+    create_in_group(runner, pk, "b", "b-0", now=2_000)
     # one other group with due runs: b is served within 1 + 1 claims
     assert "b" in served_groups(runner, pk, 2, now=3_000)
 
@@ -101,7 +88,7 @@ def test_groups_of_equal_weight_are_served_in_turn(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     for g in "abc":
-        create(runner, pk, g, *[f"{g}-{i}" for i in range(20)], now=0)
+        create_in_group(runner, pk, g, *[f"{g}-{i}" for i in range(20)], now=0)
     got = served_groups(runner, pk, 30, now=1_000)
     assert Counter(got) == {"a": 10, "b": 10, "c": 10}
     for start in range(0, 30, 3):
@@ -114,8 +101,8 @@ def test_weights_give_each_group_its_share_of_claims(
     runner: ScriptRunner, pk: PartitionKeys, limit: int
 ) -> None:
     group(runner, pk, "a", weight=3)
-    create(runner, pk, "a", *[f"a-{i}" for i in range(400)], now=0)
-    create(runner, pk, "b", *[f"b-{i}" for i in range(400)], now=0)
+    create_in_group(runner, pk, "a", *[f"a-{i}" for i in range(400)], now=0)
+    create_in_group(runner, pk, "b", *[f"b-{i}" for i in range(400)], now=0)
     got: list[str] = []
     now = 1_000
     while len(got) < 200:
@@ -129,8 +116,8 @@ def test_weights_give_each_group_its_share_of_claims(
 def test_runs_without_a_limit_key_form_a_group_of_their_own(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", *[f"a-{i}" for i in range(50)], now=0)
-    create(runner, pk, "", "none-0", now=10)
+    create_in_group(runner, pk, "a", *[f"a-{i}" for i in range(50)], now=0)
+    create_in_group(runner, pk, "", "none-0", now=10)
     assert "none" in served_groups(runner, pk, 2, now=1_000)
 
 
@@ -155,7 +142,7 @@ def test_the_bound_holds_under_random_weights_arrivals_and_batches(
         if rng.random() < 0.5:
             g = rng.choice(names)
             n = rng.randint(1, 5)
-            create(runner, pk, g, *[f"{g}-{made + i}" for i in range(n)], now=now)
+            create_in_group(runner, pk, g, *[f"{g}-{made + i}" for i in range(n)], now=now)
             made += n
             if waiting[g] == 0:
                 others_since[g] = 0
@@ -181,10 +168,10 @@ def test_the_bound_holds_under_random_weights_arrivals_and_batches(
 def test_priority_orders_the_runs_within_a_group_not_across_groups(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", "a-low", now=0)
-    create(runner, pk, "a", "a-high", now=1, priority=9)
-    create(runner, pk, "b", "b-low", now=2)
-    got = [ids(claim(runner, pk, now=1_000 + i)) for i in range(3)]
+    create_in_group(runner, pk, "a", "a-low", now=0)
+    create_in_group(runner, pk, "a", "a-high", now=1, priority=9)
+    create_in_group(runner, pk, "b", "b-low", now=2)
+    got = [ids(claim(runner, pk, now=1_000 + i, limit=1)) for i in range(3)]
     assert got[0] == ["a-high"]  # a's turn first (its name), its highest priority first
     assert got[1] == ["b-low"]  # then b's turn, before a's lower priority run
     assert got[2] == ["a-low"]
@@ -194,19 +181,19 @@ def test_priority_orders_the_runs_within_a_group_not_across_groups(
 def test_a_group_whose_runs_are_not_due_yet_waits_without_holding_up_the_others(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", "a-0", now=0, delay=10_000)
-    create(runner, pk, "b", "b-0", "b-1", now=0)
+    create_in_group(runner, pk, "a", "a-0", now=0, delay=10_000)
+    create_in_group(runner, pk, "b", "b-0", "b-1", now=0)
     assert ids(claim(runner, pk, now=1_000, limit=5)) == ["b-0", "b-1"]
-    assert ids(claim(runner, pk, now=5_000)) == []
-    assert ids(claim(runner, pk, now=10_000)) == ["a-0"]
+    assert ids(claim(runner, pk, now=5_000, limit=1)) == []
+    assert ids(claim(runner, pk, now=10_000, limit=1)) == ["a-0"]
 
 
 @pytest.mark.usefixtures("on")
 def test_a_retried_run_goes_back_to_its_group(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, "a", "a-0", now=0)
-    (run,) = claim(runner, pk, now=1_000).runs
+    create_in_group(runner, pk, "a", "a-0", now=0)
+    (run,) = claim(runner, pk, now=1_000, limit=1).runs
     runner.run(FAIL.call(pk, run.run_id, run.fence, "boom", 100, RETENTION, now=1_100))
-    assert ids(claim(runner, pk, now=2_000)) == ["a-0"]
+    assert ids(claim(runner, pk, now=2_000, limit=1)) == ["a-0"]
 
 
 # A run put back in line (released, requeued, handed back, enqueued or replaced under a
@@ -219,9 +206,9 @@ FLOOD = [f"f-{i}" for i in range(100)]
 def put_back(runner: ScriptRunner, pk: PartitionKeys, how: str) -> None:
     """b-0 put back in line at 2_000 by ``how``, behind the 100 runs of group f due at 0."""
     if how in ("release", "bounce"):
-        create(runner, pk, "b", "b-0", now=0)
-        create(runner, pk, "f", *FLOOD, now=0)
-        (run,) = claim(runner, pk, now=1_000).runs  # b's turn first (its name)
+        create_in_group(runner, pk, "b", "b-0", now=0)
+        create_in_group(runner, pk, "f", *FLOOD, now=0)
+        (run,) = claim(runner, pk, now=1_000, limit=1).runs  # b's turn first (its name)
         assert run.run_id == "b-0"
         if how == "release":
             runner.run(RELEASE.call(pk, "b-0", run.fence, now=2_000))
@@ -230,16 +217,16 @@ def put_back(runner: ScriptRunner, pk: PartitionKeys, how: str) -> None:
                                    delay_cap_ms=0, window_ms=60_000,
                                    dead_retention_ms=RETENTION, now=2_000))
     elif how == "requeue":
-        create(runner, pk, "b", "b-0", now=0)
-        create(runner, pk, "f", *FLOOD, now=0)
+        create_in_group(runner, pk, "b", "b-0", now=0)
+        create_in_group(runner, pk, "f", *FLOOD, now=0)
         runner.run(CANCEL.call(pk, "b-0", RETENTION, "no", now=500))
-        assert ids(claim(runner, pk, now=1_000)) == ["f-0"]  # (b's stale entry passed)
+        assert ids(claim(runner, pk, now=1_000, limit=1)) == ["f-0"]  # (b's stale entry passed)
         assert REQUEUE.parse(runner.run(REQUEUE.call(pk, "b-0", now=2_000))).changed
     else:  # dedupe, creating b-0 (or replacing it, due in an hour until then)
         if how == "dedupe-replace":
             spec = RunSpec("b-0", "t", PAYLOAD, limit_key="b", delay_ms=3_600_000)
             runner.run(DEDUPE.call(pk, spec, "k", "debounce", None, now=0))
-        create(runner, pk, "f", *FLOOD, now=0)
+        create_in_group(runner, pk, "f", *FLOOD, now=0)
         spec = RunSpec("b-new" if how == "dedupe-replace" else "b-0", "t", PAYLOAD,
                        limit_key="b")
         reply = runner.run(DEDUPE.call(pk, spec, "k", "debounce", None, now=2_000))
@@ -264,8 +251,8 @@ def test_a_paused_group_is_passed_over_until_resumed(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     group(runner, pk, "a", paused=True)
-    create(runner, pk, "a", "a-0", now=0)
-    create(runner, pk, "b", "b-0", now=0)
+    create_in_group(runner, pk, "a", "a-0", now=0)
+    create_in_group(runner, pk, "b", "b-0", now=0)
     assert ids(claim(runner, pk, now=1_000, limit=5)) == ["b-0"]
     assert ids(claim(runner, pk, now=2_000, limit=5)) == []
     group(runner, pk, "a", paused=False)
@@ -328,8 +315,8 @@ def test_a_group_at_its_key_cap_waits_and_comes_back_when_a_slot_frees(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     runner.run(SET_LIMIT.call(pk, "key_concurrency", 1, now=0))
-    create(runner, pk, "a", "a-0", "a-1", "a-2", now=0)
-    create(runner, pk, "b", "b-0", "b-1", now=0)
+    create_in_group(runner, pk, "a", "a-0", "a-1", "a-2", now=0)
+    create_in_group(runner, pk, "b", "b-0", "b-1", now=0)
     first = claim(runner, pk, now=1_000, limit=10)
     assert sorted(ids(first)) == ["a-0", "b-0"]  # one slot per key; the rest wait in line
     a0 = next(r for r in first.runs if r.run_id == "a-0")
@@ -340,12 +327,12 @@ def test_a_group_at_its_key_cap_waits_and_comes_back_when_a_slot_frees(
 def test_runs_enqueued_before_fair_shares_were_on_are_adopted_and_served(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", *[f"a-{i}" for i in range(5)], now=0)
-    create(runner, pk, "b", "b-0", now=1)
+    create_in_group(runner, pk, "a", *[f"a-{i}" for i in range(5)], now=0)
+    create_in_group(runner, pk, "b", "b-0", now=1)
     fair(runner, pk)
     taken: list[str] = []
     for i in range(10):
-        taken += ids(claim(runner, pk, now=1_000 + i))
+        taken += ids(claim(runner, pk, now=1_000 + i, limit=1))
     assert sorted(taken) == sorted([*[f"a-{i}" for i in range(5)], "b-0"])
 
 
@@ -353,8 +340,8 @@ def test_with_fair_shares_off_claims_go_in_due_order(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     fair(runner, pk)
-    create(runner, pk, "a", "a-0", "a-1", now=0)
-    create(runner, pk, "b", "b-0", now=1)
+    create_in_group(runner, pk, "a", "a-0", "a-1", now=0)
+    create_in_group(runner, pk, "b", "b-0", now=1)
     fair(runner, pk, on=False)
     assert ids(claim(runner, pk, now=1_000, limit=5)) == ["a-0", "a-1", "b-0"]
 
@@ -367,7 +354,7 @@ def adopted_later(runner: ScriptRunner, pk: PartitionKeys, group_: str, run_id: 
     """A run of ``group_`` put in line without its group's queue (as a workflow's release or
     code older than groups does): created while fair shares are off."""
     fair(runner, pk, on=False)
-    create(runner, pk, group_, run_id, now=now)
+    create_in_group(runner, pk, group_, run_id, now=now)
     fair(runner, pk)
 
 
@@ -375,12 +362,13 @@ def adopted_later(runner: ScriptRunner, pk: PartitionKeys, group_: str, run_id: 
 def test_a_run_adopted_into_a_group_the_ring_found_empty_is_served(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", "a-0", now=0)
-    assert ids(claim(runner, pk, now=1_000)) == ["a-0"]  # a stays in the ring, its queue empty
+    create_in_group(runner, pk, "a", "a-0", now=0)
+    # a stays in the ring, its queue empty
+    assert ids(claim(runner, pk, now=1_000, limit=1)) == ["a-0"]
     adopted_later(runner, pk, "a", "a-1", now=1_100)
     got: list[str] = []
     for i in range(3):  # (the claim that found a empty adopted a-1: a must stay in the ring)
-        got += ids(claim(runner, pk, now=2_000 + i))
+        got += ids(claim(runner, pk, now=2_000 + i, limit=1))
     assert got == ["a-1"]
 
 
@@ -388,13 +376,13 @@ def test_a_run_adopted_into_a_group_the_ring_found_empty_is_served(
 def test_an_adopted_run_does_not_wait_for_its_groups_later_runs(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", "a-0", now=0)
-    create(runner, pk, "a", "a-next-week", now=0, delay=7 * 86_400_000)
-    assert ids(claim(runner, pk, now=1_000)) == ["a-0"]
+    create_in_group(runner, pk, "a", "a-0", now=0)
+    create_in_group(runner, pk, "a", "a-next-week", now=0, delay=7 * 86_400_000)
+    assert ids(claim(runner, pk, now=1_000, limit=1)) == ["a-0"]
     adopted_later(runner, pk, "a", "a-1", now=1_100)
     got: list[str] = []
     for i in range(3):  # (the claim that adopted a-1 found a's next run a week away)
-        got += ids(claim(runner, pk, now=2_000 + i))
+        got += ids(claim(runner, pk, now=2_000 + i, limit=1))
     assert got == ["a-1"]
 
 
@@ -402,13 +390,13 @@ def test_an_adopted_run_does_not_wait_for_its_groups_later_runs(
 def test_a_run_whose_id_came_back_in_another_group_is_served(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", "x", now=0)
+    create_in_group(runner, pk, "a", "x", now=0)
     runner.run(CANCEL.call(pk, "x", 1, "no", now=10))
     runner.client.delete(pk.prefix + "run:x")  # its record expired; the ring has not passed it
     adopted_later(runner, pk, "b", "x", now=20)
     got: list[str] = []
     for i in range(3):
-        got += ids(claim(runner, pk, now=1_000 + i))
+        got += ids(claim(runner, pk, now=1_000 + i, limit=1))
     assert got == ["x"]
 
 
@@ -421,10 +409,10 @@ def test_a_claim_with_only_held_back_groups_due_does_not_ask_to_be_called_at_onc
         group(runner, pk, "a", paused=True)
     else:
         runner.run(SET_LIMIT.call(pk, "key_concurrency", 1, now=0))
-    create(runner, pk, "a", *[f"a-{i}" for i in range(100)], now=0)
-    claim(runner, pk, now=1_000)
-    claim(runner, pk, now=1_001)
-    again = claim(runner, pk, now=1_002)
+    create_in_group(runner, pk, "a", *[f"a-{i}" for i in range(100)], now=0)
+    claim(runner, pk, now=1_000, limit=1)
+    claim(runner, pk, now=1_001, limit=1)
+    again = claim(runner, pk, now=1_002, limit=1)
     # (a worker told next_wake = now claims again at once, over and over)
     assert again.runs == [] and again.next_wake_ms != 1_002
 
@@ -435,16 +423,16 @@ def test_a_claim_that_looked_at_held_back_groups_only_wakes_for_the_ready_groups
 ) -> None:
     names = [f"g{i:02}" for i in range(65)] + ["z"]
     for g in names:
-        create(runner, pk, g, *[f"{g}-{i}" for i in range(10)], now=0)
+        create_in_group(runner, pk, g, *[f"{g}-{i}" for i in range(10)], now=0)
     taken = ids(claim(runner, pk, now=1_000, limit=64)) + ids(claim(runner, pk, now=1_001, limit=2))
     assert sorted(r.split("-")[0] for r in taken) == sorted(names)  # every group once
     runner.client.zadd(pk.gready, dict.fromkeys(names, 5_000_000))  # (all at one pass)
     for g in names[:-1]:
         group(runner, pk, g, paused=True)
     # a claim of one looks at 65 ready groups (its limit + 64), all paused: z is behind them
-    first = claim(runner, pk, now=1_200)
+    first = claim(runner, pk, now=1_200, limit=1)
     assert first.runs == [] and first.next_wake_ms == 1_200
-    assert ids(claim(runner, pk, now=1_201))[0].startswith("z-")
+    assert ids(claim(runner, pk, now=1_201, limit=1))[0].startswith("z-")
 
 
 @pytest.mark.usefixtures("on")
@@ -454,17 +442,17 @@ def test_a_run_due_after_the_prio_spans_end_is_claimed(
     due = 2**43 + 5_000  # the year 2248: a default-priority score past 10 * 2^43
     spec = RunSpec("a-0", "t", PAYLOAD, limit_key="a", due_at_ms=due)
     assert CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [spec], now=0))) == [True]
-    assert ids(claim(runner, pk, now=due - 1)) == []
-    assert ids(claim(runner, pk, now=due)) == ["a-0"]
+    assert ids(claim(runner, pk, now=due - 1, limit=1)) == []
+    assert ids(claim(runner, pk, now=due, limit=1)) == ["a-0"]
 
 
 @pytest.mark.usefixtures("on")
 def test_a_served_count_holding_garbage_is_reset_not_a_failed_claim(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a", "a-0", now=0)
+    create_in_group(runner, pk, "a", "a-0", now=0)
     runner.client.hset(pk.gserved, "a", "garbage")
-    assert ids(claim(runner, pk, now=1_000)) == ["a-0"]
+    assert ids(claim(runner, pk, now=1_000, limit=1)) == ["a-0"]
     assert runner.client.hget(pk.gserved, "a") == "1"
 
 
@@ -473,7 +461,7 @@ def test_a_foreign_pass_does_not_keep_the_ring_on_one_group(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     for g in "ab":
-        create(runner, pk, g, *[f"{g}-{i}" for i in range(10)], now=0)
+        create_in_group(runner, pk, g, *[f"{g}-{i}" for i in range(10)], now=0)
     assert served_groups(runner, pk, 2, now=1_000) == ["a", "b"]
     runner.client.zadd(pk.gready, {"a": float("-inf")})
     got = Counter(served_groups(runner, pk, 6, now=2_000))
@@ -517,16 +505,28 @@ def test_a_claim_that_unparks_into_a_group_it_found_empty_writes_no_key_it_empti
     runner.run(SET_LIMIT.call(pk, "task:t", 1, now=0))
     once = RunSpec("a-0", "t", PAYLOAD, limit_key="a", max_attempts=1)
     assert CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [once], now=0))) == [True]
-    assert ids(claim(runner, pk, now=1_000)) == ["a-0"]  # holds task t's one slot
-    create(runner, pk, "a", "a-1", now=1_100)
-    assert ids(claim(runner, pk, now=1_200)) == []  # a-1 parked: t is full
-    create(runner, pk, "a", "a-2", now=1_300)
+    assert ids(claim(runner, pk, now=1_000, limit=1)) == ["a-0"]  # holds task t's one slot
+    create_in_group(runner, pk, "a", "a-1", now=1_100)
+    assert ids(claim(runner, pk, now=1_200, limit=1)) == []  # a-1 parked: t is full
+    create_in_group(runner, pk, "a", "a-2", now=1_300)
     runner.run(CANCEL.call(pk, "a-2", RETENTION, "no", now=1_400))  # stale in a's queue
     guard_emptied_keys("claim", monkeypatch)
     # a-0's lease expired on its last attempt: buried, its slot goes to a-1 (unparked into a),
     # while the ring drops a-2, the last entry of a's queue and of gof, and finds a empty
-    assert ids(claim(runner, pk, now=1_000 + LEASE + 1)) == []
-    assert ids(claim(runner, pk, now=1_000 + LEASE + 2)) == ["a-1"]
+    assert ids(claim(runner, pk, now=1_000 + LEASE_MS + 1, limit=1)) == []
+    assert ids(claim(runner, pk, now=1_000 + LEASE_MS + 2, limit=1)) == ["a-1"]
+
+
+@pytest.mark.usefixtures("on")
+def test_a_run_without_a_limit_key_held_back_by_a_full_task_cap_is_parked_not_a_failed_claim(
+    runner: ScriptRunner, pk: PartitionKeys
+) -> None:
+    runner.run(SET_LIMIT.call(pk, "task:t", 1, now=0))
+    create_new(runner, pk, "x-0", "x-1", now=0)  # group '' (no limit_key), task t
+    (held,) = claim(runner, pk, now=1_000, limit=1).runs  # holds task t's one slot
+    assert ids(claim(runner, pk, now=1_100, limit=1)) == []  # the other waits: t is full
+    runner.run(COMPLETE.call(pk, [(held.run_id, held.fence, "1")], RETENTION, now=1_200))
+    assert len(claim(runner, pk, now=1_300, limit=1).runs) == 1
 
 
 def test_an_enqueue_under_a_deduplication_key_respects_its_groups_max_size(
@@ -534,7 +534,7 @@ def test_an_enqueue_under_a_deduplication_key_respects_its_groups_max_size(
 ) -> None:
     fair(runner, pk)
     group(runner, pk, "b", max_size=1)
-    create(runner, pk, "b", "b-0", now=0)
+    create_in_group(runner, pk, "b", "b-0", now=0)
     spec = RunSpec("b-1", "t", PAYLOAD, limit_key="b")
     with pytest.raises(GroupFull, match=r"group b .* max_size is 1"):
         runner.run(DEDUPE.call(pk, spec, "k", "throttle", None, now=10))
@@ -551,18 +551,18 @@ def ring_call(runner: ScriptRunner, pk: PartitionKeys, script: str) -> Any:
     if script == "dedupe":
         return DEDUPE.call(pk, RunSpec("a-0", "t", PAYLOAD, limit_key="a"), "k", "throttle",
                            None, now=100)
-    create(runner, pk, "a", "a-0", "a-1", now=0)
-    create(runner, pk, "b", "b-0", now=0)
+    create_in_group(runner, pk, "a", "a-0", "a-1", now=0)
+    create_in_group(runner, pk, "b", "b-0", now=0)
     if script == "cancel":
         return CANCEL.call(pk, "a-0", RETENTION, "no", now=100)
     if script == "claim":
-        claim(runner, pk, now=50)  # (gready, gpass, gserved, gvt exist)
-        return CLAIM.call(pk, 2, "w1", LEASE, RETENTION, now=100)
+        claim(runner, pk, now=50, limit=1)  # (gready, gpass, gserved, gvt exist)
+        return CLAIM.call(pk, 2, "w1", LEASE_MS, RETENTION, now=100)
     if script == "requeue":
         runner.run(CANCEL.call(pk, "a-0", RETENTION, "no", now=50))
-        claim(runner, pk, now=60)
+        claim(runner, pk, now=60, limit=1)
         return REQUEUE.call(pk, "a-0", now=100)
-    (run,) = claim(runner, pk, now=50).runs
+    (run,) = claim(runner, pk, now=50, limit=1).runs
     assert run.run_id == "a-0"
     if script == "release":
         return RELEASE.call(pk, "a-0", run.fence, now=100)
@@ -681,11 +681,11 @@ def test_a_run_adopted_into_a_group_that_a_claim_just_emptied_is_served(
     """One claim takes the group's last run from its queue and, in the same call, adopts a
     run of that group put back without its group (here: created before fair shares): the
     group must stay in the ring."""
-    create(runner, pk, "a", "a-old", now=0)  # not in a's queue: fair shares were off
+    create_in_group(runner, pk, "a", "a-old", now=0)  # not in a's queue: fair shares were off
     fair(runner, pk)
-    create(runner, pk, "a", "a-new", now=10)
+    create_in_group(runner, pk, "a", "a-new", now=10)
     assert ids(claim(runner, pk, now=1_000, limit=2)) == ["a-new"]  # and a-old adopted
-    assert ids(claim(runner, pk, now=1_001)) == ["a-old"]
+    assert ids(claim(runner, pk, now=1_001, limit=1)) == ["a-old"]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -716,7 +716,7 @@ def test_random_groups_caps_pauses_and_failures_lose_no_run_and_break_no_cap(
         if roll < 0.3:
             g = rng.choice(names)
             run_id = f"{g or 'none'}-{len(made)}"
-            create(runner, pk, g, run_id, now=now, priority=rng.choice([0, 0, 5]),
+            create_in_group(runner, pk, g, run_id, now=now, priority=rng.choice([0, 0, 5]),
                    delay=rng.choice([0, 0, 2_000]), attempts=1_000)  # never dead-lettered
             made.append(run_id)
         elif roll < 0.35:
@@ -749,7 +749,7 @@ def test_random_groups_caps_pauses_and_failures_lose_no_run_and_break_no_cap(
     for _ in range(2_000):
         if done == set(made):
             break
-        now += LEASE + 1
+        now += LEASE_MS + 1
         held.clear()  # every lease has expired by now
         for r in claim(runner, pk, now=now, limit=8).runs:
             runner.run(COMPLETE.call(pk, [(r.run_id, r.fence, "1")], RETENTION, now=now))
@@ -764,12 +764,12 @@ def test_a_group_queue_full_of_cancelled_runs_is_walked_a_bounded_part_per_claim
     """1,000 runs of a cancelled (gone from the due set) at the head of its queue: one claim
     looks at no more than a bounded number of them (the script stays short), and the run
     behind them is still reached by later claims."""
-    create(runner, pk, "a", *[f"a-{i}" for i in range(1_000)], now=0)
-    create(runner, pk, "a", "a-live", now=1)
+    create_in_group(runner, pk, "a", *[f"a-{i}" for i in range(1_000)], now=0)
+    create_in_group(runner, pk, "a", "a-live", now=1)
     redis_client.zrem(pk.due, *[f"a-{i}" for i in range(1_000)])  # as old cancels leave them
     calls, got = 0, []
     while not got and calls < 20:
         calls += 1
-        got = ids(claim(runner, pk, now=1_000 + calls))
+        got = ids(claim(runner, pk, now=1_000 + calls, limit=1))
     assert got == ["a-live"]
     assert calls >= 1_000 // 256  # a bounded walk per claim, not all at once

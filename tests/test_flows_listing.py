@@ -6,11 +6,11 @@ tidy. Both backends; the CLI runs in this process on the test's client."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers import server_time_past
 from starlette.testclient import TestClient
 
 from jobqueue.cli import main
@@ -82,7 +82,7 @@ def test_flows_lists_the_newest_first_and_stops_at_the_limit(app: JobQueue) -> N
     s = step(app)
     for name in ("first", "second", "third"):
         app.group([s.s()], flow_id=name)
-        time.sleep(0.002)  # (created in different milliseconds of the server's clock)
+        server_time_past(app, app.server_time_ms())  # (created in different milliseconds)
     assert [r["flow_id"] for r in cli_json(app, "flows")] == ["third", "second", "first"]
     assert [r["flow_id"] for r in cli_json(app, "flows", "--limit", "2")] == ["third", "second"]
 
@@ -99,9 +99,9 @@ def test_a_flow_grown_into_another_queue_later_keeps_its_place_by_creation(
         ctx.add_to_flow(s.s(1).with_options(queue="b"))
 
     app.batch([grower.s()], on_complete=s.s(), batch_id="old")
-    time.sleep(0.002)
+    server_time_past(app, app.server_time_ms())
     app.group([s.s()], flow_id="new")  # the newest in old's only partition so far
-    time.sleep(0.002)
+    server_time_past(app, app.server_time_ms())
     run_due(app, ["default"])  # old's child grows it into queue b now
     assert [r["flow_id"] for r in cli_json(app, "flows", "--limit", "1")] == ["new"]
     assert [r["flow_id"] for r in cli_json(app, "flows")] == ["new", "old"]

@@ -28,7 +28,7 @@ import fakeredis
 import pytest
 import redis
 from fence_rule import fence_issued
-from helpers import until_call
+from helpers import LEASE_MS, PAYLOAD, claim, create, until_call
 from redis.crc import key_slot
 from script_calls import Advance, advance_groups
 
@@ -56,7 +56,6 @@ from jobqueue.store.runs import (
     RELEASE,
     REQUEUE,
     ClaimedRun,
-    ClaimResult,
     Outcome,
     RunSpec,
 )
@@ -70,8 +69,6 @@ from jobqueue.workflows.canvas import group_graph
 pytestmark = pytest.mark.real_only
 
 ROOT = Path(__file__).resolve().parents[1]
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
 RETENTION = 3_600_000
 
 
@@ -109,18 +106,6 @@ def race(n: int, action: Callable[[int], Any]) -> list[Any]:
 def server_ms(client: Any) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int = 0,
-           max_attempts: int = 3) -> bool:
-    spec = RunSpec(run_id, "t", PAYLOAD, max_attempts=max_attempts)
-    (created,) = CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, [spec], now=now)))
-    return created
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, now: int | None, owner: str = "w",
-          limit: int = 10) -> ClaimResult:
-    return CLAIM.parse(runner.run(CLAIM.call(pk, limit, owner, LEASE, RETENTION, now=now)))
 
 
 def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int | None,
@@ -246,20 +231,20 @@ def test_inv2_after_reclaim_only_the_current_fence_completes(
 ) -> None:
     create(runner, pk, "a")
     (w1,) = claim(runner, pk, now=0, owner="w1").runs
-    assert claim(runner, pk, now=LEASE - 1, owner="w2").runs == []
-    (w2,) = claim(runner, pk, now=LEASE, owner="w2").runs
-    assert w2.fence == fence_issued(LEASE, after=w1.fence) > w1.fence
+    assert claim(runner, pk, now=LEASE_MS - 1, owner="w2").runs == []
+    (w2,) = claim(runner, pk, now=LEASE_MS, owner="w2").runs
+    assert w2.fence == fence_issued(LEASE_MS, after=w1.fence) > w1.fence
     order = [(w1, '"from w1"'), (w2, '"from w2"')]
     if not stale_first:
         order.reverse()
-    outcomes = {c.fence: complete(runner, pk, "a", c.fence, now=LEASE + 10, result=res)
+    outcomes = {c.fence: complete(runner, pk, "a", c.fence, now=LEASE_MS + 10, result=res)
                 for c, res in order}
     assert [f for f, o in outcomes.items() if o.accepted] == [w2.fence]
     assert outcomes[w1.fence].status in ("fenced", "finished")
     assert outcomes[w1.fence].current_fence == w2.fence
     assert redis_client.hget(pk.run("a"), "result") == '"from w2"'
     assert redis_client.hget(pk.stats, "completed") == "1"
-    again = complete(runner, pk, "a", w2.fence, now=LEASE + 20, result='"again"')
+    again = complete(runner, pk, "a", w2.fence, now=LEASE_MS + 20, result='"again"')
     assert (again.accepted, again.status) == (False, "finished")
     assert redis_client.hget(pk.run("a"), "result") == '"from w2"'
 
@@ -269,12 +254,12 @@ def test_inv2_stale_holder_cannot_fail_or_release_the_new_holders_run(
 ) -> None:
     create(runner, pk, "a")
     (w1,) = claim(runner, pk, now=0, owner="w1").runs
-    (w2,) = claim(runner, pk, now=LEASE, owner="w2").runs
-    failed = runner.run(FAIL.call(pk, "a", w1.fence, "late", None, RETENTION, now=LEASE + 1))
+    (w2,) = claim(runner, pk, now=LEASE_MS, owner="w2").runs
+    failed = runner.run(FAIL.call(pk, "a", w1.fence, "late", None, RETENTION, now=LEASE_MS + 1))
     assert not FAIL.parse(failed).accepted
-    assert not RELEASE.parse(runner.run(RELEASE.call(pk, "a", w1.fence, now=LEASE + 1))).accepted
+    assert not RELEASE.parse(runner.run(RELEASE.call(pk, "a", w1.fence, now=LEASE_MS + 1))).accepted
     assert redis_client.hget(pk.run("a"), "state") == "running"
-    assert complete(runner, pk, "a", w2.fence, now=LEASE + 2).accepted
+    assert complete(runner, pk, "a", w2.fence, now=LEASE_MS + 2).accepted
 
 
 @pytest.mark.parametrize("how", ["lease-expiry", "release", "fail-retry", "cancel-requeue"])
@@ -290,11 +275,11 @@ def test_inv2_every_way_of_losing_a_run_fences_out_the_old_holder(
     elif how == "cancel-requeue":
         runner.run(CANCEL.call(pk, "a", RETENTION, "x", now=10))
         runner.run(REQUEUE.call(pk, "a", now=11))
-    (new,) = claim(runner, pk, now=LEASE, owner="new").runs
+    (new,) = claim(runner, pk, now=LEASE_MS, owner="new").runs
     assert new.fence > old.fence
-    assert not complete(runner, pk, "a", old.fence, now=LEASE + 1).accepted
-    assert complete(runner, pk, "a", new.fence, now=LEASE + 2).accepted
-    assert not complete(runner, pk, "a", new.fence, now=LEASE + 3).accepted
+    assert not complete(runner, pk, "a", old.fence, now=LEASE_MS + 1).accepted
+    assert complete(runner, pk, "a", new.fence, now=LEASE_MS + 2).accepted
+    assert not complete(runner, pk, "a", new.fence, now=LEASE_MS + 3).accepted
 
 
 def test_inv2_eight_threads_completing_with_the_current_fence_are_accepted_once(
@@ -332,7 +317,7 @@ def test_inv2_random_interleavings_never_accept_two_completions(
         accepted: dict[str, int] = {}
         now = 0
         for _ in range(60):
-            now += rng.choice([1, 500, LEASE // 2, LEASE])
+            now += rng.choice([1, 500, LEASE_MS // 2, LEASE_MS])
             op = rng.random()
             if op < 0.35 or not held:
                 held += [(c.run_id, c.fence) for c in claim(runner, pk, now=now, limit=2).runs]
@@ -350,7 +335,7 @@ def test_inv2_random_interleavings_never_accept_two_completions(
             elif op < 0.9:
                 runner.run(RELEASE.call(pk, run_id, fence, now=now))
             else:
-                runner.run(HEARTBEAT.call(pk, [(run_id, fence)], LEASE, now=now))
+                runner.run(HEARTBEAT.call(pk, [(run_id, fence)], LEASE_MS, now=now))
         assert all(n == 1 for n in accepted.values()), accepted
         assert accepted, "the random walk should complete something"
         done = [r for r in run_ids if redis_client.hget(pk.run(r), "state") == "done"]
@@ -365,12 +350,12 @@ def test_inv3_a_claimed_run_whose_worker_never_heartbeats_is_claimed_again(
 ) -> None:
     create(runner, pk, "a", now=1_000)
     (first,) = claim(runner, pk, now=1_000, owner="dies").runs
-    assert claim(runner, pk, now=1_000 + LEASE - 1, owner="w2").runs == []
-    (again,) = claim(runner, pk, now=1_000 + LEASE, owner="w2").runs
+    assert claim(runner, pk, now=1_000 + LEASE_MS - 1, owner="w2").runs == []
+    (again,) = claim(runner, pk, now=1_000 + LEASE_MS, owner="w2").runs
     assert (again.run_id, again.attempt, again.fence) == (
-        "a", 2, fence_issued(1_000 + LEASE, after=first.fence)
+        "a", 2, fence_issued(1_000 + LEASE_MS, after=first.fence)
     )
-    assert complete(runner, pk, "a", again.fence, now=1_000 + LEASE + 1).accepted
+    assert complete(runner, pk, "a", again.fence, now=1_000 + LEASE_MS + 1).accepted
 
 
 def test_inv3_a_worker_that_dies_after_heartbeating_loses_its_runs_after_the_last_lease(
@@ -378,9 +363,9 @@ def test_inv3_a_worker_that_dies_after_heartbeating_loses_its_runs_after_the_las
 ) -> None:
     create(runner, pk, "a")
     (c,) = claim(runner, pk, now=0, owner="dies").runs
-    runner.run(HEARTBEAT.call(pk, [("a", c.fence)], LEASE, now=20_000))
-    assert claim(runner, pk, now=20_000 + LEASE - 1, owner="w2").runs == []
-    assert [r.run_id for r in claim(runner, pk, now=20_000 + LEASE, owner="w2").runs] == ["a"]
+    runner.run(HEARTBEAT.call(pk, [("a", c.fence)], LEASE_MS, now=20_000))
+    assert claim(runner, pk, now=20_000 + LEASE_MS - 1, owner="w2").runs == []
+    assert [r.run_id for r in claim(runner, pk, now=20_000 + LEASE_MS, owner="w2").runs] == ["a"]
 
 
 def test_inv3_every_run_of_a_dead_worker_is_recovered(
@@ -393,11 +378,11 @@ def test_inv3_every_run_of_a_dead_worker_is_recovered(
         taken += [r.run_id for r in batch]
     assert len(taken) == 25
     recovered: dict[str, ClaimedRun] = {}
-    while batch := claim(runner, pk, now=LEASE, owner="w2", limit=10).runs:
+    while batch := claim(runner, pk, now=LEASE_MS, owner="w2", limit=10).runs:
         recovered.update({r.run_id: r for r in batch})
     assert sorted(recovered) == sorted(taken)
     for r in recovered.values():
-        assert complete(runner, pk, r.run_id, r.fence, now=LEASE + 1).accepted
+        assert complete(runner, pk, r.run_id, r.fence, now=LEASE_MS + 1).accepted
     assert redis_client.zcard(pk.done) == 25
     assert redis_client.zcard(pk.leases) == 0
 
@@ -407,13 +392,13 @@ def test_inv3_a_run_past_its_attempts_is_dead_lettered_not_dropped(
 ) -> None:
     create(runner, pk, "a", max_attempts=1)
     claim(runner, pk, now=0, owner="dies")
-    assert claim(runner, pk, now=LEASE).runs == []
-    assert redis_client.zscore(pk.dead, "a") == LEASE
+    assert claim(runner, pk, now=LEASE_MS).runs == []
+    assert redis_client.zscore(pk.dead, "a") == LEASE_MS
     assert "lease expired" in redis_client.hget(pk.run("a"), "error")
-    assert REQUEUE.parse(runner.run(REQUEUE.call(pk, "a", now=LEASE + 1))) == (
+    assert REQUEUE.parse(runner.run(REQUEUE.call(pk, "a", now=LEASE_MS + 1))) == (
         True, "dead"
     )
-    assert [r.run_id for r in claim(runner, pk, now=LEASE + 1).runs] == ["a"]
+    assert [r.run_id for r in claim(runner, pk, now=LEASE_MS + 1).runs] == ["a"]
 
 
 def test_inv3_an_enqueued_run_whose_worker_dies_runs_again(jq: JobQueue) -> None:
@@ -535,7 +520,7 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
             jq.enqueue(jq.resolve_task("t").with_options(dedupe=Dedupe(key)), key)
     for p in jq.all_partition_keys("default"):
         got = claim(runner, p, now=None, owner="w1", limit=100).runs
-        HEARTBEAT.parse(runner.run(HEARTBEAT.call(p, [(c.run_id, c.fence) for c in got], LEASE)))
+        HEARTBEAT.parse(runner.run(HEARTBEAT.call(p, [(c.run_id, c.fence) for c in got], LEASE_MS)))
         for i, c in enumerate(got):
             runner.run(FENCED_WRITE.call(p, f"res-{c.run_id}", c.fence, "v", c.run_id))
             runner.run(PROGRESS.call(p, c.run_id, c.fence, 50, "half"))
@@ -566,16 +551,16 @@ def lifecycle(runner: ScriptRunner, jq: JobQueue, run_ids: list[str]) -> None:
         runner.run(PAUSE.call(p, True))
         runner.run(PAUSE.call(p, False))
         runner.run(SET_LIMIT.call(p, "concurrency", 2))
-        runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
+        runner.run(CLAIM.call(p, 10, "w", LEASE_MS, RETENTION))
         runner.run(SET_LIMIT.call(p, "concurrency", None))
         runner.run(SET_LIMIT.call(p, "rate", "1 60000"))
-        runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
+        runner.run(CLAIM.call(p, 10, "w", LEASE_MS, RETENTION))
         runner.run(SET_LIMIT.call(p, "rate", None))
         # fair shares: the ring's keys (group_set, then create and claim through groups)
         runner.run(GROUP_SET.call(p, True, "tenant", 2))
         runner.run(CREATE_RUN.call(p, [RunSpec(f"fair-{p.partition}", "t", "{}",
                                                limit_key="tenant")]))
-        runner.run(CLAIM.call(p, 10, "w", LEASE, RETENTION))
+        runner.run(CLAIM.call(p, 10, "w", LEASE_MS, RETENTION))
         runner.run(GROUP_SET.call(p, False))
     # exact limits: the permits of the queue, in the limit's own slot
     exact = ExactKeys("default")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from helpers import make_worker, running, wait_for
+from helpers import claim, ids, make_worker, running, wait_for
 from starlette.testclient import TestClient
 
 from jobqueue import Dedupe, Request
@@ -26,7 +26,6 @@ from jobqueue.models import QueueLimits
 from jobqueue.ops import queries
 from jobqueue.runtime.metrics import serve
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CLAIM
 from jobqueue.store.scripts import ScriptRunner
 
 
@@ -34,9 +33,10 @@ def invoke(jq: JobQueue, *args: str) -> Result:
     return CliRunner().invoke(main, list(args), obj=State(None, jq))
 
 
-def claim(jq: JobQueue, queue: str, limit: int = 10) -> list[str]:
-    call = CLAIM.call(PartitionKeys(queue, 0), limit, "w1", 30_000, 3_600_000)
-    return [r.run_id for r in CLAIM.parse(ScriptRunner(jq.redis).run(call)).runs]
+def claimed_ids(jq: JobQueue, queue: str, limit: int = 10) -> list[str]:
+    """Claim up to ``limit`` runs of ``queue`` (partition 0); their run ids."""
+    pk = PartitionKeys(queue, 0)
+    return ids(claim(ScriptRunner(jq.redis), pk, None, limit, retention_ms=3_600_000))
 
 
 def held_back_setup(jq: JobQueue) -> None:
@@ -45,7 +45,7 @@ def held_back_setup(jq: JobQueue) -> None:
     jq.set_queue_concurrency("mail", 1, per_key=True)
     for run_id in ("a", "b"):
         jq.enqueue(jq.resolve_task("t").with_options(run_id=run_id, limit_key="customer:1"))
-    assert claim(jq, "mail") == ["a"]
+    assert claimed_ids(jq, "mail") == ["a"]
 
 
 # -- the run option ----------------------------------------------------------------------------

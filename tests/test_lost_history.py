@@ -2,7 +2,7 @@
 refuses a writing script whole. Real server only: restarts from an older snapshot and
 maxmemory are the server's own behaviour.
 
-Fences are at least the server clock in microseconds (lua/_prelude.lua, next_fence): a server
+Fences are at least the server clock in microseconds (lua/lib/fences.lua, next_fence): a server
 restarted from an older snapshot (or a replica promoted after it lagged, see
 tests/cluster/test_cluster_faults.py) has its clock ahead of every fence it lost."""
 
@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from helpers import LEASE_MS, PAYLOAD, claim_one, create
 
 from jobqueue.errors import ServerRefused
 from jobqueue.store.embedded import EmbeddedServer, find_server_binary
@@ -26,14 +27,11 @@ from jobqueue.store.runs import (
     FENCED_WRITE,
     HEARTBEAT,
     RELEASE,
-    ClaimedRun,
     RunSpec,
 )
 from jobqueue.store.scripts import ScriptRunner
 
 PK = PartitionKeys("default", 0)
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE_MS = 30_000
 
 
 @pytest.fixture
@@ -54,25 +52,20 @@ def restart_from_disk(srv: EmbeddedServer) -> None:
     srv.start()
 
 
-def claim_one(runner: ScriptRunner, owner: str) -> ClaimedRun:
-    (run,) = CLAIM.parse(runner.run(CLAIM.call(PK, 1, owner, LEASE_MS, 60_000))).runs
-    return run
-
-
 def test_a_restart_from_an_older_snapshot_never_reissues_a_fence(
     server: EmbeddedServer,
 ) -> None:
     client = redis.Redis.from_url(server.url, decode_responses=True)
     runner = ScriptRunner(client)
-    runner.run(CREATE_RUN.call(PK, [RunSpec("r", "t", PAYLOAD)]))
+    create(runner, PK, "r", now=None)
     client.save()  # the snapshot: the run pending, no fence issued yet
-    held = claim_one(runner, "w1")  # w1 holds a fence the snapshot does not know
+    held = claim_one(runner, PK, owner="w1")  # w1 holds a fence the snapshot does not know
     restart_from_disk(server)
 
     client = redis.Redis.from_url(server.url, decode_responses=True)
     runner = ScriptRunner(client)
     assert client.hget(PK.run("r"), "state") == "pending"  # w1's claim is lost with the crash
-    taken = claim_one(runner, "w2")
+    taken = claim_one(runner, PK, owner="w2")
     assert taken.fence > held.fence
     # w1, alive and unaware, is refused everywhere; w2's work stands.
     beat = HEARTBEAT.call(PK, [("r", held.fence)], 1)
@@ -111,8 +104,8 @@ def test_a_full_server_refuses_a_writing_script_whole_before_its_first_write(
     scripts makes Redis refuse every writing call up front, whole."""
     client = redis.Redis.from_url(server.url, decode_responses=True)
     runner = ScriptRunner(client)
-    runner.run(CREATE_RUN.call(PK, [RunSpec(f"r{i}", "t", PAYLOAD) for i in range(20)]))
-    held = claim_one(runner, "w1")
+    create(runner, PK, *(f"r{i}" for i in range(20)), now=None)
+    held = claim_one(runner, PK, owner="w1")
     before = {k: client.dump(k) for k in client.keys("*")}
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)  # full from now on

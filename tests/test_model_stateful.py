@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
+from helpers import spec
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -71,7 +72,6 @@ from jobqueue.store.runs import (
     REQUEUE,
     Bounced,
     Outcome,
-    RunSpec,
 )
 from jobqueue.store.scripts import Call, Script, ScriptRunner, scripts
 
@@ -81,7 +81,6 @@ RUN_IDS = ("a", "b", "job@1", "{x} y")
 OWNERS = ("w1", "w2")
 START_MS = 1_700_000_000_000
 RETENTION_MS = 86_400_000  # records must not expire (in real time) during an example
-PAYLOAD = '{"args":[],"kwargs":{}}'
 
 # Each example flushes its server; the real one is shared with the rest of the test session.
 SETTINGS = settings(
@@ -129,13 +128,14 @@ class Holding:
 
 
 def next_fence(last: int, run_fence: int, now_ms: int) -> int:
-    """lua/_prelude.lua next_fence: above the partition's counter and the run's fence, and
+    """lua/lib/fences.lua next_fence: above the partition's counter and the run's fence, and
     at least the clock in microseconds."""
     return max(max(last, run_fence) + 1, now_ms * 1000)
 
 
 def refusal(run: ModelRun | None, fence: int) -> str | None:
-    """The reason a fenced operation is refused (lua/_prelude.lua), or None if accepted."""
+    """The reason a fenced operation is refused (lua/lib/fences.lua refusal), or None if
+    accepted."""
     if run is None:
         return "unknown"
     if run.state == "cancelled":
@@ -149,7 +149,7 @@ def refusal(run: ModelRun | None, fence: int) -> str | None:
     return None
 
 
-PRIORITY_SPAN = 2**43  # lua/_prelude.lua: a prio score is (9 - level) * span + due
+PRIORITY_SPAN = 2**43  # lua/lib/priority.lua: a prio score is (9 - level) * span + due
 
 
 def zorder(entries: dict[str, float]) -> list[str]:
@@ -226,7 +226,7 @@ class RunStateMachine(RuleBasedStateMachine):
     )
     def create(self, ids: list[str], delay: int, max_attempts: int, priority: int) -> None:
         specs = [
-            RunSpec(r, "t", PAYLOAD, delay_ms=delay, max_attempts=max_attempts, priority=priority)
+            spec(r, delay_ms=delay, max_attempts=max_attempts, priority=priority)
             for r in ids
         ]
         created = CREATE_RUN.parse(self.run(CREATE_RUN.call(PK, specs, now=self.now)))
@@ -773,7 +773,7 @@ class KeyCapMachine(RuleBasedStateMachine):
         self, ids: list[str], key: str, task: str, delay: int, max_attempts: int, priority: int
     ) -> None:
         specs = [
-            RunSpec(r, task, PAYLOAD, delay_ms=delay, max_attempts=max_attempts,
+            spec(r, task, delay_ms=delay, max_attempts=max_attempts,
                     priority=priority, limit_key=key)
             for r in ids
         ]

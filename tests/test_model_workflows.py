@@ -139,7 +139,7 @@ class Holding:
 
 
 def refusal(m: ModelRun, fence: int) -> str | None:
-    """Why a fenced commit is refused (lua/_prelude.lua refusal), None when accepted."""
+    """Why a fenced commit is refused (lua/lib/fences.lua refusal), None when accepted."""
     if m.state == "cancelled":
         return "cancelled"
     if m.fence != fence:

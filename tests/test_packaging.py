@@ -18,7 +18,7 @@ import pytest
 
 import jobqueue
 from jobqueue.store.embedded import EmbeddedServer
-from jobqueue.store.scripts import PRELUDE, SCRIPT_NAMES
+from jobqueue.store.scripts import LIB, SCRIPT_NAMES, lua_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "jobqueue" / "dashboard"
@@ -74,8 +74,12 @@ def test_the_wheel_is_named_after_the_distribution_and_the_package_version(wheel
 
 def test_the_wheel_contains_every_lua_script(wheel: Path) -> None:
     names = _wheel_names(wheel)
-    for script in (PRELUDE, *SCRIPT_NAMES):
+    for script in SCRIPT_NAMES:
         assert f"jobqueue/lua/{script}.lua" in names
+    libs = sorted(p.stem for p in (lua_dir() / LIB).glob("*.lua"))
+    assert libs, "no lua/lib/*.lua found"
+    for lib in libs:  # the helpers the scripts include at load
+        assert f"jobqueue/lua/{LIB}/{lib}.lua" in names
 
 
 def test_the_wheel_is_marked_typed_with_py_typed(wheel: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import finished, make_worker, running, wait_for
+from helpers import claim_one, finished, make_worker, running, wait_for
 from starlette.testclient import TestClient
 
 from jobqueue.cli import main
@@ -18,7 +18,7 @@ from jobqueue.client.sync import JobQueue
 from jobqueue.context import RunContext
 from jobqueue.dashboard.app import create_app
 from jobqueue.errors import JobQueueError
-from jobqueue.store.runs import CLAIM, PROGRESS, ClaimedRun, Outcome
+from jobqueue.store.runs import PROGRESS, ClaimedRun, Outcome
 
 NOW = 1_700_000_000_000
 
@@ -27,8 +27,7 @@ def claimed(jq: JobQueue, run_id: str = "r1") -> ClaimedRun:
     jq.declare_task("report")
     jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id))
     keys = jq.keys_for("default", run_id)
-    (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w-1", 30_000, 60_000))).runs
-    return run
+    return claim_one(jq.scripts, keys, owner="w-1", retention_ms=60_000)
 
 
 def report(jq: JobQueue, run: ClaimedRun, value: float, message: str = "", *,

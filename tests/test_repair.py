@@ -8,25 +8,14 @@ import json
 from typing import Any
 
 from click.testing import CliRunner
+from helpers import claim, create, ids
 
 from jobqueue import JobQueue
 from jobqueue.cli import State, main
 from jobqueue.ops.repair import repair_queue
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, FAIL, RELEASE, RunSpec
+from jobqueue.store.runs import COMPLETE, FAIL, RELEASE
 from jobqueue.store.scripts import ScriptRunner
-
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, now: int = 0) -> None:
-    runner.run(CREATE_RUN.call(pk, [RunSpec(r, "t", PAYLOAD) for r in run_ids], now=now))
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, limit: int = 10) -> list[str]:
-    reply = runner.run(CLAIM.call(pk, limit, "w", LEASE, 60_000, now=now))
-    return [r.run_id for r in CLAIM.parse(reply).runs]
 
 
 def snapshot(client: Any) -> dict[str, Any]:
@@ -39,7 +28,7 @@ def test_a_due_entry_whose_record_is_missing_is_kept_as_an_orphan_not_dropped(
     """On a cluster node importing a slot, an index entry may arrive before its record."""
     create(runner, pk, "a", "b")
     redis_client.delete(pk.run("a"))  # not here (yet)
-    assert claim(runner, pk, now=10) == ["b"]
+    assert ids(claim(runner, pk, now=10)) == ["b"]
     assert redis_client.zscore(pk.orphans, "a") == 10
     assert redis_client.zscore(pk.due, "a") is None
 
@@ -50,11 +39,11 @@ def test_an_orphan_whose_record_appears_goes_back_to_its_index_at_the_next_claim
     create(runner, pk, "a")
     record = redis_client.dump(pk.run("a"))
     redis_client.delete(pk.run("a"))
-    assert claim(runner, pk, now=10) == []
+    assert ids(claim(runner, pk, now=10)) == []
     redis_client.restore(pk.run("a"), 0, record)  # the record arrives
-    assert claim(runner, pk, now=20) == []  # this claim puts it back...
+    assert ids(claim(runner, pk, now=20)) == []  # this claim puts it back...
     assert redis_client.zscore(pk.orphans, "a") is None
-    assert claim(runner, pk, now=30) == ["a"]  # ...and the next one takes it
+    assert ids(claim(runner, pk, now=30)) == ["a"]  # ...and the next one takes it
 
 
 def test_repair_puts_a_pending_record_without_a_due_entry_back_at_its_due_time(
@@ -76,7 +65,7 @@ def test_repair_gives_every_state_its_index(
     runner, pk = jq.scripts, jq.partition_keys("default", 0)
     jq.register_queue("default")
     create(runner, pk, "p", "r", "d", "x")
-    assert sorted(claim(runner, pk, now=1)) == ["d", "p", "r", "x"]
+    assert sorted(ids(claim(runner, pk, now=1))) == ["d", "p", "r", "x"]
     fences = {k: int(redis_client.hget(pk.run(k), "fence")) for k in ("d", "p", "r", "x")}
     runner.run(COMPLETE.call(pk, [("d", fences["d"], "1")], 60_000, now=2))
     runner.run(FAIL.call(pk, "x", fences["x"], "boom", None, 60_000, now=2))

@@ -5,24 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from helpers import LEASE_MS, claim_one, create
+
 from jobqueue import JobQueue
 from jobqueue.ops import queries as inspect
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CANCEL, CLAIM, COMPLETE, CREATE_RUN, FAIL, ClaimedRun, RunSpec
+from jobqueue.store.runs import CANCEL, COMPLETE, FAIL
 from jobqueue.store.scripts import ScriptRunner
-
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int) -> None:
-    spec = RunSpec(run_id, "t", PAYLOAD, max_attempts=3)
-    runner.run(CREATE_RUN.call(pk, [spec], now=now))
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, owner: str, now: int) -> ClaimedRun:
-    (run,) = CLAIM.parse(runner.run(CLAIM.call(pk, 1, owner, LEASE, 1, now=now))).runs
-    return run
 
 
 def events(jq: JobQueue, run_id: str) -> list[tuple[int | None, str]]:
@@ -33,7 +22,7 @@ def test_a_first_attempt_success_reads_created_claimed_done(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=100)
-    c = claim(runner, pk, "w1", now=150)
+    c = claim_one(runner, pk, owner="w1", now=150)
     runner.run(COMPLETE.call(pk, [("a", c.fence, "1")], 60_000, now=180))
     assert events(jq, "a") == [
         (100, "created"),
@@ -46,9 +35,9 @@ def test_a_retried_run_shows_how_the_first_attempt_ended_and_who_held_each(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=0)
-    c1 = claim(runner, pk, "w1", now=10)
+    c1 = claim_one(runner, pk, owner="w1", now=10)
     runner.run(FAIL.call(pk, "a", c1.fence, "boom", 90, 1, now=20))
-    c2 = claim(runner, pk, "w2", now=110)
+    c2 = claim_one(runner, pk, owner="w2", now=110)
     runner.run(COMPLETE.call(pk, [("a", c2.fence, "1")], 60_000, now=130))
     assert events(jq, "a") == [
         (0, "created"),
@@ -62,12 +51,12 @@ def test_a_lease_expiry_names_the_owner_that_lost_the_run(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=0)
-    c1 = claim(runner, pk, "w1", now=0)
-    c2 = claim(runner, pk, "w2", now=LEASE + 1)
+    c1 = claim_one(runner, pk, owner="w1", now=0)
+    c2 = claim_one(runner, pk, owner="w2", now=LEASE_MS + 1)
     assert events(jq, "a") == [
         (0, "created"),
-        (LEASE + 1, f"lease expired fence={c1.fence} attempt=1 owner=w1"),
-        (LEASE + 1, f"claimed fence={c2.fence} attempt=2 owner=w2"),
+        (LEASE_MS + 1, f"lease expired fence={c1.fence} attempt=1 owner=w1"),
+        (LEASE_MS + 1, f"claimed fence={c2.fence} attempt=2 owner=w2"),
     ]
 
 
@@ -75,7 +64,7 @@ def test_a_cancelled_running_run_shows_the_fence_its_claim_had(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     create(runner, pk, "a", now=0)
-    c = claim(runner, pk, "w1", now=5)
+    c = claim_one(runner, pk, owner="w1", now=5)
     runner.run(CANCEL.call(pk, "a", 60_000, "stop", now=9))
     assert events(jq, "a") == [
         (0, "created"),
@@ -95,7 +84,7 @@ def test_show_json_carries_the_timeline(
     jq: JobQueue, runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     create(runner, pk, "a", now=100)
-    c = claim(runner, pk, "w1", now=150)
+    c = claim_one(runner, pk, owner="w1", now=150)
     runner.run(COMPLETE.call(pk, [("a", c.fence, "1")], 60_000, now=180))
     assert jq.get_run("a", queue="default").to_dict()["timeline"] == [
         {"at_ms": 100, "event": "created"},
@@ -112,7 +101,7 @@ def test_show_prints_the_instants_inside_history_entries_as_times(
     from jobqueue.cli import State, main
 
     create(runner, pk, "a", now=1_700_000_000_000)
-    c = claim(runner, pk, "w1", now=1_700_000_000_100)
+    c = claim_one(runner, pk, owner="w1", now=1_700_000_000_100)
     runner.run(FAIL.call(pk, "a", c.fence, "boom", 60_000, 1, now=1_700_000_000_200))
     out = CliRunner().invoke(main, ["show", "a", "--queue", "default"], obj=State(None, jq))
     assert out.exit_code == 0, out.output
@@ -124,7 +113,7 @@ def test_a_listing_shows_each_run_with_the_same_history_and_timeline_as_show(
 ) -> None:
     jq.register_queue("default")  # as every enqueue does; these runs come from the scripts
     create(runner, pk, "a", now=100)
-    c = claim(runner, pk, "w1", now=150)
+    c = claim_one(runner, pk, owner="w1", now=150)
     runner.run(FAIL.call(pk, "a", c.fence, "boom", None, 60_000, now=170))  # dead
     create(runner, pk, "b", now=200)
     listed = {r.run_id: r for r in inspect.runs(jq, queue="default")}

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from helpers import claim
+
 from jobqueue.client.sync import JobQueue
 from jobqueue.recurring.config import SchedulerConfig
 from jobqueue.recurring.daemon import Scheduler
 from jobqueue.store.keys import PartitionKeys, SchedKeys
-from jobqueue.store.runs import CLAIM, COMPLETE, ClaimedRun
+from jobqueue.store.runs import COMPLETE, ClaimedRun
 from jobqueue.store.schedules import HOLD_MS, SCHED_RELEASE
 
 S = 1000
@@ -22,9 +24,9 @@ def scheduler(jq: JobQueue) -> Scheduler:
     return Scheduler(jq, SchedulerConfig(lookahead=0), install_signal_handlers=False)
 
 
-def claim(jq: JobQueue, now_s: float, pk: PartitionKeys = PK) -> list[ClaimedRun]:
-    reply = jq.scripts.run(CLAIM.call(pk, 10, "w1", 600 * S, 3600 * S, now=int(now_s * S)))
-    return CLAIM.parse(reply).runs
+def claim_at(jq: JobQueue, now_s: float, pk: PartitionKeys = PK) -> list[ClaimedRun]:
+    """The runs due at ``now_s`` (seconds), claimed with a ten-minute lease."""
+    return claim(jq.scripts, pk, int(now_s * S), lease_ms=600 * S, retention_ms=3600 * S).runs
 
 
 def complete(jq: JobQueue, run: ClaimedRun, now_s: int, pk: PartitionKeys = PK) -> None:
@@ -46,9 +48,9 @@ def test_allow_creates_every_fire_while_the_previous_run_is_running(jq: JobQueue
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, now=0)
     sched.tick(now=60 * S)
-    (first,) = claim(jq, 60)
+    (first,) = claim_at(jq, 60)
     sched.tick(now=120 * S)
-    assert [r.run_id for r in claim(jq, 120)] == [run_id(120)]  # while 60 still runs
+    assert [r.run_id for r in claim_at(jq, 120)] == [run_id(120)]  # while 60 still runs
     assert first.run_id == run_id(60)
     assert counters(jq) == (2, 0)
 
@@ -59,13 +61,13 @@ def test_forbid_skips_fires_while_the_previous_run_is_running_and_counts_them(
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="forbid", now=0)
     sched.tick(now=60 * S)
-    (first,) = claim(jq, 60)
+    (first,) = claim_at(jq, 60)
     sched.tick(now=120 * S)
     sched.tick(now=180 * S)
-    assert claim(jq, 181) == []
+    assert claim_at(jq, 181) == []
     complete(jq, first, 200)
     sched.tick(now=240 * S)
-    assert [r.run_id for r in claim(jq, 240)] == [run_id(240)]
+    assert [r.run_id for r in claim_at(jq, 240)] == [run_id(240)]
     assert counters(jq) == (2, 2)
 
 
@@ -75,14 +77,14 @@ def test_buffer_one_holds_the_buffered_run_until_the_previous_run_finishes(
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     sched.tick(now=60 * S)
-    (first,) = claim(jq, 60)
+    (first,) = claim_at(jq, 60)
     sched.tick(now=120 * S)  # 60 running: 120 is created, held
     assert redis_client.zscore(PK.due, run_id(120)) == HOLD_MS
-    assert claim(jq, 130) == []  # held: no worker can start it
+    assert claim_at(jq, 130) == []  # held: no worker can start it
     sched.tick(now=180 * S)  # one already waits: skipped
     complete(jq, first, 190)
     sched.tick(now=191 * S)  # sees 60 finished: releases 120, due at its fire time
-    (second,) = claim(jq, 191)
+    (second,) = claim_at(jq, 191)
     assert second.run_id == run_id(120) and second.due_ms == 120 * S
     assert counters(jq) == (2, 1)
 
@@ -91,10 +93,10 @@ def test_buffer_one_runs_at_once_when_the_previous_run_has_finished(jq: JobQueue
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     sched.tick(now=60 * S)
-    (first,) = claim(jq, 60)
+    (first,) = claim_at(jq, 60)
     complete(jq, first, 70)
     report = sched.tick(now=120 * S)
-    assert [r.run_id for r in claim(jq, 120)] == [run_id(120)]
+    assert [r.run_id for r in claim_at(jq, 120)] == [run_id(120)]
     assert (report.runs_created, counters(jq)) == (1, (2, 0))
 
 
@@ -106,7 +108,7 @@ def test_buffer_one_counts_a_waiting_run_that_is_still_pending_as_unfinished(
     sched.tick(now=60 * S)  # 60 pending, never claimed
     sched.tick(now=120 * S)  # buffered behind it
     sched.tick(now=180 * S)  # skipped
-    assert [r.run_id for r in claim(jq, 200)] == [run_id(60)]  # only the first can start
+    assert [r.run_id for r in claim_at(jq, 200)] == [run_id(60)]  # only the first can start
     assert counters(jq) == (2, 1)
 
 
@@ -115,11 +117,11 @@ def test_buffer_one_release_survives_a_scheduler_crash_before_its_advance(
 ) -> None:
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     scheduler(jq).tick(now=60 * S)
-    (first,) = claim(jq, 60)
+    (first,) = claim_at(jq, 60)
     scheduler(jq).fire(SchedKeys(0), 120 * S)  # held run created, then the process dies
     complete(jq, first, 125)
     scheduler(jq).tick(now=130 * S)  # redoes fire 120: records the held run, releases it
-    assert [r.run_id for r in claim(jq, 130)] == [run_id(120)]
+    assert [r.run_id for r in claim_at(jq, 130)] == [run_id(120)]
     assert counters(jq) == (2, 0)
 
 
@@ -128,7 +130,7 @@ def test_release_script_checks_the_predecessor_and_releases_once(
 ) -> None:
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     scheduler(jq).tick(now=60 * S)
-    (first,) = claim(jq, 60)
+    (first,) = claim_at(jq, 60)
     scheduler(jq).tick(now=120 * S)
     call = SCHED_RELEASE.call(PK, [(run_id(120), run_id(60), 120 * S)], now=121 * S)
     assert SCHED_RELEASE.parse(jq.scripts.run(call)) == [0]  # predecessor running
@@ -158,7 +160,7 @@ def test_skip_policy_keeps_a_fire_that_lands_between_two_healthy_ticks(jq: JobQu
     jq.schedule("j", "t", every=60, overlap="forbid", misfire="skip", now=0)
     sched.tick(now=60 * S - 5)
     sched.tick(now=60 * S + 1_005)
-    assert [r.run_id for r in claim(jq, 61.005)] == [run_id(60)]
+    assert [r.run_id for r in claim_at(jq, 61.005)] == [run_id(60)]
     info = jq.get_schedule("j")
     assert info is not None and (info.state.fired, info.state.missed) == (1, 0)
 
@@ -168,7 +170,7 @@ def test_skip_policy_still_skips_a_fire_the_schedulers_were_down_for(jq: JobQueu
     jq.schedule("j", "t", every=60, overlap="forbid", misfire="skip", now=0)
     sched.tick(now=60 * S - 5)
     sched.tick(now=62 * S + 1)  # no tick for 2.006 s: more than two intervals
-    assert claim(jq, 63) == []
+    assert claim_at(jq, 63) == []
     info = jq.get_schedule("j")
     assert info is not None and (info.state.fired, info.state.missed) == (0, 1)
 
@@ -184,13 +186,13 @@ def test_forbid_finds_the_previous_run_in_its_old_queue_after_a_queue_change(
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="forbid", now=0)
     sched.tick(now=60 * S)
-    (first,) = claim(jq, 60)
+    (first,) = claim_at(jq, 60)
     jq.schedule("j", "t", every=60, overlap="forbid", queue="other", now=61 * S)
     sched.tick(now=120 * S)  # 60 still runs in "default": 120 is skipped
-    assert claim(jq, 120, OTHER) == []
+    assert claim_at(jq, 120, OTHER) == []
     complete(jq, first, 150)
     sched.tick(now=180 * S)
-    assert [r.run_id for r in claim(jq, 180, OTHER)] == [run_id(180)]
+    assert [r.run_id for r in claim_at(jq, 180, OTHER)] == [run_id(180)]
     assert counters(jq) == (2, 1)
 
 
@@ -200,15 +202,15 @@ def test_buffer_one_holds_its_run_until_the_previous_run_in_the_old_queue_finish
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     sched.tick(now=60 * S)
-    (first,) = claim(jq, 60)
+    (first,) = claim_at(jq, 60)
     jq.schedule("j", "t", every=60, overlap="buffer-one", queue="other", now=61 * S)
     sched.tick(now=120 * S)  # 60 still runs in "default": 120 is created held in "other"
     assert redis_client.zscore(OTHER.due, run_id(120)) == HOLD_MS
     sched.tick(now=130 * S)  # the release pass looks in "default" too: still held
-    assert claim(jq, 130, OTHER) == []
+    assert claim_at(jq, 130, OTHER) == []
     complete(jq, first, 150)
     sched.tick(now=151 * S)
-    (second,) = claim(jq, 151, OTHER)
+    (second,) = claim_at(jq, 151, OTHER)
     assert (second.run_id, second.due_ms) == (run_id(120), 120 * S)
 
 
@@ -218,11 +220,11 @@ def test_forbid_reads_a_state_written_before_the_last_fires_queue_was_recorded(
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="forbid", now=0)
     sched.tick(now=60 * S)
-    assert [r.run_id for r in claim(jq, 60)] == [run_id(60)]  # running
+    assert [r.run_id for r in claim_at(jq, 60)] == [run_id(60)]  # running
     # The state text as earlier versions wrote it: no queue, which means the definition's.
     redis_client.hset(jq.recurring.keys("j").state, "j", f"1 0 0 0 {60 * S} {60 * S}")
     sched.tick(now=120 * S)
-    assert claim(jq, 120) == []
+    assert claim_at(jq, 120) == []
     assert counters(jq) == (1, 1)
 
 
@@ -240,5 +242,5 @@ def test_a_policed_job_whose_state_is_garbage_is_left_alone_and_the_others_fire(
     caplog.set_level("ERROR", logger="jobqueue.scheduler")
     sched.tick(now=120 * S)
     assert "recurring job j: unusable state" in caplog.text
-    ids = {r.run_id for r in claim(jq, 121)}
+    ids = {r.run_id for r in claim_at(jq, 121)}
     assert "other@1970-01-01T00:02:00Z" in ids and run_id(120) not in ids

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import wait_for
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.policy.cron import parse_fire_instant
@@ -57,13 +58,6 @@ def start_scheduler(url: str, cwd: Path, *extra: str) -> subprocess.Popen[bytes]
 
 def member_pids(jq: JobQueue) -> set[int]:
     return {m.pid for m in read_members(jq)}
-
-
-def wait_until(what: str, ok: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 HERD = 6000
@@ -114,19 +108,20 @@ def test_a_scheduler_paused_mid_herd_past_its_lease_neither_doubles_nor_loses_a_
         return int(client.hget(stats, "created") or 0)
 
     try:
-        wait_until("A to own the partition", lambda: owners() == [[0]], 15)
+        wait_for(lambda: owners() == [[0]], 15, "A to own the partition", interval=0.005)
         b = start_scheduler(real_server.url, tmp_path, *lease)
         procs.append(b)
-        wait_until("B to register", lambda: sorted(owners()) == [[], [0]], 15)
+        wait_for(lambda: sorted(owners()) == [[], [0]], 15, "B to register", interval=0.005)
 
         # A creates the second herd batch after batch; pause it in the middle.
-        wait_until("A in the middle of a herd", lambda: HERD < created() < 2 * HERD - 500, 20)
+        wait_for(lambda: HERD < created() < 2 * HERD - 500, 20, "A in the middle of a herd",
+                 interval=0.005)
         a.send_signal(signal.SIGSTOP)
         paused_at = created()
         time.sleep(2.5 * PAUSED_LEASE)
-        wait_until("B to finish the herd", lambda: created() >= 2 * HERD, 10)
+        wait_for(lambda: created() >= 2 * HERD, 10, "B to finish the herd", interval=0.005)
         a.send_signal(signal.SIGCONT)
-        wait_until("the next herd", lambda: created() >= 3 * HERD, 3 * HERD_EVERY)
+        wait_for(lambda: created() >= 3 * HERD, 3 * HERD_EVERY, "the next herd", interval=0.005)
         time.sleep(1.0)
     finally:
         for p in procs:
@@ -182,12 +177,9 @@ def test_three_scheduler_processes_one_killed_create_every_fire_exactly_once(
                 return set()
             return {m.pid for m in members if m.partitions}
 
-        wait_until("three schedulers, partitions owned", owners, 30)
+        wait_for(owners, 30, "three schedulers, partitions owned", interval=0.005)
         time.sleep(KILL_AFTER)
-        deadline = time.monotonic() + 10
-        while not (owning := owners()):
-            assert time.monotonic() < deadline, "no scheduler owns partitions"
-            time.sleep(0.005)
+        owning = wait_for(owners, 10, "a scheduler owning partitions", interval=0.005)
         victim = by_pid[min(owning)]
         victim.send_signal(signal.SIGKILL)  # mid-run, possibly between create and advance
         victim.wait(timeout=10)
@@ -264,7 +256,8 @@ def test_sigusr1_prints_every_threads_stack_and_the_scheduler_runs_on(
     try:
         # Registered, so started: the CLI installed its SIGUSR1 handler before the scheduler
         # ran (a signal sent before it, on a busy machine, killed the process).
-        wait_until("the scheduler to register", lambda: proc.pid in member_pids(jq), 30)
+        wait_for(lambda: proc.pid in member_pids(jq), 30, "the scheduler to register",
+                 interval=0.005)
         proc.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
         assert proc.poll() is None, "SIGUSR1 ended the scheduler"

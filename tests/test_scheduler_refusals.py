@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
+from helpers import wait_for
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.recurring import daemon as scheduler_mod
@@ -71,14 +71,17 @@ class Running:
 def wait_for_warning(
     caplog: pytest.LogCaptureFixture, running: Running, text: str
 ) -> logging.LogRecord:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+    def warned() -> logging.LogRecord | None:
         assert not running.outcome, f"the scheduler ended instead of retrying: {running.outcome}"
         for record in list(caplog.records):
             if record.levelno == logging.WARNING and text in record.getMessage():
                 return record
-        time.sleep(0.02)
-    raise AssertionError(f"no warning containing {text!r}: {caplog.text}")
+        return None
+
+    record: logging.LogRecord = wait_for(
+        warned, WAIT_S, f"a warning containing {text!r}", interval=0.02
+    )
+    return record
 
 
 @pytest.mark.parametrize("fault", ["OOM", "READONLY"])

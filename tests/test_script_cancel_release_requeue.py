@@ -6,47 +6,24 @@ from typing import Any
 
 import pytest
 from fence_rule import fence_issued
+from helpers import DEAD_RETENTION_MS, LEASE_MS, PAYLOAD, claim, claim_one, create_new
 
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
     CANCEL,
-    CLAIM,
     COMPLETE,
     CREATE_RUN,
     FAIL,
     HEARTBEAT,
     RELEASE,
     REQUEUE,
-    ClaimedRun,
     Outcome,
     RunSpec,
 )
 from jobqueue.store.schedules import HOLD_MS
 from jobqueue.store.scripts import ScriptRunner
 
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
 RETENTION = 3_600_000
-DEAD_RETENTION = 7_200_000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, max_attempts: int = 3,
-           now: int = 0, delay_ms: int = 0) -> None:
-    specs = [RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts, delay_ms=delay_ms)
-             for r in run_ids]
-    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1",
-          limit: int = 1) -> list[ClaimedRun]:
-    call = CLAIM.call(pk, limit, owner, LEASE, DEAD_RETENTION, now=now)
-    return CLAIM.parse(runner.run(call)).runs
-
-
-def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
-              ) -> ClaimedRun:
-    (run,) = claim(runner, pk, now, owner)
-    return run
 
 
 def cancel(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int,
@@ -74,14 +51,14 @@ def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, n
 
 def make_state(runner: ScriptRunner, pk: PartitionKeys, state: str) -> None:
     """Run 'a' in the given state."""
-    create(runner, pk, "a", max_attempts=1)
+    create_new(runner, pk, "a", max_attempts=1)
     if state == "pending":
         return
     c = claim_one(runner, pk, now=0)
     if state == "done":
         complete(runner, pk, "a", c.fence, now=10)
     elif state == "dead":
-        runner.run(FAIL.call(pk, "a", c.fence, "boom", None, DEAD_RETENTION, now=10))
+        runner.run(FAIL.call(pk, "a", c.fence, "boom", None, DEAD_RETENTION_MS, now=10))
     elif state == "cancelled":
         cancel(runner, pk, "a", now=10)
     else:
@@ -94,7 +71,7 @@ def make_state(runner: ScriptRunner, pk: PartitionKeys, state: str) -> None:
 def test_cancel_pending_run_removes_it_from_the_due_queue(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", delay_ms=1_000)
+    create_new(runner, pk, "a", delay_ms=1_000)
     assert cancel(runner, pk, "a", now=500) == (True, "pending")
     run = redis_client.hgetall(pk.run("a"))
     assert (run["state"], run["fence"], run["finished"]) == (
@@ -102,23 +79,23 @@ def test_cancel_pending_run_removes_it_from_the_due_queue(
     )
     assert redis_client.zscore(pk.due, "a") is None
     assert redis_client.zscore(pk.done, "a") == 500
-    assert claim(runner, pk, now=10**9) == []
+    assert claim(runner, pk, now=10**9, limit=1).runs == []
 
 
 def test_cancel_running_run_bumps_fence_so_the_worker_is_refused(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert cancel(runner, pk, "a", now=100) == (True, "running")
     cancelled_at = fence_issued(100, after=c.fence)
     assert redis_client.hget(pk.run("a"), "fence") == str(cancelled_at)
-    beat = runner.run(HEARTBEAT.call(pk, [("a", c.fence)], LEASE, now=200))
+    beat = runner.run(HEARTBEAT.call(pk, [("a", c.fence)], LEASE_MS, now=200))
     assert HEARTBEAT.parse(beat).answers == ["cancelled"]
     assert complete(runner, pk, "a", c.fence, now=300) == Outcome(
         False, "cancelled", current_fence=cancelled_at
     )
-    failed = runner.run(FAIL.call(pk, "a", c.fence, "x", 0, DEAD_RETENTION, now=300))
+    failed = runner.run(FAIL.call(pk, "a", c.fence, "x", 0, DEAD_RETENTION_MS, now=300))
     assert FAIL.parse(failed).status == "cancelled"
     assert release(runner, pk, "a", c.fence, now=300).status == "cancelled"
     assert redis_client.hget(pk.run("a"), "state") == "cancelled"
@@ -127,13 +104,13 @@ def test_cancel_running_run_bumps_fence_so_the_worker_is_refused(
 def test_cancel_running_run_removes_its_lease(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     claim_one(runner, pk, now=0)
     cancel(runner, pk, "a", now=100)
     assert redis_client.zscore(pk.leases, "a") is None
     assert not redis_client.hexists(pk.run("a"), "lease_until")
     # its old lease time passing does not bring it back
-    assert claim(runner, pk, now=10 * LEASE) == []
+    assert claim(runner, pk, now=10 * LEASE_MS, limit=1).runs == []
     assert redis_client.hget(pk.run("a"), "state") == "cancelled"
 
 
@@ -157,7 +134,7 @@ def test_cancel_of_finished_run_reports_its_state_and_changes_nothing(
 def test_cancelled_record_expires_after_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     cancel(runner, pk, "a", now=1, retention=40_000)
     for key in (pk.run("a"), pk.history("a")):
         assert 30_000 < redis_client.pttl(key) <= 40_000
@@ -166,7 +143,7 @@ def test_cancelled_record_expires_after_retention(
 def test_cancel_stores_the_reason_and_counts_in_stats(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b")
     long_reason = "operator said so " + "!" * 300
     cancel(runner, pk, "a", now=1, reason=long_reason)
     cancel(runner, pk, "b", now=2)
@@ -184,7 +161,7 @@ def test_cancel_stores_the_reason_and_counts_in_stats(
 def test_release_does_not_count_an_attempt(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=1)
+    create_new(runner, pk, "a", max_attempts=1)
     c = claim_one(runner, pk, now=0)
     assert c.attempt == 1
     assert release(runner, pk, "a", c.fence, now=10) == Outcome(True, "released")
@@ -196,7 +173,7 @@ def test_release_does_not_count_an_attempt(
 def test_release_puts_run_back_due_now_without_owner_or_lease(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=1_500)
     run = redis_client.hgetall(pk.run("a"))
@@ -210,7 +187,7 @@ def test_release_puts_run_back_due_now_without_owner_or_lease(
 def test_release_keeps_the_fence_until_the_next_claim_bumps_it(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=10)
     assert redis_client.hget(pk.run("a"), "fence") == str(c.fence)
@@ -221,7 +198,7 @@ def test_release_keeps_the_fence_until_the_next_claim_bumps_it(
 def test_release_pushes_a_wake_token(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     redis_client.delete(pk.wake)
     release(runner, pk, "a", c.fence, now=10)
@@ -231,7 +208,7 @@ def test_release_pushes_a_wake_token(
 def test_release_cuts_an_overfull_wake_list_back_to_its_cap(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     redis_client.rpush(pk.wake, *["1"] * 30)
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=10)
@@ -241,11 +218,11 @@ def test_release_cuts_an_overfull_wake_list_back_to_its_cap(
 def test_release_with_stale_fence_is_refused(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
-    new = claim_one(runner, pk, now=LEASE, owner="w2")
+    new = claim_one(runner, pk, now=LEASE_MS, owner="w2")
     before = redis_client.hgetall(pk.run("a"))
-    assert release(runner, pk, "a", old.fence, now=LEASE + 1) == Outcome(
+    assert release(runner, pk, "a", old.fence, now=LEASE_MS + 1) == Outcome(
         False, "fenced", current_fence=new.fence
     )
     assert redis_client.hgetall(pk.run("a")) == before
@@ -276,7 +253,7 @@ def test_release_of_unknown_run_is_refused(runner: ScriptRunner, pk: PartitionKe
 def test_release_writes_a_history_entry(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     release(runner, pk, "a", c.fence, now=42)
     assert redis_client.lrange(pk.history("a"), -1, -1) == [
@@ -287,7 +264,7 @@ def test_release_writes_a_history_entry(
 def test_history_keeps_only_the_last_32_entries(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     fences = []
     for i in range(40):
         c = claim_one(runner, pk, now=i * 10)
@@ -320,12 +297,12 @@ def test_requeue_finished_run_resets_attempts_and_makes_it_due_now(
 def test_requeue_of_a_delayed_run_cancelled_before_its_time_keeps_it_due_at_that_time(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", delay_ms=60_000)
+    create_new(runner, pk, "a", delay_ms=60_000)
     cancel(runner, pk, "a", now=1_000)
     assert requeue(runner, pk, "a", now=2_000) == (True, "cancelled")
     assert redis_client.hget(pk.run("a"), "due") == "60000"
     assert redis_client.zscore(pk.due, "a") == 60_000
-    assert claim(runner, pk, now=59_999) == []
+    assert claim(runner, pk, now=59_999, limit=1).runs == []
     assert claim_one(runner, pk, now=60_000).run_id == "a"
 
 
@@ -342,7 +319,7 @@ def test_requeue_of_a_cancelled_held_buffer_one_run_is_due_now_not_at_the_hold_t
 def test_requeue_of_a_delayed_run_cancelled_and_requeued_after_its_time_is_due_now(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", delay_ms=60_000)
+    create_new(runner, pk, "a", delay_ms=60_000)
     cancel(runner, pk, "a", now=1_000)
     requeue(runner, pk, "a", now=70_000)
     assert redis_client.zscore(pk.due, "a") == 70_000
@@ -376,7 +353,7 @@ def test_requeue_removes_run_from_dead_and_done_indexes(
 def test_requeue_keeps_the_fence_so_an_old_worker_stays_refused(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=10)
     requeue(runner, pk, "a", now=20)
@@ -436,7 +413,7 @@ def test_requeue_of_a_dead_or_cancelled_run_needs_no_force(
 def test_requeue_of_a_done_run_keeps_its_claim_and_success_in_the_history(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=10, owner="w1")
     complete(runner, pk, "a", c.fence, now=20)
     requeue(runner, pk, "a", now=30)
@@ -450,9 +427,9 @@ def test_requeue_of_a_done_run_keeps_its_claim_and_success_in_the_history(
 def test_a_requeued_dead_run_shows_the_new_attempt_only_and_keeps_the_old_in_history(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=1)
+    create_new(runner, pk, "a", max_attempts=1)
     c = claim_one(runner, pk, now=10, owner="w1")
-    runner.run(FAIL.call(pk, "a", c.fence, "boom", None, DEAD_RETENTION, now=20))
+    runner.run(FAIL.call(pk, "a", c.fence, "boom", None, DEAD_RETENTION_MS, now=20))
     requeue(runner, pk, "a", now=30)
     again = claim_one(runner, pk, now=40, owner="w2")
     complete(runner, pk, "a", again.fence, now=50)
@@ -467,8 +444,8 @@ def test_a_requeued_dead_run_shows_the_new_attempt_only_and_keeps_the_old_in_his
 def test_cancel_issues_a_fence_from_the_partitions_counter(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b")
-    held = claim(runner, pk, now=0, limit=2)
+    create_new(runner, pk, "a", "b")
+    held = claim(runner, pk, now=0, limit=2).runs
     assert cancel(runner, pk, "a", now=1) == (True, "running")
     fence_a = int(redis_client.hget(pk.run("a"), "fence"))
     assert fence_a > max(r.fence for r in held)
@@ -480,6 +457,6 @@ def test_cancel_trims_done_index_entries_older_than_the_retention(
 ) -> None:
     now = RETENTION + 10_000
     redis_client.zadd(pk.done, {"expired-long-ago": 1_000})
-    create(runner, pk, "a", now=now)
+    create_new(runner, pk, "a", now=now)
     assert cancel(runner, pk, "a", now=now) == (True, "pending")
     assert redis_client.zrange(pk.done, 0, -1) == ["a"]

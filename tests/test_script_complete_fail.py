@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from fence_rule import fence_issued
+from helpers import DEAD_RETENTION_MS, LEASE_MS, claim_one, create_new
 
 from jobqueue.errors import ScriptError
 from jobqueue.store.keys import PartitionKeys
@@ -14,31 +15,12 @@ from jobqueue.store.runs import (
     CANCEL,
     CLAIM,
     COMPLETE,
-    CREATE_RUN,
     FAIL,
-    ClaimedRun,
     Outcome,
-    RunSpec,
 )
 from jobqueue.store.scripts import ScriptRunner
 
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
 RETENTION = 3_600_000
-DEAD_RETENTION = 7_200_000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, max_attempts: int = 3,
-           now: int = 0) -> None:
-    specs = [RunSpec(r, "t", PAYLOAD, max_attempts=max_attempts) for r in run_ids]
-    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
-
-
-def claim_one(runner: ScriptRunner, pk: PartitionKeys, now: int, owner: str = "w1"
-              ) -> ClaimedRun:
-    call = CLAIM.call(pk, 1, owner, LEASE, DEAD_RETENTION, now=now)
-    (run,) = CLAIM.parse(runner.run(call)).runs
-    return run
 
 
 def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int,
@@ -50,7 +32,7 @@ def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, n
 
 def fail(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: int,
          delay: int | None = 1_000, error: str = "boom") -> Outcome:
-    call = FAIL.call(pk, run_id, fence, error, delay, DEAD_RETENTION, now=now)
+    call = FAIL.call(pk, run_id, fence, error, delay, DEAD_RETENTION_MS, now=now)
     return FAIL.parse(runner.run(call))
 
 
@@ -60,7 +42,7 @@ def fail(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, now: 
 def test_complete_with_current_fence_is_accepted_once(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert complete(runner, pk, "a", c.fence, now=10) == Outcome(True, "done")
     assert complete(runner, pk, "a", c.fence, now=20) == Outcome(
@@ -71,7 +53,7 @@ def test_complete_with_current_fence_is_accepted_once(
 def test_complete_marks_done_with_result_and_finish_time(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=1_234, result='{"n":[1,2]}')
     run = redis_client.hgetall(pk.run("a"))
@@ -84,23 +66,23 @@ def test_complete_marks_done_with_result_and_finish_time(
 def test_complete_removes_the_lease_and_indexes_the_run_as_done(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=500)
     assert redis_client.zscore(pk.leases, "a") is None
     assert redis_client.zscore(pk.done, "a") == 500
     # a completed run is not reclaimed when its old lease time passes
-    result = CLAIM.parse(runner.run(CLAIM.call(pk, 5, "w2", LEASE, 1, now=10 * LEASE)))
+    result = CLAIM.parse(runner.run(CLAIM.call(pk, 5, "w2", LEASE_MS, 1, now=10 * LEASE_MS)))
     assert result.runs == []
 
 
 def test_complete_with_stale_fence_is_refused_as_fenced_with_current_fence(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
-    new = claim_one(runner, pk, now=LEASE, owner="w2")
-    assert complete(runner, pk, "a", old.fence, now=LEASE + 1) == Outcome(
+    new = claim_one(runner, pk, now=LEASE_MS, owner="w2")
+    assert complete(runner, pk, "a", old.fence, now=LEASE_MS + 1) == Outcome(
         False, "fenced", current_fence=new.fence
     )
 
@@ -108,13 +90,13 @@ def test_complete_with_stale_fence_is_refused_as_fenced_with_current_fence(
 def test_refused_complete_changes_nothing(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
-    claim_one(runner, pk, now=LEASE, owner="w2")
+    claim_one(runner, pk, now=LEASE_MS, owner="w2")
     record = redis_client.hgetall(pk.run("a"))
     history = redis_client.lrange(pk.history("a"), 0, -1)
     leases = redis_client.zrange(pk.leases, 0, -1, withscores=True)
-    complete(runner, pk, "a", old.fence, now=LEASE + 1)
+    complete(runner, pk, "a", old.fence, now=LEASE_MS + 1)
     assert redis_client.hgetall(pk.run("a")) == record
     assert redis_client.lrange(pk.history("a"), 0, -1) == history
     assert redis_client.zrange(pk.leases, 0, -1, withscores=True) == leases
@@ -135,7 +117,7 @@ def test_complete_of_unknown_run_is_refused_as_unknown(
 def test_complete_of_a_pending_run_is_refused_as_not_running(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     outcome = complete(runner, pk, "a", 0, now=10)
     assert outcome == Outcome(False, "not-running", current_fence=0)
     assert redis_client.hget(pk.run("a"), "state") == "pending"
@@ -144,7 +126,7 @@ def test_complete_of_a_pending_run_is_refused_as_not_running(
 def test_complete_of_cancelled_run_is_refused_as_cancelled(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     runner.run(CANCEL.call(pk, "a", RETENTION, "stop", now=5))
     assert complete(runner, pk, "a", c.fence, now=10) == Outcome(
@@ -155,7 +137,7 @@ def test_complete_of_cancelled_run_is_refused_as_cancelled(
 def test_complete_of_dead_run_is_refused_as_finished(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=5, delay=None)
     assert complete(runner, pk, "a", c.fence, now=10).status == "finished"
@@ -164,7 +146,7 @@ def test_complete_of_dead_run_is_refused_as_finished(
 def test_finished_record_expires_after_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert redis_client.pttl(pk.run("a")) == -1
     fail(runner, pk, "a", c.fence, now=5, delay=0)  # a history entry: a history key exists
@@ -177,7 +159,7 @@ def test_finished_record_expires_after_retention(
 def test_complete_trims_done_index_entries_older_than_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "old", "new")
+    create_new(runner, pk, "old", "new")
     fences = {r.run_id: r.fence for r in CLAIM.parse(
         runner.run(CLAIM.call(pk, 2, "w", 10**9, 1, now=0))).runs}
     complete(runner, pk, "old", fences["old"], now=1_000, retention=10_000)
@@ -188,7 +170,7 @@ def test_complete_trims_done_index_entries_older_than_retention(
 def test_complete_keeps_done_index_entries_within_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "old", "new")
+    create_new(runner, pk, "old", "new")
     fences = {r.run_id: r.fence for r in CLAIM.parse(
         runner.run(CLAIM.call(pk, 2, "w", 10**9, 1, now=0))).runs}
     complete(runner, pk, "old", fences["old"], now=1_000, retention=10_000)
@@ -199,7 +181,7 @@ def test_complete_keeps_done_index_entries_within_retention(
 def test_complete_counts_completed_and_rejected_in_stats(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=10)
     complete(runner, pk, "a", c.fence, now=11)
@@ -212,7 +194,7 @@ def test_a_first_attempt_that_completes_writes_no_history(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     """The record tells it all (owner, fence, attempt, started, finished): no list key."""
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     complete(runner, pk, "a", c.fence, now=77)
     assert not redis_client.exists(pk.history("a"))
@@ -224,9 +206,9 @@ def test_a_first_attempt_that_completes_writes_no_history(
 def test_complete_many_accepts_each_current_fence_and_refuses_each_stale_one(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c")
     claimed = {r.run_id: r for r in CLAIM.parse(runner.run(
-        CLAIM.call(pk, 3, "w1", 30_000, DEAD_RETENTION, now=0))).runs}
+        CLAIM.call(pk, 3, "w1", 30_000, DEAD_RETENTION_MS, now=0))).runs}
     call = COMPLETE.call(
         pk,
         [("a", claimed["a"].fence, '"A"'), ("b", claimed["b"].fence + 7, '"B"'),
@@ -253,7 +235,7 @@ def test_complete_many_accepts_each_current_fence_and_refuses_each_stale_one(
 def test_fail_retries_at_now_plus_delay_until_max_attempts(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=3)
+    create_new(runner, pk, "a", max_attempts=3)
     now = 0
     outcomes = []
     for _ in range(3):
@@ -273,7 +255,7 @@ def test_fail_retries_at_now_plus_delay_until_max_attempts(
 def test_fail_retry_puts_the_run_back_to_pending_with_the_error(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=100, delay=5_000, error="ValueError: nope")
     run = redis_client.hgetall(pk.run("a"))
@@ -290,10 +272,10 @@ def test_fail_retry_puts_the_run_back_to_pending_with_the_error(
 def test_fail_retry_is_claimable_at_its_due_time_not_before(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=100, delay=5_000)
-    early = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", LEASE, 1, now=5_099)))
+    early = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", LEASE_MS, 1, now=5_099)))
     assert early.runs == []
     assert early.next_wake_ms == 5_100
     again = claim_one(runner, pk, now=5_100)
@@ -303,7 +285,7 @@ def test_fail_retry_is_claimable_at_its_due_time_not_before(
 def test_fail_without_retry_delay_buries_at_once(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=10)
+    create_new(runner, pk, "a", max_attempts=10)
     c = claim_one(runner, pk, now=0)
     assert fail(runner, pk, "a", c.fence, now=100, delay=None) == Outcome(True, "dead")
     assert redis_client.hget(pk.run("a"), "state") == "dead"
@@ -313,7 +295,7 @@ def test_fail_without_retry_delay_buries_at_once(
 def test_fail_on_last_attempt_buries_in_dead_set_with_dead_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=1)
+    create_new(runner, pk, "a", max_attempts=1)
     c = claim_one(runner, pk, now=0)
     assert fail(runner, pk, "a", c.fence, now=300, delay=1_000, error="final") == Outcome(
         True, "dead"
@@ -325,20 +307,20 @@ def test_fail_on_last_attempt_buries_in_dead_set_with_dead_retention(
     assert redis_client.zscore(pk.leases, "a") is None
     assert redis_client.zscore(pk.due, "a") is None
     for key in (pk.run("a"), pk.history("a")):
-        assert DEAD_RETENTION - 60_000 < redis_client.pttl(key) <= DEAD_RETENTION
+        assert DEAD_RETENTION_MS - 60_000 < redis_client.pttl(key) <= DEAD_RETENTION_MS
 
 
 def test_fail_with_stale_fence_is_refused_and_changes_nothing(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     old = claim_one(runner, pk, now=0, owner="w1")
-    new = claim_one(runner, pk, now=LEASE, owner="w2")
+    new = claim_one(runner, pk, now=LEASE_MS, owner="w2")
     record = redis_client.hgetall(pk.run("a"))
-    outcome = fail(runner, pk, "a", old.fence, now=LEASE + 1, delay=None)
+    outcome = fail(runner, pk, "a", old.fence, now=LEASE_MS + 1, delay=None)
     assert outcome == Outcome(False, "fenced", current_fence=new.fence)
     assert redis_client.hgetall(pk.run("a")) == record
-    assert redis_client.zscore(pk.leases, "a") == 2 * LEASE
+    assert redis_client.zscore(pk.leases, "a") == 2 * LEASE_MS
     assert redis_client.zcard(pk.dead) == 0
 
 
@@ -352,7 +334,7 @@ def test_fail_is_refused_unless_the_run_is_running(
 ) -> None:
     fence = 0
     if setup != "none":
-        create(runner, pk, "a")
+        create_new(runner, pk, "a")
     if setup in ("cancelled", "done"):
         fence = claim_one(runner, pk, now=0).fence
     if setup == "cancelled":
@@ -370,7 +352,7 @@ def test_fail_is_refused_unless_the_run_is_running(
 def test_fail_counts_failed_retried_dead_and_rejected(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=2)
+    create_new(runner, pk, "a", max_attempts=2)
     c = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", c.fence, now=1, delay=0)
     c = claim_one(runner, pk, now=2)
@@ -385,7 +367,7 @@ def test_fail_counts_failed_retried_dead_and_rejected(
 def test_fail_writes_retry_and_dead_history_entries(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", max_attempts=2)
+    create_new(runner, pk, "a", max_attempts=2)
     first = claim_one(runner, pk, now=0)
     fail(runner, pk, "a", first.fence, now=10, delay=90, error="E1")
     second = claim_one(runner, pk, now=100)
@@ -402,7 +384,7 @@ def test_fail_writes_retry_and_dead_history_entries(
 def test_fail_with_zero_delay_is_due_at_once(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a")
     c = claim_one(runner, pk, now=0)
     assert fail(runner, pk, "a", c.fence, now=50, delay=0).retry_at_ms == 50
     assert claim_one(runner, pk, now=50).attempt == 2
@@ -411,8 +393,8 @@ def test_fail_with_zero_delay_is_due_at_once(
 def test_a_key_of_another_type_in_a_batched_complete_refuses_that_run_alone(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", "b", "c")
-    got = CLAIM.parse(runner.run(CLAIM.call(pk, 3, "w", LEASE, DEAD_RETENTION, now=0)))
+    create_new(runner, pk, "a", "b", "c")
+    got = CLAIM.parse(runner.run(CLAIM.call(pk, 3, "w", LEASE_MS, DEAD_RETENTION_MS, now=0)))
     fences = {r.run_id: r.fence for r in got.runs}
     redis_client.delete(pk.run("b"))
     redis_client.set(pk.run("b"), "not a hash")
@@ -431,9 +413,9 @@ def test_a_key_of_another_type_in_a_batched_complete_refuses_that_run_alone(
 def test_fail_to_dead_trims_dead_index_entries_older_than_the_dead_retention(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    now = DEAD_RETENTION + 10_000
+    now = DEAD_RETENTION_MS + 10_000
     redis_client.zadd(pk.dead, {"expired-long-ago": 1_000})
-    create(runner, pk, "a", max_attempts=1, now=now)
+    create_new(runner, pk, "a", max_attempts=1, now=now)
     c = claim_one(runner, pk, now=now)
     assert fail(runner, pk, "a", c.fence, now=now, delay=None).status == "dead"
     assert redis_client.zrange(pk.dead, 0, -1) == ["a"]
@@ -448,9 +430,9 @@ def test_fail_with_a_number_that_is_not_whole_is_refused_whole(
 ) -> None:
     """ARGV[6] retry delay, ARGV[7] dead retention: a bad one failed ZADD or PEXPIRE after the
     record was written (pending, out of due, still leased)."""
-    create(runner, pk, "r")
+    create_new(runner, pk, "r")
     run = claim_one(runner, pk, now=1_000)
-    call = FAIL.call(pk, "r", run.fence, "boom", 1_000, DEAD_RETENTION, now=2_000)
+    call = FAIL.call(pk, "r", run.fence, "boom", 1_000, DEAD_RETENTION_MS, now=2_000)
     args = list(call.args)
     args[index] = bad
     before = redis_client.hgetall(pk.run("r"))
@@ -463,7 +445,7 @@ def test_fail_with_a_number_that_is_not_whole_is_refused_whole(
 def test_complete_with_a_retention_that_is_not_whole_is_refused_whole(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "r")
+    create_new(runner, pk, "r")
     run = claim_one(runner, pk, now=1_000)
     call = COMPLETE.call(pk, [("r", run.fence, '"ok"')], RETENTION, now=2_000)
     args = list(call.args)
@@ -477,7 +459,7 @@ def test_a_failure_message_is_cut_at_a_character_boundary(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     """The history keeps the first 200 bytes of the error: never half a character."""
-    create(runner, pk, "r")
+    create_new(runner, pk, "r")
     run = claim_one(runner, pk, now=1_000)
     fail(runner, pk, "r", run.fence, now=2_000, error="a" * 199 + "é" * 5)
     (entry,) = [e for e in redis_client.lrange(pk.history("r"), 0, -1) if "failed" in e]

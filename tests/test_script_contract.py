@@ -7,12 +7,16 @@ production."""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import claim, create
 
 from jobqueue.store.admin import PAUSE, PURGE, REPAIR, SET_LIMIT, Purged, Repaired
 from jobqueue.store.catalog import CONTRACTS
@@ -73,7 +77,7 @@ from jobqueue.store.schedules import (
     Moved,
     RunGroup,
 )
-from jobqueue.store.scripts import PRELUDE, SCRIPT_NAMES, Call, ScriptRunner, lua_dir
+from jobqueue.store.scripts import LIB, SCRIPT_NAMES, Call, ScriptRunner, includes, lua_dir
 
 PK = PartitionKeys("q", 3)
 SK = SchedKeys(2)
@@ -138,6 +142,22 @@ def code(name: str) -> str:
     return "\n".join(re.sub(r"--.*$", "", line) for line in body(name).splitlines())
 
 
+@cache
+def own_libs(name: str) -> tuple[str, ...]:
+    """The libs no other script includes: the script's own steps, kept in lua/lib/ (claim's
+    steps, say). What they do counts as the script's."""
+    used = {n: set(includes((lua_dir() / f"{n}.lua").read_text(), n)) for n in SCRIPT_NAMES}
+    others = set().union(*(libs for n, libs in used.items() if n != name))
+    return tuple(sorted(used[name] - others))
+
+
+def own_code(name: str) -> str:
+    """The script and its own libs, without any comment."""
+    texts = [body(name)] + [(lua_dir() / LIB / f"{lib}.lua").read_text()
+                            for lib in own_libs(name)]
+    return "\n".join(re.sub(r"--.*$", "", line) for t in texts for line in t.splitlines())
+
+
 def disagreements(contract: Contract[..., Any], header: Header) -> list[str]:
     """How a contract differs from its script's header (nothing, when they agree)."""
     found = []
@@ -156,7 +176,7 @@ def disagreements(contract: Contract[..., Any], header: Header) -> list[str]:
 
 
 def test_every_script_in_lua_has_a_contract() -> None:
-    on_disk = {p.stem for p in lua_dir().glob("*.lua")} - {PRELUDE}
+    on_disk = {p.stem for p in lua_dir().glob("*.lua")}  # (lua/lib/ holds no script)
     assert set(CONTRACTS) == on_disk
 
 
@@ -221,6 +241,53 @@ def test_a_header_whose_tail_does_not_follow_the_fixed_arguments_is_caught() -> 
     )
     assert disagreements(contract, header) != []
     assert disagreements(contract, replace(header, tail_at=2)) == []
+
+
+def test_no_contract_spells_the_keys_or_arguments_its_header_names() -> None:
+    """The header is the one spelling: a contract in jobqueue/store takes its KEYS, ARGV and
+    tail from it."""
+    store = Path(__file__).resolve().parent.parent / "jobqueue" / "store"
+    spelled = []
+    for path in sorted(store.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "Contract"):
+                spelled += [f"{path.name}:{node.lineno} {k.arg}" for k in node.keywords
+                            if k.arg in ("keys", "args", "tail")]
+    assert spelled == []
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_the_builder_names_exactly_what_the_header_names(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A builder's Wire names the header's ARGV (its dict keys) and its KEYS (a dict's keys,
+    or a keys object's attributes), no more and no fewer."""
+    header, contract = headers()[name], CONTRACTS[name]
+    wires: list[Wire] = []
+    build = contract._build
+
+    def spy(*args: Any, **kwargs: Any) -> Wire:
+        wires.append(build(*args, **kwargs))
+        return wires[-1]
+
+    monkeypatch.setattr(contract, "_build", spy)
+    call = BUILDERS[name]()
+    (wire,) = wires
+    assert sorted(wire.args) == sorted(header.args)
+    if isinstance(wire.keys, dict):
+        assert sorted(wire.keys) == sorted(header.keys)
+    else:
+        assert all(hasattr(wire.keys, key) for key in header.keys)
+    assert call.args[: len(header.args)] == tuple(wire.args[a] for a in header.args)
+    assert (header.tail is None) == (len(call.args) == len(header.args))
+
+
+def test_a_contract_of_a_script_in_lua_reads_the_header() -> None:
+    contract = Contract("heartbeat", build=lambda: Wire(PK, {}), parse=lambda reply: reply)
+    header = headers()["heartbeat"]
+    assert (contract.keys, contract.args, contract.tail) == (header.keys, header.args,
+                                                             header.tail)
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
@@ -316,6 +383,14 @@ def test_the_script_uses_every_key_it_declares_and_no_other(name: str) -> None:
     assert used == set(range(1, len(header.keys) + 1)), (used, header.keys)
 
 
+def test_no_lib_reads_keys_or_argv() -> None:
+    """A lib is handed its keys and arguments by the script that includes it (claim's steps
+    get claim's KEYS by name), so each script's header stays the whole of its interface."""
+    for path in sorted((lua_dir() / LIB).glob("*.lua")):
+        text = "\n".join(re.sub(r"--.*$", "", line) for line in path.read_text().splitlines())
+        assert not re.search(r"\b(KEYS|ARGV)\b", text), path.name
+
+
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix(
     name: str,
@@ -329,8 +404,8 @@ def test_the_script_reaches_no_partition_key_but_records_and_histories_by_prefix
     back in line (unparked) is re-hinted in; and the keys of fair shares, a queue's opt-in
     setting (gconf; the group queues gq:<group>, named by a run's limit_key like held:; the
     ring gready, gwait, gpass, gvt, gserved and gof), which every script that puts a run in
-    line reaches through the prelude, by the prefix, in the partition's slot."""
-    built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", code(name))
+    line reaches through the shared libs (lua/lib/), by the prefix, in the partition's slot."""
+    built = re.findall(r"(?:prefix|ARGV\[2\])\s*\.\.\s*'([^']*)'", own_code(name))
     allowed = {"run:", "hist:"} | ({"dedupe:", "held:", "krate:"} if name == "claim" else set())
     if name in ("claim", "cancel", "set_limit"):
         allowed |= {"parked:"}
@@ -370,17 +445,18 @@ NOW = 1_000_000
 P = PartitionKeys("default", 0)
 K = SchedKeys(0)
 
+def create_in_p(runner: ScriptRunner, *run_ids: str) -> None:
+    """Runs of partition P, payload '{}', created at NOW."""
+    create(runner, P, *run_ids, now=NOW, payload="{}")
 
-def create(runner: ScriptRunner, *run_ids: str, now: int = NOW) -> None:
-    runner.run(CREATE_RUN.call(P, [RunSpec(r, "t", "{}") for r in run_ids], now=now))
 
-
-def claim(runner: ScriptRunner, limit: int = 10, now: int = NOW) -> list[ClaimedRun]:
-    return CLAIM.parse(runner.run(CLAIM.call(P, limit, "w", 30_000, 60_000, now=now))).runs
+def claim_in_p(runner: ScriptRunner, limit: int = 10) -> list[ClaimedRun]:
+    """The runs of partition P due at NOW, claimed by 'w'."""
+    return claim(runner, P, NOW, limit, owner="w", retention_ms=60_000).runs
 
 
 def parses_create_run(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "old")
+    create_in_p(runner, "old")
     reply = runner.run(CREATE_RUN.call(P, [RunSpec("new", "t", "{}"), RunSpec("old", "t", "{}")],
                                        now=NOW))
     assert CREATE_RUN.parse(reply) == [True, False]
@@ -411,15 +487,15 @@ def parses_claim(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_heartbeat(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
-    (a,) = claim(runner)
+    create_in_p(runner, "a")
+    (a,) = claim_in_p(runner)
     reply = runner.run(HEARTBEAT.call(P, [("a", a.fence), ("gone", 1)], 40_000, now=NOW + 1))
     assert HEARTBEAT.parse(reply) == Beats(NOW + 1, [NOW + 40_001, "unknown"])
 
 
 def parses_complete(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a", "b")
-    a, b = claim(runner)
+    create_in_p(runner, "a", "b")
+    a, b = claim_in_p(runner)
     call = COMPLETE.call(P, [("a", a.fence, "1"), ("b", b.fence + 1, "2")], 60_000, now=NOW)
     assert COMPLETE.parse(runner.run(call)) == [
         Outcome(True, "done"), Outcome(False, "fenced", current_fence=b.fence)
@@ -427,8 +503,8 @@ def parses_complete(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_fail(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a", "b")
-    a, b = claim(runner)
+    create_in_p(runner, "a", "b")
+    a, b = claim_in_p(runner)
     retry = FAIL.call(P, "a", a.fence, "boom", 2_000, 60_000, now=NOW + 1)
     assert FAIL.parse(runner.run(retry)) == Outcome(True, "retry", retry_at_ms=NOW + 2_001)
     dead = FAIL.call(P, "b", b.fence, "fatal", None, 60_000, now=NOW + 1)
@@ -436,8 +512,8 @@ def parses_fail(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_release(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
-    (a,) = claim(runner)
+    create_in_p(runner, "a")
+    (a,) = claim_in_p(runner)
     assert RELEASE.parse(runner.run(RELEASE.call(P, "a", a.fence, now=NOW))) == Outcome(
         True, "released"
     )
@@ -446,8 +522,8 @@ def parses_release(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_bounce(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a", "b")
-    a, b = claim(runner)
+    create_in_p(runner, "a", "b")
+    a, b = claim_in_p(runner)
 
     def bounce(run_id: str, fence: int, window_ms: int) -> Bounced:
         call = BOUNCE.call(
@@ -464,14 +540,14 @@ def parses_bounce(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_cancel(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
+    create_in_p(runner, "a")
     call = CANCEL.call(P, "a", 60_000, "stop", now=NOW)
     assert CANCEL.parse(runner.run(call)) == StateChange(True, "pending")
     assert CANCEL.parse(runner.run(call)) == StateChange(False, "cancelled")
 
 
 def parses_requeue(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
+    create_in_p(runner, "a")
     runner.run(CANCEL.call(P, "a", 60_000, "stop", now=NOW))
     call = REQUEUE.call(P, "a", now=NOW)
     assert REQUEUE.parse(runner.run(call)) == StateChange(True, "cancelled")
@@ -479,8 +555,8 @@ def parses_requeue(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_fenced_write(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
-    (a,) = claim(runner)
+    create_in_p(runner, "a")
+    (a,) = claim_in_p(runner)
     call = FENCED_WRITE.call(P, "res", a.fence, "v", "a", now=NOW)
     assert FENCED_WRITE.parse(runner.run(call)) == FencedWrite(True, a.fence)
     stale = FENCED_WRITE.call(P, "res", a.fence - 1, "v", "a", now=NOW)
@@ -488,8 +564,8 @@ def parses_fenced_write(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_progress(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a")
-    (a,) = claim(runner)
+    create_in_p(runner, "a")
+    (a,) = claim_in_p(runner)
     call = PROGRESS.call(P, "a", a.fence, 50, "half", now=NOW)
     assert PROGRESS.parse(runner.run(call)) == Outcome(True, "written")
     stale = PROGRESS.call(P, "a", a.fence - 1, 60, "", now=NOW)
@@ -497,14 +573,14 @@ def parses_progress(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_purge(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "dead", "alive")
-    dead = next(r for r in claim(runner) if r.run_id == "dead")
+    create_in_p(runner, "dead", "alive")
+    dead = next(r for r in claim_in_p(runner) if r.run_id == "dead")
     runner.run(FAIL.call(P, "dead", dead.fence, "boom", None, 60_000, now=NOW))
     assert PURGE.parse(runner.run(PURGE.call(P, ["dead", "alive"], now=NOW))) == Purged(1, 1)
 
 
 def parses_repair(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "lost", "fine")
+    create_in_p(runner, "lost", "fine")
     redis_client.zrem(P.due, "lost")
     call = REPAIR.call(P, ["lost", "fine"], dry_run=True, now=NOW)
     assert REPAIR.parse(runner.run(call)) == Repaired(1, 0, 0, 1)
@@ -559,8 +635,8 @@ def parses_sched_release(runner: ScriptRunner, redis_client: Any) -> None:
     group = RunGroup("t", "{}", 3, 0, 0, 60_000)
     runner.run(SCHED_CREATE.call(P, [(group, ["a", HOLD_MS, "b", HOLD_MS])], now=NOW))
     held = [(fire_run_id("a", 60_000), "", 60_000), (fire_run_id("b", 60_000), "a-running", 1)]
-    create(runner, "a-running")
-    claim(runner)
+    create_in_p(runner, "a-running")
+    claim_in_p(runner)
     replies = runner.run(SCHED_RELEASE.call(P, [*held, ("gone", "", 1)], now=NOW))
     assert SCHED_RELEASE.parse(replies) == [1, 0, 2]
 
@@ -692,8 +768,8 @@ def parses_relayed(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_read_records(runner: ScriptRunner, redis_client: Any) -> None:
-    create(runner, "a", "b")
-    (a,) = claim(runner, limit=1)
+    create_in_p(runner, "a", "b")
+    (a,) = claim_in_p(runner, limit=1)
     redis_client.set(P.run("foreign"), "x")
     reply = runner.run(READ_RECORDS.call(P, ["a", "gone", "foreign", "b"], now=NOW))
     got, gone, foreign, b = READ_RECORDS.parse(reply)

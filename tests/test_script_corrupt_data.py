@@ -40,6 +40,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+from helpers import PAYLOAD, claim, create_new, spec
 from script_calls import Advance, advance_groups, outcome
 
 from jobqueue import JobQueue
@@ -101,7 +102,6 @@ NOW = 1_700_000_000_000  # ms: the queue scenarios' calls run at this instant
 S = 1_000  # the recurring jobs' clock starts at 0
 LEASE = 30_000
 RETENTION = 3_600_000  # of finished and dead records
-PAYLOAD = '{"args":[],"kwargs":{}}'
 
 # What a field or a string may hold that no script writes: not a number, empty, NaN, infinite,
 # past 2^53, and digits that Lua reads as a number but Redis refuses as an integer.
@@ -115,18 +115,11 @@ EVENT_KEYS = (("events", "stream"), ("events:conf", "hash"))
 # -- building states ---------------------------------------------------------------------------
 
 
-def spec(run_id: str, **fields: Any) -> RunSpec:
-    return RunSpec(run_id, "t", PAYLOAD, **fields)
-
-
-def enqueue(runner: ScriptRunner, *specs: RunSpec, now: int) -> None:
-    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(PK, specs, now=now))))
-
-
-def claim(runner: ScriptRunner, limit: int, now: int, owner: str = "w1") -> dict[str, int]:
+def fences_claimed(runner: ScriptRunner, limit: int, now: int, owner: str = "w1"
+                   ) -> dict[str, int]:
     """Claim up to ``limit`` runs; their fences by run id."""
-    call = CLAIM.call(PK, limit, owner, LEASE, RETENTION, now=now)
-    return {r.run_id: r.fence for r in CLAIM.parse(runner.run(call)).runs}
+    result = claim(runner, PK, now, limit, owner, LEASE, RETENTION)
+    return {r.run_id: r.fence for r in result.runs}
 
 
 def accepted(runner: ScriptRunner, call: Call) -> None:
@@ -136,10 +129,10 @@ def accepted(runner: ScriptRunner, call: Call) -> None:
 def running_with_history(runner: ScriptRunner, run_id: str, now: int, **fields: Any) -> int:
     """A run on its second attempt (the first failed and was retried: a history entry); its
     fence."""
-    enqueue(runner, spec(run_id, **fields), now=now)
-    (first,) = claim(runner, 1, now=now).values()
+    create_new(runner, PK, spec(run_id, **fields), now=now)
+    (first,) = fences_claimed(runner, 1, now=now).values()
     accepted(runner, FAIL.call(PK, run_id, first, "flaky", 0, RETENTION, now=now + 1))
-    return claim(runner, 1, now=now + 2)[run_id]
+    return fences_claimed(runner, 1, now=now + 2)[run_id]
 
 
 def dead_with_history(runner: ScriptRunner, run_id: str, now: int) -> None:
@@ -187,7 +180,7 @@ def recurring_jobs(runner: ScriptRunner) -> None:
 def create_run(runner: ScriptRunner) -> Call:
     """A run is created again (it exists: left alone) with two new ones, one with its own
     lease, timeout, job and schedule."""
-    enqueue(runner, spec("queued"), now=NOW - 1_000)
+    create_new(runner, PK, spec("queued"), now=NOW - 1_000)
     return CREATE_RUN.call(PK, [
         spec("queued"),
         spec("new-1", lease_ms=5_000, timeout_ms=4_000, job_id="nightly", scheduled_for_ms=NOW),
@@ -202,15 +195,17 @@ def claim_a_busy_partition(runner: ScriptRunner) -> Call:
     start = NOW - 60_000
     running_with_history(runner, "expired", start, max_attempts=3, lease_ms=5_000,
                          timeout_ms=4_000, job_id="nightly", scheduled_for_ms=start)
-    enqueue(runner, spec("exhausted", max_attempts=1), now=start + 3)
-    claim(runner, 1, now=start + 3)
-    enqueue(runner, spec("finished"), now=start + 4)
-    fence = claim(runner, 1, now=start + 4)["finished"]
+    create_new(runner, PK, spec("exhausted", max_attempts=1), now=start + 3)
+    fences_claimed(runner, 1, now=start + 3)
+    create_new(runner, PK, spec("finished"), now=start + 4)
+    fence = fences_claimed(runner, 1, now=start + 4)["finished"]
     accepted(runner, COMPLETE.call(PK, [("finished", fence, "1")], RETENTION, now=start + 5))
     # What a failover leaves: a due entry of the finished run, and an orphan ('returned' was
     # indexed on a node its record had not reached yet; the record is here now).
     runner.client.zadd(PK.due, {"finished": start + 4})
-    enqueue(runner, spec("due"), spec("later", delay_ms=120_000), spec("returned"), now=NOW - 10)
+    create_new(
+        runner, PK, spec("due"), spec("later", delay_ms=120_000), spec("returned"), now=NOW - 10
+    )
     runner.client.zrem(PK.due, "returned")
     runner.client.zadd(PK.orphans, {"returned": NOW - 5})
     return CLAIM.call(PK, 2, "w2", LEASE, RETENTION, now=NOW)
@@ -218,7 +213,7 @@ def claim_a_busy_partition(runner: ScriptRunner) -> Call:
 
 def create_prioritized_runs(runner: ScriptRunner) -> Call:
     """Runs above the default priority, one delayed, next to one at the default."""
-    enqueue(runner, spec("old", priority=2), now=NOW - 1_000)
+    create_new(runner, PK, spec("old", priority=2), now=NOW - 1_000)
     return CREATE_RUN.call(PK, [
         spec("top", priority=9), spec("later", priority=9, delay_ms=1_000), spec("plain"),
     ], now=NOW)
@@ -227,12 +222,12 @@ def create_prioritized_runs(runner: ScriptRunner) -> Call:
 def claim_by_priority(runner: ScriptRunner) -> Call:
     """Due runs at three levels; a prio entry of a cancelled run, one whose run's due time
     moved later (a retry's backoff), and one of a new record of the id at another level."""
-    enqueue(runner, spec("top", priority=9), spec("mid", priority=4), spec("plain"),
+    create_new(runner, PK, spec("top", priority=9), spec("mid", priority=4), spec("plain"),
             spec("gone", priority=9), now=NOW - 100)
     assert CANCEL.parse(runner.run(CANCEL.call(PK, "gone", RETENTION, "no", now=NOW - 90))).changed
-    enqueue(runner, spec("moved", priority=4), now=NOW - 80)
+    create_new(runner, PK, spec("moved", priority=4), now=NOW - 80)
     runner.client.zadd(PK.due, {"moved": NOW + 5_000})
-    enqueue(runner, spec("renewed"), now=NOW - 70)
+    create_new(runner, PK, spec("renewed"), now=NOW - 70)
     runner.client.zadd(PK.prio, {"renewed": NOW - 70})  # a level-9 entry of an older life
     return CLAIM.call(PK, 3, "w2", LEASE, RETENTION, now=NOW)
 
@@ -248,7 +243,7 @@ def release_prioritized(runner: ScriptRunner) -> Call:
 
 
 def requeue_a_prioritized_run(runner: ScriptRunner) -> Call:
-    enqueue(runner, spec("a", priority=5), now=NOW - 3_000)
+    create_new(runner, PK, spec("a", priority=5), now=NOW - 3_000)
     assert CANCEL.parse(runner.run(CANCEL.call(PK, "a", RETENTION, "no", now=NOW - 10))).changed
     return REQUEUE.call(PK, "a", now=NOW)
 
@@ -287,10 +282,12 @@ def claim_a_deduplicated_run(runner: ScriptRunner) -> Call:
 def heartbeat(runner: ScriptRunner) -> Call:
     """A worker extends three leases (one of the runs has a lease of its own); another claim
     took one of them meanwhile, and a fourth run it names is gone."""
-    enqueue(runner, spec("held", lease_ms=5_000), spec("other"), spec("stolen"), now=NOW - 3_000)
-    fences = claim(runner, 3, now=NOW - 3_000)
+    create_new(
+        runner, PK, spec("held", lease_ms=5_000), spec("other"), spec("stolen"), now=NOW - 3_000
+    )
+    fences = fences_claimed(runner, 3, now=NOW - 3_000)
     accepted(runner, RELEASE.call(PK, "stolen", fences["stolen"], now=NOW - 2_000))
-    claim(runner, 1, now=NOW - 1_000, owner="w2")
+    fences_claimed(runner, 1, now=NOW - 1_000, owner="w2")
     leases = [(r, fences[r]) for r in ("held", "other", "stolen")] + [("vanished", 1)]
     return HEARTBEAT.call(PK, leases, LEASE, now=NOW)
 
@@ -300,10 +297,10 @@ def complete_a_batch(runner: ScriptRunner) -> Call:
     took meanwhile (refused). The done index holds an entry past the retention."""
     expired_entry(runner, PK.done)
     fence_a = running_with_history(runner, "a", NOW - 3_000)
-    enqueue(runner, spec("b"), spec("stale"), now=NOW - 2_000)
-    fences = claim(runner, 2, now=NOW - 2_000)
+    create_new(runner, PK, spec("b"), spec("stale"), now=NOW - 2_000)
+    fences = fences_claimed(runner, 2, now=NOW - 2_000)
     accepted(runner, RELEASE.call(PK, "stale", fences["stale"], now=NOW - 1_500))
-    claim(runner, 1, now=NOW - 1_000, owner="w2")
+    fences_claimed(runner, 1, now=NOW - 1_000, owner="w2")
     items = [("a", fence_a, '"ok"'), ("b", fences["b"], "2"), ("stale", fences["stale"], "3")]
     return COMPLETE.call(PK, items, RETENTION, now=NOW)
 
@@ -353,13 +350,13 @@ def flow_create(runner: ScriptRunner) -> Call:
 def complete_a_dependency(runner: ScriptRunner) -> Call:
     """A run others wait on completes: it goes to the outbox and keeps its record."""
     a_flow(runner, NOW - 3_000)
-    fences = claim(runner, 2, now=NOW - 2_000)
+    fences = fences_claimed(runner, 2, now=NOW - 2_000)
     return COMPLETE.call(PK, [("a", fences["a"], '"A"')], RETENTION, now=NOW)
 
 
 def fail_a_dependency_for_good(runner: ScriptRunner) -> Call:
     a_flow(runner, NOW - 3_000)
-    fences = claim(runner, 2, now=NOW - 2_000)
+    fences = fences_claimed(runner, 2, now=NOW - 2_000)
     return FAIL.call(PK, "b", fences["b"], "boom", None, RETENTION, now=NOW)
 
 
@@ -383,8 +380,8 @@ def deliver_a_death(runner: ScriptRunner) -> Call:
 
 
 def attach_a_finished_run(runner: ScriptRunner) -> Call:
-    enqueue(runner, spec("old"), now=NOW - 3_000)
-    fences = claim(runner, 1, now=NOW - 2_000)
+    create_new(runner, PK, spec("old"), now=NOW - 3_000)
+    fences = fences_claimed(runner, 1, now=NOW - 2_000)
     accepted(runner, COMPLETE.call(PK, [("old", fences["old"], "1")], RETENTION, now=NOW - 1_000))
     return ATTACH.call(PK, '["default","w"]', ["old"], now=NOW)
 
@@ -445,7 +442,7 @@ def relay_done(runner: ScriptRunner) -> Call:
     """a, which a run of another queue waits on, completed: its outbox entry is cleared."""
     nodes = [NodeSpec("a", "t", PAYLOAD, parents='[["other","w"]]')]
     assert all(FLOW_CREATE.parse(runner.run(FLOW_CREATE.call(PK, nodes, now=NOW - 3_000))))
-    fences = claim(runner, 1, now=NOW - 2_000)
+    fences = fences_claimed(runner, 1, now=NOW - 2_000)
     assert runner.run(COMPLETE.call(PK, [("a", fences["a"], '"A"')], RETENTION, now=NOW))
     return RELAYED.call(PK, [("a", NOW)], RETENTION, RETENTION, now=NOW + 1)
 
@@ -462,7 +459,7 @@ def bounce(runner: ScriptRunner) -> Call:
         PK, "a", fence, "w-old", "no task", delay_ms=1, delay_cap_ms=1, window_ms=3_600_000,
         dead_retention_ms=RETENTION, now=NOW - 2_000,
     ))
-    again = claim(runner, 1, now=NOW - 1_000)["a"]
+    again = fences_claimed(runner, 1, now=NOW - 1_000)["a"]
     return BOUNCE.call(
         PK, "a", again, "w-old", "no task", delay_ms=1_000, delay_cap_ms=60_000,
         window_ms=3_600_000, dead_retention_ms=RETENTION, now=NOW,
@@ -486,9 +483,9 @@ def requeue_a_dead_run(runner: ScriptRunner) -> Call:
 
 def fenced_write(runner: ScriptRunner) -> Call:
     """A run writes a resource that an older claim wrote before it."""
-    enqueue(runner, spec("older"), now=NOW - 4_000)
-    enqueue(runner, spec("a"), now=NOW - 3_000)
-    fences = claim(runner, 2, now=NOW - 3_000)
+    create_new(runner, PK, spec("older"), now=NOW - 4_000)
+    create_new(runner, PK, spec("a"), now=NOW - 3_000)
+    fences = fences_claimed(runner, 2, now=NOW - 3_000)
     call = FENCED_WRITE.call(PK, "report", fences["older"], "v1", "older", now=NOW - 2_000)
     assert FENCED_WRITE.parse(runner.run(call))[0]
     return FENCED_WRITE.call(PK, "report", fences["a"], "v2", "a", ttl_ms=60_000, now=NOW)
@@ -506,7 +503,7 @@ def read_records(runner: ScriptRunner) -> Call:
     """A waiter's listener reads a run with a history, a dead one and a pending one."""
     running_with_history(runner, "a", NOW - 3_000)
     dead_with_history(runner, "b", NOW - 2_000)
-    enqueue(runner, spec("c"), now=NOW - 1_000)
+    create_new(runner, PK, spec("c"), now=NOW - 1_000)
     return READ_RECORDS.call(PK, ["a", "b", "c"], now=NOW)
 
 
@@ -520,10 +517,10 @@ def index_page(runner: ScriptRunner) -> Call:
 def purge(runner: ScriptRunner) -> Call:
     """Two dead runs (one with a history) and a pending one (refused)."""
     dead_with_history(runner, "a", NOW - 3_000)
-    enqueue(runner, spec("b", max_attempts=1), now=NOW - 2_000)
-    fence = claim(runner, 1, now=NOW - 2_000)["b"]
+    create_new(runner, PK, spec("b", max_attempts=1), now=NOW - 2_000)
+    fence = fences_claimed(runner, 1, now=NOW - 2_000)["b"]
     accepted(runner, FAIL.call(PK, "b", fence, "boom", None, RETENTION, now=NOW - 1_000))
-    enqueue(runner, spec("c"), now=NOW - 1_000)
+    create_new(runner, PK, spec("c"), now=NOW - 1_000)
     return PURGE.call(PK, ["a", "b", "c"])
 
 
@@ -580,7 +577,7 @@ def sched_release(runner: ScriptRunner) -> Call:
     """Two buffer-one jobs with their 120 s runs held: 'policed' (its 60 s run completed:
     released) and 'slow' (its 60 s run is still running: still held)."""
     runner.run(SCHED_CREATE.call(PK, [fire("policed", 60), fire("slow", 60)], now=60 * S))
-    fences = claim(runner, 2, now=61 * S)
+    fences = fences_claimed(runner, 2, now=61 * S)
     held = [fire("policed", 120, due=HOLD_MS), fire("slow", 120, due=HOLD_MS)]
     runner.run(SCHED_CREATE.call(PK, held, now=120 * S))
     first = fire_run("policed", 60)
@@ -618,10 +615,12 @@ def sched_lease_renew(runner: ScriptRunner) -> Call:
 def repair(runner: ScriptRunner) -> Call:
     """A pending run whose due entry is gone, a running run whose lease entry is gone, a
     due entry whose record is gone, an orphan whose record is back, and a run in place."""
-    enqueue(runner, spec("lost"), spec("gone"), spec("returned"), spec("fine"), now=NOW - 4_000)
+    create_new(
+        runner, PK, spec("lost"), spec("gone"), spec("returned"), spec("fine"), now=NOW - 4_000
+    )
     runner.client.zrem(PK.due, "lost")
-    enqueue(runner, spec("held"), now=NOW - 3_500)
-    claim(runner, 1, now=NOW - 3_000)
+    create_new(runner, PK, spec("held"), now=NOW - 3_500)
+    fences_claimed(runner, 1, now=NOW - 3_000)
     runner.client.delete(PK.leases)
     runner.client.delete(PK.run("gone"))
     runner.client.zrem(PK.due, "returned")
@@ -653,7 +652,7 @@ def claim_under_a_limit(runner: ScriptRunner) -> Call:
     """The busy partition of claim_a_busy_partition under a concurrency limit of 2, one slot
     held by a live lease: the call takes one run."""
     call = claim_a_busy_partition(runner)
-    enqueue(runner, spec("live"), now=NOW - 8)
+    create_new(runner, PK, spec("live"), now=NOW - 8)
     runner.run(CLAIM.call(PK, 1, "w1", LEASE, RETENTION, now=NOW - 8))  # takes 'expired' back
     assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, "concurrency", 3, now=NOW - 1)))
     return call
@@ -765,20 +764,20 @@ def key_capped(runner: ScriptRunner) -> None:
     'stale' (key k, one attempt) ran out of lease. A key rate of 5 per minute too."""
     for name, value in (("key_concurrency", 1), ("task:export", 1), ("key_rate", "5 60000")):
         assert SET_LIMIT.parse(runner.run(SET_LIMIT.call(PK, name, value, now=NOW - 100)))
-    enqueue(runner, spec("stale", limit_key="j", max_attempts=1), now=NOW - LEASE - 20)
-    claim(runner, 1, now=NOW - LEASE - 20)  # its lease expires at NOW - 20
-    enqueue(runner, spec("held", limit_key="k"), now=NOW - 50)
-    enqueue(runner, RunSpec("exporting", "export", PAYLOAD), now=NOW - 49)
-    enqueue(runner, spec("waits", limit_key="k"), RunSpec("export-2", "export", PAYLOAD),
+    create_new(runner, PK, spec("stale", limit_key="j", max_attempts=1), now=NOW - LEASE - 20)
+    fences_claimed(runner, 1, now=NOW - LEASE - 20)  # its lease expires at NOW - 20
+    create_new(runner, PK, spec("held", limit_key="k"), now=NOW - 50)
+    create_new(runner, PK, RunSpec("exporting", "export", PAYLOAD), now=NOW - 49)
+    create_new(runner, PK, spec("waits", limit_key="k"), RunSpec("export-2", "export", PAYLOAD),
             spec("waits-j", limit_key="j"), now=NOW - 48)
-    assert set(claim(runner, 5, now=NOW - 40)) == {"held", "exporting"}
+    assert set(fences_claimed(runner, 5, now=NOW - 40)) == {"held", "exporting"}
 
 
 def claim_under_key_caps(runner: ScriptRunner) -> Call:
     """The stale lease is buried (its slot frees: 'waits-j' unparks), a new run of key k is
     parked, one of another key is taken."""
     key_capped(runner)
-    enqueue(runner, spec("k-new", limit_key="k"), spec("m-new", limit_key="m"), now=NOW - 10)
+    create_new(runner, PK, spec("k-new", limit_key="k"), spec("m-new", limit_key="m"), now=NOW - 10)
     return CLAIM.call(PK, 3, "w2", LEASE, RETENTION, now=NOW)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from helpers import create
 from redis.crc import key_slot
 
 from jobqueue.store.keys import PartitionKeys
@@ -22,20 +23,16 @@ from jobqueue.store.runs import (
 )
 from jobqueue.store.scripts import ScriptRunner
 
-PAYLOAD = '{"args":[1,"a"],"kwargs":{"k":true}}'
+# A payload with arguments: create_run keeps it verbatim.
+ARGS_PAYLOAD = '{"args":[1,"a"],"kwargs":{"k":true}}'
 NOW = 1_000_000
 
 
 def spec(run_id: str, **kw: Any) -> RunSpec:
+    """A run of task 't' with ARGS_PAYLOAD unless told."""
     task = kw.pop("task", "t")
-    payload = kw.pop("payload", PAYLOAD)
+    payload = kw.pop("payload", ARGS_PAYLOAD)
     return RunSpec(run_id, task, payload, **kw)
-
-
-def create(
-    runner: ScriptRunner, pk: PartitionKeys, *specs: RunSpec, now: int = NOW
-) -> list[bool]:
-    return CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, list(specs), now=now)))
 
 
 def server_ms(client: Any) -> int:
@@ -50,11 +47,11 @@ def test_create_run_creates_a_pending_record_with_every_field_given(
         "r1", task="mail", max_attempts=5, lease_ms=7_000, timeout_ms=3_000, job_id="job-a",
         scheduled_for_ms=NOW - 5,
     )
-    assert create(runner, pk, s) == [True]
+    assert create(runner, pk, s, now=NOW) == [True]
     assert redis_client.hgetall(pk.run("r1")) == {
         "state": "pending",
         "task": "mail",
-        "payload": PAYLOAD,
+        "payload": ARGS_PAYLOAD,
         "due": str(NOW),
         "max_attempts": "5",
         "lease_ms": "7000",
@@ -70,11 +67,11 @@ def test_create_run_stores_no_field_left_at_its_default(
 ) -> None:
     """Attempt and fence are 0, lease and timeout 0 (the worker's), no job: none stored; the
     queue is in the key. Readers treat a missing field as its default."""
-    assert create(runner, pk, spec("r1", max_attempts=3)) == [True]
+    assert create(runner, pk, spec("r1", max_attempts=3), now=NOW) == [True]
     assert redis_client.hgetall(pk.run("r1")) == {
         "state": "pending",
         "task": "t",
-        "payload": PAYLOAD,
+        "payload": ARGS_PAYLOAD,
         "due": str(NOW),
         "max_attempts": "3",
         "created": str(NOW),
@@ -89,8 +86,8 @@ def test_create_run_returns_the_now_it_used(runner: ScriptRunner, pk: PartitionK
 def test_create_run_batch_reports_created_and_existing_per_run(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    assert create(runner, pk, spec("a"), spec("c")) == [True, True]
-    assert create(runner, pk, spec("a"), spec("b"), spec("c"), spec("d")) == [
+    assert create(runner, pk, spec("a"), spec("c"), now=NOW) == [True, True]
+    assert create(runner, pk, spec("a"), spec("b"), spec("c"), spec("d"), now=NOW) == [
         False,
         True,
         False,
@@ -102,7 +99,8 @@ def test_create_run_batch_reports_created_and_existing_per_run(
 def test_create_run_same_id_twice_in_one_batch_creates_it_once(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    assert create(runner, pk, spec("a", task="first"), spec("a", task="second")) == [True, False]
+    created = create(runner, pk, spec("a", task="first"), spec("a", task="second"), now=NOW)
+    assert created == [True, False]
     assert redis_client.hget(pk.run("a"), "task") == "first"
     assert redis_client.hget(pk.stats, "created") == "1"
 
@@ -165,7 +163,8 @@ def test_create_run_accepts_a_due_time_in_the_past(
 def test_create_run_stores_scheduled_for_only_when_given(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("plain"), spec("job@60", job_id="job", scheduled_for_ms=60_000))
+    plain, scheduled = spec("plain"), spec("job@60", job_id="job", scheduled_for_ms=60_000)
+    create(runner, pk, plain, scheduled, now=NOW)
     assert not redis_client.hexists(pk.run("plain"), "scheduled_for")
     assert redis_client.hget(pk.run("job@60"), "scheduled_for") == "60000"
     assert redis_client.hget(pk.run("job@60"), "job") == "job"
@@ -174,37 +173,37 @@ def test_create_run_stores_scheduled_for_only_when_given(
 def test_create_run_pushes_a_wake_token_and_never_grows_the_wake_list_past_eight(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("first"))
+    create(runner, pk, spec("first"), now=NOW)
     assert redis_client.llen(pk.wake) == 1
     for i in range(10):
-        create(runner, pk, *(spec(f"r{i}-{j}") for j in range(3)))
+        create(runner, pk, *(spec(f"r{i}-{j}") for j in range(3)), now=NOW)
     assert redis_client.llen(pk.wake) == 8
 
 
 def test_create_run_pushes_one_token_per_created_run_up_to_eight(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, *(spec(f"a{j}") for j in range(3)))
+    create(runner, pk, *(spec(f"a{j}") for j in range(3)), now=NOW)
     assert redis_client.llen(pk.wake) == 3
     redis_client.delete(pk.wake)
-    create(runner, pk, *(spec(f"b{j}") for j in range(20)))
+    create(runner, pk, *(spec(f"b{j}") for j in range(20)), now=NOW)
     assert redis_client.llen(pk.wake) == 8
 
 
 def test_create_run_pushes_no_wake_token_when_nothing_was_created(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a"))
+    create(runner, pk, spec("a"), now=NOW)
     redis_client.delete(pk.wake)
-    assert create(runner, pk, spec("a")) == [False]
+    assert create(runner, pk, spec("a"), now=NOW) == [False]
     assert redis_client.llen(pk.wake) == 0
 
 
 def test_create_run_counts_created_runs_in_stats(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, spec("a"), spec("b"))
-    create(runner, pk, spec("b"), spec("c"))
+    create(runner, pk, spec("a"), spec("b"), now=NOW)
+    create(runner, pk, spec("b"), spec("c"), now=NOW)
     assert redis_client.hget(pk.stats, "created") == "3"
 
 
@@ -221,7 +220,7 @@ def test_create_run_keeps_a_run_id_with_braces_in_the_partition_slot(
 ) -> None:
     pk = PartitionKeys("default", 3)
     run_id = "{other}:x}{"
-    assert create(runner, pk, spec(run_id)) == [True]
+    assert create(runner, pk, spec(run_id), now=NOW) == [True]
     assert redis_client.hget(pk.run(run_id), "state") == "pending"
     assert key_slot(pk.run(run_id).encode()) == key_slot(pk.due.encode())
     assert key_slot(pk.history(run_id).encode()) == key_slot(pk.due.encode())
@@ -232,7 +231,7 @@ def test_create_run_writes_only_keys_of_its_partition(
     runner: ScriptRunner, redis_client: Any
 ) -> None:
     pk = PartitionKeys("default", 2)
-    create(runner, pk, spec("a"), spec("b"))
+    create(runner, pk, spec("a"), spec("b"), now=NOW)
     keys = set(redis_client.keys("*"))
     assert keys == {pk.run("a"), pk.run("b"), pk.due, pk.wake, pk.stats, pk.seq, pk.events}
 
@@ -295,7 +294,7 @@ def test_create_run_batch_mixing_tasks_and_options_keeps_each_runs_own_fields(
         spec("a4", task="a", timeout_ms=1_000, job_id="j", scheduled_for_ms=NOW - 1),
     ]
     assert create(runner, pk, spec("a2", task="a"), now=NOW) == [True]
-    assert create(runner, pk, *batch) == [True, False, True, True, True]
+    assert create(runner, pk, *batch, now=NOW) == [True, False, True, True, True]
     got = {r: redis_client.hgetall(pk.run(r)) for r in ("a1", "b1", "a3", "a4")}
     assert (got["a1"]["task"], got["a1"]["max_attempts"], got["a1"].get("lease_ms")) == (
         "a", "3", None

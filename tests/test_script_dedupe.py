@@ -8,20 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import claim
 
 from jobqueue.errors import ScriptError
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
     CANCEL,
-    CLAIM,
     DEDUPE,
-    ClaimResult,
     Deduped,
     RunSpec,
 )
 from jobqueue.store.scripts import ScriptRunner
 
-LEASE = 30_000
 RETENTION = 3_600_000
 
 
@@ -37,10 +35,6 @@ def enqueue(
 ) -> Deduped:
     spec = RunSpec(run_id, "t", payload, **fields)
     return DEDUPE.parse(runner.run(DEDUPE.call(pk, spec, "k", mode, ttl, now=now)))
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, now: int) -> ClaimResult:
-    return CLAIM.parse(runner.run(CLAIM.call(pk, 10, "w1", LEASE, RETENTION, now=now)))
 
 
 def test_the_first_enqueue_under_a_key_creates_a_run_that_holds_it(

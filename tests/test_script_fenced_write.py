@@ -5,20 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from helpers import LEASE_MS, claim_one, create
 from redis.crc import key_slot
 
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CANCEL, CLAIM, COMPLETE, CREATE_RUN, FENCED_WRITE, RunSpec
+from jobqueue.store.runs import CANCEL, COMPLETE, FENCED_WRITE
 from jobqueue.store.scripts import ScriptRunner
-
-LEASE = 30_000
-PAYLOAD = '{"args":[],"kwargs":{}}'
 
 
 def holding(runner: ScriptRunner, pk: PartitionKeys, run_id: str, now: int = 0) -> int:
     """Create ``run_id`` and claim it; the fence of that claim."""
-    runner.run(CREATE_RUN.call(pk, [RunSpec(run_id, "t", PAYLOAD)], now=now))
-    (run,) = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w", LEASE, 1, now=now))).runs
+    create(runner, pk, run_id, now=now)
+    run = claim_one(runner, pk, now, owner="w", retention_ms=1)
     assert run.run_id == run_id
     return run.fence
 
@@ -54,7 +52,7 @@ def test_fenced_write_refuses_the_side_effect_of_a_worker_whose_lease_was_reclai
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     w1 = holding(runner, pk, "a")
-    (w2,) = CLAIM.parse(runner.run(CLAIM.call(pk, 1, "w2", LEASE, 1, now=LEASE))).runs
+    w2 = claim_one(runner, pk, now=LEASE_MS, owner="w2", retention_ms=1)
     # The stale attempt is refused even before the new holder wrote anything.
     assert write(runner, pk, "a", w1, "from w1") == (False, w2.fence)
     assert not redis_client.exists(pk.fence_resource("res"))

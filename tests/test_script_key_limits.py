@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import claim, create_new, ids
 
 from jobqueue.errors import ScriptError
 from jobqueue.store.admin import SET_LIMIT
@@ -16,50 +17,30 @@ from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import (
     BOUNCE,
     CANCEL,
-    CLAIM,
     COMPLETE,
-    CREATE_RUN,
     FAIL,
     RELEASE,
     ClaimResult,
-    RunSpec,
 )
 from jobqueue.store.scripts import ScriptRunner
 
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
 RETENTION = 3_600_000
 
 
-def create(
+def create_keyed(
     runner: ScriptRunner,
     pk: PartitionKeys,
     *run_ids: str,
     key: str = "",
-    task: str = "t",
-    now: int = 0,
     attempts: int = 5,
-    priority: int = 0,
+    **fields: Any,
 ) -> None:
-    specs = [
-        RunSpec(r, task, PAYLOAD, max_attempts=attempts, limit_key=key, priority=priority)
-        for r in run_ids
-    ]
-    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
-
-
-def claim(
-    runner: ScriptRunner, pk: PartitionKeys, now: int, lease: int = LEASE, limit: int = 10
-) -> ClaimResult:
-    return CLAIM.parse(runner.run(CLAIM.call(pk, limit, "w1", lease, RETENTION, now=now)))
+    """Runs under the limit key ``key`` ('': none), five attempts each unless told."""
+    create_new(runner, pk, *run_ids, limit_key=key, max_attempts=attempts, **fields)
 
 
 def limit(runner: ScriptRunner, pk: PartitionKeys, name: str, value: int | str | None) -> bool:
     return SET_LIMIT.parse(runner.run(SET_LIMIT.call(pk, name, value, now=0)))
-
-
-def ids(result: ClaimResult) -> list[str]:
-    return [r.run_id for r in result.runs]
 
 
 def fences(result: ClaimResult) -> dict[str, int]:
@@ -75,7 +56,7 @@ def complete(runner: ScriptRunner, pk: PartitionKeys, run_id: str, fence: int, n
 
 def test_a_key_cap_holds_the_runs_of_one_key(runner: ScriptRunner, pk: PartitionKeys) -> None:
     limit(runner, pk, "key_concurrency", 2)
-    create(runner, pk, "a1", "a2", "a3", key="a")
+    create_keyed(runner, pk, "a1", "a2", "a3", key="a")
     assert ids(claim(runner, pk, now=1_000)) == ["a1", "a2"]
     assert ids(claim(runner, pk, now=2_000)) == []
 
@@ -84,9 +65,9 @@ def test_runs_of_a_full_key_do_not_stall_the_other_keys(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", "a3", "a4", key="a", now=0)
-    create(runner, pk, "b1", key="b", now=1)
-    create(runner, pk, "n1", now=2)  # no key: no per-key cap
+    create_keyed(runner, pk, "a1", "a2", "a3", "a4", key="a", now=0)
+    create_keyed(runner, pk, "b1", key="b", now=1)
+    create_keyed(runner, pk, "n1", now=2)  # no key: no per-key cap
     assert ids(claim(runner, pk, now=1_000, limit=3)) == ["a1", "b1", "n1"]
 
 
@@ -94,8 +75,8 @@ def test_a_run_held_back_does_not_use_up_the_limit(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", "a3", key="a", now=0)
-    create(runner, pk, "b1", key="b", now=1)
+    create_keyed(runner, pk, "a1", "a2", "a3", key="a", now=0)
+    create_keyed(runner, pk, "b1", key="b", now=1)
     assert ids(claim(runner, pk, now=1_000, limit=2)) == ["a1", "b1"]
 
 
@@ -103,7 +84,7 @@ def test_a_parked_run_is_shown_in_its_record_and_the_parked_index(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
+    create_keyed(runner, pk, "a1", "a2", key="a")
     claim(runner, pk, now=1_000)
     assert redis_client.hget(pk.run("a2"), "parked") == "key:a"
     assert redis_client.zrange(pk.parked, 0, -1, withscores=True) == [("a2", 0.0)]
@@ -113,8 +94,8 @@ def test_a_parked_run_waits_for_its_fallback_recheck(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
-    result = claim(runner, pk, now=1_000, lease=5_000)
+    create_keyed(runner, pk, "a1", "a2", key="a")
+    result = claim(runner, pk, now=1_000, lease_ms=5_000)
     assert redis_client.zscore(pk.due, "a2") == 6_000
     assert result.next_wake_ms == 6_000
 
@@ -126,7 +107,7 @@ def test_a_slot_is_freed_when_its_holder_leaves(
     runner: ScriptRunner, pk: PartitionKeys, how: str
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a", attempts=1 if how == "fail-dead" else 5)
+    create_keyed(runner, pk, "a1", "a2", key="a", attempts=1 if how == "fail-dead" else 5)
     (a1,) = claim(runner, pk, now=1_000).runs
     assert ids(claim(runner, pk, now=1_500)) == []
     if how == "complete":
@@ -151,16 +132,16 @@ def test_an_expired_lease_keeps_its_slot_when_taken_back(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
-    claim(runner, pk, now=1_000, lease=1_000)
+    create_keyed(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease_ms=1_000)
     assert ids(claim(runner, pk, now=3_000)) == ["a1"]  # taken back, a2 still waits
 
 
 def test_an_expired_lease_buried_frees_its_slot(runner: ScriptRunner, pk: PartitionKeys) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", attempts=1, key="a", now=0)
-    create(runner, pk, "a2", key="a", now=1)
-    claim(runner, pk, now=1_000, lease=1_000)
+    create_keyed(runner, pk, "a1", attempts=1, key="a", now=0)
+    create_keyed(runner, pk, "a2", key="a", now=1)
+    claim(runner, pk, now=1_000, lease_ms=1_000)
     assert ids(claim(runner, pk, now=1_500)) == []  # a2 parked
     buried = claim(runner, pk, now=3_000)
     assert (ids(buried), buried.next_wake_ms) == ([], 3_000)  # a2 unparked: claim again now
@@ -170,7 +151,7 @@ def test_an_expired_lease_buried_frees_its_slot(runner: ScriptRunner, pk: Partit
 def test_parked_runs_are_unparked_in_fifo_order(runner: ScriptRunner, pk: PartitionKeys) -> None:
     limit(runner, pk, "key_concurrency", 1)
     for i, run_id in enumerate(["a1", "a2", "a3", "a4"]):
-        create(runner, pk, run_id, key="a", now=i)
+        create_keyed(runner, pk, run_id, key="a", now=i)
     order = []
     now = 1_000
     running = fences(claim(runner, pk, now=now))
@@ -187,7 +168,7 @@ def test_a_cancelled_parked_run_leaves_the_parked_index(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
+    create_keyed(runner, pk, "a1", "a2", key="a")
     claim(runner, pk, now=1_000)
     runner.run(CANCEL.call(pk, "a2", RETENTION, "stop", now=2_000))
     assert redis_client.zcard(pk.parked) == 0
@@ -198,7 +179,7 @@ def test_a_parked_entry_of_a_missing_run_is_dropped_when_a_slot_frees(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
+    create_keyed(runner, pk, "a1", "a2", key="a")
     (a1,) = claim(runner, pk, now=1_000).runs
     redis_client.zadd(pk.prefix + "parked:key:a", {"ghost": -1})  # older than a2
     redis_client.zadd(pk.parked, {"ghost": -1})
@@ -212,7 +193,7 @@ def test_a_stale_held_member_is_pruned(
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
     redis_client.sadd(pk.prefix + "held:key:a", "gone")  # a slot no path freed
-    create(runner, pk, "a1", key="a")
+    create_keyed(runner, pk, "a1", key="a")
     assert ids(claim(runner, pk, now=1_000)) == ["a1"]
     assert redis_client.smembers(pk.prefix + "held:key:a") == {"a1"}
 
@@ -221,9 +202,9 @@ def test_removing_the_key_cap_puts_parked_runs_back_at_their_due_time(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
-    claim(runner, pk, now=1_000, lease=100_000, limit=1)
-    claim(runner, pk, now=2_000, lease=10_000)  # a2 parked, its recheck at 12_000
+    create_keyed(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease_ms=100_000, limit=1)
+    claim(runner, pk, now=2_000, lease_ms=10_000)  # a2 parked, its recheck at 12_000
     limit(runner, pk, "key_concurrency", None)
     assert ids(claim(runner, pk, now=2_001)) == ["a2"]
     assert redis_client.zcard(pk.parked) == 0
@@ -234,9 +215,9 @@ def test_raising_a_task_cap_puts_its_parked_runs_back_and_no_others(
 ) -> None:
     limit(runner, pk, "task:export", 1)
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "e1", "e2", task="export", now=0)
-    create(runner, pk, "a1", "a2", key="a", now=1)
-    claim(runner, pk, now=1_000, lease=10_000)  # e1, a1 run; e2, a2 parked
+    create_keyed(runner, pk, "e1", "e2", task="export", now=0)
+    create_keyed(runner, pk, "a1", "a2", key="a", now=1)
+    claim(runner, pk, now=1_000, lease_ms=10_000)  # e1, a1 run; e2, a2 parked
     limit(runner, pk, "task:export", 2)
     assert redis_client.zscore(pk.due, "e2") == 0
     assert redis_client.zscore(pk.due, "a2") == 11_000
@@ -247,8 +228,8 @@ def test_raising_a_task_cap_looks_at_its_own_parked_runs_only(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "task:export", 1)
-    create(runner, pk, "e1", "e2", task="export", now=10)
-    claim(runner, pk, now=1_000, lease=10_000)  # e2 parked
+    create_keyed(runner, pk, "e1", "e2", task="export", now=10)
+    claim(runner, pk, now=1_000, lease_ms=10_000)  # e2 parked
     # 1,000 older runs held back by other caps (entries only: they are not looked at)
     redis_client.zadd(pk.parked, {f"other{i}": 0 for i in range(1_000)})
     limit(runner, pk, "task:export", 2)
@@ -259,8 +240,8 @@ def test_a_parked_run_above_the_default_priority_is_rehinted(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a", priority=5)
-    claim(runner, pk, now=1_000, lease=5_000)
+    create_keyed(runner, pk, "a1", "a2", key="a", priority=5)
+    claim(runner, pk, now=1_000, lease_ms=5_000)
     assert redis_client.zscore(pk.prio, "a2") == 4 * 2**43 + 6_000
 
 
@@ -268,9 +249,9 @@ def test_an_unparked_priority_run_keeps_its_priority(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a", priority=9, now=10)
+    create_keyed(runner, pk, "a1", "a2", key="a", priority=9, now=10)
     (a1,) = claim(runner, pk, now=1_000).runs  # a2 parked, its recheck at 31_000
-    create(runner, pk, "n1", now=5)  # the default priority, due earlier
+    create_keyed(runner, pk, "n1", now=5)  # the default priority, due earlier
     complete(runner, pk, "a1", a1.fence, now=2_000)  # a2 back at its due time
     assert ids(claim(runner, pk, now=2_001, limit=1)) == ["a2"]
 
@@ -279,9 +260,9 @@ def test_a_priority_run_put_back_by_a_raised_cap_keeps_its_priority(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a", priority=9, now=10)
+    create_keyed(runner, pk, "a1", "a2", key="a", priority=9, now=10)
     claim(runner, pk, now=1_000)  # a2 parked
-    create(runner, pk, "n1", now=5)
+    create_keyed(runner, pk, "n1", now=5)
     limit(runner, pk, "key_concurrency", 2)
     assert ids(claim(runner, pk, now=2_001, limit=1)) == ["a2"]
 
@@ -290,11 +271,11 @@ def test_held_back_runs_do_not_hide_the_rest_of_their_priority_level(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a0", key="a", priority=9, now=0)
+    create_keyed(runner, pk, "a0", key="a", priority=9, now=0)
     assert ids(claim(runner, pk, now=1)) == ["a0"]
-    create(runner, pk, *[f"a{i}" for i in range(1, 11)], key="a", priority=9, now=10)
-    create(runner, pk, "b1", key="b", priority=9, now=100)
-    create(runner, pk, "n1", now=2)
+    create_keyed(runner, pk, *[f"a{i}" for i in range(1, 11)], key="a", priority=9, now=10)
+    create_keyed(runner, pk, "b1", key="b", priority=9, now=100)
+    create_keyed(runner, pk, "n1", now=2)
     assert ids(claim(runner, pk, now=1_000, limit=1)) == ["b1"]
 
 
@@ -302,10 +283,10 @@ def test_a_parked_run_buried_as_corrupt_leaves_no_parked_trace(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
-    claim(runner, pk, now=1_000, lease=5_000)  # a1 runs, a2 parked (recheck 6_000)
+    create_keyed(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease_ms=5_000)  # a1 runs, a2 parked (recheck 6_000)
     redis_client.hdel(pk.run("a2"), "payload")  # a2's record goes bad
-    claim(runner, pk, now=6_001, lease=50_000)  # a2 dead-lettered at its recheck
+    claim(runner, pk, now=6_001, lease_ms=50_000)  # a2 dead-lettered at its recheck
     assert redis_client.hget(pk.run("a2"), "state") == "dead"
     assert redis_client.zscore(pk.parked, "a2") is None
     assert redis_client.zscore(pk.prefix + "parked:key:a", "a2") is None
@@ -317,14 +298,14 @@ def test_a_parked_run_buried_as_corrupt_leaves_no_parked_trace(
 
 def test_a_task_cap_holds_the_runs_of_one_task(runner: ScriptRunner, pk: PartitionKeys) -> None:
     limit(runner, pk, "task:export", 1)
-    create(runner, pk, "e1", "e2", task="export", now=0)
-    create(runner, pk, "m1", task="mail", now=1)
+    create_keyed(runner, pk, "e1", "e2", task="export", now=0)
+    create_keyed(runner, pk, "m1", task="mail", now=1)
     assert ids(claim(runner, pk, now=1_000)) == ["e1", "m1"]
 
 
 def test_a_task_cap_slot_is_freed_by_the_commit(runner: ScriptRunner, pk: PartitionKeys) -> None:
     limit(runner, pk, "task:export", 1)
-    create(runner, pk, "e1", "e2", task="export")
+    create_keyed(runner, pk, "e1", "e2", task="export")
     (e1,) = claim(runner, pk, now=1_000).runs
     complete(runner, pk, "e1", e1.fence, now=2_000)
     assert ids(claim(runner, pk, now=2_001)) == ["e2"]
@@ -335,8 +316,8 @@ def test_a_run_under_a_task_and_a_key_cap_holds_both(
 ) -> None:
     limit(runner, pk, "task:export", 2)
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", task="export", key="a", now=0)
-    create(runner, pk, "b1", "b2", task="export", key="b", now=1)
+    create_keyed(runner, pk, "a1", "a2", task="export", key="a", now=0)
+    create_keyed(runner, pk, "b1", "b2", task="export", key="b", now=1)
     assert ids(claim(runner, pk, now=1_000)) == ["a1", "b1"]
 
 
@@ -369,8 +350,8 @@ def test_a_key_rate_takes_at_most_n_claims_of_a_key_in_any_window(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_rate", "2 10000")
-    create(runner, pk, "a1", "a2", "a3", key="a", now=0)
-    create(runner, pk, "b1", key="b", now=1)
+    create_keyed(runner, pk, "a1", "a2", "a3", key="a", now=0)
+    create_keyed(runner, pk, "b1", key="b", now=1)
     result = claim(runner, pk, now=1_000)
     assert ids(result) == ["a1", "a2", "b1"]
     assert result.next_wake_ms == 11_000  # a3's key has room again
@@ -380,7 +361,7 @@ def test_a_run_held_by_its_key_rate_is_due_when_the_window_has_room(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_rate", "1 10000")
-    create(runner, pk, "a1", "a2", "a3", key="a")
+    create_keyed(runner, pk, "a1", "a2", "a3", key="a")
     claim(runner, pk, now=1_000)
     assert ids(claim(runner, pk, now=10_999)) == []
     assert ids(claim(runner, pk, now=11_000)) == ["a2"]
@@ -392,7 +373,7 @@ def test_a_key_rate_backlog_is_rechecked_once_per_window_not_every_ms(
     backlog: int, runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_rate", "1 1000")
-    create(runner, pk, *[f"a{i:04}" for i in range(backlog)], key="a", now=0)
+    create_keyed(runner, pk, *[f"a{i:04}" for i in range(backlog)], key="a", now=0)
     now, claims, taken = 1, 0, 0
     while now < 10_000:  # 10 windows: 10 runs can go
         result = claim(runner, pk, now=now)
@@ -409,7 +390,7 @@ def test_a_key_cap_of_another_type_refuses_the_claim_whole(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", key="a")
+    create_keyed(runner, pk, "a1", key="a")
     redis_client.set(pk.prefix + "held:key:a", "garbage")
     with pytest.raises(ScriptError):
         claim(runner, pk, now=1_000)
@@ -421,7 +402,7 @@ def test_a_parked_key_of_another_type_refuses_the_claim_whole(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
+    create_keyed(runner, pk, "a1", "a2", key="a")
     redis_client.set(pk.prefix + "parked:key:a", "garbage")
     before = redis_client.zscore(pk.due, "a2")
     with pytest.raises(ScriptError):
@@ -434,7 +415,7 @@ def test_a_held_key_of_another_type_refuses_the_commit_whole(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", key="a")
+    create_keyed(runner, pk, "a1", key="a")
     (a1,) = claim(runner, pk, now=1_000).runs
     redis_client.delete(pk.prefix + "held:key:a")
     redis_client.set(pk.prefix + "held:key:a", "garbage")
@@ -447,7 +428,7 @@ def test_a_krate_key_of_another_type_refuses_the_claim_whole(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_rate", "1 10000")
-    create(runner, pk, "a1", key="a")
+    create_keyed(runner, pk, "a1", key="a")
     redis_client.set(pk.prefix + "krate:a", "garbage")
     with pytest.raises(ScriptError):
         claim(runner, pk, now=1_000)
@@ -457,7 +438,7 @@ def test_a_krate_key_of_another_type_refuses_the_claim_whole(
 def test_a_queue_without_key_limits_ignores_the_limit_key(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a1", "a2", key="a")
+    create_keyed(runner, pk, "a1", "a2", key="a")
     assert ids(claim(runner, pk, now=1_000)) == ["a1", "a2"]
     assert redis_client.exists(pk.prefix + "held:key:a") == 0
 
@@ -466,10 +447,10 @@ def test_a_parked_run_taken_after_its_cap_went_leaves_the_parked_index(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
-    claim(runner, pk, now=1_000, lease=5_000)  # a2 parked, its recheck at 6_000
+    create_keyed(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease_ms=5_000)  # a2 parked, its recheck at 6_000
     redis_client.hdel(pk.limits, "key_concurrency")  # gone without set_limit's unparking
-    assert ids(claim(runner, pk, now=6_000, lease=50_000)) == ["a1", "a2"]
+    assert ids(claim(runner, pk, now=6_000, lease_ms=50_000)) == ["a1", "a2"]
     assert redis_client.zcard(pk.parked) == 0
     assert redis_client.hget(pk.run("a2"), "parked") is None
 
@@ -478,8 +459,8 @@ def test_a_parked_index_of_another_type_refuses_the_claim_of_a_parked_run_whole(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
-    create(runner, pk, "a1", "a2", key="a")
-    claim(runner, pk, now=1_000, lease=5_000)
+    create_keyed(runner, pk, "a1", "a2", key="a")
+    claim(runner, pk, now=1_000, lease_ms=5_000)
     redis_client.hdel(pk.limits, "key_concurrency")
     redis_client.delete(pk.parked)
     redis_client.set(pk.parked, "garbage")

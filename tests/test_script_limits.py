@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import LEASE_MS, claim, create_new, ids
 
 from jobqueue.errors import ScriptError
 from jobqueue.store.admin import SET_LIMIT
@@ -15,40 +16,20 @@ from jobqueue.store.runs import (
     CANCEL,
     CLAIM,
     COMPLETE,
-    CREATE_RUN,
     FAIL,
-    ClaimResult,
-    RunSpec,
 )
 from jobqueue.store.scripts import ScriptRunner
 
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
 RETENTION = 3_600_000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, now: int = 0) -> None:
-    specs = [RunSpec(r, "t", PAYLOAD, max_attempts=5) for r in run_ids]
-    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
-
-
-def claim(
-    runner: ScriptRunner, pk: PartitionKeys, now: int, lease: int = LEASE, limit: int = 10
-) -> ClaimResult:
-    return CLAIM.parse(runner.run(CLAIM.call(pk, limit, "w1", lease, RETENTION, now=now)))
 
 
 def cap(runner: ScriptRunner, pk: PartitionKeys, value: int | None) -> bool:
     return SET_LIMIT.parse(runner.run(SET_LIMIT.call(pk, "concurrency", value, now=0)))
 
 
-def ids(result: ClaimResult) -> list[str]:
-    return [r.run_id for r in result.runs]
-
-
 def test_a_claim_takes_no_more_than_the_free_slots(runner: ScriptRunner, pk: PartitionKeys) -> None:
     cap(runner, pk, 2)
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c", max_attempts=5)
     assert ids(claim(runner, pk, now=1_000)) == ["a", "b"]
 
 
@@ -56,15 +37,15 @@ def test_a_full_partition_hands_out_nothing_and_wakes_at_the_first_lease_expiry(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     cap(runner, pk, 1)
-    create(runner, pk, "a", "b")
-    claim(runner, pk, now=1_000, lease=5_000)
+    create_new(runner, pk, "a", "b", max_attempts=5)
+    claim(runner, pk, now=1_000, lease_ms=5_000)
     full = claim(runner, pk, now=2_000)
     assert (full.runs, full.next_wake_ms) == ([], 6_000)
 
 
 def test_a_commit_frees_its_slot(runner: ScriptRunner, pk: PartitionKeys) -> None:
     cap(runner, pk, 1)
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     (a,) = claim(runner, pk, now=1_000).runs
     runner.run(COMPLETE.call(pk, [("a", a.fence, "1")], RETENTION, now=2_000))
     assert ids(claim(runner, pk, now=3_000)) == ["b"]
@@ -72,7 +53,7 @@ def test_a_commit_frees_its_slot(runner: ScriptRunner, pk: PartitionKeys) -> Non
 
 def test_a_failure_frees_its_slot(runner: ScriptRunner, pk: PartitionKeys) -> None:
     cap(runner, pk, 1)
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     (a,) = claim(runner, pk, now=1_000).runs
     runner.run(FAIL.call(pk, "a", a.fence, "boom", 60_000, RETENTION, now=2_000))
     assert ids(claim(runner, pk, now=3_000)) == ["b"]
@@ -80,7 +61,7 @@ def test_a_failure_frees_its_slot(runner: ScriptRunner, pk: PartitionKeys) -> No
 
 def test_a_cancel_frees_its_slot(runner: ScriptRunner, pk: PartitionKeys) -> None:
     cap(runner, pk, 1)
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     claim(runner, pk, now=1_000)
     runner.run(CANCEL.call(pk, "a", RETENTION, "stop", now=2_000))
     assert ids(claim(runner, pk, now=3_000)) == ["b"]
@@ -92,8 +73,8 @@ def test_an_expired_lease_frees_its_slot_and_is_taken_back_first(
     """A worker killed mid-run leaks no slot: its lease expires, and the run taken back holds
     the slot again (the dead worker no longer runs it)."""
     cap(runner, pk, 1)
-    create(runner, pk, "a", "b")
-    claim(runner, pk, now=1_000, lease=5_000)
+    create_new(runner, pk, "a", "b", max_attempts=5)
+    claim(runner, pk, now=1_000, lease_ms=5_000)
     assert claim(runner, pk, now=5_999).runs == []
     (again,) = claim(runner, pk, now=6_000).runs
     assert (again.run_id, again.attempt) == ("a", 2)
@@ -101,7 +82,7 @@ def test_an_expired_lease_frees_its_slot_and_is_taken_back_first(
 
 def test_a_limit_of_zero_hands_out_nothing(runner: ScriptRunner, pk: PartitionKeys) -> None:
     cap(runner, pk, 0)
-    create(runner, pk, "a")
+    create_new(runner, pk, "a", max_attempts=5)
     result = claim(runner, pk, now=1_000)
     assert (result.runs, result.next_wake_ms) == ([], None)
 
@@ -110,8 +91,8 @@ def test_a_full_partition_changes_nothing(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     cap(runner, pk, 1)
-    create(runner, pk, "a", "b")
-    claim(runner, pk, now=1_000, lease=5_000)
+    create_new(runner, pk, "a", "b", max_attempts=5)
+    claim(runner, pk, now=1_000, lease_ms=5_000)
     before = {k: redis_client.dump(k) for k in redis_client.scan_iter("*")}
     claim(runner, pk, now=2_000)
     assert {k: redis_client.dump(k) for k in redis_client.scan_iter("*")} == before
@@ -119,7 +100,7 @@ def test_a_full_partition_changes_nothing(
 
 def test_removing_the_limit_hands_out_everything(runner: ScriptRunner, pk: PartitionKeys) -> None:
     cap(runner, pk, 1)
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c", max_attempts=5)
     claim(runner, pk, now=1_000)
     cap(runner, pk, None)
     assert ids(claim(runner, pk, now=2_000)) == ["b", "c"]
@@ -133,7 +114,7 @@ def test_a_limit_field_that_is_not_a_plain_count_is_no_limit(
     decimal digits, or no limit at all."""
     redis_client.hset(pk.limits, "concurrency", stored)
     redis_client.hset(pk.limits, "rate", f"{stored} 60000")
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     assert ids(claim(runner, pk, now=1_000)) == ["a", "b"]
 
 
@@ -185,7 +166,7 @@ def test_a_rate_limit_takes_at_most_n_claims_in_any_window(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     rate(runner, pk, "2 1000")
-    create(runner, pk, "a", "b", "c", "d", "e")
+    create_new(runner, pk, "a", "b", "c", "d", "e", max_attempts=5)
     assert ids(claim(runner, pk, now=1_000, limit=1)) == ["a"]
     assert ids(claim(runner, pk, now=1_500)) == ["b"]
     assert ids(claim(runner, pk, now=1_999)) == []
@@ -197,7 +178,7 @@ def test_a_rate_limited_partition_wakes_when_its_oldest_claim_leaves_the_window(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     rate(runner, pk, "1 1000")
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     claim(runner, pk, now=1_000)
     limited = claim(runner, pk, now=1_200)
     assert (limited.runs, limited.next_wake_ms) == ([], 2_000)
@@ -207,7 +188,7 @@ def test_a_rate_limited_claim_changes_nothing(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     rate(runner, pk, "1 1000")
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     claim(runner, pk, now=1_000)
     before = {k: redis_client.dump(k) for k in redis_client.scan_iter("*")}
     claim(runner, pk, now=1_200)
@@ -218,8 +199,8 @@ def test_taking_back_an_expired_lease_counts_as_a_claim(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     rate(runner, pk, "2 10000")
-    create(runner, pk, "a", "b")
-    claim(runner, pk, now=1_000, lease=1_000, limit=1)
+    create_new(runner, pk, "a", "b", max_attempts=5)
+    claim(runner, pk, now=1_000, lease_ms=1_000, limit=1)
     (again,) = claim(runner, pk, now=2_000).runs
     assert (again.run_id, again.attempt) == ("a", 2)
     assert claim(runner, pk, now=3_000).runs == []
@@ -229,7 +210,7 @@ def test_the_claim_log_keeps_only_the_window(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     rate(runner, pk, "5 1000")
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c", max_attempts=5)
     claim(runner, pk, now=1_000, limit=2)
     claim(runner, pk, now=2_500)
     assert redis_client.zcard(pk.claims) == 1
@@ -239,15 +220,15 @@ def test_the_claim_log_on_the_servers_clock_expires_with_its_window(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     rate(runner, pk, "5 1000")
-    create(runner, pk, "a")
-    assert len(CLAIM.parse(runner.run(CLAIM.call(pk, 10, "w1", LEASE, RETENTION))).runs) == 1
+    create_new(runner, pk, "a", max_attempts=5)
+    assert len(CLAIM.parse(runner.run(CLAIM.call(pk, 10, "w1", LEASE_MS, RETENTION))).runs) == 1
     assert 0 < redis_client.pttl(pk.claims) <= 1_000
 
 
 def test_a_rate_and_a_concurrency_limit_both_hold(runner: ScriptRunner, pk: PartitionKeys) -> None:
     rate(runner, pk, "3 1000")
     cap(runner, pk, 1)
-    create(runner, pk, "a", "b", "c")
+    create_new(runner, pk, "a", "b", "c", max_attempts=5)
     assert ids(claim(runner, pk, now=1_000)) == ["a"]
 
 
@@ -276,7 +257,7 @@ def test_a_completion_under_a_concurrency_limit_wakes_an_idle_worker(
 ) -> None:
     if limited:
         cap(runner, pk, 1)
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     (a,) = claim(runner, pk, now=1_000, limit=1).runs
     redis_client.delete(pk.wake)
     runner.run(COMPLETE.call(pk, [("a", a.fence, "1")], RETENTION, now=2_000))
@@ -289,7 +270,7 @@ def test_a_burial_under_a_concurrency_limit_wakes_an_idle_worker(
 ) -> None:
     if limited:
         cap(runner, pk, 1)
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     (a,) = claim(runner, pk, now=1_000, limit=1).runs
     redis_client.delete(pk.wake)
     runner.run(FAIL.call(pk, "a", a.fence, "boom", None, RETENTION, now=2_000))
@@ -299,7 +280,7 @@ def test_a_burial_under_a_concurrency_limit_wakes_an_idle_worker(
 def test_a_commit_is_never_refused_for_a_limits_key_of_another_type(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a")
+    create_new(runner, pk, "a", max_attempts=5)
     (a,) = claim(runner, pk, now=1_000).runs
     redis_client.rpush(pk.limits, "x")
     runner.run(COMPLETE.call(pk, [("a", a.fence, "1")], RETENTION, now=2_000))
@@ -312,10 +293,10 @@ def test_a_run_taken_with_a_stray_lease_entry_keeps_the_lease_it_was_just_grante
     """A pending, due run that also has a lease entry left behind (a stray): the claim takes
     it and must not then remove its new lease with the stray entry."""
     cap(runner, pk, 1)
-    create(runner, pk, "p", "q")
+    create_new(runner, pk, "p", "q", max_attempts=5)
     redis_client.zadd(pk.leases, {"p": 950})
     assert ids(claim(runner, pk, now=1_000, limit=1)) == ["p"]
-    assert redis_client.zscore(pk.leases, "p") == 1_000 + LEASE
+    assert redis_client.zscore(pk.leases, "p") == 1_000 + LEASE_MS
     assert ids(claim(runner, pk, now=1_001)) == []  # p holds the one slot
 
 
@@ -325,7 +306,7 @@ def test_a_rate_window_on_the_callers_clock_outlives_the_real_time_it_spans(
     """The window is judged on the script's clock (here the caller's): the log must not
     expire on the server's real clock meanwhile."""
     rate(runner, pk, "1 100")
-    create(runner, pk, "a", "b")
+    create_new(runner, pk, "a", "b", max_attempts=5)
     assert ids(claim(runner, pk, now=1_000)) == ["a"]
     assert redis_client.pttl(pk.claims) == -1  # no real-time expiry
     assert ids(claim(runner, pk, now=1_050)) == []

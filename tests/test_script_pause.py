@@ -7,25 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import LEASE_MS, claim, create_new
 
 from jobqueue.errors import ScriptError
 from jobqueue.store.admin import PAUSE
 from jobqueue.store.keys import PartitionKeys
-from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, HEARTBEAT, ClaimResult, RunSpec
+from jobqueue.store.runs import COMPLETE, HEARTBEAT
 from jobqueue.store.scripts import ScriptRunner
 
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE = 30_000
 RETENTION = 3_600_000
-
-
-def create(runner: ScriptRunner, pk: PartitionKeys, *run_ids: str, now: int) -> None:
-    specs = [RunSpec(r, "t", PAYLOAD) for r in run_ids]
-    assert all(CREATE_RUN.parse(runner.run(CREATE_RUN.call(pk, specs, now=now))))
-
-
-def claim(runner: ScriptRunner, pk: PartitionKeys, now: int) -> ClaimResult:
-    return CLAIM.parse(runner.run(CLAIM.call(pk, 10, "w1", LEASE, RETENTION, now=now)))
 
 
 def pause(runner: ScriptRunner, pk: PartitionKeys, paused: bool, now: int = 1_000) -> bool:
@@ -33,7 +23,7 @@ def pause(runner: ScriptRunner, pk: PartitionKeys, paused: bool, now: int = 1_00
 
 
 def test_a_paused_partition_hands_out_no_due_run(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, "a", now=0)
+    create_new(runner, pk, "a", now=0)
     pause(runner, pk, True)
     result = claim(runner, pk, now=2_000)
     assert (result.runs, result.next_wake_ms) == ([], None)
@@ -42,24 +32,24 @@ def test_a_paused_partition_hands_out_no_due_run(runner: ScriptRunner, pk: Parti
 def test_a_paused_partition_keeps_an_expired_lease_until_resumed(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", now=0)
+    create_new(runner, pk, "a", now=0)
     assert [r.run_id for r in claim(runner, pk, now=0).runs] == ["a"]
     pause(runner, pk, True)
-    assert claim(runner, pk, now=LEASE + 1).runs == []
+    assert claim(runner, pk, now=LEASE_MS + 1).runs == []
     assert redis_client.hget(pk.run("a"), "owner") == "w1"
     pause(runner, pk, False)
-    assert [r.attempt for r in claim(runner, pk, now=LEASE + 2).runs] == [2]
+    assert [r.attempt for r in claim(runner, pk, now=LEASE_MS + 2).runs] == [2]
 
 
 def test_enqueues_heartbeats_and_commits_go_on_while_paused(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", now=0)
+    create_new(runner, pk, "a", now=0)
     (run,) = claim(runner, pk, now=0).runs
     pause(runner, pk, True)
-    create(runner, pk, "b", now=1_000)
-    beats = HEARTBEAT.parse(runner.run(HEARTBEAT.call(pk, [("a", run.fence)], LEASE, now=2_000)))
-    assert beats.answers == [2_000 + LEASE]
+    create_new(runner, pk, "b", now=1_000)
+    beats = HEARTBEAT.parse(runner.run(HEARTBEAT.call(pk, [("a", run.fence)], LEASE_MS, now=2_000)))
+    assert beats.answers == [2_000 + LEASE_MS]
     call = COMPLETE.call(pk, [("a", run.fence, "1")], RETENTION, now=3_000)
     runner.run(call)
     assert redis_client.hget(pk.run("a"), "state") == "done"
@@ -67,7 +57,7 @@ def test_enqueues_heartbeats_and_commits_go_on_while_paused(
 
 
 def test_resume_lets_claims_take_the_due_runs(runner: ScriptRunner, pk: PartitionKeys) -> None:
-    create(runner, pk, "a", "b", now=0)
+    create_new(runner, pk, "a", "b", now=0)
     pause(runner, pk, True)
     pause(runner, pk, False)
     assert [r.run_id for r in claim(runner, pk, now=2_000).runs] == ["a", "b"]
@@ -100,7 +90,7 @@ def test_pause_records_when_it_paused(
 def test_a_paused_key_of_another_type_refuses_the_claim(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
-    create(runner, pk, "a", now=0)
+    create_new(runner, pk, "a", now=0)
     redis_client.rpush(pk.paused, "x")
     with pytest.raises(ScriptError, match="paused"):
         claim(runner, pk, now=2_000)

@@ -9,8 +9,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
+
+from helpers import wait_for
 
 from jobqueue.runtime.signals import SignalRelay
 
@@ -61,8 +62,6 @@ def test_the_relay_calls_back_on_its_thread_once_per_signal_and_ends_on_close() 
     assert arrived.acquire(timeout=5) and arrived.acquire(timeout=5)
     relay.close()
     assert got == [(signal.SIGTERM, "relay-under-test"), (signal.SIGINT, "relay-under-test")]
-    deadline = time.monotonic() + 5
-    while any(t.name == "relay-under-test" for t in threading.enumerate()):
-        assert time.monotonic() < deadline, "the relay thread outlived close()"
-        time.sleep(0.01)
+    wait_for(lambda: not any(t.name == "relay-under-test" for t in threading.enumerate()), 5,
+             "the relay thread to end after close()")
     relay.notify(signal.SIGTERM)  # after close: ignored, never an error in a handler

@@ -33,6 +33,7 @@ import pytest
 import redis
 import trustme
 from click.testing import CliRunner
+from helpers import wait_for
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -226,10 +227,8 @@ def test_enqueue_worker_result_and_cli_over_tls_with_a_confined_acl_user(
         assert (run.state, run.result) == ("done", 5)
 
         held = client.enqueue(client.resolve_task("hold").with_options(run_id="held"))
-        deadline = time.monotonic() + 20
-        while client.get_run("held").state != "running":
-            assert time.monotonic() < deadline, "the held run never started"
-            time.sleep(0.02)
+        wait_for(lambda: client.get_run("held").state == "running", 20,
+                 "the held run to start", interval=0.02)
         outputs = []
         leases = cli_json("--redis-url", url, "leases", "--json")
         assert [lease["run_id"] for lease in leases] == ["held"]
@@ -243,10 +242,8 @@ def test_enqueue_worker_result_and_cli_over_tls_with_a_confined_acl_user(
         # A scheduler tick under the same ACL: definitions, due jobs, run creation, advance.
         client.schedule("tls-tick", "add", every=1, args=[20, 22])
         scheduler = Scheduler(client, SchedulerConfig(lookahead=3.0))
-        deadline = time.monotonic() + 20
-        while not scheduler.tick().runs_created:
-            assert time.monotonic() < deadline, "the scheduler created no run"
-            time.sleep(0.2)
+        wait_for(lambda: scheduler.tick().runs_created, 20, "the scheduler to create a run",
+                 interval=0.2)
         (fired,) = [r for r in client.list_schedules() if r.job_id == "tls-tick"]
         assert fired.state.fired >= 1
     finally:
@@ -387,7 +384,7 @@ def test_the_acl_allows_every_command_the_lua_scripts_call() -> None:
     """ACLs apply inside scripts too: a script calling a command the ACL lacks fails there."""
     called = set()
     for path in (ROOT / "lua").glob("*.lua"):
-        # redis.call / redis.pcall, and the prelude's read(), which calls what it is given
+        # redis.call / redis.pcall, and lua/lib/core.lua's read(), which calls what it is given
         found = re.findall(r"(?:redis\.p?call|\bread)\(\s*'(\w+)'", path.read_text())
         called |= {m.lower() for m in found}
     assert called, "no redis.call found: the pattern is wrong"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from counting_proxy import CountingProxy
-from helpers import make_worker, running, wait_for
+from helpers import claim_one, make_worker, running, wait_for
 
 from jobqueue.client import waits
 from jobqueue.client.aio import AsyncJobQueue
@@ -49,8 +49,9 @@ def jq(redis_client: Any) -> JobQueue:
     return q
 
 
-def claim_one(jq: JobQueue) -> tuple[str, int]:
-    (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(PK, 1, "w", 30_000, 60_000))).runs
+def claim_due(jq: JobQueue) -> tuple[str, int]:
+    """The one due run of PK, claimed: its run id and fence."""
+    run = claim_one(jq.scripts, PK, owner="w", retention_ms=60_000)
     return run.run_id, run.fence
 
 
@@ -221,7 +222,7 @@ def test_a_wait_returns_the_moment_the_run_finishes(jq: JobQueue, redis_client: 
     handle = jq.enqueue("add", 1, 2)
     thread, out = waiting(jq, handle.run_id, timeout=10)
     listener_blocked(redis_client)
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
     jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
     thread.join(5)
     assert out and out[0].result == 3
@@ -235,7 +236,7 @@ def test_a_wait_reads_the_record_again_after_its_listener_lost_the_connection(
     killed, all at once: only the read after reconnecting can tell the waiter (the next
     sweep would come after the wait's timeout)."""
     handle = jq.enqueue("add", 1, 2)
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
     thread, out = waiting(jq, handle.run_id, timeout=4)
     listener = listener_blocked(redis_client)
     pipe = redis_client.pipeline(transaction=True)
@@ -253,7 +254,7 @@ def test_a_wait_reads_the_record_again_when_its_event_was_trimmed_before_it_was_
     jq: JobQueue, redis_client: Any
 ) -> None:
     handle = jq.enqueue("add", 1, 2)
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
     thread, out = waiting(jq, handle.run_id, timeout=4)
     listener_blocked(redis_client)
     pipe = redis_client.pipeline(transaction=True)
@@ -272,9 +273,10 @@ def test_a_wait_on_a_queue_whose_events_are_off_reads_the_record(
     jq.set_queue_events("default", enabled=False)
     handle = jq.enqueue("add", 1, 2)
     assert redis_client.xlen(PK.events) == 0
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
+    reads = record_reads(redis_client)
     thread, out = waiting(jq, handle.run_id, timeout=4)
-    time.sleep(0.05)
+    wait_for(lambda: record_reads(redis_client) > reads, what="the waiter's first read")
     jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
     thread.join(6)
     assert out and out[0].result == 3
@@ -289,7 +291,7 @@ def test_a_wait_reads_the_record_again_when_the_log_was_deleted_and_made_again(
     one transaction, while the listener blocks: the new log's count of entries tells it
     (before the 5 s sweep, after the wait's timeout)."""
     handle = jq.enqueue("add", 1, 2)
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
     reads = record_reads(redis_client)
     thread, out = waiting(jq, handle.run_id, timeout=4)
     listener_blocked(redis_client)
@@ -312,7 +314,7 @@ def test_a_finish_without_its_event_is_found_by_the_sweep_while_other_events_flo
     coming: the sweep still comes (SWEEP_S made short here) and finds the finish."""
     monkeypatch.setattr(waits, "SWEEP_S", 0.3)
     handle = jq.enqueue("add", 1, 2)
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
     reads = record_reads(redis_client)
     thread, out = waiting(jq, handle.run_id, timeout=4)
     listener_blocked(redis_client)
@@ -373,12 +375,12 @@ def test_a_wait_after_the_client_was_closed_still_returns(
     jq: JobQueue, redis_client: Any
 ) -> None:
     before = jq.enqueue("add", 0, 0)  # a client that waited before: its listeners made
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
     jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "0")], 60_000))
     assert before.wait(timeout=2).result == 0
     jq.close()
     handle = jq.enqueue("add", 1, 2)
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
     thread, out = waiting(jq, handle.run_id, timeout=4)
     listener_blocked(redis_client)
     jq.scripts.run(COMPLETE.call(PK, [(run_id, fence, "3")], 60_000))
@@ -395,7 +397,7 @@ def test_a_wait_in_progress_when_the_client_is_closed_goes_on_and_returns(
     with a new listener and reads its record again (the client goes on after close, as
     redis-py's does)."""
     handle = jq.enqueue("add", 1, 2)
-    run_id, fence = claim_one(jq)
+    run_id, fence = claim_due(jq)
     reads = record_reads(redis_client)
     thread, out = waiting(jq, handle.run_id, timeout=4)
     listener_blocked(redis_client)

@@ -9,12 +9,20 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import make_worker, resume, running, until_call, until_relayed, wait_for
+from helpers import (
+    claim_one,
+    make_worker,
+    resume,
+    running,
+    server_time_past,
+    until_call,
+    until_relayed,
+    wait_for,
+)
 from keyspace import keyspace as keys
 from starlette.testclient import TestClient
 
@@ -83,10 +91,9 @@ def task(jq: JobQueue, name: str) -> Any:
     return jq.resolve_task(name)
 
 
-def claim(jq: JobQueue, keys: PartitionKeys) -> int:
+def claim_fence(jq: JobQueue, keys: PartitionKeys) -> int:
     """One run claimed by hand (as a worker that dies right after would); its fence."""
-    (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000))).runs
-    return run.fence
+    return claim_one(jq.scripts, keys, owner="w", retention_ms=60_000).fence
 
 
 # -- shapes ------------------------------------------------------------------------------------
@@ -370,7 +377,7 @@ def test_a_completion_counts_toward_a_waiting_run_of_its_partition_in_its_own_ca
     there = app.workflow({"t": side_total.receiving().after(here.runs[0])}, flow_id="there")
     header = here.runs[0]
     keys = app.keys_for("default", header.run_id)
-    fence = claim(app, keys)
+    fence = claim_fence(app, keys)
     (out,) = COMPLETE.parse(app.scripts.run(COMPLETE.call(keys, [(header.run_id, fence, "2")],
                                                           60_000)))
     assert here.last.refresh().state == "pending"  # released in the same call
@@ -388,7 +395,7 @@ def lose_the_delivery(app: JobQueue, flow: Any) -> None:
     outbox entry)."""
     header = flow.runs[0]
     keys = app.keys_for("default", header.run_id)
-    fence = claim(app, keys)
+    fence = claim_fence(app, keys)
     app.scripts.run(COMPLETE.call(keys, [(header.run_id, fence, "2")], 60_000))
     app.redis.zrem(keys.outbox, header.run_id)
     assert app.relay("default") == 0
@@ -400,7 +407,8 @@ def test_the_workers_audit_delivers_an_outcome_a_failover_lost(redis_client: Any
     total = jq.task(lambda xs: sum(xs), name="total", queue="side")
     flow = jq.chord([add.s(1, 1)], total.receiving())
     lose_the_delivery(jq, flow)
-    time.sleep(0.1)  # (the audit looks at runs that have waited flow_audit_s)
+    # The audit looks at runs that have waited flow_audit_s by the server's clock.
+    server_time_past(jq, jq.server_time_ms() + 50)
     run_due(jq, ["default", "side"])  # a worker audits the partitions it serves at its first
     run_due(jq, ["default", "side"])  # sweep (and may release the callback after its claims)
     assert flow.result(timeout=5) == 2
@@ -443,7 +451,7 @@ def test_deliveries_no_replica_acknowledged_keep_their_outbox_entries(
     flow = plain.chord([add.s(1, 1)], total.receiving())
     header = flow.runs[0]
     keys = plain.keys_for("default", header.run_id)
-    fence = claim(plain, keys)
+    fence = claim_fence(plain, keys)
     plain.scripts.run(COMPLETE.call(keys, [(header.run_id, fence, "2")], 60_000))
     durable = JobQueue(redis_client, settings=Settings(durable_replicas=1,
                                                        durable_timeout_s=0.05))
@@ -848,7 +856,7 @@ def test_the_staged_runs_audit_goes_round_its_index_past_an_attempt_it_cannot_un
     bad = create_flow(app, group_graph([add.s(0, 0), *(side.s(i, i) for i in range(
         STAGED_RUNS))]), "X")  # the oldest entries of side's staged index, all X's
     assert app.run_steps(until_call(bad, "flow_commit")) is not None
-    time.sleep(0.002)
+    server_time_past(app, app.server_time_ms())
     good = create_flow(app, group_graph([add.s(1, 1), side.s(2, 2)]), "Y")
     assert app.run_steps(until_call(good, "flow_commit")) is not None
     redis_client.set(app.keys_for("side", "X:1").history("X:1"), "foreign")
@@ -867,7 +875,7 @@ def test_a_dead_waiting_runs_cancel_order_keeps_it_from_the_purge(
     later = add.with_options(queue="later")
     flow = app.chord([boom.s(1), later.s(2, 2)], total.receiving(), flow_id="P2")
     keys = app.keys_for("default", flow.runs[0].run_id)
-    fence = claim(app, keys)
+    fence = claim_fence(app, keys)
     app.scripts.run(FAIL.call(keys, flow.runs[0].run_id, fence, "boom", None, 60_000))
     app.relay("default")  # the callback dies: its order waits in its outbox ...
     last = app.keys_for("default", flow.last.run_id)
@@ -1193,7 +1201,7 @@ def test_a_purge_delivers_a_dead_runs_outcome_before_deleting_it(
     first = flow.runs[0]
     keys = app.keys_for("default", first.run_id)
     # Dead, its outcome still in the outbox (a worker that died right after its commit).
-    fence = claim(app, keys)
+    fence = claim_fence(app, keys)
     app.scripts.run(FAIL.call(keys, first.run_id, fence, "boom", None, 60_000))
     assert redis_client.zrange(keys.outbox, 0, -1) == [first.run_id]
     assert app.purge_dead([first.run_id]) == 1
@@ -1209,7 +1217,7 @@ def test_the_purge_script_keeps_a_dead_run_whose_waiting_runs_have_not_heard_of_
     flow = app.chain(boom.s(), note.s(), flow_id="Q")
     first = flow.runs[0]
     keys = app.keys_for("default", first.run_id)
-    fence = claim(app, keys)
+    fence = claim_fence(app, keys)
     app.scripts.run(FAIL.call(keys, first.run_id, fence, "boom", None, 60_000))
     assert PURGE.parse(app.scripts.run(PURGE.call(keys, [first.run_id]))) == (0, 1)
     assert first.state == "dead"

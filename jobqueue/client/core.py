@@ -53,7 +53,7 @@ log = logging.getLogger("jobqueue.client")
 
 MAX_LIMIT = 1_000_000  # a concurrency limit above any worker fleet is a typo
 # A per-key or per-task cap: claim checks a full group's members, so the bound keeps that
-# bounded (lua/_prelude.lua SLOT_CAP_MAX).
+# bounded (lua/lib/slots.lua SLOT_CAP_MAX).
 MAX_SLOT_CAP = 10_000
 MAX_RATE_WINDOW_MS = 86_400_000  # the claim log of a rate limit lives one window
 

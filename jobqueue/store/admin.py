@@ -29,9 +29,6 @@ def _parse_purge(reply: Sequence[Any]) -> Purged:
 
 PURGE = Contract(
     "purge",
-    keys=("dead", "outbox"),
-    args=("now", "prefix"),
-    tail="run_ids",
     build=_purge,
     parse=_parse_purge,
 )
@@ -60,9 +57,6 @@ def _parse_repair(reply: Sequence[Any]) -> Repaired:
 
 REPAIR = Contract(
     "repair",
-    keys=("due", "leases", "dead", "done", "orphans"),
-    args=("now", "prefix", "dry_run"),
-    tail="run_ids",
     build=_repair,
     parse=_parse_repair,
 )
@@ -81,8 +75,6 @@ def _parse_pause(reply: Any) -> bool:
 
 PAUSE = Contract(
     "pause",
-    keys=("paused", "wake"),
-    args=("now", "prefix", "action"),
     build=_pause,
     parse=_parse_pause,
 )
@@ -146,8 +138,6 @@ def _set_limit(
 
 SET_LIMIT = Contract(
     "set_limit",
-    keys=("limits", "wake", "due", "parked"),
-    args=("now", "prefix", "name", "value"),
     build=_set_limit,
     parse=_parse_pause,  # the same reply: 1 changed, 0 already so
 )

@@ -4,10 +4,12 @@ in order, its variadic ARGV tail, how a call is built and how its reply is parse
 of a script is built by its contract and every reply parsed by it, so a caller never spells a
 key order, an argument position or a reply layout.
 
-Each Lua file's header names the same KEYS (with their Redis types) and ARGV, and ``headers()``
-reads them; tests/test_script_contract.py fails when a contract and its header disagree, and
-tests/test_script_corrupt_data.py plants foreign types by the header's. Header lines (see
-lua/claim.lua):
+The KEYS (with their Redis types) and ARGV are spelled once, in the Lua file's header: a
+contract takes its ``keys``, ``args`` and ``tail`` from it (``headers()`` reads them), and a
+builder's Wire names them (its dict keys, a keys object's attributes), checked against the
+header at every call (ContractError). tests/test_script_contract.py checks each builder and
+that no contract spells its own; tests/test_script_corrupt_data.py plants foreign types by
+the header's. Header lines (see lua/claim.lua):
 
     -- KEYS[1]  due       zset    jq:{q#p}:due   ...
     -- ARGV[1]  now                now ms, or '' for the server clock
@@ -23,7 +25,7 @@ from functools import cache
 from operator import itemgetter
 from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar
 
-from jobqueue.store.scripts import SCRIPT_NAMES, ArgT, Call, lua_dir
+from jobqueue.store.scripts import SCRIPT_NAMES, ArgT, Call, header_of, lua_dir
 
 NowArg = int | None
 
@@ -55,10 +57,14 @@ class ContractError(ValueError):
     """A builder that does not give what its contract names (a bug, never bad input)."""
 
 
+_HEADER = object()  # Contract's default: what the script's header says
+
+
 class Contract(Generic[P, R]):
-    """One script: its name, KEYS and fixed ARGV by name (as its Lua header lists them), the
-    name of its variadic ARGV tail (None when it has none), ``call(...)`` to build a Call (typed
-    like the builder) and ``parse(reply)`` to read the reply."""
+    """One script: its name, KEYS and fixed ARGV by name and the name of its variadic ARGV tail
+    (None when it has none), all read from its Lua header (lua/<name>.lua), ``call(...)`` to
+    build a Call (typed like the builder) and ``parse(reply)`` to read the reply. ``keys``,
+    ``args`` and ``tail`` are given only for a script that is not in lua/ (tests)."""
 
     __slots__ = ("_build", "_key_cache", "_parse", "_pick", "args", "keys", "name", "tail")
 
@@ -66,16 +72,23 @@ class Contract(Generic[P, R]):
         self,
         name: str,
         *,
-        keys: tuple[str, ...],
-        args: tuple[str, ...],
-        tail: str | None = None,
         build: Callable[P, Wire],
         parse: Callable[[Any], R],
+        keys: tuple[str, ...] | None = None,
+        args: tuple[str, ...] | None = None,
+        tail: Any = _HEADER,
     ) -> None:
+        if keys is None or args is None:
+            header = headers()[name]
+            keys = header.keys if keys is None else keys
+            args = header.args if args is None else args
+            tail = header.tail if tail is _HEADER else tail
+        elif tail is _HEADER:
+            tail = None
         self.name = name
-        self.keys = keys
-        self.args = args
-        self.tail = tail
+        self.keys: tuple[str, ...] = keys
+        self.args: tuple[str, ...] = args
+        self.tail: str | None = tail
         self._build = build
         self._parse = parse
         # The fixed ARGV in the script's order, picked by name (itemgetter: a call is built per
@@ -163,12 +176,7 @@ def parse_header(name: str, source: str) -> Header:
 
 def _header(source: str) -> str:
     """The leading comment block."""
-    lines = []
-    for line in source.splitlines():
-        if not line.startswith("--"):
-            break
-        lines.append(line)
-    return "\n".join(lines)
+    return header_of(source)
 
 
 def _numbered(items: list[tuple[int, str]], script: str, what: str) -> tuple[str, ...]:

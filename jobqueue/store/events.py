@@ -1,6 +1,6 @@
 """The event log of a queue partition: what happened to its runs, one stream entry per
 transition, written by the Lua script that made the transition in the same call (see
-``event_log`` in lua/_prelude.lua), so an entry exists if and only if its transition happened.
+``event_log`` in lua/lib/events.lua), so an entry exists if and only if its transition happened.
 
 An entry has three fields: ``e`` the event, ``r`` the run id and ``i`` what the event adds,
 its parts joined by '|' (the last part may itself hold '|'):
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# The defaults of lua/_prelude.lua (EVENTS_MAXLEN, EVENTS_AGE_MS).
+# The defaults of lua/lib/events.lua (EVENTS_MAXLEN, EVENTS_AGE_MS).
 DEFAULT_MAXLEN = 10_000
 DEFAULT_MAX_AGE_MS = 86_400_000
 # Bounds for a queue's own settings: below 100 entries a stream trims a whole node (100

@@ -66,8 +66,6 @@ def _parse_take(reply: Any) -> Taken:
 
 PERMIT_TAKE = Contract(
     "permit_take",
-    keys=("permits", "limits", "grants"),
-    args=("now", "want", "hold_ms", "token"),
     build=_take,
     parse=_parse_take,
 )
@@ -102,9 +100,6 @@ def _parse_settle(reply: Any) -> Settled:
 
 PERMIT_SETTLE = Contract(
     "permit_settle",
-    keys=("permits", "grants"),
-    args=("now", "live_ms"),
-    tail="lists",
     build=_settle,
     parse=_parse_settle,
 )
@@ -118,8 +113,6 @@ def _global_limit(keys: ExactKeys, name: str, value: int | str | None, now: NowA
 
 GLOBAL_LIMIT = Contract(
     "global_limit",
-    keys=("limits",),
-    args=("now", "name", "value"),
     build=_global_limit,
     parse=lambda reply: int(reply) == 1,
 )

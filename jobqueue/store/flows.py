@@ -101,9 +101,6 @@ def _parse_created(reply: Sequence[Any]) -> list[bool]:
 
 FLOW_CREATE = Contract(
     "flow_create",
-    keys=("due", "waiting", "wake", "stats", "seq", "flows", "staged"),
-    args=("now", "prefix", "flow_at", "staged", "mark"),
-    tail="nodes",
     build=_flow_create,
     parse=_parse_created,
 )
@@ -122,9 +119,6 @@ def _parse_flags(reply: Sequence[Any]) -> list[bool]:
 
 ATTACH = Contract(
     "attach",
-    keys=("outbox",),
-    args=("now", "prefix", "parent"),
-    tail="runs",
     build=_attach,
     parse=_parse_flags,
 )
@@ -148,9 +142,6 @@ def _extend(
 
 EXTEND = Contract(
     "extend",
-    keys=("waiting",),
-    args=("now", "prefix", "adder", "n"),
-    tail="entries",
     build=_extend,
     parse=_parse_flags,
 )
@@ -201,9 +192,6 @@ def _parse_delivered(reply: Sequence[Any]) -> Delivered:
 
 DELIVER = Contract(
     "deliver",
-    keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox", "done"),
-    args=("now", "prefix", "dead_retention_ms", "max_bytes", "retention_ms"),
-    tail="deliveries",
     build=_deliver,
     parse=_parse_delivered,
 )
@@ -220,8 +208,6 @@ def _parse_tidied(reply: Sequence[Any]) -> tuple[int, int]:
 
 FLOW_TIDY = Contract(
     "flow_tidy",
-    keys=("flows", "flows_tidy"),
-    args=("now", "prefix", "n"),
     build=_flow_tidy,
     parse=_parse_tidied,
 )
@@ -253,9 +239,6 @@ def _relayed(
 
 RELAYED = Contract(
     "relayed",
-    keys=("outbox",),
-    args=("now", "prefix", "retention_ms", "dead_retention_ms"),
-    tail="entries",
     build=_relayed,
     parse=int,
 )
@@ -311,9 +294,6 @@ def _parse_committed(reply: Sequence[Any]) -> FlowCommit:
 
 FLOW_COMMIT = Contract(
     "flow_commit",
-    keys=("due", "waiting", "wake", "stats", "seq", "dead", "outbox", "staged"),
-    args=("now", "prefix", "flow_id", "staged", "home_run", "dead_retention_ms", "max_bytes",
-          "mark_ttl_ms"),
     build=_flow_commit,
     parse=_parse_committed,
 )
@@ -333,8 +313,6 @@ def _parse_aborted(reply: Sequence[Any]) -> int | None:
 
 FLOW_ABORT = Contract(
     "flow_abort",
-    keys=("waiting", "flows", "dead", "done", "outbox", "staged"),
-    args=("now", "prefix", "flow_id", "staged", "home_run"),
     build=_flow_abort,
     parse=_parse_aborted,
 )

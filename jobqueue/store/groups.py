@@ -10,7 +10,7 @@ from jobqueue.anomalies import Anomaly
 from jobqueue.store.contract import Contract, NowArg, Wire, now_arg
 from jobqueue.store.keys import PartitionKeys
 
-GROUP_WEIGHT_MAX = 1000  # as _prelude.lua's GROUP_WEIGHT_MAX
+GROUP_WEIGHT_MAX = 1000  # as lua/lib/groups.lua's GROUP_WEIGHT_MAX
 
 
 def _flag(value: bool | None) -> str:
@@ -46,8 +46,6 @@ def _parse_changed(reply: Any) -> bool:
 
 GROUP_SET = Contract(
     "group_set",
-    keys=("gconf", "gwait", "wake"),
-    args=("now", "prefix", "fair", "group", "weight", "max_size", "paused"),
     build=_group_set,
     parse=_parse_changed,
 )

@@ -266,8 +266,8 @@ def fire_run_id(job_id: str, fire_ms: int, *, manual: bool = False) -> str:
     instant, ``<job_id>@manual-<instant>``, which no scheduled fire can take.
 
     The only place a fire's run id is built: sched_create.lua joins the job id and the
-    instant with the prelude's ``fire_run_id``, which tests/test_script_prelude.py checks
-    against this function."""
+    instant with lua/lib/records.lua's ``fire_run_id``, which tests/test_script_prelude.py
+    checks against this function."""
     return f"{job_id}@{'manual-' if manual else ''}{fire_instant(fire_ms)}"
 
 
@@ -443,7 +443,7 @@ class PartitionKeys:
 
     @cached_property
     def events(self) -> str:
-        """The partition's event log, a stream (see lua/_prelude.lua, event_log)."""
+        """The partition's event log, a stream (see lua/lib/events.lua, event_log)."""
         return self.prefix + "events"
 
     @cached_property

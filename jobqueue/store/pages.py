@@ -54,8 +54,6 @@ def _parse_index_page(reply: Sequence[Any] | None) -> IndexPage | None:
 
 INDEX_PAGE = Contract(
     "index_page",
-    keys=("index",),
-    args=("now", "order", "low", "high", "after_score", "after_member", "inclusive", "count"),
     build=_index_page,
     parse=_parse_index_page,
 )

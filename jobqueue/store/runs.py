@@ -14,7 +14,7 @@ from jobqueue.store.contract import Contract, NowArg, Wire, now_arg, text
 from jobqueue.store.keys import PartitionKeys
 
 # A run above the default priority is also in its partition's prio zset, scored by level then
-# due time (lua/_prelude.lua prio_score: the same arithmetic).
+# due time (lua/lib/priority.lua prio_score: the same arithmetic).
 PRIORITY_SPAN = 2**43
 
 
@@ -86,9 +86,6 @@ def _parse_create(reply: Sequence[Any]) -> list[bool]:
 
 CREATE_RUN = Contract(
     "create_run",
-    keys=("due", "wake", "stats", "prio", "seq"),
-    args=("now", "prefix"),
-    tail="groups",
     build=_create,
     parse=_parse_create,
 )
@@ -176,11 +173,6 @@ def _parse_claim(reply: Sequence[Any]) -> ClaimResult:
 
 CLAIM = Contract(
     "claim",
-    keys=(
-        "due", "leases", "dead", "stats", "fences", "orphans", "paused", "limits", "claims",
-        "prio", "parked", "outbox",
-    ),
-    args=("now", "prefix", "limit", "owner", "lease_ms", "dead_retention_ms"),
     build=_claim,
     parse=_parse_claim,
 )
@@ -211,9 +203,6 @@ def _parse_heartbeat(reply: Sequence[Any]) -> Beats:
 
 HEARTBEAT = Contract(
     "heartbeat",
-    keys=("leases",),
-    args=("now", "prefix", "lease_ms"),
-    tail="leases",
     build=_heartbeat,
     parse=_parse_heartbeat,
 )
@@ -287,10 +276,6 @@ def _parse_complete(reply: Sequence[Any]) -> list[Outcome]:
 
 COMPLETE = Contract(
     "complete",
-    keys=("leases", "done", "stats", "limits", "wake", "due", "parked", "outbox", "waiting",
-          "dead", "seq"),
-    args=("now", "prefix", "retention_ms", "dead_retention_ms", "max_bytes"),
-    tail="runs",
     build=_complete,
     parse=_parse_complete,
 )
@@ -326,17 +311,6 @@ def _fail(
 
 FAIL = Contract(
     "fail",
-    keys=("due", "leases", "dead", "stats", "wake", "limits", "prio", "parked", "outbox"),
-    args=(
-        "now",
-        "prefix",
-        "run_id",
-        "fence",
-        "error",
-        "retry_delay_ms",
-        "dead_retention_ms",
-        "traceback",
-    ),
     build=_fail,
     parse=_outcome,
 )
@@ -350,8 +324,6 @@ def _release(pk: PartitionKeys, run_id: str, fence: int, now: NowArg = None) -> 
 
 RELEASE = Contract(
     "release",
-    keys=("due", "leases", "wake", "prio", "parked"),
-    args=("now", "prefix", "run_id", "fence"),
     build=_release,
     parse=_outcome,
 )
@@ -413,20 +385,6 @@ def _parse_bounce(reply: Sequence[Any]) -> Bounced:
 
 BOUNCE = Contract(
     "bounce",
-    keys=("due", "leases", "dead", "stats", "wake", "prio", "parked", "outbox"),
-    args=(
-        "now",
-        "prefix",
-        "run_id",
-        "fence",
-        "owner",
-        "delay_ms",
-        "delay_cap_ms",
-        "window_ms",
-        "dead_retention_ms",
-        "error",
-        "min_hand_backs",
-    ),
     build=_bounce,
     parse=_parse_bounce,
 )
@@ -470,8 +428,6 @@ def _cancel(
 
 CANCEL = Contract(
     "cancel",
-    keys=("due", "leases", "done", "stats", "fences", "parked", "wake", "waiting", "outbox"),
-    args=("now", "prefix", "run_id", "retention_ms", "reason", "running"),
     build=_cancel,
     parse=_state_change,
 )
@@ -485,8 +441,6 @@ def _requeue(pk: PartitionKeys, run_id: str, force: bool = False, now: NowArg = 
 
 REQUEUE = Contract(
     "requeue",
-    keys=("due", "dead", "done", "wake", "prio"),
-    args=("now", "prefix", "run_id", "force"),
     build=_requeue,
     parse=_state_change,
 )
@@ -522,8 +476,6 @@ def _parse_fenced_write(reply: Sequence[Any]) -> FencedWrite:
 
 FENCED_WRITE = Contract(
     "fenced_write",
-    keys=("resource", "run"),
-    args=("now", "fence", "value", "run_id", "ttl_ms"),
     build=_fenced_write,
     parse=_parse_fenced_write,
 )
@@ -544,8 +496,6 @@ def _progress(
 
 PROGRESS = Contract(
     "progress",
-    keys=("run",),
-    args=("now", "fence", "progress", "message", "prefix", "run_id"),
     build=_progress,
     parse=_outcome,
 )
@@ -586,9 +536,6 @@ def _parse_read_records(reply: Sequence[Any]) -> list[Record]:
 
 READ_RECORDS = Contract(
     "read_records",
-    keys=("run",),
-    args=("now", "prefix"),
-    tail="run_ids",
     build=_read_records,
     parse=_parse_read_records,
 )
@@ -642,11 +589,6 @@ def _parse_dedupe(reply: Sequence[Any]) -> Deduped:
 
 DEDUPE = Contract(
     "dedupe",
-    keys=("due", "wake", "stats", "prio", "dedupe", "seq"),
-    args=(
-        "now", "prefix", "mode", "ttl_ms", "key", "run_id", "task", "payload", "due_at",
-        "delay_ms", "max_attempts", "lease_ms", "timeout_ms", "priority", "meta", "limit_key",
-    ),
     build=_dedupe,
     parse=_parse_dedupe,
 )

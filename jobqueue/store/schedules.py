@@ -81,8 +81,6 @@ def _parse_sched_due(reply: Sequence[Any]) -> Due:
 
 SCHED_DUE = Contract(
     "sched_due",
-    keys=("next", "defs", "state", "held"),
-    args=("now", "lookahead_ms", "limit", "cursor_next", "cursor_job"),
     build=_sched_due,
     parse=_parse_sched_due,
 )
@@ -131,9 +129,6 @@ def _parse_moves(reply: Sequence[Any]) -> list[Moved]:
 
 ADVANCE = Contract(
     "advance",
-    keys=("next", "state", "held", "owner"),
-    args=("now", "token"),
-    tail="groups",
     build=_advance,
     parse=_parse_moves,
 )
@@ -174,10 +169,6 @@ def _parse_written(reply: Any) -> bool:
 
 SCHED_DEFINE = Contract(
     "sched_define",
-    keys=("next", "defs", "state"),
-    args=(
-        "now", "job_id", "action", "expected_def", "expected_next", "definition", "next", "state"
-    ),
     build=_sched_define,
     parse=_parse_written,
 )
@@ -227,9 +218,6 @@ def _parse_sched_create(reply: Sequence[Any]) -> int:
 
 SCHED_CREATE = Contract(
     "sched_create",
-    keys=("due", "wake", "stats"),
-    args=("now", "prefix"),
-    tail="groups",
     build=_sched_create,
     parse=_parse_sched_create,
 )
@@ -254,9 +242,6 @@ def _parse_sched_release(reply: Sequence[Any]) -> list[int]:
 
 SCHED_RELEASE = Contract(
     "sched_release",
-    keys=("due", "wake"),
-    args=("now", "prefix", "hold_ms"),
-    tail="held",
     build=_sched_release,
     parse=_parse_sched_release,
 )
@@ -279,9 +264,6 @@ def _parse_removed(reply: Sequence[Any]) -> int:
 
 SCHED_UNHOLD = Contract(
     "sched_unhold",
-    keys=("held",),
-    args=("now",),
-    tail="entries",
     build=_sched_unhold,
     parse=_parse_removed,
 )
@@ -328,8 +310,6 @@ def _parse_lease(reply: Sequence[Any]) -> Lease:
 
 SCHED_LEASE = Contract(
     "sched_lease",
-    keys=("owner",),
-    args=("now", "scheduler", "action", "lease_ms", "token"),
     build=_sched_lease,
     parse=_parse_lease,
 )

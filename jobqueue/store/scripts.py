@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import re
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -69,7 +69,8 @@ SCRIPT_NAMES = (
     "read_records",
     "index_page",
 )
-PRELUDE = "_prelude"
+LIB = "lib"  # lua/lib/<name>.lua: the helpers scripts include ("-- uses: name, ...")
+CORE = "core"  # lua/lib/core.lua: the vocabulary every script uses (clock, read, ...)
 
 ArgT = str | int | float | bytes
 
@@ -78,9 +79,107 @@ def lua_dir() -> Path:
     """The wheel ships the scripts inside the package; a source checkout keeps them at the top."""
     package = Path(__file__).resolve().parent.parent  # jobqueue/
     for candidate in (package / "lua", package.parent / "lua"):
-        if (candidate / f"{PRELUDE}.lua").is_file():
+        if (candidate / LIB / f"{CORE}.lua").is_file():
             return candidate
     raise ScriptError(f"jobqueue's Lua scripts are missing (looked in {package / 'lua'})")
+
+
+# -- includes ----------------------------------------------------------------------------------
+# A script's header names the libs it calls on one line, '-- uses: core, fences'; each lib
+# (lua/lib/<name>.lua) names its own the same way ('-- uses: (none)' for none). Loading a
+# script puts the libs it needs, transitively, before its text: each once, every lib after the
+# libs it uses, in the order the 'uses' lines give. The result is one chunk, as Redis runs it
+# (a lib's locals are the script's: Lua allows 200 in a chunk, checked here).
+
+_USES = re.compile(r"^-- uses:(.*)$", re.M)
+_LIB_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_MAX_LOCALS = 200  # Lua's limit per function, the chunk included
+_TOP_LOCAL = re.compile(r"^local (?:function (\w+)|([\w, ]+?)\s*=)", re.M)
+
+
+def header_of(text: str) -> str:
+    """A Lua file's leading comment block."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def uses(text: str, what: str = "script") -> tuple[str, ...]:
+    """The libs a file's header names on its '-- uses:' line (one such line, required)."""
+    header = header_of(text).splitlines()
+    at = [i for i, line in enumerate(header) if _USES.match(line)]
+    if len(at) != 1:
+        raise ScriptError(f"{what}: its header needs one '-- uses: lib, ...' line "
+                          f"(found {len(at)})")
+    listed = header[at[0]][len("-- uses:"):].strip()
+    for line in header[at[0] + 1:]:  # a list ending in ',' goes on: '--       more, names'
+        if not listed.endswith(","):
+            break
+        listed += " " + line[2:].strip()
+    names = tuple(n.strip() for n in listed.split(",") if n.strip())
+    if names == ("(none)",):
+        return ()
+    for name in names:
+        if not _LIB_NAME.match(name):
+            raise ScriptError(f"{what}: '-- uses:' names {name!r}, not a lib name")
+    if len(set(names)) != len(names):
+        raise ScriptError(f"{what}: '-- uses:' names a lib twice: {', '.join(names)}")
+    return names
+
+
+def includes(
+    text: str, what: str, read: Callable[[str, list[str]], str] | None = None
+) -> list[str]:
+    """The libs a file needs, transitively, in load order: each after the libs it uses, each
+    once. ``read(name)`` gives a lib's text (lua/lib/<name>.lua by default). A lib that does
+    not exist, or a cycle, is a ScriptError naming the chain."""
+    directory = None if read is not None else lua_dir() / LIB
+
+    def text_of(name: str, chain: list[str]) -> str:
+        if read is not None:
+            return read(name, chain)
+        assert directory is not None
+        path = directory / f"{name}.lua"
+        if not path.is_file():
+            raise ScriptError(f"{' -> '.join(chain)} uses {name}, but lua/lib/{name}.lua "
+                              "does not exist")
+        return path.read_text()
+
+    order: list[str] = []
+    visiting: list[str] = []
+
+    def visit(name: str, chain: list[str]) -> None:
+        if name in order:
+            return
+        if name in visiting:
+            raise ScriptError(f"include cycle: {' -> '.join([*chain, name])}")
+        visiting.append(name)
+        for dep in uses(text_of(name, chain), f"lib/{name}.lua"):
+            visit(dep, [*chain, name])
+        visiting.remove(name)
+        order.append(name)
+
+    for name in uses(text, what):
+        visit(name, [what])
+    return order
+
+
+def assemble(text: str, what: str = "script") -> str:
+    """A script's text with the libs it uses before it: what Redis is given."""
+    directory = lua_dir() / LIB
+    parts = [(directory / f"{lib}.lua").read_text() for lib in includes(text, what)]
+    whole = "\n".join([*parts, text])
+    n = sum(
+        1 if m.group(1) else len(m.group(2).split(","))
+        for m in _TOP_LOCAL.finditer(whole)
+    )
+    if n > _MAX_LOCALS:
+        raise ScriptError(f"{what} has {n} top-level locals with its libs; Lua allows "
+                          f"{_MAX_LOCALS} (split a lib, or keep state in a table)")
+    return whole
 
 
 @dataclass(frozen=True)
@@ -105,13 +204,12 @@ _FLAGS = re.compile(r"^-- Flags: ([a-z-]+(?:,[a-z-]+)*)", re.M)
 @cache
 def scripts() -> dict[str, Script]:
     directory = lua_dir()
-    prelude = (directory / f"{PRELUDE}.lua").read_text()
     out = {}
     for name in SCRIPT_NAMES:
         body = (directory / f"{name}.lua").read_text()
-        flags = _FLAGS.search(body)
+        flags = _FLAGS.search(header_of(body))
         shebang = "#!lua" + (f" flags={flags.group(1)}" if flags else "")
-        plain = prelude + "\n" + body
+        plain = assemble(body, f"{name}.lua")
         source = shebang + "\n" + plain
         out[name] = Script(
             name, source, _sha(source), plain, _sha(plain)
@@ -153,7 +251,7 @@ _CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
 # replicas, a dataset still loading.
 _REFUSED_FOR_NOW = (
     "OOM", "READONLY", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING",
-    "TRYLATER",  # a jobqueue script met a key that is on another node (lua/_prelude.lua)
+    "TRYLATER",  # a jobqueue script met a key that is on another node (lua/lib/core.lua)
 )
 
 

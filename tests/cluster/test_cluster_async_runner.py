@@ -13,16 +13,16 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio.client
 from cluster_launcher import Cluster, Node
+from helpers import spec
 from redis.crc import key_slot
 
 from jobqueue.errors import ConnectionFailed
 from jobqueue.store.keys import PartitionKeys, queue_partitions
-from jobqueue.store.runs import CLAIM, CREATE_RUN, RunSpec
+from jobqueue.store.runs import CLAIM, CREATE_RUN
 from jobqueue.store.scripts import AsyncScriptRunner, Call, ScriptRunner
 from jobqueue.store.twin import ClusterTwin, async_twin
 
 T = TypeVar("T")
-PAYLOAD = '{"args":[],"kwargs":{}}'
 PARTITIONS = queue_partitions("default", 16, True)
 
 
@@ -31,7 +31,7 @@ def slot_of(pk: PartitionKeys) -> int:
 
 
 def creates(tag: str) -> list[Call]:
-    return [CREATE_RUN.call(pk, [RunSpec(f"{tag}{i}", "t", PAYLOAD)], now=0) for i, pk in
+    return [CREATE_RUN.call(pk, [spec(f"{tag}{i}")], now=0) for i, pk in
             enumerate(PARTITIONS)]  # fmt: skip
 
 
@@ -134,7 +134,7 @@ def test_a_moved_reply_after_a_slot_moved_is_sent_again_to_its_new_master(
     try:
 
         async def scenario(runner: AsyncScriptRunner) -> list[Any]:
-            return await runner.run_each([CREATE_RUN.call(pk, [RunSpec("m", "t", PAYLOAD)], now=0)])
+            return await runner.run_each([CREATE_RUN.call(pk, [spec("m")], now=0)])
 
         assert run(with_runner(cluster_client, scenario)) == [[0, 1]]
         assert cluster_client.get_node_from_key(pk.due).port == target.port  # refreshed

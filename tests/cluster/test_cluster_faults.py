@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 from cluster_launcher import Cluster, Node
+from helpers import LEASE_MS, claim_one, create
 from redis.crc import key_slot
 from server_stall import stall
 
@@ -30,17 +31,12 @@ from jobqueue.store.keys import PartitionKeys, partition_of, queue_partition
 from jobqueue.store.runs import (
     CLAIM,
     COMPLETE,
-    CREATE_RUN,
     FENCED_WRITE,
     HEARTBEAT,
-    ClaimedRun,
-    RunSpec,
 )
 from jobqueue.store.scripts import ScriptRunner, scripts
 from jobqueue.worker.daemon import Worker
 
-PAYLOAD = '{"args":[],"kwargs":{}}'
-LEASE_MS = 30_000
 T = TypeVar("T")
 
 
@@ -65,12 +61,6 @@ def runner(cluster_url: str) -> Iterator[ScriptRunner]:
     client.close()
 
 
-def claim_one(runner: ScriptRunner, pk: PartitionKeys, owner: str) -> ClaimedRun:
-    reply = runner.run(CLAIM.call(pk, 1, owner, LEASE_MS, 60_000))
-    (run,) = CLAIM.parse(reply).runs
-    return run
-
-
 def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
     cluster: Cluster, runner: ScriptRunner
 ) -> None:
@@ -79,7 +69,7 @@ def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
     replica takes over without that claim: its fence counter and the record are behind. Its
     next fence must still be above w1's, so w1 (alive, stalled) is refused everywhere."""
     pk = PartitionKeys("lagging", 0)
-    runner.run(CREATE_RUN.call(pk, [RunSpec("r", "t", PAYLOAD)]))
+    create(runner, pk, "r", now=None)
     slot = key_slot(pk.due.encode())
     master = cluster.master_of_slot(slot)
     replica = cluster.replica_of(master)
@@ -92,7 +82,7 @@ def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
         with master.client() as c:
             # "slave": the type name redis-py 6.1 (the floor) accepts as well as newer ones
             assert c.client_kill_filter(_type="slave") == 1
-        held = claim_one(runner, pk, "w1")  # acknowledged by the master alone
+        held = claim_one(runner, pk, owner="w1")  # acknowledged by the master alone
         master.kill()
     finally:
         replica.process.send_signal(signal.SIGCONT)
@@ -101,7 +91,9 @@ def test_a_replica_promoted_while_it_lagged_never_reissues_a_fence(
             eventually(lambda: c.execute_command("CLUSTER", "FAILOVER", "TAKEOVER"), 10)
         eventually(lambda: cluster.serves(replica.port, slot) or _raise(), 30, "the takeover")
         # The promoted node never saw w1's claim: the run is pending there, and claimed again.
-        taken = eventually(lambda: claim_one(runner, pk, "w2"), 30, "a claim on the new master")
+        taken = eventually(
+            lambda: claim_one(runner, pk, owner="w2"), 30, "a claim on the new master"
+        )
         assert taken.fence > held.fence
         stale_beat = runner.run(HEARTBEAT.call(pk, [("r", held.fence)], LEASE_MS))
         assert HEARTBEAT.parse(stale_beat).answers == ["fenced"]
@@ -128,7 +120,7 @@ def test_a_claim_whose_reply_timed_out_is_not_sent_again_by_the_cluster_client(
     client = sync_client(cluster_url + "?socket_timeout=0.3")
     runner = ScriptRunner(client)
     pk = PartitionKeys("timeouts", 0)
-    runner.run(CREATE_RUN.call(pk, [RunSpec(f"r{i}", "t", PAYLOAD) for i in range(3)]))
+    create(runner, pk, *(f"r{i}" for i in range(3)), now=None)
     runner.run(CLAIM.call(pk, 0, "w", LEASE_MS, 60_000))  # claim.lua is loaded
     claim_sha = scripts()["claim"].sha
     sent: list[int] = []
