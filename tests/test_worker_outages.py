@@ -7,6 +7,7 @@ redis.Redis subclass)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -189,15 +190,30 @@ def test_no_claim_is_sent_while_redis_refuses_the_workers_commits(
         else None
     )
     handles = [jq.enqueue(quick, i) for i in range(40)]
-    with running(make_worker(jq, concurrency=4, lease=None, grace=30.0)):
-        time.sleep(1.0)
-        refusing.clear()
-        runs = [h.wait(timeout=30) for h in handles]
+    learned: list[float] = []  # when the worker said it knew (its warning)
+
+    class Learned(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "commits not taken" in record.getMessage() and not learned:
+                learned.append(time.monotonic())
+
+    handler = Learned()
+    logging.getLogger("jobqueue.worker").addHandler(handler)
+    try:
+        with running(make_worker(jq, concurrency=4, lease=None, grace=30.0)):
+            time.sleep(1.0)
+            refusing.clear()
+            runs = [h.wait(timeout=30) for h in handles]
+    finally:
+        logging.getLogger("jobqueue.worker").removeHandler(handler)
     assert [r.result for r in runs] == list(range(40))
     commits = [(t, refused) for t, name, refused in client.sent if name == "complete"]
     first_refused = min(t for t, refused in commits if refused)
     first_accepted_after = min(t for t, refused in commits if not refused and t > first_refused)
     claims = [t for t, name, _ in client.sent if name == "claim"]
-    # A claim already on its way when the refusal came back may still go out (50 ms).
-    assert [t for t in claims if first_refused + 0.05 < t < first_accepted_after] == []
+    # Once the worker knows (it logs the refusal after noting it), only the claim round
+    # already decided may still go out: one call. (A fixed 50 ms after the refusal was not
+    # enough on a loaded machine: the event loop took longer to read the reply.)
+    assert learned and first_refused <= learned[0] < first_accepted_after
+    assert len([t for t in claims if learned[0] < t < first_accepted_after]) <= 1
     assert first_accepted_after - first_refused > 0.5  # the window was long: claims were due
