@@ -18,11 +18,9 @@ import redis.asyncio.cluster
 
 from jobqueue.anomalies import Listing
 from jobqueue.client.base import (
-    AioTaskDecorator,
     ClientBase,
     QueueTable,
     Request,
-    TaskRef,
     not_found,
 )
 from jobqueue.client.core import ClientCore, Created, RunState
@@ -42,6 +40,7 @@ from jobqueue.client.events import (
 )
 from jobqueue.client.flows import create_flow, dependencies_steps
 from jobqueue.client.groups import read_fair, read_groups, set_groups
+from jobqueue.client.registration import AioTaskDecorator, TaskRef
 from jobqueue.client.relay import purge_dead_steps, relay_cascade_steps
 from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, AsyncWaits, retriable
 from jobqueue.context import RunContext

@@ -1,32 +1,31 @@
-"""What the sync and asyncio clients share: task registration and turning an enqueue request
-into RunSpecs grouped by partition. No I/O here."""
+"""What the sync and asyncio clients share: task registration (``TaskRegistration``, its base
+class, in jobqueue.client.registration) and turning an enqueue request into RunSpecs grouped
+by partition. No I/O here."""
 
 from __future__ import annotations
 
-import inspect
 import os
-import warnings
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, NamedTuple, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from jobqueue.anomalies import Anomaly, checked, is_wrong_type
-from jobqueue.context import RunContext
+from jobqueue.client.registration import (
+    TaskRef,
+    TaskRegistration,
+    check_args_sequence,
+)
 from jobqueue.errors import (
     ConfigError,
     CorruptData,
     InvalidRunId,
     OperationRefused,
-    PayloadError,
     RunNotFound,
-    UnknownTask,
 )
-from jobqueue.hooks import EnqueueRequest, Hooks, MetaError, Middleware, encode_meta
+from jobqueue.hooks import EnqueueRequest, MetaError, encode_meta
 from jobqueue.models import PRIORITY_MAX, Run
 from jobqueue.payload import encode_payload
 from jobqueue.policy.timeutil import Delay, Instant, delay_to_ms, instant_to_ms
-from jobqueue.recurring.declarations import add_declarations, declare, declare_task_schedules
-from jobqueue.recurring.definitions import Definition
 from jobqueue.settings import Settings
 from jobqueue.store.keys import (
     QUEUES_KEY,
@@ -43,57 +42,13 @@ from jobqueue.store.keys import (
 from jobqueue.store.runs import CREATE_RUN, RunSpec
 from jobqueue.store.scripts import Call
 from jobqueue.tasks import (
-    RUN_OPTIONS,
-    AioAsyncTask,
-    AioTask,
-    AsyncTask,
-    Registry,
     RunOptions,
     Task,
-    make_options,
 )
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-
-class TaskDecorator(Protocol):
-    """What ``@jq.task(...)`` with options gives: a decorator typed like the bare one."""
-
-    @overload
-    def __call__(
-        self, func: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]], /
-    ) -> AsyncTask[P, R]: ...
-
-    @overload
-    def __call__(self, func: Callable[Concatenate[RunContext, P], R], /) -> Task[P, R]: ...
-
-    @overload
-    def __call__(self, func: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
-
-    @overload
-    def __call__(self, func: Callable[P, R], /) -> Task[P, R]: ...
-
-
-class AioTaskDecorator(Protocol):
-    """What ``@ajq.task(...)`` with options gives, on an AsyncJobQueue."""
-
-    @overload
-    def __call__(
-        self, func: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]], /
-    ) -> AioAsyncTask[P, R]: ...
-
-    @overload
-    def __call__(self, func: Callable[Concatenate[RunContext, P], R], /) -> AioTask[P, R]: ...
-
-    @overload
-    def __call__(self, func: Callable[P, Coroutine[Any, Any, R]], /) -> AioAsyncTask[P, R]: ...
-
-    @overload
-    def __call__(self, func: Callable[P, R], /) -> AioTask[P, R]: ...
-
-
-TaskRef = Task[Any, Any] | Callable[..., Any] | str
 
 # The latest due time a run may have: 9000-01-01T00:00:00Z. Later instants are typing
 # mistakes (and 9999-12-31 is the sentinel that holds buffer-one runs back).
@@ -101,15 +56,6 @@ MAX_DUE_MS = 221845392000000
 # The longest delay: one that cannot pass MAX_DUE_MS from any plausible present (before 2100).
 # A bound, not a decision: Redis adds the delay to its own clock.
 MAX_DELAY_MS = MAX_DUE_MS - 4102444800000
-
-
-def check_args_sequence(args: Any, what: str = "args") -> None:
-    """A str or bytes is a sequence too, and would be stored split into characters."""
-    if isinstance(args, str | bytes | bytearray | memoryview):
-        raise PayloadError(
-            f"{what} must be a list or tuple of arguments, not {type(args).__name__} "
-            f"{args!r:.40}: for one argument pass [value]"
-        )
 
 
 def dedupe_run_id(key: str) -> str:
@@ -191,11 +137,7 @@ class Planned(NamedTuple):
     spec: RunSpec
 
 
-class ClientBase:
-    # The classes of the tasks registered here: of a sync and of an ``async def`` function
-    # (an AsyncJobQueue's tasks are awaited to enqueue).
-    task_classes: tuple[type[Task[Any, Any]], type[Task[Any, Any]]] = (Task, AsyncTask)
-
+class ClientBase(TaskRegistration):
     def __init__(
         self,
         *,
@@ -205,15 +147,7 @@ class ClientBase:
     ) -> None:
         """``tasks``: another client (the app's JobQueue) whose registered tasks this one
         shares, so that an AsyncJobQueue enqueues the app's tasks by function or name."""
-        self.settings = settings or Settings()
-        self.registry: Registry = Registry() if tasks is None else tasks.registry
-        # Middleware (jobqueue.hooks): enqueue hooks here, run hooks in workers on this queue.
-        self.hooks: Hooks = Hooks() if tasks is None else tasks.hooks
-        # The recurring jobs this app declares in code, in declaration order (written by the
-        # scheduler at start).
-        self.declared_schedules: list[Definition] = (
-            [] if tasks is None else tasks.declared_schedules
-        )
+        super().__init__(settings=settings, tasks=tasks)
         self._keys: dict[tuple[str, int], PartitionKeys] = {}
         self._valid_queues: set[str] = set()
         self._partitions: dict[str, int] = {}
@@ -222,204 +156,6 @@ class ClientBase:
         for queue, count in (partitions or {}).items():
             validate_partition_count(count, f"queue {queue!r}")
             self._partitions[validate_queue_name(queue)] = count
-
-    def use(self, middleware: Middleware) -> None:
-        """Register middleware (see jobqueue.hooks), after those already registered."""
-        self.hooks = self.hooks.plus((middleware,))
-
-    # -- tasks -----------------------------------------------------------------------------
-
-    # A first parameter typed RunContext is the worker's ``ctx``, not an argument to enqueue.
-    @overload
-    def task(
-        self, func: Callable[Concatenate[RunContext, P], Coroutine[Any, Any, R]], /
-    ) -> AsyncTask[P, R]: ...
-
-    @overload
-    def task(self, func: Callable[Concatenate[RunContext, P], R], /) -> Task[P, R]: ...
-
-    @overload
-    def task(self, func: Callable[P, Coroutine[Any, Any, R]], /) -> AsyncTask[P, R]: ...
-
-    @overload
-    def task(self, func: Callable[P, R], /) -> Task[P, R]: ...
-
-    @overload
-    def task(
-        self,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | None = None,
-        lease: float | None = None,
-        backoff: float | None = None,
-        backoff_cap: float | None = None,
-        cron: str | None = None,
-        every: float | None = None,
-        tz: str | None = None,
-        misfire: str | None = None,
-        jitter: float | None = None,
-        overlap: str | None = None,
-        schedules: Sequence[dict[str, Any]] | None = None,
-    ) -> TaskDecorator: ...
-
-    def task(  # type: ignore[misc]  # mypy cannot match a positional-only optional
-        self,
-        func: Callable[..., Any] | None = None,
-        /,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | None = None,
-        lease: float | None = None,
-        backoff: float | None = None,
-        backoff_cap: float | None = None,
-        cron: str | None = None,
-        every: float | None = None,
-        tz: str | None = None,
-        misfire: str | None = None,
-        jitter: float | None = None,
-        overlap: str | None = None,
-        schedules: Sequence[dict[str, Any]] | None = None,
-    ) -> Any:
-        """Register a function as a task: ``@jq.task`` or ``@jq.task(name=..., queue=...)``.
-
-        ``cron=``/``every=`` (with ``tz``, ``misfire``, ``jitter``, ``overlap``) also declare a
-        recurring job named after the task, and ``schedules=[{"id": ..., "cron": ...}, ...]``
-        several; they are validated here and written by the scheduler at start."""
-        schedule = {
-            "cron": cron,
-            "every": every,
-            "tz": tz,
-            "misfire": misfire,
-            "jitter": jitter,
-            "overlap": overlap,
-        }
-
-        def register(f: Callable[..., Any]) -> Task[Any, Any]:
-            task = self._register(
-                name or f.__name__,
-                f,
-                queue,
-                max_attempts,
-                timeout,
-                lease,
-                backoff,
-                backoff_cap,
-                add=False,
-            )
-            if not schedules and all(v is None for v in schedule.values()):
-                self.registry.add(task)
-                return task
-            # Schedules validated before the task is registered: a refused one leaves nothing
-            # behind (a retry of the decorator is not "already registered").
-            defns = declare_task_schedules(self, task, schedule, schedules)
-            self.registry.add(task)
-            add_declarations(self, defns)
-            return task
-
-        return register(func) if func is not None else register
-
-    def declare_schedule(self, job_id: str, task: TaskRef, **options: Any) -> Definition:
-        """Declare a recurring job in code (the options of ``jq.schedule``): validated now,
-        written by ``jobqueue scheduler --app`` at start, removed there with ``--prune`` once
-        no longer declared."""
-        check_args_sequence(options.get("args", ()))
-        return declare(self, job_id, task, **options)
-
-    def declare_task(
-        self,
-        name: str,
-        *,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | None = None,
-        lease: float | None = None,
-    ) -> Task[Any, Any]:
-        """Make a task known by name where its code is not importable (an app that only
-        enqueues, workers elsewhere)."""
-        return self._register(name, None, queue, max_attempts, timeout, lease, None, None)
-
-    def _register(
-        self,
-        name: str,
-        func: Callable[..., Any] | None,
-        queue: str | None,
-        max_attempts: int | None,
-        timeout: float | None,
-        lease: float | None,
-        backoff: float | None,
-        backoff_cap: float | None,
-        add: bool = True,
-    ) -> Task[Any, Any]:
-        """The task; ``add``: registered too (the decorator adds it once its schedules are
-        validated)."""
-        options = make_options(
-            queue=queue or self.settings.default_queue,
-            max_attempts=self.settings.default_max_attempts
-            if max_attempts is None
-            else max_attempts,
-            timeout=timeout,
-            lease=lease,
-            backoff_base=backoff,
-            backoff_cap=backoff_cap,
-        )
-        plain, coroutine = self.task_classes
-        is_async = func is not None and inspect.iscoroutinefunction(func)
-        kind = coroutine if is_async else plain
-        task: Task[Any, Any] = kind(name=name, options=options, func=func, enqueuer=self)
-        if add:
-            self.registry.add(task)
-        return task
-
-    def resolve_task(self, ref: TaskRef) -> Task[Any, Any]:
-        if isinstance(ref, Task):
-            return ref
-        if isinstance(ref, str):
-            return self.registry.get(ref)
-        name = getattr(ref, "__name__", None)
-        if isinstance(name, str) and name in self.registry and self.registry.get(name).func is ref:
-            return self.registry.get(name)
-        raise UnknownTask(f"{ref!r} is not a registered task: decorate it with @jq.task")
-
-    def split_run_options(
-        self, ref: TaskRef, kwargs: dict[str, Any], stacklevel: int = 3
-    ) -> tuple[Task[Any, Any], dict[str, Any], RunOptions]:
-        """The task, its keyword arguments and the run's options. Run options come from
-        ``task.with_options(...)``; then every keyword argument is the task's. Without it, the
-        old form (``jq.enqueue(task, 1, run_id=...)``) still works, deprecated, for a name
-        the task's function does not take; one it takes is its argument, and a function that
-        takes ``**kwargs`` makes the call ambiguous (refused)."""
-        task = ref if isinstance(ref, Task) else self.resolve_task(ref)
-        if task.run_options is not None:
-            return task, kwargs, task.run_options
-        legacy = [name for name in RUN_OPTIONS if name in kwargs]
-        if not legacy:  # the usual call: nothing to look at
-            return task, kwargs, RunOptions()
-        takes = task.keyword_names
-        if takes is None and task.func is not None:
-            name = legacy[0]
-            raise ConfigError(
-                f"{name}= is ambiguous for task {task.name!r}, whose function takes **kwargs: "
-                f"for the run's {name} use {task.name}.with_options({name}=...).enqueue(...); "
-                f"for an argument called {name}, {task.name}.with_options().enqueue({name}=...)"
-            )
-        moved = {n: kwargs[n] for n in legacy if takes is None or n not in takes}
-        if not moved:
-            return task, kwargs, RunOptions()
-        shown = ", ".join(f"{n}=" for n in moved)
-        warnings.warn(
-            f"run options among a task's arguments ({shown}) are deprecated: use "
-            f"{task.name}.with_options({shown.replace('=', '=...')}).enqueue(...)",
-            DeprecationWarning,
-            stacklevel=stacklevel,
-        )
-        rest = {k: v for k, v in kwargs.items() if k not in moved}
-        return task, rest, RunOptions(**moved)
-
-    # -- partitions ------------------------------------------------------------------------
 
     def partitions_of(self, queue: str) -> int:
         return self._partitions.get(queue, 1)

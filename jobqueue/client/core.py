@@ -13,9 +13,7 @@ from jobqueue.client.base import (
     ClientBase,
     Planned,
     Request,
-    TaskRef,
     cancel_refused,
-    check_args_sequence,
     create_batches,
     created_flags,
     not_found,
@@ -23,6 +21,7 @@ from jobqueue.client.base import (
     read_run,
 )
 from jobqueue.client.queue_steps import QueueSteps
+from jobqueue.client.registration import TaskRef, check_args_sequence
 from jobqueue.errors import ConfigError, NotDurable, OperationRefused
 from jobqueue.models import Run
 from jobqueue.policy.timeutil import Delay, Instant

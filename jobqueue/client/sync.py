@@ -13,7 +13,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 import redis.cluster
 
 from jobqueue.anomalies import Listing
-from jobqueue.client.base import ClientBase, QueueTable, Request, TaskRef, not_found
+from jobqueue.client.base import ClientBase, QueueTable, Request, not_found
 from jobqueue.client.core import ClientCore, Created, RunState
 from jobqueue.client.events import (
     EventSettings,
@@ -31,6 +31,7 @@ from jobqueue.client.events import (
 )
 from jobqueue.client.flows import create_flow, dependencies_steps
 from jobqueue.client.groups import read_fair, read_groups, set_groups
+from jobqueue.client.registration import TaskRef
 from jobqueue.client.relay import purge_dead_steps, relay_until_quiet
 from jobqueue.client.waits import RETRY_FIRST_S, RETRY_MAX_S, SyncWaits, retriable
 from jobqueue.errors import ConfigError, JobQueueError
