@@ -529,6 +529,34 @@ def test_a_run_without_a_limit_key_held_back_by_a_full_task_cap_is_parked_not_a_
     assert len(claim(runner, pk, now=1_300, limit=1).runs) == 1
 
 
+@pytest.mark.usefixtures("on")
+def test_a_claim_parks_a_bounded_number_of_runs_held_back_by_a_task_cap_and_each_is_served_once(
+    runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
+) -> None:
+    """300 runs of one group under a full task cap of 1: one claim parks no more than the
+    entries it may look at (256: a claim stays short, the others wait for later calls), and
+    as the slot frees, every run is claimed exactly once."""
+    runner.run(SET_LIMIT.call(pk, "task:t", 1, now=0))
+    made = [f"x-{i:03d}" for i in range(300)]
+    create_new(runner, pk, *made, now=0)
+    (held,) = claim(runner, pk, now=1_000, limit=1).runs
+    assert ids(claim(runner, pk, now=1_001, limit=1)) == []
+    assert 0 < redis_client.zcard(pk.parked) <= 256
+    served = [held.run_id]
+    now = 1_002
+    while len(served) < len(made) and now < 10_000:
+        now += 1
+        runner.run(COMPLETE.call(pk, [(held.run_id, held.fence, "1")], RETENTION, now=now))
+        got = claim(runner, pk, now=now + 1, limit=1).runs
+        while not got and now < 10_000:  # (a claim that only parked: the next goes on)
+            now += 1
+            got = claim(runner, pk, now=now + 1, limit=1).runs
+        if got:
+            (held,) = got
+            served.append(held.run_id)
+    assert sorted(served) == made
+
+
 def test_an_enqueue_under_a_deduplication_key_respects_its_groups_max_size(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:

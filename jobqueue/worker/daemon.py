@@ -141,7 +141,6 @@ class Worker:
         )
         self.concurrency = cfg.concurrency
         self.lease_ms = to_ms(cfg.lease_s or jq.settings.default_lease_s)
-        self.grace = cfg.grace_s
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.install_signal_handlers = install_signal_handlers
         self.stats = WorkerStats()
@@ -189,6 +188,10 @@ class Worker:
         """Why the worker recycles (max_runs or max_memory_mb reached: it then exits
         EXIT_RECYCLED), or None."""
         return self._recycled
+
+    @property
+    def grace(self) -> float:  # seconds in-flight runs get to finish once a stop is asked for
+        return self._shutdown.grace_s
 
     def in_flight(self) -> list[RunView]:
         """The runs this worker holds now, each with its phase: claimed and not yet both

@@ -151,6 +151,9 @@ local function ring_take(p, call, taking)
         g.out = true
         later(g, now + default_lease)
       elseif why == 'parked' then -- held back by its task's cap: unparked into its group
+        -- (it counts against the entries a call may look at: else one claim would park a
+        -- whole group queue held back by a full task cap, however long)
+        ring.stale = ring.stale + 1
         hinted[run.id] = true
         p.park[#p.park].ring = true
         drop(g, run.id, true)
