@@ -113,14 +113,35 @@ class ClientCore(QueueSteps):
         dedupe: Dedupe | None = None,
         limit_key: str | None = None,
     ) -> Steps[Created]:
+        name, spec = self._plan_enqueue(
+            task, args, kwargs, run_id, delay, at, queue, priority, dedupe, limit_key
+        )
+        return (yield from self._enqueue_planned(name, spec, dedupe))
+
+    def _plan_enqueue(
+        self,
+        task: TaskRef,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        run_id: str | None,
+        delay: Delay | None,
+        at: Instant | None,
+        queue: str | None,
+        priority: int | None = None,
+        dedupe: Dedupe | None = None,
+        limit_key: str | None = None,
+    ) -> tuple[str, RunSpec]:
+        """An enqueue validated whole, before anything is written: (queue, run)."""
         if dedupe is not None and run_id is not None:
             raise ConfigError(
                 "pass dedupe or run_id, not both: a deduplicated run's id comes from its key"
             )
-        name, spec = self.prepare_args(
+        return self.prepare_args(
             task, args, kwargs, run_id, delay, at, queue, priority=priority,
             dedupe_key=None if dedupe is None else dedupe.key, limit_key=limit_key,
         )
+
+    def _enqueue_planned(self, name: str, spec: RunSpec, dedupe: Dedupe | None) -> Steps[Created]:
         yield from self._register_queue(name)
         if dedupe is not None:
             keys = self.keys_for(name, spec.run_id)

@@ -60,7 +60,7 @@ class RunMethods(SyncDriver):
         exists, nothing is written and the handle says ``created=False``. Run options (run
         id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
-        found, kwargs, opts = self.split_run_options(task, kwargs)
+        found, opts = self.enqueue_options(task, kwargs)
         if opts.depends_on:  # a waiting run: a workflow of one step
             step = found.waiting_step(args, kwargs)
             flow = self._create_flow(group_graph([step]), None)
@@ -207,18 +207,17 @@ class AsyncRunMethods(AsyncDriver):
         exists, nothing is written and the handle says ``created=False``. Run options (run
         id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
-        found, kwargs, opts = self.split_run_options(task, kwargs)
+        found, opts = self.enqueue_options(task, kwargs)
         if opts.depends_on:  # a waiting run: a workflow of one step
             flow = await self._create_flow(group_graph([found.waiting_step(args, kwargs)]), None)
             return flow.runs[0]
-        options = getattr(found, "options", None)  # (None for a task named by a string)
-        queue = opts.queue if opts.queue is not None else getattr(options, "queue", None)
-        if isinstance(queue, str) and queue not in self._registered_queues:
-            await self._register_once(queue)
-        steps = self._enqueue(
+        queue, spec = self._plan_enqueue(
             found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
             opts.dedupe, opts.limit_key,
         )
+        if queue not in self._registered_queues:  # validated first: a refusal writes nothing
+            await self._register_once(queue)
+        steps = self._enqueue_planned(queue, spec, opts.dedupe)
         return self._handle(await self.run_steps(steps))
 
     async def enqueue_many(self, requests: Iterable[Request]) -> list[AsyncRunHandle[Any]]:
