@@ -254,7 +254,7 @@ class TaskRegistration:
             return self.registry.get(name)
         raise UnknownTask(f"{ref!r} is not a registered task: decorate it with @jq.task")
 
-    def enqueue_options(
+    def _enqueue_options(
         self, ref: TaskRef, kwargs: Mapping[str, Any]
     ) -> tuple[Task[Any, Any], RunOptions]:
         """The task of ``enqueue(task, *args, **kwargs)`` and its run's options, which come

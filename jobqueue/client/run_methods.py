@@ -60,7 +60,7 @@ class RunMethods(SyncDriver):
         exists, nothing is written and the handle says ``created=False``. Run options (run
         id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
-        found, opts = self.enqueue_options(task, kwargs)
+        found, opts = self._enqueue_options(task, kwargs)
         if opts.depends_on:  # a waiting run: a workflow of one step
             step = found.waiting_step(args, kwargs)
             flow = self._create_flow(group_graph([step]), None)
@@ -207,7 +207,7 @@ class AsyncRunMethods(AsyncDriver):
         exists, nothing is written and the handle says ``created=False``. Run options (run
         id, delay, at, queue, priority, dedupe, limit_key) come with the task:
         ``jq.enqueue(task.with_options(...), ...)``."""
-        found, opts = self.enqueue_options(task, kwargs)
+        found, opts = self._enqueue_options(task, kwargs)
         if opts.depends_on:  # a waiting run: a workflow of one step
             flow = await self._create_flow(group_graph([found.waiting_step(args, kwargs)]), None)
             return flow.runs[0]
