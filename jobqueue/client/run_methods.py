@@ -65,11 +65,7 @@ class RunMethods(SyncDriver):
             step = found.waiting_step(args, kwargs)
             flow = self._create_flow(group_graph([step]), None)
             return flow.runs[0]
-        steps = self._enqueue(
-            found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
-            opts.dedupe, opts.limit_key,
-        )
-        return self._handle(self.run_steps(steps))
+        return self._handle(self.run_steps(self._enqueue(found, args, kwargs, opts)))
 
     def enqueue_many(self, requests: Iterable[Request]) -> list[RunHandle[Any]]:
         """Validate all, then create all in one pipelined round trip (one script call per
@@ -211,10 +207,7 @@ class AsyncRunMethods(AsyncDriver):
         if opts.depends_on:  # a waiting run: a workflow of one step
             flow = await self._create_flow(group_graph([found.waiting_step(args, kwargs)]), None)
             return flow.runs[0]
-        queue, spec = self._plan_enqueue(
-            found, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue, opts.priority,
-            opts.dedupe, opts.limit_key,
-        )
+        queue, spec = self._plan_enqueue(found, args, kwargs, opts)
         if queue not in self._registered_queues:  # validated first: a refusal writes nothing
             await self._register_once(queue)
         steps = self._enqueue_planned(queue, spec, opts.dedupe)
