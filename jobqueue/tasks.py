@@ -25,10 +25,6 @@ R = TypeVar("R")
 P2 = ParamSpec("P2")
 R2 = TypeVar("R2")
 
-# The options of one run. Given with ``task.with_options(...)``, never among the task's own
-# keyword arguments (a task may have a parameter called ``queue``).
-RUN_OPTIONS = ("run_id", "delay", "at", "queue")
-
 _TASK_NAME_MAX = 200
 
 
@@ -100,6 +96,12 @@ class RunOptions:
     def merged(self, **changes: Any) -> RunOptions:
         """These options with ``changes`` (None changes nothing)."""
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+# The names of a run's options. Given with ``task.with_options(...)``, never among the task's
+# own keyword arguments (a task may have a parameter called ``queue``): a keyword of these
+# names that the task does not take is refused at enqueue, pointing to ``with_options``.
+RUN_OPTIONS = tuple(f.name for f in dataclasses.fields(RunOptions))
 
 
 @dataclass
@@ -192,16 +194,29 @@ class Task(Generic[P, R]):
         sig = inspect.signature(self.func)
         return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "ctx"])
 
-    def check_arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    def check_arguments(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], *, for_run: bool = False
+    ) -> None:
         """PayloadError when the function could not be called with these arguments (checked
-        at enqueue, so a mistaken call is refused at once instead of failing every attempt)."""
+        at enqueue, so a mistaken call is refused at once instead of failing every attempt).
+        ``for_run``: the arguments of a run, where a keyword named like a run option that the
+        function does not take was meant for ``with_options``: the error says so."""
         sig = self.call_signature
         if sig is None:
             return
         try:
             sig.bind(*args, **kwargs)
         except TypeError as exc:
-            raise PayloadError(f"arguments do not fit task {self.name}{sig}: {exc}") from None
+            taken = self.keyword_names
+            misplaced = [
+                n for n in RUN_OPTIONS
+                if for_run and n in kwargs and taken is not None and n not in taken
+            ]
+            hint = ""
+            if misplaced:
+                shown = ", ".join(f"{n}=..." for n in misplaced)
+                hint = f" (run options come with the task: {self.name}.with_options({shown}))"
+            raise PayloadError(f"arguments do not fit task {self.name}{sig}: {exc}{hint}") from None
 
     @functools.cached_property
     def keyword_names(self) -> frozenset[str] | None:

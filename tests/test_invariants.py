@@ -173,7 +173,7 @@ RACER = textwrap.dedent(
     jq.scripts.load()
     control.rpush("race:ready", who)
     assert control.blpop("race:go", timeout=60) is not None
-    handle = jq.enqueue("report", who, run_id=run_id)
+    handle = jq.enqueue(jq.resolve_task("report").with_options(run_id=run_id), who)
     print("CREATED" if handle.created else "EXISTS", flush=True)
     """
 )

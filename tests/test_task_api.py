@@ -1,6 +1,7 @@
-"""The app-facing enqueue API: run options (run id, delay, at, queue) never share a namespace
-with the task's arguments. They come with ``task.with_options(...)``; the old keyword form is
-deprecated, and refused where it is ambiguous."""
+"""The app-facing enqueue API: run options (run id, delay, at, queue, ...) never share a
+namespace with the task's arguments. They come with ``task.with_options(...)`` only; a keyword
+named like a run option is the task's argument when it takes it, and refused at enqueue,
+pointing to ``with_options``, when it does not."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from jobqueue import JobQueue, Request
 from jobqueue.client.aio import AsyncJobQueue
-from jobqueue.errors import ConfigError
+from jobqueue.errors import PayloadError
 
 
 def test_a_task_argument_called_queue_is_the_tasks_argument(jq: JobQueue) -> None:
@@ -84,34 +85,73 @@ def test_after_with_options_every_keyword_is_an_argument_even_for_kwargs_functio
     assert (run.queue, run.kwargs) == ("default", {"queue": "sms", "run_id": "r"})
 
 
-def test_a_run_option_keyword_for_a_kwargs_function_is_refused_as_ambiguous(
-    jq: JobQueue,
-) -> None:
+def test_a_run_option_keyword_for_a_kwargs_function_is_its_argument(jq: JobQueue) -> None:
     @jq.task
     def forward(**fields: Any) -> None: ...
 
-    with pytest.raises(ConfigError, match=r"ambiguous.*with_options\(queue=\.\.\.\)"):
-        jq.enqueue(forward, queue="sms")
-    assert jq.queues() == {}
+    handle = jq.enqueue(forward, queue="sms", run_id="r")
+    run = jq.get_run(handle.run_id)
+    assert (handle.run_id != "r", run.queue, run.kwargs) == (
+        True, "default", {"queue": "sms", "run_id": "r"}
+    )
 
 
-def test_the_old_keyword_form_still_works_with_a_deprecation_warning(jq: JobQueue) -> None:
+def test_a_run_option_keyword_the_function_does_not_take_is_refused_naming_with_options(
+    jq: JobQueue,
+) -> None:
     @jq.task
     def send_invoice(customer_id: int) -> None: ...
 
-    with pytest.warns(DeprecationWarning, match=r"with_options\(run_id=\.\.\., queue=\.\.\.\)"):
+    with pytest.raises(
+        PayloadError, match=r"send_invoice\.with_options\(run_id=\.\.\., queue=\.\.\.\)"
+    ):
         jq.enqueue(send_invoice, 42, run_id="old", queue="billing")
-    run = jq.get_run("old")
-    assert (run.queue, run.args, run.kwargs) == ("billing", [42], {})
+    assert (jq.queues(), jq.find_run("old")) == ({}, None)
 
 
-def test_the_old_keyword_form_on_a_task_declared_by_name_is_deprecated_too(
+def test_a_run_option_keyword_is_refused_through_the_tasks_own_enqueue_too(
+    jq: JobQueue,
+) -> None:
+    @jq.task
+    def send_invoice(customer_id: int) -> None: ...
+
+    with pytest.raises(PayloadError, match=r"with_options\(delay=\.\.\.\)"):
+        send_invoice.enqueue(42, delay=60)
+    assert jq.queues() == {}
+
+
+def test_a_run_option_keyword_for_a_task_declared_by_name_is_refused_naming_with_options(
     jq: JobQueue,
 ) -> None:
     jq.declare_task("report")
-    with pytest.warns(DeprecationWarning):
+    with pytest.raises(
+        PayloadError, match=r"jq\.resolve_task\('report'\)\.with_options\(run_id=\.\.\.\)"
+    ):
         jq.enqueue("report", 1, run_id="by-name")
-    assert jq.get_run("by-name").kwargs == {}
+    assert (jq.queues(), jq.find_run("by-name")) == ({}, None)
+
+
+def test_after_with_options_a_task_declared_by_name_takes_a_run_option_keyword(
+    jq: JobQueue,
+) -> None:
+    jq.declare_task("report")
+    handle = jq.enqueue(jq.resolve_task("report").with_options(), 1, run_id="arg")
+    run = jq.get_run(handle.run_id)
+    assert (handle.run_id != "arg", run.args, run.kwargs) == (True, [1], {"run_id": "arg"})
+
+
+def test_the_async_client_refuses_a_run_option_keyword_the_function_does_not_take() -> None:
+    app = JobQueue(fakeredis.FakeRedis(decode_responses=True))
+
+    @app.task
+    def send_invoice(customer_id: int) -> None: ...
+
+    async def go() -> None:
+        ajq = AsyncJobQueue(fakeredis.FakeAsyncRedis(decode_responses=True), tasks=app)
+        await ajq.enqueue(send_invoice, 42, run_id="old")
+
+    with pytest.raises(PayloadError, match=r"send_invoice\.with_options\(run_id=\.\.\.\)"):
+        asyncio.run(go())
 
 
 def test_a_request_takes_a_task_with_options_its_own_fields_winning(jq: JobQueue) -> None:

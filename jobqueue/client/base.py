@@ -220,7 +220,7 @@ class ClientBase(TaskRegistration):
         if delay is not None and at is not None:
             raise ConfigError("pass delay or at, not both")
         check_args_sequence(args)
-        task.check_arguments(args, kwargs)
+        task.check_arguments(args, kwargs, for_run=True)
         at_ms = None if at is None else instant_to_ms(at)
         delay_ms = 0 if delay is None else delay_to_ms(delay)
         check_due(at_ms, delay_ms)

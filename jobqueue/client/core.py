@@ -24,7 +24,7 @@ from jobqueue.client.queue_steps import QueueSteps
 from jobqueue.client.registration import TaskRef, check_args_sequence
 from jobqueue.errors import ConfigError, NotDurable, OperationRefused
 from jobqueue.models import Run
-from jobqueue.policy.timeutil import Delay, Instant
+from jobqueue.policy.timeutil import Instant
 from jobqueue.recurring.declarations import make_definition
 from jobqueue.recurring.fires import backfill_specs, trigger_spec
 from jobqueue.recurring.info import ScheduleInfo
@@ -42,7 +42,7 @@ from jobqueue.store.io import (
 from jobqueue.store.keys import PartitionKeys, partition_of
 from jobqueue.store.runs import CANCEL, CREATE_RUN, DEDUPE, REQUEUE, RunSpec
 from jobqueue.store.scripts import Call
-from jobqueue.tasks import Dedupe
+from jobqueue.tasks import Dedupe, RunOptions
 
 log = logging.getLogger("jobqueue.client")
 
@@ -101,26 +101,29 @@ class ClientCore(QueueSteps):
         return replies
 
     def _enqueue(
-        self,
-        task: TaskRef,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        run_id: str | None,
-        delay: Delay | None,
-        at: Instant | None,
-        queue: str | None,
-        priority: int | None = None,
-        dedupe: Dedupe | None = None,
-        limit_key: str | None = None,
+        self, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any], opts: RunOptions
     ) -> Steps[Created]:
-        if dedupe is not None and run_id is not None:
+        """Validate, then create one run (the sync client's enqueue)."""
+        queue, spec = self._plan_enqueue(task, args, kwargs, opts)
+        return (yield from self._enqueue_planned(queue, spec, opts.dedupe))
+
+    def _plan_enqueue(
+        self, task: TaskRef, args: tuple[Any, ...], kwargs: dict[str, Any], opts: RunOptions
+    ) -> tuple[str, RunSpec]:
+        """An enqueue validated whole, before anything is written: (queue, run)."""
+        dedupe = opts.dedupe
+        if dedupe is not None and opts.run_id is not None:
             raise ConfigError(
                 "pass dedupe or run_id, not both: a deduplicated run's id comes from its key"
             )
-        name, spec = self.prepare_args(
-            task, args, kwargs, run_id, delay, at, queue, priority=priority,
-            dedupe_key=None if dedupe is None else dedupe.key, limit_key=limit_key,
+        return self.prepare_args(
+            task, args, kwargs, opts.run_id, opts.delay, opts.at, opts.queue,
+            priority=opts.priority, dedupe_key=None if dedupe is None else dedupe.key,
+            limit_key=opts.limit_key,
         )
+
+    def _enqueue_planned(self, name: str, spec: RunSpec, dedupe: Dedupe | None) -> Steps[Created]:
+        """Create a planned run (``_plan_enqueue``), its queue recorded first."""
         yield from self._register_queue(name)
         if dedupe is not None:
             keys = self.keys_for(name, spec.run_id)

@@ -1,16 +1,15 @@
 """Task registration, shared by the sync and asyncio clients: the ``@jq.task`` decorator,
 tasks declared by name (their code elsewhere), recurring jobs declared in code, and the run
-options given with a task. No I/O here."""
+options given with a task (``task.with_options(...)``). No I/O here."""
 
 from __future__ import annotations
 
 import inspect
-import warnings
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
 from jobqueue.context import RunContext
-from jobqueue.errors import ConfigError, PayloadError, UnknownTask
+from jobqueue.errors import PayloadError, UnknownTask
 from jobqueue.hooks import Hooks, Middleware
 from jobqueue.recurring.declarations import add_declarations, declare, declare_task_schedules
 from jobqueue.recurring.definitions import Definition
@@ -255,40 +254,28 @@ class TaskRegistration:
             return self.registry.get(name)
         raise UnknownTask(f"{ref!r} is not a registered task: decorate it with @jq.task")
 
-    def split_run_options(
-        self, ref: TaskRef, kwargs: dict[str, Any], stacklevel: int = 3
-    ) -> tuple[Task[Any, Any], dict[str, Any], RunOptions]:
-        """The task, its keyword arguments and the run's options. Run options come from
-        ``task.with_options(...)``; then every keyword argument is the task's. Without it, the
-        old form (``jq.enqueue(task, 1, run_id=...)``) still works, deprecated, for a name
-        the task's function does not take; one it takes is its argument, and a function that
-        takes ``**kwargs`` makes the call ambiguous (refused)."""
-        task = ref if isinstance(ref, Task) else self.resolve_task(ref)
+    def _enqueue_options(
+        self, ref: TaskRef, kwargs: Mapping[str, Any]
+    ) -> tuple[Task[Any, Any], RunOptions]:
+        """The task of ``enqueue(task, *args, **kwargs)`` and its run's options, which come
+        from ``task.with_options(...)`` only: every keyword is the task's argument. For a task
+        whose code is not here (declared by name) no signature tells whether a keyword named
+        like a run option is an argument; without ``with_options`` it is refused, so that a
+        call meant to set the run's options never makes a run with wrong arguments."""
+        task = self.resolve_task(ref)
         if task.run_options is not None:
-            return task, kwargs, task.run_options
-        legacy = [name for name in RUN_OPTIONS if name in kwargs]
-        if not legacy:  # the usual call: nothing to look at
-            return task, kwargs, RunOptions()
-        takes = task.keyword_names
-        if takes is None and task.func is not None:
-            name = legacy[0]
-            raise ConfigError(
-                f"{name}= is ambiguous for task {task.name!r}, whose function takes **kwargs: "
-                f"for the run's {name} use {task.name}.with_options({name}=...).enqueue(...); "
-                f"for an argument called {name}, {task.name}.with_options().enqueue({name}=...)"
+            return task, task.run_options
+        named = [n for n in RUN_OPTIONS if n in kwargs] if task.func is None else []
+        if named:
+            shown = ", ".join(f"{n}=..." for n in named)
+            raise PayloadError(
+                f"{shown.replace('...', '')} for task {task.name!r}, whose code is not here: "
+                f"run options come with the task, "
+                f"jq.resolve_task({task.name!r}).with_options({shown}).enqueue(...); for "
+                f"arguments of these names, jq.resolve_task({task.name!r}).with_options()"
+                f".enqueue({shown})"
             )
-        moved = {n: kwargs[n] for n in legacy if takes is None or n not in takes}
-        if not moved:
-            return task, kwargs, RunOptions()
-        shown = ", ".join(f"{n}=" for n in moved)
-        warnings.warn(
-            f"run options among a task's arguments ({shown}) are deprecated: use "
-            f"{task.name}.with_options({shown.replace('=', '=...')}).enqueue(...)",
-            DeprecationWarning,
-            stacklevel=stacklevel,
-        )
-        rest = {k: v for k, v in kwargs.items() if k not in moved}
-        return task, rest, RunOptions(**moved)
+        return task, RunOptions()
 
     # -- partitions ------------------------------------------------------------------------
 
