@@ -355,7 +355,7 @@ def test_plan_fires_counts_late_fires_of_a_long_outage_without_walking_them() ->
     year = 365 * 86_400 * S
     plan = plan_fires(_defn(every_ms=S, misfire="fire-all"), S, year, lookahead_ms=0)
     assert plan is not None
-    # 100 late + two on time (year - 1 s is within the 1 s grace, and year itself)
+    # 100 late + two on time (year - 1 s is within the 1 s misfire grace, and year itself)
     assert len(plan.fires) == 102
     assert plan.dropped == plan.missed == year // S - 102
     assert plan.new_next_ms == year + S

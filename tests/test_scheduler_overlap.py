@@ -154,8 +154,8 @@ def test_get_schedule_reports_missed_dropped_skipped_and_last_fire(jq: JobQueue)
 
 
 def test_skip_policy_keeps_a_fire_that_lands_between_two_healthy_ticks(jq: JobQueue) -> None:
-    # Default interval and grace (1 s each); overlap jobs are not looked ahead, so the fire at
-    # 60 s, 5 ms after one tick's clock read, is handled by the next tick 1.010 s later.
+    # Default interval and misfire grace (1 s each); overlap jobs are not looked ahead, so the
+    # fire at 60 s, 5 ms after one tick's clock read, is handled by the next tick 1.010 s later.
     sched = Scheduler(jq, install_signal_handlers=False)
     jq.schedule("j", "t", every=60, overlap="forbid", misfire="skip", now=0)
     sched.tick(now=60 * S - 5)

@@ -238,7 +238,7 @@ FLOAT_OPTIONS = [
     ("worker", "--app", "x:jq", "--grace"),
     ("scheduler", "--lookahead"),
     ("scheduler", "--interval"),
-    ("scheduler", "--grace"),
+    ("scheduler", "--misfire-grace"),
     ("enqueue", "ping", "--delay"),
     ("top", "--interval"),
 ]

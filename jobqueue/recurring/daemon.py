@@ -32,8 +32,8 @@ within it at the measured rate (``lookahead``).
 Jobs with an overlap policy other than ``allow`` are not looked ahead: whether their previous
 run is still unfinished is decided when a fire time comes, not a lookahead earlier, in the
 queue that previous run went to (recorded in the job's state). They are fired by the first tick
-after their fire time, up to a tick gap late: that is why the grace is never below two tick
-intervals (``misfire.effective_grace_ms``).
+after their fire time, up to a tick gap late: that is why the misfire grace is never below two
+tick intervals (``misfire.effective_misfire_grace_ms``).
 ``buffer-one``'s waiting run is created held and released by ``sched_release.lua`` once its
 predecessor has finished (``held``).
 
@@ -151,8 +151,8 @@ class Scheduler:
         return self.lookahead.rate
 
     @property
-    def grace_ms(self) -> int:
-        return self.firing.grace_ms
+    def misfire_grace_ms(self) -> int:
+        return self.firing.misfire_grace_ms
 
     @property
     def batch(self) -> int:

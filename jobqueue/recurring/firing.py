@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobqueue.policy.jitter import jitter_ms, job_hash
 from jobqueue.policy.misfire import (
-    effective_grace_ms,
+    effective_misfire_grace_ms,
 )
 from jobqueue.recurring.config import SchedulerConfig
 from jobqueue.recurring.definitions import Definition, JobState
@@ -146,7 +146,9 @@ class Firing:
         # Never below two tick intervals: overlap jobs (not looked ahead) and every job with a
         # lookahead shorter than the interval are handled up to a tick gap after their fire
         # time, and a healthy scheduler must not count those as misfires.
-        self.grace_ms = effective_grace_ms(int(config.grace * 1000), int(config.interval * 1000))
+        self.misfire_grace_ms = effective_misfire_grace_ms(
+            int(config.misfire_grace * 1000), int(config.interval * 1000)
+        )
         self.lookahead = lookahead
         self.held = held
 
@@ -189,7 +191,7 @@ class Firing:
                 next_ms,
                 now_ms,
                 self.lookahead.effective_ms,
-                self.grace_ms,
+                self.misfire_grace_ms,
                 self.max_fires,
             )
             if plan is None:
