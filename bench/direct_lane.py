@@ -3,11 +3,12 @@ itself?
 
     .venv/bin/python bench/direct_lane.py [--rounds R] [--n N] [--warmup W]
 
-The direct connection (class ``DirectLane`` in jobqueue/store/scripts.py, issue 33) sent a plain ``redis.Redis`` client's sync
-script calls over a per-thread connection with hiredis packing, bypassing redis-py's command
-path. The project kept it only if a benchmark shows, in one sitting, a gain of 20 % or more
-on a realistic workload. This script measures, in one sitting, on two private redis-servers
-started here (one on a unix socket, one on TCP loopback 127.0.0.1):
+The direct connection (class ``DirectLane`` in jobqueue/store/scripts.py, issue 33) sent a
+plain ``redis.Redis`` client's sync script calls over a per-thread connection with hiredis
+packing, bypassing redis-py's command path. The project kept it only if a benchmark showed, in
+one sitting, a gain of 20 % or more on a realistic workload. This script measures, in one
+sitting, on two private redis-servers started here (one on a unix socket, one on TCP loopback
+127.0.0.1):
 
 * (a) ``jq.enqueue(task, i)`` one at a time, N calls (default 5,000);
 * (b) the realistic sync-client workload: ``jq.enqueue(task, payload)`` one at a time, N
