@@ -293,13 +293,13 @@ def test_overlap_forbid_skips_while_the_previous_run_is_unfinished_and_counts(
     assert (info.state.fired, info.state.skipped) == (2, 2)
 
 
-def test_overlap_buffer_one_buffers_one_run_held_and_skips_further_fires(
+def test_overlap_buffer_one_buffers_one_run_and_skips_further_fires(
     jq: JobQueue, redis_client: Any
 ) -> None:
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     sched.tick(now=60 * S)  # no previous run: 60 runs at once
-    sched.tick(now=120 * S)  # 60 unfinished: 120 is buffered, held
+    sched.tick(now=120 * S)  # 60 unfinished: 120 is buffered
     sched.tick(now=180 * S)  # one is buffered already: skipped
     assert seconds(fires_of(redis_client, "j")) == [60, 120]
     assert redis_client.zscore("jq:{default#0}:due", "j@1970-01-01T00:02:00Z") == HOLD_MS

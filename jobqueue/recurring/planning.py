@@ -172,8 +172,8 @@ def apply_overlap(
     * ``forbid``: nothing while the previous run is pending or running; otherwise only the
       latest fire time (the runs of several would overlap each other);
     * ``buffer-one``: at most one run waits: nothing while one is buffered, otherwise the
-      latest fire time, whose run is held until the previous one finishes (see
-      ``held.HeldRuns.release_held``).
+      latest fire time, whose run is buffered until the previous one finishes (see
+      ``buffered.BufferedRuns.release_buffered``).
     """
     if overlap == "allow" or not fires:
         return list(fires), 0

@@ -540,6 +540,7 @@ class SchedKeys:
         return self.prefix + "state"
 
     @property
-    def held(self) -> str:
-        """buffer-one: job_id -> 'held_fire predecessor_fire' while its run waits."""
+    def buffered(self) -> str:
+        """buffer-one: job_id -> 'fire pred_fire due queue [pred_queue]' while its buffered run
+        waits. The key is spelled 'held' for history: old and new schedulers share it."""
         return self.prefix + "held"
