@@ -55,13 +55,13 @@ ENQUEUE_CHUNK = 1000
     type=click.Choice(["throttle", "debounce"]),
     default="throttle",
     show_default=True,
-    help="throttle: drop this run while the key is held; debounce: give the held run, still "
-    "pending, these arguments and due time.",
+    help="throttle: drop this run while another run owns the key; debounce: give that run, "
+    "still pending, these arguments and due time.",
 )
 @click.option(
     "--dedupe-ttl",
     type=FiniteFloat(0.001),
-    help="Seconds the key is held after its run's enqueue (default: until its first claim).",
+    help="Seconds a run owns the key after its enqueue (default: until its first claim).",
 )
 @click.option(
     "--limit-key",

@@ -38,7 +38,7 @@ def show(state: State, run_id: str, queue: str | None, as_json: bool) -> None:
         ("priority", str(run.priority)),
         *(() if run.dedupe_key is None else [("dedupe key", run.dedupe_key)]),
         *(() if run.limit_key is None else [("limit key", run.limit_key)]),
-        *(() if run.parked is None else [("held back", f"waiting for a slot of {run.parked}")]),
+        *(() if run.parked is None else [("parked", f"waiting for a slot of {run.parked}")]),
         ("attempt", f"{run.attempt}/{run.max_attempts}"),
         ("fence", str(run.fence)),
         ("owner", run.owner or "-"),
