@@ -1,21 +1,23 @@
-"""DirectLane on vs off: does the sync client's private script connection pay for itself?
+"""The direct connection on vs off: does the sync client's private script connection pay for
+itself?
 
     .venv/bin/python bench/direct_lane.py [--rounds R] [--n N] [--warmup W]
 
-DirectLane (jobqueue/store/scripts.py, issue 33) sends a plain ``redis.Redis`` client's sync
-script calls over a per-thread connection with hiredis packing, bypassing redis-py's command
-path. The project keeps it only if a benchmark shows, in one sitting, a gain of 20 % or more
-on a realistic workload. This script measures, in one sitting, on two private redis-servers
-started here (one on a unix socket, one on TCP loopback 127.0.0.1):
+The direct connection (class ``DirectLane`` in jobqueue/store/scripts.py, issue 33) sent a
+plain ``redis.Redis`` client's sync script calls over a per-thread connection with hiredis
+packing, bypassing redis-py's command path. The project kept it only if a benchmark showed, in
+one sitting, a gain of 20 % or more on a realistic workload. This script measures, in one
+sitting, on two private redis-servers started here (one on a unix socket, one on TCP loopback
+127.0.0.1):
 
 * (a) ``jq.enqueue(task, i)`` one at a time, N calls (default 5,000);
 * (b) the realistic sync-client workload: ``jq.enqueue(task, payload)`` one at a time, N
   calls, the payload a small JSON-able dict of 10 fields (strings, ints, a float, a bool, a
   short list, None) that changes with i.
 
-The lane serves only a ``redis.Redis`` on a plain ``redis.ConnectionPool``: since the
+The direct connection serves only a ``redis.Redis`` on a plain ``redis.ConnectionPool``: since the
 bounded pool (commit 96a016b) ``JobQueue.from_url`` builds its client on a
-``BlockingConnectionPool``, so the lane is inactive there. "on" and "off" therefore both use
+``BlockingConnectionPool``, so it is inactive there. "on" and "off" therefore both use
 ``JobQueue(redis.Redis.from_url(url, decode_responses=True, ...))`` (a client the user made),
 "off" with ``ScriptRunner._lane = None`` (the client's normal redis-py path); "from_url" is
 the default ``JobQueue.from_url(url)`` client, shown for reference.
@@ -23,7 +25,7 @@ the default ``JobQueue.from_url(url)`` client, shown for reference.
 Each round runs every (transport, workload) pair on the three sides, interleaved, their order
 rotating from round to round; each side gets a fresh JobQueue (its own pool), a flushed server
 and W warm-up calls on the same path. Every round is printed, then the medians, the ratio
-off/on (> 1: the lane is faster) and the gain in percent.
+off/on (> 1: the direct connection is faster) and the gain in percent.
 
 Three sittings on 2026-12-04 (2 CPUs, redis 7.0.15, redis-py 8.2.0 with hiredis; medians,
 us per call, on / off / from_url; gain = (off - on) / off). The longest, 11 rounds:
@@ -36,7 +38,7 @@ us per call, on / off / from_url; gain = (off - on) / off). The longest, 11 roun
 Two 7-round sittings gave tcp b 14.3 % and 24.7 % (per-round ratios 0.58-1.83 across all
 three: noise of a shared 2-CPU machine). (b) over TCP loopback, the realistic deployment, is
 under the 20 % issue 33 asks in the longest sitting and in two of three, and the default
-``JobQueue.from_url`` client never had the lane (from_url ~ off): DirectLane
+``JobQueue.from_url`` client never had the direct connection (from_url ~ off): it
 was removed. This script now says so and exits; to measure again, run it from a checkout of
 the commit before the removal (48b2bb5: ``git worktree add /tmp/lane 48b2bb5``, then
 ``PYTHONPATH=/tmp/lane python bench/direct_lane.py``). Note the import: without PYTHONPATH
@@ -119,7 +121,8 @@ def open_queue(server: BenchServer, side: str) -> tuple[JobQueue, Any]:
     runner: Any = jq._scripts
     lane = getattr(runner, "_lane", None)
     if side == "on" and lane is None:
-        raise SystemExit("DirectLane is not active on this client: nothing to compare")
+        raise SystemExit("The direct connection (DirectLane) is not active on this client: "
+                         "nothing to compare")
     if side == "off" and lane is not None:
         runner.close()
         runner._lane = None
@@ -155,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=500, help="warm-up calls (default 500)")
     args = parser.parse_args(argv)
     if not lane_supported():
-        print("DirectLane is gone from jobqueue.store.scripts: nothing to compare.")
+        print("The direct connection (DirectLane) is gone from jobqueue.store.scripts: "
+              "nothing to compare.")
         return 0
     print(f"sitting: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
           f"{args.rounds} rounds x {args.n:,} calls (+{args.warmup} warm-up)")
@@ -192,14 +196,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             url = results[(transport, name, "from_url")]
             m_on, m_off = statistics.median(on), statistics.median(off)
             ratio = m_off / m_on
-            # gain: time the lane saves, as a share of the time without it
+            # gain: time the direct connection saves, as a share of the time without it
             gain = (m_off - m_on) / m_off * 100
             per_round = " ".join(f"{b / a:.3f}" for a, b in zip(on, off, strict=True))
             print(f"{transport:<9} {name:<32} {m_on / args.n * 1e6:>8.1f} "
                   f"{m_off / args.n * 1e6:>8.1f} {statistics.median(url) / args.n * 1e6:>8.1f} "
                   f"{ratio:>7.3f} {gain:>6.1f}%  {per_round}")
     print()
-    print("off/on > 1: the lane is faster. gain = (off - on) / off; throughput gain = off/on - 1.")
+    print("off/on > 1: the direct connection is faster. gain = (off - on) / off; "
+          "throughput gain = off/on - 1.")
     return 0
 
 

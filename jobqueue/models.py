@@ -208,7 +208,7 @@ class Run(Generic[R_co]):
     dedupe_key: str | None = None
     # The key of the queue's per-key caps and rates (Task.with_options(limit_key=...))
     limit_key: str | None = None
-    # While held back by a full per-key or per-task cap: the group it waits for
+    # While parked by a full per-key or per-task cap: the group it waits for
     # ('key:<limit_key>' or 'task:<name>'); None otherwise
     parked: str | None = None
     # The last ctx.progress() of a holder of the run: 0..100, its message, when, which attempt

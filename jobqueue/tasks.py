@@ -34,11 +34,11 @@ DEDUPE_MODES = ("throttle", "debounce")
 @dataclass(frozen=True)
 class Dedupe:
     """A run's deduplication key (``task.with_options(dedupe=Dedupe("user:42"))``): while a
-    run enqueued with the same key in the same queue holds it, ``throttle`` drops the new
-    enqueue and ``debounce`` gives the held run, still pending, the new arguments, meta and
-    due time. Without ``ttl`` a run holds its key until its first claim; with ``ttl``
+    run enqueued with the same key in the same queue owns it, ``throttle`` drops the new
+    enqueue and ``debounce`` gives the owning run, still pending, the new arguments, meta and
+    due time. Without ``ttl`` a run owns its key until its first claim; with ``ttl``
     (seconds) for that long after its enqueue. The handle's ``outcome`` says which happened,
-    and its ``run_id`` is the run that holds the key."""
+    and its ``run_id`` is the run that owns the key."""
 
     key: str
     mode: str = "throttle"

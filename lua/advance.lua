@@ -8,8 +8,9 @@
 --
 -- KEYS[1]  next      zset    jq:{sched#k}:next   job_id -> next fire time (ms)
 -- KEYS[2]  state     hash    jq:{sched#k}:state  job_id -> counters and cursors (text)
--- KEYS[3]  held      hash    jq:{sched#k}:held   buffer-one: the run waiting for its
---                                                predecessor
+-- KEYS[3]  buffered  hash    jq:{sched#k}:held   buffer-one: the buffered run waiting for
+--                                                its predecessor (the key's name is
+--                                                historical)
 -- KEYS[4]  owner     hash    jq:{sched#k}:owner  the partition's lease (sched_lease.lua):
 --                                                the current token
 -- ARGV[1]  now                now ms, or '' for the server clock (unused but for the reply:
@@ -21,9 +22,9 @@
 --                             schedule has ended), fired, missed, skipped (overlap), dropped
 --                             (fire-all cap), last fired instant (ms, or '' to keep;
 --                             optionally followed by ' <queue>', the queue of that fire's
---                             run), through (ms: fire times <= it are handled), held text
---                             ('' = none; else 'fire pred_fire due queue [pred_queue]',
---                             recorded in the held hash)
+--                             run), through (ms: fire times <= it are handled), buffered
+--                             entry ('' = none; else 'fire pred_fire due queue
+--                             [pred_queue]', recorded in the buffered hash)
 -- Returns  {now, r1, r2, ...}: per job 1 = advanced, 0 = refused (another scheduler moved it
 --          first, the job was paused, removed or redefined, the new time is not later, or the
 --          job came twice in this call), 2 = fenced: the token is not the partition's current
@@ -49,7 +50,7 @@ local ok, plan = reading(function()
                new_next = tonumber(ARGV[i + 2]),
                d = {tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]),
                     tonumber(ARGV[i + 6])},
-               through = tonumber(ARGV[i + 8]), held = ARGV[i + 9], jobs = {}, accepted = {}}
+               through = tonumber(ARGV[i + 8]), buffered = ARGV[i + 9], jobs = {}, accepted = {}}
     local last_s, last_q = string.match(ARGV[i + 7], '^(%-?%d+) ?(%S*)$')
     g.last, g.last_q = tonumber(last_s), last_q
     for j = 1, g.count do g.jobs[j] = ARGV[i + HEADER + j - 1] end
@@ -114,8 +115,8 @@ for _, g in ipairs(plan) do
       ok_[job] = true
     end
     bulk('HSET', KEYS[2], writes, 2000)
-    if g.held ~= '' then
-      for _, job in ipairs(g.accepted) do redis.call('HSET', KEYS[3], job, g.held) end
+    if g.buffered ~= '' then
+      for _, job in ipairs(g.accepted) do redis.call('HSET', KEYS[3], job, g.buffered) end
     end
   end
   for _, job in ipairs(g.jobs) do out[#out + 1] = ok_[job] and 1 or 0 end

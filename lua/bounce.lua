@@ -13,8 +13,8 @@
 -- KEYS[5]  wake      list    jq:{q#p}:wake     a freed slot wakes an idle worker
 -- KEYS[6]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
--- KEYS[7]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
---                                              back by a per-key or per-task cap
+-- KEYS[7]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs
+--                                              parked by a per-key or per-task cap
 -- KEYS[8]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
@@ -77,7 +77,7 @@ local ok, plan = reading(function()
     p.hist = history_ok(prefix, run_id)
     p.group = group_of(prefix, p.run.limit_key, fair_partition(prefix))
     p.freer = slot_freer(prefix, KEYS[1], KEYS[7])
-    p.freer.free(run_id, held_groups(p.run))
+    p.freer.free(run_id, slot_groups(p.run))
     -- (read whether or not it is buried: a version nobody uses is harmless)
     p.outbox = outbox_entry(KEYS[8], p.run, run_id, now)
   end

@@ -8,8 +8,8 @@
 -- KEYS[3]  done      zset    jq:{q#p}:done     run_id -> finish time (done and cancelled)
 -- KEYS[4]  stats     hash    jq:{q#p}:stats    counters
 -- KEYS[5]  fences    string  jq:{q#p}:fences   the last fence issued in the partition
--- KEYS[6]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
---                                              back by a per-key or per-task cap
+-- KEYS[6]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs
+--                                              parked by a per-key or per-task cap
 -- KEYS[7]  wake      list    jq:{q#p}:wake     wakes an idle worker for an unparked run
 -- KEYS[8]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[9]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear, and
@@ -31,11 +31,11 @@
 -- The done index lists cancelled runs too: entries older than the retention are trimmed here
 -- as well, since a partition may see cancellations and no completions.
 --
--- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
+-- A run taking slots of per-key or per-task caps (record field 'held', see claim.lua) frees
 -- them here, and the oldest parked run of each such group is put back at its original due
 -- time (waking an idle worker), with its priority hint in jq:{q#p}:prio (reached by the
--- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
--- whole.
+-- prefix) when it has a priority; an occupant (held:<group>), parked or prio key of another
+-- type refuses the call whole.
 -- A parked run cancelled leaves its parked entries.
 -- A pending run of a fair-shares partition (see group_of in lib/groups.lua) leaves its group's
 -- queue jq:{q#p}:gq:<group> and jq:{q#p}:gof, so that the group's max_size no longer counts
@@ -69,7 +69,7 @@ local ok, plan = reading(function()
     p.fences = fence_counter(KEYS[5])
     p.hist = history_ok(prefix, run_id)
     p.freer = slot_freer(prefix, KEYS[1], KEYS[6])
-    if p.run.state == 'running' then p.freer.free(run_id, held_groups(p.run)) end
+    if p.run.state == 'running' then p.freer.free(run_id, slot_groups(p.run)) end
     if p.run.parked then
       expect(KEYS[6], 'zset')
       expect(prefix .. 'parked:' .. p.run.parked, 'zset')

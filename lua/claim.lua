@@ -18,8 +18,8 @@
 --                                              last W ms (kept only under a rate limit)
 -- KEYS[10] prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
--- KEYS[11] parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
---                                              back by a per-key or per-task cap
+-- KEYS[11] parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs
+--                                              parked by a per-key or per-task cap
 -- KEYS[12] outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
@@ -54,7 +54,7 @@
 -- The steps, each in the lib named: the limits' room (limits), then 1. leases that expired,
 -- taken first (expired); 1b. in a partition with fair shares, the ring (ring); 2. due runs
 -- above the default priority (hints); 3. due runs in due order (due); under per-key or
--- per-task caps or a per-key rate, each run admitted or held back (caps); 4. orphans put
+-- per-task caps or a per-key rate, each run admitted, parked or delayed (caps); 4. orphans put
 -- back (orphans). Every claim issues a new fence (claimable: lease_runs). A record that
 -- cannot be run is dead-lettered with the reason (burial), never handed to a worker. A run
 -- enqueued under a deduplication key without a ttl releases the key at its first claim
@@ -81,7 +81,7 @@ local ok, plan = reading(function()
              rate_w = lim.rate_w, fair = lim.fair}
   -- One entry past the limit of each index: after this call's removals, the first entry left
   -- tells the next wake-up without reading after a write. Under per-key or per-task limits a
-  -- few more due entries: held-back runs do not use up the limit.
+  -- few more due entries: parked and delayed runs do not use up the limit.
   local due_read = (lim.flow or lim.fair) and limit + 64 or limit
   local leases = read('ZRANGE', KEYS[2], 0, limit, 'WITHSCORES')
   local due = read('ZRANGE', KEYS[1], 0, due_read, 'WITHSCORES')
@@ -94,9 +94,9 @@ local ok, plan = reading(function()
 
   local taking = take_expired(p, call, leases, 0) -- 1.
   p.handled, p.unhint, p.rehint, p.hinted = {}, {}, {}, {}
-  local hints_held = read('ZCARD', KEYS[10]) -- read whatever happens: step 3 may write it
+  local hint_count = read('ZCARD', KEYS[10]) -- read whatever happens: step 3 may write it
   if lim.fair then taking = ring_take(p, call, taking) end -- 1b.
-  taking = take_hinted(p, call, taking, hints_held) -- 2.
+  taking = take_hinted(p, call, taking, hint_count) -- 2.
   taking = take_due(p, call, due, due_read, taking) -- 3.
   caps_settle(p, call)
   orphans_plan(p, call) -- 4.
@@ -118,9 +118,9 @@ log_claims(call, plan.rate_w, fences)
 -- in one call (on a node migrating the slot, a write to a missing key is refused).
 if #new_leases > 0 then bulk('ZADD', KEYS[2], new_leases, 2000) end
 if #plan.rehint > 0 then bulk('ZADD', KEYS[10], plan.rehint, 2000) end
--- Held back by a full group: parked, its due score a fallback recheck later.
+-- Runs of a full group: parked, their due score a fallback recheck later.
 local recheck = now + call.default_lease
-if plan.flow then hold_back(plan, call, recheck) end
+if plan.flow then set_aside(plan, call, recheck) end
 -- The ring: group queues, then the groups' places, then the runs adopted into their group and
 -- those unparked (free_slots): ZADD LT brings a group's next look earlier than its place says.
 -- Removals come after all of these (a key emptied here is not written again), and spare what

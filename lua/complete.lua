@@ -10,8 +10,8 @@
 -- KEYS[5]  wake      list    jq:{q#p}:wake     ... and wakes an idle worker to take it
 -- KEYS[6]  due       zset    jq:{q#p}:due      run_id -> due time (ms): a parked run goes
 --                                              back here at its due time
--- KEYS[7]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
---                                              back by a per-key or per-task cap
+-- KEYS[7]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs
+--                                              parked by a per-key or per-task cap
 -- KEYS[8]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- KEYS[9]  waiting   zset    jq:{q#p}:waiting  run_id -> creation time: the waiting runs
 -- KEYS[10] dead      zset    jq:{q#p}:dead     run_id -> time it died (a waiting run of the
@@ -51,11 +51,11 @@
 -- list: each accepted completion pushes a token (a limits key of another type counts as no
 -- limit here: commits never wait on it).
 --
--- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
+-- A run taking slots of per-key or per-task caps (record field 'held', see claim.lua) frees
 -- them here, and the oldest parked run of each such group is put back at its original due
 -- time (waking an idle worker), with its priority hint in jq:{q#p}:prio (reached by the
--- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
--- whole.
+-- prefix) when it has a priority; an occupant (held:<group>), parked or prio key of another
+-- type refuses the call whole.
 
 local now = clock(ARGV[1])
 local prefix, retention = ARGV[2], tonumber(ARGV[3])
@@ -133,8 +133,8 @@ local ok, plan = reading(function()
       end
     end
     if r.why == nil and run.held then
-      r.held = true
-      p.freer.free(run_id, held_groups(run))
+      r.freed = true
+      p.freer.free(run_id, slot_groups(run))
       p.wake = p.wake or waker(KEYS[5])
     end
     p.runs[#p.runs + 1] = r
@@ -156,7 +156,7 @@ for _, r in ipairs(plan.runs) do
     local key = prefix .. 'run:' .. r.id
     redis.call('HSET', key, 'state', 'done', 'result', r.result, 'finished', now)
     redis.call('HDEL', key, 'lease_until')
-    if r.held then redis.call('HDEL', key, 'held') end
+    if r.freed then redis.call('HDEL', key, 'held') end
     finish_record(prefix, r.id, retention, r.hist, r.outbox)
     out[#out + 1] = r.outbox and {1, 'done', 1, r.parents, r.outbox.at} or {1, 'done'}
     emit(plan.log, 'completed', r.id, r.attempt)

@@ -11,8 +11,8 @@
 --                                              burial frees a slot and wakes a worker too
 -- KEYS[7]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
--- KEYS[8]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
---                                              back by a per-key or per-task cap
+-- KEYS[8]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs
+--                                              parked by a per-key or per-task cap
 -- KEYS[9]  outbox    zset    jq:{q#p}:outbox   finished runs whose parents must hear
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
@@ -33,11 +33,11 @@
 --          whole (an error reply, nothing changed) when a key is not on this node or an
 --          index key holds another type.
 --
--- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
+-- A run taking slots of per-key or per-task caps (record field 'held', see claim.lua) frees
 -- them here, and the oldest parked run of each such group is put back at its original due
 -- time (waking an idle worker), with its priority hint in jq:{q#p}:prio (reached by the
--- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
--- whole.
+-- prefix) when it has a priority; an occupant (held:<group>), parked or prio key of another
+-- type refuses the call whole.
 -- (A retried run takes a slot again at its next claim.)
 -- Events (see event_log in lib/events.lua): 'retry' ('<attempt>|<due>') or 'dead', and 'refused'
 -- for a refused call whose record exists.
@@ -76,7 +76,7 @@ local ok, plan = reading(function()
     p.hist = history_ok(prefix, run_id)
     p.group = group_of(prefix, p.run.limit_key, fair_partition(prefix))
     p.freer = slot_freer(prefix, KEYS[1], KEYS[8])
-    p.freer.free(run_id, held_groups(p.run))
+    p.freer.free(run_id, slot_groups(p.run))
     local attempt = tonumber(p.run.attempt) or 0
     if not (delay and attempt < (tonumber(p.run.max_attempts) or 1)) then -- it will be buried
       p.outbox = outbox_entry(KEYS[9], p.run, run_id, now)

@@ -8,8 +8,8 @@
 -- KEYS[3]  wake      list    jq:{q#p}:wake     wakes an idle worker to take it
 -- KEYS[4]  prio      zset    jq:{q#p}:prio     run_id -> (9 - priority) * 2^43 + due time,
 --                                              the runs above the default priority
--- KEYS[5]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
---                                              back by a per-key or per-task cap
+-- KEYS[5]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs
+--                                              parked by a per-key or per-task cap
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
 -- ARGV[3]  run_id             the run
@@ -24,11 +24,11 @@
 -- on, it goes back to its group's queue instead (group_enter in lib/groups.lua; a gconf, gq,
 -- gof or gwait key of another type refuses the call whole).
 --
--- A run holding slots of per-key or per-task caps (record field 'held', see claim.lua) frees
+-- A run taking slots of per-key or per-task caps (record field 'held', see claim.lua) frees
 -- them here, and the oldest parked run of each such group is put back at its original due
 -- time (waking an idle worker), with its priority hint in jq:{q#p}:prio (reached by the
--- prefix) when it has a priority; a held, parked or prio key of another type refuses the call
--- whole.
+-- prefix) when it has a priority; an occupant (held:<group>), parked or prio key of another
+-- type refuses the call whole.
 -- Events (see event_log in lib/events.lua): 'released' ('<attempt given back>|<worker>'), and
 -- 'refused' for a refused call whose record exists.
 
@@ -49,7 +49,7 @@ local ok, plan = reading(function()
     p.hist = history_ok(prefix, run_id)
     p.group = group_of(prefix, p.run.limit_key, fair_partition(prefix))
     p.freer = slot_freer(prefix, KEYS[1], KEYS[5])
-    p.freer.free(run_id, held_groups(p.run))
+    p.freer.free(run_id, slot_groups(p.run))
   end
   return p
 end)

@@ -28,7 +28,7 @@
 -- fair shares on, its group's queue instead: group_enter in lib/groups.lua; a gconf, gq, gof or
 -- gwait key of another type refuses the call whole). A run
 -- cancelled before its due time (a delayed run, or one waiting out a retry's back-off) is
--- due at that time again, not at once; any other is due now, a held buffer-one run too (its
+-- due at that time again, not at once; any other is due now, a buffered buffer-one run too (its
 -- due field, the far hold time, is past MAX_DUE_MS). A hand-back window (bounce.lua) starts
 -- anew.
 -- Events (see event_log in lib/events.lua): 'requeued' ('<the state it had>').
@@ -69,7 +69,7 @@ if run.state == 'done' and not force then return {0, 'done'} end
 
 local due = now
 if run.state == 'cancelled' then
-  -- (not a held buffer-one run's far hold time: nothing would release it any more)
+  -- (not a buffered buffer-one run's far hold time: nothing would release it any more)
   local own = whole_or(run.due, 0, now)
   if own > now and own < MAX_DUE_MS then due = own end
 end

@@ -14,7 +14,7 @@
 -- ARGV[3..] groups            8 header fields followed by 2 fields per run (at most 2,000
 --                             runs): count, task, payload (JSON), max_attempts, lease_ms,
 --                             timeout_ms, fire instant (UTC text, as run ids spell it),
---                             scheduled_for (ms); then per run: job_id, due (ms; a held
+--                             scheduled_for (ms); then per run: job_id, due (ms; a buffered
 --                             buffer-one run is due at the far HOLD time)
 -- Returns  {now, created}: how many runs this call created (the others existed already and
 --          were left untouched). Refused whole (an error reply, nothing created) when a key

@@ -20,7 +20,7 @@
 --          Refused whole (an error reply, nothing changed) when a key holds another type or
 --          is not on this node.
 --
--- The held hash (buffer-one) is left alone: a buffered run waiting for its predecessor is
+-- The buffered hash (buffer-one) is left alone: a buffered run waiting for its predecessor is
 -- still released after a delete.
 
 local _ = clock(ARGV[1])

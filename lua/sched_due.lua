@@ -9,7 +9,7 @@
 -- KEYS[1]  next      zset    jq:{sched#k}:next   job_id -> next fire time (ms)
 -- KEYS[2]  defs      hash    jq:{sched#k}:def    job_id -> definition (JSON)
 -- KEYS[3]  state     hash    jq:{sched#k}:state  job_id -> counters and cursors (text)
--- KEYS[4]  held      hash    jq:{sched#k}:held   job_id -> 'fire pred_fire due queue
+-- KEYS[4]  buffered  hash    jq:{sched#k}:held   job_id -> 'fire pred_fire due queue
 --                                                [pred_queue]'
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  lookahead_ms       jobs whose next fire <= now + lookahead are due
@@ -24,7 +24,7 @@
 --          vanished), extra, count, job_1 .. job_count}. Consecutive jobs with the same next
 --          fire and definition share a segment (a herd is a few segments, not 4 fields a job).
 --          extra is '' for jobs without an overlap policy; for the others (one job per
---          segment) it is '<state text>|<held text>' (either part '' when absent).
+--          segment) it is '<state text>|<buffered entry>' (either part '' when absent).
 --          An error reply when a key holds another type or is not on this node. A job whose
 --          next fire is -inf or +inf (no scheduler writes either) is never due.
 

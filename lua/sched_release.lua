@@ -1,5 +1,5 @@
--- sched_release.lua: overlap policy buffer-one. A buffered run is created held (due at the far
--- HOLD time, so no claim can take it); this script releases it, due at its real due time,
+-- sched_release.lua: overlap policy buffer-one. A buffered run is created due at the far
+-- HOLD time, so no claim can take it; this script releases it, due at its real due time,
 -- once the job's previous run has finished. Both runs belong to one job, hence to one queue
 -- partition (partitions go by job id): the check and the release are one atomic step in one
 -- slot, so the buffered run can never start while its predecessor is pending or running.
@@ -13,12 +13,12 @@
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wakes idle workers
 -- ARGV[1]  now                now ms, or '' for the server clock
 -- ARGV[2]  prefix             key prefix jq:{q#p}:
--- ARGV[3]  hold_ms            HOLD, the due time (ms) of a held run
--- ARGV[4..] held              3 fields per held run: held run id, predecessor run id ('' =
---                             none), real due (ms)
--- Returns  {now, r1, r2, ...}: per run 0 = still held (predecessor pending or running),
+-- ARGV[3]  hold_ms            HOLD, the due time (ms) of a buffered run
+-- ARGV[4..] buffered          3 fields per buffered run: its run id, predecessor run id
+--                             ('' = none), real due (ms)
+-- Returns  {now, r1, r2, ...}: per run 0 = still buffered (predecessor pending or running),
 --          1 = released now, 2 = nothing to hold any more (already released, cancelled,
---          finished or gone): in both 1 and 2 the caller drops its held entry. Refused whole
+--          finished or gone): in both 1 and 2 the caller drops its buffered entry. Refused whole
 --          (an error reply, nothing changed) when a key is not on this node or the due index
 --          holds another type.
 

@@ -1,15 +1,15 @@
--- sched_unhold.lua: forget buffer-one held entries whose run was released (or is gone),
+-- sched_unhold.lua: forget buffer-one's buffered entries whose run was released (or is gone),
 -- compare-and-set, so a slow scheduler never drops a newer entry recorded meanwhile.
 --
 -- uses: core
 --
--- KEYS[1]  held      hash    jq:{sched#k}:held  job_id -> 'fire pred_fire due queue
---                                               [pred_queue]'
+-- KEYS[1]  buffered  hash    jq:{sched#k}:held  job_id -> 'fire pred_fire due queue
+--                                               [pred_queue]' (the key's name is historical)
 -- ARGV[1]  now                now ms, or '' for the server clock (unused but for the reply:
 --                             one clock)
--- ARGV[2..] entries           2 fields per entry: job_id, the held text the caller read
+-- ARGV[2..] entries           2 fields per entry: job_id, the buffered entry the caller read
 -- Returns  {now, removed}. Refused whole (an error reply, nothing changed) when a key is not
---          on this node or the held key holds another type.
+--          on this node or the buffered key holds another type.
 
 local now = clock(ARGV[1])
 

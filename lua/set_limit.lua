@@ -7,8 +7,8 @@
 -- KEYS[2]  wake      list    jq:{q#p}:wake     wake tokens for idle workers
 -- KEYS[3]  due       zset    jq:{q#p}:due      run_id -> due time (ms): parked runs go back
 --                                              here at their due time when a cap is raised
--- KEYS[4]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs held
---                                              back by a per-key or per-task cap
+-- KEYS[4]  parked    zset    jq:{q#p}:parked   run_id -> original due time: the runs
+--                                              parked by a per-key or per-task cap
 -- ARGV[1]  now                now ms, or '' for the server clock (read first, as every
 --                             script does; nothing here depends on it)
 -- ARGV[2]  prefix             key prefix jq:{q#p}: (the parked runs' records and groups)

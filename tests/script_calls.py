@@ -26,7 +26,7 @@ class Advance:
     dropped: int = 0
     last_fire_ms: int | None = None
     through_ms: int = 0
-    held: str = ""  # buffer-one: 'held_fire predecessor_fire' to record, '' for none
+    buffered: str = ""  # buffer-one: the buffered run's entry to record, '' for none
 
 
 def advance_groups(moves: Sequence[Advance]) -> list[tuple[AdvanceHeader, list[str]]]:
@@ -43,7 +43,7 @@ def advance_groups(moves: Sequence[Advance]) -> list[tuple[AdvanceHeader, list[s
             m.dropped,
             "" if m.last_fire_ms is None else m.last_fire_ms,
             m.through_ms,
-            m.held,
+            m.buffered,
         )
         groups.setdefault(header, []).append(m.job_id)
     return list(groups.items())

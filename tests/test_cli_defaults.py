@@ -97,6 +97,6 @@ def test_scheduler_options_default_to_the_schedulers_defaults(
     signal.signal(signal.SIGTERM, handler)
     assert result.exit_code == 0, result.output
     plain = Scheduler(made[0].jq, install_signal_handlers=False)
-    assert [(s.lookahead_ms, s.interval, s.grace_ms, s.batch) for s in made] == [
-        (DEFAULT_LOOKAHEAD_MS, plain.interval, plain.grace_ms, DEFAULT_BATCH)
+    assert [(s.lookahead_ms, s.interval, s.misfire_grace_ms, s.batch) for s in made] == [
+        (DEFAULT_LOOKAHEAD_MS, plain.interval, plain.misfire_grace_ms, DEFAULT_BATCH)
     ]

@@ -402,7 +402,7 @@ def test_a_run_whose_id_came_back_in_another_group_is_served(
 
 @pytest.mark.usefixtures("on")
 @pytest.mark.parametrize("held", ["paused", "at-its-cap"])
-def test_a_claim_with_only_held_back_groups_due_does_not_ask_to_be_called_at_once(
+def test_a_claim_with_only_full_groups_due_does_not_ask_to_be_called_at_once(
     runner: ScriptRunner, pk: PartitionKeys, held: str
 ) -> None:
     if held == "paused":
@@ -418,7 +418,7 @@ def test_a_claim_with_only_held_back_groups_due_does_not_ask_to_be_called_at_onc
 
 
 @pytest.mark.usefixtures("on")
-def test_a_claim_that_looked_at_held_back_groups_only_wakes_for_the_ready_groups_behind(
+def test_a_claim_that_looked_at_full_groups_only_wakes_for_the_ready_groups_behind(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     names = [f"g{i:02}" for i in range(65)] + ["z"]
@@ -518,7 +518,7 @@ def test_a_claim_that_unparks_into_a_group_it_found_empty_writes_no_key_it_empti
 
 
 @pytest.mark.usefixtures("on")
-def test_a_run_without_a_limit_key_held_back_by_a_full_task_cap_is_parked_not_a_failed_claim(
+def test_a_run_without_a_limit_key_over_a_full_task_cap_is_parked_not_a_failed_claim(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     runner.run(SET_LIMIT.call(pk, "task:t", 1, now=0))
@@ -530,7 +530,7 @@ def test_a_run_without_a_limit_key_held_back_by_a_full_task_cap_is_parked_not_a_
 
 
 @pytest.mark.usefixtures("on")
-def test_a_claim_parks_a_bounded_number_of_runs_held_back_by_a_task_cap_and_each_is_served_once(
+def test_a_claim_parks_a_bounded_number_of_runs_over_a_task_cap_and_each_is_served_once(
     runner: ScriptRunner, pk: PartitionKeys, redis_client: Any
 ) -> None:
     """300 runs of one group under a full task cap of 1: one claim parks no more than the

@@ -1,6 +1,6 @@
 """Per-key and per-task concurrency caps and per-key rates of a queue (issue 21): the run
 option limit_key, the client API, a worker that never runs more than a key's cap, the CLI,
-and what `show`, `queues`, the dashboard and the metrics say of held-back runs. Both backends.
+and what `show`, `queues`, the dashboard and the metrics say of parked runs. Both backends.
 The script-level rules are in test_script_key_limits.py, the SIGKILL test in
 test_worker_processes.py."""
 
@@ -39,8 +39,8 @@ def claimed_ids(jq: JobQueue, queue: str, limit: int = 10) -> list[str]:
     return ids(claim(ScriptRunner(jq.redis), pk, None, limit, retention_ms=3_600_000))
 
 
-def held_back_setup(jq: JobQueue) -> None:
-    """Queue mail, one run per key at once; runs a and b of key customer:1: b is held back."""
+def parked_setup(jq: JobQueue) -> None:
+    """Queue mail, one run per key at once; runs a and b of key customer:1: b is parked."""
     jq.declare_task("t", queue="mail")
     jq.set_queue_concurrency("mail", 1, per_key=True)
     for run_id in ("a", "b"):
@@ -168,38 +168,38 @@ def test_a_worker_never_runs_more_than_a_keys_cap(fast_jq: JobQueue) -> None:
 # -- what shows it -----------------------------------------------------------------------------
 
 
-def test_show_says_a_run_is_held_back(jq: JobQueue) -> None:
-    held_back_setup(jq)
+def test_show_says_a_run_is_parked(jq: JobQueue) -> None:
+    parked_setup(jq)
     lines = [" ".join(line.split()) for line in invoke(jq, "show", "b").output.splitlines()]
     assert "limit key customer:1" in lines
-    assert "held back waiting for a slot of key:customer:1" in lines
+    assert "parked waiting for a slot of key:customer:1" in lines
     assert any(line.endswith("at most 1 running at once per key") for line in lines)
 
 
 def test_show_json_has_the_limit_key_and_the_group(jq: JobQueue) -> None:
-    held_back_setup(jq)
+    parked_setup(jq)
     shown = json.loads(invoke(jq, "show", "b", "--json").output)
     assert (shown["limit_key"], shown["parked"]) == ("customer:1", "key:customer:1")
 
 
-def test_queues_counts_the_held_back_runs(jq: JobQueue) -> None:
-    held_back_setup(jq)
+def test_queues_counts_the_parked_runs(jq: JobQueue) -> None:
+    parked_setup(jq)
     assert [s.held_back for s in queries.stats(jq, "mail")] == [1]
     header, row = invoke(jq, "queues").output.splitlines()[:2]
-    assert header.split()[-4:] == ["HELD", "KEY/TASK", "LIMIT", "RATE"]
+    assert header.split()[-4:] == ["PARKED", "KEY/TASK", "LIMIT", "RATE"]
     assert row.split()[-5:] == ["1", "key", "1", "-", "-"]
 
 
-def test_the_dashboard_shows_the_held_back_runs_and_the_caps(jq: JobQueue) -> None:
-    held_back_setup(jq)
+def test_the_dashboard_shows_the_parked_runs_and_the_caps(jq: JobQueue) -> None:
+    parked_setup(jq)
     client = TestClient(create_app(jq))
     page = client.get("/queues").text
-    assert "1 held back by a cap" in page and "at most 1 per key at once" in page
+    assert "1 parked by a full cap" in page and "at most 1 per key at once" in page
     assert "waiting for a slot of key:customer:1" in client.get("/run?id=b&queue=mail").text
 
 
-def test_the_metrics_export_the_held_back_runs(jq: JobQueue) -> None:
-    held_back_setup(jq)
+def test_the_metrics_export_the_parked_runs(jq: JobQueue) -> None:
+    parked_setup(jq)
     metrics = serve("worker", 0, "127.0.0.1")
     try:
         metrics.refresh_depth(jq, ["mail"])
@@ -207,7 +207,7 @@ def test_the_metrics_export_the_held_back_runs(jq: JobQueue) -> None:
             text = reply.read().decode()
     finally:
         metrics.close()
-    assert 'jobqueue_queue_held_back{queue="mail"} 1.0' in text
+    assert 'jobqueue_queue_parked{queue="mail"} 1.0' in text
 
 
 def test_a_deduplicated_enqueue_keeps_its_limit_key(jq: JobQueue) -> None:

@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the daemons and what they run with, and the package's facade (it names the Worker too,
     # imported at first use)
     ("jobqueue.worker", "jobqueue.recurring.daemon", "jobqueue.recurring.firing",
-     "jobqueue.recurring.draining", "jobqueue.recurring.held", "jobqueue.recurring.lookahead",
+     "jobqueue.recurring.draining", "jobqueue.recurring.buffered", "jobqueue.recurring.lookahead",
      "jobqueue.recurring.membership", "jobqueue.recurring.repartition",
      "jobqueue.runtime", "jobqueue.__init__", "jobqueue.testing"),
     # jobqueue check: its checks of the schedulers (they read the daemons' own records), and

@@ -121,7 +121,7 @@ def test_a_scheduler_process_with_queue_gauges_exports_them(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "docker"), str(ROOT)])}
     env.pop("JOBQUEUE_REDIS_URL", None)
     cmd = [sys.executable, "-m", "jobqueue.cli", "--redis-url", real_server.url, "scheduler",
-           "--metrics-port", "0", "--queue-gauges", "--grace", "1"]
+           "--metrics-port", "0", "--queue-gauges", "--misfire-grace", "1"]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None

@@ -11,7 +11,7 @@ from jobqueue.policy.misfire import (
     MisfireError,
     MisfirePolicy,
     apply_misfire,
-    effective_grace_ms,
+    effective_misfire_grace_ms,
     parse_policy,
 )
 
@@ -121,8 +121,10 @@ def test_every_60s_last_fired_at_120_scheduler_down_until_370(
 
 
 @pytest.mark.parametrize("policy", EVERY_POLICY)
-def test_a_fire_time_within_the_grace_fires_under_every_policy(policy: str) -> None:
-    decision = apply_misfire(parse_policy(policy), [360_000], now_ms=361_000, grace_ms=1_000)
+def test_a_fire_time_within_the_misfire_grace_fires_under_every_policy(policy: str) -> None:
+    decision = apply_misfire(
+        parse_policy(policy), [360_000], now_ms=361_000, misfire_grace_ms=1_000
+    )
     assert decision == MisfireDecision(fire=[360_000], missed=0, dropped_by_cap=0)
 
 
@@ -132,27 +134,29 @@ def test_a_fire_time_not_yet_due_counts_as_on_time(policy: str) -> None:
     assert decision.fire == [365_000]
 
 
-def test_a_fire_time_is_late_once_now_is_more_than_the_grace_past_it() -> None:
-    decision = apply_misfire(parse_policy("skip"), [360_000], now_ms=361_001, grace_ms=1_000)
+def test_a_fire_time_is_late_once_now_is_more_than_the_misfire_grace_past_it() -> None:
+    decision = apply_misfire(
+        parse_policy("skip"), [360_000], now_ms=361_001, misfire_grace_ms=1_000
+    )
     assert decision == MisfireDecision(fire=[], missed=1, dropped_by_cap=0)
 
 
-def test_the_grace_defaults_to_one_second() -> None:
+def test_the_misfire_grace_defaults_to_one_second() -> None:
     skip = parse_policy("skip")
     assert apply_misfire(skip, [360_000], now_ms=361_000).fire == [360_000]
     assert apply_misfire(skip, [360_000], now_ms=361_001).fire == []
 
 
-def test_a_scheduler_never_uses_a_grace_below_two_tick_intervals() -> None:
+def test_a_scheduler_never_uses_a_misfire_grace_below_two_tick_intervals() -> None:
     # A fire just after one tick's clock read is handled a tick gap later: never "late".
-    assert effective_grace_ms(1_000, 1_000) == 2_000
-    assert effective_grace_ms(0, 250) == 500
-    assert effective_grace_ms(30_000, 1_000) == 30_000  # a longer grace stays as configured
+    assert effective_misfire_grace_ms(1_000, 1_000) == 2_000
+    assert effective_misfire_grace_ms(0, 250) == 500
+    assert effective_misfire_grace_ms(30_000, 1_000) == 30_000  # a longer one stays as configured
 
 
-def test_a_negative_grace_is_rejected() -> None:
-    with pytest.raises(ValueError, match="grace_ms"):
-        apply_misfire(parse_policy("skip"), [0], now_ms=0, grace_ms=-1)
+def test_a_negative_misfire_grace_is_rejected() -> None:
+    with pytest.raises(ValueError, match="misfire_grace_ms"):
+        apply_misfire(parse_policy("skip"), [0], now_ms=0, misfire_grace_ms=-1)
 
 
 def test_nothing_due_decides_nothing() -> None:
@@ -208,7 +212,7 @@ def test_a_deadline_in_milliseconds_is_honoured_to_the_millisecond() -> None:
     assert decision.fire == [368_500]
 
 
-def test_scheduler_grace_help_says_it_is_at_least_two_intervals() -> None:
+def test_scheduler_misfire_grace_help_says_it_is_at_least_two_intervals() -> None:
     from click.testing import CliRunner
 
     from jobqueue.cli import main

@@ -627,7 +627,7 @@ MUTANTS = {
     # claim.lua claiming in due order only, priorities ignored
     "claim-ignores-priorities": (
         "claim",
-        "  if taking < limit and hints_held > 0 and not fair then",
+        "  if taking < limit and hint_count > 0 and not fair then",
         "  if false then",
     ),
     # fail.lua retrying a run without its place in the prio zset
@@ -867,7 +867,7 @@ CAP_MUTANTS = {
     # complete.lua keeping the slot of a completed run
     "complete-keeps-the-slot": (
         "complete",
-        "      p.freer.free(run_id, held_groups(run))",
+        "      p.freer.free(run_id, slot_groups(run))",
         "",
     ),
 }

@@ -259,7 +259,7 @@ def test_pending_runs_keep_their_priority_in_their_new_partition(
 
 
 @pytest.mark.parametrize(("old", "new"), [(4, 2), (1, 4)])
-def test_a_held_deduplication_key_moves_with_its_run(
+def test_an_owned_deduplication_key_moves_with_its_run(
     redis_client: Any, old: int, new: int
 ) -> None:
     jq = JobQueue(redis_client, partitions={Q: old})
@@ -307,7 +307,7 @@ def test_per_key_and_per_task_limits_hold_on_every_new_partition(
     }
 
 
-def test_a_run_held_back_by_a_cap_moves_at_its_own_due_time(redis_client: Any) -> None:
+def test_a_run_parked_by_a_cap_moves_at_its_own_due_time(redis_client: Any) -> None:
     jq = JobQueue(redis_client)
     jq.declare_task("t", queue=Q)
     jq.set_queue_concurrency(Q, 1, per_key=True)

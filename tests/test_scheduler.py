@@ -293,13 +293,13 @@ def test_overlap_forbid_skips_while_the_previous_run_is_unfinished_and_counts(
     assert (info.state.fired, info.state.skipped) == (2, 2)
 
 
-def test_overlap_buffer_one_buffers_one_run_held_and_skips_further_fires(
+def test_overlap_buffer_one_buffers_one_run_and_skips_further_fires(
     jq: JobQueue, redis_client: Any
 ) -> None:
     sched = scheduler(jq)
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     sched.tick(now=60 * S)  # no previous run: 60 runs at once
-    sched.tick(now=120 * S)  # 60 unfinished: 120 is buffered, held
+    sched.tick(now=120 * S)  # 60 unfinished: 120 is buffered
     sched.tick(now=180 * S)  # one is buffered already: skipped
     assert seconds(fires_of(redis_client, "j")) == [60, 120]
     assert redis_client.zscore("jq:{default#0}:due", "j@1970-01-01T00:02:00Z") == HOLD_MS
@@ -355,7 +355,7 @@ def test_plan_fires_counts_late_fires_of_a_long_outage_without_walking_them() ->
     year = 365 * 86_400 * S
     plan = plan_fires(_defn(every_ms=S, misfire="fire-all"), S, year, lookahead_ms=0)
     assert plan is not None
-    # 100 late + two on time (year - 1 s is within the 1 s grace, and year itself)
+    # 100 late + two on time (year - 1 s is within the 1 s misfire grace, and year itself)
     assert len(plan.fires) == 102
     assert plan.dropped == plan.missed == year // S - 102
     assert plan.new_next_ms == year + S

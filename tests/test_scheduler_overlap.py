@@ -1,7 +1,7 @@
 """Overlap policies through the real scripts, with workers' claims and completions made by the
 claim and complete scripts (explicit clock, fakeredis and a real server): ``allow`` runs every
 fire, ``forbid`` skips (and counts) fires while the previous run is unfinished, ``buffer-one``
-keeps at most one run waiting, held in Redis until the previous run has finished."""
+keeps at most one run waiting, buffered in Redis until the previous run has finished."""
 
 from __future__ import annotations
 
@@ -78,9 +78,9 @@ def test_buffer_one_holds_the_buffered_run_until_the_previous_run_finishes(
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     sched.tick(now=60 * S)
     (first,) = claim_at(jq, 60)
-    sched.tick(now=120 * S)  # 60 running: 120 is created, held
+    sched.tick(now=120 * S)  # 60 running: 120 is created, buffered
     assert redis_client.zscore(PK.due, run_id(120)) == HOLD_MS
-    assert claim_at(jq, 130) == []  # held: no worker can start it
+    assert claim_at(jq, 130) == []  # buffered: no worker can start it
     sched.tick(now=180 * S)  # one already waits: skipped
     complete(jq, first, 190)
     sched.tick(now=191 * S)  # sees 60 finished: releases 120, due at its fire time
@@ -118,9 +118,9 @@ def test_buffer_one_release_survives_a_scheduler_crash_before_its_advance(
     jq.schedule("j", "t", every=60, overlap="buffer-one", now=0)
     scheduler(jq).tick(now=60 * S)
     (first,) = claim_at(jq, 60)
-    scheduler(jq).fire(SchedKeys(0), 120 * S)  # held run created, then the process dies
+    scheduler(jq).fire(SchedKeys(0), 120 * S)  # buffered run created, then the process dies
     complete(jq, first, 125)
-    scheduler(jq).tick(now=130 * S)  # redoes fire 120: records the held run, releases it
+    scheduler(jq).tick(now=130 * S)  # redoes fire 120: records the buffered run, releases it
     assert [r.run_id for r in claim_at(jq, 130)] == [run_id(120)]
     assert counters(jq) == (2, 0)
 
@@ -137,7 +137,7 @@ def test_release_script_checks_the_predecessor_and_releases_once(
     complete(jq, first, 122)
     assert SCHED_RELEASE.parse(jq.scripts.run(call)) == [1]  # released
     assert redis_client.zscore(PK.due, run_id(120)) == 120 * S
-    assert SCHED_RELEASE.parse(jq.scripts.run(call)) == [2]  # nothing held any more
+    assert SCHED_RELEASE.parse(jq.scripts.run(call)) == [2]  # nothing buffered any more
 
 
 def test_get_schedule_reports_missed_dropped_skipped_and_last_fire(jq: JobQueue) -> None:
@@ -154,8 +154,8 @@ def test_get_schedule_reports_missed_dropped_skipped_and_last_fire(jq: JobQueue)
 
 
 def test_skip_policy_keeps_a_fire_that_lands_between_two_healthy_ticks(jq: JobQueue) -> None:
-    # Default interval and grace (1 s each); overlap jobs are not looked ahead, so the fire at
-    # 60 s, 5 ms after one tick's clock read, is handled by the next tick 1.010 s later.
+    # Default interval and misfire grace (1 s each); overlap jobs are not looked ahead, so the
+    # fire at 60 s, 5 ms after one tick's clock read, is handled by the next tick 1.010 s later.
     sched = Scheduler(jq, install_signal_handlers=False)
     jq.schedule("j", "t", every=60, overlap="forbid", misfire="skip", now=0)
     sched.tick(now=60 * S - 5)
@@ -204,9 +204,9 @@ def test_buffer_one_holds_its_run_until_the_previous_run_in_the_old_queue_finish
     sched.tick(now=60 * S)
     (first,) = claim_at(jq, 60)
     jq.schedule("j", "t", every=60, overlap="buffer-one", queue="other", now=61 * S)
-    sched.tick(now=120 * S)  # 60 still runs in "default": 120 is created held in "other"
+    sched.tick(now=120 * S)  # 60 still runs in "default": 120 is created buffered in "other"
     assert redis_client.zscore(OTHER.due, run_id(120)) == HOLD_MS
-    sched.tick(now=130 * S)  # the release pass looks in "default" too: still held
+    sched.tick(now=130 * S)  # the release pass looks in "default" too: still buffered
     assert claim_at(jq, 130, OTHER) == []
     complete(jq, first, 150)
     sched.tick(now=151 * S)

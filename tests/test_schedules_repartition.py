@@ -1,5 +1,5 @@
 """``jobqueue schedules repartition K`` (issue 16): changing the scheduler partition count moves
-every recurring job (definition, next fire, counters, held entry) to its partition under the
+every recurring job (definition, next fire, counters, buffered entry) to its partition under the
 new count, spread; it is refused while schedulers run, finishes an interrupted move when run
 again, and clients that write schedules follow the new count. Both backends."""
 
@@ -48,7 +48,7 @@ def start(client: Any) -> int:
 def populate(client: Any) -> JobQueue:
     """Recurring jobs of every kind, after ticks at T0 + 60 s and + 120 s: a herd that fired
     (counters, next fire), a paused job (no next fire), buffer-one jobs whose second runs are
-    held."""
+    buffered."""
     jq = JobQueue(client)
     t0 = start(client)
     for i in range(JOBS):
@@ -87,7 +87,7 @@ def snapshot(client: Any) -> dict[str, dict[str, Any]]:
                 "def": text,
                 "next": client.zscore(sk.next, job),
                 "state": client.hget(sk.state, job),
-                "held": client.hget(sk.held, job),
+                "buffered": client.hget(sk.buffered, job),
             }
     return out
 
@@ -97,14 +97,14 @@ def invoke(client: Any, *args: str, input: str | None = None) -> Result:
 
 
 @pytest.mark.parametrize(("old", "new"), [(1, 8), (8, 3)])
-def test_every_job_moves_with_its_definition_next_fire_counters_and_held_entry(
+def test_every_job_moves_with_its_definition_next_fire_counters_and_buffered_entry(
     redis_client: Any, old: int, new: int
 ) -> None:
     populate(redis_client)
     if old != 1:
         srp.repartition(JobQueue(redis_client), old)
     before = snapshot(redis_client)
-    assert before["slow-1"]["held"] and before["job-0"]["state"]
+    assert before["slow-1"]["buffered"] and before["job-0"]["state"]
     assert before["paused"]["next"] is None
     report = srp.repartition(JobQueue(redis_client), new)
     assert redis_client.hget(SCHED_CONFIG_KEY, "partitions") == f"{new} spread"

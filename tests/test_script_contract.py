@@ -307,7 +307,7 @@ def test_the_builder_passes_the_keys_the_header_names_in_its_order(name: str) ->
     assert len(call.keys) == len(header.keys)
     for key, key_name in zip(call.keys, header.keys, strict=True):
         named = {"defs": "def", "resource": "fenced:res", "run": "run:r", "dedupe": "dedupe:k",
-                 "index": "done"}
+                 "index": "done", "buffered": "held"}  # buffered: a historical key name
         suffix = named.get(key_name, key_name)
         assert key.endswith(":" + suffix), (key, key_name)
 
@@ -634,10 +634,10 @@ def parses_sched_create(runner: ScriptRunner, redis_client: Any) -> None:
 def parses_sched_release(runner: ScriptRunner, redis_client: Any) -> None:
     group = RunGroup("t", "{}", 3, 0, 0, 60_000)
     runner.run(SCHED_CREATE.call(P, [(group, ["a", HOLD_MS, "b", HOLD_MS])], now=NOW))
-    held = [(fire_run_id("a", 60_000), "", 60_000), (fire_run_id("b", 60_000), "a-running", 1)]
+    buffered = [(fire_run_id("a", 60_000), "", 60_000), (fire_run_id("b", 60_000), "a-running", 1)]
     create_in_p(runner, "a-running")
     claim_in_p(runner)
-    replies = runner.run(SCHED_RELEASE.call(P, [*held, ("gone", "", 1)], now=NOW))
+    replies = runner.run(SCHED_RELEASE.call(P, [*buffered, ("gone", "", 1)], now=NOW))
     assert SCHED_RELEASE.parse(replies) == [1, 0, 2]
 
 
@@ -649,7 +649,7 @@ def parses_sched_lease(runner: ScriptRunner, redis_client: Any) -> None:
 
 
 def parses_sched_unhold(runner: ScriptRunner, redis_client: Any) -> None:
-    redis_client.hset(K.held, mapping={"a": "1 -1 1 default", "b": "2 -1 2 default"})
+    redis_client.hset(K.buffered, mapping={"a": "1 -1 1 default", "b": "2 -1 2 default"})
     call = SCHED_UNHOLD.call(K, [("a", "1 -1 1 default"), ("b", "stale text")], now=NOW)
     assert SCHED_UNHOLD.parse(runner.run(call)) == 1
 

@@ -154,14 +154,14 @@ def fire_run(job: str, second: int) -> str:
 def fire(job: str, second: int, due: int | None = None, lease: int = 0
          ) -> tuple[RunGroup, list[str | int]]:
     """A job's run of the fire at ``second`` as the scheduler sends it to sched_create: due at
-    the fire time, or at ``due`` (HOLD_MS: a held buffer-one run)."""
+    the fire time, or at ``due`` (HOLD_MS: a buffered buffer-one run)."""
     group = RunGroup("t", PAYLOAD, 3, lease, lease // 2, second * S)
     return group, [job, second * S if due is None else due]
 
 
 def recurring_jobs(runner: ScriptRunner) -> None:
     """A scheduler partition after the ticks at 60 s and 120 s: a herd of two every-minute
-    jobs, an hourly job, and two buffer-one jobs whose 120 s runs are held (their 60 s runs are
+    jobs, an hourly job, and two buffer-one jobs whose 120 s runs are buffered (their 60 s runs are
     still pending)."""
     jq = JobQueue(runner.client)
     for job in ("herd-1", "herd-2"):
@@ -530,7 +530,7 @@ def sched_due(runner: ScriptRunner) -> Call:
 
 
 def advance(runner: ScriptRunner) -> Call:
-    """The 180 s tick moves the herd on, records a held run for 'policed', and ends 'hourly'
+    """The 180 s tick moves the herd on, records a buffered run for 'policed', and ends 'hourly'
     (its schedule is over)."""
     recurring_jobs(runner)
     fired = {"fired": 1, "last_fire_ms": 180 * S, "through_ms": 180 * S}
@@ -538,7 +538,7 @@ def advance(runner: ScriptRunner) -> Call:
         Advance("herd-1", 180 * S, 240 * S, **fired),
         Advance("herd-2", 180 * S, 240 * S, **fired),
         Advance("policed", 180 * S, 240 * S, skipped=1, through_ms=180 * S,
-                held=f"{180 * S} {60 * S} {180 * S} default"),
+                buffered=f"{180 * S} {60 * S} {180 * S} default"),
         Advance("hourly", 3600 * S, None, through_ms=180 * S),
     ]), now=180 * S, token=int(runner.client.hget(SK.owner, "token")))  # the ticks' scheduler
 
@@ -562,7 +562,7 @@ def sched_define_delete(runner: ScriptRunner) -> Call:
 
 
 def sched_create(runner: ScriptRunner) -> Call:
-    """The 180 s fire: 'herd-1' (with its own lease and timeout) and 'herd-2', and the held
+    """The 180 s fire: 'herd-1' (with its own lease and timeout) and 'herd-2', and the buffered
     run of 'policed'; with the 120 s run of 'herd-1' again (it exists: the scheduler crashed
     before its advance)."""
     runner.run(SCHED_CREATE.call(PK, [fire("herd-1", 120)], now=120 * S))
@@ -574,12 +574,12 @@ def sched_create(runner: ScriptRunner) -> Call:
 
 
 def sched_release(runner: ScriptRunner) -> Call:
-    """Two buffer-one jobs with their 120 s runs held: 'policed' (its 60 s run completed:
-    released) and 'slow' (its 60 s run is still running: still held)."""
+    """Two buffer-one jobs with their 120 s runs buffered: 'policed' (its 60 s run completed:
+    released) and 'slow' (its 60 s run is still running: still buffered)."""
     runner.run(SCHED_CREATE.call(PK, [fire("policed", 60), fire("slow", 60)], now=60 * S))
     fences = fences_claimed(runner, 2, now=61 * S)
-    held = [fire("policed", 120, due=HOLD_MS), fire("slow", 120, due=HOLD_MS)]
-    runner.run(SCHED_CREATE.call(PK, held, now=120 * S))
+    buffered = [fire("policed", 120, due=HOLD_MS), fire("slow", 120, due=HOLD_MS)]
+    runner.run(SCHED_CREATE.call(PK, buffered, now=120 * S))
     first = fire_run("policed", 60)
     accepted(runner, COMPLETE.call(PK, [(first, fences[first], "1")], RETENTION, now=122 * S))
     return SCHED_RELEASE.call(PK, [
@@ -589,11 +589,11 @@ def sched_release(runner: ScriptRunner) -> Call:
 
 
 def sched_unhold(runner: ScriptRunner) -> Call:
-    """Two held entries are forgotten; a third is named with a text that changed since it was
+    """Two buffered entries are forgotten; a third is named with a text that changed since it was
     read (kept)."""
     recurring_jobs(runner)
-    held = runner.client.hgetall(SK.held)
-    return SCHED_UNHOLD.call(SK, [("policed", held["policed"]), ("slow", held["slow"]),
+    buffered = runner.client.hgetall(SK.buffered)
+    return SCHED_UNHOLD.call(SK, [("policed", buffered["policed"]), ("slow", buffered["slow"]),
                                   ("herd-1", "120000 60000 120000 default")], now=130 * S)
 
 

@@ -71,7 +71,7 @@ def test_runs_of_a_full_key_do_not_stall_the_other_keys(
     assert ids(claim(runner, pk, now=1_000, limit=3)) == ["a1", "b1", "n1"]
 
 
-def test_a_run_held_back_does_not_use_up_the_limit(
+def test_a_parked_run_does_not_use_up_the_limit(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)
@@ -230,7 +230,7 @@ def test_raising_a_task_cap_looks_at_its_own_parked_runs_only(
     limit(runner, pk, "task:export", 1)
     create_keyed(runner, pk, "e1", "e2", task="export", now=10)
     claim(runner, pk, now=1_000, lease_ms=10_000)  # e2 parked
-    # 1,000 older runs held back by other caps (entries only: they are not looked at)
+    # 1,000 older runs parked by other caps (entries only: they are not looked at)
     redis_client.zadd(pk.parked, {f"other{i}": 0 for i in range(1_000)})
     limit(runner, pk, "task:export", 2)
     assert redis_client.zscore(pk.due, "e2") == 10
@@ -267,7 +267,7 @@ def test_a_priority_run_put_back_by_a_raised_cap_keeps_its_priority(
     assert ids(claim(runner, pk, now=2_001, limit=1)) == ["a2"]
 
 
-def test_held_back_runs_do_not_hide_the_rest_of_their_priority_level(
+def test_parked_runs_do_not_hide_the_rest_of_their_priority_level(
     runner: ScriptRunner, pk: PartitionKeys
 ) -> None:
     limit(runner, pk, "key_concurrency", 1)

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from jobqueue.cli import State, main
-from jobqueue.cli import runs as cli_mod
+from jobqueue.cli import enqueue as cli_mod
 from jobqueue.cli.common import FiniteFloat
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
@@ -238,7 +238,7 @@ FLOAT_OPTIONS = [
     ("worker", "--app", "x:jq", "--grace"),
     ("scheduler", "--lookahead"),
     ("scheduler", "--interval"),
-    ("scheduler", "--grace"),
+    ("scheduler", "--misfire-grace"),
     ("enqueue", "ping", "--delay"),
     ("top", "--interval"),
 ]

@@ -276,8 +276,8 @@ _SCHEDULER = SchedulerConfig()
     "--interval", default=_SCHEDULER.interval, show_default=True, type=FiniteFloat(0.01)
 )
 @click.option(
-    "--grace",
-    default=_SCHEDULER.grace,
+    "--misfire-grace",
+    default=_SCHEDULER.misfire_grace,
     show_default=True,
     type=FiniteFloat(0),
     help="A fire time later than this (at least 2 x --interval) is a misfire (its job's "
@@ -329,7 +329,7 @@ def scheduler(
     app_spec: str | None,
     lookahead: float,
     interval: float,
-    grace: float,
+    misfire_grace: float,
     batch: int,
     partitions: int | None,
     partition_lease: float,
@@ -363,7 +363,7 @@ def scheduler(
     config = SchedulerConfig(
         lookahead=lookahead,
         interval=interval,
-        grace=grace,
+        misfire_grace=misfire_grace,
         batch=batch,
         partitions=partitions,
         partition_lease=partition_lease,

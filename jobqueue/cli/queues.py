@@ -25,8 +25,8 @@ from jobqueue.store.keys import validate_queue_name
 def queues(state: Any, queue: str | None, as_json: bool) -> None:
     """Per queue and partition: due now, later, running, expired leases, dead, done in the
     last minute and hour, how late the oldest due run is, whether it is paused, its
-    concurrency limit and its rate limit, how many due runs are held back by a per-key or
-    per-task cap (counted in DUE NOW or LATER too), and those limits; with --json also
+    concurrency limit and its rate limit, how many due runs are parked by a full per-key or
+    per-task cap (PARKED, counted in DUE NOW or LATER too), and those limits; with --json also
     the workflow runs waiting for their dependencies ('waiting'). (Alias: stats.)
 
     DONE counts runs that left through the done index: completed or cancelled."""
@@ -69,7 +69,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             "DONE/1H",
             "OLDEST DUE (UTC)",
             "PAUSED",
-            "HELD",
+            "PARKED",
             "KEY/TASK",
             "LIMIT",
             "RATE",
@@ -195,7 +195,7 @@ def queue_events(
         return
     word = "on" if now.enabled else "off"
     click.echo(f"queue {name}: events {word}, about {now.maxlen} per partition, the last "
-               f"{duration(round(now.max_age_s * 1000))}; {sum(now.lengths)} held now"
+               f"{duration(round(now.max_age_s * 1000))}; {sum(now.lengths)} in the log now"
                + (" (its partitions disagree: set them again)" if now.mixed else ""))
 
 
@@ -225,7 +225,7 @@ def queue_concurrency(
     """At most LIMIT runs of queue NAME running at once, per partition (exact for a queue of
     one partition, the default); LIMIT `none` removes the limit. With --per-key: at most LIMIT
     runs of each limit_key (enqueue --limit-key); with --task T: at most LIMIT runs of task T
-    (both up to 10000; a run over the cap waits, held back, and the rest of the queue goes on).
+    (both up to 10000; a run over the cap waits, parked, and the rest of the queue goes on).
 
     Enforced by the claim script across all workers: a run holds its slot from its claim until
     its commit, its cancel or its lease's expiry (a killed worker's slot frees when its lease

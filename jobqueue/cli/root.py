@@ -5,8 +5,9 @@ nothing of jobqueue's clients, redis-py or the daemons, so they answer at once.
 A command's one-line help for the root listing is kept here (``COMMANDS``), so that listing
 them imports none; tests/test_cli_startup.py holds it to each command's own.
 
-The commands' modules, by noun: ``daemons`` (worker, scheduler), ``runs`` (enqueue, show,
-cancel, requeue, runs, leases), ``queues`` (queues, stats, queue ...), ``dead``, ``workers``,
+The commands' modules, by noun: ``daemons`` (worker, scheduler), ``enqueue``, ``show``,
+``changes`` (cancel, requeue), ``runs`` (the run listing, its options shared with ``dead``),
+``leases``, ``queues`` (queues, stats, queue ...), ``dead``, ``workers``,
 ``checks`` (check, capacity, jitter), ``schedules``, ``groups``, ``flows``, ``events``, ``top``,
 ``dashboard``, ``repartition`` (repartition, repair).
 
@@ -29,19 +30,19 @@ from jobqueue import __version__
 
 # name -> (module, attribute, the one-line help the root listing shows)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "cancel": ("jobqueue.cli.runs", "cancel", "Cancel a pending or running run (a running..."),
+    "cancel": ("jobqueue.cli.changes", "cancel", "Cancel a pending or running run (a running..."),
     "capacity": ("jobqueue.cli.checks", "capacity", "The capacity model for N recurring jobs..."),
     "check": ("jobqueue.cli.checks", "check", "Is Redis set up as jobqueue's guarantees..."),
     "dashboard": (
         "jobqueue.cli.dashboard", "dashboard", "Serve the web dashboard: queues with...",
     ),
     "dead": ("jobqueue.cli.dead", "dead", "Dead runs: list, retry (requeue), purge."),
-    "enqueue": ("jobqueue.cli.runs", "enqueue", "Enqueue one run of TASK (or one per line..."),
+    "enqueue": ("jobqueue.cli.enqueue", "enqueue", "Enqueue one run of TASK (or one per line..."),
     "events": ("jobqueue.cli.events", "events", "What happened to runs, from the queues'..."),
     "flows": ("jobqueue.cli.flows", "flows", "Workflows and batches, newest first, with..."),
     "groups": ("jobqueue.cli.groups", "groups", "Fair shares between a queue's groups:..."),
     "jitter": ("jobqueue.cli.checks", "jitter", "How a herd of JOBS job ids (<prefix>N)..."),
-    "leases": ("jobqueue.cli.runs", "leases", "Which worker holds which run, and for how..."),
+    "leases": ("jobqueue.cli.leases", "leases", "Which worker holds which run, and for how..."),
     "queue": ("jobqueue.cli.queues", "queue", "Pause or resume a queue's claims; limit..."),
     "queues": ("jobqueue.cli.queues", "queues", "Per queue and partition: due now, later,..."),
     "repair": (
@@ -50,7 +51,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "repartition": (
         "jobqueue.cli.repartition", "repartition", "Change QUEUE's partition count: move every...",
     ),
-    "requeue": ("jobqueue.cli.runs", "requeue", "Put a dead or cancelled run back to..."),
+    "requeue": ("jobqueue.cli.changes", "requeue", "Put a dead or cancelled run back to..."),
     "runs": ("jobqueue.cli.runs", "runs", "Runs by state and filters, a page at a time."),
     "schedule": (
         "jobqueue.cli.schedules", "schedule", "Recurring jobs: list (the default), show,...",
@@ -61,7 +62,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "schedules": (
         "jobqueue.cli.schedules", "schedules", "Recurring jobs: list (the default), show,...",
     ),
-    "show": ("jobqueue.cli.runs", "show", "Everything about one run, with its history..."),
+    "show": ("jobqueue.cli.show", "show", "Everything about one run, with its history..."),
     "stats": ("jobqueue.cli.queues", "stats", "Same as `queues`."),
     "top": ("jobqueue.cli.top", "top", "A live view of queues, throughput,..."),
     "worker": ("jobqueue.cli.daemons", "worker", "Run a worker: claim runs, execute them,..."),

@@ -459,7 +459,7 @@ KEEPALIVE_S = 15.0
 async def events_stream(request: Request) -> Response:
     """Server-sent events: each event of the logs (a queue's, a run's, a kind's), its ``id``
     the cursor to resume right after it, which the browser sends back as Last-Event-ID when
-    it reconnects (the stream ends after STREAM_S, so no connection is held for ever)."""
+    it reconnects (the stream ends after STREAM_S, so no connection stays open for ever)."""
     jq = _settings(request).jq
     p = request.query_params
     queue, run_id, kind = p.get("queue") or None, p.get("run") or None, p.get("kind") or None

@@ -103,7 +103,7 @@ async def _loop(ref: weakref.ref[Sampler]) -> None:
         if sampler is None or not sampler.is_current(me):
             return
         every = sampler.every_s
-        del sampler  # only the weak reference is held between looks
+        del sampler  # only the weak reference is kept between looks
         await run_in_threadpool(_look, ref)
         await asyncio.sleep(every)
 

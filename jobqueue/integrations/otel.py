@@ -72,11 +72,11 @@ class OpenTelemetryMiddleware(Middleware):
         _current.set((span, token))
 
     def after_run(self, ctx: RunContext, error: BaseException | None) -> None:
-        held = _current.get()
-        if held is None:  # before_run failed: nothing to end
+        current = _current.get()
+        if current is None:  # before_run failed: nothing to end
             return
         _current.set(None)
-        span, token = held
+        span, token = current
         if error is not None:
             if isinstance(error, Exception):  # not a cancel's CancelledError
                 span.record_exception(error)

@@ -1,12 +1,12 @@
 """Misfire policies: what a scheduler does with fire times it is late for (docs/design.md).
 
-A fire time ``t`` is *late* when ``now - t > grace_ms``: the scheduler was down or stalled for
-longer than its own tick tolerance. A running scheduler handles a fire time up to one tick gap
-after it (jobs that are not looked ahead), so the scheduler never uses a grace below
-:func:`effective_grace_ms` (two tick intervals): a fire is not missed merely because it fell
-between two ticks. Fire times within the grace (or still in the future, when a
-scheduler looks ahead) are on time and always fire, whatever the policy; the policy decides only
-the late ones:
+A fire time ``t`` is *late* when ``now - t > misfire_grace_ms``: the scheduler was down or
+stalled for longer than its own tick tolerance (its *misfire grace*). A running scheduler
+handles a fire time up to one tick gap after it (jobs that are not looked ahead), so the
+scheduler never uses a misfire grace below :func:`effective_misfire_grace_ms` (two tick
+intervals): a fire is not missed merely because it fell between two ticks. Fire times within
+the misfire grace (or still in the future, when a scheduler looks ahead) are on time and always
+fire, whatever the policy; the policy decides only the late ones:
 
 * ``fire-all`` / ``fire-all:<N>``: catch up on every late fire time, but at most the latest N
   (default 100) so a long outage does not unleash an unbounded backlog;
@@ -27,11 +27,11 @@ from typing import Literal
 PolicyKind = Literal["fire-all", "fire-once", "skip", "deadline"]
 
 DEFAULT_FIRE_ALL_CAP = 100
-DEFAULT_GRACE_MS = 1000
-# The grace a scheduler uses is at least this many tick intervals: a fire just after one tick's
-# clock read is handled by the next tick, an interval later plus however long the tick itself
-# overran (its clock read comes after its release pass and earlier partitions).
-GRACE_TICKS = 2
+DEFAULT_MISFIRE_GRACE_MS = 1000
+# The misfire grace a scheduler uses is at least this many tick intervals: a fire just after
+# one tick's clock read is handled by the next tick, an interval later plus however long the
+# tick itself overran (its clock read comes after its release pass and earlier partitions).
+MISFIRE_GRACE_TICKS = 2
 
 _VALID_FORMS = "fire-all, fire-all:<N>, fire-once, skip, deadline-<N>s, deadline-<N>ms"
 _POLICY_RE = re.compile(
@@ -80,13 +80,15 @@ class MisfireDecision:
     dropped_by_cap: int
 
 
-def effective_grace_ms(grace_ms: int, interval_ms: int) -> int:
-    """The grace a scheduler ticking every ``interval_ms`` applies: the configured one, but
-    never less than GRACE_TICKS intervals, so a healthy scheduler never counts a fire that fell
-    between two of its ticks as late."""
-    if grace_ms < 0 or interval_ms < 0:
-        raise ValueError(f"grace and interval must be >= 0, got {grace_ms} and {interval_ms} ms")
-    return max(grace_ms, GRACE_TICKS * interval_ms)
+def effective_misfire_grace_ms(misfire_grace_ms: int, interval_ms: int) -> int:
+    """The misfire grace a scheduler ticking every ``interval_ms`` applies: the configured one,
+    but never less than MISFIRE_GRACE_TICKS intervals, so a healthy scheduler never counts a
+    fire that fell between two of its ticks as late."""
+    if misfire_grace_ms < 0 or interval_ms < 0:
+        raise ValueError(
+            f"misfire grace and interval must be >= 0, got {misfire_grace_ms} and {interval_ms} ms"
+        )
+    return max(misfire_grace_ms, MISFIRE_GRACE_TICKS * interval_ms)
 
 
 def parse_policy(text: str) -> MisfirePolicy:
@@ -106,13 +108,13 @@ def apply_misfire(
     policy: MisfirePolicy,
     due_fire_times: list[int],
     now_ms: int,
-    grace_ms: int = DEFAULT_GRACE_MS,
+    misfire_grace_ms: int = DEFAULT_MISFIRE_GRACE_MS,
 ) -> MisfireDecision:
     """Decide which of a job's due fire times (any order) get a run at ``now_ms``."""
-    if grace_ms < 0:
-        raise ValueError(f"grace_ms must be >= 0, got {grace_ms}")
+    if misfire_grace_ms < 0:
+        raise ValueError(f"misfire_grace_ms must be >= 0, got {misfire_grace_ms}")
     due = sorted(due_fire_times)
-    late = [t for t in due if now_ms - t > grace_ms]
+    late = [t for t in due if now_ms - t > misfire_grace_ms]
     on_time = due[len(late) :]
     dropped_by_cap = 0
     match policy.kind:

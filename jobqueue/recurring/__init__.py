@@ -5,7 +5,8 @@ both clients): ``definitions``, ``declarations``, ``info``, ``fires``, ``plannin
 ``layout`` (the scheduler partition count), ``steps`` (the definitions store), ``registry``
 (who runs, who owns which partition) and ``sync`` (the store on a sync connection).
 
-The scheduler daemon: ``daemon`` (the loop), ``firing``, ``draining``, ``held``, ``lookahead``,
-``membership`` (leases of the partitions), and ``repartition`` (the operator's change of K).
+The scheduler daemon: ``daemon`` (the loop), ``firing``, ``draining``, ``buffered``,
+``lookahead``, ``membership`` (leases of the partitions), and ``repartition`` (the operator's
+change of K).
 
 Nothing is imported here: a module of the lower layer never loads the daemon."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobqueue.policy.misfire import DEFAULT_GRACE_MS
+from jobqueue.policy.misfire import DEFAULT_MISFIRE_GRACE_MS
 
 DEFAULT_LOOKAHEAD_MS = 60_000
 DEFAULT_BATCH = 1000
@@ -32,8 +32,9 @@ class SchedulerConfig:
     """How one scheduler runs; the fields are the ``jobqueue scheduler`` options (seconds).
 
     ``lookahead``: runs are created up to this long before their fire time. ``interval``:
-    seconds between ticks. ``grace``: a fire time later than this is a misfire (never below
-    two intervals, see ``misfire.effective_grace_ms``). ``batch``: due jobs read per call;
+    seconds between ticks. ``misfire_grace``: a fire time later than this is a misfire (never
+    below two intervals, see ``misfire.effective_misfire_grace_ms``). ``batch``: due jobs read
+    per call;
     ``max_fires``: fire times one job may create in one tick. ``partitions``: the scheduler
     partition count K this process expects (None: as recorded, else
     $JOBQUEUE_SCHED_PARTITIONS, else the default). ``partition_lease``: how long its lease on
@@ -45,7 +46,7 @@ class SchedulerConfig:
 
     lookahead: float = DEFAULT_LOOKAHEAD_MS / 1000
     interval: float = DEFAULT_INTERVAL_S
-    grace: float = DEFAULT_GRACE_MS / 1000
+    misfire_grace: float = DEFAULT_MISFIRE_GRACE_MS / 1000
     batch: int = DEFAULT_BATCH
     max_fires: int = MAX_FIRES_PER_TICK
     partitions: int | None = None
@@ -58,11 +59,13 @@ class SchedulerConfig:
         if (
             self.lookahead < 0
             or self.interval <= 0
-            or self.grace < 0
+            or self.misfire_grace < 0
             or self.batch < 1
             or self.max_fires < 1
         ):
-            raise ValueError("lookahead and grace >= 0, interval > 0, batch and max_fires >= 1")
+            raise ValueError(
+                "lookahead and misfire_grace >= 0, interval > 0, batch and max_fires >= 1"
+            )
         if not self.partition_lease > 0 or not self.create_rate > 0:
             raise ValueError("partition_lease > 0 and create_rate > 0")
         if self.max_lookahead is not None and self.max_lookahead < 0:

@@ -32,13 +32,13 @@ within it at the measured rate (``lookahead``).
 Jobs with an overlap policy other than ``allow`` are not looked ahead: whether their previous
 run is still unfinished is decided when a fire time comes, not a lookahead earlier, in the
 queue that previous run went to (recorded in the job's state). They are fired by the first tick
-after their fire time, up to a tick gap late: that is why the grace is never below two tick
-intervals (``misfire.effective_grace_ms``).
-``buffer-one``'s waiting run is created held and released by ``sched_release.lua`` once its
-predecessor has finished (``held``).
+after their fire time, up to a tick gap late: that is why the misfire grace is never below two
+tick intervals (``misfire.effective_misfire_grace_ms``).
+``buffer-one``'s waiting run is created buffered (due at a far hold time) and released by
+``sched_release.lua`` once its predecessor has finished (``buffered``).
 
 The modules: ``firing`` (steps 1-4 of a batch), ``draining`` (a partition's batches and the
-writer thread), ``held`` (overlap lookups, held runs), ``lookahead``, ``membership`` (leases
+writer thread), ``buffered`` (overlap lookups, buffered runs), ``lookahead``, ``membership`` (leases
 of the partitions); this one runs the loop: start-up, ticks, retries, signals.
 """
 
@@ -55,11 +55,11 @@ from typing import TYPE_CHECKING
 import redis
 
 from jobqueue.errors import ConfigError, JobQueueError
+from jobqueue.recurring.buffered import BufferedRuns
 from jobqueue.recurring.config import SchedulerConfig
 from jobqueue.recurring.definitions import Definition
 from jobqueue.recurring.draining import Drainer
 from jobqueue.recurring.firing import Batch, Firing, TickReport
-from jobqueue.recurring.held import HeldRuns
 from jobqueue.recurring.lookahead import Lookahead
 from jobqueue.recurring.membership import Ownership
 from jobqueue.recurring.sync import Recurring, SyncReport
@@ -118,9 +118,9 @@ class Scheduler:
         )
         if scheduler_id is not None:
             self.ownership.id = scheduler_id
-        self.held = HeldRuns(jq)
-        self.firing = Firing(jq, cfg, self.lookahead, self.held)
-        self.drainer = Drainer(self.firing, self.ownership, self.held)
+        self.buffered = BufferedRuns(jq)
+        self.firing = Firing(jq, cfg, self.lookahead, self.buffered)
+        self.drainer = Drainer(self.firing, self.ownership, self.buffered)
         # Scheduler partitions skipped after a failure: keys -> (until, consecutive failures).
         self._cooldown: dict[SchedKeys, tuple[float, int]] = {}
         self.declared = list(jq.declared_schedules if declared is None else declared)
@@ -151,8 +151,8 @@ class Scheduler:
         return self.lookahead.rate
 
     @property
-    def grace_ms(self) -> int:
-        return self.firing.grace_ms
+    def misfire_grace_ms(self) -> int:
+        return self.firing.misfire_grace_ms
 
     @property
     def batch(self) -> int:
@@ -253,7 +253,7 @@ class Scheduler:
     def _tick_partition(self, sk: SchedKeys, now: int | None, report: TickReport) -> None:
         # Release first: a fire that comes after the buffered run's predecessor finished
         # must not be skipped as "one already waiting".
-        report.released += self.held.release_held(sk, now)
+        report.released += self.buffered.release_buffered(sk, now)
         started, before = time.monotonic(), report.runs_requested
         self.drainer.drain(sk, now, report)
         if self.lookahead.measure(report.runs_requested - before, time.monotonic() - started):
@@ -267,9 +267,9 @@ class Scheduler:
         """Step 4: compare-and-set every job's next fire forward, with its counters."""
         self.firing.advance(batch)
 
-    def release_held(self, sk: SchedKeys, now: int | None = None) -> int:
-        """buffer-one: release the held runs whose predecessor has finished."""
-        return self.held.release_held(sk, now)
+    def release_buffered(self, sk: SchedKeys, now: int | None = None) -> int:
+        """buffer-one: release the buffered runs whose predecessor has finished."""
+        return self.buffered.release_buffered(sk, now)
 
     def close(self) -> None:
         """Stop the writer thread and give the partitions up (``run`` does this when it

@@ -7,7 +7,9 @@ Storage (scheduler partition k of K, hash tag ``{sched#k}``, k = fnv1a_32(job_id
     jq:{sched#k}:def    hash   job_id -> definition (compact JSON, defaults omitted)
     jq:{sched#k}:next   zset   job_id -> next fire instant (ms); absent while paused or ended
     jq:{sched#k}:state  hash   job_id -> 'fired missed skipped dropped last through [last_queue]'
-    jq:{sched#k}:held   hash   job_id -> 'fire pred_fire due queue [pred_queue]' (buffer-one)
+    jq:{sched#k}:held   hash   job_id -> 'fire pred_fire due queue [pred_queue]': buffer-one's
+                               buffered runs (the key name is historical: it stays
+                               'held' so that old and new schedulers share it)
     jq:sched:config     hash   partitions -> K, and the placement: 'K' (the tags {sched#k})
                                or 'K spread' (global, plain commands only); moving -> the
                                target of a `schedules repartition` in progress
@@ -18,8 +20,8 @@ Storage (scheduler partition k of K, hash tag ``{sched#k}``, k = fnv1a_32(job_id
 
 ``last`` is the latest fire instant that got a run (-1: none yet), ``through`` the instant up
 to which fire times have been handled and ``last_queue`` the queue of the last fire's run
-(absent: the definition's queue). A held entry's ``pred_queue`` is the predecessor's queue when
-it differs from the held run's (the job's queue changed in between). Scheduled runs are
+(absent: the definition's queue). A buffered entry's ``pred_queue`` is the predecessor's queue
+when it differs from the buffered run's (the job's queue changed in between). Scheduled runs are
 ``<job_id>@<fire instant, UTC>`` (``store.keys.fire_run_id``), so a job id must not
 contain '@'.
 

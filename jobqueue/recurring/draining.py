@@ -11,8 +11,8 @@ import contextlib
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from jobqueue.recurring.buffered import BufferedRuns
 from jobqueue.recurring.firing import Batch, Firing, TickReport
-from jobqueue.recurring.held import HeldRuns
 from jobqueue.recurring.membership import Ownership
 from jobqueue.store.keys import SchedKeys
 
@@ -25,16 +25,16 @@ MAX_BATCHES = 10_000
 class Drainer:
     """Drains the partitions this scheduler owns; holds the writer thread."""
 
-    def __init__(self, firing: Firing, ownership: Ownership, held: HeldRuns) -> None:
+    def __init__(self, firing: Firing, ownership: Ownership, buffered: BufferedRuns) -> None:
         self.firing = firing
         self.ownership = ownership
-        self.held = held
+        self.buffered = buffered
         self._executor: ThreadPoolExecutor | None = None
 
     def drain(self, sk: SchedKeys, now: int | None, report: TickReport) -> None:
         """Fire everything due in ``sk``, batch after batch (sched_due.lua's cursor: the read
         of batch i + 1 starts after batch i's last job while i's writes are in flight)."""
-        held = 0
+        buffered = 0
         inflight: tuple[Batch, Future[None]] | None = None
         after: tuple[int, str] | None = None
         try:
@@ -51,7 +51,7 @@ class Drainer:
                     # vanished), so they never hide the due jobs behind them.
                     self._finish(inflight, report)
                     inflight = None
-                held += batch.held
+                buffered += batch.buffered
                 if batch.groups:
                     inflight = (batch, self._writer().submit(self._write, batch, now))
                 else:
@@ -66,8 +66,8 @@ class Drainer:
             raise
         if inflight is not None:
             self._finish(inflight, report)
-        if held:  # a run buffered behind a predecessor that already finished: run it now
-            report.released += self.held.release_held(sk, now)
+        if buffered:  # a run buffered behind a predecessor that already finished: run it now
+            report.released += self.buffered.release_buffered(sk, now)
 
     def fire(self, sk: SchedKeys, now: int | None = None) -> Batch:
         """Step one: own the partition (an empty batch when another scheduler does), read the

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from jobqueue.policy.jitter import jitter_ms, job_hash
 from jobqueue.policy.misfire import (
-    effective_grace_ms,
+    effective_misfire_grace_ms,
 )
+from jobqueue.recurring.buffered import BufferedRuns
 from jobqueue.recurring.config import SchedulerConfig
 from jobqueue.recurring.definitions import Definition, JobState
-from jobqueue.recurring.held import HeldRuns
 from jobqueue.recurring.lookahead import Lookahead
 from jobqueue.recurring.planning import UNFINISHED, FirePlan, apply_overlap, plan_fires
 from jobqueue.store.keys import (
@@ -103,7 +103,7 @@ class Batch:
     cursor: tuple[int, str] | None = None  # (next, job) of the last job read
     creates: list[Call] = field(default_factory=list)
     create_jobs: list[list[str]] = field(default_factory=list)  # the job ids of each create
-    held: int = 0  # buffer-one entries this batch records
+    buffered: int = 0  # buffer-one entries this batch records
     token: int = 0  # the scheduler's lease token on the partition (advance.lua's fence)
 
 
@@ -117,7 +117,7 @@ class _DefInfo:
 
 
 def _header(
-    plan: FirePlan, fires: Sequence[int], skipped: int, held: str, queue: str
+    plan: FirePlan, fires: Sequence[int], skipped: int, entry: str, queue: str
 ) -> AdvanceHeader:
     return (
         plan.expected_next_ms,
@@ -128,7 +128,7 @@ def _header(
         plan.dropped,
         f"{fires[-1]} {queue}" if fires else "",
         plan.through_ms,
-        held,
+        entry,
     )
 
 
@@ -138,7 +138,7 @@ class Firing:
     :meth:`send_creates` (3) and :meth:`advance` (4)."""
 
     def __init__(
-        self, jq: JobQueue, config: SchedulerConfig, lookahead: Lookahead, held: HeldRuns
+        self, jq: JobQueue, config: SchedulerConfig, lookahead: Lookahead, buffered: BufferedRuns
     ) -> None:
         self.jq = jq
         self.batch = config.batch
@@ -146,9 +146,11 @@ class Firing:
         # Never below two tick intervals: overlap jobs (not looked ahead) and every job with a
         # lookahead shorter than the interval are handled up to a tick gap after their fire
         # time, and a healthy scheduler must not count those as misfires.
-        self.grace_ms = effective_grace_ms(int(config.grace * 1000), int(config.interval * 1000))
+        self.misfire_grace_ms = effective_misfire_grace_ms(
+            int(config.misfire_grace * 1000), int(config.interval * 1000)
+        )
         self.lookahead = lookahead
-        self.held = held
+        self.buffered = buffered
 
     def plan(
         self, sk: SchedKeys, now: int | None = None, after: tuple[int, str] | None = None
@@ -189,7 +191,7 @@ class Firing:
                 next_ms,
                 now_ms,
                 self.lookahead.effective_ms,
-                self.grace_ms,
+                self.misfire_grace_ms,
                 self.max_fires,
             )
             if plan is None:
@@ -264,7 +266,7 @@ class Firing:
             usable.append(entry)
             lasts.append((state.last_fire_ms, state.last_queue or entry[1].tmpl.queue))
         jobs = usable
-        previous = self.held.previous_states(
+        previous = self.buffered.previous_states(
             [(job, queue, last) for (job, _, _, _), (last, queue) in zip(jobs, lasts, strict=True)]
         )
         index_of = {id(info): i for i, info in enumerate(infos) if info is not None}
@@ -277,23 +279,23 @@ class Firing:
             fires, skipped = apply_overlap(tmpl.overlap, plan.fires, prev, buffered)
             keys = info.keys
             pk = keys[0] if len(keys) == 1 else keys[partition_of(job, len(keys))]
-            held = ""
+            entry_text = ""  # the buffer-one entry advance.lua records ('': none)
             jitter = jitter_ms(job, tmpl.jitter_ms)
             for fire in fires:
                 due = fire + jitter
                 if tmpl.overlap == "buffer-one":
-                    # Always recorded, held only while the predecessor is unfinished: a crash
+                    # Always recorded, buffered only while the predecessor is unfinished: a crash
                     # before the advance recomputes the same fire, finds the run created, and
                     # records it then; the release pass sorts out which ones still wait.
                     pred = -1 if last is None else last
-                    held = f"{fire} {pred} {due} {tmpl.queue}"
+                    entry_text = f"{fire} {pred} {due} {tmpl.queue}"
                     if pred >= 0 and last_queue != tmpl.queue:
-                        held += f" {last_queue}"  # the predecessor is in another queue
+                        entry_text += f" {last_queue}"  # the predecessor is in another queue
                     if prev in UNFINISHED:
                         due = HOLD_MS
-                    batch.held += 1
+                    batch.buffered += 1
                 runs.setdefault((pk, index_of[id(info)], fire), []).extend((job, due))
-            header = _header(plan, fires, skipped, held, tmpl.queue)
+            header = _header(plan, fires, skipped, entry_text, tmpl.queue)
             batch.groups.setdefault(header, []).append(job)
             report.runs_requested += len(fires)
             report.missed += plan.missed

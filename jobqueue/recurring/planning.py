@@ -16,7 +16,7 @@ from jobqueue.policy.cron import (
     period_ms,
 )
 from jobqueue.policy.misfire import (
-    DEFAULT_GRACE_MS,
+    DEFAULT_MISFIRE_GRACE_MS,
     MisfirePolicy,
     apply_misfire,
     parse_policy,
@@ -77,14 +77,14 @@ def _plan_core(
     next_ms: int,
     now_ms: int,
     horizon_ms: int,
-    grace_ms: int,
+    misfire_grace_ms: int,
     max_fires: int,
 ) -> tuple[tuple[int, ...], int, int, int | None, int]:
     """Shared by every job with the same timing and next fire in one tick (a herd: cheap)."""
     if end is not None:
         horizon_ms = min(horizon_ms, end)
     lo = next_ms - 1  # fire times >= next are unhandled
-    late_end = now_ms - grace_ms - 1  # late: now - t > grace
+    late_end = now_ms - misfire_grace_ms - 1  # late: now - t > misfire grace
     late_end = min(late_end, horizon_ms)
     late_count, tail = 0, []
     truncated = False  # more late fire times to fire than max_fires: the rest next tick
@@ -114,7 +114,7 @@ def _plan_core(
         if horizon_ms > on_lo and not truncated
         else []
     )
-    decision = apply_misfire(policy, tail + on_time, now_ms, grace_ms)
+    decision = apply_misfire(policy, tail + on_time, now_ms, misfire_grace_ms)
     hidden = late_count - len(tail)  # late fire times never handed to apply_misfire
     missed = decision.missed + hidden
     dropped = decision.dropped_by_cap + (hidden if policy.kind == "fire-all" else 0)
@@ -135,13 +135,14 @@ def plan_fires(
     next_ms: int,
     now_ms: int,
     lookahead_ms: int = DEFAULT_LOOKAHEAD_MS,
-    grace_ms: int = DEFAULT_GRACE_MS,
+    misfire_grace_ms: int = DEFAULT_MISFIRE_GRACE_MS,
     max_fires: int = MAX_FIRES_PER_TICK,
 ) -> FirePlan | None:
     """Which fire times of one job get a run this tick, and where its next fire moves.
 
     Fire times in ``[next_ms, now + lookahead]`` are considered (``now`` alone for jobs with
-    an overlap policy); those late by more than ``grace_ms`` go through the misfire policy.
+    an overlap policy); those late by more than ``misfire_grace_ms`` go through the misfire
+    policy.
     None when nothing is due yet (only possible without lookahead).
     """
     horizon = now_ms + (lookahead_ms if defn.overlap == "allow" else 0)
@@ -155,7 +156,7 @@ def plan_fires(
         next_ms,
         now_ms,
         horizon,
-        grace_ms,
+        misfire_grace_ms,
         max_fires,
     )
     return FirePlan(defn.job_id, next_ms, list(fires), missed, dropped, new_next, through)
@@ -171,8 +172,8 @@ def apply_overlap(
     * ``forbid``: nothing while the previous run is pending or running; otherwise only the
       latest fire time (the runs of several would overlap each other);
     * ``buffer-one``: at most one run waits: nothing while one is buffered, otherwise the
-      latest fire time, whose run is held until the previous one finishes (see
-      ``held.HeldRuns.release_held``).
+      latest fire time, whose run is buffered until the previous one finishes (see
+      ``buffered.BufferedRuns.release_buffered``).
     """
     if overlap == "allow" or not fires:
         return list(fires), 0

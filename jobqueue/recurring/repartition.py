@@ -1,5 +1,5 @@
 """Changing the scheduler partition count K: move every recurring job (definition, next fire,
-counters, held buffer-one entry) to the scheduler partition its id hashes to under the new
+counters, buffered buffer-one entry) to the scheduler partition its id hashes to under the new
 count, with the spread placement, then record the count (``jobqueue schedules
 repartition K``). The pattern of ``jobqueue.ops.repartition`` (a queue's P):
 
@@ -10,7 +10,7 @@ repartition K``). The pattern of ``jobqueue.ops.repartition`` (a queue's P):
   before every write afterwards.
 * Jobs are found through the definitions (HSCAN in pages, never KEYS) of every partition they
   may be in: the recorded layout, an interrupted move's target, the new one. A job whose
-  partition changes is copied first (counters, held entry, next fire, definition last), and
+  partition changes is copied first (counters, buffered entry, next fire, definition last), and
   only when every copy of a page is written are the old fields deleted (the definition last:
   while it exists it is the authority and a re-run copies again). So a crash anywhere leaves a
   state the same command finishes when run again; a run on a finished move changes nothing. A
@@ -189,22 +189,22 @@ def _move_page(r: Any, source: SchedKeys, page: dict[str, str], count: int,
     for job, _, target in moves:
         pipe.zscore(source.next, job)
         pipe.hget(source.state, job)
-        pipe.hget(source.held, job)
+        pipe.hget(source.buffered, job)
         pipe.hget(target.defs, job)
     replies = pipe.execute()
     write = r.pipeline(transaction=False)
     settled = []
     for i, (job, text, target) in enumerate(moves):
-        score, state, held, there = replies[4 * i : 4 * i + 4]
+        score, state, buffered, there = replies[4 * i : 4 * i + 4]
         if there is not None and _text(there) != text:
             report.conflicts.append(job)  # the same id defined differently: a human decides
             continue
-        # Counters and held entry first, the definition last: a definition in the target
+        # Counters and buffered entry first, the definition last: a definition in the target
         # means the rest of the job is there.
         if state is not None:
             write.hset(target.state, job, state)
-        if held is not None:
-            write.hset(target.held, job, held)
+        if buffered is not None:
+            write.hset(target.buffered, job, buffered)
         if score is not None:
             write.zadd(target.next, {job: score})
         write.hset(target.defs, job, text)
@@ -223,7 +223,7 @@ def _delete_sources(r: Any, source: SchedKeys, jobs: Sequence[str]) -> None:
     for job in jobs:
         delete.zrem(source.next, job)
         delete.hdel(source.state, job)
-        delete.hdel(source.held, job)
+        delete.hdel(source.buffered, job)
     for job in jobs:
         delete.hdel(source.defs, job)
     delete.execute()

@@ -370,7 +370,7 @@ def run_states_steps(run_keys: Sequence[str]) -> Steps[list[str | None]]:
     return [None if state is None else _str(state) for state in replies]
 
 
-def held_entries_steps(sk: SchedKeys) -> Steps[dict[str, str]]:
+def buffered_entries_steps(sk: SchedKeys) -> Steps[dict[str, str]]:
     """A partition's buffer-one entries: job id -> 'fire pred_fire due queue [pred_queue]'."""
-    (entries,) = raised((yield commands(cmd("hgetall", sk.held))))
+    (entries,) = raised((yield commands(cmd("hgetall", sk.buffered))))
     return {_str(k) or "": _str(v) or "" for k, v in entries.items()}

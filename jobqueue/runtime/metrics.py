@@ -183,7 +183,7 @@ class PrometheusMetrics(Metrics):
             for name, text in (
                 ("fires", "Fire times this scheduler turned into runs (idempotent creates)."),
                 ("runs_created", "Runs this scheduler created first."),
-                ("misses", "Fire times missed (late past the grace), per misfire policy."),
+                ("misses", "Fire times missed (late past the misfire grace), per misfire policy."),
                 ("drops", "Late fire times dropped by the fire-all cap."),
                 ("overlap_skips", "Fire times skipped by the overlap policy."),
                 ("conflicts", "Advances lost to another scheduler instance."),

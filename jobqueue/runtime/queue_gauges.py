@@ -55,9 +55,9 @@ class QueueGauges:
             q,
             registry=registry,
         )
-        self.queue_held_back = Gauge(
-            "jobqueue_queue_held_back",
-            "Due runs of the queue held back (parked) by a full per-key or per-task cap.",
+        self.queue_parked = Gauge(
+            "jobqueue_queue_parked",
+            "Due runs of the queue parked by a full per-key or per-task cap.",
             q,
             registry=registry,
         )
@@ -134,7 +134,7 @@ class QueueGauges:
                 self.queue_runs.labels(queue, state).set(value)
             self.queue_lease_expiries.labels(queue).set(expired)
             self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
-            self.queue_held_back.labels(queue).set(sum(p.held_back for p in parts))
+            self.queue_parked.labels(queue).set(sum(p.held_back for p in parts))
             limits = [p.concurrency_limit for p in parts if p.concurrency_limit is not None]
             self.queue_concurrency_limit.labels(queue).set(max(limits, default=-1))
             first = parts[0]

@@ -20,13 +20,15 @@ Layout (``{q#p}`` is the hash tag of partition p of queue q, see Placement below
                                    rate ('N W': at most N claims in any W ms), key_concurrency,
                                    key_rate and task:<name> (per key and per task; task_caps
                                    counts the task:<name> fields)
-    jq:{q#p}:held:<group>   set    run ids holding a slot of a per-key ('key:<limit_key>') or
-                                   per-task ('task:<name>') cap
+    jq:{q#p}:held:<group>   set    the occupants of a per-key ('key:<limit_key>') or per-task
+                                   ('task:<name>') cap's slots: the run ids taking a slot (the
+                                   key name, like the record's 'held' field that names a run's
+                                   groups, is historical: old and new code share them)
     jq:{q#p}:parked:<group> zset   run_id -> original due time: runs waiting for a slot
-    jq:{q#p}:parked         zset   run_id -> original due time: every run held back by a cap
+    jq:{q#p}:parked         zset   run_id -> original due time: every run parked by a full cap
     jq:{q#p}:krate:<key>    zset   fence -> claim time: the claims of a per-key rate's window
     jq:{q#p}:claims         zset   fence -> claim time: the claims of a rate limit's window
-    jq:{q#p}:dedupe:<key>   string the run id holding a deduplication key (dedupe.lua)
+    jq:{q#p}:dedupe:<key>   string the run id that owns a deduplication key (dedupe.lua)
     jq:{q#p}:stats          hash   counters (created, claimed, completed, failed, ...)
     jq:{q#p}:waiting        zset   run_id -> creation time: workflow runs waiting for their
                                    dependencies (not in due: nobody claims them)
@@ -364,7 +366,7 @@ class PartitionKeys:
 
     @cached_property
     def parked(self) -> str:
-        """The runs held back by a per-key or per-task cap, run_id -> original due time
+        """The runs parked by a full per-key or per-task cap, run_id -> original due time
         (claim.lua parks them; a freed slot unparks them)."""
         return self.prefix + "parked"
 
@@ -540,6 +542,7 @@ class SchedKeys:
         return self.prefix + "state"
 
     @property
-    def held(self) -> str:
-        """buffer-one: job_id -> 'held_fire predecessor_fire' while its run waits."""
+    def buffered(self) -> str:
+        """buffer-one: job_id -> 'fire pred_fire due queue [pred_queue]' while its buffered run
+        waits. The key is spelled 'held' for history: old and new schedulers share it."""
         return self.prefix + "held"

@@ -1,7 +1,7 @@
 """The contracts of the recurring-job scripts: on a scheduler partition (``{sched#k}``: reading
-due jobs, advancing them, defining them, forgetting held entries) and, for the scheduler, on a
-queue partition (creating scheduled runs in a herd-friendly wire format, and buffer-one's
-release of held runs)."""
+due jobs, advancing them, defining them, forgetting buffered entries) and, for the scheduler,
+on a queue partition (creating scheduled runs in a herd-friendly wire format, and buffer-one's
+release of buffered runs)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from jobqueue.store.contract import Contract, ContractError, NowArg, Wire, now_arg, text
 from jobqueue.store.keys import PartitionKeys, SchedKeys, fire_instant
 
-# The due time of a held buffer-one run: 9999-12-31T23:59:59Z, far enough that no claim takes
+# The due time of a buffered buffer-one run: 9999-12-31T23:59:59Z, far enough that no claim takes
 # it, and still a date every tool can print (it shows what is going on).
 HOLD_MS = 253_402_300_799_000
 
@@ -25,7 +25,7 @@ class DueSegment(NamedTuple):
 
     next_ms: int
     definition: int  # 1-based index in Due.definitions; 0 when the definition vanished
-    extra: str  # '' unless overlap-policed: '<state text>|<held text>'
+    extra: str  # '' unless overlap-policed: '<state text>|<buffered entry>'
     jobs: list[str]
 
 
@@ -89,7 +89,7 @@ SCHED_DUE = Contract(
 
 # One group's header (advance.lua), the count aside: expected next (ms), new next (ms, or ''
 # when the schedule has ended), fired, missed, skipped, dropped, last fire ('' to keep, else
-# '<ms> <queue>'), through (ms), held text ('' for none). Jobs whose moves share it travel as
+# '<ms> <queue>'), through (ms), buffered entry ('' for none). Jobs whose moves share it travel as
 # one group.
 AdvanceHeader = tuple[int, int | str, int, int, int, int, int | str, int, str]
 ADVANCE_HEADER_FIELDS = 9
@@ -226,17 +226,17 @@ SCHED_CREATE = Contract(
 
 
 def _sched_release(
-    pk: PartitionKeys, held: Sequence[tuple[str, str, int]], now: NowArg = None
+    pk: PartitionKeys, buffered: Sequence[tuple[str, str, int]], now: NowArg = None
 ) -> Wire:
-    """``held``: (held run id, predecessor run id or '', real due ms)."""
+    """``buffered``: (buffered run id, predecessor run id or '', real due ms)."""
     tail: list[str | int] = []
-    for run_id, pred, due in held:
+    for run_id, pred, due in buffered:
         tail += [run_id, pred, due]
     return Wire(pk, {"now": now_arg(now), "prefix": pk.prefix, "hold_ms": HOLD_MS}, tail)
 
 
 def _parse_sched_release(reply: Sequence[Any]) -> list[int]:
-    """Per held run: 0 still held, 1 released now, 2 nothing held any more."""
+    """Per buffered run: 0 still buffered, 1 released now, 2 nothing buffered any more."""
     return [int(x) for x in reply[1:]]
 
 
@@ -250,15 +250,15 @@ SCHED_RELEASE = Contract(
 def _sched_unhold(
     sk: SchedKeys, entries: Sequence[tuple[str, str]], now: NowArg = None
 ) -> Wire:
-    """``entries``: (job id, the held text the caller read)."""
+    """``entries``: (job id, the buffered entry the caller read)."""
     tail: list[str] = []
-    for job_id, held_text in entries:
-        tail += [job_id, held_text]
+    for job_id, entry in entries:
+        tail += [job_id, entry]
     return Wire(sk, {"now": now_arg(now)}, tail)
 
 
 def _parse_removed(reply: Sequence[Any]) -> int:
-    """How many held entries were forgotten."""
+    """How many buffered entries were forgotten."""
     return int(reply[1])
 
 

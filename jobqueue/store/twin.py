@@ -277,11 +277,11 @@ class ListWaits:
         if errors and len(errors) == len(answers):
             await twin.refresh_slots()
             raise errors[0]
-        held: set[int] = set()
+        filled: set[int] = set()
         for indexes, answer in zip(groups, answers, strict=True):
             if not isinstance(answer, BaseException):
-                held.update(i for i, n in zip(indexes, answer, strict=True) if n)
-        return keys[min(held)] if held else None
+                filled.update(i for i, n in zip(indexes, answer, strict=True) if n)
+        return keys[min(filled)] if filled else None
 
     async def _blpop(self, pool: Any, name: str, keys: list[str], timeout: float) -> str | None:
         conn, fake_id = await self._take(pool, name)

@@ -281,7 +281,7 @@ class Worker:
                 self._die(f"the claim loop failed: {exc!r}")
             if self.config.burst and not self._stopping.is_set():
                 log.info("worker %s: nothing claimable and nothing held (burst): stopping (runs "
-                         "held back by a paused queue or a limit stay pending)", self.id)
+                         "kept waiting by a paused queue or a limit stay pending)", self.id)
                 self.stop()
             await self._shutdown.drain(self._table, s, keeper)
         finally:

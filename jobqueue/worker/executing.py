@@ -377,7 +377,7 @@ class Executor:
             self._stuck_since = now
         elif now - self._stuck_since >= limit and not self._s.stopping.is_set():
             self._die(
-                f"{stuck} of {concurrency} slots held by timed-out task code that never "
+                f"{stuck} of {concurrency} slots taken by timed-out task code that never "
                 f"returned, for over {limit:g}s"
             )
 

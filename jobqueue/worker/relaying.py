@@ -15,8 +15,8 @@ before its sweep reads the outboxes), and a closing worker sends everything.
 A unit whose delivery a lost connection failed is dropped: its outbox entry stays, and a
 relay (the sweep of a worker serving the partition) delivers it again; a delivery made twice
 changes nothing. One that Redis refused (a waiting run's foreign data refuses its partition's
-whole call) goes the slow way at once, one delivery at a time, so that the others are not
-held back."""
+whole call) goes the slow way at once, one delivery at a time, so that the others do not
+wait for it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 -- lib/burial.lua: claim.lua's dead-lettering (lib/bury.lua does the burial itself): a lease
--- taken back past max_attempts, a corrupt record. A buried run gives up its held slot and
+-- taken back past max_attempts, a corrupt record. A buried run gives up the slot it took and
 -- its parked entries; one others wait on goes to the outbox (finish_record). A run id whose
 -- key is not a hash is listed as dead so an operator sees it; the key itself is someone
 -- else's data and is left alone.

@@ -6,10 +6,11 @@
 -- Caps per key and per task: a run belongs to group 'task:<task>' when its task has a cap
 -- (limits field task:<task>; the field task_caps counts them, so a queue without one reads
 -- nothing more) and to 'key:<limit_key>' when it has a limit_key and the queue a
--- key_concurrency (at most 10,000). Claiming it adds it to jq:{q#p}:held:<group> (record field
--- 'held': t, k or tk); a re-taken expired lease keeps its slot, a buried one frees it and
+-- key_concurrency (at most 10,000). Claiming it adds it to the group's occupants,
+-- jq:{q#p}:held:<group> (record field 'held': t, k or tk; both names historical); a re-taken
+-- expired lease keeps its slot, a buried one frees it and
 -- unparks the oldest parked run of the group (back at its original due time, its priority
--- hint too). A group counts SCARD of its held set; only when that reaches the cap are the
+-- hint too). A group counts SCARD of its occupant set; only when that reaches the cap are the
 -- members checked, and one that is not running with a lease entry is pruned (a slot some
 -- path failed to free). A due run of a full group is parked: due score now + lease_ms (a
 -- fallback recheck), record field 'parked' = the group, jq:{q#p}:parked:<group> and the
@@ -28,7 +29,7 @@
 --   freer_of(p, call) -> the call's slot_freer (lib/slots.lua), made when first needed
 --   caps_settle(p, call) (phase 1, after the steps): slots pruned and not filled go to the
 --     group's oldest parked runs; a taken parked run's keys are checked
---   hold_back(plan, call, recheck) (phase 2): parks, moves later, takes slots, logs key rates
+--   set_aside(plan, call, recheck) (phase 2): parks, moves later, takes slots, logs key rates
 --   unpark_freed(plan, call, entered) -> how many runs were unparked (phase 2)
 --   caps_tidy(plan, call) (phase 2): pruned slots and a taken run's parked entries go
 
@@ -60,7 +61,7 @@ local function cap_admitter(p, call, lim)
       local g = p.groups[name]
       if not g then
         local key = prefix .. 'held:' .. name
-        g = {name = name, key = key, cap = limit_, held = read('SCARD', key), taken = 0,
+        g = {name = name, key = key, cap = limit_, occupied = read('SCARD', key), taken = 0,
              prune = {}, add = {}}
         p.groups[name] = g
         p.group_order[#p.group_order + 1] = name
@@ -68,18 +69,18 @@ local function cap_admitter(p, call, lim)
       return g
     end
     local function has_room(g)
-      if g.held + g.taken < g.cap then return true end
+      if g.occupied + g.taken < g.cap then return true end
       if not g.checked then
         g.checked = true
         for _, member in ipairs(read('SMEMBERS', g.key)) do
           local r = load_run(prefix .. 'run:' .. member, 'state')
           if not (r and r.state == 'running' and read('ZSCORE', call.leases, member)) then
             g.prune[#g.prune + 1] = member
-            g.held = g.held - 1
+            g.occupied = g.occupied - 1
           end
         end
       end
-      return g.held + g.taken < g.cap
+      return g.occupied + g.taken < g.cap
     end
     local function window(key)
       local w = p.windows[key]
@@ -88,7 +89,7 @@ local function cap_admitter(p, call, lim)
         local since = '(' .. int(now - krate_w)
         local first = read('ZRANGE', wkey, since, '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
         w = {key = wkey, count = read('ZCOUNT', wkey, since, '+inf'),
-             oldest = whole_or(first[2], 0, nil), fences = {}, held = 0}
+             oldest = whole_or(first[2], 0, nil), fences = {}, delayed = 0}
         p.windows[key] = w
       end
       return w
@@ -121,28 +122,28 @@ local function cap_admitter(p, call, lim)
       if krate_n and run.limit_key then
         local w = window(run.limit_key)
         if w.count + #w.fences >= krate_n then
-          -- The i-th run of the key held in this call waits for the window that can admit
+          -- The i-th run of the key delayed in this call waits for the window that can admit
           -- it: N go per window, so floor((i - 1) / N) windows after the first has room
           -- (rechecked every ms, a backlog would wake a worker for nothing again and again);
           -- i - 1 ms more keeps their order.
-          w.held = w.held + 1
+          w.delayed = w.delayed + 1
           local free_at = (w.oldest or now) + krate_w +
-                          math.floor((w.held - 1) / math.max(krate_n, 1)) * krate_w +
-                          w.held - 1
-          if free_at <= now then free_at = now + w.held end
+                          math.floor((w.delayed - 1) / math.max(krate_n, 1)) * krate_w +
+                          w.delayed - 1
+          if free_at <= now then free_at = now + w.delayed end
           p.later[#p.later + 1] = {id = run.id, due = free_at, level = priority_of(run.priority)}
           return false, 'later', free_at
         end
         run.window = w
         w.fences[#w.fences + 1] = false -- its fence, once issued
       end
-      local held = ''
+      local took = '' -- the record's 'held' field: the initials of the groups it takes a slot of
       for _, g in ipairs(gs) do
         g.taken = g.taken + 1
         g.add[#g.add + 1] = run.id
-        held = held .. string.sub(g.name, 1, 1)
+        took = took .. string.sub(g.name, 1, 1)
       end
-      if held ~= '' then run.held_now = held end
+      if took ~= '' then run.slots_taken = took end
       return true
     end
   end
@@ -151,11 +152,11 @@ end
 
 local function caps_settle(p, call)
   local prefix = call.prefix
-  -- Slots pruned from a group (held by no running run) that this call did not fill go to
+  -- Slots pruned from a group (taken by no running run) that this call did not fill go to
   -- the group's oldest parked runs.
   for _, name in ipairs(p.group_order or {}) do
     local g = p.groups[name]
-    local spare = math.min(#g.prune, g.cap - g.held - g.taken)
+    local spare = math.min(#g.prune, g.cap - g.occupied - g.taken)
     for _ = 1, spare do
       local fg = freer_of(p, call).groups[name]
       local before = fg and #fg.unpark or 0
@@ -171,7 +172,7 @@ local function caps_settle(p, call)
   end
 end
 
-local function hold_back(plan, call, recheck)
+local function set_aside(plan, call, recheck)
   local now, prefix = call.now, call.prefix
   for _, r in ipairs(plan.park) do
     redis.call('ZADD', call.due, recheck, r.id)
@@ -182,7 +183,7 @@ local function hold_back(plan, call, recheck)
     redis.call('ZADD', prefix .. 'parked:' .. r.group, r.due, r.id)
     redis.call('ZADD', call.parked, r.due, r.id)
   end
-  -- Held back by its key's rate: due when the window has room.
+  -- Delayed by its key's rate: due when the window has room.
   for _, r in ipairs(plan.later) do
     redis.call('ZADD', call.due, r.due, r.id)
     if r.level > 0 and not r.ring then

@@ -83,7 +83,7 @@ local function lease_runs(plan, call)
     end
     redis.call('HSET', key, 'state', 'running', 'fence', int(fence), 'attempt', attempt,
                'owner', owner, 'lease_until', until_, 'started', now)
-    if run.held_now then redis.call('HSET', key, 'held', run.held_now) end
+    if run.slots_taken then redis.call('HSET', key, 'held', run.slots_taken) end
     if run.window then
       local w = run.window
       for i = 1, #w.fences do

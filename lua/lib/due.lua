@@ -1,9 +1,9 @@
 -- lib/due.lua: claim.lua's step 3, the due set in due order: every entry handled here leaves
--- it. A sound pending run is taken (or held back by a cap, lib/caps.lua); in a fair
+-- it. A sound pending run is taken (or parked by a cap, lib/caps.lua); in a fair
 -- partition it is adopted into its group's queue instead (lib/ring.lua serves it), and the
 -- ring's runs are skipped. A record that cannot be run (no task, garbage counters, no or an
--- unknown state) is dead-lettered with the reason, never handed to a worker; one held back
--- leaves its parked entries. A run id whose key is not a hash is listed as dead (its key is
+-- unknown state) is dead-lettered with the reason, never handed to a worker; one that was
+-- parked leaves its parked entries. A run id whose key is not a hash is listed as dead (its key is
 -- someone else's data, left alone). An entry without a record is an orphan
 -- (lib/orphans.lua); a record in another state has no business in the due set: its entry
 -- goes, and its history says so.
@@ -49,7 +49,7 @@ local function take_due(p, call, due, due_read, taking)
           p.handled[#p.handled + 1] = run_id
           run.reason, run.hist_ok = bad, history_ok(prefix, run_id)
           p.bury[#p.bury + 1] = run
-          if run.parked then -- held back no more: its parked entries go (phase 2)
+          if run.parked then -- parked no more: its parked entries go (phase 2)
             expect(call.parked, 'zset')
             expect(prefix .. 'parked:' .. run.parked, 'zset')
             run.unpark = true

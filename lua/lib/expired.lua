@@ -36,13 +36,13 @@ local function take_expired(p, call, leases, taking)
       if bad then
         run.reason = bad
         p.bury[#p.bury + 1] = run
-        if run.held then freer_of(p, call).free(run_id, held_groups(run)) end
+        if run.held then freer_of(p, call).free(run_id, slot_groups(run)) end
       elseif (tonumber(run.attempt) or 0) >= tonumber(run.max_attempts) then
         run.reason = 'lease expired on attempt ' .. (run.attempt or '?') .. ' of ' ..
                      run.max_attempts .. ' (worker died or stalled)'
         p.bury[#p.bury + 1] = run
         -- Its slots go, a parked run takes one.
-        if run.held then freer_of(p, call).free(run_id, held_groups(run)) end
+        if run.held then freer_of(p, call).free(run_id, slot_groups(run)) end
       else
         taking = taking + 1
         p.take[#p.take + 1] = run

@@ -3,21 +3,21 @@
 -- due set, which stays the index of every pending run. A prio entry whose run is no longer
 -- in the due set, or whose record says another level, is dropped; one whose due time moved
 -- later is moved with it. Strict priority: while due runs of a higher level remain, a lower
--- level waits. (Under per-key or per-task limits, a level whose page of hints was held back
--- is read on, up to 64 more.) A hinted run that is not a sound pending record is left to
--- step 3 (lib/due.lua), which knows what to do with it.
+-- level waits. (Under per-key or per-task limits, a level whose page of hints was all set
+-- aside, parked or delayed, is read on, up to 64 more.) A hinted run that is not a sound
+-- pending record is left to step 3 (lib/due.lua), which knows what to do with it.
 --
 -- uses: core, priority, claimable
 --
 -- Provides (`call`: claim.lua's context; `p`: its plan):
---   take_hinted(p, call, taking, hints_held) -> taking (phase 1; `hints_held`: ZCARD of the
+--   take_hinted(p, call, taking, hint_count) -> taking (phase 1; `hint_count`: ZCARD of the
 --     prio zset; not in a fair partition, where the ring reads each group's queue by level)
 
-local function take_hinted(p, call, taking, hints_held)
+local function take_hinted(p, call, taking, hint_count)
   local now, prefix, limit = call.now, call.prefix, call.limit
   local default_lease = call.default_lease
   local admit, hinted, fair, flow = p.admit, p.hinted, p.fair, p.flow
-  -- One hint: true when its run is taken or held back by a cap or key rate.
+  -- One hint: true when its run is set aside (parked by a cap or delayed by a key rate).
   local function hint(level, run_id)
     local at = tonumber(read('ZSCORE', call.due, run_id))
     local run = at and claim_record(prefix, run_id)
@@ -38,17 +38,17 @@ local function take_hinted(p, call, taking, hints_held)
         p.unhint[#p.unhint + 1] = run_id
         return false
       end
-      return true -- held back: its hint moves with its due score (phase 2)
+      return true -- set aside: its hint moves with its due score (phase 2)
     else
       p.unhint[#p.unhint + 1] = run_id
     end
     return false
   end
-  -- Held-back runs do not use up the room, so a page of them may hide runs of their level
+  -- Runs set aside do not use up the room, so a page of them may hide runs of their level
   -- behind: then the level's next page is read, up to 64 more entries in all (as step 3 reads
   -- 64 more due entries).
   local extra_hints = flow and 64 or 0
-  if taking < limit and hints_held > 0 and not fair then
+  if taking < limit and hint_count > 0 and not fair then
     for level = PRIORITY_MAX, 1, -1 do
       if taking >= limit then break end
       local base = (PRIORITY_MAX - level) * PRIORITY_SPAN
@@ -57,15 +57,15 @@ local function take_hinted(p, call, taking, hints_held)
       while page > 0 and taking < limit do
         local hints = read('ZRANGE', call.prio, int(base), '(' .. int(base + now + 1), 'BYSCORE',
                            'LIMIT', offset, page)
-        local held_back = false
+        local aside = false
         for _, run_id in ipairs(hints) do
           if taking >= limit then break end
-          if hint(level, run_id) then held_back = true end
+          if hint(level, run_id) then aside = true end
         end
         offset = offset + #hints
         local full = #hints == page
         page = 0
-        if held_back and full and taking < limit then
+        if aside and full and taking < limit then
           page = math.min(2 * (limit - taking) + 8, extra_hints)
           extra_hints = extra_hints - page
         end

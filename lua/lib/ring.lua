@@ -4,7 +4,7 @@
 -- Groups whose time to look again has come (gwait) join at their saved pass (gpass), never
 -- below the ring's virtual time (gvt); gready holds the groups whose first run was due when
 -- last looked at; gserved counts the runs served per group. A paused group waits until
--- resumed (group_set.lua). A full key group is held back whole until a slot frees.
+-- resumed (group_set.lua). A full key group is set aside whole until a slot frees.
 --
 -- uses: core, priority, groups, claimable
 --
@@ -52,7 +52,7 @@ local function ring_take(p, call, taking)
     candidate(name, math.max(saved, ring.vt)).waited = true
   end
   local ready = read('ZRANGE', prefix .. 'gready', 0, limit + RING_LOOK - 1, 'WITHSCORES')
-  -- (more ready groups behind: those looked at now may all be held back, and leave)
+  -- (more ready groups behind: those looked at now may all be set aside, and leave)
   if #ready == 2 * (limit + RING_LOOK) then ring.more = true end
   for i = 1, #ready, 2 do
     -- (a pass is a whole number: a foreign one, -inf say, joins at the virtual time)
@@ -147,12 +147,12 @@ local function ring_take(p, call, taking)
         if g.pass > ring.vt then ring.vt = g.pass end
         g.pass = g.pass + math.floor(GROUP_STEP / g.weight)
         g.served = g.served + 1
-      elseif why == 'full' then -- its key's slots are all held: until one frees (free_slots)
+      elseif why == 'full' then -- its key's slots are all taken: until one frees (free_slots)
         g.out = true
         later(g, now + default_lease)
-      elseif why == 'parked' then -- held back by its task's cap: unparked into its group
+      elseif why == 'parked' then -- parked by its task's cap: unparked into its group
         -- (it counts against the entries a call may look at: else one claim would park a
-        -- whole group queue held back by a full task cap, however long)
+        -- whole group queue parked by a full task cap, however long)
         ring.stale = ring.stale + 1
         hinted[run.id] = true
         p.park[#p.park].ring = true

@@ -17,7 +17,7 @@
 -- run as due once the whole ms of its score has come (claim.lua).
 local SEQ_SLOTS = 2048
 -- The latest due time a run may have (9000-01-01, as jobqueue.client.base.MAX_DUE_MS); the
--- held runs of buffer-one jobs wait at a far later hold time.
+-- buffered runs of buffer-one jobs wait at a far later hold time.
 local MAX_DUE_MS = 221845392000000
 local PRIO_SLOTS = 64
 

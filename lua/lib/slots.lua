@@ -1,33 +1,35 @@
--- lib/slots.lua: per-key and per-task concurrency caps: held slots, parking, unparking.
+-- lib/slots.lua: per-key and per-task concurrency caps: slots and their occupants, parking,
+-- unparking.
 --
 -- uses: core, priority, groups
 --
 -- Provides:
 --   SLOT_CAP_MAX, UNPARK_LOOK
---   held_groups(run) -> the groups whose slots a run holds
+--   slot_groups(run) -> the groups a run takes a slot of
 --   unpark(prefix, due_key, u) (phase 2)
 --   slot_freer(prefix, due_key, parked_key) -> f, f.free(run_id, groups), f.pick(group)
 --   free_slots(f, prefix, due_key, parked_key) -> how many runs were unparked (phase 2)
 
 -- -- per-key and per-task concurrency caps (claim.lua, set_limit.lua) -------------------------
--- A running run that took a slot of a capped group holds it in jq:{q#p}:held:<group> (a set of
--- run ids), and its record's 'held' field says which: 't' = group 'task:<task>', 'k' = group
+-- A running run that took a slot of a capped group is one of its occupants, in
+-- jq:{q#p}:held:<group> (a set of run ids), and its record's 'held' field says which (both
+-- names are historical: old and new scripts share them): 't' = group 'task:<task>', 'k' = group
 -- 'key:<limit_key>'. A due run of a full group is parked: its due score moves later (a
 -- fallback recheck), its record's 'parked' field names the group, and it waits in
 -- jq:{q#p}:parked:<group> (run_id -> its original due time, FIFO) and in the partition-wide
--- parked zset (KEYS; counting and visibility). A holder leaving its group (complete, fail,
+-- parked zset (KEYS; counting and visibility). An occupant leaving its group (complete, fail,
 -- cancel, release, claim's burial) frees its slot and unparks the oldest parked run of the
 -- group: its due score goes back to its original due time.
 local SLOT_CAP_MAX = 10000 -- a cap above it counts as none (validating a full set is bounded)
 local UNPARK_LOOK = 32     -- parked entries looked at per group and call (stale ones dropped)
 
--- The groups whose slots a run holds, from its record's task, limit_key and held fields.
-local function held_groups(run)
+-- The groups a run takes a slot of, from its record's task, limit_key and held fields.
+local function slot_groups(run)
   local groups = {}
-  local held = run and run.held
-  if type(held) ~= 'string' then return groups end
-  if string.find(held, 't', 1, true) and run.task then groups[#groups + 1] = 'task:' .. run.task end
-  if string.find(held, 'k', 1, true) and run.limit_key then
+  local took = run and run.held
+  if type(took) ~= 'string' then return groups end
+  if string.find(took, 't', 1, true) and run.task then groups[#groups + 1] = 'task:' .. run.task end
+  if string.find(took, 'k', 1, true) and run.limit_key then
     groups[#groups + 1] = 'key:' .. run.limit_key
   end
   return groups
@@ -49,9 +51,9 @@ end
 
 -- Phase 1: a planner of slots freed in one call (parked_key: the partition-wide parked
 -- zset). free(run_id, groups) checks each group's
--- held set and picks the oldest parked run of the group still waiting (pending, parked there,
+-- occupant set and picks the oldest parked run of the group still waiting (pending, parked there,
 -- in the due index); stale entries are noted for removal. Each group's entries are read once
--- per call, so that two holders freed in one call unpark two runs.
+-- per call, so that two occupants freed in one call unpark two runs.
 local function slot_freer(prefix, due_key, parked_key)
   local f = {frees = {}, groups = {}, order = {}}
   local function pick(group)
@@ -62,11 +64,11 @@ local function slot_freer(prefix, due_key, parked_key)
         f.fair = fair_partition(prefix)
       end
       local pkey = prefix .. 'parked:' .. group
-      g = {held = prefix .. 'held:' .. group, parked = pkey, entries = read('ZRANGE', pkey, 0,
+      g = {occupants = prefix .. 'held:' .. group, parked = pkey, entries = read('ZRANGE', pkey, 0,
            UNPARK_LOOK - 1), pos = 0, unpark = {}, drop = {}, gone = {}}
-      expect(g.held, 'set')
+      expect(g.occupants, 'set')
       if f.fair and string.sub(group, 1, 4) == 'key:' then
-        g.ring_group = string.sub(group, 5) -- held back whole while full: looked at again now
+        g.ring_group = string.sub(group, 5) -- set aside whole while full: looked at again now
         expect(prefix .. 'gwait', 'zset')
       end
       f.groups[group] = g
@@ -95,7 +97,7 @@ local function slot_freer(prefix, due_key, parked_key)
   function f.free(run_id, groups)
     for _, group in ipairs(groups) do
       local g = pick(group)
-      f.frees[#f.frees + 1] = {key = g.held, id = run_id}
+      f.frees[#f.frees + 1] = {key = g.occupants, id = run_id}
     end
   end
   return f

@@ -70,7 +70,7 @@ local function waiting_hear(w, dep, outcome)
 end
 
 -- Phase 1, after the last waiting_hear: what `w` becomes: dead, skipped (cancelled),
--- released (its payload built now), held (staged: its workflow not committed yet, see
+-- released (its payload built now), kept (staged: its workflow not committed yet, see
 -- flow_commit.lua; a 'continue' that would release it early says so in 'ready'), or still
 -- waiting.
 local function waiting_settle(w, ctx)

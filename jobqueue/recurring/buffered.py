@@ -1,6 +1,6 @@
 """What the overlap policies need at fire time: the state of each job's previous run, looked up
-in the queue that run went to, and ``buffer-one``'s held runs, released once their predecessor
-has finished (``sched_release.lua``)."""
+in the queue that run went to, and ``buffer-one``'s buffered runs, released once their
+predecessor has finished (``sched_release.lua``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from jobqueue.errors import JobQueueError
 from jobqueue.recurring.planning import UNFINISHED
-from jobqueue.recurring.steps import held_entries_steps, run_states_steps
+from jobqueue.recurring.steps import buffered_entries_steps, run_states_steps
 from jobqueue.store.keys import (
     PartitionKeys,
     SchedKeys,
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("jobqueue.scheduler")
 
 
-class HeldRuns:
-    """The previous runs of the jobs with an overlap policy, and the release of held runs."""
+class BufferedRuns:
+    """The previous runs of the jobs with an overlap policy, and the release of buffered runs."""
 
     def __init__(self, jq: JobQueue) -> None:
         self.jq = jq
@@ -58,21 +58,21 @@ class HeldRuns:
             out[i] = state
         return out
 
-    def release_held(self, sk: SchedKeys, now: int | None = None) -> int:
-        """buffer-one: release the held runs whose predecessor has finished (sched_release.lua,
+    def release_buffered(self, sk: SchedKeys, now: int | None = None) -> int:
+        """buffer-one: release the buffered runs whose predecessor has finished (sched_release.lua,
         one atomic check-and-release in the run's slot), then forget the entries whose run no
         longer waits (compare-and-set). Returns how many runs were released.
 
         A predecessor in another queue (the job's queue changed between the two fires) is in
-        another slot: its state is read first, and the held run is released (with no
+        another slot: its state is read first, and the buffered run is released (with no
         predecessor to check in its own slot) only once that state is finished. Finished is
         final but for an operator's requeue, which the one-slot check cannot prevent either.
         """
-        entries = self.jq.run_steps(held_entries_steps(sk))
+        entries = self.jq.run_steps(buffered_entries_steps(sk))
         if not entries:
             return 0
         by_pk: dict[PartitionKeys, list[tuple[str, str, tuple[str, str, int]]]] = {}
-        # (predecessor's partition, held run's partition, job, held text, held run)
+        # (predecessor's partition, buffered run's partition, job, entry text, buffered run)
         elsewhere: list[tuple[PartitionKeys, PartitionKeys, str, str, tuple[str, str, int]]] = []
         for job, text in entries.items():
             try:
@@ -83,18 +83,18 @@ class HeldRuns:
                     raise ValueError("too many fields")
                 count = self.jq.register_queue(queue)
             except (ValueError, JobQueueError) as exc:
-                log.error("recurring job %s: unusable held entry %r: %s", job, text, exc)
+                log.error("recurring job %s: unusable buffered entry %r: %s", job, text, exc)
                 continue
             pk = self.jq.partition_keys(queue, partition_of(job, count))
             pred_id = "" if pred < 0 else fire_run_id(job, pred)
-            held = (fire_run_id(job, fire), pred_id, due)
+            buffered = (fire_run_id(job, fire), pred_id, due)
             if pred_id and pred_queue != queue:
                 pred_pk = self.run_keys(job, pred_queue)
                 if pred_pk is None:
                     continue
-                elsewhere.append((pred_pk, pk, job, text, held))
+                elsewhere.append((pred_pk, pk, job, text, buffered))
                 continue
-            by_pk.setdefault(pk, []).append((job, text, held))
+            by_pk.setdefault(pk, []).append((job, text, buffered))
         if elsewhere:
             pred_keys = [pred_pk.run(pred_id) for pred_pk, _, _, _, (_, pred_id, _) in elsewhere]
             states = self.jq.run_steps(run_states_steps(pred_keys))
@@ -107,7 +107,7 @@ class HeldRuns:
         released, done = 0, []
         for (pk, items), reply in zip(by_pk.items(), self.jq.scripts.run_each(calls), strict=True):
             if isinstance(reply, Exception):  # its master down: released at a later tick
-                log.warning("held runs in %s not released yet (%s)", pk.prefix, reply)
+                log.warning("buffered runs in %s not released yet (%s)", pk.prefix, reply)
                 continue
             for (job, text, _), result in zip(items, SCHED_RELEASE.parse(reply), strict=True):
                 released += result == 1
