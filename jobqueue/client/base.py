@@ -51,7 +51,7 @@ R = TypeVar("R")
 
 
 # The latest due time a run may have: 9000-01-01T00:00:00Z. Later instants are typing
-# mistakes (and 9999-12-31 is the sentinel that holds buffer-one runs back).
+# mistakes (and 9999-12-31 is the sentinel due time of buffer-one's buffered runs).
 MAX_DUE_MS = 221845392000000
 # The longest delay: one that cannot pass MAX_DUE_MS from any plausible present (before 2100).
 # A bound, not a decision: Redis adds the delay to its own clock.

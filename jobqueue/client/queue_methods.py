@@ -52,10 +52,10 @@ class QueueMethods(SyncDriver):
     ) -> bool:
         """At most ``limit`` runs of ``queue`` running at once in each of its partitions
         (exact for a queue of one partition, the default), enforced by the claim script: a
-        slot is held from the claim until the commit, the cancel or the lease's expiry.
+        run takes a slot from its claim until the commit, the cancel or the lease's expiry.
         With ``per_key=True``: at most ``limit`` runs of each limit_key at once (up to
         10,000); with ``task="name"``: at most ``limit`` runs of that task at once (up to
-        10,000); a run held back waits, parked, without holding up the rest of the queue.
+        10,000); a run over the cap waits, parked, without holding up the rest of the queue.
         ``None`` removes the limit. True when this call changed it.
 
         With ``exact=True``: at most ``limit`` runs of the whole queue at once across all

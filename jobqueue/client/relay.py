@@ -208,7 +208,7 @@ def _deliver(
 ) -> Steps[_Delivered]:
     """All deliveries in one round trip; when a call is refused (a waiting run's keys hold
     foreign data, which refuses its partition's whole call), one delivery at a time, and
-    the ones still refused are reported and dropped: the others are not held back."""
+    the ones still refused are reported and dropped: the others still go."""
     out = _Delivered()
     if not deliveries:
         return out

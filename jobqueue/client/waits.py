@@ -8,7 +8,7 @@ same script wrote, and returns it. Many waiters share one listener: 1,000 waiter
 partition cost one blocking read, not 1,000 polls.
 
 A waiter registers with the listener *before* it reads the record for the first time, and
-the listener reads from a position it held before that registration, so an event written
+the listener reads from a position it had reached before that registration, so an event written
 after the first read is always seen. Where the log cannot be trusted the waiters read their
 records again, which is always right (the record is the truth, the log a notice):
 
