@@ -175,10 +175,32 @@ class Exited:
 
 
 def wait_for(
-    predicate: Callable[[], Any], timeout: float = 10.0, what: str = "", interval: float = 0.01
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str | Callable[[], str] = "",
+    interval: float = 0.01,
 ) -> Any:
     """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
-    ``timeout`` seconds of real time."""
+    ``timeout`` seconds of real time. ``what`` names what is awaited in the failure (a
+    callable: read at the timeout, to say how far it got)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out waiting for {said or predicate}")
+        time.sleep(interval)
+
+
+async def wait_for_async(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "",
+    interval: float = 0.01,
+) -> Any:
+    """:func:`wait_for` inside an event loop: the loop runs on between the looks."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -186,7 +208,14 @@ def wait_for(
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(interval)
+        await asyncio.sleep(interval)
+
+
+async def settle(turns: int = 20) -> None:
+    """Let the event loop run what is ready, ``turns`` rounds: a task started just now runs
+    until it blocks (on an event, a lock, I/O). No time passes on any clock."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
 
 
 def advance_until(
@@ -339,3 +368,32 @@ def intercept_worker_calls(
         return await asyncio.to_thread(intercept, list(calls), send)
 
     monkeypatch.setattr(RedisIO, "run_each", run_each)
+
+
+class IdleWaits:
+    """The worker's waits on its wake lists (RedisIO.wait_on_lists), begun and ended."""
+
+    def __init__(self) -> None:
+        self.begun = 0
+        self.ended = 0
+
+    def asleep(self, since: int = 0) -> bool:
+        """A wait is under way, and it is one begun after the first ``since`` waits."""
+        return self.begun > max(self.ended, since)
+
+
+def watch_idle_waits(monkeypatch: Any) -> IdleWaits:
+    """Count a worker's waits on its wake lists: where a test must know the worker is asleep
+    (its claim loop found nothing and waits for a token) instead of hoping it is by now."""
+    real = RedisIO.wait_on_lists
+    waits = IdleWaits()
+
+    async def wait_on_lists(self: RedisIO, keys: list[str], timeout: float) -> str | None:
+        waits.begun += 1
+        try:
+            return await real(self, keys, timeout)
+        finally:
+            waits.ended += 1
+
+    monkeypatch.setattr(RedisIO, "wait_on_lists", wait_on_lists)
+    return waits
