@@ -13,6 +13,7 @@ of faults put ``intercept_worker_calls`` between the worker's event loop and Red
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import threading
 import time
@@ -174,6 +175,20 @@ class Exited:
         _join(self.worker, self.thread, 10)
 
 
+def poll(predicate: Callable[[], Any], timeout: float, interval: float = 0.01) -> Any:
+    """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
+    ``timeout`` seconds of real time; None when it never did (a try the caller may repeat;
+    :func:`wait_for` where that is a failure)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval)
+
+
 def wait_for(
     predicate: Callable[[], Any],
     timeout: float = 10.0,
@@ -183,15 +198,11 @@ def wait_for(
     """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
     ``timeout`` seconds of real time. ``what`` names what is awaited in the failure (a
     callable: read at the timeout, to say how far it got)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            said = what() if callable(what) else what
-            raise AssertionError(f"timed out waiting for {said or predicate}")
-        time.sleep(interval)
+    value = poll(predicate, timeout, interval)
+    if not value:
+        said = what() if callable(what) else what
+        raise AssertionError(f"timed out waiting for {said or predicate}")
+    return value
 
 
 async def wait_for_async(
@@ -200,10 +211,13 @@ async def wait_for_async(
     what: str = "",
     interval: float = 0.01,
 ) -> Any:
-    """:func:`wait_for` inside an event loop: the loop runs on between the looks."""
+    """:func:`wait_for` inside an event loop: the loop runs on between the looks. The
+    predicate may be a coroutine function (its result is awaited)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() > deadline:

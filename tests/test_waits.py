@@ -325,7 +325,7 @@ def test_a_finish_without_its_event_is_found_by_the_sweep_while_other_events_flo
     deadline = time.monotonic() + 5
     while thread.is_alive() and time.monotonic() < deadline:
         jq.scripts.run(CREATE_RUN.call(PK, [RunSpec(f"busy-{time.monotonic()}", "add", "[]")]))
-        time.sleep(0.05)
+        time.sleep(0.05)  # kept: the pace of the other runs' events, while the sweep is due
     thread.join(1)
     assert out and not isinstance(out[0], Exception), out
     assert out[0].result == 3

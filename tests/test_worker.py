@@ -85,7 +85,7 @@ def test_async_task_completes_with_its_result(fast_jq: JobQueue) -> None:
     async def shout(word: str) -> dict[str, Any]:
         import asyncio
 
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # kept: a coroutine that suspends a while
         return {"word": word.upper(), "thread": threading.current_thread().name}
 
     with running(make_worker(fast_jq)):
