@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from jobqueue.client.sync import JobQueue
@@ -175,13 +175,21 @@ class Exited:
         _join(self.worker, self.thread, 10)
 
 
-def poll(predicate: Callable[[], Any], timeout: float, interval: float = 0.01) -> Any:
+def poll(
+    predicate: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.01,
+    retrying: tuple[type[BaseException], ...] = (),
+) -> Any:
     """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
     ``timeout`` seconds of real time; None when it never did (a try the caller may repeat;
-    :func:`wait_for` where that is a failure)."""
+    :func:`wait_for` where that is a failure). An error of a type in ``retrying`` counts as
+    "not yet" (a call tried again while a cluster fails over, as the daemons do)."""
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
+        value = None
+        with suppress(retrying):
+            value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
@@ -194,11 +202,12 @@ def wait_for(
     timeout: float = 10.0,
     what: str | Callable[[], str] = "",
     interval: float = 0.01,
+    retrying: tuple[type[BaseException], ...] = (),
 ) -> Any:
     """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
     ``timeout`` seconds of real time. ``what`` names what is awaited in the failure (a
-    callable: read at the timeout, to say how far it got)."""
-    value = poll(predicate, timeout, interval)
+    callable: read at the timeout, to say how far it got); ``retrying`` as :func:`poll`'s."""
+    value = poll(predicate, timeout, interval, retrying)
     if not value:
         said = what() if callable(what) else what
         raise AssertionError(f"timed out waiting for {said or predicate}")
@@ -257,6 +266,20 @@ def server_time_past(jq: JobQueue, ms: int, timeout: float = 10.0) -> int:
         lambda: (t := jq.server_time_ms()) > ms and t, timeout, f"the server's clock past {ms}"
     )
     return reading
+
+
+def listener_blocked(client: Any) -> int:
+    """The id of the connection blocked in a run waiter's listener's XREAD, on the server
+    ``client`` talks to (waits until there is one)."""
+
+    def find() -> int | None:
+        for c in client.client_list():
+            if c.get("cmd") == "xread" and "b" in c.get("flags", ""):
+                return int(c["id"])
+        return None
+
+    found: int = wait_for(find, what="the listener's blocking read")
+    return found
 
 
 def finished(jq: JobQueue, run_id: str, timeout: float = 10.0) -> Run:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from counting_proxy import CountingProxy
-from helpers import claim_one, make_worker, running, wait_for
+from helpers import claim_one, listener_blocked, make_worker, running, wait_for
 
 from jobqueue.client import waits
 from jobqueue.client.aio import AsyncJobQueue
@@ -68,18 +68,6 @@ def waiting(jq: JobQueue, run_id: str, timeout: float) -> tuple[threading.Thread
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
     return thread, out
-
-
-def listener_blocked(client: Any) -> int:
-    """The id of the connection blocked in the listener's XREAD (waits until there is one)."""
-    def find() -> int | None:
-        for c in client.client_list():
-            if c.get("cmd") == "xread" and "b" in c.get("flags", ""):
-                return int(c["id"])
-        return None
-
-    found: int = wait_for(find, what="the listener's blocking read")
-    return found
 
 
 def record_reads(client: Any) -> int:
