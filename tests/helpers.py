@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+import redis
+
 from jobqueue.client.sync import JobQueue
+from jobqueue.errors import JobQueueError
 from jobqueue.models import Run
 from jobqueue.runtime.clock import FakeClock
 from jobqueue.settings import Settings
@@ -173,6 +176,11 @@ class Exited:
         # blocked for ever, and the test must still end.
         threading.Thread(target=self.worker.stop, daemon=True).start()
         _join(self.worker, self.thread, 10)
+
+
+# What a call on a cluster meets while a master fails over: tried again, as the daemons do
+# (jobqueue's clients never re-send a command).
+FAILING_OVER = (JobQueueError, redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 
 def poll(

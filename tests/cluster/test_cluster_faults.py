@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 from cluster_launcher import Cluster, Node
-from helpers import LEASE_MS, claim_one, create, wait_for
+from helpers import FAILING_OVER, LEASE_MS, claim_one, create, wait_for
 from redis.crc import key_slot
 from server_stall import stall
 
@@ -38,9 +38,6 @@ from jobqueue.store.scripts import ScriptRunner, scripts
 from jobqueue.worker.daemon import Worker
 
 T = TypeVar("T")
-
-
-FAILING_OVER = (JobQueueError, redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
 
 
 def eventually(call: Callable[[], T], timeout: float = 30.0, what: str = "") -> T:
