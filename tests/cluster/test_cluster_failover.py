@@ -52,7 +52,7 @@ def test_a_killed_master_fails_over_and_the_worker_loses_no_run(
 
     @jq.task
     def work(run_id: str) -> str:
-        time.sleep(0.02)
+        time.sleep(0.02)  # the work: a real duration
         with lock:
             executions[run_id] += 1
         return run_id

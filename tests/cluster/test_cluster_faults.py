@@ -167,7 +167,7 @@ def test_one_master_down_does_not_stop_the_workers_on_the_others(
 
     @jq.task
     def work(i: int) -> int:
-        time.sleep(0.02)
+        time.sleep(0.02)  # the work: a real duration
         return i
 
     handles = jq.enqueue_many(Request(work, (i,)) for i in range(1200))
@@ -296,7 +296,7 @@ def test_a_slot_migration_under_workers_a_scheduler_and_producers_loses_no_run(
                 continue  # refused for now (the slot is moving): the same run ids again
             enqueued.extend(batch)
             i += 10
-            time.sleep(0.01)
+            time.sleep(0.01)  # kept: the producer's pace
 
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
     threads.append(threading.Thread(target=scheduler.run, daemon=True))

@@ -166,7 +166,7 @@ def test_limits_hold_in_every_partition_of_a_queue_spread_over_three_masters(
         with lock:
             now[p] = now.get(p, 0) + 1
             most[p] = max(most.get(p, 0), now[p])
-        time.sleep(0.01)
+        time.sleep(0.01)  # the work: a real duration
         with lock:
             now[p] -= 1
             done.append(name)
