@@ -13,14 +13,18 @@ of faults put ``intercept_worker_calls`` between the worker's event loop and Red
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
+import redis
+
 from jobqueue.client.sync import JobQueue
+from jobqueue.errors import JobQueueError
 from jobqueue.models import Run
 from jobqueue.runtime.clock import FakeClock
 from jobqueue.settings import Settings
@@ -174,19 +178,75 @@ class Exited:
         _join(self.worker, self.thread, 10)
 
 
-def wait_for(
-    predicate: Callable[[], Any], timeout: float = 10.0, what: str = "", interval: float = 0.01
+# What a call on a cluster meets while a master fails over: tried again, as the daemons do
+# (jobqueue's clients never re-send a command).
+FAILING_OVER = (JobQueueError, redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+
+def poll(
+    predicate: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.01,
+    retrying: tuple[type[BaseException], ...] = (),
 ) -> Any:
     """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
-    ``timeout`` seconds of real time."""
+    ``timeout`` seconds of real time; None when it never did (a try the caller may repeat;
+    :func:`wait_for` where that is a failure). An error of a type in ``retrying`` counts as
+    "not yet" (a call tried again while a cluster fails over, as the daemons do)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = None
+        with suppress(retrying):
+            value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(interval)
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str | Callable[[], str] = "",
+    interval: float = 0.01,
+    retrying: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """Ask ``predicate()`` every ``interval`` seconds until it holds (its value), for at most
+    ``timeout`` seconds of real time. ``what`` names what is awaited in the failure (a
+    callable: read at the timeout, to say how far it got); ``retrying`` as :func:`poll`'s."""
+    value = poll(predicate, timeout, interval, retrying)
+    if not value:
+        said = what() if callable(what) else what
+        raise AssertionError(f"timed out waiting for {said or predicate}")
+    return value
+
+
+async def wait_for_async(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    what: str = "",
+    interval: float = 0.01,
+) -> Any:
+    """:func:`wait_for` inside an event loop: the loop runs on between the looks. The
+    predicate may be a coroutine function (its result is awaited)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(interval)
+        await asyncio.sleep(interval)
+
+
+async def settle(turns: int = 20) -> None:
+    """Let the event loop run what is ready, ``turns`` rounds: a task started just now runs
+    until it blocks (on an event, a lock, I/O). No time passes on any clock."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
 
 
 def advance_until(
@@ -214,6 +274,20 @@ def server_time_past(jq: JobQueue, ms: int, timeout: float = 10.0) -> int:
         lambda: (t := jq.server_time_ms()) > ms and t, timeout, f"the server's clock past {ms}"
     )
     return reading
+
+
+def listener_blocked(client: Any) -> int:
+    """The id of the connection blocked in a run waiter's listener's XREAD, on the server
+    ``client`` talks to (waits until there is one)."""
+
+    def find() -> int | None:
+        for c in client.client_list():
+            if c.get("cmd") == "xread" and "b" in c.get("flags", ""):
+                return int(c["id"])
+        return None
+
+    found: int = wait_for(find, what="the listener's blocking read")
+    return found
 
 
 def finished(jq: JobQueue, run_id: str, timeout: float = 10.0) -> Run:
@@ -339,3 +413,32 @@ def intercept_worker_calls(
         return await asyncio.to_thread(intercept, list(calls), send)
 
     monkeypatch.setattr(RedisIO, "run_each", run_each)
+
+
+class IdleWaits:
+    """The worker's waits on its wake lists (RedisIO.wait_on_lists), begun and ended."""
+
+    def __init__(self) -> None:
+        self.begun = 0
+        self.ended = 0
+
+    def asleep(self, since: int = 0) -> bool:
+        """A wait is under way, and it is one begun after the first ``since`` waits."""
+        return self.begun > max(self.ended, since)
+
+
+def watch_idle_waits(monkeypatch: Any) -> IdleWaits:
+    """Count a worker's waits on its wake lists: where a test must know the worker is asleep
+    (its claim loop found nothing and waits for a token) instead of hoping it is by now."""
+    real = RedisIO.wait_on_lists
+    waits = IdleWaits()
+
+    async def wait_on_lists(self: RedisIO, keys: list[str], timeout: float) -> str | None:
+        waits.begun += 1
+        try:
+            return await real(self, keys, timeout)
+        finally:
+            waits.ended += 1
+
+    monkeypatch.setattr(RedisIO, "wait_on_lists", wait_on_lists)
+    return waits

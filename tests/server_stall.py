@@ -54,5 +54,7 @@ def stall(url: str, seconds: float) -> threading.Thread:
 
     thread = threading.Thread(target=finish, daemon=True)
     thread.start()
-    time.sleep(0.1)  # the script runs now
+    # Kept: time for the server to read the EVAL (no connection can see a script start:
+    # the server answers nothing else while it runs).
+    time.sleep(0.1)
     return thread

@@ -14,7 +14,7 @@ import pytest
 import redis
 import redis.asyncio
 import redis.asyncio.connection
-from helpers import spec
+from helpers import spec, wait_for_async
 from test_tls_acl import TlsServer, tls_server  # noqa: F401  (the fixture, shared)
 
 from jobqueue.errors import ConfigError, ScriptError
@@ -233,6 +233,22 @@ def test_the_twin_of_a_tls_url_with_an_acl_user_runs_scripts_and_waits(
     assert woken == A.wake
 
 
+async def blocked_in_blpop(redis_client: Any) -> None:
+    """Until the server shows a connection blocked in BLPOP. fakeredis lists none: there, a
+    window (kept) for the wait to block."""
+    if isinstance(redis_client, fakeredis.FakeRedis):
+        await asyncio.sleep(0.2)
+        return
+
+    def blocked() -> bool:
+        return any(
+            c.get("cmd") == "blpop" and "b" in c.get("flags", "")
+            for c in redis_client.client_list()
+        )
+
+    await wait_for_async(blocked, what="a connection blocked in BLPOP")
+
+
 def test_wait_on_lists_returns_the_key_a_token_was_popped_from(redis_client: Any) -> None:
     redis_client.flushall()
 
@@ -240,9 +256,10 @@ def test_wait_on_lists_returns_the_key_a_token_was_popped_from(redis_client: Any
         twin = async_twin(redis_client)
         runner = AsyncScriptRunner(twin)
         try:
-            push = asyncio.create_task(asyncio.sleep(0.2))
-            push.add_done_callback(lambda _: redis_client.lpush(B.wake, "1"))
-            woken = await runner.wait_on_lists([A.wake, B.wake], 5)
+            waiting = asyncio.create_task(runner.wait_on_lists([A.wake, B.wake], 5))
+            await blocked_in_blpop(redis_client)  # the token comes while the wait blocks
+            redis_client.lpush(B.wake, "1")
+            woken = await waiting
             timed_out = await runner.wait_on_lists([A.wake, B.wake], 0.2)
             return woken, timed_out
         finally:
@@ -263,13 +280,13 @@ def test_a_cancelled_wait_leaves_the_client_usable_and_takes_no_token(
         runner = AsyncScriptRunner(twin)
         try:
             waiting = asyncio.create_task(runner.wait_on_lists([A.wake], 10))
-            await asyncio.sleep(0.2)
+            await blocked_in_blpop(redis_client)  # cancelled while it blocks on the server
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
             ping = await twin.ping()
             await twin.lpush(A.wake, "1")
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # kept: a window for a BLPOP left behind to take it
             left = await twin.llen(A.wake)  # the cancelled BLPOP did not take it
             woken = await runner.wait_on_lists([A.wake], 2)
             created = await runner.run_each(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import wait_for
+from helpers import settle, wait_for, wait_for_async
 
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
@@ -183,12 +183,15 @@ def test_five_hundred_threads_enqueueing_at_once_are_all_created(url: str) -> No
     with writes_held(url) as reads:
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 30
-        while len(started) < len(ids) or len(reads.client_list()) < POOL_SIZE + 1:
-            assert time.monotonic() < deadline, "the calls never filled the pool"
+
+        def pool_full() -> bool:
             assert errors == []
-            time.sleep(0.02)
-        time.sleep(0.5)  # the last threads to start reach the pool
+            return len(started) == len(ids) and len(reads.client_list()) >= POOL_SIZE + 1
+
+        wait_for(pool_full, 30, "the calls to fill the pool", interval=0.02)
+        # Kept: a window for the last threads to start to reach the pool (no sign of a thread
+        # waiting for a connection), none failing meanwhile.
+        time.sleep(0.5)
         assert errors == []
     for t in threads:
         t.join()
@@ -231,6 +234,15 @@ def test_a_look_up_that_finds_every_connection_busy_raises_pool_exhausted(url: s
         jq.queues()
 
 
+async def blpop_blocked(other: Any) -> None:
+    """Until the server shows a connection in BLPOP (``other`` is a connection of its own)."""
+
+    async def seen() -> bool:
+        return any(c.get("cmd") == "blpop" for c in await other.client_list())
+
+    await wait_for_async(seen, what="a connection blocked in BLPOP")
+
+
 def test_an_async_call_that_finds_every_connection_busy_waits_then_raises_pool_exhausted(
     url: str,
 ) -> None:
@@ -242,18 +254,17 @@ def test_an_async_call_that_finds_every_connection_busy_waits_then_raises_pool_e
         try:
             hold = asyncio.create_task(ajq.redis.blpop("pool-test:hold", 0))
             other = redis.asyncio.Redis.from_url(url, decode_responses=True)
-            while not any(c.get("cmd") == "blpop" for c in await other.client_list()):
-                await asyncio.sleep(0.01)
+            await blpop_blocked(other)
             # A call that waits, and gets the connection back when the hold ends...
             waiting = asyncio.create_task(ajq.enqueue(add.with_options(run_id="waited"), 1))
-            await asyncio.sleep(0.1)
+            await settle()  # it waits for the pool's one connection
+            assert not waiting.done()
             await other.lpush("pool-test:hold", "go")
             await hold
             created = (await waiting).created
             # ... and one whose wait runs out while the connection stays held.
             hold = asyncio.create_task(ajq.redis.blpop("pool-test:hold", 0))
-            while not any(c.get("cmd") == "blpop" for c in await other.client_list()):
-                await asyncio.sleep(0.01)
+            await blpop_blocked(other)
             error: type[BaseException] | None = None
             try:
                 await ajq.enqueue(add.with_options(run_id="never-sent"), 1)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import uvicorn
-from helpers import wait_for
+from helpers import wait_for, wait_for_async
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
@@ -211,8 +211,7 @@ def test_a_lifespan_that_runs_starts_the_sampler_and_its_shutdown_stops_it(
         life = asyncio.create_task(app({"type": "lifespan", "asgi": {"version": "3.0"},
                                         "state": {}}, inbox.get, send))  # fmt: skip
         await inbox.put({"type": "lifespan.startup"})
-        while "lifespan.startup.complete" not in sent:
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: "lifespan.startup.complete" in sent, what="the startup")
         assert len(samplers()) == 1
         await inbox.put({"type": "lifespan.shutdown"})
         await life
@@ -232,8 +231,7 @@ def test_one_app_never_runs_two_samplers_whatever_the_loops(queued: JobQueue) ->
         assert await asgi_get(app, "/workers") == 200  # a second request: still one
         counted["first"] = len(samplers())
         first_serving.set()
-        while not release.is_set():
-            await asyncio.sleep(0.01)
+        await asyncio.to_thread(release.wait, 20)  # the loop (and its sampler) runs meanwhile
 
     async def other_loop(name: str) -> None:
         assert await asgi_get(app, "/workers") == 200
@@ -261,11 +259,8 @@ def test_an_app_dropped_by_its_host_ends_its_sampler(queued: JobQueue) -> None:
         del app
         # It ends at its next look. (A collection made while a look, in its thread, briefly
         # held the sampler frees the app but not yet the sampler: collect again meanwhile.)
-        for _ in range(100):
-            gc.collect()
-            if task.done():
-                break
-            await asyncio.sleep(0.1)
+        await wait_for_async(lambda: gc.collect() >= 0 and task.done(), 10, "the sampler to end",
+                             interval=0.1)
         assert task.done() and not task.cancelled() and task.exception() is None
 
     asyncio.run(scenario())

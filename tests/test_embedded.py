@@ -38,6 +38,7 @@ def test_stop_kills_the_server_and_removes_its_directory() -> None:
 
 
 def test_server_dies_when_its_parent_is_killed_with_sigkill() -> None:
+    # The parent sleeps (kept): it lives until the test kills it.
     child = subprocess.Popen(
         [sys.executable, "-c",
          "from jobqueue.store.embedded import EmbeddedServer; import time\n"
@@ -54,6 +55,7 @@ def test_server_dies_when_its_parent_is_killed_with_sigkill() -> None:
 
 
 def test_the_directory_of_a_sigkilled_owner_is_removed_by_the_next_server() -> None:
+    # The owner sleeps (kept): it lives until the test kills it.
     child = subprocess.Popen(
         [sys.executable, "-c",
          "from jobqueue.store.embedded import EmbeddedServer; import time\n"

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from helpers import server_time_past
+from helpers import server_time_past, wait_for, wait_for_async
 
 from jobqueue.cli import main
 from jobqueue.client.aio import AsyncJobQueue
@@ -292,7 +291,9 @@ def test_iterating_every_queue_before_any_queue_hears_the_first_ones(jq: JobQueu
     got: list[Any] = []
     reader = threading.Thread(target=lambda: got.append(next(stream, None)))
     reader.start()
-    time.sleep(0.2)
+    # The reader has taken its starting positions (no queue's stream yet) before the enqueue.
+    wait_for(lambda: stream.reader is not None, what="the reader to start")
+    assert not stream.reader.streams
     jq.enqueue(jq.resolve_task("t").with_options(run_id="first"))
     reader.join(10)
     stream.close()  # a reader still looking stops at its next turn
@@ -311,7 +312,9 @@ def test_the_asyncio_follower_of_every_queue_hears_the_first_ones(
             stream = ajq.events(block=0.05)
 
             async def later() -> None:
-                await asyncio.sleep(0.2)
+                # The follower has taken its starting positions (no queue's stream yet).
+                await wait_for_async(lambda: stream.reader is not None, what="the follower")
+                assert not stream.reader.streams
                 jq.enqueue(jq.resolve_task("t").with_options(run_id="first"))
 
             task = asyncio.create_task(later())

@@ -219,7 +219,7 @@ def test_run_hooks_wrap_an_async_task_and_see_its_error(fast_jq: JobQueue) -> No
 
     @fast_jq.task(max_attempts=1)
     async def job() -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # kept: a coroutine that suspends before it fails
         raise ValueError("async boom")
 
     with running(make_worker(fast_jq)):

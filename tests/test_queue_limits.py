@@ -9,6 +9,7 @@ import json
 import threading
 import time
 import urllib.request
+from collections.abc import Iterable
 
 import pytest
 from click.testing import CliRunner, Result
@@ -25,7 +26,8 @@ from jobqueue.errors import ConfigError
 from jobqueue.models import QueueLimits
 from jobqueue.ops import queries
 from jobqueue.runtime.clock import FakeClock
-from jobqueue.runtime.metrics import serve
+from jobqueue.runtime.metrics import Metrics, serve
+from jobqueue.store.runs import ClaimedRun
 
 
 def invoke(jq: JobQueue, *args: str) -> Result:
@@ -63,7 +65,7 @@ def test_a_worker_never_runs_more_than_the_limit(fast_jq: JobQueue) -> None:
         with lock:
             running_now[0] += 1
             most[0] = max(most[0], running_now[0])
-        time.sleep(0.02)
+        time.sleep(0.02)  # kept: the run lasts, so that runs overlap and only the cap stops more
         with lock:
             running_now[0] -= 1
             done.append(i)
@@ -197,6 +199,21 @@ def test_cli_queue_rate_margin_says_the_window_it_sets(jq: JobQueue) -> None:
     assert jq.queue_limits("mail").rate == (20, 1_050)
 
 
+class _Claims(Metrics):
+    """How many runs each claim answered took, with the (server) time it was judged at."""
+
+    def __init__(self) -> None:
+        self.taken: list[tuple[int, int]] = []
+
+    def claimed(self, queue: str, runs: Iterable[ClaimedRun], now_ms: int) -> None:
+        self.taken.append((now_ms, len(list(runs))))
+
+    def judged_since(self, ms: int) -> list[int]:
+        """The runs taken by each claim judged at ``ms`` or later (the first one only: the
+        worker claims again and again)."""
+        return [n for at, n in self.taken if at >= ms][:1]
+
+
 def test_a_worker_starts_no_more_runs_than_the_rate_allows(
     fast_jq: JobQueue, clock: FakeClock
 ) -> None:
@@ -210,13 +227,17 @@ def test_a_worker_starts_no_more_runs_than_the_rate_allows(
 
     fast_jq.set_queue_rate("default", 2, per=10)
     fast_jq.enqueue_many(Request(note, (f"r{i}",), run_id=f"r{i}") for i in range(5))
+    claims = _Claims()
     # The worker's blocking waits run on real time, capped by idle_wait: short here, so that a
     # window the fake clock passed is noticed at once even on a loaded machine; its lease long
     # enough that moving the clock never expires one (a run taken back would start twice).
-    with running(make_worker(fast_jq, clock=clock, idle_wait=0.2, lease=120.0)):
+    with running(make_worker(fast_jq, clock=clock, idle_wait=0.2, lease=120.0, metrics=claims)):
         wait_for(lambda: len(started) == 2, 10, "the window's two runs")
         clock.advance(1)
-        time.sleep(0.2)  # the worker claims again, and is refused by the rate
+        moved_ms = clock.now_ms()
+        # The worker claims again, at the clock's new time, and is refused by the rate.
+        wait_for(lambda: claims.judged_since(moved_ms), 10, "a claim at the clock's new time")
+        assert claims.judged_since(moved_ms) == [0]
         assert len(started) == 2
         advance_until(clock, lambda: len(started) >= 5, step=1, timeout=30)
     assert sorted(started) == [f"r{i}" for i in range(5)]  # each once

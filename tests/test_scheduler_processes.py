@@ -107,6 +107,9 @@ def test_a_scheduler_paused_mid_herd_past_its_lease_neither_doubles_nor_loses_a_
     def created() -> int:
         return int(client.hget(stats, "created") or 0)
 
+    def b_owns(pid: int) -> bool:
+        return any(m.pid == pid and m.partitions == [0] for m in read_members(jq))
+
     try:
         wait_for(lambda: owners() == [[0]], 15, "A to own the partition", interval=0.005)
         b = start_scheduler(real_server.url, tmp_path, *lease)
@@ -118,11 +121,13 @@ def test_a_scheduler_paused_mid_herd_past_its_lease_neither_doubles_nor_loses_a_
                  interval=0.005)
         a.send_signal(signal.SIGSTOP)
         paused_at = created()
-        time.sleep(2.5 * PAUSED_LEASE)
+        # A stays stopped until its lease has run out and B holds the partition.
+        wait_for(lambda: b_owns(b.pid), 10 + 2.5 * PAUSED_LEASE, "B to take the partition over",
+                 interval=0.005)
         wait_for(lambda: created() >= 2 * HERD, 10, "B to finish the herd", interval=0.005)
         a.send_signal(signal.SIGCONT)
         wait_for(lambda: created() >= 3 * HERD, 3 * HERD_EVERY, "the next herd", interval=0.005)
-        time.sleep(1.0)
+        time.sleep(1.0)  # kept: a window for A, continued, to act on what it held (fenced)
     finally:
         for p in procs:
             p.send_signal(signal.SIGCONT)
@@ -178,12 +183,12 @@ def test_three_scheduler_processes_one_killed_create_every_fire_exactly_once(
             return {m.pid for m in members if m.partitions}
 
         wait_for(owners, 30, "three schedulers, partitions owned", interval=0.005)
-        time.sleep(KILL_AFTER)
+        time.sleep(KILL_AFTER)  # kept: the three create fires a while (every 1 s, real time)
         owning = wait_for(owners, 10, "a scheduler owning partitions", interval=0.005)
         victim = by_pid[min(owning)]
         victim.send_signal(signal.SIGKILL)  # mid-run, possibly between create and advance
         victim.wait(timeout=10)
-        time.sleep(RUN_SECONDS - KILL_AFTER)
+        time.sleep(RUN_SECONDS - KILL_AFTER)  # kept: the survivors fire on, in real time
     finally:
         survivors = [p for p in procs if p.poll() is None]
         for p in survivors:
@@ -259,7 +264,7 @@ def test_sigusr1_prints_every_threads_stack_and_the_scheduler_runs_on(
         wait_for(lambda: proc.pid in member_pids(jq), 30, "the scheduler to register",
                  interval=0.005)
         proc.send_signal(signal.SIGUSR1)
-        time.sleep(0.5)
+        time.sleep(0.5)  # kept: a window in which the signal must not end the process
         assert proc.poll() is None, "SIGUSR1 ended the scheduler"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from counting_proxy import CountingProxy
-from helpers import claim_one, make_worker, running, wait_for
+from helpers import claim_one, listener_blocked, make_worker, running, wait_for
 
 from jobqueue.client import waits
 from jobqueue.client.aio import AsyncJobQueue
@@ -68,18 +68,6 @@ def waiting(jq: JobQueue, run_id: str, timeout: float) -> tuple[threading.Thread
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
     return thread, out
-
-
-def listener_blocked(client: Any) -> int:
-    """The id of the connection blocked in the listener's XREAD (waits until there is one)."""
-    def find() -> int | None:
-        for c in client.client_list():
-            if c.get("cmd") == "xread" and "b" in c.get("flags", ""):
-                return int(c["id"])
-        return None
-
-    found: int = wait_for(find, what="the listener's blocking read")
-    return found
 
 
 def record_reads(client: Any) -> int:
@@ -325,7 +313,7 @@ def test_a_finish_without_its_event_is_found_by_the_sweep_while_other_events_flo
     deadline = time.monotonic() + 5
     while thread.is_alive() and time.monotonic() < deadline:
         jq.scripts.run(CREATE_RUN.call(PK, [RunSpec(f"busy-{time.monotonic()}", "add", "[]")]))
-        time.sleep(0.05)
+        time.sleep(0.05)  # kept: the pace of the other runs' events, while the sweep is due
     thread.join(1)
     assert out and not isinstance(out[0], Exception), out
     assert out[0].result == 3

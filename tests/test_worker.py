@@ -23,6 +23,7 @@ from helpers import (
     FAST,
     Send,
     busy_slots,
+    fake_clock,
     finished,
     held,
     intercept_worker_calls,
@@ -31,6 +32,7 @@ from helpers import (
     running,
     state_is,
     wait_for,
+    watch_idle_waits,
 )
 
 from jobqueue import Request
@@ -83,7 +85,7 @@ def test_async_task_completes_with_its_result(fast_jq: JobQueue) -> None:
     async def shout(word: str) -> dict[str, Any]:
         import asyncio
 
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # kept: a coroutine that suspends a while
         return {"word": word.upper(), "thread": threading.current_thread().name}
 
     with running(make_worker(fast_jq)):
@@ -381,28 +383,35 @@ def test_heartbeats_keep_a_run_alive_past_its_lease(fast_jq: JobQueue, clock: Fa
 
 
 def test_run_enqueued_while_idle_is_started_by_its_wake_token_not_the_idle_timeout(
-    fast_jq: JobQueue,
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     @fast_jq.task
     def noop() -> None:
         return None
 
+    waits = watch_idle_waits(monkeypatch)
     # An idle wait (8 s: below the client's 10 s socket timeout, whose expiry would also end
     # the wait) twice the test's patience: only the enqueue's wake token can start these runs.
     with running(make_worker(fast_jq, idle_wait=8.0)):
+        seen = 0
         for _ in range(5):
-            time.sleep(0.3)  # the worker is asleep on the wake list
+            # Asleep on the wake list: a wait begun since the last enqueue.
+            wait_for(lambda seen=seen: waits.asleep(since=seen), what="the worker asleep")
+            seen = waits.begun
             assert finished(fast_jq, fast_jq.enqueue(noop).run_id, timeout=4).state == "done"
 
 
-def test_an_idle_worker_stops_at_once_not_at_the_end_of_its_idle_wait(fast_jq: JobQueue) -> None:
+def test_an_idle_worker_stops_at_once_not_at_the_end_of_its_idle_wait(
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Asleep on the wake list for up to 8 s, the worker is told to stop: it wakes and is
     gone well within that (by construction: waiting the sleep out would take 8 s)."""
+    waits = watch_idle_waits(monkeypatch)
     worker = make_worker(fast_jq, idle_wait=8.0)
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     wait_for(lambda: worker.state == "running", what="the worker to start")
-    time.sleep(0.3)  # asleep on the wake list by now
+    wait_for(waits.asleep, what="the worker asleep on the wake list")
     worker.stop()
     thread.join(6.0)
     assert not thread.is_alive(), "the stop waited for the idle wait to end"
@@ -433,7 +442,7 @@ def _in_other_partitions(jq: JobQueue, prefix: str, count: int) -> list[str]:
 
 
 def test_an_idle_worker_woken_by_an_enqueue_claims_from_that_partition_alone(
-    redis_client: Any,
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
 
@@ -442,43 +451,54 @@ def test_an_idle_worker_woken_by_an_enqueue_claims_from_that_partition_alone(
         return None
 
     calls = _ClaimCalls()
+    waits = watch_idle_waits(monkeypatch)
     # The idle wait (8 s) is longer than the test: only wake tokens end a wait.
     with running(make_worker(jq, idle_wait=8.0, metrics=calls)):
         wait_for(lambda: calls.calls >= 16, what="the first claim of every partition")
+        seen = 0
         for run_id in _in_other_partitions(jq, "woken-", 3):
-            time.sleep(0.3)  # the worker is asleep on the wake lists
+            # Asleep on the wake lists: a wait begun since the last enqueue.
+            wait_for(lambda seen=seen: waits.asleep(since=seen), what="the worker asleep")
+            seen = waits.begun
             before = calls.calls
             assert finished(jq, jq.enqueue(
                 noop.with_options(run_id=run_id)
             ).run_id, timeout=4).state == "done"
-            time.sleep(0.3)  # and asleep again
+            # Kept: a window (asleep again, or sweeping every partition: counted here).
+            time.sleep(0.3)
             assert calls.calls - before <= 2  # its partition, not all 16
 
 
 def test_a_worker_woken_again_and_again_by_one_partition_still_asks_every_partition(
-    redis_client: Any,
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run whose lease another worker let expire brings no token: only asking every
-    partition finds it, at least once per idle wait however often one partition wakes it."""
+    partition finds it, at least once per idle wait however often one partition wakes it.
+    The idle wait (8 s) is measured on the worker's clock, a fake one moved here: on real
+    time no wait runs to its end during the test, only tokens end them."""
     jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
+    clock = fake_clock(jq)
 
     @jq.task
     def noop() -> None:
         return None
 
     calls = _ClaimCalls()
-    with running(make_worker(jq, idle_wait=0.5, metrics=calls)):
-        time.sleep(0.3)
+    waits = watch_idle_waits(monkeypatch)
+    with running(make_worker(jq, idle_wait=8.0, metrics=calls, clock=clock)):
+        wait_for(lambda: calls.calls >= 16 and waits.asleep(), what="the first sweep, asleep")
         before = calls.calls
-        for i in range(12):  # a token every 0.2 s: no wait runs to its end
-            jq.enqueue(noop.with_options(run_id=f"trickle-{i}"))
-            time.sleep(0.2)
-        # 12 woken claims or so, and a sweep of the 16 partitions every 0.5 s at least
+        for i in range(12):  # a token every 3.2 s of its clock: no wait runs to its end
+            seen = waits.begun
+            finished(jq, jq.enqueue(noop.with_options(run_id=f"trickle-{i}")).run_id)
+            wait_for(lambda seen=seen: waits.asleep(since=seen), what="the worker asleep again")
+            clock.advance(3.2)
+        # 12 woken claims or so, and a sweep of the 16 partitions every 8 s at least
         assert calls.calls - before >= 12 + 2 * 16
 
 
 def test_a_run_due_in_another_partition_starts_on_time_while_the_worker_claims_woken_ones(
-    redis_client: Any,
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     jq = JobQueue(redis_client, settings=FAST, partitions={"default": 16})
 
@@ -487,10 +507,13 @@ def test_a_run_due_in_another_partition_starts_on_time_while_the_worker_claims_w
         return None
 
     later_id, now_id = _in_other_partitions(jq, "due-", 2)
+    waits = watch_idle_waits(monkeypatch)
     with running(make_worker(jq, idle_wait=8.0)):
-        time.sleep(0.3)
+        wait_for(waits.asleep, what="the worker asleep after its first sweep")
+        seen = waits.begun
         later = jq.enqueue(noop.with_options(run_id=later_id, delay=1.5))
-        time.sleep(0.3)
+        # Woken by its token, told its due time by its partition's claim, asleep again.
+        wait_for(lambda: waits.asleep(since=seen), what="the worker asleep again")
         jq.enqueue(
             noop.with_options(run_id=now_id)
         )  # woken by this one's partition, then waits again
@@ -686,12 +709,14 @@ def test_a_finished_run_whose_commit_is_still_in_flight_at_stop_is_committed_not
     def quick() -> str:
         return "ran"
 
-    in_commit = threading.Event()
+    in_commit, told_to_stop = threading.Event(), threading.Event()
 
     def slow_commits(calls: list[Call], send: Send) -> list[Any]:
         if any(c.script == "complete" for c in calls):
             in_commit.set()
-            time.sleep(0.5)  # the commit is on its way while the worker is told to stop
+            # The commit is on its way while the worker is told to stop...
+            told_to_stop.wait(10)
+            time.sleep(0.5)  # kept: ...and lands only after the grace (0.1 s) has run out
         return send(calls)
 
     intercept_worker_calls(monkeypatch, slow_commits)
@@ -699,6 +724,8 @@ def test_a_finished_run_whose_commit_is_still_in_flight_at_stop_is_committed_not
     handle = fast_jq.enqueue(quick)
     with running(worker):
         assert in_commit.wait(10)
+        worker.stop()
+        told_to_stop.set()
     run = fast_jq.get_run(handle.run_id)
     assert (run.state, run.result, run.attempt) == ("done", "ran", 1)
     assert worker.stats.released == 0

@@ -67,7 +67,7 @@ def test_uvloop_asked_for_but_not_installed_is_a_config_error(
 def test_a_worker_serves_on_an_event_loop_of_the_callers(fast_jq: JobQueue) -> None:
     @fast_jq.task
     async def double(x: int) -> int:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # kept: a coroutine that suspends
         return 2 * x
 
     handle = fast_jq.enqueue(double, 21)

@@ -66,7 +66,7 @@ def test_an_async_task_raising_systemexit_or_keyboardinterrupt_fails_only_its_ow
 
     @fast_jq.task
     async def double(x: int) -> int:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # kept: a coroutine that suspends
         return x * 2
 
     worker = make_worker(fast_jq)
@@ -128,7 +128,7 @@ def test_an_async_timeout_keeps_the_slot_until_a_coroutine_that_ignores_cancel_e
         started.set()
         while not release.is_set():
             with contextlib.suppress(asyncio.CancelledError):  # swallowed: it keeps going
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # kept: it runs on until released
         return "late"
 
     worker = make_worker(fast_jq, concurrency=1, clock=clock)

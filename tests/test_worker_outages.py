@@ -201,7 +201,7 @@ def test_no_claim_is_sent_while_redis_refuses_the_workers_commits(
     logging.getLogger("jobqueue.worker").addHandler(handler)
     try:
         with running(make_worker(jq, concurrency=4, lease=None, grace=30.0)):
-            time.sleep(1.0)
+            time.sleep(1.0)  # kept: a window of refused commits, while claims are due
             refusing.clear()
             runs = [h.wait(timeout=30) for h in handles]
     finally:

@@ -8,6 +8,7 @@ import asyncio
 import itertools
 
 import pytest
+from helpers import settle
 
 from jobqueue.context import RunContext
 from jobqueue.store.keys import PartitionKeys
@@ -191,7 +192,7 @@ def test_a_returning_run_wakes_the_claim_loop_waiting_for_room() -> None:
 
     async def wait_then_return() -> int:
         waiting = asyncio.ensure_future(table.wait_for_room(lambda: False))
-        await asyncio.sleep(0.01)
+        await settle()
         assert not waiting.done()  # no room: it waits
         table.returned(entry)
         return await asyncio.wait_for(waiting, 10)
@@ -215,9 +216,9 @@ def test_a_claim_loop_waiting_for_a_batch_goes_on_once_the_batch_is_free() -> No
 
     async def waiter() -> int:
         waiting = asyncio.ensure_future(table.wait_for_room(lambda: False, batch=3, linger=60))
-        await asyncio.sleep(0.01)
+        await settle()
         table.returned(runs[1])  # 2 free of the 3 waited for: it waits on
-        await asyncio.sleep(0.01)
+        await settle()
         assert not waiting.done()
         table.returned(runs[2])
         return await asyncio.wait_for(waiting, 10)
@@ -233,7 +234,7 @@ def test_the_last_run_returning_ends_the_wait_of_a_claim_loop_short_of_its_batch
 
     async def waiter() -> int:
         waiting = asyncio.ensure_future(table.wait_for_room(lambda: False, batch=8, linger=60))
-        await asyncio.sleep(0.01)
+        await settle()
         table.returned(entry)  # the table is idle: nothing more will free up
         return await asyncio.wait_for(waiting, 10)
 

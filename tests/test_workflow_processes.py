@@ -55,7 +55,7 @@ def test_a_1000_run_chord_under_sigkills_and_a_sigstop_gathers_once_with_every_r
     deadline = time.monotonic() + 120
     while not last.refresh().finished:
         assert time.monotonic() < deadline, f"{r.zcard(PK.done)} of {N} leaves done"
-        time.sleep(0.5)
+        time.sleep(0.5)  # kept: the chaos's pace, a kill every 0.5 s
         if paused is None and len(killed) >= 2:
             # One worker holding runs is stopped for longer than its lease, then woken.
             for p in live:

@@ -29,7 +29,7 @@ APPLIED, EFFECTS, EXECUTIONS = "chaos:applied", "chaos:effects", "chaos:executio
 
 @jq.task(max_attempts=20)
 def chaos(n: int, ctx: RunContext) -> dict[str, Any]:
-    time.sleep(random.uniform(0, 0.05))
+    time.sleep(random.uniform(0, 0.05))  # the work: a real duration
     mine = {"fence": ctx.fence, "pid": os.getpid(), "n": n}
     if ctx.fenced_write(f"chaos:{ctx.run_id}", json.dumps(mine, sort_keys=True)):
         jq.redis.eval(_APPLY, 3, APPLIED, EFFECTS, EXECUTIONS, ctx.run_id)
@@ -46,7 +46,7 @@ def stall(seconds: float, ctx: RunContext) -> dict[str, Any]:
 
 @jq.task(max_attempts=10)
 def work(low: float, high: float) -> int:
-    time.sleep(random.uniform(low, high))
+    time.sleep(random.uniform(low, high))  # the work: a real duration
     return os.getpid()
 
 
@@ -78,7 +78,7 @@ ACTIVE, MOST_ACTIVE, ACTIVE_TTL_MS = "capped:active", "capped:most", 1_500
 def capped(low: float, high: float, ctx: RunContext) -> int:
     member = f"{ctx.run_id}:{ctx.fence}"
     jq.redis.eval(_ENTER, 2, ACTIVE, MOST_ACTIVE, member, ACTIVE_TTL_MS)
-    time.sleep(random.uniform(low, high))
+    time.sleep(random.uniform(low, high))  # the work: a real duration
     jq.redis.zrem(ACTIVE, member)
     return os.getpid()
 
@@ -89,7 +89,7 @@ def keycapped(key: str, low: float, high: float, ctx: RunContext) -> int:
     member = f"{ctx.run_id}:{ctx.fence}"
     active, most = f"keycapped:active:{key}", f"keycapped:most:{key}"
     jq.redis.eval(_ENTER, 2, active, most, member, ACTIVE_TTL_MS)
-    time.sleep(random.uniform(low, high))
+    time.sleep(random.uniform(low, high))  # the work: a real duration
     jq.redis.zrem(active, member)
     return os.getpid()
 
@@ -98,7 +98,7 @@ def keycapped(key: str, low: float, high: float, ctx: RunContext) -> int:
 # that records each execution of its code.
 @jq.task(max_attempts=20)
 def leaf(i: int) -> int:
-    time.sleep(random.uniform(0.02, 0.06))
+    time.sleep(random.uniform(0.02, 0.06))  # the work: a real duration
     return i
 
 

@@ -25,7 +25,7 @@ class SlowPipelines(redis.Redis):
         execute = pipe.execute
 
         def slow_execute(raise_on_error: bool = True) -> Any:
-            time.sleep(COMMIT_DELAY_S)
+            time.sleep(COMMIT_DELAY_S)  # the slow commit itself
             return execute(raise_on_error)
 
         pipe.execute = slow_execute  # type: ignore[method-assign]
@@ -38,4 +38,4 @@ jq = JobQueue(SlowPipelines.from_url(os.environ["SLOW_COMMIT_URL"], decode_respo
 @jq.task
 def brief(max_ms: float) -> None:
     """Up to max_ms of work: slots free one at a time, not all at once."""
-    time.sleep(random.uniform(0, max_ms) / 1000)
+    time.sleep(random.uniform(0, max_ms) / 1000)  # the work: a real duration

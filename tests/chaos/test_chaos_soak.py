@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 import redis
 from checker import Report, check, fire_ids
+from helpers import poll
 from test_worker_processes import (
     APPS,
     PK,
@@ -117,9 +118,8 @@ class Chaos:
         records' owners say so once it is stopped: stop_holding), continued once another
         worker claimed one of them again (its fence moved on); then its commit of that run is
         refused, which its log says."""
-        deadline = time.monotonic() + 60
-        while (caught := self._stop_until_reclaimed(r)) is None:
-            assert time.monotonic() < deadline, "no worker was caught holding a run"
+        caught = wait_for(lambda: self._stop_until_reclaimed(r), 60,
+                          "a worker caught holding a run")
         victim, run_id, fence = caught
         self.pauses += 1
         line = f"fenced out: commit of run_id={run_id} fence={fence} "
@@ -132,19 +132,18 @@ class Chaos:
         free = [w for w in self.workers if w.pid not in self.paused and w.alive()]
         victim = next((w for w in free if held_by(r, w.pid)), None)
         if victim is None:
-            time.sleep(0.01)
             return None
         try:
             held = stop_holding(r, victim)
-            until = time.monotonic() + 10  # 1 s leases: another worker reclaims within ~2 s
-            while held and time.monotonic() < until:
+
+            def reclaimed() -> tuple[Proc, str, int] | None:
                 self.resume_due()
-                time.sleep(0.02)
                 fences = current_fences(r, list(held))
-                for run_id, fence in held.items():
-                    if fences[run_id] > fence:
-                        return victim, run_id, fence
-            return None
+                return next(((victim, k, f) for k, f in held.items() if fences[k] > f), None)
+
+            # 1 s leases: another worker reclaims within ~2 s
+            found: tuple[Proc, str, int] | None = poll(reclaimed, 10, 0.02) if held else None
+            return found
         finally:
             victim.popen.send_signal(signal.SIGCONT)
 
@@ -236,7 +235,7 @@ def test_chaos_soak_every_run_done_once_and_every_fire_time_once(
     began = time.monotonic()
     forced = False
     while time.monotonic() - began < CHAOS_S:
-        time.sleep(chaos.rng.uniform(0.2, 0.6))
+        time.sleep(chaos.rng.uniform(0.2, 0.6))  # kept: the chaos's pace, a fault at a time
         chaos.resume_due()
         elapsed = time.monotonic() - began
         for at, how in list(restarts_at.items()):
@@ -268,7 +267,7 @@ def test_chaos_soak_every_run_done_once_and_every_fire_time_once(
             code = proc.popen.wait(15)
         except subprocess.TimeoutExpired:
             proc.popen.send_signal(signal.SIGUSR1)  # its threads' stacks, into its log
-            time.sleep(1)
+            time.sleep(1)  # kept: a real process's time to write its stacks before the kill
             proc.popen.kill()
             raise AssertionError(f"scheduler hung after SIGTERM:\n{proc.text()[-6000:]}") from None
         assert code == 0, proc.text()[-3000:]

@@ -159,7 +159,7 @@ def test_wait_on_lists_hears_a_token_pushed_to_a_key_on_another_master(
 
     async def scenario(runner: AsyncScriptRunner) -> tuple[str | None, float]:
         async def push() -> None:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # kept: the token comes while the wait is under way
             await asyncio.to_thread(cluster_client.lpush, keys[2], "1")
 
         pusher = asyncio.create_task(push())

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from cluster_launcher import Cluster
+from helpers import wait_for
 
 from jobqueue.cli import main
 
@@ -23,9 +24,10 @@ def wait_replicas_online(cluster: Cluster, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     for node in cluster.master_nodes():
         with node.client() as c:
-            while (c.info("replication").get("slave0") or {}).get("state") != "online":
-                assert time.monotonic() < deadline, f"replica of {node.address} not in sync"
-                time.sleep(0.1)
+            wait_for(
+                lambda c=c: (c.info("replication").get("slave0") or {}).get("state") == "online",
+                deadline - time.monotonic(), f"the replica of {node.address} in sync", 0.1,
+            )
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
 from typing import Any
 
@@ -15,6 +14,7 @@ import redis.asyncio.cluster
 import redis.cluster
 from click.testing import CliRunner
 from cluster_launcher import Cluster, free_ports
+from helpers import wait_for
 from recorder import record_cluster_commands
 from redis.crc import key_slot
 from test_invariants import RUN_IDS, lifecycle, record_script_calls, slots_of_call
@@ -282,15 +282,13 @@ def test_global_data_never_needs_a_multi_slot_command(
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while len(done) < 40:  # 39 (one was cancelled) + other-queue
-            assert time.monotonic() < deadline, len(done)
-            time.sleep(0.05)
+        # 39 (one was cancelled) + other-queue
+        wait_for(lambda: len(done) >= 40, 20, lambda: f"40 runs done (only {len(done)})",
+                 interval=0.05)
         # Nothing due now: the worker idles on its wake lists (BLPOP, below). Stopped right
         # after the last run, it may not have got there yet (seen in a fresh clone's run).
-        while "BLPOP" not in log.names():
-            assert time.monotonic() < deadline + 10, "the worker never waited on a wake list"
-            time.sleep(0.05)
+        wait_for(lambda: "BLPOP" in log.names(), 10, "the worker to wait on a wake list",
+                 interval=0.05)
     finally:
         worker.stop()
         thread.join(timeout=20)

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from cluster_launcher import Cluster
+from helpers import listener_blocked, wait_for
 from redis.crc import key_slot
 
 from jobqueue import JobQueue, Request
@@ -92,21 +93,20 @@ def test_a_wait_returns_through_a_failover_of_its_runs_master(
     thread = threading.Thread(target=wait, daemon=True)
     try:
         thread.start()
-        time.sleep(0.5)  # (its listener armed on the doomed master)
+        with victim.client() as c:
+            listener_blocked(c)  # its listener armed on the doomed master
         victim.kill()
-        deadline = time.monotonic() + 30
-        while not cluster.serves(heir.port, slot):
-            assert time.monotonic() < deadline, "the replica was not promoted"
-            time.sleep(0.05)
-        deadline = time.monotonic() + 30
-        while True:  # the run completed on the promoted replica, by hand (no worker needed)
-            try:
-                (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000))).runs
-                jq.scripts.run(COMPLETE.call(keys, [(run.run_id, run.fence, "1")], 60_000))
-                break
-            except Exception:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
+        wait_for(lambda: cluster.serves(heir.port, slot), 30, "the replica to be promoted",
+                 interval=0.05)
+
+        def complete() -> bool:
+            (run,) = CLAIM.parse(jq.scripts.run(CLAIM.call(keys, 1, "w", 30_000, 60_000))).runs
+            jq.scripts.run(COMPLETE.call(keys, [(run.run_id, run.fence, "1")], 60_000))
+            return True
+
+        # The run completed on the promoted replica, by hand (no worker needed).
+        wait_for(complete, 30, "the run completed on the promoted replica", interval=0.2,
+                 retrying=(Exception,))
         thread.join(30)
         assert out and not isinstance(out[0], Exception), out
         assert out[0].state == "done" and out[0].result == 1

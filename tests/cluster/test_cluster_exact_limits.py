@@ -52,11 +52,11 @@ from typing import Any, TypeVar
 import pytest
 import redis
 from cluster_launcher import Cluster, Node
+from helpers import FAILING_OVER, wait_for
 from redis.crc import key_slot
 
 from jobqueue import JobQueue, Request
 from jobqueue.context import FROM_WORKER, RunContext
-from jobqueue.errors import JobQueueError
 from jobqueue.store.contract import text
 from jobqueue.store.exact import ExactKeys
 from jobqueue.store.scripts import Call
@@ -137,7 +137,7 @@ def capped(low: float, high: float, ctx: RunContext = FROM_WORKER) -> dict[str, 
     member = f"{os.getpid()}|{ctx.run_id}|{ctx.fence}"
     app.redis.eval(ENTER, 4, keys.active, keys.most, keys.log, keys.entered, member)
     try:
-        time.sleep(random.uniform(low, high))
+        time.sleep(random.uniform(low, high))  # the work: a real duration
     finally:
         # Its master never fails over; a hiccup must not leave the execution counted.
         for attempt in range(50):
@@ -147,7 +147,7 @@ def capped(low: float, high: float, ctx: RunContext = FROM_WORKER) -> dict[str, 
             except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException):
                 if attempt == 49:
                     raise
-                time.sleep(0.1)
+                time.sleep(0.1)  # kept: a worker's own pause before it tries again
     return {"fence": ctx.fence, "pid": os.getpid()}
 
 
@@ -256,15 +256,8 @@ def worker_logs(log_dir: Path) -> str:
 def until(call: Callable[[], T | None], deadline: float, what: str, every: float = 0.05) -> T:
     """call()'s first true value, retried while the cluster is failing over (jobqueue's clients
     never re-send a command; the caller tries again, as the daemons do)."""
-    while True:
-        with contextlib.suppress(JobQueueError, redis.exceptions.RedisError,
-                                 redis.exceptions.RedisClusterException):
-            value = call()
-            if value:
-                return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
+    value: T = wait_for(call, deadline - time.monotonic(), what, every, retrying=FAILING_OVER)
+    return value
 
 
 def _stopped(pid: int) -> bool:
@@ -284,10 +277,7 @@ def kill_one_running(
     for proc in live:
         proc.send_signal(signal.SIGSTOP)
         try:
-            deadline = time.monotonic() + 5
-            while not _stopped(proc.pid):
-                assert time.monotonic() < deadline, f"worker {proc.pid} did not stop"
-                time.sleep(0.001)
+            wait_for(lambda pid=proc.pid: _stopped(pid), 5, f"worker {proc.pid} to stop", 0.001)
             jq.redis.exists(keys.active)
             if any(m.startswith(f"{proc.pid}|") for m in jq.redis.smembers(keys.active)):
                 proc.kill()
@@ -374,11 +364,15 @@ def take_over(cluster: Cluster, heir: Node, slots: list[Any], deadline: float) -
     """The dead master's replica takes its slots now (no vote needed), unless the cluster has
     promoted it already."""
     with heir.client() as c:
-        while cluster.slots_of(heir.port) != slots:
+
+        def taken() -> bool:
+            if cluster.slots_of(heir.port) == slots:
+                return True
             with contextlib.suppress(redis.exceptions.RedisError):
                 c.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
-            assert time.monotonic() < deadline, "the replica did not take over"
-            time.sleep(0.1)
+            return False
+
+        wait_for(taken, deadline - time.monotonic(), "the replica to take over", 0.1)
 
 
 # -- the tests -----------------------------------------------------------------------------

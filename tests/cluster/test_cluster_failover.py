@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis
 from cluster_launcher import Cluster, in_slots
+from helpers import wait_for
 from redis.crc import key_slot
 
 from jobqueue import JobQueue, Request
@@ -51,7 +52,7 @@ def test_a_killed_master_fails_over_and_the_worker_loses_no_run(
 
     @jq.task
     def work(run_id: str) -> str:
-        time.sleep(0.02)
+        time.sleep(0.02)  # the work: a real duration
         with lock:
             executions[run_id] += 1
         return run_id
@@ -98,22 +99,13 @@ def test_a_killed_master_fails_over_and_the_worker_loses_no_run(
     thread = threading.Thread(target=worker.run, name="failover-worker", daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while sum(executions.values()) < 100:
-            assert time.monotonic() < deadline, "the worker did not start working"
-            time.sleep(0.01)
+        wait_for(lambda: sum(executions.values()) >= 100, 30, "the worker to start working")
         victim.kill()
         killed.set()
-
-        deadline = time.monotonic() + 30
-        while cluster.slots_of(heir.port) != victim_slots:
-            assert time.monotonic() < deadline, "the replica was not promoted"
-            time.sleep(0.05)
-
-        deadline = time.monotonic() + 45
-        while (counts := states(jq, run_ids))["done"] < RUNS:
-            assert time.monotonic() < deadline, counts
-            time.sleep(0.2)
+        wait_for(lambda: cluster.slots_of(heir.port) == victim_slots, 30,
+                 "the replica to be promoted", interval=0.05)
+        wait_for(lambda: states(jq, run_ids)["done"] >= RUNS, 45,
+                 lambda: f"every run done: {states(jq, run_ids)}", interval=0.2)
     finally:
         worker.stop()
         thread.join(timeout=20)

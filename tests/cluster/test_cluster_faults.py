@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 from cluster_launcher import Cluster, Node
-from helpers import LEASE_MS, claim_one, create
+from helpers import FAILING_OVER, LEASE_MS, claim_one, create, wait_for
 from redis.crc import key_slot
 from server_stall import stall
 
@@ -43,15 +43,25 @@ T = TypeVar("T")
 def eventually(call: Callable[[], T], timeout: float = 30.0, what: str = "") -> T:
     """call() once it stops failing: a cluster that lost a master answers again after its
     failover (jobqueue's clients never re-send; callers retry, as the daemons do)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return call()
-        except (JobQueueError, redis.exceptions.RedisError,
-                redis.exceptions.RedisClusterException):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what or call}") from None
-            time.sleep(0.1)
+    answer: list[T] = []
+
+    def answered() -> bool:
+        answer.append(call())
+        return True
+
+    wait_for(answered, timeout, what or str(call), 0.1, retrying=FAILING_OVER)
+    return answer[0]
+
+
+def server_ms_past(node: Node, ms: int, timeout: float = 10.0) -> None:
+    """Until the node's clock (the one that stamps what it does) reads past ``ms``."""
+
+    def now_ms() -> int:
+        with node.client() as c:
+            seconds, micros = c.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    wait_for(lambda: now_ms() > ms, timeout, f"{node.address}'s clock past {ms}", 0.05)
 
 
 @pytest.fixture
@@ -141,7 +151,7 @@ def test_a_claim_whose_reply_timed_out_is_not_sent_again_by_the_cluster_client(
     finally:
         busy.join(10)
         client.close()
-    time.sleep(0.3)
+    time.sleep(0.3)  # kept: a window in which a re-send would have come
     assert len(sent) == 1
 
 
@@ -157,7 +167,7 @@ def test_one_master_down_does_not_stop_the_workers_on_the_others(
 
     @jq.task
     def work(i: int) -> int:
-        time.sleep(0.02)
+        time.sleep(0.02)  # the work: a real duration
         return i
 
     handles = jq.enqueue_many(Request(work, (i,)) for i in range(1200))
@@ -173,7 +183,8 @@ def test_one_master_down_does_not_stop_the_workers_on_the_others(
             seconds, micros = c.time()
         killed_ms = seconds * 1000 + micros // 1000
         victim.kill()
-        time.sleep(3.5)
+        for node in survivors:  # the bound is on the masters' clocks
+            server_ms_past(node, killed_ms + 3_000)
         finished_after: dict[int, int] = {}
         for node in survivors:
             with node.client() as c:
@@ -222,7 +233,7 @@ def migrate_slot(cluster: Cluster, slot: int, target: Node, pause: float = 0.003
                     "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "REPLACE", "KEYS", key
                 )
                 moved += 1
-                time.sleep(pause)
+                time.sleep(pause)  # kept: a slow move, key by key
         for node in cluster.master_nodes():
             with node.client() as c:
                 c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
@@ -255,7 +266,7 @@ def test_a_slot_migration_under_workers_a_scheduler_and_producers_loses_no_run(
 
     @jq.task
     def slow() -> None:
-        time.sleep(6)
+        time.sleep(6)  # kept: it holds its lease throughout the move
 
     for j in range(6):
         jq.schedule(f"tick-{j}", work, every=1, args=[f"tick-{j}"], misfire="fire-all")
@@ -285,7 +296,7 @@ def test_a_slot_migration_under_workers_a_scheduler_and_producers_loses_no_run(
                 continue  # refused for now (the slot is moving): the same run ids again
             enqueued.extend(batch)
             i += 10
-            time.sleep(0.01)
+            time.sleep(0.01)  # kept: the producer's pace
 
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
     threads.append(threading.Thread(target=scheduler.run, daemon=True))
@@ -295,12 +306,12 @@ def test_a_slot_migration_under_workers_a_scheduler_and_producers_loses_no_run(
     pk_slot = key_slot(PartitionKeys("default", 0).due.encode())
     sched_slot = key_slot(b"{sched#0}")
     try:
-        time.sleep(1.0)
+        time.sleep(1.0)  # kept: the daemons and the producer a second at work before the move
         for slot in (pk_slot, sched_slot):
             source = cluster.master_of_slot(slot)
             target = next(n for n in cluster.master_nodes() if n.port != source.port)
             assert migrate_slot(cluster, slot, target) > 0
-        time.sleep(1.0)
+        time.sleep(1.0)  # kept: a window of work on the moved slots before the producer stops
         stop_producing.set()
         producer.join(10)
         scheduler.stop()
@@ -366,12 +377,15 @@ def test_one_master_down_does_not_stop_the_scheduler_firing_on_the_others(
     victim = next(n for n in cluster.master_nodes() if n.port != sched_master.port)
     survivors = [n for n in cluster.master_nodes() if n.port != victim.port]
     try:
-        time.sleep(1.5)
+        # The scheduler at work before the kill: a fire of every job created.
+        wait_for(lambda: all(i.state.fired for i in jq.list_schedules()), 30,
+                 "a fire of every job", 0.05)
         with sched_master.client() as c:
             seconds, micros = c.time()
         killed_ms = seconds * 1000 + micros // 1000
         victim.kill()
-        time.sleep(3.0)
+        for node in survivors:  # the bound is on the masters' clocks
+            server_ms_past(node, killed_ms + 3_000)
         fired_after: dict[int, int] = {}
         for node in survivors:
             with node.client() as c:

@@ -8,7 +8,8 @@ import threading
 import time
 from collections.abc import Iterable
 
-from helpers import make_worker, running, wait_for
+import pytest
+from helpers import make_worker, running, wait_for, watch_idle_waits
 
 from jobqueue import JobQueue, Request
 from jobqueue.runtime.metrics import Metrics
@@ -87,7 +88,7 @@ class _ClaimCalls(Metrics):
 
 
 def test_an_idle_worker_on_a_cluster_looks_at_the_wake_lists_not_claims_every_partition(
-    cluster_url: str,
+    cluster_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its blocking wait is on one list at a time; the others' lengths are looked at in one
     pipelined round trip per master between waits: no claim until a token shows up."""
@@ -98,12 +99,14 @@ def test_an_idle_worker_on_a_cluster_looks_at_the_wake_lists_not_claims_every_pa
         return None
 
     calls = _ClaimCalls()
+    waits = watch_idle_waits(monkeypatch)
     # The idle wait (8 s) is longer than the test: only tokens end a wait.
     with running(make_worker(jq, idle_wait=8.0, metrics=calls)):
         wait_for(lambda: calls.calls >= 16, what="the first claim of every partition")
-        time.sleep(0.3)
+        wait_for(waits.asleep, what="the worker asleep on its wake lists")
         idle_from = calls.calls
-        time.sleep(2.0)  # several 0.5 s blocking waits, on several lists
+        # Kept: a window (several 0.5 s blocking waits, on several lists) with no claim.
+        time.sleep(2.0)
         assert calls.calls == idle_from
         for partition in (3, 11):  # lists the worker is not blocked on, mostly
             (run_id,) = ids_in_partition(partition, 1)
@@ -163,7 +166,7 @@ def test_limits_hold_in_every_partition_of_a_queue_spread_over_three_masters(
         with lock:
             now[p] = now.get(p, 0) + 1
             most[p] = max(most.get(p, 0), now[p])
-        time.sleep(0.01)
+        time.sleep(0.01)  # the work: a real duration
         with lock:
             now[p] -= 1
             done.append(name)

@@ -61,11 +61,11 @@ from typing import Any, TypeVar
 import pytest
 import redis
 from cluster_launcher import Cluster, Node
+from helpers import FAILING_OVER, wait_for
 from redis.crc import key_slot
 
 from jobqueue import JobQueue
 from jobqueue.context import FROM_WORKER, RunContext
-from jobqueue.errors import JobQueueError
 from jobqueue.handles import RunHandle
 from jobqueue.models import Run
 from jobqueue.settings import Settings
@@ -109,7 +109,7 @@ def _record(name: str, entry: dict[str, Any]) -> None:
 @app.task(max_attempts=20)
 def leaf(i: int, ctx: RunContext = FROM_WORKER) -> int:
     _record("leaf", {"i": i, "run": ctx.run_id, "fence": ctx.fence})
-    time.sleep(0.01)
+    time.sleep(0.01)  # the work: a real duration
     return i
 
 
@@ -188,15 +188,8 @@ def audited(log_dir: Path) -> dict[str, int]:
 def until(call: Callable[[], T | None], deadline: float, what: str) -> T:
     """call()'s first true value, retried while the cluster is failing over (jobqueue's clients
     never re-send a command; the caller tries again, as the daemons do)."""
-    while True:
-        with contextlib.suppress(JobQueueError, redis.exceptions.RedisError,
-                                 redis.exceptions.RedisClusterException):
-            value = call()
-            if value:
-                return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    value: T = wait_for(call, deadline - time.monotonic(), what, 0.05, retrying=FAILING_OVER)
+    return value
 
 
 def master_port(cluster_jq: JobQueue, key: str) -> int:
@@ -219,11 +212,15 @@ def take_over(cluster: Cluster, heir: Node, slots: list[Any], deadline: float) -
     """The lagging replica takes its dead master's slots (no vote needed), unless the cluster
     already promoted it."""
     with heir.client() as c:
-        while cluster.slots_of(heir.port) != slots:
+
+        def taken() -> bool:
+            if cluster.slots_of(heir.port) == slots:
+                return True
             with contextlib.suppress(redis.exceptions.RedisError):
                 c.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
-            assert time.monotonic() < deadline, "the lagging replica did not take over"
-            time.sleep(0.1)
+            return False
+
+        wait_for(taken, deadline - time.monotonic(), "the lagging replica to take over", 0.1)
 
 
 # -- the test ------------------------------------------------------------------------------
@@ -324,7 +321,9 @@ def test_a_1000_run_chord_over_three_masters_gathers_once_through_a_master_failo
                         # What the callback heard of so far; anything later is the victim's.
                         before_cut = set(c.hkeys(got_key)) if audits else set()
                         until(lambda: executed() >= KILL_AFTER + 100, deadline, "100 more runs")
-                        time.sleep(0.2)  # their commits and relays, acknowledged by the victim
+                        # Kept: a window for their commits and relays, acknowledged by the
+                        # victim (no sign of the last one to wait for).
+                        time.sleep(0.2)
                         if audits:
                             lost = until(lambda: lost_for_good(c, before_cut), deadline,
                                          "a delivery that only the callback's master has")
