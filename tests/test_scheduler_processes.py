@@ -116,17 +116,25 @@ def test_a_scheduler_paused_mid_herd_past_its_lease_neither_doubles_nor_loses_a_
         procs.append(b)
         wait_for(lambda: sorted(owners()) == [[], [0]], 15, "B to register", interval=0.005)
 
-        # A creates the second herd batch after batch; pause it in the middle.
-        wait_for(lambda: HERD < created() < 2 * HERD - 500, 20, "A in the middle of a herd",
-                 interval=0.005)
+        def herd_in_the_middle() -> int | None:
+            """The herd A is creating (1 for the second) when A is in its middle."""
+            done, into = divmod(created(), HERD)
+            return done if done >= 1 and 0 < into < HERD - 500 else None
+
+        # A creates a herd (after the first) batch after batch; pause it in the middle. A
+        # loaded machine may poll past one herd's middle: the next herds come every 6 s.
+        herd = wait_for(herd_in_the_middle, 4 * HERD_EVERY, "A in the middle of a herd",
+                        interval=0.005)
         a.send_signal(signal.SIGSTOP)
         paused_at = created()
         # A stays stopped until its lease has run out and B holds the partition.
         wait_for(lambda: b_owns(b.pid), 10 + 2.5 * PAUSED_LEASE, "B to take the partition over",
                  interval=0.005)
-        wait_for(lambda: created() >= 2 * HERD, 10, "B to finish the herd", interval=0.005)
+        wait_for(lambda: created() >= (herd + 1) * HERD, 10, "B to finish the herd",
+                 interval=0.005)
         a.send_signal(signal.SIGCONT)
-        wait_for(lambda: created() >= 3 * HERD, 3 * HERD_EVERY, "the next herd", interval=0.005)
+        wait_for(lambda: created() >= (herd + 2) * HERD, 3 * HERD_EVERY, "the next herd",
+                 interval=0.005)
         time.sleep(1.0)  # kept: a window for A, continued, to act on what it held (fenced)
     finally:
         for p in procs:
@@ -139,7 +147,7 @@ def test_a_scheduler_paused_mid_herd_past_its_lease_neither_doubles_nor_loses_a_
                 p.kill()
     errors = [p.stderr.read().decode() if p.stderr else "" for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
-    assert HERD < paused_at < 2 * HERD
+    assert herd * HERD < paused_at < (herd + 1) * HERD
     # A found out it no longer owned the partition: fenced, dropped, or lost at renewal.
     assert any(w in errors[0] for w in ("refused", "dropped", "lost")), errors[0]
     runs: dict[str, list[int]] = {}
