@@ -61,7 +61,19 @@ class DurableScripts:
     timeout_ms: int
 
 
-Request = Commands | Scripts | DurableScripts
+@dataclass(frozen=True)
+class NodeScan:
+    """One SCAN page (``MATCH pattern COUNT count`` from ``cursor``) on the node that serves
+    ``near``'s slot, the server itself off a cluster: SCAN reads one node, and a cluster
+    client would otherwise scan every master. Reply: (next cursor, keys)."""
+
+    near: str
+    pattern: str
+    cursor: int
+    count: int
+
+
+Request = Commands | Scripts | DurableScripts | NodeScan
 Steps = Generator[Request, Any, T]
 
 
@@ -119,6 +131,8 @@ async def run_steps_async(steps: Steps[T], client: Any, scripts: AsyncScriptRunn
 
 
 def _commands_of(request: Request) -> str:
+    if isinstance(request, NodeScan):
+        return "SCAN"
     if isinstance(request, Commands):
         return " ".join(sorted({c.name.upper() for c in request.cmds}))
     return ", ".join(sorted({c.script for c in request.calls}))
@@ -143,6 +157,11 @@ async def _perform_async(request: Request, client: Any, scripts: AsyncScriptRunn
 
 
 def _perform_raw(request: Request, client: Any, scripts: ScriptRunner) -> Any:
+    if isinstance(request, NodeScan):
+        locate = getattr(client, "get_node_from_key", None)
+        node = client if locate is None else client.get_redis_connection(locate(request.near))
+        cursor, keys = node.scan(request.cursor, match=request.pattern, count=request.count)
+        return int(cursor), list(keys)
     if isinstance(request, Commands) and len(request.cmds) == 1:
         # Alone, without a pipeline: a cluster pipeline refuses keyless commands (TIME).
         (c,) = request.cmds
@@ -167,6 +186,15 @@ def _perform_raw(request: Request, client: Any, scripts: ScriptRunner) -> Any:
 async def _perform_async_raw(
     request: Request, client: Any, scripts: AsyncScriptRunner
 ) -> Any:
+    if isinstance(request, NodeScan):
+        locate = getattr(client, "get_node_from_key", None)
+        where = {} if locate is None else {"target_nodes": locate(request.near)}
+        cursor, keys = await client.scan(
+            request.cursor, match=request.pattern, count=request.count, **where
+        )
+        if isinstance(cursor, dict):  # a cluster client names each node's cursor
+            (cursor,) = cursor.values()
+        return int(cursor), list(keys)
     if isinstance(request, Commands) and len(request.cmds) == 1:
         (c,) = request.cmds
         try:
