@@ -38,9 +38,11 @@ def cmd(name: str, *args: Any, **kwargs: Any) -> Cmd:
 @dataclass(frozen=True)
 class Commands:
     """Commands in one pipelined round trip; each reply in its place, an error reply (such as
-    WRONGTYPE) as a value: the operation decides what it means."""
+    WRONGTYPE) as a value: the operation decides what it means. ``atomic``: in one MULTI/EXEC
+    (keys of one slot on a cluster; redis-py's asyncio cluster client has no transactions)."""
 
     cmds: Sequence[Cmd]
+    atomic: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ Steps = Generator[Request, Any, T]
 
 def commands(*cmds: Cmd) -> Commands:
     return Commands(cmds)
+
+
+def transaction(*cmds: Cmd) -> Commands:
+    return Commands(cmds, atomic=True)
 
 
 def raised(replies: list[Any]) -> list[Any]:
@@ -162,7 +168,7 @@ def _perform_raw(request: Request, client: Any, scripts: ScriptRunner) -> Any:
         node = client if locate is None else client.get_redis_connection(locate(request.near))
         cursor, keys = node.scan(request.cursor, match=request.pattern, count=request.count)
         return int(cursor), list(keys)
-    if isinstance(request, Commands) and len(request.cmds) == 1:
+    if isinstance(request, Commands) and len(request.cmds) == 1 and not request.atomic:
         # Alone, without a pipeline: a cluster pipeline refuses keyless commands (TIME).
         (c,) = request.cmds
         try:
@@ -170,7 +176,7 @@ def _perform_raw(request: Request, client: Any, scripts: ScriptRunner) -> Any:
         except redis.exceptions.ResponseError as exc:
             return [exc]  # in its place, as a pipeline would give it
     if isinstance(request, Commands):
-        pipe = client.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=request.atomic)
         for c in request.cmds:
             getattr(pipe, c.name)(*c.args, **c.kwargs)
         return list(pipe.execute(raise_on_error=False))
@@ -195,14 +201,14 @@ async def _perform_async_raw(
         if isinstance(cursor, dict):  # a cluster client names each node's cursor
             (cursor,) = cursor.values()
         return int(cursor), list(keys)
-    if isinstance(request, Commands) and len(request.cmds) == 1:
+    if isinstance(request, Commands) and len(request.cmds) == 1 and not request.atomic:
         (c,) = request.cmds
         try:
             return [await getattr(client, c.name)(*c.args, **c.kwargs)]
         except redis.exceptions.ResponseError as exc:
             return [exc]
     if isinstance(request, Commands):
-        pipe = client.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=request.atomic)
         for c in request.cmds:
             getattr(pipe, c.name)(*c.args, **c.kwargs)
         return list(await pipe.execute(raise_on_error=False))
