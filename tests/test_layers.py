@@ -63,8 +63,6 @@ OPS_WITH_RAW_CLIENT = {
     # `jobqueue check`: INFO, CONFIG GET and TIME on every node CLUSTER NODES lists (replicas
     # and nodes redis-py does not know too), TIME timed by the host's clock, SCRIPT LOAD.
     "jobqueue.ops.health",
-    # INFO on each master, by address (a per-node read, not a command routed by key).
-    "jobqueue.ops.server_info",
     # master_names: the cluster client's cached slot map, no I/O.
     "jobqueue.ops.queries",
 }

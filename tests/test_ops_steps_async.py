@@ -1,6 +1,6 @@
-"""The operators' writes and repairs are written once as steps too (jobqueue.ops.workers,
-gauges, capacity, repair, repartition): an AsyncJobQueue driving the same steps does what
-the sync functions do."""
+"""The operators' writes, repairs and server reads are written once as steps too
+(jobqueue.ops.workers, gauges, capacity, repair, repartition, server_info): an AsyncJobQueue
+driving the same steps does what the sync functions do."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
-from jobqueue.ops import capacity, gauges, queries, repair, repartition
+from jobqueue.ops import capacity, gauges, queries, repair, repartition, server_info
 from jobqueue.ops import workers as registry
 from jobqueue.ops.queries import QueueTotals
 from jobqueue.store.io import Steps
@@ -169,3 +169,18 @@ def test_the_async_client_repartitions_a_queue_as_the_sync_one_does(
     for p in range(4):
         a, b = (repartition.targets(q, 4)[p] for q in ("a", "b"))
         assert redis_client.zrange(a.due, 0, -1) == redis_client.zrange(b.due, 0, -1)
+
+
+@pytest.mark.real_only
+def test_the_async_client_reads_the_servers_info_the_sync_one_reads(
+    jq: JobQueue, async_redis_client: Any
+) -> None:
+    (by_sync,) = server_info.servers(jq)
+    (by_async,) = drive(async_redis_client, lambda _: server_info.servers_steps())
+    assert (by_async.address, by_async.server, by_async.version, by_async.maxmemory) == (
+        by_sync.address,
+        by_sync.server,
+        by_sync.version,
+        by_sync.maxmemory,
+    )
+    assert by_sync.error is None and by_sync.version

@@ -75,7 +75,17 @@ class NodeScan:
     count: int
 
 
-Request = Commands | Scripts | DurableScripts | NodeScan
+@dataclass(frozen=True)
+class EachMaster:
+    """The same commands on each master of a cluster, by address (the server itself off
+    one): per-node reads such as INFO, which no key routes. Reply: ``[(address, replies)]``,
+    replies as ``Commands`` gives them, or the error that lost that node (never raised: a
+    node that does not answer is part of the reading)."""
+
+    cmds: Sequence[Cmd]
+
+
+Request = Commands | Scripts | DurableScripts | NodeScan | EachMaster
 Steps = Generator[Request, Any, T]
 
 
@@ -139,7 +149,7 @@ async def run_steps_async(steps: Steps[T], client: Any, scripts: AsyncScriptRunn
 def _commands_of(request: Request) -> str:
     if isinstance(request, NodeScan):
         return "SCAN"
-    if isinstance(request, Commands):
+    if isinstance(request, (Commands, EachMaster)):
         return " ".join(sorted({c.name.upper() for c in request.cmds}))
     return ", ".join(sorted({c.script for c in request.calls}))
 
@@ -162,7 +172,32 @@ async def _perform_async(request: Request, client: Any, scripts: AsyncScriptRunn
         raise
 
 
+def server_address(client: Any) -> str:
+    """host:port, or the unix socket's path (the URL's credentials never appear)."""
+    kwargs = client.connection_pool.connection_kwargs
+    if kwargs.get("path"):
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def _masters(client: Any) -> list[tuple[str, Any]]:
+    """(address, node) of each master by address; (address, None) for a single server."""
+    primaries = getattr(client, "get_primaries", None)
+    if primaries is None:
+        return [(server_address(client), None)]
+    return sorted(((str(n.name), n) for n in primaries()), key=lambda found: found[0])
+
+
 def _perform_raw(request: Request, client: Any, scripts: ScriptRunner) -> Any:
+    if isinstance(request, EachMaster):
+        out: list[tuple[str, Any]] = []
+        for address, node in _masters(client):
+            conn = client if node is None else client.get_redis_connection(node)
+            try:
+                out.append((address, _perform_raw(Commands(request.cmds), conn, scripts)))
+            except (redis.exceptions.RedisError, OSError) as exc:
+                out.append((address, exc))
+        return out
     if isinstance(request, NodeScan):
         locate = getattr(client, "get_node_from_key", None)
         node = client if locate is None else client.get_redis_connection(locate(request.near))
@@ -189,9 +224,28 @@ def _perform_raw(request: Request, client: Any, scripts: ScriptRunner) -> Any:
     )
 
 
+async def _on_node(client: Any, c: Cmd, node: Any) -> Any:
+    try:
+        return await getattr(client, c.name)(*c.args, **c.kwargs, target_nodes=node)
+    except redis.exceptions.ResponseError as exc:
+        return exc  # in its place, as a pipeline would give it
+
+
 async def _perform_async_raw(
     request: Request, client: Any, scripts: AsyncScriptRunner
 ) -> Any:
+    if isinstance(request, EachMaster):
+        out: list[tuple[str, Any]] = []
+        for address, node in _masters(client):
+            try:
+                if node is None:
+                    replies = await _perform_async_raw(Commands(request.cmds), client, scripts)
+                else:  # one node's commands, each sent to it alone
+                    replies = [await _on_node(client, c, node) for c in request.cmds]
+                out.append((address, replies))
+            except (redis.exceptions.RedisError, OSError) as exc:
+                out.append((address, exc))
+        return out
     if isinstance(request, NodeScan):
         locate = getattr(client, "get_node_from_key", None)
         where = {} if locate is None else {"target_nodes": locate(request.near)}
