@@ -235,6 +235,8 @@ async def _perform_async_raw(
     request: Request, client: Any, scripts: AsyncScriptRunner
 ) -> Any:
     if isinstance(request, EachMaster):
+        if hasattr(client, "get_primaries"):
+            await client.initialize()  # an asyncio cluster client knows no node before it
         out: list[tuple[str, Any]] = []
         for address, node in _masters(client):
             try:
@@ -248,6 +250,8 @@ async def _perform_async_raw(
         return out
     if isinstance(request, NodeScan):
         locate = getattr(client, "get_node_from_key", None)
+        if locate is not None:
+            await client.initialize()  # the slot map, which the client reads at first use
         where = {} if locate is None else {"target_nodes": locate(request.near)}
         cursor, keys = await client.scan(
             request.cursor, match=request.pattern, count=request.count, **where
