@@ -1,8 +1,9 @@
 """Operations written once for the sync and the asyncio client: an operation is a generator
-(``Steps``) that yields what it needs from Redis (a pipeline of commands, script calls) and
-receives the replies; it decides everything else (validation, keys, parsing, anomalies)
-without I/O. :func:`run_steps` answers it on a sync client, :func:`run_steps_async` on a
-``redis.asyncio`` one: only these two touch the network.
+(``Steps``) that yields what it needs from Redis (a pipeline of commands, script calls, a SCAN
+page on one node, the same commands on each master) and receives the replies; it decides
+everything else (validation, keys, parsing, anomalies) without I/O. :func:`run_steps` answers
+it on a sync client, :func:`run_steps_async` on a ``redis.asyncio`` one: only these two touch
+the network.
 
 An error the I/O raises (a lost connection, a script refused) is thrown into the generator at
 its ``yield``, so an operation handles it the same way on both."""
