@@ -129,7 +129,7 @@ class _Cluster:
 @pytest.mark.real_only
 def test_a_clusters_servers_are_read_one_row_per_master(redis_client: Any) -> None:
     cluster = _Cluster({"10.0.0.2:7000": _Refusing(), "10.0.0.1:7000": redis_client})
-    rows = server_info.servers(SimpleNamespace(redis=cluster))  # type: ignore[arg-type]
+    rows = server_info.servers(JobQueue(cluster))
     assert [r.address for r in rows] == ["10.0.0.1:7000", "10.0.0.2:7000"]
     assert rows[0].error is None and rows[0].version == redis_client.info()["redis_version"]
     assert rows[1].version is None

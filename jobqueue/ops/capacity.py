@@ -3,14 +3,23 @@
 
 from __future__ import annotations
 
-from jobqueue.client.base import CREATE_RUN_CHUNK
+from typing import Any
+
+from jobqueue.client.base import CREATE_RUN_CHUNK, ClientBase
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import JobQueueError
 from jobqueue.store.embedded import EmbeddedServer
+from jobqueue.store.io import Scripts, Steps, cmd, commands, raised
 from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, RunSpec
+from jobqueue.store.scripts import Call
 
 
 def measure_run_bytes(jq: JobQueue, samples: int = 2000) -> tuple[float, float]:
+    """:func:`measure_run_bytes_steps` on a sync client."""
+    return jq.run_steps(measure_run_bytes_steps(jq, samples))
+
+
+def measure_run_bytes_steps(jq: ClientBase, samples: int = 2000) -> Steps[tuple[float, float]]:
     """On an empty server: the memory a scheduled run of a typical shape (run id
     ``job-N@<fire instant>``, a small payload and result) holds pending, then finished
     (record, index entry, expiry; no history when nothing notable happened)."""
@@ -18,10 +27,15 @@ def measure_run_bytes(jq: JobQueue, samples: int = 2000) -> tuple[float, float]:
     keys = jq.keys_for(jq.settings.default_queue, "x")
     lease_ms, retention_ms = jq.settings.default_lease_ms, jq.settings.done_retention_ms
 
-    def used() -> int:
-        return int(jq.redis.info("memory")["used_memory"])
+    def used() -> Steps[int]:
+        (info,) = raised((yield commands(cmd("info", "memory"))))
+        return int(info["used_memory"])
 
-    before = used()
+    def run(call: Call) -> Steps[Any]:
+        (reply,) = yield Scripts([call])
+        return reply
+
+    before = yield from used()
     specs = [
         RunSpec(
             f"job-{i}@2026-11-29T10:00:00Z",
@@ -32,16 +46,16 @@ def measure_run_bytes(jq: JobQueue, samples: int = 2000) -> tuple[float, float]:
         for i in range(samples)
     ]
     for start in range(0, samples, CREATE_RUN_CHUNK):
-        jq.scripts.run(CREATE_RUN.call(keys, specs[start : start + CREATE_RUN_CHUNK]))
-    pending = used()
+        yield from run(CREATE_RUN.call(keys, specs[start : start + CREATE_RUN_CHUNK]))
+    pending = yield from used()
     done = 0
     while done < samples:
         claim = CLAIM.call(keys, CREATE_RUN_CHUNK, "w", lease_ms, 1)
-        claimed = CLAIM.parse(jq.scripts.run(claim))
+        claimed = CLAIM.parse((yield from run(claim)))
         items = [(r.run_id, r.fence, '"ok"') for r in claimed.runs]
-        jq.scripts.run(COMPLETE.call(keys, items, retention_ms))
+        yield from run(COMPLETE.call(keys, items, retention_ms))
         done += len(items)
-    after = used()
+    after = yield from used()
     return max(pending - before, 0) / samples, max(after - before, 0) / samples
 
 

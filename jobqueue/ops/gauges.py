@@ -22,6 +22,9 @@ Every command names one key, so the keys may sit on any slot of a cluster.
 Reading never writes; what is not a point jobqueue writes (a key of another type, a field
 that is not a slot, a value that is not a point) is an anomaly of the listing, never an
 error. Writing skips a queue whose key is of another type (reported by the next read).
+
+Each operation is steps (``claim_minute_steps``, ``record_steps``, ``history_steps``) that
+either client drives; the plain functions drive them on a sync ``JobQueue``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from typing import Any
 
 from jobqueue.anomalies import Anomaly, Listing, checked, is_time, unique
 from jobqueue.client.sync import JobQueue
-from jobqueue.ops.queries import PARTITION_CHUNK, QueueTotals, pipelined
+from jobqueue.ops.queries import PARTITION_CHUNK, QueueTotals, pipelined_steps
+from jobqueue.store.io import Steps, cmd, commands, raised
 from jobqueue.store.keys import gauges_claim_key, gauges_key
 
 MINUTE_MS = 60_000
@@ -113,13 +117,24 @@ def point_of(totals: QueueTotals, at_ms: int) -> GaugePoint:
 
 
 def claim_minute(jq: JobQueue, now_ms: int) -> bool:
+    """:func:`claim_minute_steps` on a sync client."""
+    return jq.run_steps(claim_minute_steps(now_ms))
+
+
+def claim_minute_steps(now_ms: int) -> Steps[bool]:
     """Whether the caller is the one to sample the minute of ``now_ms`` (the first caller in
     that minute, among every dashboard on this Redis)."""
     key = gauges_claim_key(now_ms // MINUTE_MS)
-    return bool(jq.redis.set(key, "1", nx=True, px=CLAIM_TTL_MS))
+    (taken,) = raised((yield commands(cmd("set", key, "1", nx=True, px=CLAIM_TTL_MS))))
+    return bool(taken)
 
 
 def record(jq: JobQueue, at_ms: int, totals: Sequence[QueueTotals]) -> list[Anomaly]:
+    """:func:`record_steps` on a sync client."""
+    return jq.run_steps(record_steps(at_ms, totals))
+
+
+def record_steps(at_ms: int, totals: Sequence[QueueTotals]) -> Steps[list[Anomaly]]:
     """Write each queue's point of the minute of ``at_ms`` and fold it into its hour's point;
     two pipelined round trips whatever the number of queues. Returns what it could not write:
     a queue whose key is of another type is skipped, its keys left as they are."""
@@ -133,8 +148,8 @@ def record(jq: JobQueue, at_ms: int, totals: Sequence[QueueTotals]) -> list[Anom
         pipe.hget(gauges_key(row.queue, HOURS.name), str(HOURS.slot(at_ms)))
 
     writes: list[tuple[QueueTotals, GaugePoint, GaugePoint]] = []
-    for row, replies in zip(totals, pipelined(jq, list(totals), read, PARTITION_CHUNK),
-                            strict=True):  # fmt: skip
+    read_replies = yield from pipelined_steps(list(totals), read, PARTITION_CHUNK)
+    for row, replies in zip(totals, read_replies, strict=True):
         in_minute, stored = [
             checked(reply, gauges_key(row.queue, res.name), "hash", found, _FOREIGN)
             for res, reply in zip((MINUTES, HOURS), replies, strict=True)
@@ -155,9 +170,8 @@ def record(jq: JobQueue, at_ms: int, totals: Sequence[QueueTotals]) -> list[Anom
             pipe.hset(key, str(res.slot(at_ms)), point.to_json())
             pipe.pexpire(key, res.window_ms)
 
-    for (row, _, _), replies in zip(
-        writes, pipelined(jq, writes, write, PARTITION_CHUNK), strict=True
-    ):
+    written = yield from pipelined_steps(writes, write, PARTITION_CHUNK)
+    for (row, _, _), replies in zip(writes, written, strict=True):
         for res, reply in zip((MINUTES, MINUTES, HOURS, HOURS), replies, strict=True):
             checked(reply, gauges_key(row.queue, res.name), "hash", found, None)
     return unique(found)
@@ -166,6 +180,13 @@ def record(jq: JobQueue, at_ms: int, totals: Sequence[QueueTotals]) -> list[Anom
 def history(
     jq: JobQueue, queues: Sequence[str], resolution: Resolution, now_ms: int
 ) -> Listing[GaugeHistory]:
+    """:func:`history_steps` on a sync client."""
+    return jq.run_steps(history_steps(queues, resolution, now_ms))
+
+
+def history_steps(
+    queues: Sequence[str], resolution: Resolution, now_ms: int
+) -> Steps[Listing[GaugeHistory]]:
     """Each queue's points of the last ``resolution.window_ms`` before ``now_ms`` (one HGETALL
     per queue, pipelined), each row with the anomalies of its key."""
 
@@ -173,8 +194,8 @@ def history(
         pipe.hgetall(gauges_key(queue, resolution.name))
 
     out = []
-    for queue, (reply,) in zip(queues, pipelined(jq, list(queues), read, PARTITION_CHUNK),
-                               strict=True):  # fmt: skip
+    replies = yield from pipelined_steps(list(queues), read, PARTITION_CHUNK)
+    for queue, (reply,) in zip(queues, replies, strict=True):
         key = gauges_key(queue, resolution.name)
         found: list[Anomaly] = []
         points = []

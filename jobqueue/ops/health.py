@@ -1,6 +1,8 @@
 """``jobqueue check``'s reader: fills a ``Reading`` from one server, or from every node that
 ``CLUSTER NODES`` lists, with INFO, CONFIG GET, TIME and SCRIPT LOAD; the checks themselves are
-pure (``jobqueue.policy.health``)."""
+pure (``jobqueue.policy.health``). Sync only, not steps: it reaches nodes no key routes to
+(replicas, nodes redis-py does not know, on connections of its own) and times TIME by the
+host's clock."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ The move crosses slots, so it cannot be atomic; it is made safe to interrupt and
   with its count unchanged: that is the migration of existing queues.
 
 Only single-key commands (and one-slot transactions), pipelined: the same code serves a single
-node and a Redis Cluster.
+node and a Redis Cluster. Written as steps (``plan_steps``, ``repartition_steps``) that either
+client drives; ``plan`` and ``repartition`` drive them on a sync ``JobQueue``.
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from jobqueue.anomalies import is_wrong_type, stored_int
+from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, CorruptData, OperationRefused
 from jobqueue.models import PRIORITY_MAX
+from jobqueue.ops.queries import Batch, workers_steps
+from jobqueue.store.io import Steps, cmd, commands, raised, transaction
 from jobqueue.store.keys import (
     MAX_PARTITIONS,
     QUEUES_KEY,
@@ -206,7 +210,7 @@ class Report:
         }
 
 
-# -- I/O --------------------------------------------------------------------------------------
+# -- I/O (steps: jobqueue.store.io) ---------------------------------------------------------
 
 
 def _check_count(count: int) -> None:
@@ -214,13 +218,10 @@ def _check_count(count: int) -> None:
         raise ConfigError(f"partitions must be an integer from 1 to {MAX_PARTITIONS}")
 
 
-def _cardinalities(r: Any, keys: list[str]) -> list[int]:
+def _cardinalities(keys: list[str]) -> Steps[list[int]]:
     """ZCARD of each key, pipelined; a key of another type is refused as CorruptData before
     anything moves (the move would fail on it halfway)."""
-    pipe = r.pipeline(transaction=False)
-    for key in keys:
-        pipe.zcard(key)
-    replies = pipe.execute(raise_on_error=False)
+    replies = yield commands(*(cmd("zcard", key) for key in keys))
     for key, reply in zip(keys, replies, strict=True):
         if is_wrong_type(reply):
             raise CorruptData(f"{key} is not a sorted set; nothing moved")
@@ -229,12 +230,10 @@ def _cardinalities(r: Any, keys: list[str]) -> list[int]:
     return [int(n) for n in replies]
 
 
-def _refuse_if_busy(jq: JobQueue, queue: str, partitions: Sequence[PartitionKeys]) -> None:
+def _refuse_if_busy(queue: str, partitions: Sequence[PartitionKeys]) -> Steps[None]:
     """Running runs or live workers: a move now could run a run twice or strand runs."""
-    from jobqueue.ops.queries import workers
-
     keys = [k.leases for k in partitions]
-    running = sum(_cardinalities(jq.redis, keys))
+    running = sum((yield from _cardinalities(keys)))
     if running:
         raise OperationRefused(
             f"queue {queue!r} has {running} running runs: stop or drain its workers first "
@@ -242,15 +241,16 @@ def _refuse_if_busy(jq: JobQueue, queue: str, partitions: Sequence[PartitionKeys
         )
     # A workflow's waiting runs and undelivered outcomes are not moved (not in the indexes
     # the move reads): refused rather than stranded.
-    waiting = sum(_cardinalities(jq.redis, [k.waiting for k in partitions]))
-    undelivered = sum(_cardinalities(jq.redis, [k.outbox for k in partitions]))
+    waiting = sum((yield from _cardinalities([k.waiting for k in partitions])))
+    undelivered = sum((yield from _cardinalities([k.outbox for k in partitions])))
     if waiting or undelivered:
         raise OperationRefused(
             f"queue {queue!r} has {waiting} workflow runs waiting and {undelivered} outcomes "
             "not yet delivered to them (jobqueue runs --state waiting): let the workflows "
             "finish or cancel them, then run repartition again"
         )
-    live = [w.id for w in workers(jq) if not w.stale and queue in w.queues]
+    registry = yield from workers_steps()
+    live = [w.id for w in registry if not w.stale and queue in w.queues]
     if live:
         raise OperationRefused(
             f"{len(live)} live workers serve queue {queue!r} ({', '.join(live[:3])}"
@@ -259,21 +259,22 @@ def _refuse_if_busy(jq: JobQueue, queue: str, partitions: Sequence[PartitionKeys
 
 
 def plan(jq: JobQueue, queue: str, count: int) -> Plan:
+    """:func:`plan_steps` on a sync client."""
+    return jq.run_steps(plan_steps(jq, queue, count))
+
+
+def plan_steps(jq: ClientCore, queue: str, count: int) -> Steps[Plan]:
     """Read-only: check the move may start (else OperationRefused) and count what it covers."""
     validate_queue_name(queue)
     _check_count(count)
-    r = jq.redis
-    pipe = r.pipeline(transaction=False)
-    pipe.hget(QUEUES_KEY, queue)
-    pipe.hget(MOVING_KEY, queue)
-    stored, moving = pipe.execute(raise_on_error=False)
+    stored, moving = yield commands(cmd("hget", QUEUES_KEY, queue), cmd("hget", MOVING_KEY, queue))
     for key, reply in ((QUEUES_KEY, stored), (MOVING_KEY, moving)):
         if is_wrong_type(reply):
             raise CorruptData(f"{key} is not a hash; nothing moved")
         if isinstance(reply, Exception):
             raise reply
     if stored is None:
-        known = ", ".join(sorted(jq.queues())) or "none"
+        known = ", ".join(sorted((yield from jq._queues()))) or "none"
         raise OperationRefused(f"no queue {queue!r} recorded in Redis (known: {known})")
     recorded = parse_placement(stored)
     if recorded is None:
@@ -283,8 +284,8 @@ def plan(jq: JobQueue, queue: str, count: int) -> Plan:
     if moving is not None and moving_to is None:
         raise CorruptData(f"{MOVING_KEY} field {queue!r}: {bad_count(moving)}; nothing moved")
     partitions = source_partitions(queue, recorded, count, moving_to)
-    _refuse_if_busy(jq, queue, partitions)
-    sizes = _cardinalities(r, [getattr(k, index) for k in partitions for index in INDEXES])
+    yield from _refuse_if_busy(queue, partitions)
+    sizes = yield from _cardinalities([getattr(k, index) for k in partitions for index in INDEXES])
     runs = {_INDEX_STATE[index]: sum(sizes[i :: len(INDEXES)]) for i, index in enumerate(INDEXES)}
     return Plan(
         queue,
@@ -302,10 +303,16 @@ def _ttl(value: Any) -> int:
     return int(value) if value is not None and int(value) > 0 else 0
 
 
-def _delete_sources(r: Any, moves: Sequence[tuple[Move, Action]]) -> None:
-    """The old keys of moves whose copies are written: record, history, then the index entry
-    last (while it remains, a re-run knows there is something to finish)."""
-    pipe = r.pipeline(transaction=False)
+def _written(batch: Batch) -> Steps[None]:
+    """The batch's commands in one round trip, the first error raised; none when empty."""
+    if batch.cmds:
+        raised((yield commands(*batch.cmds)))
+
+
+def _delete_sources(pipe: Any, moves: Sequence[tuple[Move, Action]]) -> None:
+    """Queue on ``pipe`` the deletes of the old keys of moves whose copies are written:
+    record, history, then the index entry last (while it remains, a re-run knows there is
+    something to finish)."""
     for move, _ in moves:
         pipe.delete(move.source.run(move.run_id))
         pipe.delete(move.source.history(move.run_id))
@@ -313,12 +320,11 @@ def _delete_sources(r: Any, moves: Sequence[tuple[Move, Action]]) -> None:
         if move.index == "due":
             pipe.zrem(move.source.prio, move.run_id)
         pipe.zrem(getattr(move.source, move.index), move.run_id)
-    pipe.execute()
 
 
 def _dedupe_holds(
-    r: Any, moves: Sequence[Move], replies: Sequence[Any]
-) -> dict[str, tuple[str, int]]:
+    moves: Sequence[Move], replies: Sequence[Any]
+) -> Steps[dict[str, tuple[str, int]]]:
     """The deduplication keys held by runs that move (run id -> key, its TTL in ms or 0):
     a run enqueued under a key has the key's partition, so the key moves with it."""
     named = []
@@ -329,11 +335,10 @@ def _dedupe_holds(
             named.append((m, key))
     if not named:
         return {}
-    pipe = r.pipeline(transaction=False)
-    for m, key in named:
-        pipe.get(m.source.dedupe(key))
-        pipe.pttl(m.source.dedupe(key))
-    found = pipe.execute(raise_on_error=False)
+    found = yield commands(
+        *(c for m, key in named
+          for c in (cmd("get", m.source.dedupe(key)), cmd("pttl", m.source.dedupe(key))))
+    )  # fmt: skip
     held = {}
     for j, (m, key) in enumerate(named):
         holder, ttl = found[2 * j], found[2 * j + 1]
@@ -342,20 +347,20 @@ def _dedupe_holds(
     return held
 
 
-def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
+def _move_batch(moves: Sequence[Move], report: Report) -> Steps[int]:
     """Copy, then delete, one page of moves; returns how many runs moved."""
     if not moves:
         return 0
-    pipe = r.pipeline(transaction=False)
+    read = Batch()
     for m in moves:
-        pipe.hgetall(m.source.run(m.run_id))
-        pipe.pttl(m.source.run(m.run_id))
-        pipe.lrange(m.source.history(m.run_id), 0, -1)
-        pipe.pttl(m.source.history(m.run_id))
-        pipe.hgetall(m.target.run(m.run_id))
-    replies = pipe.execute()
-    held = _dedupe_holds(r, moves, replies)
-    write = r.pipeline(transaction=False)
+        read.hgetall(m.source.run(m.run_id))
+        read.pttl(m.source.run(m.run_id))
+        read.lrange(m.source.history(m.run_id), 0, -1)
+        read.pttl(m.source.history(m.run_id))
+        read.hgetall(m.target.run(m.run_id))
+    replies = raised((yield commands(*read.cmds)))
+    held = yield from _dedupe_holds(moves, replies)
+    write = Batch()
     settled: list[tuple[Move, Action]] = []
     unparked: list[tuple[Move, str]] = []  # runs held back by a cap in their old partition
     moved = 0
@@ -403,31 +408,32 @@ def _move_batch(r: Any, moves: Sequence[Move], report: Report) -> int:
         report.count_moved((fields or target).get("state") or _INDEX_STATE[m.index])
         moved += 1
     if settled:
-        write.execute()  # every copy of the page is written before any old key goes
+        yield from _written(write)  # every copy of the page is written before any old key goes
         if held:  # the copies hold the keys now (single-key deletes: one slot each)
-            drop = r.pipeline(transaction=False)
+            drop = Batch()
             for m, _ in settled:
                 if m.run_id in held:
                     drop.delete(m.source.dedupe(held[m.run_id][0]))
-            drop.execute()
-        _delete_sources(r, settled)
+            yield from _written(drop)
+        deletes = Batch()
+        _delete_sources(deletes, settled)
+        yield from _written(deletes)
         if unparked:  # their waiting lines in the old partition (stale entries otherwise)
-            drop = r.pipeline(transaction=False)
+            drop = Batch()
             for m, group in unparked:
                 drop.zrem(m.source.prefix + "parked:" + group, m.run_id)
                 drop.zrem(m.source.parked, m.run_id)
-            drop.execute()
+            yield from _written(drop)
     return moved
 
 
 def _move_pass(
-    r: Any,
     partitions: Sequence[PartitionKeys],
     count: int,
     page: int,
     report: Report,
     advance: Callable[[int], None] = lambda n: None,
-) -> tuple[int, int]:
+) -> Steps[tuple[int, int]]:
     """One pass over every index of every partition: (runs moved, entries that stayed);
     ``advance(n)`` after each page of n entries."""
     moved = stayed = 0
@@ -437,9 +443,11 @@ def _move_pass(
             while True:
                 # ZSCAN, not ZRANGE by rank: entries leave the index as they move, and a scan
                 # still returns every entry present throughout (repeats are harmless).
-                cursor, entries = r.zscan(getattr(source, index), cursor, count=page)
+                ((cursor, entries),) = raised(
+                    (yield commands(cmd("zscan", getattr(source, index), cursor, count=page)))
+                )
                 moves, kept = plan_page(source, index, entries, count)
-                moved += _move_batch(r, moves, report)
+                moved += yield from _move_batch(moves, report)
                 stayed += kept
                 advance(len(moves) + kept)
                 if not cursor:
@@ -447,85 +455,86 @@ def _move_pass(
     return moved, stayed
 
 
-def _fold_stats(r: Any, source: PartitionKeys, count: int) -> bool:
+def _one(name: str, *args: Any, **kwargs: Any) -> Steps[Any]:
+    """One command alone, its error raised."""
+    (reply,) = raised((yield commands(cmd(name, *args, **kwargs))))
+    return reply
+
+
+def _fold_stats(source: PartitionKeys, count: int) -> Steps[bool]:
     """Add a vanishing partition's counters into its fold target; True if there were any."""
     target = targets(source.queue, count)[fold_target(source.partition, count)]
     staging = staging_key(target, source.partition)
-    counters = r.hgetall(source.stats)
+    counters = yield from _one("hgetall", source.stats)
     if counters:
         # Staged in the target's slot first; the source is the authority while it exists.
-        r.hset(staging, mapping=counters)
-        r.delete(source.stats)
-    staged = r.hgetall(staging)
+        yield from _one("hset", staging, mapping=counters)
+        yield from _one("delete", source.stats)
+    staged = yield from _one("hgetall", staging)
     if staged:
         # One slot, one transaction: the counters are added and the staging hash deleted
         # together, so an interrupted run never adds them twice.
-        tx = r.pipeline(transaction=True)
+        tx = Batch()
         for name, value in staged.items():
             try:
                 tx.hincrby(target.stats, name, int(value))
             except ValueError:
                 continue  # not a counter: nothing to add
         tx.delete(staging)
-        tx.execute()
-    r.delete(source.wake)  # idle workers' wake tokens of a partition no one will serve
+        raised((yield transaction(*tx.cmds)))
+    yield from _one("delete", source.wake)  # idle workers' wake tokens no one will serve
     return bool(counters or staged)
 
 
-def _carry_fences(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
+def _carry_fences(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     """Every new partition's fence counter starts at the highest of all the old ones, so no
     claim after the move reissues a fence a run id had before it (its run may have moved, or
     its record expired and the id be created again in another partition). Raised before the
     counters of vanishing partitions are deleted: a re-run after a crash finds them again."""
     new = targets(sources[0].queue, count)
     everything = list(dict.fromkeys([*sources, *new]))
-    pipe = r.pipeline(transaction=False)
-    for k in everything:
-        pipe.get(k.fences)  # one key per command: partitions live in different cluster slots
-    highest = max((int(v) for v in pipe.execute() if v is not None), default=0)
-    pipe = r.pipeline(transaction=False)
+    # One key per command: partitions live in different cluster slots.
+    values = raised((yield commands(*(cmd("get", k.fences) for k in everything))))
+    highest = max((int(v) for v in values if v is not None), default=0)
+    pipe = Batch()
     for k in new:
         if highest:
             pipe.set(k.fences, highest)  # never lower: highest is at least its current value
     for k in everything:
         if k not in new:
             pipe.delete(k.fences)
-    pipe.execute()
+    yield from _written(pipe)
 
 
-def _carry_pause(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
+def _carry_pause(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     """A paused queue stays paused: when any partition, old or new, is paused, every new one
     is (since the earliest pause), before the paused keys of vanishing partitions go (a
     re-run after a crash finds them again)."""
     new = targets(sources[0].queue, count)
     everything = list(dict.fromkeys([*sources, *new]))
-    pipe = r.pipeline(transaction=False)
-    for k in everything:
-        pipe.get(k.paused)
+    replies = yield commands(*(cmd("get", k.paused) for k in everything))
     # A paused key of another type is foreign data (claims refuse it): not a pause to carry.
-    since = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, (str, bytes))]
+    since = [v for v in replies if isinstance(v, (str, bytes))]
     if not since:
         return
     earliest = min(since, key=lambda v: (stored_int(v) is None, stored_int(v) or 0))
-    pipe = r.pipeline(transaction=False)
+    pipe = Batch()
     for k in new:
         pipe.set(k.paused, earliest, nx=True)
     for k in everything:
         if k not in new:
             pipe.delete(k.paused)
-    pipe.execute()
+    yield from _written(pipe)
 
 
-def _carry_limits(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
+def _carry_limits(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     """A queue's flow limits hold on every new partition (each cap, per queue, per key or
     per task, the largest found, should partitions differ; each rate the first partition's),
     before the limits of vanishing partitions go."""
     new = targets(sources[0].queue, count)
     everything = list(dict.fromkeys([*sources, *new]))
-    pipe = r.pipeline(transaction=False)
-    for k in everything:
-        pipe.hgetall(k.limits)
-    found = [v for v in pipe.execute(raise_on_error=False) if isinstance(v, dict)]
+    replies = yield commands(*(cmd("hgetall", k.limits) for k in everything))
+    found = [v for v in replies if isinstance(v, dict)]
     carried: dict[str, str | int] = {}
     for fields in found:
         for name, value in fields.items():
@@ -543,13 +552,13 @@ def _carry_limits(r: Any, sources: Sequence[PartitionKeys], count: int) -> None:
         carried["task_caps"] = tasks
     if not carried:
         return
-    pipe = r.pipeline(transaction=False)
+    pipe = Batch()
     for k in new:
         pipe.hset(k.limits, mapping=carried)
     for k in everything:
         if k not in new:
             pipe.delete(k.limits)
-    pipe.execute()
+    yield from _written(pipe)
 
 
 def repartition(
@@ -561,22 +570,36 @@ def repartition(
     clock: Callable[[], float] = time.monotonic,
     advance: Callable[[int], None] = lambda n: None,
 ) -> Report:
+    """:func:`repartition_steps` on a sync client."""
+    return jq.run_steps(
+        repartition_steps(jq, queue, count, page=page, clock=clock, advance=advance)
+    )
+
+
+def repartition_steps(
+    jq: ClientCore,
+    queue: str,
+    count: int,
+    *,
+    page: int = PAGE,
+    clock: Callable[[], float] = time.monotonic,
+    advance: Callable[[int], None] = lambda n: None,
+) -> Steps[Report]:
     """Move every run of ``queue`` to its partition under ``count`` partitions, then record
     the count. Refused (OperationRefused) with running runs or live workers; safe to re-run
     after an interruption. ``advance(n)`` reports progress through the first pass (about
     ``plan(...).total`` entries in all)."""
     started = clock()
-    before = plan(jq, queue, count)
-    r = jq.redis
+    before = yield from plan_steps(jq, queue, count)
     partitions = before.sources
-    r.hset(MOVING_KEY, queue, placement_record(count, True))
+    yield from _one("hset", MOVING_KEY, queue, placement_record(count, True))
     report = Report(queue, before.recorded, count)
-    moved, _ = _move_pass(r, partitions, count, page, report, advance)
+    moved, _ = yield from _move_pass(partitions, count, page, report, advance)
     # Counted from the plan: a run moved into a partition scanned later is seen there again.
     report.stayed = max(before.total - moved - report.gone - len(report.conflicts), 0)
     # A second pass finds runs written meanwhile by a producer still using the old count
     # (or behind the scan cursor); on a quiet queue it only reads.
-    report.late, _ = _move_pass(r, partitions, count, page, report)
+    report.late, _ = yield from _move_pass(partitions, count, page, report)
     if report.conflicts:
         report.conflicts = list(dict.fromkeys(report.conflicts))  # both passes saw them
         shown = ", ".join(report.conflicts[:5]) + (", ..." if len(report.conflicts) > 5 else "")
@@ -586,13 +609,13 @@ def repartition(
         )
     new = targets(queue, count)
     for source in partitions:
-        if source not in new and _fold_stats(r, source, count):
+        if source not in new and (yield from _fold_stats(source, count)):
             report.folded.append((source.partition, fold_target(source.partition, count)))
-    _carry_fences(r, partitions, count)
-    _carry_pause(r, partitions, count)
-    _carry_limits(r, partitions, count)
-    _refuse_if_busy(jq, queue, partitions)  # a worker started during the move
-    r.hset(QUEUES_KEY, queue, placement_record(count, True))
-    r.hdel(MOVING_KEY, queue)
+    yield from _carry_fences(partitions, count)
+    yield from _carry_pause(partitions, count)
+    yield from _carry_limits(partitions, count)
+    yield from _refuse_if_busy(queue, partitions)  # a worker started during the move
+    yield from _one("hset", QUEUES_KEY, queue, placement_record(count, True))
+    yield from _one("hdel", MOVING_KEY, queue)
     report.seconds = clock() - started
     return report

@@ -98,10 +98,19 @@ def checks(jq: JobQueue, create_rate: float | None = None) -> list[Check]:
         return [warn("schedulers", f"schedulers unknown: not read ({exc})")]
 
 
+def _ever_seen_steps() -> Steps[bool]:
+    """Whether a recurring job or a scheduler was ever seen (the second EXISTS only when the
+    first finds nothing)."""
+    for key in (SCHED_CONFIG_KEY, SCHEDULERS_KEY):
+        (found,) = raised((yield commands(cmd("exists", key))))
+        if found:
+            return True
+    return False
+
+
 def _checks(jq: JobQueue, create_rate: float | None) -> list[Check]:
-    r = jq.redis
     try:
-        if not r.exists(SCHED_CONFIG_KEY) and not r.exists(SCHEDULERS_KEY):
+        if not jq.run_steps(_ever_seen_steps()):
             return []
     except redis.exceptions.NoPermissionError:
         return []  # a user who may not read jobqueue's keys: nothing to say of schedulers

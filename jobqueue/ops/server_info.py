@@ -1,6 +1,6 @@
 """What the Redis server says of itself (``INFO``): version, memory and its limit, clients,
 evictions, uptime; on a cluster, of each master. One INFO per server (a few kilobytes,
-whatever the data: no key is listed)."""
+whatever the data: no key is listed). Steps (``servers_steps``) that either client drives."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import redis
-
 from jobqueue.client.sync import JobQueue
+from jobqueue.store.io import EachMaster, Steps, cmd
 
 
 @dataclass(frozen=True)
@@ -62,29 +61,19 @@ def parse(address: str, info: Mapping[str, Any]) -> ServerInfo:
     )
 
 
-def _read(conn: Any, address: str) -> ServerInfo:
-    try:
-        return parse(address, conn.info())
-    except (redis.exceptions.RedisError, OSError) as exc:
-        return ServerInfo(address, error=f"INFO: {str(exc) or type(exc).__name__}")
-
-
-def _address(client: Any) -> str:
-    """host:port, or the unix socket's path (the URL's credentials never appear)."""
-    kwargs = client.connection_pool.connection_kwargs
-    if kwargs.get("path"):
-        return str(kwargs["path"])
-    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
-
-
 def servers(jq: JobQueue) -> list[ServerInfo]:
+    """:func:`servers_steps` on a sync client."""
+    return jq.run_steps(servers_steps())
+
+
+def servers_steps() -> Steps[list[ServerInfo]]:
     """The server, or each master of a cluster (by address): a server that cannot be read is
     a row with its ``error``, never an exception."""
-    client = jq.redis
-    primaries = getattr(client, "get_primaries", None)
-    if primaries is None:
-        return [_read(client, _address(client))]
-    return [
-        _read(client.get_redis_connection(node), str(node.name))
-        for node in sorted(primaries(), key=lambda n: str(n.name))
-    ]
+    rows = []
+    for address, replies in (yield EachMaster([cmd("info")])):
+        reply = replies if isinstance(replies, Exception) else replies[0]
+        if isinstance(reply, Exception):
+            rows.append(ServerInfo(address, error=f"INFO: {str(reply) or type(reply).__name__}"))
+        else:
+            rows.append(parse(address, reply))
+    return rows

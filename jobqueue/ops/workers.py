@@ -3,7 +3,10 @@ withdrawing (SIGKILL, a lost host) are pruned once they missed PRUNE_AFTER_BEATS
 by the live workers as they announce themselves, or at once by ``jobqueue workers prune``.
 
 A pruned entry of a worker that is in fact alive (paused that long) comes back at its next
-heartbeat: the registry is what operators read, never what decides a lease."""
+heartbeat: the registry is what operators read, never what decides a lease.
+
+Each write is steps (``announce_steps``, ``withdraw_steps``, ``prune_silent_steps``) that
+either client drives; the plain functions drive them on a sync ``JobQueue``."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from collections.abc import Iterable
 
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops.queries import PRUNE_AFTER_BEATS, workers
+from jobqueue.store.io import Steps, cmd, commands, raised
 from jobqueue.store.keys import WORKERS_KEY, WORKERS_SEEN_KEY
 
 # Entries pruned per round trip by a live worker.
@@ -24,31 +28,46 @@ def prune_deadline_ms(last_seen_ms: int, lease_ms: int) -> int:
 
 
 def announce(jq: JobQueue, worker_id: str, entry: str, last_seen_ms: int, lease_ms: int) -> None:
-    """Write a worker's registry entry (JSON) and when it may be pruned."""
-    pipe = jq.redis.pipeline(transaction=False)
-    pipe.hset(WORKERS_KEY, worker_id, entry)
-    pipe.zadd(WORKERS_SEEN_KEY, {worker_id: prune_deadline_ms(last_seen_ms, lease_ms)})
-    pipe.execute()
+    """:func:`announce_steps` on a sync client."""
+    jq.run_steps(announce_steps(worker_id, entry, last_seen_ms, lease_ms))
+
+
+def announce_steps(worker_id: str, entry: str, last_seen_ms: int, lease_ms: int) -> Steps[None]:
+    """Write a worker's registry entry (JSON) and when it may be pruned: one round trip."""
+    raised((yield commands(
+        cmd("hset", WORKERS_KEY, worker_id, entry),
+        cmd("zadd", WORKERS_SEEN_KEY, {worker_id: prune_deadline_ms(last_seen_ms, lease_ms)}),
+    )))  # fmt: skip
 
 
 def withdraw(jq: JobQueue, worker_ids: Iterable[str]) -> None:
+    """:func:`withdraw_steps` on a sync client."""
+    jq.run_steps(withdraw_steps(worker_ids))
+
+
+def withdraw_steps(worker_ids: Iterable[str]) -> Steps[None]:
+    """Remove the workers' entries: one round trip, none for no id."""
     ids = list(worker_ids)
     if not ids:
         return
-    pipe = jq.redis.pipeline(transaction=False)
-    pipe.hdel(WORKERS_KEY, *ids)
-    pipe.zrem(WORKERS_SEEN_KEY, *ids)
-    pipe.execute()
+    raised((yield commands(cmd("hdel", WORKERS_KEY, *ids), cmd("zrem", WORKERS_SEEN_KEY, *ids))))
 
 
 def prune_silent(jq: JobQueue, now_ms: int, keep: str = "") -> list[str]:
+    """:func:`prune_silent_steps` on a sync client."""
+    return jq.run_steps(prune_silent_steps(now_ms, keep))
+
+
+def prune_silent_steps(now_ms: int, keep: str = "") -> Steps[list[str]]:
     """Prune the entries whose workers missed PRUNE_AFTER_BEATS heartbeats by ``now_ms``
     (server time), at most PRUNE_BATCH of them; ``keep`` (the caller's own id) never. The
     pruned ids."""
-    due = jq.redis.zrangebyscore(WORKERS_SEEN_KEY, "-inf", now_ms, start=0, num=PRUNE_BATCH)
+    (due,) = raised((yield commands(
+        cmd("zrangebyscore", WORKERS_SEEN_KEY, "-inf", now_ms, start=0, num=PRUNE_BATCH)
+    )))  # fmt: skip
     ids = (i.decode("utf-8", "replace") if isinstance(i, bytes) else str(i) for i in due)
     gone = [i for i in ids if i != keep]
-    withdraw(jq, gone)
+    yield from withdraw_steps(gone)
     return gone
 
 
