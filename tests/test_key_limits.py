@@ -184,7 +184,7 @@ def test_show_json_has_the_limit_key_and_the_group(jq: JobQueue) -> None:
 
 def test_queues_counts_the_parked_runs(jq: JobQueue) -> None:
     parked_setup(jq)
-    assert [s.held_back for s in queries.stats(jq, "mail")] == [1]
+    assert [s.parked for s in queries.stats(jq, "mail")] == [1]
     header, row = invoke(jq, "queues").output.splitlines()[:2]
     assert header.split()[-4:] == ["PARKED", "KEY/TASK", "LIMIT", "RATE"]
     assert row.split()[-5:] == ["1", "key", "1", "-", "-"]

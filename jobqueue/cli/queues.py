@@ -46,7 +46,7 @@ def queues(state: Any, queue: str | None, as_json: bool) -> None:
             if s.oldest_due_age_ms is None
             else f"{duration(s.oldest_due_age_ms)} (due {abs_time(s.oldest_due_ms)})",
             _paused_cell(s),
-            s.held_back,
+            s.parked,
             _key_task_cell(s),
             "-" if s.concurrency_limit is None else s.concurrency_limit,
             rate(s.rate_limit, s.rate_window_ms),

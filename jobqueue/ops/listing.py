@@ -371,7 +371,7 @@ def _page_steps(
                     read_all = i == len(taken) - 1
                     break
         if horizon is None and read_all:
-            # Every partition gave all it held past the place: this index is read.
+            # Every partition gave all it had past the place: this index is read.
             at = indexes.index(index) + 1
             place = Place(indexes[at]) if at < len(indexes) else None
     total = yield from _total_steps(parts, indexes, counted, foreign, low, high, found)

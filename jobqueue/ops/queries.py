@@ -104,7 +104,7 @@ class PartitionStats:
     key_rate_limit: int | None = None
     key_rate_window_ms: int | None = None
     task_caps: dict[str, int] = field(default_factory=dict)
-    held_back: int = 0  # due runs parked by a full per-key or per-task cap (in the counts above)
+    parked: int = 0  # due runs parked by a full per-key or per-task cap (in the counts above)
     waiting: int = 0  # workflow runs waiting for their dependencies (not due: in no count above)
 
     def to_dict(self) -> dict[str, Any]:
@@ -373,7 +373,7 @@ def stats_steps(jq: ClientCore, queue: str | None = None) -> Steps[Listing[Parti
         fields = checked(r[10], k.limits, "hash", mine, {})
         limit, rate = fields.get("concurrency"), fields.get("rate")
         flow = limits_of(fields)
-        held_back = checked(r[12], k.parked, "sorted set", mine, 0)
+        parked = checked(r[12], k.parked, "sorted set", mine, 0)
         waiting = checked(r[13], k.waiting, "sorted set", mine, 0)
         if limit is not None and stored_int(limit) is None:
             mine.append(Anomaly(k.limits, f"field 'concurrency' is {limit!r}, not a limit"))
@@ -407,7 +407,7 @@ def stats_steps(jq: ClientCore, queue: str | None = None) -> Steps[Listing[Parti
                 key_rate_limit=None if flow.key_rate is None else flow.key_rate[0],
                 key_rate_window_ms=None if flow.key_rate is None else flow.key_rate[1],
                 task_caps=flow.task_caps,
-                held_back=held_back,
+                parked=parked,
                 waiting=waiting,
             )
         )
@@ -597,7 +597,7 @@ class QueueTotals:
     key_rate_limit: int | None = None
     key_rate_window_ms: int | None = None
     task_caps: dict[str, int] = field(default_factory=dict)
-    held_back: int = 0  # due runs parked by a full per-key or per-task cap, all partitions
+    parked: int = 0  # due runs parked by a full per-key or per-task cap, all partitions
     waiting: int = 0  # workflow runs waiting for their dependencies, all partitions
 
     def to_dict(self) -> dict[str, Any]:
@@ -634,7 +634,7 @@ def queue_totals(per_partition: list[PartitionStats]) -> list[QueueTotals]:
                 key_rate_limit=rows[0].key_rate_limit,
                 key_rate_window_ms=rows[0].key_rate_window_ms,
                 task_caps=rows[0].task_caps,
-                held_back=sum(s.held_back for s in rows),
+                parked=sum(s.parked for s in rows),
                 waiting=sum(s.waiting for s in rows),
             )
         )

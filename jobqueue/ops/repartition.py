@@ -10,7 +10,7 @@ The move crosses slots, so it cannot be atomic; it is made safe to interrupt and
 * Runs are found through their indexes (``due``, ``dead``, ``done``; ZSCAN in pages, never KEYS),
   partition by partition. A run whose new partition differs is copied first (history list, record
   hash, index entry with the same score and, for a pending run, its prio entry (above the default
-  priority) and the deduplication key it holds; each key's TTL re-applied from its PTTL), and only
+  priority) and the deduplication key it owns; each key's TTL re-applied from its PTTL), and only
   when every copy of a page is written are the old keys deleted (record, history, then the index
   entry last). While the old record exists it is the authority: a re-run simply writes the copy
   again. When it is gone, the old index entry says what is left to clean. So a crash anywhere
@@ -322,10 +322,10 @@ def _delete_sources(pipe: Any, moves: Sequence[tuple[Move, Action]]) -> None:
         pipe.zrem(getattr(move.source, move.index), move.run_id)
 
 
-def _dedupe_holds(
+def _dedupe_owned(
     moves: Sequence[Move], replies: Sequence[Any]
 ) -> Steps[dict[str, tuple[str, int]]]:
-    """The deduplication keys held by runs that move (run id -> key, its TTL in ms or 0):
+    """The deduplication keys owned by runs that move (run id -> key, its TTL in ms or 0):
     a run enqueued under a key has the key's partition, so the key moves with it."""
     named = []
     for i, m in enumerate(moves):
@@ -339,12 +339,12 @@ def _dedupe_holds(
         *(c for m, key in named
           for c in (cmd("get", m.source.dedupe(key)), cmd("pttl", m.source.dedupe(key))))
     )  # fmt: skip
-    held = {}
+    owned = {}
     for j, (m, key) in enumerate(named):
         holder, ttl = found[2 * j], found[2 * j + 1]
         if holder == m.run_id or holder == m.run_id.encode():
-            held[m.run_id] = (key, _ttl(ttl))
-    return held
+            owned[m.run_id] = (key, _ttl(ttl))
+    return owned
 
 
 def _move_batch(moves: Sequence[Move], report: Report) -> Steps[int]:
@@ -359,10 +359,10 @@ def _move_batch(moves: Sequence[Move], report: Report) -> Steps[int]:
         read.pttl(m.source.history(m.run_id))
         read.hgetall(m.target.run(m.run_id))
     replies = raised((yield commands(*read.cmds)))
-    held = yield from _dedupe_holds(moves, replies)
+    owned = yield from _dedupe_owned(moves, replies)
     write = Batch()
     settled: list[tuple[Move, Action]] = []
-    unparked: list[tuple[Move, str]] = []  # runs held back by a cap in their old partition
+    unparked: list[tuple[Move, str]] = []  # runs parked by a cap in their old partition
     moved = 0
     for i, m in enumerate(moves):
         fields, record_ttl, history, history_ttl, target = replies[i * 5 : i * 5 + 5]
@@ -399,8 +399,8 @@ def _move_batch(moves: Sequence[Move], report: Report) -> Steps[int]:
             else:
                 write.persist(run_key)
         write.zadd(getattr(m.target, m.index), {m.run_id: score})
-        if m.run_id in held:  # the deduplication key it holds goes with it
-            key, ttl = held[m.run_id]
+        if m.run_id in owned:  # the deduplication key it owns goes with it
+            key, ttl = owned[m.run_id]
             write.set(m.target.dedupe(key), m.run_id, px=ttl or None)
         level = stored_int((fields or target).get("priority")) or 0
         if m.index == "due" and 0 < level <= PRIORITY_MAX:  # its place among due runs too
@@ -409,11 +409,11 @@ def _move_batch(moves: Sequence[Move], report: Report) -> Steps[int]:
         moved += 1
     if settled:
         yield from _written(write)  # every copy of the page is written before any old key goes
-        if held:  # the copies hold the keys now (single-key deletes: one slot each)
+        if owned:  # the copies own the keys now (single-key deletes: one slot each)
             drop = Batch()
             for m, _ in settled:
-                if m.run_id in held:
-                    drop.delete(m.source.dedupe(held[m.run_id][0]))
+                if m.run_id in owned:
+                    drop.delete(m.source.dedupe(owned[m.run_id][0]))
             yield from _written(drop)
         deletes = Batch()
         _delete_sources(deletes, settled)

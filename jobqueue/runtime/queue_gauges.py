@@ -134,7 +134,7 @@ class QueueGauges:
                 self.queue_runs.labels(queue, state).set(value)
             self.queue_lease_expiries.labels(queue).set(expired)
             self.queue_paused.labels(queue).set(sum(p.paused for p in parts))
-            self.queue_parked.labels(queue).set(sum(p.held_back for p in parts))
+            self.queue_parked.labels(queue).set(sum(p.parked for p in parts))
             limits = [p.concurrency_limit for p in parts if p.concurrency_limit is not None]
             self.queue_concurrency_limit.labels(queue).set(max(limits, default=-1))
             first = parts[0]
