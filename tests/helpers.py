@@ -19,10 +19,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
+from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import JobQueueError
 from jobqueue.models import Run
@@ -103,6 +104,23 @@ def claim_one(
     """Claim the one run due (the test keeps exactly one due)."""
     (run,) = claim(runner, pk, now, 1, owner, lease_ms, retention_ms).runs
     return run
+
+
+T = TypeVar("T")
+
+
+def drive_async(async_redis_client: Any, steps: Callable[[AsyncJobQueue], Steps[T]]) -> T:
+    """``steps(ajq)`` driven by an AsyncJobQueue on the test's server (the
+    ``async_redis_client`` fixture), which is closed afterwards."""
+
+    async def go() -> T:
+        ajq = AsyncJobQueue(async_redis_client)
+        try:
+            return await ajq.run_steps(steps(ajq))
+        finally:
+            await async_redis_client.aclose()
+
+    return asyncio.run(go())
 
 
 # -- workers ----------------------------------------------------------------------------------

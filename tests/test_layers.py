@@ -30,13 +30,13 @@ LAYERS: list[tuple[str, ...]] = [
     # the app-facing clients and the facade over the asyncio one
     ("jobqueue.client", "jobqueue.aio"),
     # the operators' tooling over the clients (queries, listings, repair, repartition, health,
-    # capacity, gauges) and the facade over its reads
-    ("jobqueue.ops", "jobqueue.queries"),
+    # capacity, gauges), the facade over its reads, and the scheduler partitions' move
+    ("jobqueue.ops", "jobqueue.queries", "jobqueue.recurring.repartition"),
     # the daemons and what they run with, and the package's facade (it names the Worker too,
     # imported at first use)
     ("jobqueue.worker", "jobqueue.recurring.daemon", "jobqueue.recurring.firing",
      "jobqueue.recurring.draining", "jobqueue.recurring.buffered", "jobqueue.recurring.lookahead",
-     "jobqueue.recurring.membership", "jobqueue.recurring.repartition",
+     "jobqueue.recurring.membership",
      "jobqueue.runtime", "jobqueue.__init__", "jobqueue.testing"),
     # jobqueue check: its checks of the schedulers (they read the daemons' own records), and
     # every check together
@@ -56,16 +56,34 @@ CLIENT_ONLY_MODULES = (
     "jobqueue.store.scripts",
 )
 CLIENT_ONLY_ATTRIBUTES = frozenset({"pipeline", "scripts", "redis", "execute_command"})
-# The operators' tooling (jobqueue.ops) reads and writes through steps (jobqueue.store.io),
-# which either client drives: no module there touches a client's redis, scripts, pipelines
-# or raw commands, but these (a module leaves this list when it goes through steps):
-OPS_WITH_RAW_CLIENT = {
+# Beyond the clients and the store, Redis is reached through steps (jobqueue.store.io), which
+# either client drives, or (in the daemons) through typed script calls: no module touches a
+# client's redis, pipelines or raw commands, but these (a module leaves the list when it goes
+# through steps):
+RAW_CLIENT_USERS = {
     # `jobqueue check`: INFO, CONFIG GET and TIME on every node CLUSTER NODES lists (replicas
     # and nodes redis-py does not know too), TIME timed by the host's clock, SCRIPT LOAD.
     "jobqueue.ops.health",
     # master_names: the cluster client's cached slot map, no I/O.
     "jobqueue.ops.queries",
+    # read_owners names each partition's master: the same slot map, no I/O.
+    "jobqueue.recurring.membership",
+    # the recurring definitions store's sync driver: it is the sync client's half.
+    "jobqueue.recurring.sync",
+    # hands the connection to RedisIO, the worker's own calls (its claim/complete hot path).
+    "jobqueue.worker.daemon",
 }
+RAW_CLIENT_ATTRIBUTES = frozenset({"pipeline", "redis", "execute_command"})
+# The operators' tooling runs no script call of its own either, but `jobqueue check`'s SCRIPT
+# LOAD (health).
+OPS_WITH_SCRIPTS = {"jobqueue.ops.health"}
+
+
+def uses(path: Path, attributes: frozenset[str]) -> bool:
+    return any(
+        isinstance(node, ast.Attribute) and node.attr in attributes
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
 
 
 def test_the_client_only_modules_exist() -> None:
@@ -74,18 +92,25 @@ def test_the_client_only_modules_exist() -> None:
             and m not in modules()] == []
 
 
-def test_ops_touch_no_client_but_the_listed_modules() -> None:
-    """A raw ``jq.redis`` call or pipeline in jobqueue.ops exists for the sync client only."""
+def test_only_the_listed_modules_beyond_the_clients_touch_a_raw_client() -> None:
+    """A raw ``jq.redis`` call or pipeline exists for the sync client only: what goes
+    through steps works on AsyncJobQueue too."""
     found = sorted(
         name
         for name, path in modules().items()
-        if name.startswith("jobqueue.ops.")
-        and any(
-            isinstance(node, ast.Attribute) and node.attr in CLIENT_ONLY_ATTRIBUTES
-            for node in ast.walk(ast.parse(path.read_text()))
-        )
+        if not name.startswith(("jobqueue.store.", "jobqueue.client."))
+        and uses(path, RAW_CLIENT_ATTRIBUTES)
     )
-    assert found == sorted(OPS_WITH_RAW_CLIENT)
+    assert found == sorted(RAW_CLIENT_USERS)
+
+
+def test_the_operators_tooling_runs_no_script_call_but_the_health_check() -> None:
+    found = sorted(
+        name
+        for name, path in modules().items()
+        if name.startswith("jobqueue.ops.") and uses(path, frozenset({"scripts"}))
+    )
+    assert found == sorted(OPS_WITH_SCRIPTS)
 
 
 @dataclass(frozen=True)

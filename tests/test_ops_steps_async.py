@@ -4,36 +4,19 @@ driving the same steps does what the sync functions do."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from helpers import drive_async
 
-from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops import capacity, gauges, queries, repair, repartition, server_info
 from jobqueue.ops import workers as registry
 from jobqueue.ops.queries import QueueTotals
-from jobqueue.store.io import Steps
 from jobqueue.store.keys import WORKERS_KEY, WORKERS_SEEN_KEY
 
-T = TypeVar("T")
 LEASE_MS = 30_000
-
-
-def drive(async_redis_client: Any, steps: Callable[[AsyncJobQueue], Steps[T]]) -> T:
-    """``steps(ajq)`` driven by an AsyncJobQueue on the test's server."""
-
-    async def go() -> T:
-        ajq = AsyncJobQueue(async_redis_client)
-        try:
-            return await ajq.run_steps(steps(ajq))
-        finally:
-            await async_redis_client.aclose()
-
-    return asyncio.run(go())
 
 
 def entry(worker_id: str, seen_ms: int) -> str:
@@ -47,7 +30,7 @@ def test_the_async_client_announces_a_worker_as_the_sync_one_does(
 ) -> None:
     now = jq.server_time_ms()
     registry.announce(jq, "sync", entry("w", now), now, LEASE_MS)
-    drive(async_redis_client, lambda _: registry.announce_steps("async", entry("w", now),
+    drive_async(async_redis_client, lambda _: registry.announce_steps("async", entry("w", now),
                                                                 now, LEASE_MS))  # fmt: skip
     assert redis_client.hget(WORKERS_KEY, "async") == redis_client.hget(WORKERS_KEY, "sync")
     assert redis_client.zscore(WORKERS_SEEN_KEY, "async") == redis_client.zscore(
@@ -62,7 +45,7 @@ def test_the_async_client_withdraws_workers_as_the_sync_one_does(
     for worker_id in ("a", "b", "c"):
         registry.announce(jq, worker_id, entry(worker_id, now), now, LEASE_MS)
     registry.withdraw(jq, ["a"])
-    drive(async_redis_client, lambda _: registry.withdraw_steps(["b"]))
+    drive_async(async_redis_client, lambda _: registry.withdraw_steps(["b"]))
     assert [w.id for w in queries.workers(jq)] == ["c"]
 
 
@@ -79,7 +62,9 @@ def test_the_async_client_prunes_the_silent_workers_the_sync_one_prunes(
 
     by_sync = registry.prune_silent(jq, plant(), keep="me")
     now = plant()
-    by_async = drive(async_redis_client, lambda _: registry.prune_silent_steps(now, keep="me"))
+    by_async = drive_async(
+        async_redis_client, lambda _: registry.prune_silent_steps(now, keep="me")
+    )
     assert sorted(by_async) == sorted(by_sync) == ["old-1", "old-2"]
     assert sorted(w.id for w in queries.workers(jq)) == ["fresh", "me"]
 
@@ -88,7 +73,7 @@ def test_the_async_client_claims_a_minute_that_the_sync_one_then_cannot(
     jq: JobQueue, async_redis_client: Any
 ) -> None:
     now = jq.server_time_ms()
-    assert drive(async_redis_client, lambda _: gauges.claim_minute_steps(now)) is True
+    assert drive_async(async_redis_client, lambda _: gauges.claim_minute_steps(now)) is True
     assert gauges.claim_minute(jq, now) is False
     later = now + gauges.MINUTE_MS
     assert gauges.claim_minute(jq, later) is True
@@ -103,7 +88,9 @@ def test_points_the_async_client_records_are_those_the_sync_one_records(
 ) -> None:
     now = jq.server_time_ms()
     assert gauges.record(jq, now, [totals("by-sync", 5)]) == []
-    found = drive(async_redis_client, lambda _: gauges.record_steps(now, [totals("by-async", 5)]))
+    found = drive_async(
+        async_redis_client, lambda _: gauges.record_steps(now, [totals("by-async", 5)])
+    )
     assert found == []
     for resolution in (gauges.MINUTES, gauges.HOURS):
         by_sync, by_async = gauges.history(jq, ["by-sync", "by-async"], resolution, now)
@@ -116,7 +103,7 @@ def test_the_async_client_reads_the_gauges_history_the_sync_one_reads(
     now = jq.server_time_ms()
     gauges.record(jq, now, [totals("mail", 3), totals("default", 1)])
     read = gauges.history(jq, ["mail", "default"], gauges.MINUTES, now)
-    by_async = drive(
+    by_async = drive_async(
         async_redis_client, lambda _: gauges.history_steps(["mail", "default"], gauges.MINUTES, now)
     )
     assert list(by_async) == list(read)
@@ -130,7 +117,9 @@ def test_the_async_client_measures_what_runs_cost_as_the_sync_one_does(
     by_sync = capacity.measure_run_bytes(jq, samples=200)
     done_by_sync = queries.stats(jq)
     redis_client.flushall()
-    by_async = drive(async_redis_client, lambda ajq: capacity.measure_run_bytes_steps(ajq, 200))
+    by_async = drive_async(
+        async_redis_client, lambda ajq: capacity.measure_run_bytes_steps(ajq, 200)
+    )
     assert min(by_sync) > 0 and min(by_async) > 0
     assert [(r.queue, r.due_now, r.running) for r in queries.stats(jq)] == [
         (r.queue, r.due_now, r.running) for r in done_by_sync
@@ -145,7 +134,7 @@ def test_the_async_client_repairs_what_the_sync_one_finds_to_repair(
         jq.enqueue("t", i)
     redis_client.delete(jq.partition_keys("default", 0).due)
     found = repair.repair_queue(jq, "default", dry_run=True).totals
-    done = drive(async_redis_client, lambda ajq: repair.repair_queue_steps(ajq, "default"))
+    done = drive_async(async_redis_client, lambda ajq: repair.repair_queue_steps(ajq, "default"))
     assert done.totals == found and found.indexed == 30
     assert repair.repair_queue(jq, "default").totals.indexed == 0
 
@@ -161,7 +150,7 @@ def test_the_async_client_repartitions_a_queue_as_the_sync_one_does(
             jq.enqueue(task, i)
     assert repartition.plan(jq, "a", 4).runs == repartition.plan(jq, "b", 4).runs
     by_sync = repartition.repartition(jq, "a", 4).to_dict()
-    by_async = drive(
+    by_async = drive_async(
         async_redis_client, lambda ajq: repartition.repartition_steps(ajq, "b", 4)
     ).to_dict()
     assert {**by_async, "queue": "a", "seconds": 0} == {**by_sync, "seconds": 0}
@@ -176,7 +165,7 @@ def test_the_async_client_reads_the_servers_info_the_sync_one_reads(
     jq: JobQueue, async_redis_client: Any
 ) -> None:
     (by_sync,) = server_info.servers(jq)
-    (by_async,) = drive(async_redis_client, lambda _: server_info.servers_steps())
+    (by_async,) = drive_async(async_redis_client, lambda _: server_info.servers_steps())
     assert (by_async.address, by_async.server, by_async.version, by_async.maxmemory) == (
         by_sync.address,
         by_sync.server,

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from helpers import drive_async
 
 from jobqueue.cli import State, main
 from jobqueue.client.sync import JobQueue
@@ -211,6 +212,27 @@ def test_a_job_defined_differently_in_two_partitions_is_left_for_a_human(
     with pytest.raises(OperationRefused, match=f"1 recurring jobs are defined in two.*{job}"):
         srp.repartition(JobQueue(redis_client), 8)
     assert redis_client.hget(SCHED_CONFIG_KEY, "partitions") == "1"
+
+
+def test_the_async_client_moves_the_jobs_as_the_sync_one_does(
+    redis_client: Any, async_redis_client: Any
+) -> None:
+    """The same store, moved once by each client (restored in between): the same report
+    and the same jobs, each in its partition."""
+    populate(redis_client)
+    before = snapshot(redis_client)
+    saved = {key: redis_client.dump(key) for key in redis_client.scan_iter()}
+    by_sync = srp.repartition(JobQueue(redis_client), 8).to_dict()
+    after_sync = snapshot(redis_client)
+    redis_client.flushdb()
+    for key, value in saved.items():
+        redis_client.restore(key, 0, value)
+    assert srp.plan(JobQueue(redis_client), 8).jobs == len(before)
+    by_async = drive_async(async_redis_client, lambda ajq: srp.repartition_steps(ajq, 8))
+    assert {**by_async.to_dict(), "seconds": 0} == {**by_sync, "seconds": 0}
+    assert by_sync["moved"] > 0
+    assert snapshot(redis_client) == after_sync == before
+    assert redis_client.hget(SCHED_CONFIG_KEY, "partitions") == "8 spread"
 
 
 # -- the CLI ------------------------------------------------------------------------------------

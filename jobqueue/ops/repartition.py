@@ -46,7 +46,7 @@ from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, CorruptData, OperationRefused
 from jobqueue.models import PRIORITY_MAX
-from jobqueue.ops.queries import Batch, workers_steps
+from jobqueue.ops.queries import Batch, workers_steps, written
 from jobqueue.store.io import Steps, cmd, commands, raised, transaction
 from jobqueue.store.keys import (
     MAX_PARTITIONS,
@@ -303,12 +303,6 @@ def _ttl(value: Any) -> int:
     return int(value) if value is not None and int(value) > 0 else 0
 
 
-def _written(batch: Batch) -> Steps[None]:
-    """The batch's commands in one round trip, the first error raised; none when empty."""
-    if batch.cmds:
-        raised((yield commands(*batch.cmds)))
-
-
 def _delete_sources(pipe: Any, moves: Sequence[tuple[Move, Action]]) -> None:
     """Queue on ``pipe`` the deletes of the old keys of moves whose copies are written:
     record, history, then the index entry last (while it remains, a re-run knows there is
@@ -408,22 +402,22 @@ def _move_batch(moves: Sequence[Move], report: Report) -> Steps[int]:
         report.count_moved((fields or target).get("state") or _INDEX_STATE[m.index])
         moved += 1
     if settled:
-        yield from _written(write)  # every copy of the page is written before any old key goes
+        yield from written(write)  # every copy of the page is written before any old key goes
         if owned:  # the copies own the keys now (single-key deletes: one slot each)
             drop = Batch()
             for m, _ in settled:
                 if m.run_id in owned:
                     drop.delete(m.source.dedupe(owned[m.run_id][0]))
-            yield from _written(drop)
+            yield from written(drop)
         deletes = Batch()
         _delete_sources(deletes, settled)
-        yield from _written(deletes)
+        yield from written(deletes)
         if unparked:  # their waiting lines in the old partition (stale entries otherwise)
             drop = Batch()
             for m, group in unparked:
                 drop.zrem(m.source.prefix + "parked:" + group, m.run_id)
                 drop.zrem(m.source.parked, m.run_id)
-            yield from _written(drop)
+            yield from written(drop)
     return moved
 
 
@@ -503,7 +497,7 @@ def _carry_fences(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     for k in everything:
         if k not in new:
             pipe.delete(k.fences)
-    yield from _written(pipe)
+    yield from written(pipe)
 
 
 def _carry_pause(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
@@ -524,7 +518,7 @@ def _carry_pause(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     for k in everything:
         if k not in new:
             pipe.delete(k.paused)
-    yield from _written(pipe)
+    yield from written(pipe)
 
 
 def _carry_limits(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
@@ -558,7 +552,7 @@ def _carry_limits(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     for k in everything:
         if k not in new:
             pipe.delete(k.limits)
-    yield from _written(pipe)
+    yield from written(pipe)
 
 
 def repartition(

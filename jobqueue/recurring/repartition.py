@@ -20,6 +20,8 @@ repartition K``). The pattern of ``jobqueue.ops.repartition`` (a queue's P):
   the leases of the partitions that ceased to exist are deleted.
 
 Single-key commands only, pipelined: the same code serves a single server and a cluster.
+Written as steps (``plan_steps``, ``repartition_steps``) that either client drives; ``plan``
+and ``repartition`` drive them on a sync ``JobQueue``.
 """
 
 from __future__ import annotations
@@ -29,17 +31,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import redis
-
 from jobqueue.anomalies import is_wrong_type
+from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import CorruptData, OperationRefused
+from jobqueue.ops.queries import Batch, written
 from jobqueue.recurring.definitions import (
     MOVING_FIELD,
     SCHED_CONFIG_KEY,
     sched_keys,
     sched_partition_of,
 )
+from jobqueue.recurring.registry import members_steps, owners_steps
+from jobqueue.store.io import Steps, cmd, commands, raised, server_time_steps
 from jobqueue.store.keys import (
     SchedKeys,
     bad_count,
@@ -121,14 +125,14 @@ def _text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _config(jq: JobQueue) -> tuple[tuple[int, bool], tuple[int, bool] | None]:
-    r = jq.redis
-    try:
-        stored, moving = r.hmget(SCHED_CONFIG_KEY, ["partitions", MOVING_FIELD])
-    except redis.exceptions.ResponseError as exc:
-        if is_wrong_type(exc):
-            raise CorruptData(f"{SCHED_CONFIG_KEY} is not a hash; nothing moved") from None
-        raise
+def _config_steps() -> Steps[tuple[tuple[int, bool], tuple[int, bool] | None]]:
+    """The recorded layout and an interrupted move's target."""
+    (reply,) = yield commands(cmd("hmget", SCHED_CONFIG_KEY, ["partitions", MOVING_FIELD]))
+    if is_wrong_type(reply):
+        raise CorruptData(f"{SCHED_CONFIG_KEY} is not a hash; nothing moved")
+    if isinstance(reply, Exception):
+        raise reply
+    stored, moving = reply
     if stored is None:
         raise OperationRefused("no scheduler partition count recorded: no recurring job yet")
     recorded = parse_placement(_text(stored))
@@ -142,14 +146,12 @@ def _config(jq: JobQueue) -> tuple[tuple[int, bool], tuple[int, bool] | None]:
     return recorded, moving_to
 
 
-def refuse_if_running(jq: JobQueue, partitions: Sequence[SchedKeys]) -> None:
+def refuse_if_running_steps(partitions: Sequence[SchedKeys]) -> Steps[None]:
     """Live schedulers, or partitions still leased: a move now would strand jobs or fire
     them from two layouts."""
-    from jobqueue.recurring.membership import read_members, read_owners
-
-    now = jq.server_time_ms()
-    live = [m.id for m in read_members(jq, now) if m.live]
-    leased = [o.partition for o in read_owners(jq, partitions) if o.held(now)]
+    now = yield from server_time_steps()
+    live = [m.id for m in (yield from members_steps(now)) if m.live]
+    leased = [o.partition for o in (yield from owners_steps(partitions)) if o.held(now)]
     if live or leased:
         who = ", ".join(live[:3]) + (", ..." if len(live) > 3 else "")
         raise OperationRefused(
@@ -160,39 +162,41 @@ def refuse_if_running(jq: JobQueue, partitions: Sequence[SchedKeys]) -> None:
 
 
 def plan(jq: JobQueue, count: int) -> Plan:
+    """:func:`plan_steps` on a sync client."""
+    return jq.run_steps(plan_steps(count))
+
+
+def plan_steps(count: int) -> Steps[Plan]:
     """Read-only: check the move may start (else OperationRefused) and count the jobs."""
     validate_partition_count(count, "scheduler")
-    recorded, moving_to = _config(jq)
+    recorded, moving_to = yield from _config_steps()
     partitions = sources(recorded, count, moving_to)
-    refuse_if_running(jq, partitions)
-    pipe = jq.redis.pipeline(transaction=False)
-    for sk in partitions:
-        pipe.hlen(sk.defs)
-    replies = pipe.execute(raise_on_error=False)
+    yield from refuse_if_running_steps(partitions)
+    replies = yield commands(*(cmd("hlen", sk.defs) for sk in partitions))
     for sk, reply in zip(partitions, replies, strict=True):
+        if is_wrong_type(reply):
+            raise CorruptData(f"{sk.defs} is not a hash; nothing moved")
         if isinstance(reply, Exception):
-            if is_wrong_type(reply):
-                raise CorruptData(f"{sk.defs} is not a hash; nothing moved")
             raise reply
     return Plan(recorded[0], recorded[1], count, moving_to, sum(int(n) for n in replies))
 
 
-def _move_page(r: Any, source: SchedKeys, page: dict[str, str], count: int,
-               report: Report) -> tuple[int, int]:  # fmt: skip
+def _move_page(source: SchedKeys, page: dict[str, str], count: int,
+               report: Report) -> Steps[tuple[int, int]]:  # fmt: skip
     """Copy, then delete, one page of definitions; (moved, stayed)."""
     moves = [(job, text, target_of(job, count)) for job, text in page.items()]
     moves = [(job, text, t) for job, text, t in moves if t.prefix != source.prefix]
     stayed = len(page) - len(moves)
     if not moves:
         return 0, stayed
-    pipe = r.pipeline(transaction=False)
+    read = Batch()
     for job, _, target in moves:
-        pipe.zscore(source.next, job)
-        pipe.hget(source.state, job)
-        pipe.hget(source.buffered, job)
-        pipe.hget(target.defs, job)
-    replies = pipe.execute()
-    write = r.pipeline(transaction=False)
+        read.zscore(source.next, job)
+        read.hget(source.state, job)
+        read.hget(source.buffered, job)
+        read.hget(target.defs, job)
+    replies = raised((yield commands(*read.cmds)))
+    write = Batch()
     settled = []
     for i, (job, text, target) in enumerate(moves):
         score, state, buffered, there = replies[4 * i : 4 * i + 4]
@@ -211,37 +215,39 @@ def _move_page(r: Any, source: SchedKeys, page: dict[str, str], count: int,
         settled.append((job, target))
     if not settled:
         return 0, stayed
-    write.execute()  # every copy of the page is written before any old field goes
-    _delete_sources(r, source, [job for job, _ in settled])
+    yield from written(write)  # every copy of the page is written before any old field goes
+    delete = Batch()
+    _delete_sources(delete, source, [job for job, _ in settled])
+    yield from written(delete)
     return len(settled), stayed
 
 
-def _delete_sources(r: Any, source: SchedKeys, jobs: Sequence[str]) -> None:
-    """The old fields of jobs whose copies are written; the definitions last (while one
-    exists, a re-run copies its job again)."""
-    delete = r.pipeline(transaction=False)
+def _delete_sources(batch: Batch, source: SchedKeys, jobs: Sequence[str]) -> None:
+    """Queue on ``batch`` the deletes of the old fields of jobs whose copies are written;
+    the definitions last (while one exists, a re-run copies its job again)."""
     for job in jobs:
-        delete.zrem(source.next, job)
-        delete.hdel(source.state, job)
-        delete.hdel(source.buffered, job)
+        batch.zrem(source.next, job)
+        batch.hdel(source.state, job)
+        batch.hdel(source.buffered, job)
     for job in jobs:
-        delete.hdel(source.defs, job)
-    delete.execute()
+        batch.hdel(source.defs, job)
 
 
 def _move_pass(
-    r: Any, partitions: Sequence[SchedKeys], count: int, page: int, report: Report,
+    partitions: Sequence[SchedKeys], count: int, page: int, report: Report,
     advance: Callable[[int], None] = lambda n: None,
-) -> tuple[int, int]:  # fmt: skip
+) -> Steps[tuple[int, int]]:  # fmt: skip
     moved = stayed = 0
     for source in partitions:
         cursor = 0
         while True:
             # HSCAN, not HGETALL: a definition moved meanwhile is simply not seen again,
             # and every definition present throughout is seen at least once.
-            cursor, found = r.hscan(source.defs, cursor, count=page)
+            ((cursor, found),) = raised(
+                (yield commands(cmd("hscan", source.defs, cursor, count=page)))
+            )
             defs = {_text(k) or "": _text(v) or "" for k, v in found.items()}
-            m, s = _move_page(r, source, defs, count, report)
+            m, s = yield from _move_page(source, defs, count, report)
             moved, stayed = moved + m, stayed + s
             advance(len(defs))
             if not cursor:
@@ -257,20 +263,32 @@ def repartition(
     clock: Callable[[], float] = time.monotonic,
     advance: Callable[[int], None] = lambda n: None,
 ) -> Report:
+    """:func:`repartition_steps` on a sync client."""
+    return jq.run_steps(repartition_steps(jq, count, page=page, clock=clock, advance=advance))
+
+
+def repartition_steps(
+    jq: ClientCore,
+    count: int,
+    *,
+    page: int = PAGE,
+    clock: Callable[[], float] = time.monotonic,
+    advance: Callable[[int], None] = lambda n: None,
+) -> Steps[Report]:
     """Move every recurring job to its scheduler partition under ``count``, then record the
-    count. Refused (OperationRefused) while schedulers run; safe to re-run after an
-    interruption (it finishes the move)."""
+    count; ``jq`` (either client) then re-reads it. Refused (OperationRefused) while
+    schedulers run; safe to re-run after an interruption (it finishes the move)."""
     started = clock()
-    before = plan(jq, count)
-    r = jq.redis
+    before = yield from plan_steps(count)
     partitions = before.partitions
-    r.hset(SCHED_CONFIG_KEY, MOVING_FIELD, placement_record(count, True))
+    moving = placement_record(count, True)
+    raised((yield commands(cmd("hset", SCHED_CONFIG_KEY, MOVING_FIELD, moving))))
     report = Report(before.recorded, count)
-    report.moved, _ = _move_pass(r, partitions, count, page, report, advance)
+    report.moved, _ = yield from _move_pass(partitions, count, page, report, advance)
     # Counted from the plan: a job moved into a partition scanned later is seen there again.
     report.stayed = max(before.jobs - report.moved - len(report.conflicts), 0)
     # A second pass finds jobs written meanwhile by a client that read K before the move.
-    report.late, _ = _move_pass(r, partitions, count, page, report)
+    report.late, _ = yield from _move_pass(partitions, count, page, report)
     if report.conflicts:
         report.conflicts = list(dict.fromkeys(report.conflicts))
         shown = ", ".join(report.conflicts[:5]) + (", ..." if len(report.conflicts) > 5 else "")
@@ -279,15 +297,15 @@ def repartition(
             f"different definitions ({shown}): resolve them by hand, then run this again; "
             "count not changed"
         )
-    refuse_if_running(jq, partitions)  # a scheduler started during the move
+    yield from refuse_if_running_steps(partitions)  # a scheduler started during the move
     new = {sk.prefix for sk in layout(count, True)}
-    pipe = r.pipeline(transaction=False)
+    record = Batch()
     for sk in partitions:
         if sk.prefix not in new:
-            pipe.delete(sk.owner)  # a lease of a partition that no longer exists
-    pipe.hset(SCHED_CONFIG_KEY, "partitions", placement_record(count, True))
-    pipe.hdel(SCHED_CONFIG_KEY, MOVING_FIELD)
-    pipe.execute()
+            record.delete(sk.owner)  # a lease of a partition that no longer exists
+    record.hset(SCHED_CONFIG_KEY, "partitions", placement_record(count, True))
+    record.hdel(SCHED_CONFIG_KEY, MOVING_FIELD)
+    yield from written(record)
     jq.recurring.forget()
     report.seconds = clock() - started
     return report

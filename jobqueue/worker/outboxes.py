@@ -7,6 +7,8 @@ staged workflows whose creator died are settled, and the flows index is tidied."
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from jobqueue.client.relay import (
     audit_waiting_steps,
@@ -16,6 +18,7 @@ from jobqueue.client.relay import (
 )
 from jobqueue.client.sync import JobQueue
 from jobqueue.runtime.clock import Clock
+from jobqueue.store.io import Steps, cmd, commands
 from jobqueue.store.keys import PartitionKeys
 
 log = logging.getLogger("jobqueue.worker")
@@ -26,6 +29,14 @@ RELAY_SWEEP_S = 2.0
 # Chunks (of jobqueue.client.relay.AUDIT_RUNS waiting runs) a worker's audit reads per
 # partition and period at most: 2,000 waiting runs; a longer index takes more periods.
 AUDIT_CHUNKS = 40
+
+
+def outbox_sizes_steps(partitions: Sequence[PartitionKeys]) -> Steps[list[Any]]:
+    """Each partition's outbox length, in one round trip; an error in place of a length
+    whose key could not be read (its master down: that partition waits for the next sweep)."""
+    if not partitions:
+        return []
+    return list((yield commands(*(cmd("zcard", keys.outbox) for keys in partitions))))
 
 
 class OutboxUpkeep:
@@ -62,10 +73,7 @@ class OutboxUpkeep:
         """On a thread: relay the served partitions whose outboxes hold entries (one
         pipelined read), and now and then audit them."""
         try:
-            pipe = self._jq.redis.pipeline(transaction=False)
-            for keys in self.partitions:
-                pipe.zcard(keys.outbox)
-            sizes = pipe.execute(raise_on_error=False)
+            sizes = self._jq.run_steps(outbox_sizes_steps(self.partitions))
         except Exception as exc:
             log.warning("reading the outboxes failed for now: %s", exc)
             return

@@ -1,7 +1,7 @@
 """The operators' steps on the session cluster, driven by both clients: each master's INFO
-(``EachMaster``), each partition's records scanned on the node that serves it (``NodeScan``)
-and the gauges' pipelines over keys of many slots read and do the same on the asyncio client
-as on the sync one."""
+(``EachMaster``), each partition's records scanned on the node that serves it (``NodeScan``),
+the gauges' pipelines over keys of many slots and the scheduler partitions' move read and do
+the same on the asyncio client as on the sync one."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
 from jobqueue.ops import gauges, repair, server_info
 from jobqueue.ops.queries import QueueTotals
+from jobqueue.recurring import repartition as srp
+from jobqueue.recurring.definitions import SCHED_CONFIG_KEY, sched_keys, sched_partition_of
 from jobqueue.store.io import Steps
 
 T = TypeVar("T")
@@ -69,3 +71,29 @@ def test_the_async_client_records_gauges_over_many_slots_as_the_sync_one(
     by_async = drive(cluster_url, lambda _: gauges.history_steps(queues, gauges.MINUTES, now))
     assert list(by_async) == list(by_sync)
     assert [h.points[0].due_now for h in by_sync] == list(range(8))
+
+
+def stored_jobs(client: Any, count: int) -> dict[str, str]:
+    """Every recurring job's definition under ``count`` spread partitions, each checked to
+    sit in the partition its id hashes to."""
+    out: dict[str, str] = {}
+    for k in range(count):
+        for job, text in client.hgetall(sched_keys(k, count, True).defs).items():
+            assert sched_partition_of(job, count) == k and job not in out
+            out[job] = text
+    return out
+
+
+def test_both_clients_move_recurring_jobs_across_the_masters(
+    cluster_url: str, cjq: JobQueue, cluster_client: Any
+) -> None:
+    for i in range(40):
+        cjq.schedule(f"job-{i}", "t", every=60)
+    recorded = srp.plan(cjq, 5).recorded
+    by_sync = srp.repartition(cjq, 5)
+    assert (by_sync.old, by_sync.moved + by_sync.stayed) == (recorded, 40)
+    jobs = stored_jobs(cluster_client, 5)
+    by_async = drive(cluster_url, lambda ajq: srp.repartition_steps(ajq, 7))
+    assert (by_async.old, by_async.moved + by_async.stayed) == (5, 40) and by_async.moved
+    assert stored_jobs(cluster_client, 7) == jobs and len(jobs) == 40
+    assert cluster_client.hget(SCHED_CONFIG_KEY, "partitions") == "7 spread"
