@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("jobqueue.store", "jobqueue.policy"),
     # what a task, the context it runs with and a recurring job are (its definition, fire
     # planning, the scheduler's config, the store and registry steps: all of jobqueue.recurring
-    # but the daemon's modules below) and a workflow's steps
+    # but the daemon's modules below and the partitions' move above) and a workflow's steps
     ("jobqueue.recurring", "jobqueue.tasks", "jobqueue.handles", "jobqueue.context",
      "jobqueue.hooks",
      "jobqueue.integrations", "jobqueue.workflows"),
