@@ -1,6 +1,7 @@
 """The read functions the CLI and the dashboard go through (runs, leases, stats, workers,
-schedules, throughput, top_snapshot): ``jobqueue.queries`` is their documented name; they live
-in jobqueue.ops.queries."""
+schedules, throughput, top_snapshot), and their twins as steps for an AsyncJobQueue
+(``await ajq.run_steps(stats_steps(ajq))``): ``jobqueue.queries`` is their documented name;
+they live in jobqueue.ops.queries."""
 
 from jobqueue.ops.queries import (
     PARTITION_CHUNK,
@@ -14,13 +15,20 @@ from jobqueue.ops.queries import (
     WorkerInfo,
     all_anomalies,
     leases,
+    leases_steps,
     queue_totals,
     runs,
+    runs_steps,
     schedules,
+    schedules_steps,
     stats,
+    stats_steps,
     throughput,
+    throughput_steps,
     top_snapshot,
+    top_snapshot_steps,
     workers,
+    workers_steps,
 )
 
 __all__ = [
@@ -35,11 +43,18 @@ __all__ = [
     "WorkerInfo",
     "all_anomalies",
     "leases",
+    "leases_steps",
     "queue_totals",
     "runs",
+    "runs_steps",
     "schedules",
+    "schedules_steps",
     "stats",
+    "stats_steps",
     "throughput",
+    "throughput_steps",
     "top_snapshot",
+    "top_snapshot_steps",
     "workers",
+    "workers_steps",
 ]
