@@ -40,7 +40,7 @@ def cmd(name: str, *args: Any, **kwargs: Any) -> Cmd:
 class Commands:
     """Commands in one pipelined round trip; each reply in its place, an error reply (such as
     WRONGTYPE) as a value: the operation decides what it means. ``atomic``: in one MULTI/EXEC
-    (keys of one slot on a cluster; redis-py's asyncio cluster client has no transactions)."""
+    (keys of one slot on a cluster)."""
 
     cmds: Sequence[Cmd]
     atomic: bool = False

@@ -11,11 +11,12 @@ from typing import Any, TypeVar
 
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.sync import JobQueue
-from jobqueue.ops import gauges, repair, server_info
+from jobqueue.ops import gauges, queries, repair, repartition, server_info
 from jobqueue.ops.queries import QueueTotals
 from jobqueue.recurring import repartition as srp
 from jobqueue.recurring.definitions import SCHED_CONFIG_KEY, sched_keys, sched_partition_of
 from jobqueue.store.io import Steps
+from jobqueue.testing import run_due
 
 T = TypeVar("T")
 
@@ -97,3 +98,41 @@ def test_both_clients_move_recurring_jobs_across_the_masters(
     assert (by_async.old, by_async.moved + by_async.stayed) == (5, 40) and by_async.moved
     assert stored_jobs(cluster_client, 7) == jobs and len(jobs) == 40
     assert cluster_client.hget(SCHED_CONFIG_KEY, "partitions") == "7 spread"
+
+
+def counters(jq: JobQueue, queue: str) -> dict[str, int]:
+    """The queue's counters added up over its partitions."""
+    out: dict[str, int] = {}
+    for row in queries.stats(jq, queue):
+        for name, value in row.counters.items():
+            out[name] = out.get(name, 0) + value
+    return out
+
+
+def test_the_async_client_repartitions_a_queue_across_the_masters(
+    cluster_url: str, cluster_client: Any
+) -> None:
+    """Going from 6 spread partitions to 4 (other tags, on other masters) folds the old
+    partitions' counters into the new, each in one MULTI on its slot's master: the queue's
+    counters add up as before, and every run is moved."""
+    jq = JobQueue(cluster_client, partitions={"mail": 6})
+
+    @jq.task(queue="mail")
+    def send(i: int) -> int:
+        return i
+
+    for i in range(60):
+        send.with_options(run_id=f"run-{i}").enqueue(i)
+    assert run_due(jq, ["mail"]).completed == 60
+    for i in range(60, 90):
+        send.with_options(run_id=f"run-{i}").enqueue(i)
+    before = counters(jq, "mail")
+    report = drive(
+        cluster_url, lambda ajq: repartition.repartition_steps(ajq, "mail", 4),
+        partitions={"mail": 6},
+    )
+    assert len(report.folded) >= 2 and all(into == old % 4 for old, into in report.folded)
+    assert report.total_moved > 0
+    after = JobQueue(cluster_client)
+    assert counters(after, "mail") == before and before.get("completed") == 60
+    assert sum(r.due_now for r in queries.stats(after, "mail")) == 30
