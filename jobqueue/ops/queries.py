@@ -36,7 +36,7 @@ from jobqueue.ops.partitions import partitions_steps
 from jobqueue.recurring.info import ScheduleInfo
 from jobqueue.recurring.steps import LIST_SCAN_COUNT
 from jobqueue.store.admin import limits_of, parse_rate
-from jobqueue.store.io import Cmd, Steps, cmd, commands, raised, server_time_steps
+from jobqueue.store.io import Cmd, Steps, cmd, commands, server_time_steps
 from jobqueue.store.keys import WORKERS_KEY, PartitionKeys
 
 # A worker heartbeats every lease/3; three missed beats and it is probably gone.
@@ -145,12 +145,6 @@ class Batch:
             self.cmds.append(cmd(name, *args, **kwargs))
 
         return record
-
-
-def written(batch: Batch) -> Steps[None]:
-    """The batch's commands in one round trip, the first error raised; none when empty."""
-    if batch.cmds:
-        raised((yield commands(*batch.cmds)))
 
 
 def pipelined(

@@ -46,8 +46,8 @@ from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import ConfigError, CorruptData, OperationRefused
 from jobqueue.models import PRIORITY_MAX
-from jobqueue.ops.queries import Batch, workers_steps, written
-from jobqueue.store.io import Steps, cmd, commands, raised, transaction
+from jobqueue.ops.queries import Batch, workers_steps
+from jobqueue.store.io import Steps, checked_commands, cmd, commands, raised, transaction
 from jobqueue.store.keys import (
     MAX_PARTITIONS,
     QUEUES_KEY,
@@ -402,22 +402,23 @@ def _move_batch(moves: Sequence[Move], report: Report) -> Steps[int]:
         report.count_moved((fields or target).get("state") or _INDEX_STATE[m.index])
         moved += 1
     if settled:
-        yield from written(write)  # every copy of the page is written before any old key goes
+        # every copy of the page is written before any old key goes
+        yield from checked_commands(*write.cmds)
         if owned:  # the copies own the keys now (single-key deletes: one slot each)
             drop = Batch()
             for m, _ in settled:
                 if m.run_id in owned:
                     drop.delete(m.source.dedupe(owned[m.run_id][0]))
-            yield from written(drop)
+            yield from checked_commands(*drop.cmds)
         deletes = Batch()
         _delete_sources(deletes, settled)
-        yield from written(deletes)
+        yield from checked_commands(*deletes.cmds)
         if unparked:  # their waiting lines in the old partition (stale entries otherwise)
             drop = Batch()
             for m, group in unparked:
                 drop.zrem(m.source.prefix + "parked:" + group, m.run_id)
                 drop.zrem(m.source.parked, m.run_id)
-            yield from written(drop)
+            yield from checked_commands(*drop.cmds)
     return moved
 
 
@@ -497,7 +498,7 @@ def _carry_fences(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     for k in everything:
         if k not in new:
             pipe.delete(k.fences)
-    yield from written(pipe)
+    yield from checked_commands(*pipe.cmds)
 
 
 def _carry_pause(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
@@ -518,7 +519,7 @@ def _carry_pause(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     for k in everything:
         if k not in new:
             pipe.delete(k.paused)
-    yield from written(pipe)
+    yield from checked_commands(*pipe.cmds)
 
 
 def _carry_limits(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
@@ -552,7 +553,7 @@ def _carry_limits(sources: Sequence[PartitionKeys], count: int) -> Steps[None]:
     for k in everything:
         if k not in new:
             pipe.delete(k.limits)
-    yield from written(pipe)
+    yield from checked_commands(*pipe.cmds)
 
 
 def repartition(

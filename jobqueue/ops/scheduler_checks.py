@@ -24,7 +24,7 @@ from jobqueue.recurring.config import (
 from jobqueue.recurring.definitions import SCHED_CONFIG_KEY
 from jobqueue.recurring.membership import read_members, read_owners
 from jobqueue.recurring.registry import SCHEDULERS_KEY
-from jobqueue.store.io import Cmd, Steps, cmd, commands, raised
+from jobqueue.store.io import Steps, checked_commands, cmd, commands, raised
 from jobqueue.store.keys import SchedKeys
 
 if TYPE_CHECKING:
@@ -48,15 +48,10 @@ def _counts(
     """Jobs with a next fire in each [lo, hi] window, summed over the partitions (ZCOUNT,
     pipelined)."""
     replies = jq.run_steps(
-        _replies([cmd("zcount", sk.next, lo, hi) for sk in keys for lo, hi in windows])
+        checked_commands(*[cmd("zcount", sk.next, lo, hi) for sk in keys for lo, hi in windows])
     )
     n = len(windows)
     return [sum(int(replies[k * n + i]) for k in range(len(keys))) for i in range(n)]
-
-
-def _replies(cmds: list[Cmd]) -> Steps[list[Any]]:
-    """Commands in one round trip; the first error reply raised."""
-    return raised((yield commands(*cmds)))
 
 
 def largest_herd(

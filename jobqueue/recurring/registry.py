@@ -14,8 +14,7 @@ from typing import Any
 
 from jobqueue.anomalies import Anomaly, Listing, checked
 from jobqueue.recurring.config import DEFAULT_PARTITION_LEASE_S
-from jobqueue.recurring.steps import _write
-from jobqueue.store.io import Steps, cmd, commands, server_time_steps
+from jobqueue.store.io import Steps, checked_commands, cmd, commands, server_time_steps
 from jobqueue.store.keys import SchedKeys
 
 SCHEDULERS_KEY = "jq:schedulers"
@@ -94,13 +93,13 @@ def members_steps(now_ms: int | None = None) -> Steps[Listing[SchedulerInfo]]:
 
 def register_steps(scheduler_id: str, entry: str) -> Steps[None]:
     """Write one scheduler's registry entry."""
-    yield from _write(cmd("hset", SCHEDULERS_KEY, scheduler_id, entry))
+    yield from checked_commands(cmd("hset", SCHEDULERS_KEY, scheduler_id, entry))
 
 
 def forget_steps(*scheduler_ids: str) -> Steps[None]:
     """Delete registry entries (a scheduler that left, or one long gone)."""
     if scheduler_ids:
-        yield from _write(cmd("hdel", SCHEDULERS_KEY, *scheduler_ids))
+        yield from checked_commands(cmd("hdel", SCHEDULERS_KEY, *scheduler_ids))
 
 
 @dataclass(frozen=True)

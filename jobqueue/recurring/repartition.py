@@ -35,7 +35,7 @@ from jobqueue.anomalies import is_wrong_type
 from jobqueue.client.core import ClientCore
 from jobqueue.client.sync import JobQueue
 from jobqueue.errors import CorruptData, OperationRefused
-from jobqueue.ops.queries import Batch, written
+from jobqueue.ops.queries import Batch
 from jobqueue.recurring.definitions import (
     MOVING_FIELD,
     SCHED_CONFIG_KEY,
@@ -43,7 +43,7 @@ from jobqueue.recurring.definitions import (
     sched_partition_of,
 )
 from jobqueue.recurring.registry import members_steps, owners_steps
-from jobqueue.store.io import Steps, cmd, commands, raised, server_time_steps
+from jobqueue.store.io import Steps, checked_commands, cmd, commands, raised, server_time_steps
 from jobqueue.store.keys import (
     SchedKeys,
     bad_count,
@@ -215,10 +215,11 @@ def _move_page(source: SchedKeys, page: dict[str, str], count: int,
         settled.append((job, target))
     if not settled:
         return 0, stayed
-    yield from written(write)  # every copy of the page is written before any old field goes
+    # every copy of the page is written before any old field goes
+    yield from checked_commands(*write.cmds)
     delete = Batch()
     _delete_sources(delete, source, [job for job, _ in settled])
-    yield from written(delete)
+    yield from checked_commands(*delete.cmds)
     return len(settled), stayed
 
 
@@ -305,7 +306,7 @@ def repartition_steps(
             record.delete(sk.owner)  # a lease of a partition that no longer exists
     record.hset(SCHED_CONFIG_KEY, "partitions", placement_record(count, True))
     record.hdel(SCHED_CONFIG_KEY, MOVING_FIELD)
-    yield from written(record)
+    yield from checked_commands(*record.cmds)
     jq.recurring.forget()
     report.seconds = clock() - started
     return report

@@ -37,7 +37,6 @@ from jobqueue.recurring.fires import first_fire_after
 from jobqueue.recurring.info import ScheduleInfo
 from jobqueue.recurring.layout import SchedLayout
 from jobqueue.store.io import (
-    Cmd,
     Scripts,
     Steps,
     cmd,
@@ -337,11 +336,6 @@ class RecurringSteps:
             return new, first_fire_after(new, max(t, old.state.through_ms or t))
 
         return (yield from self.put_steps(job_id, build, now))
-
-
-def _write(*cmds: Cmd) -> Steps[list[Any]]:
-    """Plain commands whose error replies are raised (the server refused: OOM, READONLY)."""
-    return raised((yield commands(*cmds)))
 
 
 # -- what the scheduler daemon reads besides its scripts -------------------------------------

@@ -9,9 +9,10 @@ from typing import Any, Protocol, TypeVar
 
 from jobqueue.recurring.definitions import DECLARED_KEY, ORIGIN_CODE, Definition, _str
 from jobqueue.recurring.info import ScheduleInfo
-from jobqueue.recurring.steps import RecurringSteps, RuntimeOwned, _write
+from jobqueue.recurring.steps import RecurringSteps, RuntimeOwned
 from jobqueue.store.io import (
     Steps,
+    checked_commands,
     cmd,
     run_steps,
 )
@@ -107,12 +108,12 @@ class Recurring(RecurringSteps):
                     continue
                 (report.created if info is None else report.updated).append(defn.job_id)
             # After the write: a crash in between leaves a definition prune never sees (safe).
-            self.run(_write(cmd("sadd", DECLARED_KEY, defn.job_id)))
+            self.run(checked_commands(cmd("sadd", DECLARED_KEY, defn.job_id)))
         if prune:
-            (members,) = self.run(_write(cmd("smembers", DECLARED_KEY)))
+            (members,) = self.run(checked_commands(cmd("smembers", DECLARED_KEY)))
             for job_id in sorted(_str(j) or "" for j in members):
                 if job_id not in names:
                     if self.run(self.remove_declared_steps(job_id)):
                         report.removed.append(job_id)
-                    self.run(_write(cmd("srem", DECLARED_KEY, job_id)))
+                    self.run(checked_commands(cmd("srem", DECLARED_KEY, job_id)))
         return report

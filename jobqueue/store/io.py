@@ -107,6 +107,13 @@ def raised(replies: list[Any]) -> list[Any]:
     return replies
 
 
+def checked_commands(*cmds: Cmd) -> Steps[list[Any]]:
+    """``cmds`` in one round trip (none when there are none), the first error reply raised."""
+    if not cmds:
+        return []
+    return raised((yield commands(*cmds)))
+
+
 def server_time_steps(now: int | None = None) -> Steps[int]:
     """``now`` (ms, as tests give it), else the Redis server's clock: the one clock."""
     if now is not None:
