@@ -128,3 +128,16 @@ def test_repairing_an_unknown_queue_is_refused(jq: JobQueue) -> None:
     result = CliRunner().invoke(main, ["repair", "--queue", "nope"], obj=State(None, jq))
     assert result.exit_code == 1
     assert "no queue 'nope'" in result.output
+
+
+def test_repair_sets_aside_every_entry_of_an_index_longer_than_one_page(
+    jq: JobQueue, redis_client: Any
+) -> None:
+    """Repairs move entries out of the index being paged through; none may be skipped."""
+    jq.declare_task("t")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id="kept"), 1)
+    pk = jq.keys_for("default", "kept")
+    redis_client.zadd(pk.due, {f"gone-{i}": i for i in range(1500)})  # > one 1,000-entry page
+    assert repair_queue(jq, "default").totals.orphaned == 1500
+    assert redis_client.zrange(pk.due, 0, -1) == ["kept"]
+    assert redis_client.zcard(pk.orphans) == 1500

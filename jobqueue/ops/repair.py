@@ -63,7 +63,9 @@ def repair_partition_steps(
     pk: PartitionKeys, dry_run: bool, advance: Callable[[int], None]
 ) -> Steps[Repaired]:
     """Every run id the partition knows of, once (its records, then its index entries and
-    orphans), repaired BATCH at a time as soon as that many are read."""
+    orphans), repaired BATCH at a time: records as soon as that many are read, index entries
+    once their index is read whole. ``seen`` holds every id already, so the buffer adds no
+    more than that."""
     found = Repaired(0, 0, 0, 0)
     seen: set[str] = set()
     pending: list[str] = []
@@ -93,14 +95,16 @@ def repair_partition_steps(
         if not cursor:
             break
     for index in (pk.due, pk.leases, pk.dead, pk.done, pk.orphans):
+        # Paged by offset, so an index is read whole before its entries are repaired: a
+        # repair moves entries out of it, and later ones would shift below the next page.
         start = 0
         while True:
             (members,) = raised((yield commands(cmd("zrange", index, start, start + CHUNK - 1))))
             if not members:
                 break
             take(members)
-            yield from repair(False)
             start += CHUNK
+        yield from repair(False)
     yield from repair(True)
     return found
 
