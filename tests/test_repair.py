@@ -18,6 +18,13 @@ from jobqueue.store.runs import COMPLETE, FAIL, RELEASE
 from jobqueue.store.scripts import ScriptRunner
 
 
+def one_run(jq: JobQueue, run_id: str) -> PartitionKeys:
+    """One pending run ``run_id`` of a task "t" in the default queue; its partition's keys."""
+    jq.declare_task("t")
+    jq.enqueue(jq.resolve_task("t").with_options(run_id=run_id), 1)
+    return jq.keys_for("default", run_id)
+
+
 def snapshot(client: Any) -> dict[str, Any]:
     return {k: client.dump(k) for k in sorted(client.keys("*"))}
 
@@ -49,14 +56,12 @@ def test_an_orphan_whose_record_appears_goes_back_to_its_index_at_the_next_claim
 def test_repair_puts_a_pending_record_without_a_due_entry_back_at_its_due_time(
     jq: JobQueue, redis_client: Any
 ) -> None:
-    jq.declare_task("t")
-    handle = jq.enqueue(jq.resolve_task("t").with_options(run_id="lost"), 1)
-    pk = jq.keys_for("default", "lost")
+    pk = one_run(jq, "lost")
     due = redis_client.zscore(pk.due, "lost")
     redis_client.zrem(pk.due, "lost")  # a pending run no claim can see
     report = repair_queue(jq, "default")
     assert (report.totals.indexed, report.totals.orphaned) == (1, 0)
-    assert redis_client.zscore(pk.due, handle.run_id) == due
+    assert redis_client.zscore(pk.due, "lost") == due
 
 
 def test_repair_gives_every_state_its_index(
@@ -83,9 +88,7 @@ def test_repair_gives_every_state_its_index(
 def test_repair_sets_an_index_entry_without_a_record_aside_as_an_orphan(
     jq: JobQueue, redis_client: Any
 ) -> None:
-    jq.declare_task("t")
-    jq.enqueue(jq.resolve_task("t").with_options(run_id="gone"), 1)
-    pk = jq.keys_for("default", "gone")
+    pk = one_run(jq, "gone")
     redis_client.delete(pk.run("gone"))
     report = repair_queue(jq, "default")
     assert report.totals.orphaned == 1
@@ -94,9 +97,7 @@ def test_repair_sets_an_index_entry_without_a_record_aside_as_an_orphan(
 
 
 def test_a_dry_run_reports_and_changes_nothing(jq: JobQueue, redis_client: Any) -> None:
-    jq.declare_task("t")
-    jq.enqueue(jq.resolve_task("t").with_options(run_id="lost"), 1)
-    redis_client.zrem(jq.keys_for("default", "lost").due, "lost")
+    redis_client.zrem(one_run(jq, "lost").due, "lost")
     before = snapshot(redis_client)
     assert repair_queue(jq, "default", dry_run=True).totals.indexed == 1
     assert snapshot(redis_client) == before
@@ -115,9 +116,7 @@ def test_repair_run_twice_changes_nothing_the_second_time(
 
 
 def test_the_repair_command_reports_per_queue_in_json(jq: JobQueue, redis_client: Any) -> None:
-    jq.declare_task("t")
-    jq.enqueue(jq.resolve_task("t").with_options(run_id="lost"), 1)
-    redis_client.zrem(jq.keys_for("default", "lost").due, "lost")
+    redis_client.zrem(one_run(jq, "lost").due, "lost")
     result = CliRunner().invoke(main, ["repair", "--json"], obj=State(None, jq))
     assert result.exit_code == 0, result.output
     (report,) = json.loads(result.stdout)
@@ -134,9 +133,7 @@ def test_repair_sets_aside_every_entry_of_an_index_longer_than_one_page(
     jq: JobQueue, redis_client: Any
 ) -> None:
     """Repairs move entries out of the index being paged through; none may be skipped."""
-    jq.declare_task("t")
-    jq.enqueue(jq.resolve_task("t").with_options(run_id="kept"), 1)
-    pk = jq.keys_for("default", "kept")
+    pk = one_run(jq, "kept")
     redis_client.zadd(pk.due, {f"gone-{i}": i for i in range(1500)})  # > one 1,000-entry page
     assert repair_queue(jq, "default").totals.orphaned == 1500
     assert redis_client.zrange(pk.due, 0, -1) == ["kept"]
