@@ -32,8 +32,10 @@ class PoolExhausted(ConnectionFailed):
 
 class ServerRefused(ConnectionFailed):
     """Redis refused a call for now and it did not run: memory full (OOM), a replica or a
-    demoted master (READONLY), a busy script, a Redis Cluster slot moving (TRYLATER, MOVED,
-    ASK). Retried like a lost connection by the daemons; an enqueue can be sent again as is.
+    demoted master (READONLY, or UNBLOCKED for a blocking wait), a busy script, a Redis
+    Cluster slot moving (TRYLATER, MOVED, ASK), a script cache emptied again as soon as it
+    was loaded (NOSCRIPT). Retried like a lost connection by the daemons; an enqueue can be
+    sent again as is.
     From a pipelined call, ``replies`` holds every reply (error replies as exceptions), so
     a caller can send again just the refused calls."""
 

@@ -17,7 +17,7 @@ import redis.asyncio.connection
 from helpers import spec, wait_for_async
 from test_tls_acl import TlsServer, tls_server  # noqa: F401  (the fixture, shared)
 
-from jobqueue.errors import ConfigError, ScriptError
+from jobqueue.errors import ConfigError, ScriptError, ServerRefused
 from jobqueue.store.connection import sync_client
 from jobqueue.store.keys import PartitionKeys
 from jobqueue.store.runs import CLAIM, CREATE_RUN, HEARTBEAT
@@ -268,6 +268,36 @@ def test_wait_on_lists_returns_the_key_a_token_was_popped_from(redis_client: Any
 
     assert run(scenario()) == (B.wake, None)
     assert redis_client.llen(B.wake) == 0
+
+
+@pytest.mark.real_only
+def test_a_wait_its_server_ends_early_is_refused_for_now_not_a_script_error(
+    redis_client: Any,
+) -> None:
+    """A blocking wait the server ends with UNBLOCKED (as a demoted master does to its
+    waiters in a failover; forced here by CLIENT UNBLOCK ... ERROR) took nothing: it is a
+    refusal for now, which the worker waits out, and the next wait works."""
+    redis_client.flushall()
+
+    async def scenario() -> tuple[BaseException | None, str | None]:
+        twin = async_twin(redis_client)
+        runner = AsyncScriptRunner(twin)
+        try:
+            waiting = asyncio.create_task(runner.wait_on_lists([A.wake], 5))
+            await blocked_in_blpop(redis_client)
+            (waiter,) = [c for c in redis_client.client_list() if c.get("cmd") == "blpop"]
+            redis_client.client_unblock(int(waiter["id"]), error=True)
+            ended = await asyncio.gather(waiting, return_exceptions=True)
+            redis_client.lpush(A.wake, "1")
+            again = await runner.wait_on_lists([A.wake], 5)
+            return ended[0], again
+        finally:
+            await runner.aclose()
+            await twin.aclose()
+
+    ended, again = run(scenario())
+    assert isinstance(ended, ServerRefused), ended
+    assert again == A.wake
 
 
 def test_a_cancelled_wait_leaves_the_client_usable_and_takes_no_token(

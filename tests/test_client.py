@@ -3,6 +3,7 @@ write, look-ups, cancel/requeue, run ids, partitions, decoding, NOSCRIPT recover
 
 from __future__ import annotations
 
+import hashlib
 import math
 import pickle
 from datetime import UTC, datetime, timedelta, timezone
@@ -25,7 +26,7 @@ from jobqueue import (
     UnknownTask,
 )
 from jobqueue.context import RunContext
-from jobqueue.errors import InvalidRunId
+from jobqueue.errors import InvalidRunId, ServerRefused
 from jobqueue.payload import encode_payload
 from jobqueue.store.keys import QUEUES_KEY, PartitionKeys
 from jobqueue.store.runs import CLAIM, COMPLETE, CREATE_RUN, ClaimResult, RunSpec
@@ -627,6 +628,36 @@ def test_runner_run_many_recovers_after_script_flush(
     assert CREATE_RUN.parse(replies[3]) == [False]
     assert redis_client.hget(pk.stats, "claimed") == "1"
     assert redis_client.hget(pk.run("a"), "fence") == str(CLAIM.parse(replies[2]).runs[0].fence)
+
+
+class ForgetfulServer:
+    """A client of a server whose script cache is emptied again right after every load (as
+    by a SCRIPT FLUSH from elsewhere, each time): every EVALSHA is answered NOSCRIPT."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def script_load(self, source: str) -> Any:
+        return hashlib.sha1(source.encode()).hexdigest()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_a_script_the_server_never_keeps_is_refused_for_now_and_nothing_runs(
+    pk: PartitionKeys, redis_client: Any
+) -> None:
+    """NOSCRIPT after every reload: the call did not run, so it is a refusal the daemons
+    send again (ServerRefused), never a script error whose outcome is unknown."""
+    redis_client.script_flush()
+    runner = ScriptRunner(ForgetfulServer(redis_client))
+    call = CREATE_RUN.call(pk, [RunSpec("a", "t", "{}")], now=1)
+    with pytest.raises(ServerRefused):
+        runner.run(call)
+    with pytest.raises(ServerRefused):
+        runner.run_many([call, call])
+    assert [type(reply) for reply in runner.run_each([call])] == [ServerRefused]
+    assert redis_client.exists(pk.run("a")) == 0
 
 
 class ServerWithoutShebang:

@@ -28,6 +28,7 @@ from jobqueue.errors import (
     ServerRefused,
 )
 from jobqueue.store.connection import exhausted, pool_exhausted
+from jobqueue.store.slot_map import follow_moved
 from jobqueue.store.twin import ClusterTwin, ListWaits
 
 SCRIPT_NAMES = (
@@ -252,6 +253,8 @@ _CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
 _REFUSED_FOR_NOW = (
     "OOM", "READONLY", "BUSY", "MASTERDOWN", "NOREPLICAS", "LOADING",
     "TRYLATER",  # a jobqueue script met a key that is on another node (lua/lib/core.lua)
+    "NOSCRIPT",  # still, after the scripts were loaded again (see _RESENDS)
+    "UNBLOCKED",  # a blocking wait ended by its server's demotion (a failover)
 )
 
 
@@ -262,7 +265,7 @@ _REFUSED_CLASSES: tuple[type[Exception], ...] = tuple(
     getattr(redis.exceptions, name)
     for name in (
         "OutOfMemoryError", "ReadOnlyError", "BusyLoadingError", "MasterDownError",
-        "TryAgainError", "MovedError", "AskError",
+        "TryAgainError", "MovedError", "AskError", "NoScriptError",
     )
     if hasattr(redis.exceptions, name)
 )
@@ -405,7 +408,8 @@ class ScriptRunner:
         ClusterPipeline: it asks its default node for the keys of every EVALSHA (COMMAND
         GETKEYS), so with that one node down every pipeline fails, whatever its slots. A
         redirection (MOVED after a failover, ASK during a slot migration) comes back as that
-        call's reply: the call did not run (see _not_run, which refreshes the slot map)."""
+        call's reply: the call did not run (see run_many_replies, which sends a MOVED call
+        again to the master it names)."""
         replies: list[Any] = [None] * len(calls)
         for indexes in self._by_node(calls):
             node = self.client.get_node_from_key(calls[indexes[0]].keys[0])
@@ -462,13 +466,12 @@ class ScriptRunner:
         connection still raises: it concerns every call)."""
         try:
             replies: list[Any] = self._pipelined(calls)
-            for _ in range(_RECOVERIES):
+            for _ in range(_RESENDS):
                 again = _not_run(replies, self._sources)
                 moved = _redirected(replies)
                 if not again and not moved:
                     break
-                if moved:
-                    self._refresh_slots()
+                follow_moved(self.client, [replies[i] for i in moved])
                 if again:
                     self.load(sorted({calls[i].script for i in again}))
                 resend = sorted(set(again) | set(moved))
@@ -542,6 +545,11 @@ class ScriptRunner:
 
 # NOSCRIPT, then (the first time) a shebang the server cannot parse: two reloads at most.
 _RECOVERIES = 2
+# A pipelined call may take more sends: MOVED to the master that took its slot over (a second
+# time when the first redirection came from a node that had not heard of a failover yet),
+# then NOSCRIPT there (a promoted replica's script cache is empty), then the reloads above.
+# Each send carries only the calls that did not run.
+_RESENDS = 5
 
 
 def _reload(exc: BaseException, sources: _Sources) -> bool:
@@ -558,8 +566,9 @@ def _not_run(replies: Sequence[Any], sources: _Sources) -> list[int]:
 
 
 def _redirected(replies: Sequence[Any]) -> list[int]:
-    """Indexes of pipelined cluster calls answered MOVED (sent again once the slot map is
-    refreshed) or ASK (a slot migrating: they did not run and wait for its end)."""
+    """Indexes of pipelined cluster calls answered MOVED: they did not run, and are sent again
+    to the master the reply names (jobqueue.store.slot_map). Not ASK (a slot migrating):
+    those did not run either, and wait for the migration's end."""
     return [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.MovedError)]
 
 
@@ -680,10 +689,6 @@ class AsyncScriptRunner:
         await _gather_or_raise([send(indexes) for indexes in self._by_node(calls)])
         return replies
 
-    async def _refresh_slots(self) -> None:
-        if self._twin is not None:
-            await self._twin.refresh_slots()
-
     async def run_many(self, calls: Sequence[Call]) -> list[Any]:
         """ScriptRunner.run_many: one pipelined round trip (one per master on a twinned
         cluster); the first error reply is raised (a ServerRefused carries every reply)."""
@@ -700,13 +705,13 @@ class AsyncScriptRunner:
             return []
         try:
             replies: list[Any] = await self._pipelined(calls)
-            for _ in range(_RECOVERIES):
+            for _ in range(_RESENDS):
                 again = _not_run(replies, self._sources)
                 moved = _redirected(replies)
                 if not again and not moved:
                     break
-                if moved:
-                    await self._refresh_slots()
+                if self._twin is not None:
+                    self._twin.follow_moved([replies[i] for i in moved])
                 if again:
                     await self.load(
                         sorted({calls[i].script for i in again}),

@@ -29,6 +29,7 @@ import redis.connection
 
 from jobqueue.errors import ConfigError
 from jobqueue.store.connection import _PatientAsyncPool
+from jobqueue.store.slot_map import follow_moved
 
 _ASYNC_CONNECTIONS: dict[type, type] = {
     redis.connection.Connection: redis.asyncio.connection.Connection,
@@ -189,10 +190,14 @@ class ClusterTwin:
             groups.setdefault(name, []).append(i)
         return list(groups.values())
 
+    def follow_moved(self, moved: Sequence[redis.exceptions.MovedError]) -> None:
+        """Point the slot of each MOVED reply at the master it names (in memory)."""
+        follow_moved(self.sync, moved)
+
     async def refresh_slots(self) -> None:
-        """Ask the cluster again which master serves which slot (after a MOVED, a lost
-        node), in a thread: the sync client's refresh is blocking. Callers that arrive
-        while one is under way share it."""
+        """Ask the cluster again which master serves which slot (after a lost node), in a
+        thread: the sync client's refresh is blocking. Callers that arrive while one is
+        under way share it."""
         seen = self._refreshes
         async with self._refresh_lock:
             if self._refreshes != seen:
@@ -249,7 +254,10 @@ class ListWaits:
             try:
                 wait_s = max(min(left, CLUSTER_WAKE_S), 0.01)
                 got = await self._blpop(pool, node.name, [key], wait_s)
-            except (redis.exceptions.ConnectionError, redis.exceptions.MovedError):
+            except redis.exceptions.MovedError as exc:
+                twin.follow_moved([exc])
+                raise
+            except redis.exceptions.ConnectionError:
                 await twin.refresh_slots()
                 raise
             if got is not None:

@@ -148,6 +148,44 @@ def test_a_moved_reply_after_a_slot_moved_is_sent_again_to_its_new_master(
         cluster.wait_healthy()
 
 
+@pytest.mark.parametrize("runner_kind", ["sync", "async"])
+def test_a_call_moved_to_a_master_without_scripts_runs_there_though_the_cluster_map_lags(
+    cluster: Cluster, cluster_client: Any, monkeypatch: pytest.MonkeyPatch, runner_kind: str
+) -> None:
+    """As just after a failover: the master that now serves the slot has no scripts, and the
+    node asked for the slot map (CLUSTER SLOTS) has not heard of the change yet (forced: the
+    client's map refresh changes nothing). The MOVED reply names the new master: the call is
+    sent there, answered NOSCRIPT, the scripts loaded, and it runs, once."""
+    pk = PARTITIONS[0]
+    slot = slot_of(pk)
+    source = cluster.master_of_slot(slot)
+    target = next(n for n in cluster.master_nodes() if n.port != source.port)
+    move_empty_slot(cluster, slot, target)
+    with target.client() as c:
+        c.script_flush()
+    monkeypatch.setattr(cluster_client.nodes_manager, "initialize", lambda *a, **k: None)
+    call = CREATE_RUN.call(pk, [spec("lag")], now=0)
+    try:
+        if runner_kind == "sync":
+            replies = ScriptRunner(cluster_client).run_each([call])
+        else:
+
+            async def scenario(runner: AsyncScriptRunner) -> list[Any]:
+                return await runner.run_each([call])
+
+            replies = run(with_runner(cluster_client, scenario))
+        assert replies == [[0, 1]]
+        with target.client() as c:
+            assert c.exists(pk.run("lag")) == 1
+    finally:
+        monkeypatch.undo()
+        with target.client() as c:
+            for key in c.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000):
+                c.delete(key)
+        move_empty_slot(cluster, slot, source)
+        cluster.wait_healthy()
+
+
 def test_wait_on_lists_hears_a_token_pushed_to_a_key_on_another_master(
     cluster: Cluster, cluster_client: Any
 ) -> None:
