@@ -20,7 +20,7 @@ from jobqueue.anomalies import Listing
 from jobqueue.client.aio import AsyncJobQueue
 from jobqueue.client.base import Request
 from jobqueue.client.sync import JobQueue
-from jobqueue.handles import AsyncRunHandle, RunHandle
+from jobqueue.handles import AsyncFlowHandle, AsyncRunHandle, FlowHandle, RunHandle
 from jobqueue.models import Run
 from jobqueue.recurring.info import ScheduleInfo
 from jobqueue.store.embedded import EmbeddedServer
@@ -102,9 +102,13 @@ class Case:
     plant: list[tuple[str, ...]] = field(default_factory=list)  # raw commands
     # run options: the first argument, a task name, becomes that task with these options
     options: dict[str, Any] | None = None
+    # a workflow's arguments and keyword steps, made of the client's own task 'report'
+    steps: Callable[[Any], tuple[Any, ...]] | None = None
+    callbacks: Callable[[Any], dict[str, Any]] | None = None
 
 
 RUN = "jq:{default#0}:run:r1"
+ONE_PARTITION = ("HSET", "jq:queues", "default", "1")
 CASES = [
     Case("enqueue", "enqueue", ("report", 1), options={"run_id": "r1"}),
     Case("enqueue again", "enqueue", ("report", 1),
@@ -177,11 +181,34 @@ CASES = [
     Case("backfill", "backfill", ("j", (T0 - 180_000) / 1000, T0 / 1000), {"now": T0},
          [("HSET", "jq:{sched#0}:def", "j",
            '{"task":"report","queue":"default","every_ms":60000}')]),
+    Case("chain", "chain", (), {"flow_id": "f"}, steps=lambda t: (t.s(1), t.receiving())),
+    Case("chain, a waiting step's run id taken outside it", "chain", (), {"flow_id": "f"},
+         [ONE_PARTITION, ("HSET", "jq:{default#0}:run:f:1", "state", "done", "task", "report")],
+         steps=lambda t: (t.s(1), t.receiving())),
+    Case("chain, a flow id with a control character", "chain", (), {"flow_id": "a\tb"},
+         steps=lambda t: (t.s(1), t.receiving())),
+    Case("chain, jq:queues a string", "chain", (), {"flow_id": "f"},
+         [("SET", "jq:queues", "x")], steps=lambda t: (t.s(1), t.receiving())),
+    Case("chain, bad failure policy", "chain", (), {"on_failure": "shrug"},
+         steps=lambda t: (t.s(1), t.receiving())),
+    Case("group, no step", "group", (), steps=lambda t: ([],)),
+    Case("chord", "chord", (), {"flow_id": "c"},
+         steps=lambda t: ([t.s(1), t.s(2)], t.receiving())),
+    Case("workflow, after an unknown step", "workflow", (), {"flow_id": "w"},
+         steps=lambda t: ({"a": t.s(), "b": t.s().after("zz")},)),
+    Case("workflow, a cycle", "workflow", (), {"flow_id": "w"},
+         steps=lambda t: ({"a": t.s().after("b"), "b": t.s().after("a")},)),
+    Case("batch, no callback", "batch", (), {"batch_id": "b"},
+         steps=lambda t: ([t.s(1), t.s(2)],)),
+    Case("batch", "batch", (), {"batch_id": "b"}, steps=lambda t: ([t.s(1), t.s(2)],),
+         callbacks=lambda t: {"on_complete": t.receiving()}),
 ]
 
 
 def shape(value: Any) -> Any:
     """What an answer says, without the server clock's times (the two calls run apart)."""
+    if isinstance(value, FlowHandle | AsyncFlowHandle):
+        return ("flow", value.flow_id, [shape(r) for r in value.runs], value.created)
     if isinstance(value, RunHandle | AsyncRunHandle):
         return ("handle", value.run_id, value.queue, value.created)
     if isinstance(value, Run):
@@ -216,10 +243,20 @@ def ready(jq: JobQueue | AsyncJobQueue) -> Any:
 
 
 def arguments(case: Case, jq: JobQueue | AsyncJobQueue) -> tuple[Any, ...]:
-    """The case's arguments, its task given ``with_options`` when it has run options."""
+    """The case's arguments, its task given ``with_options`` when it has run options, or its
+    workflow's steps."""
+    if case.steps is not None:
+        return case.steps(jq.resolve_task("report"))
     if case.options is None:
         return case.args
     return (jq.resolve_task(case.args[0]).with_options(**case.options), *case.args[1:])
+
+
+def keywords(case: Case, jq: JobQueue | AsyncJobQueue) -> dict[str, Any]:
+    """The case's keyword arguments, with its workflow's callbacks."""
+    if case.callbacks is None:
+        return case.kwargs
+    return {**case.kwargs, **case.callbacks(jq.resolve_task("report"))}
 
 
 @pytest.fixture
@@ -247,17 +284,18 @@ def test_both_clients_give_the_same_answer_or_error(
     plant(redis_client, case.plant)
     sync = ready(JobQueue(redis_client))
     args = arguments(case, sync)
-    by_sync = outcome(lambda: getattr(sync, case.method)(*args, **case.kwargs))
+    kwargs = keywords(case, sync)
+    by_sync = outcome(lambda: getattr(sync, case.method)(*args, **kwargs))
     sync_keys = sorted(redis_client.keys("*"))
 
     plant(redis_client, case.plant)
 
     async def go() -> tuple[Any, ...]:
         aio = ready(AsyncJobQueue(async_factory()))
-        aio_args = arguments(case, aio)
+        aio_args, aio_kwargs = arguments(case, aio), keywords(case, aio)
         try:
             return await async_outcome(
-                lambda: getattr(aio, case.method)(*aio_args, **case.kwargs)
+                lambda: getattr(aio, case.method)(*aio_args, **aio_kwargs)
             )
         finally:
             await aio.close()
