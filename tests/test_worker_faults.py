@@ -415,12 +415,18 @@ def test_rejected_commits_keeps_only_the_most_recent_ones() -> None:
 # -- Redis refusing commits ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("refusal", [
+    redis.exceptions.OutOfMemoryError("command not allowed when used memory"),
+    # still after the reloads: a promoted master whose script cache was emptied again
+    redis.exceptions.NoScriptError("No matching script. Please use EVAL."),
+], ids=["OOM", "NOSCRIPT"])
 def test_a_commit_refused_for_now_by_redis_is_retried_not_abandoned(
-    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch
+    fast_jq: JobQueue, monkeypatch: pytest.MonkeyPatch, refusal: Exception
 ) -> None:
-    """OOM (and READONLY, BUSY, ...) at commit time: the calls that were refused are sent
-    again until Redis takes them; the others are not sent twice. The refusals are injected
-    as error replies of the worker's pipeline (the real-server OOM case is in the next test)."""
+    """OOM (and READONLY, BUSY, NOSCRIPT, ...) at commit time: the calls that were refused
+    are sent again until Redis takes them; the others are not sent twice. The refusals are
+    injected as error replies of the worker's pipeline (the real-server OOM case is in the
+    next test)."""
     refusals = [2]
 
     def run_many_replies(calls: list[Call], send: Send) -> list[Any]:
@@ -430,8 +436,9 @@ def test_a_commit_refused_for_now_by_redis_is_retried_not_abandoned(
         # The completes are refused (not run); the other calls of the pipeline run.
         others = [c for c in calls if c.script != "complete"]
         ran = iter(send(others) if others else [])
-        oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory")
-        return [translate_error(c, oom) if c.script == "complete" else next(ran) for c in calls]
+        return [
+            translate_error(c, refusal) if c.script == "complete" else next(ran) for c in calls
+        ]
 
     @fast_jq.task(max_attempts=1)
     def fine() -> str:
